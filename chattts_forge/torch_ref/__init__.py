@@ -1,0 +1,1 @@
+"""chattts_forge/torch_ref stage."""
