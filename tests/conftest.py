@@ -1,0 +1,50 @@
+"""Session-wide fixtures: one tiny synthetic checkpoint and its converted artifacts, shared by all tests.
+
+Building them once per session keeps the whole suite fast; tests must not modify them (copy first).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+# Tests run on 2 cores next to other work: keep every library single-threaded unless a test asks.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"reference data folder {SHARED} is missing (it lies beside the project root)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `tiny` synthetic checkpoint (seed 0): the asset folder."""
+    from chattts_forge.checkpoint.synthesize import synthesize_checkpoint
+
+    return synthesize_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-seed0", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """FP32 and FP16 artifacts converted from `tiny_ckpt`: {"fp32": dir, "fp16": dir}."""
+    from chattts_forge.convert.export import convert_checkpoint
+
+    return convert_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("artifacts"), precision="all")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(tiny_ckpt: Path):
+    """ChatTTS's own `Chat`, loaded on `tiny_ckpt` (the PyTorch reference oracle)."""
+    from chattts_forge.torch_ref.chat import load_chat
+
+    return load_chat(tiny_ckpt)
