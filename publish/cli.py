@@ -1,0 +1,76 @@
+"""`chattts-forge publish` and `chattts-forge verify`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from chattts_forge.errors import ForgeError
+
+
+@click.command("publish")
+@click.option(
+    "--artifact",
+    "artifact",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Artifact folder (output of convert or quantize).",
+)
+@click.option(
+    "--report",
+    "report",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Evaluation report folder (holding report.json) that judged this artifact.",
+)
+@click.option(
+    "--to",
+    "to",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Root of the published tree: writes TO/<model>/<version>/<variant>/.",
+)
+@click.option("--model", default=None, help="Model name (default: chattts, or chattts-synthetic-<preset>-seed<N>).")
+@click.option(
+    "--version",
+    "version",
+    default=None,
+    help="Version folder (default: the newest version of the same checkpoint lacking this variant, else a new vN).",
+)
+def publish(artifact: Path, report: Path, to: Path, model: str | None, version: str | None) -> None:
+    """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS and a model card.
+
+    Refuses (nothing is written) when the report failed, was edited after evaluation, or judged
+    other files than the artifact's current ones. Never overwrites a published version.
+    """
+    from chattts_forge.publish.publish import publish_artifact
+
+    result = publish_artifact(artifact, report, to, model=model, version=version)
+    word = "already published (identical files)" if result.status == "already-published" else "published"
+    click.echo(f"{word}: {result.path}")
+    click.echo(f"manifest sha256: {result.manifest_sha256}")
+
+
+@click.command("verify")
+@click.argument("path", type=click.Path(path_type=Path, file_okay=False), default="artifacts")
+def verify(path: Path) -> None:
+    """Re-hash a published variant folder, or every variant under PATH, against the manifests.
+
+    Any changed, missing or extra file fails (exit 2) and is named.
+    """
+    from chattts_forge.publish.verify import verify_path
+
+    result = verify_path(path)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for problem in result.problems:
+        click.echo(f"FAILED {problem}", err=True)
+    if result.problems:
+        first = result.problems[0]
+        more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
+        raise ForgeError(f"verification failed: {first}{more}")
+    for vdir in result.variants:
+        click.echo(f"OK {vdir}")
+    click.echo(f"verified {len(result.variants)} published variant(s) under {path}")

@@ -1,0 +1,121 @@
+"""`artifacts/index.json` and the publish lock.
+
+The index is rebuilt from the published manifests (never patched), under an exclusive `fcntl.flock`
+on `artifacts/.publish.lock`, and written with one atomic rename. Every publish takes the same lock
+for its whole critical section (version choice, rename into place, index rewrite), so concurrent
+publishers never lose each other's entries, and the index is a pure function of what is published:
+`verify` rebuilds it and compares bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+
+INDEX_NAME = "index.json"
+INDEX_SCHEMA = "chattts-forge/index/1"
+LOCK_NAME = ".publish.lock"
+STAGING_NAME = ".staging"
+
+
+@contextlib.contextmanager
+def publish_lock(root: str | os.PathLike[str]) -> Iterator[None]:
+    """Exclusive lock on `root/.publish.lock`; released by the OS if the holder dies."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ForgeError(f"cannot open the publish lock in {root}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def version_number(version: str) -> int:
+    m = re.fullmatch(r"v(\d+)", version)
+    return int(m.group(1)) if m else -1
+
+
+def iter_variant_dirs(root: Path) -> list[Path]:
+    """Published variant folders (`<model>/<version>/<variant>/` holding a manifest), sorted."""
+    out = []
+    if not root.is_dir():
+        return out
+    for model in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for version in sorted(
+            (p for p in model.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: (version_number(p.name), p.name),
+        ):
+            for variant in sorted(p for p in version.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                if (variant / MANIFEST_NAME).is_file():
+                    out.append(variant)
+    return out
+
+
+def headline_figures(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The figures a reader compares variants by: the report's headline, else every gated metric."""
+    gate = manifest.get("gate", {})
+    figures = dict(gate.get("headline") or {})
+    if not figures:
+        for check in gate.get("results") or []:
+            name = check.get("metric", check.get("name"))
+            value = check.get("value", check.get("measured"))
+            if name is not None and (value is None or isinstance(value, (int, float, str, bool))):
+                figures[str(name)] = value
+    return figures
+
+
+def index_entry(root: Path, variant_dir: Path) -> dict[str, Any]:
+    manifest = load_manifest(variant_dir / MANIFEST_NAME)
+    return {
+        "model": manifest["model"],
+        "version": manifest["version"],
+        "variant": manifest["variant"],
+        "path": variant_dir.relative_to(root).as_posix(),
+        "manifest_sha256": sha256_file(variant_dir / MANIFEST_NAME),
+        "created_at": manifest["created_at"],
+        "source_kind": manifest["source_checkpoint"]["kind"],
+        "precision": manifest["precision"],
+        "total_bytes": manifest.get("total_bytes"),
+        "gate_passed": manifest["gate"]["passed"],
+        "figures": headline_figures(manifest),
+    }
+
+
+def build_index(root: str | os.PathLike[str]) -> dict[str, Any]:
+    root = Path(root)
+    return {"schema": INDEX_SCHEMA, "variants": [index_entry(root, d) for d in iter_variant_dirs(root)]}
+
+
+def index_bytes(index: dict[str, Any]) -> bytes:
+    return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def rewrite_index(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Rebuild `root/index.json` from the manifests (written only when it changes); hold the lock."""
+    index = build_index(root)
+    want = index_bytes(index)
+    path = Path(root) / INDEX_NAME
+    if not path.is_file() or path.read_bytes() != want:
+        atomic_write_bytes(path, want)
+    return index
+
+
+def update_index(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Take the lock and rebuild the index (e.g. after removing a variant by hand)."""
+    with publish_lock(root):
+        return rewrite_index(root)

@@ -1,0 +1,322 @@
+"""The published variant's `manifest.json` and `SHA256SUMS` (schema documented in docs/manifest.md).
+
+A published variant folder `artifacts/<model>/<version>/<variant>/` holds the artifact's own files
+(copied byte for byte), `report.json` (the evaluation report that let it through, verbatim, so its
+integrity seal can be checked again), `README.md` (the model card), `manifest.json` and
+`SHA256SUMS`. The manifest lists every file except itself and SHA256SUMS; SHA256SUMS lists every
+file except itself (manifest.json included), in `sha256sum -c` format.
+
+Everything here is a pure function of the artifact and its report: no wall clock (created_at is the
+report's), so publishing the same inputs twice gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.publish.gate_report import GateReport
+
+from chattts_forge import __version__
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+MANIFEST_SCHEMA = "chattts-forge/manifest/1"
+MANIFEST_NAME = "manifest.json"
+SUMS_NAME = "SHA256SUMS"
+CARD_NAME = "README.md"
+REPORT_COPY_NAME = "report.json"
+# Names publish adds to a variant folder; an artifact carrying one of them is refused.
+RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME})
+ARTIFACT_META = "artifact.json"
+
+LICENSES: dict[str, dict[str, str]] = {
+    "chattts_code": {
+        "spdx": "AGPL-3.0-or-later",
+        "what": "ChatTTS inference code (2noise/ChatTTS) the graphs were exported from",
+        "url": "https://github.com/2noise/ChatTTS/blob/main/LICENSE",
+    },
+    "chattts_weights": {
+        "spdx": "CC-BY-NC-4.0",
+        "what": "ChatTTS model weights (2Noise/ChatTTS): non-commercial use only",
+        "url": "https://creativecommons.org/licenses/by-nc/4.0/",
+    },
+    "toolchain": {
+        "spdx": "AGPL-3.0-or-later",
+        "what": "chattts-forge, the toolchain that built and published this artifact",
+        "url": "",
+    },
+}
+
+# Distributions whose versions every manifest names (from the artifact's own record when it has one).
+MANIFEST_VERSIONS = ("torch", "chattts", "onnx", "onnxruntime", "onnxconverter-common")
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+def check_safe_name(kind: str, name: str) -> str:
+    """Model, version and variant names become folder names: keep them plain."""
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in {".", ".."}:
+        raise ForgeError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_', '+', '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative, '/'-separated
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+
+
+def list_files(root: Path) -> list[str]:
+    """Every regular file under root as sorted relative posix paths; symlinks and odd files refused."""
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                raise ForgeError(f"{p}: symbolic links are not allowed in an artifact")
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_file():
+                raise ForgeError(f"{p}: not a regular file")
+            out.append(p.relative_to(root).as_posix())
+    return sorted(out)
+
+
+def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
+    """Re-hash every file of a folder: {relative path: FileEntry}."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ForgeError(f"{root} is not a folder")
+    return {
+        rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
+    }
+
+
+def load_artifact_meta(artifact_dir: Path) -> dict[str, Any]:
+    path = artifact_dir / ARTIFACT_META
+    if not path.is_file():
+        raise ForgeError(f"{artifact_dir} is not an artifact folder: {ARTIFACT_META} is missing")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("components"), dict):
+        raise ForgeError(f"{path}: has no 'components' section")
+    return meta
+
+
+def component_precisions(meta: dict[str, Any]) -> dict[str, str]:
+    """{component: precision}; the vocoder must be FP32 (the artifact contract)."""
+    out: dict[str, str] = {}
+    for name, comp in sorted(meta["components"].items()):
+        precision = comp.get("precision") if isinstance(comp, dict) else None
+        if not isinstance(precision, str):
+            raise ForgeError(f"{ARTIFACT_META}: component {name!r} has no precision")
+        out[name] = precision
+    vocoders = [n for n in out if n.startswith("vocos")]
+    if not vocoders:
+        raise ForgeError(f"{ARTIFACT_META}: no vocos component")
+    for name in vocoders:
+        if out[name].lower() not in {"fp32", "float32"}:
+            raise ForgeError(f"{ARTIFACT_META}: vocoder {name!r} is {out[name]}, it must stay fp32")
+    return out
+
+
+def component_opsets(meta: dict[str, Any]) -> dict[str, int | None]:
+    return {
+        name: (comp.get("opset") if isinstance(comp, dict) else None)
+        for name, comp in sorted(meta["components"].items())
+    }
+
+
+def source_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
+    src = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    kind = src.get("kind")
+    if kind not in {"real", "synthetic"}:
+        raise ForgeError(f"{ARTIFACT_META}: source.kind must be 'real' or 'synthetic', not {kind!r}")
+    out: dict[str, Any] = {"kind": kind}
+    for key in ("preset", "seed"):
+        if src.get(key) is not None:
+            out[key] = src[key]
+    hashes = src.get("hashes")
+    if not isinstance(hashes, dict) or not hashes:
+        raise ForgeError(f"{ARTIFACT_META}: source.hashes (the checkpoint file hashes) is missing")
+    out["hashes"] = dict(sorted(hashes.items()))
+    return out
+
+
+def source_fingerprint(source: dict[str, Any]) -> str:
+    """One hash naming the source checkpoint: variants of one version share it."""
+    ident = {"kind": source["kind"], "hashes": source["hashes"]}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def default_model_name(meta: dict[str, Any], source: dict[str, Any]) -> str:
+    """`chattts` for a real checkpoint; synthetic ones say so in their name, so no one mistakes them."""
+    base = str(meta.get("name") or "chattts")
+    if source["kind"] == "synthetic":
+        tag = "synthetic"
+        if "preset" in source:
+            tag += f"-{source['preset']}"
+        if "seed" in source:
+            tag += f"-seed{source['seed']}"
+        return check_safe_name("model", f"{base}-{tag}")
+    return check_safe_name("model", base)
+
+
+def _first(d: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return None
+
+
+def calibration_corpus(quant: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The calibration corpus (name, sha256, samples) the quantize stage recorded, if any."""
+    if not isinstance(quant, dict):
+        return None
+    calib = _first(quant, "calibration", "calibration_data", "calibration_corpus")
+    if not isinstance(calib, dict):
+        return None
+    corpus = calib.get("corpus") if isinstance(calib.get("corpus"), dict) else calib
+    name = _first(corpus, "name", "corpus_name", "corpus", "path", "file")
+    return {
+        "name": Path(str(name)).name if name is not None else None,
+        "sha256": _first(corpus, "sha256", "corpus_sha256"),
+        "samples": _first(calib, "samples", "n_samples", "num_samples", "sample_count", "max_samples"),
+    }
+
+
+def library_versions_of(meta: dict[str, Any]) -> dict[str, str | None]:
+    """Versions the artifact was built with (its own record); publish-time versions fill any gap."""
+    from chattts_forge.versions import library_versions
+
+    recorded = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    now = library_versions(MANIFEST_VERSIONS)
+    out: dict[str, str | None] = {}
+    for name in MANIFEST_VERSIONS:
+        out[name] = recorded.get(name) if name in recorded else now.get(name)
+    for name, v in sorted(recorded.items()):
+        out.setdefault(name, v)
+    return out
+
+
+def gate_section(report: GateReport) -> dict[str, Any]:
+    return {
+        "passed": report.passed,
+        "report": REPORT_COPY_NAME,
+        "report_sha256": report.sha256,
+        "report_schema": report.schema,
+        "report_integrity": report.data.get("integrity"),
+        "evaluated_at": report.created_at,
+        "thresholds": report.thresholds,
+        "results": report.checks,
+        "headline": report.headline,
+        "machine": report.machine,
+        "corpus": report.corpus,
+        "reference": report.reference,
+        "notes": report.notes,
+    }
+
+
+def build_manifest_core(
+    *,
+    model: str,
+    version: str,
+    variant: str,
+    meta: dict[str, Any],
+    report: GateReport,
+) -> dict[str, Any]:
+    """The manifest without its `files` list (which needs the card written first)."""
+    source = source_checkpoint(meta)
+    quant = meta.get("quantization") if isinstance(meta.get("quantization"), dict) else None
+    toolchain = meta.get("toolchain") if isinstance(meta.get("toolchain"), dict) else {}
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "model": model,
+        "version": version,
+        "variant": variant,
+        # The evaluation that certified these bytes; never the wall clock at publish time.
+        "created_at": report.created_at,
+        "precision": component_precisions(meta),
+        "opset": component_opsets(meta),
+        "source_checkpoint": source,
+        "quantization": quant,
+        "calibration_corpus": calibration_corpus(quant),
+        "fp16": meta.get("fp16"),
+        "gate": gate_section(report),
+        "versions": library_versions_of(meta),
+        "toolchain": {
+            "name": toolchain.get("name", "chattts-forge"),
+            "version": toolchain.get("version"),
+            "git_commit": toolchain.get("git_commit"),
+            "published_with": __version__,
+        },
+        "licenses": LICENSES,
+    }
+
+
+def finish_manifest(core: dict[str, Any], files: dict[str, FileEntry]) -> dict[str, Any]:
+    manifest = dict(core)
+    manifest["total_bytes"] = sum(f.bytes for f in files.values())
+    manifest["files"] = [files[p].to_dict() for p in sorted(files)]
+    return manifest
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForgeError(f"{path}: missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        got = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise ForgeError(f"{path}: unknown manifest schema {got!r} (expected {MANIFEST_SCHEMA})")
+    if not isinstance(manifest.get("files"), list):
+        raise ForgeError(f"{path}: manifest has no files list")
+    return manifest
+
+
+def manifest_files(manifest: dict[str, Any]) -> dict[str, FileEntry]:
+    out: dict[str, FileEntry] = {}
+    for e in manifest["files"]:
+        out[e["path"]] = FileEntry(e["path"], int(e["bytes"]), e["sha256"])
+    return out
+
+
+def sha256sums_text(hashes: dict[str, str]) -> str:
+    """`sha256sum -c` format: '<hex>  <path>' per line, sorted by path."""
+    for p in hashes:
+        if "\n" in p or "\\" in p:
+            raise ForgeError(f"file name {p!r} cannot be written to {SUMS_NAME}")
+    return "".join(f"{hashes[p]}  {p}\n" for p in sorted(hashes))
+
+
+_SUMS_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
+
+
+def parse_sha256sums(text: str, where: str = SUMS_NAME) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.rstrip("\n").split("\n"), 1):
+        m = _SUMS_LINE.match(line)
+        if not m:
+            raise ForgeError(f"{where}: line {n} is not '<sha256>  <path>'")
+        out[m.group(2)] = m.group(1)
+    return out

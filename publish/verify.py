@@ -1,0 +1,157 @@
+"""`verify_path(PATH)`: re-hash one published variant, or a whole `artifacts/` tree, against manifests.
+
+For a variant folder: every file the manifest lists must exist with its size and sha256; no other
+file may be there (besides manifest.json and SHA256SUMS); SHA256SUMS must agree with the manifest
+and with manifest.json's own bytes. For a tree: every variant folder is checked, every file must
+belong to a variant (or be index.json / README.md / .gitkeep / the lock), and index.json must be
+exactly what the manifests say. Each problem names the file; an empty problem list means verified.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chattts_forge.publish.index import (
+    INDEX_NAME,
+    LOCK_NAME,
+    STAGING_NAME,
+    build_index,
+    index_bytes,
+    iter_variant_dirs,
+)
+from chattts_forge.publish.manifest import (
+    MANIFEST_NAME,
+    SUMS_NAME,
+    list_files,
+    load_manifest,
+    manifest_files,
+    parse_sha256sums,
+    sha256sums_text,
+)
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+# Files allowed at the top of an artifacts tree besides the published variants.
+ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitignore"})
+
+
+@dataclass
+class VerifyResult:
+    variants: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and bool(self.variants)
+
+
+def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
+    """Problems of one published variant folder, each starting with the offending file's path."""
+    problems: list[str] = []
+    try:
+        actual = set(list_files(vdir))
+    except ForgeError as e:
+        return [str(e)]
+    try:
+        manifest = load_manifest(vdir / MANIFEST_NAME)
+        listed = manifest_files(manifest)
+    except (ForgeError, KeyError, TypeError, ValueError) as e:
+        return [str(e) if isinstance(e, ForgeError) else f"{vdir / MANIFEST_NAME}: malformed ({e})"]
+    manifest_sha = sha256_file(vdir / MANIFEST_NAME)
+
+    sums: dict[str, str] | None = None
+    if SUMS_NAME not in actual:
+        problems.append(f"{vdir / SUMS_NAME}: missing")
+    else:
+        try:
+            sums = parse_sha256sums((vdir / SUMS_NAME).read_text(encoding="utf-8"), str(vdir / SUMS_NAME))
+        except (ForgeError, UnicodeDecodeError) as e:
+            problems.append(str(e) if isinstance(e, ForgeError) else f"{vdir / SUMS_NAME}: not text")
+    if sums is not None:
+        if sums.get(MANIFEST_NAME) != manifest_sha:
+            problems.append(f"{vdir / MANIFEST_NAME}: changed (its sha256 does not match {SUMS_NAME})")
+        want = {p: e.sha256 for p, e in listed.items()}
+        want[MANIFEST_NAME] = sums.get(MANIFEST_NAME, "")
+        for p in sorted(set(sums) | set(want)):
+            if sums.get(p) != want.get(p):
+                problems.append(f"{vdir / SUMS_NAME}: disagrees with {MANIFEST_NAME} about {p}")
+                break
+        else:
+            # Publish writes one canonical form; any other byte (even whitespace) is a change.
+            if (vdir / SUMS_NAME).read_bytes() != sha256sums_text(sums).encode("utf-8"):
+                problems.append(f"{vdir / SUMS_NAME}: changed (not the file publish wrote)")
+
+    for rel, entry in sorted(listed.items()):
+        path = vdir / rel
+        if rel not in actual:
+            problems.append(f"{path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != entry.bytes or sha256_file(path) != entry.sha256:
+            problems.append(f"{path}: changed (sha256/size differ from {MANIFEST_NAME})")
+    for rel in sorted(actual - set(listed) - {MANIFEST_NAME, SUMS_NAME}):
+        problems.append(f"{vdir / rel}: extra file not in {MANIFEST_NAME}")
+
+    # A manifest moved to another folder is not the variant that folder claims to be.
+    parts = (manifest.get("model"), manifest.get("version"), manifest.get("variant"))
+    if check_location and (vdir.parent.parent.name, vdir.parent.name, vdir.name) != parts:
+        problems.append(f"{vdir / MANIFEST_NAME}: names {'/'.join(map(str, parts))}, not this folder")
+    return problems
+
+
+def verify_tree(root: Path) -> VerifyResult:
+    result = VerifyResult()
+    variants = iter_variant_dirs(root)
+    result.variants = variants
+    variant_set = set(variants)
+    for vdir in variants:
+        result.problems += verify_variant(vdir, check_location=True)
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel_parts = here.relative_to(root).parts
+        if rel_parts[:1] == (STAGING_NAME,):
+            dirnames.clear()
+            result.warnings.append(f"{here}: leftover of an interrupted publish (the next publish removes it)")
+            continue
+        if len(rel_parts) >= 3 and root.joinpath(*rel_parts[:3]) in variant_set:
+            dirnames.clear()  # checked above
+            continue
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = here / name
+            if len(rel_parts) == 0 and name in ROOT_FILES:
+                continue
+            if len(rel_parts) >= 3:
+                result.problems.append(f"{root.joinpath(*rel_parts[:3]) / MANIFEST_NAME}: missing ({path} is unverifiable)")
+            else:
+                result.problems.append(f"{path}: extra file, not part of any published variant")
+    index_path = root / INDEX_NAME
+    if variants:
+        if not index_path.is_file():
+            result.problems.append(f"{index_path}: missing")
+        else:
+            try:
+                want = index_bytes(build_index(root))
+            except (ForgeError, KeyError, TypeError) as e:
+                want = None
+                result.problems.append(f"{index_path}: cannot be rebuilt from the manifests ({e})")
+            if want is not None and index_path.read_bytes() != want:
+                result.problems.append(f"{index_path}: does not match the published manifests")
+    return result
+
+
+def verify_path(path: str | os.PathLike[str]) -> VerifyResult:
+    """Verify a variant folder (has manifest.json) or a tree of them (e.g. artifacts/)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ForgeError(f"{path} is not a folder")
+    if (path / MANIFEST_NAME).is_file():
+        return VerifyResult(variants=[path], problems=verify_variant(path))
+    result = verify_tree(path)
+    if not result.variants and not result.problems:
+        raise ForgeError(f"nothing published under {path} (no */*/*/{MANIFEST_NAME})")
+    return result
