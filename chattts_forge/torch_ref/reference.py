@@ -1,0 +1,211 @@
+"""Reference synthesis: ChatTTS's own `Chat.infer`, with the knobs ChatTTS users know.
+
+Library use::
+
+    from chattts_forge.torch_ref.chat import load_chat
+    from chattts_forge.torch_ref.reference import reference_synthesize, write_wav
+    chat = load_chat("ckpt/asset")
+    res = reference_synthesize(chat, "你好，世界。", seed=0, refine=False)
+    write_wav("out.wav", res.wav, res.sample_rate)
+    res.codes      # int64 [steps, num_vq]: the audio codes ChatTTS generated (all parts, in order)
+    res.hiddens    # float32 [steps, hidden] (Decoder input), empty when decoded with the DVAE
+
+The audio is exactly what `Chat.infer` returns: it splits the text into sentences, may use the
+first sentence as a speaker sample for the rest (ChatTTS does so when there are several and no
+sample was given), decodes each batch and drops samples with |x| <= 1e-5. Codes and hidden states
+are recorded from `Chat._infer_code` without changing it.
+"""
+
+from __future__ import annotations
+
+import io
+import lzma
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.log import get_logger
+from chattts_forge.torch_ref.chat import quiet_chattts
+
+if TYPE_CHECKING:
+    import ChatTTS
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ReferenceResult:
+    wav: np.ndarray  # float32 [samples], mono
+    codes: np.ndarray  # int64 [steps, num_vq]
+    hiddens: np.ndarray  # float32 [steps, hidden]; [0, hidden] when decoded with the DVAE
+    sample_rate: int
+    speaker: str | None  # the speaker string used (sampled when "random" was asked)
+    texts: list[str] = field(default_factory=list)  # what the code generator got, per batch row
+    parts: list[np.ndarray] = field(default_factory=list)  # codes per generated text part
+
+
+def sample_speaker(chat: ChatTTS.Chat, seed: int | None) -> str:
+    """ChatTTS's `sample_random_speaker` (torch RNG), seeded for reproducibility when `seed` is set."""
+    import torch
+
+    if seed is None:
+        return chat.sample_random_speaker()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return chat.sample_random_speaker()
+
+
+def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
+    """The speaker string if ChatTTS can decode it to a vector of the model's width, else ForgeError."""
+    from ChatTTS.model.speaker import Speaker
+
+    try:
+        vec = Speaker._decode(speaker.strip())
+    except (lzma.LZMAError, ValueError, TypeError, UnicodeError) as e:
+        raise ForgeError(f"--speaker is not a ChatTTS speaker string ({type(e).__name__}: {e})") from None
+    hidden = int(chat.config.gpt.hidden_size)
+    if vec.size != hidden:
+        raise ForgeError(f"--speaker encodes {vec.size} values, this checkpoint needs {hidden}")
+    if not np.all(np.isfinite(vec)):
+        raise ForgeError("--speaker contains non-finite values")
+    return speaker.strip()
+
+
+def reference_synthesize(
+    chat: ChatTTS.Chat,
+    text: str | list[str],
+    *,
+    seed: int | None = None,
+    speaker: str | None = None,
+    temperature: float = 0.3,
+    top_p: float = 0.7,
+    top_k: int = 20,
+    repetition_penalty: float = 1.05,
+    max_new_token: int = 2048,
+    min_new_token: int = 0,
+    refine: bool = True,
+    use_decoder: bool = True,
+    prompt: str = "[speed_5]",
+    show_progress: bool = False,
+) -> ReferenceResult:
+    """Synthesize `text` with ChatTTS's `Chat.infer` (defaults = ChatTTS's InferCodeParams).
+
+    `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both
+    the text refiner and the code generator. `speaker` is a ChatTTS speaker string, "random"
+    (sampled with `seed`) or None (ChatTTS's empty speaker).
+    """
+    import torch
+    from ChatTTS.core import Chat
+
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts or any(not t or not t.strip() for t in texts):
+        raise ForgeError("empty text")
+    if not temperature > 0:
+        raise ForgeError("--temperature must be > 0")
+    if not 0 < top_p <= 1:
+        raise ForgeError("--top-p must lie in (0, 1]")
+    if top_k < 1:
+        raise ForgeError("--top-k must be >= 1")
+    if not repetition_penalty > 0:
+        raise ForgeError("--repetition-penalty must be > 0")
+    if max_new_token < 1:
+        raise ForgeError("--max-new-token must be >= 1")
+    if not 0 <= min_new_token <= max_new_token:
+        raise ForgeError("--min-new-token must lie between 0 and --max-new-token")
+    with quiet_chattts():
+        for t in texts:
+            if not chat.normalizer(t, True, True, None).strip():
+                raise ForgeError(f"text {t!r} normalises to nothing ChatTTS can read")
+
+    if speaker is not None and speaker.strip().lower() == "random":
+        speaker = sample_speaker(chat, seed)
+    elif speaker is not None:
+        speaker = check_speaker(chat, speaker)
+
+    params_code = Chat.InferCodeParams(
+        prompt=prompt,
+        spk_emb=speaker,
+        temperature=float(temperature),
+        top_P=float(top_p),
+        top_K=int(top_k),
+        repetition_penalty=float(repetition_penalty),
+        max_new_token=int(max_new_token),
+        min_new_token=int(min_new_token),
+        show_tqdm=show_progress,
+        manual_seed=seed,
+    )
+    params_refine = Chat.RefineTextParams(show_tqdm=show_progress, manual_seed=seed)
+
+    batches: list[tuple[list[str], list[np.ndarray], list[np.ndarray]]] = []
+    orig = chat._infer_code
+
+    def recording(text: Any, stream: bool, device: Any, return_hidden: bool, params: Any) -> Iterator[Any]:
+        rows = list(text) if isinstance(text, list) else None
+        for result in orig(text, stream, device, return_hidden, params):
+            # A str call is infer's speaker-sample pass over the first sentence, not output audio.
+            if rows is not None:
+                batches.append(
+                    (
+                        rows,
+                        [i.detach().cpu().numpy().astype(np.int64) for i in result.ids],
+                        [h.detach().float().cpu().numpy() for h in result.hiddens],
+                    )
+                )
+            yield result
+
+    chat._infer_code = recording  # type: ignore[method-assign]
+    try:
+        with quiet_chattts(), torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            wavs = chat.infer(
+                texts,
+                skip_refine_text=not refine,
+                use_decoder=use_decoder,
+                params_refine_text=params_refine,
+                params_infer_code=params_code,
+            )
+    finally:
+        del chat._infer_code  # back to the class method
+    wav = np.concatenate([np.asarray(w, dtype=np.float32).reshape(-1) for w in wavs]) if wavs else np.zeros(0)
+    num_vq = int(chat.config.gpt.num_vq)
+    hidden = int(chat.config.gpt.hidden_size)
+    parts = [c for _, ids, _ in batches for c in ids]
+    hid = [h for _, _, hs in batches for h in hs]
+    codes = np.concatenate(parts) if parts else np.zeros((0, num_vq), dtype=np.int64)
+    hiddens = np.concatenate(hid) if hid else np.zeros((0, hidden), dtype=np.float32)
+    if wav.size == 0:
+        raise ForgeError(f"ChatTTS produced no audio ({len(codes)} code steps; all samples were silent)")
+    return ReferenceResult(
+        wav=wav.astype(np.float32),
+        codes=codes,
+        hiddens=hiddens.astype(np.float32),
+        sample_rate=int(chat.config.vocos.feature_extractor.init_args.sample_rate),
+        speaker=speaker,
+        texts=[t for rows, _, _ in batches for t in rows],
+        parts=parts,
+    )
+
+
+def write_wav(path: str | os.PathLike[str], wav: np.ndarray, sample_rate: int) -> Path:
+    """float32 mono WAV via soundfile, written atomically."""
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.asarray(wav, dtype=np.float32), sample_rate, format="WAV", subtype="FLOAT")
+    atomic_write_bytes(path, buf.getvalue())
+    return Path(path)
+
+
+def write_codes(path: str | os.PathLike[str], codes: np.ndarray) -> Path:
+    """The codes as a .npy int64 array [steps, num_vq], written atomically."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(codes, dtype=np.int64))
+    atomic_write_bytes(path, buf.getvalue())
+    return Path(path)
