@@ -1,0 +1,43 @@
+"""`chattts-forge convert`: checkpoint -> ONNX artifact folders (library: `convert.export.convert_checkpoint`)."""
+
+from __future__ import annotations
+
+import click
+from chattts_forge.convert.export import PRECISIONS
+
+
+@click.command("convert")
+@click.option(
+    "--checkpoint",
+    "checkpoint",
+    required=True,
+    help="ChatTTS checkpoint: asset folder, snapshot root, HF cache, or 'hf' (default HF cache).",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output folder; artifacts go to OUT/fp32 and OUT/fp16.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default="all",
+    show_default=True,
+    help="Which artifact folders to write.",
+)
+@click.option(
+    "--threads", type=int, default=2, show_default=True, help="CPU threads for torch and onnxruntime."
+)
+def convert(checkpoint: str, out: str, precision: str, threads: int) -> None:
+    """Export every ChatTTS component to ONNX (FP32, FP16) with parity checked at export.
+
+    Each graph is run by onnxruntime against ChatTTS's own PyTorch code on several shapes; a
+    graph outside tolerance fails the conversion and nothing is written.
+    """
+    from chattts_forge.convert.export import convert_checkpoint
+
+    dirs = convert_checkpoint(checkpoint, out, precision=precision, threads=threads)
+    for variant, folder in dirs.items():
+        click.echo(f"{variant}: {folder}")

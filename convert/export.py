@@ -1,0 +1,265 @@
+"""The convert stage: a ChatTTS checkpoint -> self-contained ONNX artifact folders (FP32, FP16).
+
+Library use::
+
+    from chattts_forge.convert.export import convert_checkpoint
+    dirs = convert_checkpoint("build/checkpoint-tiny-seed0", "build/artifacts", precision="all")
+    # {"fp32": Path("build/artifacts/fp32"), "fp16": Path("build/artifacts/fp16")}
+
+What happens (see docs/artifact-format.md for the folder layout and graph interfaces):
+
+1. ChatTTS's own `Chat` is loaded from the checkpoint (`chattts_forge.torch_ref.chat.load_chat`).
+2. Every component (embed, gpt, head_code, head_text, decoder, dvae, vocos) is exported with the
+   TorchScript exporter (opset 17, dynamic batch/sequence/past axes) from an export-friendly
+   wrapper around ChatTTS's modules (`chattts_forge.convert.modules`).
+3. Parity, as Optimum validates exports: each graph runs in onnxruntime (CPU) against ChatTTS's
+   PyTorch code path on several shapes (batch 1 and 3, past 0 and > 0, short and long); max
+   abs/rel errors go into artifact.json; outside 1e-4 abs the conversion fails and writes nothing.
+4. FP16 (`chattts_forge.convert.fp16`): every component but the vocoder is converted with float32
+   kept at the graph boundary; its error against the FP32 graph is measured and recorded (and must
+   stay within `FP16_TOLERANCE_REL` of the output's scale); the FP16 folder's `vocos.onnx` is a
+   byte copy of the FP32 one.
+5. Support files (tokenizer, speaker statistics, DVAE coefficients, homophone map) and
+   artifact.json; every folder is written through `fsutil.atomic_output_dir`, so a failed or
+   killed conversion leaves no partial artifact folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.convert.components import COMPONENT_ORDER, SPEC_BUILDERS, ComponentSpec, SourceModules
+from chattts_forge.convert.fp16 import convert_to_fp16
+from chattts_forge.convert.metadata import (
+    io_description,
+    metadata_props,
+    source_record,
+    special_tokens,
+    write_artifact_json,
+    write_support_files,
+)
+from chattts_forge.convert.onnx_export import (
+    OPSET,
+    TORCHSCRIPT_CONVERTER,
+    export_model,
+    save_model,
+    set_metadata,
+)
+from chattts_forge.convert.parity import ParityCase, check_parity, make_session
+from tqdm import tqdm
+
+from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_output_dir, sha256_file
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "all")
+FP32_TOLERANCE_ABS = 1e-4
+# FP16 graphs are checked against the FP32 graph: worst error relative to the output's scale.
+FP16_TOLERANCE_REL = 5e-2
+
+
+def _check_output_parent(out: Path) -> None:
+    """Fail before any heavy work when `out` cannot be created or written."""
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ForgeError(f"output path {probe} exists and is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ForgeError(f"output folder {probe} is not writable")
+
+
+def _load_sources(asset_dir: Path) -> tuple[Any, SourceModules]:
+    from chattts_forge.torch_ref.chat import load_chat
+
+    try:
+        chat = load_chat(asset_dir)
+    except ForgeError:
+        raise
+    except Exception as e:  # safetensors/transformers raise many types on a broken file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ForgeError(f"{asset_dir}: cannot load the checkpoint ({type(e).__name__}: {first})") from None
+    return chat, SourceModules.from_chat(chat)
+
+
+@contextlib.contextmanager
+def _scratch_dir(parent: Path) -> Iterator[Path]:
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-fp32.", suffix=".partial", dir=parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _component_record(
+    spec: ComponentSpec, files: list[str], folder: Path, precision: str, converter: str, opset: int
+) -> dict[str, Any]:
+    inputs, outputs = io_description(spec)
+    rec: dict[str, Any] = {
+        "file": spec.file,
+        "precision": precision,
+        "opset": opset,
+        "converter": converter,
+        "inputs": inputs,
+        "outputs": outputs,
+        "sha256": sha256_file(folder / spec.file),
+        "bytes": sum((folder / f).stat().st_size for f in files),
+    }
+    if len(files) > 1:
+        rec["external_data"] = files[1:]
+    return rec
+
+
+def _export_all(
+    src: SourceModules,
+    dims: Dims,
+    dir32: Path,
+    dir16: Path | None,
+    opset: int,
+    threads: int,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    comps32: dict[str, Any] = {}
+    comps16: dict[str, Any] = {}
+    fp16_info: dict[str, Any] = {"converters": {}, "op_block_list": {}, "error_vs_fp32": {}}
+    bar = tqdm(COMPONENT_ORDER, desc="convert", unit="graph", leave=False)
+    for name in bar:
+        bar.set_postfix_str(name)
+        t0 = time.perf_counter()
+        spec = SPEC_BUILDERS[name](src, dims)
+        model = export_model(spec, opset)
+        set_metadata(model, metadata_props(spec, dims, "fp32", TORCHSCRIPT_CONVERTER))
+        files = save_model(model, dir32 / spec.file)
+        cases = spec.cases()
+        outputs32: list[dict[str, Any]] = []
+        session = make_session(dir32 / spec.file, threads)
+        parity = check_parity(session, cases, spec.tolerance_abs, f"{name} (fp32)", collect=outputs32)
+        del session
+        rec = _component_record(spec, files, dir32, "fp32", TORCHSCRIPT_CONVERTER, opset)
+        rec["parity"] = {"reference": "ChatTTS PyTorch (fp32)", **parity}
+        comps32[name] = rec
+        log.info(
+            "%s: fp32 %s (%.1f MB), parity max abs %.2e, max rel %.2e over %d cases (%.1fs)",
+            name, spec.file, rec["bytes"] / 1e6, parity["max_abs"], parity["max_rel"], len(cases),
+            time.perf_counter() - t0,
+        )  # fmt: skip
+        if dir16 is not None:
+            if spec.fp16:
+                t1 = time.perf_counter()
+                model16, conv = convert_to_fp16(model, name)
+                set_metadata(model16, metadata_props(spec, dims, "fp16", conv["converter"]))
+                files16 = save_model(model16, dir16 / spec.file)
+                del model16
+                # FP16 against the FP32 graph, on the same inputs (padding masked out as for fp32).
+                cases16 = [
+                    ParityCase(c.name, c.inputs, o, c.masks) for c, o in zip(cases, outputs32, strict=True)
+                ]
+                session16 = make_session(dir16 / spec.file, threads)
+                parity16 = check_parity(
+                    session16, cases16, None, f"{name} (fp16)", tolerance_rel=FP16_TOLERANCE_REL
+                )
+                del session16
+                rec16 = _component_record(spec, files16, dir16, "fp16", conv["converter"], opset)
+                rec16["parity"] = {"reference": "FP32 ONNX graph", **parity16}
+                rec16["op_block_list"] = conv["op_block_list"]
+                if "fallback_from" in conv:
+                    rec16["converter_fallback_from"] = conv["fallback_from"]
+                comps16[name] = rec16
+                fp16_info["converters"][name] = conv["converter"]
+                fp16_info["op_block_list"][name] = conv["op_block_list"]
+                fp16_info["error_vs_fp32"][name] = {
+                    "max_abs": parity16["max_abs"],
+                    "max_rel": parity16["max_rel"],
+                }
+                log.info(
+                    "%s: fp16 by %s (%.1f MB), vs fp32 max abs %.2e, max rel %.2e (%.1fs)",
+                    name, conv["converter"], rec16["bytes"] / 1e6, parity16["max_abs"], parity16["max_rel"],
+                    time.perf_counter() - t1,
+                )  # fmt: skip
+            else:
+                # The vocoder stays FP32: the very same bytes in both folders.
+                for f in files:
+                    shutil.copyfile(dir32 / f, dir16 / f)
+                comps16[name] = dict(rec)
+                fp16_info["converters"][name] = "none (kept FP32, byte-identical to fp32/)"
+        del model, cases, outputs32, spec
+        gc.collect()
+    bar.close()
+    return comps32, comps16, fp16_info
+
+
+def convert_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    precision: str = "all",
+    *,
+    opset: int = OPSET,
+    threads: int = 2,
+) -> dict[str, Path]:
+    """Convert the ChatTTS checkpoint at `checkpoint` into `out/fp32` and/or `out/fp16`.
+
+    `precision`: "fp32", "fp16" or "all". Returns {"fp32": dir, "fp16": dir} for what was written.
+    Raises ForgeError (nothing written) on a broken checkpoint, an unwritable output or a failed
+    parity check.
+    """
+    import torch
+
+    if precision not in PRECISIONS:
+        raise ForgeError(f"unknown precision '{precision}' (choose from: {', '.join(PRECISIONS)})")
+    t_start = time.perf_counter()
+    asset_dir = resolve_asset_dir(checkpoint)
+    out = Path(out).expanduser()
+    _check_output_parent(out)
+    dims = load_dims(asset_dir)
+    chat, src = _load_sources(asset_dir)
+    tokens = special_tokens(asset_dir / "tokenizer" / "tokenizer.json", dims)
+    source = source_record(asset_dir)
+
+    created_out = not out.exists()
+    want32 = precision in ("fp32", "all")
+    want16 = precision in ("fp16", "all")
+    result: dict[str, Path] = {}
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        with contextlib.ExitStack() as stack:
+            if want32:
+                dir32 = stack.enter_context(atomic_output_dir(out / "fp32"))
+            else:
+                out.mkdir(parents=True, exist_ok=True)
+                dir32 = stack.enter_context(_scratch_dir(out))
+            dir16 = stack.enter_context(atomic_output_dir(out / "fp16")) if want16 else None
+            log.info("converting %s -> %s (%s)", asset_dir, out, precision)
+            comps32, comps16, fp16_info = _export_all(src, dims, dir32, dir16, opset, threads)
+            common = {"dims": dims, "tokens": tokens, "source": source}
+            for folder in (d for d in (dir32, dir16) if d is not None):
+                files = write_support_files(folder, asset_dir, chat)
+                common["files"] = files
+            if want32:
+                write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
+                result["fp32"] = out / "fp32"
+            if dir16 is not None:
+                write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, **common)
+                result["fp16"] = out / "fp16"
+    except BaseException:
+        if created_out and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        torch.set_num_threads(old_threads)
+    for variant, folder in result.items():
+        log.info("wrote %s artifact to %s", variant, folder)
+    log.info("conversion finished in %.1fs", time.perf_counter() - t_start)
+    return result

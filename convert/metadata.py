@@ -1,0 +1,143 @@
+"""artifact.json, ONNX metadata_props and the support files of an artifact folder.
+
+See docs/artifact-format.md (the contract every later stage reads).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from chattts_forge.convert.components import ComponentSpec
+
+from chattts_forge import __version__
+from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_json, sha256_file
+from chattts_forge.versions import library_versions, toolchain_info
+
+SCHEMA = "chattts-forge/artifact/1"
+
+# Special tokens recorded for the runtime (ChatTTS's tokenizer and Speaker use them).
+SPECIAL_TOKENS = {
+    "spk_emb": "[spk_emb]",
+    "empty_spk": "[empty_spk]",
+    "Stts": "[Stts]",
+    "Ptts": "[Ptts]",
+    "Sbreak": "[Sbreak]",
+    "Pbreak": "[Pbreak]",
+    "break_0": "[break_0]",
+    "Ebreak": "[Ebreak]",
+}
+
+
+def metadata_props(spec: ComponentSpec, dims: Dims, precision: str, converter: str) -> dict[str, str]:
+    return {
+        "component": spec.name,
+        "precision": precision,
+        "sample_rate": str(dims.sample_rate),
+        "hop_length": str(dims.hop_length),
+        "num_vq": str(dims.num_vq),
+        "n_mels": str(dims.n_mels),
+        "hidden_size": str(dims.hidden_size),
+        "num_hidden_layers": str(dims.num_hidden_layers),
+        "num_audio_tokens": str(dims.num_audio_tokens),
+        "num_text_tokens": str(dims.num_text_tokens),
+        "converter": converter,
+        "chattts_forge_version": __version__,
+    }
+
+
+def io_description(spec: ComponentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def one(io: Any) -> dict[str, Any]:
+        return {"name": io.name, "shape": list(io.shape), "dtype": io.dtype}
+
+    return [one(i) for i in spec.inputs], [one(o) for o in spec.outputs]
+
+
+def special_tokens(tokenizer_json: Path, dims: Dims) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    out: dict[str, int] = {}
+    for key, token in SPECIAL_TOKENS.items():
+        idx = tok.token_to_id(token)
+        if idx is None:
+            raise ForgeError(f"{tokenizer_json}: special token {token} is missing")
+        out[key] = int(idx)
+    out["eos_code"] = dims.eos_token
+    return out
+
+
+def source_record(asset_dir: Path) -> dict[str, Any]:
+    marker = read_marker(asset_dir)
+    hashes = {rel: sha256_file(asset_dir / rel) for rel in ASSET_FILES if (asset_dir / rel).is_file()}
+    rec: dict[str, Any] = {"kind": "synthetic" if marker else "real", "asset_dir": str(asset_dir.resolve())}
+    if marker:
+        rec["preset"] = marker.get("preset")
+        rec["seed"] = marker.get("seed")
+    rec["hashes"] = hashes
+    return rec
+
+
+def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, str]:
+    """tokenizer.json, speaker_stats.npy, dvae_coef.json, homophones_map.json; returns the `files` map."""
+    import ChatTTS
+
+    shutil.copyfile(asset_dir / "tokenizer" / "tokenizer.json", out_dir / "tokenizer.json")
+    std = chat.speaker.std.detach().cpu().numpy().astype(np.float16)
+    mean = chat.speaker.mean.detach().cpu().numpy().astype(np.float16)
+    np.save(out_dir / "speaker_stats.npy", np.stack([std, mean]))
+    coef = {
+        "decoder": [float(x) for x in chat.decoder.coef.detach().cpu().numpy().reshape(-1)],
+        "dvae": [float(x) for x in chat.dvae.coef.detach().cpu().numpy().reshape(-1)],
+    }
+    (out_dir / "dvae_coef.json").write_text(json.dumps(coef) + "\n", encoding="utf-8")
+    homophones = Path(ChatTTS.__file__).parent / "res" / "homophones_map.json"
+    shutil.copyfile(homophones, out_dir / "homophones_map.json")
+    return {
+        "tokenizer": "tokenizer.json",
+        "speaker_stats": "speaker_stats.npy",
+        "homophones": "homophones_map.json",
+        "dvae_coef": "dvae_coef.json",
+    }
+
+
+def write_artifact_json(
+    out_dir: Path,
+    *,
+    variant: str,
+    dims: Dims,
+    tokens: dict[str, int],
+    components: dict[str, dict[str, Any]],
+    files: dict[str, str],
+    source: dict[str, Any],
+    fp16: dict[str, Any] | None,
+) -> dict[str, Any]:
+    doc = {
+        "schema": SCHEMA,
+        "name": "chattts",
+        "variant": variant,
+        "dims": dims.to_dict(),
+        "audio": {
+            "sample_rate": dims.sample_rate,
+            "hop_length": dims.hop_length,
+            "n_mels": dims.n_mels,
+            "num_vq": dims.num_vq,
+        },
+        "tokens": tokens,
+        "components": components,
+        "files": files,
+        "source": source,
+        "fp16": fp16,
+        "quantization": None,
+        "versions": library_versions(),
+        "toolchain": toolchain_info(),
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    atomic_write_json(out_dir / "artifact.json", doc)
+    return doc
