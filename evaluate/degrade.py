@@ -1,0 +1,74 @@
+"""Deliberate audio damage (numpy only), to show that the ASR scores track intelligibility.
+
+- `white_noise(audio, snr_db, seed)`: additive Gaussian white noise at a given SNR;
+- `hard_clip(audio, fraction)`: clip at `fraction` of the peak, then rescale to the old peak;
+- `bit_crush(audio, bits)`: requantize to `bits` bits (a uniform mid-tread quantizer);
+- `time_stretch(audio, rate)`: phase-vocoder tempo change (pitch kept); rate > 1 is faster.
+
+`DEGRADATIONS` maps a name to a one-argument function with a harsh default setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+def white_noise(audio: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
+    audio = np.asarray(audio, dtype=np.float32)
+    power = float(np.mean(audio.astype(np.float64) ** 2)) or 1e-12
+    noise = np.random.default_rng(seed).standard_normal(audio.shape) * np.sqrt(power / 10 ** (snr_db / 10))
+    return (audio + noise).astype(np.float32)
+
+
+def hard_clip(audio: np.ndarray, fraction: float) -> np.ndarray:
+    audio = np.asarray(audio, dtype=np.float32)
+    peak = float(np.max(np.abs(audio))) or 1.0
+    limit = peak * fraction
+    return (np.clip(audio, -limit, limit) / fraction).astype(np.float32)
+
+
+def bit_crush(audio: np.ndarray, bits: int) -> np.ndarray:
+    audio = np.asarray(audio, dtype=np.float32)
+    peak = float(np.max(np.abs(audio))) or 1.0
+    levels = 2 ** (bits - 1) - 0.5
+    return (np.round(audio / peak * levels) / levels * peak).astype(np.float32)
+
+
+def time_stretch(audio: np.ndarray, rate: float, n_fft: int = 512, hop: int = 128) -> np.ndarray:
+    """Phase-vocoder time stretch: output is about len(audio) / rate samples long."""
+    audio = np.asarray(audio, dtype=np.float64)
+    window = np.hanning(n_fft)
+    padded = np.pad(audio, (n_fft, n_fft))
+    n_frames = 1 + (len(padded) - n_fft) // hop
+    frames = np.stack([padded[i * hop : i * hop + n_fft] * window for i in range(n_frames)])
+    spec = np.fft.rfft(frames, axis=1)
+    steps = np.arange(0, n_frames - 1, rate)
+    expected = 2 * np.pi * hop * np.arange(spec.shape[1]) / n_fft
+    phase = np.angle(spec[0])
+    out_len = n_fft + hop * len(steps)
+    out = np.zeros(out_len)
+    norm = np.zeros(out_len)
+    for k, t in enumerate(steps):
+        i = int(t)
+        frac = t - i
+        mag = (1 - frac) * np.abs(spec[i]) + frac * np.abs(spec[i + 1])
+        frame = np.fft.irfft(mag * np.exp(1j * phase), n=n_fft) * window
+        out[k * hop : k * hop + n_fft] += frame
+        norm[k * hop : k * hop + n_fft] += window**2
+        # Advance the phase by the measured instantaneous frequency between the two source frames.
+        delta = np.angle(spec[i + 1]) - np.angle(spec[i]) - expected
+        delta -= 2 * np.pi * np.round(delta / (2 * np.pi))
+        phase = phase + expected + delta
+    out /= np.maximum(norm, 1e-8)
+    trim = int(n_fft / rate)
+    return out[trim : trim + int(len(audio) / rate)].astype(np.float32)
+
+
+DEGRADATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "noise": lambda a: white_noise(a, snr_db=-5.0),
+    "clip": lambda a: hard_clip(a, fraction=0.02),
+    "bitcrush": lambda a: bit_crush(a, bits=2),
+    "stretch": lambda a: time_stretch(a, rate=2.5),
+}
