@@ -43,6 +43,7 @@ def score(
 ) -> None:
     """Score audio against transcripts with a real ASR: per-utterance and pooled WER/CER."""
     from chattts_forge.evaluate.score import score_audio_dir
+
     from chattts_forge.fsutil import atomic_write_json
 
     result = score_audio_dir(audio_dir, transcripts, asr=asr, asr_model=asr_model, lang=lang, threads=threads)
