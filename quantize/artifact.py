@@ -1,0 +1,156 @@
+"""Reading the FP32 source artifact, copying what is not quantized, describing quantized graphs.
+
+Nothing here imports torch: only onnx, onnxruntime's quantization tools and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+SCHEMA = "chattts-forge/artifact/1"
+# Op types that carry integer / low-bit math once a graph is quantized.
+INT8_OPS = {
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeMatMul",
+    "QLinearMatMul",
+    "MatMulIntegerToFloat",
+    "ConvInteger",
+    "QLinearConv",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "QGemm",
+    "QAttention",
+}
+INT4_OPS = {"MatMulNBits", "GatherBlockQuantized"}
+QUANTIZED_OPS = INT8_OPS | INT4_OPS
+# Float ops a quantizer could have turned into integer ones (for "what stayed FP32").
+QUANTIZABLE_FLOAT_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"}
+
+
+def read_artifact_json(artifact_dir: Path) -> dict[str, Any]:
+    path = artifact_dir / "artifact.json"
+    if not artifact_dir.is_dir():
+        raise ForgeError(f"artifact folder {artifact_dir} does not exist")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForgeError(f"{path} is missing: {artifact_dir} is not an artifact folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path} is unreadable: {e}") from None
+    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
+        raise ForgeError(f"{path}: schema is not {SCHEMA!r}")
+    if not isinstance(meta.get("components"), dict) or "gpt" not in meta["components"]:
+        raise ForgeError(f"{path} lists no 'gpt' component")
+    return meta
+
+
+def require_fp32_source(meta: dict[str, Any], artifact_dir: Path) -> None:
+    """Quantizing starts from FP32 only (quantizing FP16 or INT8 graphs again loses accuracy twice)."""
+    gpt_precision = meta["components"]["gpt"].get("precision", "fp32")
+    if meta.get("quantization") or gpt_precision != "fp32":
+        raise ForgeError(
+            f"{artifact_dir} is a '{meta.get('variant')}' artifact (gpt precision {gpt_precision}); "
+            "quantize needs the FP32 artifact from `convert`"
+        )
+
+
+def component_file(artifact_dir: Path, meta: dict[str, Any], name: str) -> Path:
+    info = meta["components"].get(name)
+    if info is None:
+        raise ForgeError(f"{artifact_dir / 'artifact.json'} lists no component '{name}'")
+    path = artifact_dir / info.get("file", f"{name}.onnx")
+    if not path.is_file():
+        raise ForgeError(f"component '{name}' file {path} is missing")
+    return path
+
+
+def component_files(artifact_dir: Path, meta: dict[str, Any], name: str) -> list[Path]:
+    """The component's ONNX file plus its external-data file(s), if any."""
+    main = component_file(artifact_dir, meta, name)
+    files = [main]
+    data = main.with_name(main.name + ".data")
+    if data.is_file():
+        files.append(data)
+    return files
+
+
+def copy_unchanged(src_dir: Path, dst_dir: Path, skip: set[str]) -> list[str]:
+    """Copy every file of `src_dir` (recursively) except the names in `skip`, byte for byte."""
+    copied = []
+    for path in sorted(src_dir.rglob("*")):
+        rel = path.relative_to(src_dir).as_posix()
+        if not path.is_file() or rel in skip or rel == "artifact.json":
+            continue
+        target = dst_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        copied.append(rel)
+    return copied
+
+
+def set_onnx_metadata(path: Path, updates: dict[str, str]) -> None:
+    """Rewrite a saved model's metadata_props (keeps the others; the quantizers drop or keep them)."""
+    model = onnx.load(str(path), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update({k: str(v) for k, v in updates.items()})
+    del model.metadata_props[:]
+    for key in sorted(props):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, props[key]
+    path.write_bytes(model.SerializeToString())
+
+
+def copy_metadata_props(src: Path, dst: Path, precision: str) -> None:
+    model = onnx.load(str(src), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    props["precision"] = precision
+    set_onnx_metadata(dst, props)
+
+
+def graph_summary(path: Path) -> dict[str, Any]:
+    """Op-type counts of a graph, the quantized ops among them and the float ops left in FP32."""
+    model = onnx.load(str(path), load_external_data=False)
+    counts = Counter(n.op_type for n in model.graph.node)
+    return {
+        "op_types": dict(sorted(counts.items())),
+        "quantized_ops": {k: v for k, v in sorted(counts.items()) if k in QUANTIZED_OPS},
+        "float_ops_left": {k: v for k, v in sorted(counts.items()) if k in QUANTIZABLE_FLOAT_OPS},
+    }
+
+
+def component_record(path: Path, base: dict[str, Any], precision: str) -> dict[str, Any]:
+    """artifact.json entry of a rewritten component: the source entry with new precision/hash/size."""
+    rec = {k: v for k, v in base.items() if k not in ("parity",)}
+    rec["precision"] = precision
+    rec["sha256"] = sha256_file(path)
+    rec["bytes"] = path.stat().st_size
+    data = path.with_name(path.name + ".data")
+    if data.is_file():
+        rec["external_data"] = {"file": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}
+    return rec
+
+
+def matmul_nodes_with_const_weight(model: onnx.ModelProto) -> list[str]:
+    """Names of MatMul/Gemm nodes whose second input is an initializer (what weight quantizers touch)."""
+    inits = {i.name for i in model.graph.initializer}
+    # A weight may reach the MatMul through a Transpose/Identity of an initializer (TorchScript export).
+    produced_from_init = {}
+    for node in model.graph.node:
+        if node.op_type in ("Transpose", "Identity", "Cast") and node.input and node.input[0] in inits:
+            produced_from_init[node.output[0]] = node.input[0]
+    consts = inits | set(produced_from_init)
+    names = []
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in consts:
+            names.append(node.name)
+    return names
