@@ -1,0 +1,157 @@
+"""The fast GPT step: the fused `gpt_fast.onnx` graph driven with an in-place key/value cache.
+
+`FastGptStep` is a drop-in replacement for `chattts_forge.runtime.session.GptStep` (same call
+contract: `reset(batch)`, `past_length`, `step(inputs_embeds, attention_mask, position_ids)` ->
+hidden states [B, S, hidden]). The graph (built by `chattts_forge.convert.optimize`) uses
+onnxruntime's GroupQueryAttention with past/present buffer sharing: every layer's key and value
+cache is one preallocated float32 buffer [B, kv_heads, capacity, head_dim], bound with IO binding
+as both the past input and the present output, so each step writes only its new position instead
+of copying the whole cache (the plain graph's `Concat` copies ~2 * L * B * H * T * D floats a step).
+
+ChatTTS's left padding is kept exactly: cache slot t holds mask column t; padded keys are masked by
+an additive bias (the finite float32 minimum, as transformers does) and rotary positions come from
+`position_ids`, so the hidden states of the valid positions equal the plain graph's (~1e-6).
+
+Library use::
+
+    from chattts_forge.runtime.fast_gpt import FastGptStep
+    step = FastGptStep.from_artifact(artifact)          # a runtime.session.Artifact with gpt_fast
+    step.reset(batch)
+    h = step(inputs_embeds, attention_mask, position_ids)   # [B, S, hidden]
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+
+FAST_GPT_COMPONENT = "gpt_fast"
+# transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
+MASK_BIAS = np.float32(np.finfo(np.float32).min)
+_CAPACITY_QUANTUM = 256
+
+
+class FastGptStep:
+    """One forward of `gpt_fast.onnx`; owns the preallocated key/value buffers."""
+
+    def __init__(
+        self,
+        session: Any,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        max_positions: int = 4096,
+        capacity: int = 512,
+    ) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.session = session
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.hidden_size = hidden_size
+        self.max_positions = max_positions
+        self.initial_capacity = max(1, min(capacity, max_positions))
+        names = {i.name for i in session.get_inputs()}
+        need = {"inputs_embeds", "position_ids", "attention_bias", "seqlens_k", "total_sequence_length"}
+        if not need <= names:
+            raise ForgeError(f"not a fast GPT graph: inputs {sorted(need - names)} are missing")
+        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+        self.present_names = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+        self.batch = 0
+        self.capacity = 0
+        self._past = 0
+        self._buffers: list[np.ndarray] = []  # numpy views of the bound cache memory
+        self._binding: Any = None
+
+    @classmethod
+    def from_artifact(cls, artifact: Any, capacity: int = 512) -> FastGptStep:
+        """Open the artifact's `gpt_fast` component (a `runtime.session.Artifact`)."""
+        dims = artifact.dims
+        return cls(
+            artifact.session(FAST_GPT_COMPONENT),
+            dims.num_hidden_layers,
+            dims.num_key_value_heads,
+            dims.head_dim,
+            dims.hidden_size,
+            dims.max_position_embeddings,
+            capacity,
+        )
+
+    # ---- cache management --------------------------------------------------------------------
+
+    def reset(self, batch: int) -> None:
+        """Start a new sequence batch: an empty cache (buffers reused when the batch size is the same)."""
+        if batch < 1:
+            raise ForgeError(f"batch must be >= 1, got {batch}")
+        if batch != self.batch or not self._buffers:
+            self._allocate(batch, self.initial_capacity, keep=0)
+        self._past = 0
+
+    @property
+    def past_length(self) -> int:
+        return self._past
+
+    def _allocate(self, batch: int, capacity: int, keep: int) -> None:
+        """(Re)allocate the cache buffers with `capacity` slots, keeping the first `keep` positions."""
+        old = self._buffers
+        self._buffers = [
+            np.zeros((batch, self.kv_heads, capacity, self.head_dim), dtype=np.float32) for _ in self.past_names
+        ]
+        if keep:
+            for new, prev in zip(self._buffers, old, strict=True):
+                new[:, :, :keep] = prev[:, :, :keep]
+        self.batch, self.capacity = batch, capacity
+        binding = self.session.io_binding()
+        binding.bind_output("last_hidden_state")  # output 0 (rebound by name every call)
+        for buf, past_name, present_name in zip(self._buffers, self.past_names, self.present_names, strict=True):
+            value = self._ort.OrtValue.ortvalue_from_numpy(buf)  # shares the numpy memory
+            binding.bind_ortvalue_input(past_name, value)
+            binding.bind_ortvalue_output(present_name, value)
+        self._binding = binding
+
+    def _ensure_capacity(self, total: int) -> None:
+        if total <= self.capacity:
+            return
+        if total > self.max_positions:
+            raise ForgeError(f"sequence of {total} positions exceeds the model's {self.max_positions}")
+        grown = max(2 * self.capacity, -(-total // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM)
+        self._allocate(self.batch, min(grown, self.max_positions), keep=self._past)
+
+    # ---- the step -----------------------------------------------------------------------------
+
+    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Hidden states [B, S, hidden] of the S new positions; `attention_mask` [B, past + S]."""
+        batch, new, _ = inputs_embeds.shape
+        total = attention_mask.shape[1]
+        if batch != self.batch:
+            raise ForgeError(f"batch {batch} given, the cache was reset for {self.batch}")
+        if total != self._past + new:
+            raise ForgeError(f"attention_mask covers {total} positions, expected past {self._past} + new {new}")
+        self._ensure_capacity(total)
+        keep = attention_mask.astype(bool, copy=False)
+        if new == 1:
+            bias = np.where(keep, np.float32(0), MASK_BIAS)[:, None, None, :]
+        else:  # causal within the new positions, plus the padding mask
+            causal = np.tri(new, total, k=total - new, dtype=bool)
+            bias = np.where(causal[None] & keep[:, None, :], np.float32(0), MASK_BIAS)[:, None]
+        b = self._binding
+        b.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=np.float32))
+        b.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+        b.bind_cpu_input("attention_bias", np.ascontiguousarray(bias, dtype=np.float32))
+        b.bind_cpu_input("seqlens_k", np.full((batch,), total - 1, dtype=np.int32))
+        b.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        b.bind_output("last_hidden_state")
+        self.session.run_with_iobinding(b)
+        self._past = total
+        return b.get_outputs()[0].numpy()
+
+    # The plain GptStep is called as a function; keep a named alias for readability in loops.
+    step = __call__
