@@ -55,6 +55,14 @@ _ITEMSIZE = {
 MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library enforces
 
 
+class SafetensorsError(ForgeError):
+    """A file that is not a valid safetensors file; `kind` is "truncated", "not_safetensors" or "corrupt"."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 @dataclass(frozen=True)
 class HeaderEntry:
     dtype: str
@@ -128,24 +136,35 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         size = path.stat().st_size
         with open(path, "rb") as f:
             prefix = f.read(8)
+            if size == 0:
+                raise SafetensorsError(f"{path}: truncated safetensors file (empty)", "truncated")
             if len(prefix) < 8:
-                raise ForgeError(f"{path}: not a safetensors file ({size} bytes, no header)")
+                raise SafetensorsError(
+                    f"{path}: not a safetensors file ({size} bytes, no header)", "not_safetensors"
+                )
             (n,) = struct.unpack("<Q", prefix)
             if n > MAX_HEADER_BYTES or n == 0:
-                raise ForgeError(f"{path}: not a safetensors file (implausible header length {n})")
+                raise SafetensorsError(
+                    f"{path}: not a safetensors file (implausible header length {n})", "not_safetensors"
+                )
             if 8 + n > size:
-                raise ForgeError(
-                    f"{path}: truncated safetensors file (header needs {8 + n} bytes, file has {size})"
+                raise SafetensorsError(
+                    f"{path}: truncated safetensors file (header needs {8 + n} bytes, file has {size})",
+                    "truncated",
                 )
             raw = f.read(n)
     except OSError as e:
-        raise ForgeError(f"{path}: cannot read ({e.strerror})") from None
+        raise SafetensorsError(f"{path}: cannot read ({e.strerror})", "unreadable") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ForgeError(f"{path}: not a safetensors file (header is not JSON)") from None
+        raise SafetensorsError(
+            f"{path}: not a safetensors file (header is not JSON)", "not_safetensors"
+        ) from None
     if not isinstance(header, dict):
-        raise ForgeError(f"{path}: not a safetensors file (header is not a JSON object)")
+        raise SafetensorsError(
+            f"{path}: not a safetensors file (header is not a JSON object)", "not_safetensors"
+        )
     metadata = header.pop("__metadata__", None) or {}
     tensors: dict[str, HeaderEntry] = {}
     for name, entry in header.items():
@@ -154,30 +173,38 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
             shape = tuple(int(x) for x in entry["shape"])
             begin, end = (int(x) for x in entry["data_offsets"])
         except (TypeError, KeyError, ValueError):
-            raise ForgeError(f"{path}: not a safetensors file (bad header entry for '{name}')") from None
+            raise SafetensorsError(
+                f"{path}: not a safetensors file (bad header entry for '{name}')", "not_safetensors"
+            ) from None
         if dtype not in _ITEMSIZE:
-            raise ForgeError(f"{path}: not a safetensors file (unknown dtype {dtype} of '{name}')")
+            raise SafetensorsError(
+                f"{path}: not a safetensors file (unknown dtype {dtype} of '{name}')", "not_safetensors"
+            )
         if end - begin != math.prod(shape) * _ITEMSIZE[dtype]:
-            raise ForgeError(
-                f"{path}: corrupt safetensors header ('{name}' spans {end - begin} bytes for {dtype}{list(shape)})"
+            raise SafetensorsError(
+                f"{path}: corrupt safetensors header ('{name}' spans {end - begin} bytes for {dtype}{list(shape)})",
+                "corrupt",
             )
         tensors[name] = HeaderEntry(dtype, shape, begin, end)
     spans = sorted((e.begin, e.end) for e in tensors.values())
     cursor = 0
     for begin, end in spans:
         if begin != cursor:
-            raise ForgeError(
-                f"{path}: corrupt safetensors header (tensor data has a gap or overlap at byte {begin})"
+            raise SafetensorsError(
+                f"{path}: corrupt safetensors header (tensor data has a gap or overlap at byte {begin})",
+                "corrupt",
             )
         cursor = end
     data_start = 8 + n
     if data_start + cursor > size:
-        raise ForgeError(
-            f"{path}: truncated safetensors file ({size} bytes, header describes {data_start + cursor})"
+        raise SafetensorsError(
+            f"{path}: truncated safetensors file ({size} bytes, header describes {data_start + cursor})",
+            "truncated",
         )
     if data_start + cursor < size:
-        raise ForgeError(
-            f"{path}: corrupt safetensors file ({size - data_start - cursor} trailing bytes after the tensor data)"
+        raise SafetensorsError(
+            f"{path}: corrupt safetensors file ({size - data_start - cursor} trailing bytes after the tensor data)",
+            "corrupt",
         )
     return SafetensorsHeader(tensors, dict(metadata), data_start, cursor)
 
