@@ -92,13 +92,15 @@ def reference_synthesize(
     refine: bool = True,
     use_decoder: bool = True,
     prompt: str = "[speed_5]",
+    refine_max_new_token: int = 384,
     show_progress: bool = False,
 ) -> ReferenceResult:
     """Synthesize `text` with ChatTTS's `Chat.infer` (defaults = ChatTTS's InferCodeParams).
 
     `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both
     the text refiner and the code generator. `speaker` is a ChatTTS speaker string, "random"
-    (sampled with `seed`) or None (ChatTTS's empty speaker).
+    (sampled with `seed`) or None (ChatTTS's empty speaker). The refiner runs with ChatTTS's
+    RefineTextParams (only its token budget, `refine_max_new_token`, is exposed).
     """
     import torch
     from ChatTTS.core import Chat
@@ -140,7 +142,9 @@ def reference_synthesize(
         show_tqdm=show_progress,
         manual_seed=seed,
     )
-    params_refine = Chat.RefineTextParams(show_tqdm=show_progress, manual_seed=seed)
+    params_refine = Chat.RefineTextParams(
+        max_new_token=refine_max_new_token, show_tqdm=show_progress, manual_seed=seed
+    )
 
     batches: list[tuple[list[str], list[np.ndarray], list[np.ndarray]]] = []
     orig = chat._infer_code
@@ -165,7 +169,7 @@ def reference_synthesize(
             if seed is not None:
                 torch.manual_seed(seed)
             wavs = chat.infer(
-                texts,
+                text if isinstance(text, str) else texts,  # a str is split into sentences by ChatTTS
                 skip_refine_text=not refine,
                 use_decoder=use_decoder,
                 params_refine_text=params_refine,
