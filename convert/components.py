@@ -168,7 +168,7 @@ def gpt_reference(
             use_cache=True,
             cache_position=torch.arange(past_len, past_len + seq).to(dtype),
         )
-    present_cache = out.past_key_values
+    present_cache = out.cache  # transformers 5 name of `past_key_values`
     presents: list[torch.Tensor] = []
     for layer in present_cache.layers:
         presents += [layer.keys, layer.values]

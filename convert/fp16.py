@@ -16,7 +16,7 @@ Op block list (kept in float32 on top of each converter's defaults), and why:
 
 from __future__ import annotations
 
-import logging
+import warnings
 from typing import Any
 
 import onnx
@@ -70,25 +70,31 @@ def convert_to_fp16(model: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto,
         src = onnx.ModelProto()
         src.CopyFrom(model)
         try:
-            if converter == "onnxconverter-common":
-                from onnxconverter_common import float16
-
-                # onnxconverter-common warns about every clipped initializer; keep our log readable.
-                logging.getLogger("onnxconverter_common").setLevel(logging.ERROR)
-                out = float16.convert_float_to_float16(src, keep_io_types=True, op_block_list=blocked)
-                label = f"onnxconverter-common {versions['onnxconverter-common']}"
-            else:
-                from onnxruntime.transformers import float16 as ort_float16
-
-                out = ort_float16.convert_float_to_float16(src, keep_io_types=True, op_block_list=blocked)
-                label = f"onnxruntime.transformers.float16 (onnxruntime {versions['onnxruntime']})"
+            with warnings.catch_warnings():
+                # "the float32 number X will be truncated": expected for the -1e4 attention mask.
+                warnings.simplefilter("ignore", UserWarning)
+                out = _run_converter(converter, src, blocked)
         except Exception as e:  # converter bugs surface as arbitrary exceptions
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             errors[converter] = f"{type(e).__name__}: {first}"
             log.info("%s: %s failed (%s); trying the next converter", name, converter, errors[converter])
             continue
+        if converter == "onnxconverter-common":
+            label = f"onnxconverter-common {versions['onnxconverter-common']}"
+        else:
+            label = f"onnxruntime.transformers.float16 (onnxruntime {versions['onnxruntime']})"
         record: dict[str, Any] = {"converter": label, "keep_io_types": True, "op_block_list": blocked}
         if errors:
             record["fallback_from"] = errors
         return out, record
     raise RuntimeError(f"{name}: no FP16 converter worked: {errors}")
+
+
+def _run_converter(converter: str, model: onnx.ModelProto, blocked: list[str]) -> onnx.ModelProto:
+    if converter == "onnxconverter-common":
+        from onnxconverter_common import float16
+
+        return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
+    from onnxruntime.transformers import float16 as ort_float16
+
+    return ort_float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
