@@ -1,0 +1,88 @@
+"""`chattts-forge bench`: the artifact's runtime against ChatTTS's PyTorch FP32, in one run.
+
+See `chattts_forge.evaluate.bench` (library: `run_bench`) and docs/bench.md for the JSON keys.
+"""
+
+from __future__ import annotations
+
+import click
+
+from chattts_forge.errors import ForgeError
+
+
+def _batches(value: str) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ForgeError(f"--batch takes comma-separated integers, got '{value}'") from None
+    if not out or min(out) < 1:
+        raise ForgeError(f"--batch takes batch sizes >= 1, got '{value}'")
+    return out
+
+
+@click.command("bench")
+@click.option("--artifact", required=True, type=click.Path(file_okay=False), help="Artifact folder to benchmark.")
+@click.option(
+    "--baseline",
+    type=click.Choice(["pytorch", "none"]),
+    default="none",
+    show_default=True,
+    help="Also run ChatTTS's own PyTorch FP32 pipeline in the same process, interleaved.",
+)
+@click.option("--checkpoint", default=None, help="Checkpoint for the PyTorch baseline (default: the artifact's source).")
+@click.option("--batch", "batch", default="1,4,8", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--steps", default=422, show_default=True, type=int, help="GPT steps per row (422 = 9 s of audio); EOS masked.")
+@click.option("--threads", default=2, show_default=True, type=int, help="intra-op threads (inter-op 1); torch.set_num_threads too.")
+@click.option("--reps", default=3, show_default=True, type=int, help="Timed repetitions (after one warm-up run).")
+@click.option("--warmup-steps", default=16, show_default=True, type=int, help="Steps of the warm-up run of each engine.")
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "fast", "plain"]),
+    default="auto",
+    show_default=True,
+    help="Runtime GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
+)
+@click.option("--text", default=None, help="Text to synthesize (default: a fixed Mandarin sentence).")
+@click.option("--no-first-audio", is_flag=True, help="Skip the streaming first-audio measurement.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
+def bench(
+    artifact: str,
+    baseline: str,
+    checkpoint: str | None,
+    batch: str,
+    steps: int,
+    threads: int,
+    reps: int,
+    warmup_steps: int,
+    engine: str,
+    text: str | None,
+    no_first_audio: bool,
+    json_out: str | None,
+) -> None:
+    """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
+
+    \b
+    Per-step latency (GPT alone and full step), code-stage and end-to-end RTF for `--steps`
+    steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
+    each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
+    """
+    from chattts_forge.evaluate.bench import DEFAULT_TEXT, format_table, run_bench
+
+    report = run_bench(
+        artifact,
+        baseline=None if baseline == "none" else baseline,
+        checkpoint=checkpoint,
+        batches=_batches(batch),
+        steps=steps,
+        threads=threads,
+        reps=reps,
+        warmup_steps=warmup_steps,
+        engine=engine,
+        text=text if text is not None else DEFAULT_TEXT,
+        first_audio=not no_first_audio,
+        json_out=json_out,
+        progress=lambda msg: click.echo(msg, err=True),
+    )
+    click.echo(format_table(report))
+    if json_out:
+        click.echo(f"wrote {json_out}")
