@@ -1,1 +1,74 @@
-"""runtime stage."""
+"""The runtime: ChatTTS inference on an ONNX artifact folder with onnxruntime + numpy, no torch.
+
+Only onnxruntime, numpy, tokenizers, soundfile and pybase16384 are used; importing or running
+this package never imports torch or the chattts package (tests/test_runtime_torchfree.py).
+
+Library use::
+
+    from chattts_forge.runtime import Pipeline, SynthParams, InferCodeParams, RefineTextParams
+
+    pipe = Pipeline("build/artifacts/fp32", provider="cpu", threads=2)
+    params = SynthParams(code=InferCodeParams(temperature=0.3, seed=7))   # ChatTTS defaults
+    [res] = pipe.synthesize(["你好，欢迎使用。"], params)
+    res.wav        # float32 [samples], 24 kHz mono
+    res.codes      # int64 [steps, num_vq]
+    res.hiddens    # float32 [steps, hidden] (what the Decoder got)
+    write_wav("out.wav", res.wav, pipe.sample_rate)          # atomic, float32 WAV
+
+    for chunk in pipe.stream(["text one", "text two"], params):   # every 24 steps
+        ...                                                       # chunk[i]: new samples of text i
+
+Parameters (dataclasses, ChatTTS names/defaults): `InferCodeParams` (prompt "[speed_5]", spk_emb,
+spk_smp/txt_smp, temperature 0.3 (or one per code stream), top_p 0.7, top_k 20,
+repetition_penalty 1.05, max_new_token 2048, min_new_token 0, stream_batch 24, ensure_non_empty,
+seed), `RefineTextParams` (prompt "", temperature 0.7, top_p 0.7, top_k 20, repetition_penalty 1.0,
+max_new_token 384, ...), `SynthParams(code, refine=None (no refinement), use_decoder=True,
+normalize=True, homophones=True, lang=None, split_sentences=False)`.
+
+Pieces for parity tests (all on a `Pipeline`):
+
+- `pipe.normalize(text)`: ChatTTS's Normalizer (zh/en detection, homophones, character maps,
+  invalid characters filtered with a warning). ForgeError for empty / unspeakable text.
+- `pipe.infer_code(normalised_texts, InferCodeParams) -> Generation`: ChatTTS's `_infer_code`
+  (no normalisation); `.ids[b]` int64 [steps, num_vq], `.hiddens[b]` float32 [steps, hidden],
+  `.finished[b]` stopped on EOS.
+- `pipe.teacher_forced_logits(normalised_texts, codes, InferCodeParams) -> list[np.ndarray]`:
+  per text float32 [T_b, num_vq, num_audio_tokens], the processed logits (temperature, repetition
+  penalty, top-p, top-k, min_new_token EOS mask; -inf where filtered) at step i when fed
+  `codes[b][:i]` (int [T_b, num_vq]) - the array ChatTTS's softmax sees.
+- `pipe.decode(items, use_decoder=True) -> list[wav]`: hidden states [T, hidden] (Decoder) or
+  codes [T, num_vq] (DVAE) -> waveform float32 [hop * (2T - 1)], each item alone.
+  `pipe.decode_to_wavs(items, use_decoder)`: ChatTTS's `_decode_to_wavs` batch semantics
+  (zero-padded to the longest item, [items, hop * (2 T_max - 1)]).
+- `pipe.prepare_code_inputs(texts, params)`: (inputs_embeds, input_ids, attention_mask) of
+  the code stage, speaker injected.
+- `pipe.random_speaker(seed)`: a speaker string from the artifact's speaker statistics.
+- `chattts_forge.runtime.sampling`: `process_logits`, `apply_top_p`, `apply_top_k`,
+  `apply_repetition_penalty` (numpy ports of ChatTTS's processors and transformers' warpers).
+- `chattts_forge.runtime.frontend`: `Normalizer`, `TextTokenizer`, `split_sentences`,
+  `decorate_code_prompts`, `decorate_text_prompts`, speaker string helpers.
+
+Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).
+"""
+
+from chattts_forge.runtime.audio import write_wav
+from chattts_forge.runtime.pipeline import (
+    Generation,
+    InferCodeParams,
+    Pipeline,
+    RefineTextParams,
+    Result,
+    StreamDecoder,
+    SynthParams,
+)
+
+__all__ = [
+    "Generation",
+    "InferCodeParams",
+    "Pipeline",
+    "RefineTextParams",
+    "Result",
+    "StreamDecoder",
+    "SynthParams",
+    "write_wav",
+]

@@ -1,0 +1,268 @@
+"""`chattts-forge synth`: speech from an ONNX artifact with the torch-free runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+
+def _read_batch_file(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ForgeError(f"--batch-file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ForgeError(f"--batch-file {path} is unreadable: {e}") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise ForgeError(f"--batch-file {path} has no text lines")
+    return texts
+
+
+def _resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
+    if speaker is None:
+        return None
+    value = speaker.strip()
+    if value.lower() == "random":
+        return pipe.random_speaker(seed)
+    p = Path(value)
+    if len(value) < 256 and p.is_file():
+        value = p.read_text(encoding="utf-8").strip()
+    from chattts_forge.runtime.frontend import speaker_vector
+
+    speaker_vector(value, pipe.dims.hidden_size)  # validates: one-line ForgeError if malformed
+    return value
+
+
+def output_paths(out: Path, count: int, suffix: str) -> list[Path]:
+    """One path per text: `out` itself for one text; `DIR/NNN.wav` when `out` is a folder (existing,
+    or written with a trailing slash); else `STEM_NNN.wav` beside `out`."""
+    if count == 1 and not (out.is_dir() or str(out).endswith(os.sep)):
+        return [out]
+    if out.is_dir() or str(out).endswith(os.sep):
+        return [out / f"{i:03d}{suffix}" for i in range(count)]
+    return [out.with_name(f"{out.stem}_{i:03d}{out.suffix or suffix}") for i in range(count)]
+
+
+def _write_codes(path: Path, codes: np.ndarray) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(codes, dtype=np.int64))
+    atomic_write_bytes(path, buf.getvalue())
+
+
+class _StreamingWav:
+    """A float32 WAV written chunk by chunk into a temp file, renamed into place on close."""
+
+    def __init__(self, path: Path, sample_rate: int) -> None:
+        import soundfile as sf
+
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        self.f = sf.SoundFile(self.tmp, "w", samplerate=sample_rate, channels=1, format="WAV", subtype="FLOAT")
+        self.samples = 0
+
+    def write(self, chunk: np.ndarray) -> None:
+        if len(chunk):
+            self.f.write(np.asarray(chunk, dtype=np.float32))
+            self.samples += len(chunk)
+
+    def commit(self) -> None:
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+@click.command("synth")
+@click.option("--artifact", "artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder.")
+@click.option("--text", "text", default=None, help="Text to speak (one utterance).")
+@click.option(
+    "--batch-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="UTF-8 file, one text per line, synthesized as one batch (shared GPT steps).",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output WAV. With several texts: OUT_000.wav, OUT_001.wav, ... beside it, or DIR/000.wav ... "
+    "when OUT is a folder (existing, or ending in '/').",
+)
+@click.option("--seed", type=int, default=None, help="Seed of sampling (and of --speaker random).")
+@click.option(
+    "--speaker",
+    default=None,
+    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
+)
+@click.option("--speaker-out", type=click.Path(path_type=Path), default=None, help="Write the speaker string used.")
+@click.option("--temperature", type=float, default=0.3, show_default=True, help="Code sampling temperature.")
+@click.option("--top-p", "top_p", type=float, default=0.7, show_default=True, help="Top-p (keeps >= 3 tokens).")
+@click.option("--top-k", "top_k", type=int, default=20, show_default=True, help="Top-k (keeps >= 3 tokens).")
+@click.option(
+    "--repetition-penalty", type=float, default=1.05, show_default=True, help="ChatTTS's windowed penalty."
+)
+@click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
+@click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this.")
+@click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
+@click.option(
+    "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT's text head first."
+)
+@click.option(
+    "--decoder/--dvae",
+    "use_decoder",
+    default=True,
+    show_default=True,
+    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
+)
+@click.option(
+    "--codes-out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Save the audio codes as an int64 .npy array [steps, 4] (numbered like --out for several texts).",
+)
+@click.option("--stream", is_flag=True, help="Decode while generating (every --stream-batch steps).")
+@click.option("--stream-batch", type=int, default=24, show_default=True, help="Steps between stream chunks.")
+@click.option(
+    "--split-sentences", is_flag=True, help="Split each text into sentences like ChatTTS and join the audio."
+)
+@click.option("--provider", default="cpu", show_default=True, help="onnxruntime provider: cpu or cuda.")
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+def synth(
+    artifact: Path,
+    text: str | None,
+    batch_file: Path | None,
+    out: Path,
+    seed: int | None,
+    speaker: str | None,
+    speaker_out: Path | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    repetition_penalty: float,
+    max_new_token: int,
+    min_new_token: int,
+    prompt: str,
+    refine: bool,
+    use_decoder: bool,
+    codes_out: Path | None,
+    stream: bool,
+    stream_batch: int,
+    split_sentences: bool,
+    provider: str,
+    threads: int | None,
+) -> None:
+    """Synthesize speech from an ONNX artifact (no torch), as ChatTTS would.
+
+    Defaults are ChatTTS's InferCodeParams / RefineTextParams. The WAV is float32, mono, 24 kHz.
+
+    \b
+    Examples:
+      chattts-forge synth --artifact build/artifacts/fp32 --text "你好。" --out a.wav
+      chattts-forge synth --artifact A --text "Hi." --seed 0 --no-refine --temperature 1e-9 \\
+          --codes-out codes.npy --out a.wav
+      chattts-forge synth --artifact A --batch-file lines.txt --out out/ --stream
+    """
+    if (text is None) == (batch_file is None):
+        raise ForgeError("give exactly one of --text or --batch-file")
+    if text is not None and not text.strip():
+        raise ForgeError("--text is empty")
+    texts = [text] if text is not None else _read_batch_file(batch_file)
+    if speaker_out is not None and speaker is None:
+        raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random')")
+
+    from chattts_forge.runtime.audio import write_wav
+    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
+
+    t0 = time.perf_counter()
+    pipe = Pipeline(artifact, provider=provider, threads=threads)
+    spk = _resolve_speaker(speaker, seed, pipe)
+    params = SynthParams(
+        code=InferCodeParams(
+            prompt=prompt,
+            spk_emb=spk,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=repetition_penalty,
+            max_new_token=max_new_token,
+            min_new_token=min_new_token,
+            stream_batch=stream_batch,
+            seed=seed,
+        ),
+        refine=RefineTextParams(seed=seed) if refine else None,
+        use_decoder=use_decoder,
+        split_sentences=split_sentences,
+    )
+    wav_paths = output_paths(out, len(texts), ".wav")
+    code_paths = output_paths(codes_out, len(texts), ".npy") if codes_out is not None else None
+    t1 = time.perf_counter()
+    if stream:
+        if codes_out is not None:
+            raise ForgeError("--codes-out is not available with --stream")
+        writers = [_StreamingWav(p, pipe.sample_rate) for p in wav_paths]
+        first_audio = None
+        chunks = 0
+        try:
+            for chunk in pipe.stream(texts, params):
+                chunks += 1
+                for w, c in zip(writers, chunk, strict=True):
+                    w.write(c)
+                if first_audio is None and any(len(c) for c in chunk):
+                    first_audio = time.perf_counter() - t1
+            for w in writers:
+                w.commit()
+        except BaseException:
+            for w in writers:
+                w.abort()
+            raise
+        t2 = time.perf_counter()
+        total = sum(w.samples for w in writers)
+        log.info(
+            "streamed %d chunks, first audio after %.2f s; %.2f s of audio in %.2f s",
+            chunks, first_audio or 0.0, total / pipe.sample_rate, t2 - t1,
+        )
+        for p, w in zip(wav_paths, writers, strict=True):
+            log.info("wrote %s (%.2f s)", p, w.samples / pipe.sample_rate)
+    else:
+        results = pipe.synthesize(texts, params)
+        t2 = time.perf_counter()
+        steps = max(len(r.codes) for r in results)
+        for i, r in enumerate(results):
+            if len(r.wav) == 0:
+                raise ForgeError(f"text {i} produced no audio (the model ended at once); try --min-new-token")
+            write_wav(wav_paths[i], r.wav, r.sample_rate)
+            log.info("wrote %s: %.2f s of audio, %d code steps", wav_paths[i], len(r.wav) / r.sample_rate, len(r.codes))
+            if code_paths is not None:
+                _write_codes(code_paths[i], r.codes)
+                log.info("wrote codes %s: shape %s", code_paths[i], tuple(r.codes.shape))
+        audio_s = sum(len(r.wav) for r in results) / pipe.sample_rate
+        log.info(
+            "load %.2f s, synthesis %.2f s (%d steps, %.1f ms/step incl. decode), RTF %.2f",
+            t1 - t0, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
+        )
+    if speaker_out is not None:
+        assert spk is not None
+        atomic_write_text(speaker_out, spk + "\n")
+        log.info("wrote speaker string %s", speaker_out)

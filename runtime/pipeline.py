@@ -1,0 +1,596 @@
+"""The generation loop, audio decoding, streaming and batching of the runtime.
+
+`Pipeline(artifact_dir, provider="cpu", threads=None)` runs ChatTTS's inference on an artifact:
+
+    normalise -> (refine: text head) -> decorate + tokenise -> embed (+ speaker) ->
+    GPT steps with KV cache -> code heads -> ChatTTS logits processing -> sample ->
+    Decoder (hidden states) or DVAE (codes) -> mel -> Vocos -> 24 kHz waveform
+
+Batching: all texts of one call share every GPT step (left padding, as ChatTTS). A row stops when
+any of its num_vq streams emits EOS; the loop ends when every row has stopped or after
+`max_new_token` steps. Each row is decoded on its own, so a row's result does not depend on the
+other rows (ChatTTS decodes a zero-padded batch, which changes the tail of shorter rows).
+
+Streaming (`Pipeline.stream`): every `stream_batch` steps the audio that can no longer change is
+emitted. The Decoder and Vocos are convolutional (non-causal), so a mel frame depends on
+`decoder_radius` frames on each side and a sample on `vocos_radius` frames; the stream decodes only a
+window (the new part plus that much context) and holds back the last frames until their right
+context exists, so the concatenated stream equals the non-streamed waveform (up to float rounding
+of convolutions over different lengths, ~1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from chattts_forge.runtime.frontend import (
+    Normalizer,
+    TextTokenizer,
+    apply_speaker,
+    decode_prompt,
+    decorate_code_prompts,
+    decorate_text_prompts,
+    is_speakable,
+    sample_random_speaker,
+    speaker_vector,
+    split_sentences,
+)
+from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
+from chattts_forge.runtime.session import Artifact, GptStep
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+# Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
+_DVAE_KERNEL = 7
+_DVAE_DILATION = 2
+_VOCOS_KERNEL = 7
+# Extra frames of context beyond the computed receptive fields (costs a little compute only).
+_SAFETY_FRAMES = 2
+
+
+@dataclass
+class RefineTextParams:
+    """ChatTTS's `Chat.RefineTextParams` defaults."""
+
+    prompt: str = ""
+    top_p: float | None = 0.7
+    top_k: int | None = 20
+    temperature: float = 0.7
+    repetition_penalty: float | None = 1.0
+    max_new_token: int = 384
+    min_new_token: int = 0
+    ensure_non_empty: bool = True
+    seed: int | None = None
+
+
+@dataclass
+class InferCodeParams:
+    """ChatTTS's `Chat.InferCodeParams` defaults (`seed` plays the role of `manual_seed`)."""
+
+    prompt: str = "[speed_5]"
+    spk_emb: str | None = None
+    spk_smp: str | None = None
+    txt_smp: str | None = None
+    temperature: float | Sequence[float] = 0.3
+    top_p: float | None = 0.7
+    top_k: int | None = 20
+    repetition_penalty: float | None = 1.05
+    max_new_token: int = 2048
+    min_new_token: int = 0
+    stream_batch: int = 24
+    ensure_non_empty: bool = True
+    seed: int | None = None
+
+
+@dataclass
+class SynthParams:
+    """Everything one `synthesize`/`stream` call needs besides the texts."""
+
+    code: InferCodeParams = field(default_factory=InferCodeParams)
+    refine: RefineTextParams | None = None  # None: no text refinement (ChatTTS skip_refine_text)
+    use_decoder: bool = True  # False: DVAE on codes
+    normalize: bool = True
+    homophones: bool = True
+    lang: str | None = None
+    split_sentences: bool = False  # split each text like Chat.infer(split_text=True), then join
+
+
+@dataclass
+class Result:
+    """One text's output. `codes` int64 [steps, num_vq]; `hiddens` float32 [steps, hidden]."""
+
+    text: str  # the text the code stage saw (normalised, refined if asked)
+    codes: np.ndarray
+    hiddens: np.ndarray
+    wav: np.ndarray  # float32 [samples] at `sample_rate`
+    sample_rate: int = 24000
+
+
+@dataclass
+class StepState:
+    """The state of a generation loop after a step (arrays are shared; copy what you keep)."""
+
+    tokens: np.ndarray  # int64 [B, max_new_token, streams]
+    hiddens: np.ndarray  # float32 [B, max_new_token, hidden]
+    end_idx: np.ndarray  # int64 [B]: kept steps per row (EOS step excluded)
+    finish: np.ndarray  # bool [B]
+    infer_text: bool
+    record_logits: bool
+    forced_lengths: list[int] | None = None
+    logits: list[np.ndarray] = field(default_factory=list)  # per step [B, streams, V]
+    steps: int = 0
+    done: bool = False  # True on the last step (all rows stopped or max_new_token reached)
+
+    def result(self) -> Generation:
+        batch = self.tokens.shape[0]
+        ends = self.end_idx
+        ids = [
+            self.tokens[b, : ends[b], 0].copy() if self.infer_text else self.tokens[b, : ends[b]].copy()
+            for b in range(batch)
+        ]
+        rec = None
+        if self.record_logits and self.logits:
+            stacked = np.stack(self.logits, 1)  # [B, steps, streams, V]
+            if self.forced_lengths is not None:
+                rec = [stacked[b, : self.forced_lengths[b]] for b in range(batch)]
+            else:  # every decision of the row, the EOS decision included
+                rec = [stacked[b, : ends[b] + (1 if self.finish[b] else 0)] for b in range(batch)]
+        return Generation(
+            ids=ids,
+            hiddens=[self.hiddens[b, : ends[b]].copy() for b in range(batch)],
+            processed_logits=rec,
+            finished=self.finish.copy(),
+        )
+
+
+@dataclass
+class Generation:
+    """Raw output of one generation loop over a batch."""
+
+    ids: list[np.ndarray]  # per row: codes [T, num_vq] or text ids [T]
+    hiddens: list[np.ndarray]  # per row: [T, hidden]
+    processed_logits: list[np.ndarray] | None = None  # per row: [T, streams, V] when recorded
+    finished: np.ndarray | None = None  # per row: stopped on EOS (False: hit max_new_token)
+
+
+def _position_ids(attention_mask: np.ndarray) -> np.ndarray:
+    """ChatTTS: cumsum(attention_mask) - 1, masked positions set to 1."""
+    pos = np.cumsum(attention_mask, axis=1) - 1
+    pos[attention_mask == 0] = 1
+    return pos.astype(np.int64)
+
+
+def _check_sampling(temperature: Sequence[float], top_p: float | None, top_k: int | None,
+                    max_new_token: int, min_new_token: int, penalty: float | None) -> None:
+    if any(not (t > 0) or not math.isfinite(t) for t in temperature):
+        raise ForgeError(f"temperature must be > 0, got {list(temperature)}")
+    if top_p is not None and not (0 <= top_p <= 1):
+        raise ForgeError(f"top-p must lie in [0, 1], got {top_p}")
+    if top_k is not None and top_k < 1:
+        raise ForgeError(f"top-k must be >= 1, got {top_k}")
+    if max_new_token < 1:
+        raise ForgeError(f"max-new-token must be >= 1, got {max_new_token}")
+    if not (0 <= min_new_token <= max_new_token):
+        raise ForgeError(f"min-new-token must lie in [0, max-new-token={max_new_token}], got {min_new_token}")
+    if penalty is not None and not (penalty > 0):
+        raise ForgeError(f"repetition penalty must be > 0, got {penalty}")
+
+
+class Pipeline:
+    """ChatTTS inference on an artifact folder, torch-free. See the package docstring for the API."""
+
+    def __init__(
+        self,
+        artifact_dir: str | os.PathLike[str],
+        provider: str = "cpu",
+        threads: int | None = None,
+        verify: str = "cheap",
+    ) -> None:
+        self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify)
+        self.dims = self.artifact.dims
+        self.num_vq = self.dims.num_vq
+        self.eos_code = self.dims.num_audio_tokens - 1
+        self.sample_rate = self.dims.sample_rate
+        self.hop = self.dims.hop_length
+        self.tokenizer = TextTokenizer(self.artifact.file("tokenizer"))
+        self.normalizer = Normalizer(self.artifact.file("homophones"))
+        self.gpt = GptStep(self.artifact.session("gpt"), self.dims)
+
+    # ---- front end ------------------------------------------------------------------------
+
+    def normalize(self, text: str, params: SynthParams | None = None) -> str:
+        """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
+        params = params or SynthParams()
+        if not isinstance(text, str) or not text.strip():
+            raise ForgeError("empty text")
+        out = self.normalizer(text, params.normalize, params.homophones, params.lang) if params.normalize or params.homophones else text
+        if not out.strip() or not is_speakable(out):
+            raise ForgeError(f"text {_short(text)} normalises to nothing speakable")
+        return out
+
+    def random_speaker(self, seed: int | None = None) -> str:
+        """A random speaker string from the artifact's speaker statistics (`Chat.sample_random_speaker`)."""
+        return sample_random_speaker(self.artifact.speaker_stats, np.random.default_rng(seed))
+
+    def prepare_code_inputs(
+        self, texts: Sequence[str], params: InferCodeParams
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(inputs_embeds [B, L, hidden], input_ids [B, L, num_vq], attention_mask [B, L]) of `_infer_code`."""
+        prompt = decode_prompt(params.spk_smp) if params.spk_smp is not None else None
+        decorated = decorate_code_prompts(list(texts), params.prompt, params.txt_smp, params.spk_emb)
+        input_ids, attention_mask, text_mask = self.tokenizer.encode(decorated, self.num_vq, prompt)
+        self._check_length(input_ids.shape[1], params.max_new_token)
+        emb = self.embed(input_ids, text_mask)
+        if params.spk_emb is not None:
+            vec = speaker_vector(params.spk_emb, self.dims.hidden_size)
+            apply_speaker(emb, input_ids, self.tokenizer.spk_emb_id, vec)
+        return emb, input_ids, attention_mask
+
+    def _check_length(self, prompt_len: int, max_new_token: int) -> None:
+        limit = self.dims.max_position_embeddings
+        if prompt_len + max_new_token > limit:
+            raise ForgeError(
+                f"input too long: {prompt_len} prompt tokens + max-new-token {max_new_token} exceed the "
+                f"model's {limit} positions; shorten the text, lower --max-new-token or split sentences"
+            )
+
+    def embed(self, input_ids: np.ndarray, text_mask: np.ndarray) -> np.ndarray:
+        out = self.artifact.session("embed").run(
+            ["inputs_embeds"], {"input_ids": input_ids.astype(np.int64), "text_mask": text_mask.astype(bool)}
+        )[0]
+        return np.array(out, dtype=np.float32)  # writable copy (speaker injection)
+
+    # ---- the generation loop -------------------------------------------------------------
+
+    def generate(self, *args, **kwargs) -> Generation:
+        """Run `iter_generate` to the end and return its result."""
+        return _last(self.iter_generate(*args, **kwargs)).result()
+
+    def iter_generate(
+        self,
+        emb: np.ndarray,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        cfg: SamplingConfig,
+        *,
+        infer_text: bool,
+        max_new_token: int,
+        seed: int | None,
+        ensure_non_empty: bool = True,
+        forced: Sequence[np.ndarray] | None = None,
+        record_logits: bool = False,
+    ) -> Iterator[StepState]:
+        """ChatTTS's `GPT.generate` with a KV cache, one yielded `StepState` per step.
+
+        Steps until every row emitted EOS (any of its streams) or `max_new_token`. `forced`
+        (teacher forcing, codes only): per row int [T, num_vq]; each step takes the given tokens
+        (EOS after a row's end) instead of samples, and the processed logits are recorded.
+        """
+        batch = input_ids.shape[0]
+        streams = 1 if infer_text else self.num_vq
+        head = self.artifact.session("head_text" if infer_text else "head_code")
+        head_out = head.get_outputs()[0].name
+        sampler = Sampler(cfg, streams, batch, seed)
+        state = StepState(
+            tokens=np.zeros((batch, max_new_token, streams), dtype=np.int64),
+            hiddens=np.zeros((batch, max_new_token, self.dims.hidden_size), dtype=np.float32),
+            end_idx=np.zeros(batch, dtype=np.int64),
+            finish=np.zeros(batch, dtype=bool),
+            infer_text=infer_text,
+            record_logits=record_logits or forced is not None,
+            forced_lengths=None if forced is None else [len(f) for f in forced],
+        )
+        mask = attention_mask.astype(np.int64)
+        self.gpt.reset(batch)
+        hidden = self.gpt(emb, mask, _position_ids(mask))[:, -1]
+        for step in range(max_new_token):
+            if step > 0:
+                new_ids = state.tokens[:, step - 1 : step, :]
+                if infer_text:
+                    new_ids = np.repeat(new_ids, self.num_vq, axis=2)
+                step_emb = self.embed(new_ids, np.full((batch, 1), infer_text, dtype=bool))
+                mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+                hidden = self.gpt(step_emb, mask, mask.sum(axis=1, keepdims=True) - 1)[:, -1]
+            state.hiddens[:, step] = hidden
+            logits = head.run([head_out], {"hidden_states": hidden})[0].reshape(batch * streams, -1)
+            # rows (b, stream), columns: the tokens generated so far
+            history = state.tokens[:, :step, :].transpose(0, 2, 1).reshape(batch * streams, step)
+            scores = process_logits(logits, history, step, cfg, streams)
+            if state.record_logits:
+                state.logits.append(scores.reshape(batch, streams, -1))
+            if forced is not None:
+                eos_row = np.full(streams, cfg.eos_token, dtype=np.int64)
+                idx = np.stack([f[step] if step < len(f) else eos_row for f in forced])
+            else:
+                probs = softmax(scores)
+                idx = sampler.draw(probs).reshape(batch, streams)
+                if step == 0 and ensure_non_empty:
+                    # ChatTTS regenerates when a row ends at once; step 0's logits would be the same.
+                    for _ in range(16):
+                        ended = (idx == cfg.eos_token).any(axis=1)
+                        if not ended.any():
+                            break
+                        idx = np.where(ended[:, None], sampler.draw(probs).reshape(batch, streams), idx)
+            state.tokens[:, step] = idx
+            state.finish |= (idx == cfg.eos_token).any(axis=1)
+            state.end_idx += ~state.finish
+            state.steps = step + 1
+            state.done = bool(state.finish.all()) or step + 1 == max_new_token
+            yield state
+            if state.finish.all():
+                break
+        if not state.finish.all():
+            log.warning(
+                "incomplete result: %d of %d rows hit max_new_token %d",
+                int((~state.finish).sum()), batch, max_new_token,
+            )
+
+    def code_sampling(self, params: InferCodeParams) -> SamplingConfig:
+        temps = params.temperature
+        temps = tuple(float(t) for t in temps) if isinstance(temps, (list, tuple)) else (float(temps),) * self.num_vq
+        if len(temps) != self.num_vq:
+            raise ForgeError(f"give one temperature or {self.num_vq} (one per code stream), got {len(temps)}")
+        _check_sampling(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
+                        params.repetition_penalty)
+        return SamplingConfig(
+            temperature=temps,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            repetition_penalty=params.repetition_penalty,
+            min_new_token=params.min_new_token,
+            eos_token=self.eos_code,
+            max_input_ids=self.eos_code,  # ChatTTS passes num_code = num_audio_tokens - 1
+        )
+
+    def infer_code(self, texts: Sequence[str], params: InferCodeParams) -> Generation:
+        """ChatTTS's `_infer_code` on already normalised texts (one batch)."""
+        return _last(self.iter_infer_code(texts, params)).result()
+
+    def iter_infer_code(self, texts: Sequence[str], params: InferCodeParams) -> Iterator[StepState]:
+        if not texts:
+            raise ForgeError("no text to synthesize")
+        cfg = self.code_sampling(params)
+        emb, input_ids, mask = self.prepare_code_inputs(texts, params)
+        return self.iter_generate(
+            emb, input_ids, mask, cfg, infer_text=False, max_new_token=params.max_new_token,
+            seed=params.seed, ensure_non_empty=params.ensure_non_empty,
+        )
+
+    def teacher_forced_logits(
+        self, texts: Sequence[str], codes: Sequence[np.ndarray], params: InferCodeParams
+    ) -> list[np.ndarray]:
+        """Processed logits [T_b, num_vq, num_audio_tokens] per text when fed `codes[b]` [T_b, num_vq].
+
+        Step i's logits predict code i from the prompt and codes < i, after temperature, repetition
+        penalty, top-p, top-k and the min_new_token EOS mask (what ChatTTS's softmax sees).
+        """
+        if len(codes) != len(texts):
+            raise ForgeError(f"need one code array per text ({len(codes)} != {len(texts)})")
+        forced = [np.asarray(c, dtype=np.int64).reshape(-1, self.num_vq) for c in codes]
+        steps = max(len(c) for c in forced)
+        params = replace(params, max_new_token=max(steps, 1))
+        cfg = self.code_sampling(params)
+        emb, input_ids, mask = self.prepare_code_inputs(texts, params)
+        gen = self.generate(
+            emb, input_ids, mask, cfg, infer_text=False, max_new_token=steps, seed=0, forced=forced
+        )
+        return gen.processed_logits or []
+
+    def refine_text(self, texts: Sequence[str], params: RefineTextParams) -> list[str]:
+        """ChatTTS's `_refine_text` + the id filter of `_infer`: refined texts."""
+        temps = (float(params.temperature),)
+        _check_sampling(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
+                        params.repetition_penalty)
+        cfg = SamplingConfig(
+            temperature=temps,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            repetition_penalty=params.repetition_penalty,
+            min_new_token=params.min_new_token,
+            eos_token=self.tokenizer.eos_id,
+            max_input_ids=self.tokenizer.vocab_size,
+        )
+        if not self.artifact.has_component("head_text"):
+            raise ForgeError(f"artifact {self.artifact.path} has no head_text.onnx: refinement is unavailable")
+        decorated = decorate_text_prompts(list(texts), params.prompt)
+        input_ids, mask, text_mask = self.tokenizer.encode(decorated, self.num_vq)
+        self._check_length(input_ids.shape[1], params.max_new_token)
+        emb = self.embed(input_ids, text_mask)
+        gen = self.generate(
+            emb, input_ids, mask, cfg, infer_text=True, max_new_token=params.max_new_token,
+            seed=params.seed, ensure_non_empty=params.ensure_non_empty,
+        )
+        out = []
+        for ids in gen.ids:
+            kept = ids[ids < self.tokenizer.break_0_id]
+            out.append(self.tokenizer.decode(kept.tolist()))
+        return out
+
+    # ---- audio ----------------------------------------------------------------------------
+
+    def decode_mel(self, x: np.ndarray, use_decoder: bool = True) -> np.ndarray:
+        """Hidden states [T, hidden] (Decoder) or codes [T, num_vq] (DVAE) -> mel [n_mels, 2T]."""
+        if use_decoder:
+            feed = {"hidden_states": np.ascontiguousarray(x.T[None], dtype=np.float32)}
+            return self.artifact.session("decoder").run(["mel"], feed)[0][0]
+        feed = {"codes": np.ascontiguousarray(x.T[None], dtype=np.int64)}
+        return self.artifact.session("dvae").run(["mel"], feed)[0][0]
+
+    def vocos(self, mel: np.ndarray) -> np.ndarray:
+        """mel [n_mels, F] -> waveform [hop * (F - 1)] (FP32 Vocos)."""
+        return self.artifact.session("vocos").run(["waveform"], {"mel": np.ascontiguousarray(mel[None], dtype=np.float32)})[0][0]
+
+    def decode(self, items: Sequence[np.ndarray], use_decoder: bool = True) -> list[np.ndarray]:
+        """Waveform per item (each decoded alone: hop * (2T - 1) samples, empty for T = 0)."""
+        wavs = []
+        for x in items:
+            x = np.asarray(x)
+            if x.ndim != 2:
+                raise ForgeError(f"decode input must be 2-D [T, channels], got shape {x.shape}")
+            wavs.append(self.vocos(self.decode_mel(x, use_decoder)) if len(x) else np.zeros(0, np.float32))
+        return wavs
+
+    def decode_to_wavs(self, items: Sequence[np.ndarray], use_decoder: bool = True) -> np.ndarray:
+        """ChatTTS's `_decode_to_wavs`: one zero-padded batch, float32 [items, hop * (2 T_max - 1)]."""
+        if not items:
+            return np.zeros((0, 0), dtype=np.float32)
+        t_max = max(len(x) for x in items)
+        chans = items[0].shape[1]
+        batch = np.zeros((len(items), chans, t_max), dtype=np.float32 if use_decoder else np.int64)
+        for i, x in enumerate(items):
+            batch[i, :, : len(x)] = np.asarray(x).T
+        name, comp = ("hidden_states", "decoder") if use_decoder else ("codes", "dvae")
+        mel = self.artifact.session(comp).run(["mel"], {name: batch})[0]
+        return self.artifact.session("vocos").run(["waveform"], {"mel": mel})[0]
+
+    @property
+    def decoder_radius(self) -> int:
+        """Mel frames on each side that one Decoder/DVAE output frame depends on."""
+        layers = max(self.dims.decoder.n_layer, self.dims.dvae_decoder.n_layer)
+        return 3 + layers * _DVAE_DILATION * (_DVAE_KERNEL // 2) + _SAFETY_FRAMES
+
+    @property
+    def vocos_radius(self) -> int:
+        """Mel frames on each side that one output sample of Vocos depends on (backbone + ISTFT)."""
+        backbone = (_VOCOS_KERNEL // 2) * (1 + self.dims.vocos_num_layers)
+        istft = math.ceil(self.dims.n_fft / (2 * self.hop))
+        return backbone + istft + _SAFETY_FRAMES
+
+    # ---- whole texts ----------------------------------------------------------------------
+
+    def prepare_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
+        """Normalised (and split, if asked) texts, plus for each the index of the input it came from."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise ForgeError("no text to synthesize")
+        out, owner = [], []
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or not t.strip():
+                raise ForgeError(f"empty text (item {i})" if len(texts) > 1 else "empty text")
+            parts = split_sentences(t) if params.split_sentences else [t]
+            for p in parts:
+                out.append(self.normalize(p, params))
+                owner.append(i)
+        if params.refine is not None:
+            out = self.refine_text(out, params.refine)
+            for t, src in zip(out, owner, strict=True):
+                if not is_speakable(t):
+                    raise ForgeError(f"refinement of text {src} produced nothing speakable")
+        return out, owner
+
+    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
+        """One Result per input text; all texts share the GPT steps (one batch)."""
+        params = params or SynthParams()
+        norm, owner = self.prepare_texts(texts, params)
+        gen = self.infer_code(norm, params.code)
+        items = gen.hiddens if params.use_decoder else gen.ids
+        wavs = self.decode(items, params.use_decoder)
+        n_inputs = 1 if isinstance(texts, str) else len(texts)
+        results = []
+        for i in range(n_inputs):
+            rows = [r for r, o in enumerate(owner) if o == i]
+            results.append(
+                Result(
+                    text=" ".join(norm[r] for r in rows),
+                    codes=np.concatenate([gen.ids[r] for r in rows]).reshape(-1, self.num_vq),
+                    hiddens=np.concatenate([gen.hiddens[r] for r in rows]).reshape(-1, self.dims.hidden_size),
+                    wav=np.concatenate([wavs[r] for r in rows]).astype(np.float32),
+                    sample_rate=self.sample_rate,
+                )
+            )
+        for r, g in enumerate(gen.ids):
+            if len(g) == 0:
+                log.warning("row %d ended at its first step: no audio", r)
+        return results
+
+    def stream(
+        self, texts: str | Sequence[str], params: SynthParams | None = None, stream_batch: int | None = None
+    ) -> Iterator[list[np.ndarray]]:
+        """Yield, every `stream_batch` steps (default params.code.stream_batch = 24), one float32
+        chunk per input text (possibly empty). Concatenating a text's chunks gives its waveform."""
+        params = params or SynthParams()
+        every = stream_batch or params.code.stream_batch
+        if every < 1:
+            raise ForgeError(f"stream batch must be >= 1, got {every}")
+        if params.split_sentences:
+            raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
+        norm, _ = self.prepare_texts(texts, params)
+        decoders = [StreamDecoder(self, params.use_decoder) for _ in norm]
+        live_steps = 0
+        for state in self.iter_infer_code(norm, params.code):
+            live_steps += 1
+            if live_steps % every and not state.done:
+                continue
+            chunk = []
+            for b, dec in enumerate(decoders):
+                n = int(state.end_idx[b])
+                src = state.hiddens[b, :n] if params.use_decoder else state.tokens[b, :n]
+                chunk.append(dec.push(src, final=bool(state.finish[b]) or state.done))
+            yield chunk
+
+
+class StreamDecoder:
+    """Incremental audio of one row: `push(all steps so far)` returns the new, final samples.
+
+    Only samples whose whole receptive field is known are emitted; each push decodes a window of
+    the new frames plus `decoder_radius` / `vocos_radius` frames of context, never the whole prefix.
+    """
+
+    def __init__(self, pipe: Pipeline, use_decoder: bool = True) -> None:
+        self.pipe = pipe
+        self.use_decoder = use_decoder
+        self.hop = pipe.hop
+        self.rd = pipe.decoder_radius
+        self.rv = pipe.vocos_radius
+        self.emitted = 0  # samples already returned
+        self.closed = False
+
+    def push(self, steps: np.ndarray, final: bool = False) -> np.ndarray:
+        """`steps`: every step so far ([T, hidden] or [T, num_vq]); `final`: the row has ended."""
+        if self.closed:
+            return np.zeros(0, dtype=np.float32)
+        n = len(steps)
+        frames = 2 * n
+        if final:
+            self.closed = True
+            ready = self.hop * (frames - 1) if n else 0
+        else:
+            exact_frames = frames - self.rd  # mel frames whose decoder context is complete
+            ready = max(0, (exact_frames - self.rv) * self.hop)
+        if ready <= self.emitted:
+            return np.zeros(0, dtype=np.float32)
+        s0, s1 = self.emitted, ready
+        # mel frames Vocos needs for samples [s0, s1)
+        fa = max(0, s0 // self.hop - self.rv)
+        fb = min(frames, -(-s1 // self.hop) + self.rv)
+        # hidden steps the Decoder needs for mel frames [fa, fb)
+        ta = max(0, (fa - self.rd) // 2)
+        tb = min(n, -(-(fb + self.rd) // 2))
+        mel = self.pipe.decode_mel(steps[ta:tb], self.use_decoder)[:, fa - 2 * ta : fb - 2 * ta]
+        wav = self.pipe.vocos(mel)
+        out = wav[s0 - fa * self.hop : s1 - fa * self.hop]
+        if len(out) != s1 - s0:
+            raise RuntimeError(f"stream window too short: {len(out)} != {s1 - s0} samples")
+        self.emitted = s1
+        return out.astype(np.float32, copy=False)
+
+
+def _last(it: Iterator[StepState]) -> StepState:
+    state = None
+    for state in it:  # noqa: B007 - the last state holds the result
+        pass
+    if state is None:
+        raise RuntimeError("generation produced no step")
+    return state
+
+
+def _short(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[: n - 3] + "...")

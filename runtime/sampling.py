@@ -1,0 +1,142 @@
+"""ChatTTS's logits processing and sampling, in numpy.
+
+One generation step of `ChatTTS.model.gpt.GPT.generate` turns the head's logits into a token per
+stream. Rows are streams: `B * num_vq` rows for audio codes (row `b * num_vq + q` is stream q of batch
+row b), `B` rows for text. In ChatTTS's order:
+
+1. `logits / temperature` (float32, one temperature per stream),
+2. `CustomRepetitionPenaltyLogitsProcessorRepeat` (processors.py): counts of each token among the
+   last 16 generated tokens of the row, factor `penalty ** count`, multiply where the score is < 0,
+   divide elsewhere. The factor is a float32 power of the float32 penalty (computed in float64 and
+   rounded: bit-identical to torch for 1.05; torch's vectorised powf is within 1 ulp elsewhere).
+   ChatTTS zeroes the counts of *rows* >= `max_input_ids` (its `narrow(0, ...)`, num_code for codes);
+   kept as is, it only matters beyond 156 batch rows.
+3. transformers' `TopPLogitsWarper(top_p, min_tokens_to_keep=3)`,
+4. transformers' `TopKLogitsWarper(top_k, min_tokens_to_keep=3)` (so top_k=1 keeps 3 tokens),
+5. `logits[:, eos] = -inf` while `step < min_new_token`,
+6. softmax, then one draw per row.
+
+Sampling uses a numpy `Generator` per batch row (`argmax(p / Exp(1) noise)`, an exact categorical
+draw), so a row's tokens never depend on the other rows of the batch and a seeded run is
+reproducible. torch's RNG stream is not reproduced; at temperature 1e-9 both are argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+REPETITION_WINDOW = 16
+MIN_TOKENS_TO_KEEP = 3
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """What one generation (code or text) applies to its logits."""
+
+    temperature: tuple[float, ...]  # one per stream (num_vq for codes, 1 for text)
+    top_p: float | None = 0.7
+    top_k: int | None = 20
+    repetition_penalty: float | None = 1.05
+    min_new_token: int = 0
+    eos_token: int = 625
+    max_input_ids: int = 625  # ChatTTS's `num_code` argument of the penalty processor
+
+
+def penalty_factors(penalty: float, counts: np.ndarray) -> np.ndarray:
+    """`penalty ** counts` as float32, as torch.pow(float, int tensor) gives it."""
+    base = np.float64(np.float32(penalty))
+    return np.power(base, counts.astype(np.float64)).astype(np.float32)
+
+
+def apply_repetition_penalty(
+    scores: np.ndarray, history: np.ndarray, penalty: float, max_input_ids: int
+) -> np.ndarray:
+    """ChatTTS's windowed repetition penalty. `history`: int [rows, T] generated tokens so far."""
+    if history.shape[1] == 0:
+        return scores
+    window = history[:, -REPETITION_WINDOW:]
+    rows, vocab = scores.shape
+    counts = np.zeros((rows, vocab), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(rows), window.shape[1]), window.reshape(-1)), 1)
+    if rows > max_input_ids:
+        counts[max_input_ids:] = 0
+    alpha = penalty_factors(penalty, counts)
+    return np.where(scores < 0, scores * alpha, scores / alpha)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def apply_top_p(scores: np.ndarray, top_p: float, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
+    """transformers' TopPLogitsWarper: drop the low tail whose cumulative probability <= 1 - top_p."""
+    order = np.argsort(scores, axis=-1, kind="stable")
+    sorted_scores = np.take_along_axis(scores, order, axis=-1)
+    cumulative = np.cumsum(softmax(sorted_scores), axis=-1, dtype=np.float32)
+    remove_sorted = cumulative <= np.float32(1 - top_p)
+    remove_sorted[..., -min_keep:] = False
+    remove = np.empty_like(remove_sorted)
+    np.put_along_axis(remove, order, remove_sorted, axis=-1)
+    return np.where(remove, np.float32(-np.inf), scores)
+
+
+def apply_top_k(scores: np.ndarray, top_k: int, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
+    """transformers' TopKLogitsWarper: keep scores >= the k-th largest (ties all kept)."""
+    k = min(max(top_k, min_keep), scores.shape[-1])
+    kth = -np.partition(-scores, k - 1, axis=-1)[..., k - 1 : k]
+    return np.where(scores < kth, np.float32(-np.inf), scores)
+
+
+def process_logits(
+    logits: np.ndarray, history: np.ndarray, step: int, cfg: SamplingConfig, num_streams: int
+) -> np.ndarray:
+    """Steps 1-5 above on float32 `logits` [rows, vocab]; rows are (batch, stream) row-major."""
+    rows = logits.shape[0]
+    temperature = np.tile(np.asarray(cfg.temperature, dtype=np.float32), rows // num_streams)
+    scores = (logits.astype(np.float32, copy=False) / temperature[:, None]).astype(np.float32)
+    if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1:
+        scores = apply_repetition_penalty(scores, history, cfg.repetition_penalty, cfg.max_input_ids)
+    if cfg.top_p is not None:
+        scores = apply_top_p(scores, cfg.top_p)
+    if cfg.top_k is not None:
+        scores = apply_top_k(scores, cfg.top_k)
+    if step < cfg.min_new_token:
+        scores = scores.copy()
+        scores[:, cfg.eos_token] = -np.inf
+    return scores
+
+
+def sample_rows(probs: np.ndarray, rngs: list[np.random.Generator], num_streams: int) -> np.ndarray:
+    """One categorical draw per row of `probs` [B * num_streams, vocab]; batch row b uses rngs[b]."""
+    rows, vocab = probs.shape
+    out = np.empty(rows, dtype=np.int64)
+    for b, rng in enumerate(rngs):
+        block = probs[b * num_streams : (b + 1) * num_streams]
+        noise = rng.standard_exponential((num_streams, vocab), dtype=np.float32)
+        out[b * num_streams : (b + 1) * num_streams] = np.argmax(block / noise, axis=-1)
+    return out
+
+
+class Sampler:
+    """Processes and samples one step for a batch; one seeded Generator per batch row."""
+
+    def __init__(self, cfg: SamplingConfig, num_streams: int, batch: int, seed: int | None) -> None:
+        self.cfg = cfg
+        self.num_streams = num_streams
+        # Every row gets the same seed: a text's tokens are then the same alone or in a batch.
+        if seed is None:
+            self.rngs = [np.random.default_rng() for _ in range(batch)]
+        else:
+            self.rngs = [np.random.default_rng(seed) for _ in range(batch)]
+
+    def draw(self, probs: np.ndarray) -> np.ndarray:
+        """One token per row of `probs` [B * num_streams, vocab]."""
+        return sample_rows(probs, self.rngs, self.num_streams)
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray, step: int) -> np.ndarray:
+        scores = process_logits(logits, history, step, self.cfg, self.num_streams)
+        return self.draw(softmax(scores))

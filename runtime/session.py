@@ -1,0 +1,215 @@
+"""An artifact folder opened for inference: checked files, onnxruntime sessions, the GPT step.
+
+`Artifact(path, provider="cpu", threads=None, verify="cheap")` validates `artifact.json` (schema,
+dims, the files the runtime needs, byte sizes, sha256 of the small files; `verify="full"` hashes
+every file) and opens one `onnxruntime.InferenceSession` per component on first use.
+
+`GptStep` is the single place where the GPT graph runs: it owns the key/value cache and turns
+(inputs_embeds, attention_mask, position_ids) into the last hidden states. The performance work
+replaces this class (IO binding, preallocated cache); nothing else calls the `gpt` session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.checkpoint.layout import Dims
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+SCHEMA = "chattts-forge/artifact/1"
+COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
+DEFAULT_FILES = {
+    "tokenizer": "tokenizer.json",
+    "speaker_stats": "speaker_stats.npy",
+    "homophones": "homophones_map.json",
+}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# Files at most this large are hashed on every open ("cheap" verification); larger ones are
+# checked by size only unless verify="full".
+CHEAP_HASH_BYTES = 8 << 20
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForgeError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path} is unreadable: {e}") from None
+
+
+def provider_list(provider: str) -> list[str]:
+    """onnxruntime providers for `cpu` or `cuda` (CUDA falls back to CPU for unsupported nodes)."""
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ForgeError(f"unknown provider '{provider}' (choose from: {', '.join(PROVIDERS)})")
+    name = PROVIDERS[provider]
+    if name not in ort.get_available_providers():
+        raise ForgeError(
+            f"provider '{provider}' is not available in this onnxruntime "
+            f"(available: {', '.join(ort.get_available_providers())}); for cuda install onnxruntime-gpu"
+        )
+    return [name, "CPUExecutionProvider"] if provider != "cpu" else [name]
+
+
+class Artifact:
+    """An artifact folder (docs/artifact-format.md) with lazily created sessions."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        provider: str = "cpu",
+        threads: int | None = None,
+        verify: str = "cheap",
+    ) -> None:
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise ForgeError(f"artifact folder {self.path} does not exist")
+        if verify not in ("none", "cheap", "full"):
+            raise ForgeError(f"unknown verify mode '{verify}' (none, cheap, full)")
+        if threads is not None and threads < 1:
+            raise ForgeError(f"threads must be >= 1, got {threads}")
+        self.providers = provider_list(provider)
+        self.provider = provider
+        self.threads = threads
+        self.meta: dict[str, Any] = _read_json(self.path / "artifact.json")
+        if not isinstance(self.meta, dict) or self.meta.get("schema") != SCHEMA:
+            found = self.meta.get("schema") if isinstance(self.meta, dict) else None
+            raise ForgeError(f"{self.path / 'artifact.json'}: schema {found!r} is not {SCHEMA!r}")
+        try:
+            self.dims = Dims.from_dict(self.meta["dims"])
+        except (KeyError, TypeError) as e:
+            raise ForgeError(f"{self.path / 'artifact.json'}: bad or missing 'dims' ({e})") from None
+        self.components: dict[str, dict[str, Any]] = self.meta.get("components") or {}
+        self.files: dict[str, str] = {**DEFAULT_FILES, **(self.meta.get("files") or {})}
+        self._sessions: dict[str, Any] = {}
+        self._verified: set[str] = set()
+        self.verify_mode = verify
+        for key in ("tokenizer", "speaker_stats", "homophones"):
+            self._check_plain_file(self.files[key])
+        for name in ("embed", "gpt", "head_code", "vocos"):
+            self.check_component(name)
+
+    @property
+    def variant(self) -> str:
+        return str(self.meta.get("variant", "?"))
+
+    def file(self, key: str) -> Path:
+        return self.path / self.files[key]
+
+    def _check_plain_file(self, rel: str) -> None:
+        p = self.path / rel
+        if not p.is_file():
+            raise ForgeError(f"artifact file {p} is missing")
+
+    def component_path(self, name: str) -> Path:
+        info = self.components.get(name)
+        if info is None:
+            raise ForgeError(f"{self.path / 'artifact.json'} lists no component '{name}'")
+        return self.path / info.get("file", f"{name}.onnx")
+
+    def check_component(self, name: str) -> Path:
+        """The component's file, checked against artifact.json (size; sha256 where cheap)."""
+        p = self.component_path(name)
+        if name in self._verified:
+            return p
+        if not p.is_file():
+            raise ForgeError(f"artifact file {p} (component '{name}') is missing")
+        info = self.components[name]
+        size = p.stat().st_size
+        want_size = info.get("bytes")
+        if self.verify_mode != "none" and want_size is not None and int(want_size) != size:
+            raise ForgeError(
+                f"artifact file {p} has {size} bytes, artifact.json says {want_size}: "
+                "the folder is mismatched or damaged"
+            )
+        want_sha = info.get("sha256")
+        hash_it = self.verify_mode == "full" or (self.verify_mode == "cheap" and size <= CHEAP_HASH_BYTES)
+        if want_sha and hash_it and sha256_file(p) != want_sha:
+            raise ForgeError(f"artifact file {p} does not match its sha256 in artifact.json (mismatched or damaged)")
+        self._verified.add(name)
+        return p
+
+    def has_component(self, name: str) -> bool:
+        return name in self.components and self.component_path(name).is_file()
+
+    def session(self, name: str) -> Any:
+        """The onnxruntime session of a component (created on first use)."""
+        if name not in self._sessions:
+            import onnxruntime as ort
+
+            path = self.check_component(name)
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            opts.inter_op_num_threads = 1
+            if self.threads is not None:
+                opts.intra_op_num_threads = self.threads
+            opts.log_severity_level = 3
+            try:
+                self._sessions[name] = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+            except Exception as e:  # onnxruntime raises its own exception types
+                raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+            log.debug("loaded %s on %s", path.name, self.providers[0])
+        return self._sessions[name]
+
+    @cached_property
+    def speaker_stats(self) -> np.ndarray:
+        p = self.file("speaker_stats")
+        try:
+            stats = np.load(p)
+        except (OSError, ValueError) as e:
+            raise ForgeError(f"{p} is unreadable: {e}") from None
+        if stats.shape != (2, self.dims.hidden_size):
+            raise ForgeError(f"{p} has shape {stats.shape}, expected (2, {self.dims.hidden_size})")
+        return stats.astype(np.float16)
+
+    def token_ids(self) -> dict[str, int]:
+        return dict(self.meta.get("tokens") or {})
+
+
+class GptStep:
+    """One forward of `gpt.onnx` with the key/value cache kept between calls."""
+
+    def __init__(self, session: Any, dims: Dims) -> None:
+        self.session = session
+        self.num_layers = dims.num_hidden_layers
+        self.kv_heads = dims.num_key_value_heads
+        self.head_dim = dims.head_dim
+        self.past: list[np.ndarray] = []
+        self.output_names = ["last_hidden_state"] + [
+            f"present.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")
+        ]
+        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
+
+    def reset(self, batch: int) -> None:
+        """Start a new sequence batch: an empty cache."""
+        empty = np.zeros((batch, self.kv_heads, 0, self.head_dim), dtype=np.float32)
+        self.past = [empty] * (2 * self.num_layers)
+
+    @property
+    def past_length(self) -> int:
+        return int(self.past[0].shape[2]) if self.past else 0
+
+    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Hidden states [B, S, hidden] of the S new positions; `attention_mask` covers past + new."""
+        feeds = {
+            "inputs_embeds": np.ascontiguousarray(inputs_embeds, dtype=np.float32),
+            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
+            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+        }
+        feeds.update(zip(self.past_names, self.past, strict=True))
+        outs = self.session.run(self.output_names, feeds)
+        self.past = outs[1:]
+        return outs[0]
