@@ -49,20 +49,43 @@ lint: env
 	$(VENV)/bin/ruff check .
 
 # ---- the pipeline -------------------------------------------------------------------------
-ifeq ($(strip $(CHECKPOINT)),)
-CKPT_DIR := $(BUILD)/checkpoint-$(PRESET)-seed$(SEED)
-else
-CKPT_DIR := $(CHECKPOINT)
-endif
+# One driver runs every stage (chattts_forge/publish/pipeline.py): each step is keyed by the content
+# of its inputs and code, so a second run with nothing changed redoes nothing, and a run killed at
+# any point resumes cleanly. Outputs: $(BUILD)/<run>/ (intermediate), $(ARTIFACTS)/ (published).
+#   make artifacts                                  full synthetic checkpoint, seed 0
+#   make artifacts PRESET=tiny                      small synthetic checkpoint (a minute or two)
+#   make artifacts CHECKPOINT=/path/to/ChatTTS/asset  a real checkpoint
+# Corpora: the calibration split for calibrate, the held-out evaluation split for evaluate
+# (built-in names or any .txt file / folder of them).
+CALIB_CORPUS ?= builtin:calibration
+EVAL_CORPUS ?= builtin:evaluation
+GATE ?=
+VARIANTS ?= fp32,fp16,int8-dynamic,int8-static,int4
+# Extra options per stage, e.g. EVALUATE_ARGS='--max-utterances 4'
+CONVERT_ARGS ?=
+CALIBRATE_ARGS ?=
+QUANTIZE_ARGS ?=
+EVALUATE_ARGS ?=
 
-$(BUILD)/checkpoint-$(PRESET)-seed$(SEED)/.done: $(LOCAL_STAMP)
-	$(FORGE) checkpoint synthesize --preset $(PRESET) --seed $(SEED) --out $(BUILD)/checkpoint-$(PRESET)-seed$(SEED)
-	@touch $@
+PIPELINE := $(PY) -m chattts_forge.publish.pipeline --preset $(PRESET) --seed $(SEED) \
+	--build $(BUILD) --to $(ARTIFACTS) \
+	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)')
 
-checkpoint: $(if $(strip $(CHECKPOINT)),env,$(BUILD)/checkpoint-$(PRESET)-seed$(SEED)/.done)
-	$(FORGE) checkpoint verify $(CKPT_DIR)
+artifacts: env
+	$(PIPELINE) --variants '$(VARIANTS)' --calib-corpus '$(CALIB_CORPUS)' --eval-corpus '$(EVAL_CORPUS)' \
+		$(if $(strip $(GATE)),--gate '$(GATE)') \
+		$(if $(strip $(CONVERT_ARGS)),--stage-args 'convert=$(CONVERT_ARGS)') \
+		$(if $(strip $(CALIBRATE_ARGS)),--stage-args 'calibrate=$(CALIBRATE_ARGS)') \
+		$(if $(strip $(QUANTIZE_ARGS)),--stage-args 'quantize=$(QUANTIZE_ARGS)') \
+		$(if $(strip $(EVALUATE_ARGS)),--stage-args 'evaluate=$(EVALUATE_ARGS)')
 
-artifacts: checkpoint
+checkpoint: env
+	$(PIPELINE) --until checkpoint
+
+
+.PHONY: verify
+verify: env
+	$(FORGE) verify $(ARTIFACTS)
 
 clean:
 	rm -rf $(BUILD) .forge-env-*

@@ -239,6 +239,7 @@ def publish_artifact(
         staging_parent = root / STAGING_NAME
         staging_parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f"{model}-{chosen}-{variant}.", suffix=".partial", dir=staging_parent))
+        os.chmod(stage, 0o755)  # mkdtemp makes it private; a published folder is for everyone to read
         try:
             _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,517 @@
+"""The whole pipeline, incremental and kill-safe: what `make artifacts` runs.
+
+    python -m chattts_forge.publish.pipeline [--preset full|tiny] [--seed 0] [--checkpoint DIR]
+        [--build build] [--to artifacts] [--calib-corpus SPEC] [--eval-corpus SPEC] [--gate GATE.toml]
+
+Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
+checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp16) -> calibrate
+(calibration split) -> quantize dynamic / static / int4 -> evaluate every variant against fp32
+(held-out split) -> publish the variants whose gate passed -> print where the reports are.
+
+Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
+of its inputs (upstream outputs, corpus and gate files), the fingerprint of the toolchain code it
+runs, and the library versions. After a step succeeds its record (`BUILD/<run>/.steps/<step>.json`:
+key + fingerprint of its output) is written atomically; a step whose record matches and whose
+output still has the recorded fingerprint is skipped. A step without a valid record (never run,
+killed, inputs changed, output touched) has its output removed and is run again. Stages write
+their outputs atomically themselves; the driver sweeps `.*.partial`, `.*.old` and `.*.tmp`
+leftovers of a killed run at start. Publishing is deterministic (see chattts_forge.publish), so a
+killed and restarted run publishes the same bytes as an uninterrupted one from the same reports.
+File hashes are cached by (size, mtime, inode), so a run with nothing changed re-hashes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
+from chattts_forge.log import get_logger, setup_logging
+
+log = get_logger("chattts_forge.pipeline")
+
+VARIANTS = ("fp32", "fp16", "int8-dynamic", "int8-static", "int4")
+QUANTIZE_METHODS = {"int8-dynamic": "dynamic", "int8-static": "static", "int4": "int4"}
+DEFAULT_CALIB_CORPUS = "builtin:calibration"
+DEFAULT_EVAL_CORPUS = "builtin:evaluation"
+# Code each step runs (packages whose source changes make the step run again).
+_CORE = ("chattts_forge",)
+STEP_CODE: dict[str, tuple[str, ...]] = {
+    "checkpoint": _CORE,
+    "convert": (*_CORE, "chattts_forge.convert"),
+    "calibrate": (*_CORE, "chattts_forge.runtime", "chattts_forge.calibration_data"),
+    "quantize": (
+        *_CORE,
+        "chattts_forge.runtime",
+        "chattts_forge.calibration_data",
+        "chattts_forge.quantize",
+        "chattts_forge.evaluate",
+    ),
+    "evaluate": (
+        *_CORE,
+        "chattts_forge.runtime",
+        "chattts_forge.calibration_data",
+        "chattts_forge.quantize",
+        "chattts_forge.evaluate",
+    ),
+}
+_CODE_SUFFIXES = (".py", ".json", ".toml", ".txt", ".tsv")
+DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
+
+
+# ---- content fingerprints --------------------------------------------------------------------
+
+
+class HashCache:
+    """sha256 of files, remembered by (size, mtime_ns, inode) so unchanged files are not re-read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, list[Any]] = {}
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                self.entries = loaded
+        self.dirty = False
+
+    def sha256(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self.entries.get(key)
+        if hit and hit[:3] == stamp:
+            return hit[3]
+        digest = sha256_file(file)
+        self.entries[key] = [*stamp, digest]
+        self.dirty = True
+        return digest
+
+    def tree(self, root: Path) -> str:
+        """Fingerprint of a file or a folder: every file's relative path and sha256."""
+        if root.is_file():
+            return self.sha256(root)
+        if not root.is_dir():
+            raise ForgeError(f"{root} does not exist")
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                h.update(f"{p.relative_to(root).as_posix()}\0{self.sha256(p)}\n".encode())
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if self.dirty:
+            atomic_write_json(self.path, self.entries)
+            self.dirty = False
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ForgeError(f"package {name} is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def code_fingerprint(packages: tuple[str, ...], cache: HashCache) -> str:
+    h = hashlib.sha256()
+    for name in packages:
+        root = _package_dir(name)
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and p.suffix in _CODE_SUFFIXES and "__pycache__" not in p.parts:
+                h.update(f"{name}/{p.relative_to(root).as_posix()}\0{cache.sha256(p)}\n".encode())
+    return h.hexdigest()
+
+
+def spec_fingerprint(spec: str | None, cache: HashCache) -> str | None:
+    """A corpus/gate argument: a path's content fingerprint, or the spec itself (built-in names)."""
+    if spec is None:
+        return None
+    p = Path(spec)
+    return f"file:{cache.tree(p)}" if p.exists() else f"spec:{spec}"
+
+
+# ---- steps -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    name: str  # unique, also the record's file name
+    kind: str  # checkpoint | convert | calibrate | quantize | evaluate
+    argv: list[str]  # chattts-forge arguments
+    out: Path  # what the step produces (removed before a re-run)
+    inputs: dict[str, str] = field(default_factory=dict)  # name -> fingerprint
+    gate_may_fail: bool = False  # evaluate: a written report with a failed gate is a result
+    capture_stdout: bool = False  # the output is the command's stdout, written to `out` atomically
+
+
+@dataclass
+class Pipeline:
+    work: Path
+    to: Path
+    variants: tuple[str, ...]
+    checkpoint: Path | None
+    preset: str
+    seed: int
+    calib_corpus: str
+    eval_corpus: str
+    gate: str | None
+    extra: dict[str, list[str]]
+    until: str | None = None
+    # How a stage is run; tests substitute a stand-in.
+    forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
+    cache: HashCache = field(init=False)
+    timings: dict[str, float] = field(default_factory=dict)
+    ran: list[str] = field(default_factory=list)
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cache = HashCache(self.work / ".steps" / "hashcache.json")
+
+    # paths
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.checkpoint if self.checkpoint is not None else self.work / "checkpoint"
+
+    def artifact_dir(self, variant: str) -> Path:
+        if variant in ("fp32", "fp16"):
+            return self.work / "convert" / variant
+        return self.work / "quantized" / variant
+
+    def report_dir(self, variant: str) -> Path:
+        return self.work / "reports" / variant
+
+    # records
+    def _record_path(self, step: Step) -> Path:
+        return self.work / ".steps" / f"{step.name}.json"
+
+    def _key(self, step: Step) -> str:
+        from chattts_forge.versions import library_versions
+
+        if not self.versions:
+            self.versions = library_versions()
+        ident = {
+            "step": step.name,
+            "argv": step.argv,
+            "inputs": step.inputs,
+            "code": self.code_key(step.kind),
+            "versions": self.versions,
+        }
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+    def code_key(self, kind: str) -> str:
+        """Fingerprint of the code a step runs: the stage's packages, or a substituted command's files."""
+        if self.forge == DEFAULT_FORGE:
+            return code_fingerprint(STEP_CODE[kind], self.cache)
+        files = [Path(a) for a in self.forge if Path(a).is_file()]
+        return hashlib.sha256(" ".join([*self.forge, *(self.cache.sha256(f) for f in files)]).encode()).hexdigest()
+
+    def up_to_date(self, step: Step, key: str) -> bool:
+        try:
+            record = json.loads(self._record_path(step).read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            return False
+        if record.get("key") != key or not step.out.exists():
+            return False
+        return record.get("output") == self.cache.tree(step.out)
+
+    def run(self, step: Step) -> bool:
+        """Run `step` unless up to date; True when it ran."""
+        key = self._key(step)
+        if self.up_to_date(step, key):
+            log.info("%-22s up to date (%s)", step.name, step.out)
+            return False
+        record = self._record_path(step)
+        record.unlink(missing_ok=True)
+        if step.out.exists() and step.out != self.checkpoint:
+            shutil.rmtree(step.out) if step.out.is_dir() else step.out.unlink()
+        step.out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [*self.forge, *step.argv, *self.extra.get(step.kind, [])]
+        shown = "chattts-forge " + shlex.join(cmd[len(self.forge) :])
+        log.info("%-22s running: %s", step.name, shown)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None)
+        took = time.perf_counter() - start
+        self.timings[step.name] = took
+        if step.capture_stdout and proc.returncode == 0:
+            atomic_write_bytes(step.out, proc.stdout)
+        if proc.returncode != 0:
+            report = step.out / "report.json"
+            if not (step.gate_may_fail and report.is_file()):
+                raise ForgeError(f"step {step.name} failed (exit {proc.returncode}): {shown}")
+            log.info("%-22s gate FAILED (report written: %s)", step.name, step.out)
+        if not step.out.exists():
+            raise ForgeError(f"step {step.name} finished but wrote nothing at {step.out}")
+        atomic_write_json(
+            record,
+            {"step": step.name, "key": key, "output": self.cache.tree(step.out), "seconds": round(took, 2)},
+        )
+        self.cache.save()
+        self.ran.append(step.name)
+        log.info("%-22s done in %.1f s", step.name, took)
+        return True
+
+    # the plan
+    def steps(self) -> Iterator[Step]:
+        """Yield steps in order; inputs are computed when each step is reached (after its upstream ran)."""
+        if self.checkpoint is None:
+            yield Step(
+                "checkpoint",
+                "checkpoint",
+                ["checkpoint", "synthesize", "--preset", self.preset, "--seed", str(self.seed), "--out", str(self.ckpt_dir)],
+                self.ckpt_dir,
+            )
+        yield Step(
+            "checkpoint-verify",
+            "checkpoint",
+            ["checkpoint", "verify", str(self.ckpt_dir), "--json"],
+            self.work / "checkpoint-verify.json",
+            {"checkpoint": self.cache.tree(self.ckpt_dir)},
+            capture_stdout=True,
+        )
+        if self.until == "checkpoint":
+            return
+        yield Step(
+            "convert",
+            "convert",
+            ["convert", "--checkpoint", str(self.ckpt_dir), "--out", str(self.work / "convert"), "--precision", "all"],
+            self.work / "convert",
+            {"checkpoint": self.cache.tree(self.ckpt_dir)},
+        )
+        fp32 = self.artifact_dir("fp32")
+        quantized = [v for v in self.variants if v in QUANTIZE_METHODS]
+        if "int8-static" in quantized:
+            yield Step(
+                "calibrate",
+                "calibrate",
+                ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
+                self.work / "calibration",
+                {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
+            )
+        for variant in quantized:
+            argv = ["quantize", "--artifact", str(fp32), "--method", QUANTIZE_METHODS[variant], "--out", str(self.artifact_dir(variant))]
+            inputs = {"fp32": self.cache.tree(fp32)}
+            if variant == "int8-static":
+                argv += ["--calibration", str(self.work / "calibration")]
+                inputs["calibration"] = self.cache.tree(self.work / "calibration")
+            yield Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs)
+        for variant in self.variants:
+            argv = [
+                "evaluate",
+                "--artifact",
+                str(self.artifact_dir(variant)),
+                "--reference",
+                str(fp32),
+                "--corpus",
+                self.eval_corpus,
+                "--out",
+                str(self.report_dir(variant)),
+            ]
+            inputs = {
+                "artifact": self.cache.tree(self.artifact_dir(variant)),
+                "reference": self.cache.tree(fp32),
+                "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
+            }
+            if self.gate:
+                argv += ["--gate", self.gate]
+                inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+            yield Step(f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True)
+
+
+# ---- leftovers and locking -------------------------------------------------------------------
+
+
+def sweep_leftovers(root: Path) -> list[Path]:
+    """Remove temporary siblings (.NAME.*.partial/.old folders, .NAME.*.tmp files) a kill left."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in list(dirnames):
+            if name.startswith(".") and (name.endswith(".partial") or name.endswith(".old")):
+                shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
+                dirnames.remove(name)
+                removed.append(Path(dirpath) / name)
+        for name in filenames:
+            if name.startswith(".") and name.endswith(".tmp"):
+                (Path(dirpath) / name).unlink(missing_ok=True)
+                removed.append(Path(dirpath) / name)
+    for p in removed:
+        log.info("removed leftover of an interrupted run: %s", p)
+    return removed
+
+
+@contextlib.contextmanager
+def run_lock(work: Path) -> Iterator[None]:
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work / ".pipeline.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ForgeError(f"another pipeline run is using {work}; wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_tag(checkpoint: Path | None, preset: str, seed: int) -> str:
+    if checkpoint is None:
+        return f"synthetic-{preset}-seed{seed}"
+    where = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:10]
+    return f"checkpoint-{where}"
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class VariantOutcome:
+    variant: str
+    report_dir: Path
+    passed: bool | None
+    published: Path | None = None
+    status: str = ""
+
+
+def run_pipeline(
+    *,
+    build: Path = Path("build"),
+    to: Path = Path("artifacts"),
+    preset: str = "full",
+    seed: int = 0,
+    checkpoint: str | os.PathLike[str] | None = None,
+    variants: tuple[str, ...] = VARIANTS,
+    calib_corpus: str = DEFAULT_CALIB_CORPUS,
+    eval_corpus: str = DEFAULT_EVAL_CORPUS,
+    gate: str | None = None,
+    extra: dict[str, list[str]] | None = None,
+    until: str | None = None,
+    forge_cmd: list[str] | None = None,
+) -> list[VariantOutcome]:
+    """Run (or resume) the pipeline; returns what happened to each variant."""
+    from chattts_forge.publish.gate_report import load_report
+    from chattts_forge.publish.publish import publish_artifact
+    from chattts_forge.publish.verify import verify_path
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or "fp32" not in variants:
+        raise ForgeError(f"variants must include fp32 and be among {', '.join(VARIANTS)} (got {', '.join(variants)})")
+    ckpt: Path | None = None
+    if checkpoint:
+        from chattts_forge.checkpoint.layout import resolve_asset_dir
+
+        ckpt = resolve_asset_dir(checkpoint).resolve()
+    # Absolute paths: step keys hold command lines, which must not depend on how paths were spelled.
+    build, to = Path(build).resolve(), Path(to).resolve()
+    work = build / run_tag(ckpt, preset, seed)
+    pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, extra or {}, until)
+    if forge_cmd:
+        pipe.forge = list(forge_cmd)
+    started = time.perf_counter()
+    with run_lock(work):
+        sweep_leftovers(work)
+        for step in pipe.steps():
+            pipe.run(step)
+        if until == "checkpoint":
+            pipe.cache.save()
+            return []
+        outcomes: list[VariantOutcome] = []
+        for variant in variants:
+            rdir = pipe.report_dir(variant)
+            report = load_report(rdir)
+            outcome = VariantOutcome(variant, rdir, report.passed)
+            if report.passed:
+                result = publish_artifact(pipe.artifact_dir(variant), rdir, to)
+                outcome.published, outcome.status = result.path, result.status
+                problems = verify_path(result.path).problems
+                if problems:
+                    raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
+            outcomes.append(outcome)
+        pipe.cache.save()
+    _print_summary(pipe, outcomes, time.perf_counter() - started)
+    if not any(o.published for o in outcomes):
+        raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
+    return outcomes
+
+
+def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: float) -> None:
+    ran = ", ".join(pipe.ran) if pipe.ran else "nothing (everything up to date)"
+    print(f"\npipeline finished in {seconds:.1f} s; ran: {ran}")
+    print(f"{'variant':<14} {'gate':<7} {'published':<60} report")
+    for o in outcomes:
+        gate = "pass" if o.passed else "FAIL"
+        pub = f"{o.published} ({o.status})" if o.published else "-"
+        report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
+        print(f"{o.variant:<14} {gate:<7} {pub:<60} {report}")
+    print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
+    print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}")
+
+
+def _parse_extra(values: list[str]) -> dict[str, list[str]]:
+    """--stage-args STAGE='--opt v' (repeatable): extra options for one stage's command."""
+    out: dict[str, list[str]] = {}
+    for item in values:
+        stage, _, args = item.partition("=")
+        if stage not in STEP_CODE:
+            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STEP_CODE)})")
+        out.setdefault(stage, []).extend(shlex.split(args))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m chattts_forge.publish.pipeline", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="full", choices=["full", "tiny"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", default=None, help="a real (or any) ChatTTS checkpoint instead of a synthetic one")
+    ap.add_argument("--build", type=Path, default=Path("build"))
+    ap.add_argument("--to", type=Path, default=Path("artifacts"))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--calib-corpus", default=DEFAULT_CALIB_CORPUS)
+    ap.add_argument("--eval-corpus", default=DEFAULT_EVAL_CORPUS)
+    ap.add_argument("--gate", default=None)
+    ap.add_argument("--stage-args", action="append", default=[], metavar="STAGE=ARGS")
+    ap.add_argument("--until", choices=["checkpoint"], default=None, help="stop after the checkpoint is ready")
+    ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
+    ap.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    setup_logging(-1 if args.quiet else 0)
+    try:
+        run_pipeline(
+            build=args.build,
+            to=args.to,
+            preset=args.preset,
+            seed=args.seed,
+            checkpoint=args.checkpoint or None,
+            variants=tuple(v for v in args.variants.split(",") if v),
+            calib_corpus=args.calib_corpus,
+            eval_corpus=args.eval_corpus,
+            gate=args.gate or None,
+            extra=_parse_extra(args.stage_args),
+            until=args.until,
+            forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
+        )
+    except ForgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The `make artifacts` driver (chattts_forge.publish.pipeline) with stand-in stage commands.
+
+The stand-in (`FAKE_FORGE`) answers the same command lines as `chattts-forge`, writes outputs
+atomically like the real stages, logs each call, and can fail a gate or SIGKILL the driver mid-step.
+This keeps the driver's tests to seconds; `make artifacts PRESET=tiny` runs the real stages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chattts_forge.publish import verify_path
+
+FAKE_FORGE = r'''
+import hashlib, json, os, shutil, signal, sys, tempfile
+from pathlib import Path
+from chattts_forge.publish.gate_report import report_integrity
+
+argv = sys.argv[1:]
+def opt(name, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+def content(spec):
+    p = Path(spec)
+    return p.read_bytes() if p.is_file() else spec.encode()
+
+call = argv[0] + (":" + argv[1] if argv[0] == "checkpoint" else "")
+if argv[0] == "quantize":
+    call += ":" + opt("--method")
+if argv[0] == "evaluate":
+    call += ":" + Path(opt("--artifact")).name
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(call + "\n")
+
+def atomic_dir(final, fill):
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="." + final.name + ".", suffix=".partial", dir=final.parent))
+    fill(tmp)
+    if os.environ.get("FAKE_KILL_AT") == call:  # die mid-step, leaving a temp folder, with the driver
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+def artifact(folder, variant, gpt, src_hashes, quant=None):
+    (folder / "gpt.onnx").write_bytes(gpt)
+    (folder / "vocos.onnx").write_bytes(b"vocos" * 100)
+    precision = {"fp32": "fp32", "fp16": "fp16", "int4": "int4"}.get(variant, "int8")
+    meta = {"schema": "chattts-forge/artifact/1", "name": "chattts", "variant": variant,
+            "components": {"gpt": {"file": "gpt.onnx", "precision": precision, "opset": 17},
+                           "vocos": {"file": "vocos.onnx", "precision": "fp32", "opset": 17}},
+            "source": {"kind": "synthetic", "preset": "tiny", "seed": 0, "hashes": src_hashes},
+            "quantization": quant, "versions": {"onnx": "1.23.2"},
+            "toolchain": {"name": "chattts-forge", "version": "0.1.0", "git_commit": "x"}}
+    (folder / "artifact.json").write_text(json.dumps(meta, indent=2))
+
+if call == "checkpoint:synthesize":
+    def fill(d):
+        (d / "gpt").mkdir()
+        (d / "gpt" / "model.safetensors").write_bytes(sha(f"{opt('--preset')}{opt('--seed')}".encode()).encode() * 10)
+    atomic_dir(opt("--out"), fill)
+elif call == "checkpoint:verify":
+    print(json.dumps({"kind": "synthetic"}))
+elif argv[0] == "convert":
+    ckpt = Path(opt("--checkpoint"))
+    hashes = {p.relative_to(ckpt).as_posix(): sha(p.read_bytes()) for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    out = Path(opt("--out"))
+    for prec in ("fp32", "fp16"):
+        atomic_dir(out / prec, lambda d, p=prec: artifact(d, p, (p + json.dumps(hashes)).encode() * 20, hashes))
+elif argv[0] == "calibrate":
+    gpt = (Path(opt("--artifact")) / "gpt.onnx").read_bytes()
+    corpus = content(opt("--corpus"))
+    atomic_dir(opt("--out"), lambda d: (d / "shard0.bin").write_bytes(sha(gpt + corpus).encode()))
+elif argv[0] == "quantize":
+    src = Path(opt("--artifact"))
+    method = opt("--method")
+    variant = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}[method]
+    calib = opt("--calibration")
+    extra = (Path(calib) / "shard0.bin").read_bytes() if calib else b""
+    hashes = json.loads((src / "artifact.json").read_text())["source"]["hashes"]
+    quant = {"method": method, "calibration": {"corpus": "calib.txt", "sha256": sha(extra), "samples": 3} if calib else None}
+    atomic_dir(opt("--out"), lambda d: artifact(d, variant, sha((src / "gpt.onnx").read_bytes() + method.encode() + extra).encode(), hashes, quant))
+else:
+    assert argv[0] == "evaluate", argv
+    art = Path(opt("--artifact"))
+    variant = json.loads((art / "artifact.json").read_text())["variant"]
+    passed = variant not in os.environ.get("FAKE_FAIL", "").split(",")
+    files = {p.relative_to(art).as_posix(): sha(p.read_bytes()) for p in sorted(art.rglob("*")) if p.is_file()}
+    agreement = 0.5 if not passed else 0.99
+    report = {"schema": "chattts-forge/report/1", "created_at": "2026-11-30T03:00:00Z",
+              "artifact": {"variant": variant, "files": files},
+              "corpus": {"sha256": sha(content(opt("--corpus")))},
+              "gate": {"passed": passed, "thresholds": {"code_agreement": 0.9},
+                       "checks": [{"metric": "code_agreement", "threshold": 0.9, "value": agreement, "passed": passed}]},
+              "machine": {"cpu": "fake"}}
+    report["integrity"] = report_integrity(report)
+    def fill(d):
+        (d / "report.json").write_text(json.dumps(report, indent=2))
+        (d / "report.md").write_text("# report\n")
+    atomic_dir(opt("--out"), fill)
+    sys.exit(0 if passed else 1)
+'''
+
+VARIANTS = ["fp32", "fp16", "int8-dynamic", "int8-static", "int4"]
+
+
+class Runner:
+    def __init__(self, tmp: Path, name: str = "run") -> None:
+        self.base = tmp / name
+        self.base.mkdir()
+        self.fake = tmp / "fake_forge.py"
+        self.fake.write_text(FAKE_FORGE)
+        self.log = self.base / "calls.log"
+        self.calib = tmp / "calib.txt"
+        if not self.calib.exists():
+            self.calib.write_text("一句话。\nA sentence.\n", encoding="utf-8")
+        self.build = self.base / "build"
+        self.to = self.base / "artifacts"
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().split() if self.log.exists() else []
+
+    def run(self, **env: str) -> subprocess.CompletedProcess[str]:
+        cmd = [
+            sys.executable, "-m", "chattts_forge.publish.pipeline", "--preset", "tiny",
+            "--build", str(self.build), "--to", str(self.to),
+            "--calib-corpus", str(self.calib), "--eval-corpus", "builtin:evaluation",
+            "--forge-cmd", f"{sys.executable} {self.fake}",
+        ]  # fmt: skip
+        full_env = {**os.environ, "FAKE_LOG": str(self.log), **env}
+        return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def leftovers(*roots: Path) -> list[Path]:
+    return [
+        p
+        for root in roots
+        for p in root.rglob(".*")
+        if p.name.endswith((".partial", ".old", ".tmp")) or p.name == ".staging"
+    ]
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Runner, subprocess.CompletedProcess[str]]:
+    """One uninterrupted run (int8-static failing its gate); tests read it, never change it."""
+    r = Runner(tmp_path_factory.mktemp("pipeline"), "clean")
+    return r, r.run(FAKE_FAIL="int8-static")
+
+
+def test_pipeline_publishes_what_passes_and_second_run_redoes_nothing(clean_run) -> None:
+    r, proc = clean_run
+    assert proc.returncode == 0, proc.stderr
+    calls = r.calls()
+    assert calls[:3] == ["checkpoint:synthesize", "checkpoint:verify", "convert"]
+    assert sorted(c for c in calls if c.startswith("evaluate:")) == sorted(f"evaluate:{v}" for v in VARIANTS)
+    index = json.loads((r.to / "index.json").read_text())
+    assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"int8-static"})
+    assert verify_path(r.to).ok
+    assert "int8-static    FAIL" in proc.stdout and "reports:" in proc.stdout
+    published = tree_bytes(r.to)
+
+    again = r.run(FAKE_FAIL="int8-static")
+    assert again.returncode == 0, again.stderr
+    assert r.calls() == calls  # not one stage ran again
+    assert "ran: nothing" in again.stdout
+    assert tree_bytes(r.to) == published
+
+
+def test_changed_corpus_reruns_only_what_depends_on_it(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    assert r.run().returncode == 0
+    before = len(r.calls())
+    r.calib.write_text("另一句话。\n", encoding="utf-8")
+    proc = r.run()
+    assert proc.returncode == 0, proc.stderr
+    assert r.calls()[before:] == ["calibrate", "quantize:static", "evaluate:int8-static"]
+    # The new static artifact is a new version; the old one stays published.
+    index = json.loads((r.to / "index.json").read_text())
+    assert [(e["version"], e["variant"]) for e in index["variants"] if e["variant"] == "int8-static"] == [
+        ("v1", "int8-static"),
+        ("v2", "int8-static"),
+    ]
+    assert verify_path(r.to).ok
+    # A touched output is rebuilt (same bytes again, so nothing downstream reruns).
+    q = r.build / "synthetic-tiny-seed0" / "quantized" / "int4" / "gpt.onnx"
+    q.write_bytes(b"tampered")
+    before = len(r.calls())
+    assert r.run().returncode == 0
+    assert r.calls()[before:] == ["quantize:int4"]
+    assert q.read_bytes() != b"tampered"
+
+
+@pytest.mark.parametrize("kill_at", ["convert", "quantize:static", "evaluate:int4"])
+def test_killed_run_resumes_to_the_same_published_bytes(clean_run, tmp_path: Path, kill_at: str) -> None:
+    clean, _ = clean_run
+    killed = Runner(tmp_path, "killed")
+    proc = killed.run(FAKE_KILL_AT=kill_at, FAKE_FAIL="int8-static")
+    assert proc.returncode == -9, proc.stderr
+    assert leftovers(killed.build)  # the kill left a temporary folder behind
+    resumed = killed.run(FAKE_FAIL="int8-static")
+    assert resumed.returncode == 0, resumed.stderr
+    assert tree_bytes(killed.to) == tree_bytes(clean.to)
+    assert leftovers(killed.build, killed.to) == []
+    assert verify_path(killed.to).ok
