@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
-from chattts_forge.calibration_data.recorder import check_recorded, instrument, new_pipeline, synth_params
+from chattts_forge.calibration_data.recorder import (
+    check_recorded,
+    instrument,
+    new_pipeline,
+    quiet_runtime,
+    synth_params,
+)
 from chattts_forge.calibration_data.store import MANIFEST, SCHEMA, ShardWriter, sample_bytes
 from tqdm import tqdm
 
@@ -131,7 +137,8 @@ def calibrate(
                 heads=set(srng.choice(max_new_token, size=min(head_steps, max_new_token), replace=False).tolist()),
             )
             try:
-                results = pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
+                with quiet_runtime():
+                    results = pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
             except ForgeError as e:  # e.g. a line that normalises to nothing speakable
                 skipped.append({"sentence": text, "reason": str(e)})
                 continue

@@ -11,7 +11,9 @@ error instead of silently recording nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,7 +76,14 @@ def new_pipeline(artifact_dir: Any, threads: int | None) -> Any:
         from chattts_forge.runtime.pipeline import Pipeline
     except ImportError as e:
         raise ForgeError(f"the runtime is unavailable ({e}); calibration needs chattts_forge.runtime") from None
-    return Pipeline(artifact_dir, threads=threads)
+    pipe = Pipeline(artifact_dir, threads=threads)
+    # The fused fast GPT (gpt_fast.onnx, IO binding) has other graph inputs than gpt.onnx, which is
+    # what quantize reads; record through the plain graph (same numbers, ~1e-6).
+    from chattts_forge.runtime.session import GptStep
+
+    if not isinstance(getattr(pipe, "gpt", None), GptStep):
+        pipe.gpt = GptStep(pipe.artifact.session("gpt"), pipe.dims)
+    return pipe
 
 
 def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
@@ -84,3 +93,15 @@ def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
     return SynthParams(
         code=InferCodeParams(spk_emb=pipe.random_speaker(seed), seed=seed, max_new_token=max_new_token)
     )
+
+
+@contextlib.contextmanager
+def quiet_runtime() -> Iterator[None]:
+    """Silence the runtime's per-sentence warnings (random-weight checkpoints rarely emit EOS)."""
+    rt_log = logging.getLogger("chattts_forge.runtime")
+    old = rt_log.level
+    rt_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        rt_log.setLevel(old)

@@ -37,8 +37,9 @@ CALIBRATE_METHODS = {
 def preprocess(src: Path, dst: Path) -> dict[str, Any]:
     """`quant_pre_process` with a fallback to ONNX-only shape inference; returns what was done."""
     try:
-        quant_pre_process(str(src), str(dst), skip_optimization=False)
-        return {"pre_process": "quant_pre_process (symbolic shape inference + optimization)"}
+        # auto_merge: the GPT's past/total sequence dims conflict in symbolic inference otherwise.
+        quant_pre_process(str(src), str(dst), skip_optimization=False, auto_merge=True)
+        return {"pre_process": "quant_pre_process (symbolic shape inference, auto_merge, optimization)"}
     except Exception as e:  # symbolic shape inference fails on some graphs; degrade, say so
         log.warning("quant_pre_process failed on %s (%s); retrying without symbolic shape inference", src.name, e)
         quant_pre_process(str(src), str(dst), skip_optimization=False, skip_symbolic_shape=True)
@@ -112,8 +113,8 @@ def quantize_static_graph(
             "MatMulConstBOnly": True,
             "ActivationSymmetric": symmetric_activations,
             "WeightSymmetric": True,
-            # Bound calibration memory on long GPT runs: reduce ranges every 16 samples.
-            "CalibMaxIntermediateOutputs": 16,
+            # Not CalibMaxIntermediateOutputs: onnxruntime 1.32's MinMaxCalibrater *drops* every full
+            # batch of intermediate outputs instead of reducing it ("No data is collected").
         }
         # onnxruntime's quantizer logs through the root logger; keep its advice out of our output.
         root = logging.getLogger()

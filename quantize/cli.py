@@ -1,0 +1,69 @@
+"""`chattts-forge quantize`: dynamic INT8, static INT8 (QDQ) or INT4 weight-only artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("quantize")
+@click.option("--artifact", "artifact_dir", required=True, type=click.Path(path_type=Path),
+              help="FP32 artifact folder (output of `convert`).")
+@click.option("--method", required=True, type=click.Choice(["dynamic", "static", "int4"]))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact folder to write.")
+@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+              help="Calibration folder from `chattts-forge calibrate` (static only).")
+@click.option("--per-channel/--per-tensor", default=None,
+              help="Weight scales per output channel (default: per tensor for dynamic, per channel for static).")
+@click.option("--calibrate-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
+              show_default=True, help="Static: how activation ranges are chosen.")
+@click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
+              help="Static: activation type (int8 is a ~20x slower onnxruntime CPU path).")
+@click.option("--symmetric-activations", is_flag=True, help="Static: symmetric activation ranges.")
+@click.option("--exclude", multiple=True, metavar="PATTERN",
+              help="Keep nodes whose name matches this glob in FP32 (repeatable).")
+@click.option("--block-size", default=128, show_default=True, type=int, help="INT4: weights per quantization block.")
+@click.option("--accuracy-level", default=4, show_default=True, type=int,
+              help="INT4: MatMulNBits accuracy_level (4: int8 compute, fastest on CPU).")
+@click.option("--head/--no-head", "quantize_head", default=True, show_default=True,
+              help="Also quantize the code head (head_code.onnx).")
+@click.option("--min-agreement", type=float, default=None,
+              help="Fallback target: teacher-forced top-1 code agreement (0..1) on the held-out split.")
+@click.option("--min-cosine", type=float, default=None, help="Fallback target: mean hidden-state cosine.")
+@click.option("--max-kl", type=float, default=None, help="Fallback target: mean KL divergence (nats).")
+@click.option("--step-nodes", type=int, default=None, help="Fallback: nodes excluded per step (default 10%).")
+@click.option("--fidelity/--no-fidelity", default=True, show_default=True,
+              help="Measure fidelity against the FP32 source (stored in artifact.json).")
+@click.option("--fidelity-corpus", default="builtin:evaluation", show_default=True,
+              help="Held-out corpus for fidelity and fallback.")
+@click.option("--fidelity-sentences", default=8, show_default=True, type=int)
+@click.option("--fidelity-steps", default=48, show_default=True, type=int, help="GPT steps per sentence at most.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads for fidelity runs.")
+def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
+             calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
+             block_size: int, accuracy_level: int, quantize_head: bool, min_agreement: float | None,
+             min_cosine: float | None, max_kl: float | None, step_nodes: int | None, fidelity: bool,
+             fidelity_corpus: str, fidelity_sentences: int, fidelity_steps: int, seed: int,
+             threads: int | None) -> None:
+    """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
+
+    \b
+    dynamic  onnxruntime dynamic INT8 (GPT + code head), signed weights, per tensor
+    static   QDQ INT8 from `calibrate` data (quant_pre_process, per-channel weights, uint8 activations)
+    int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4)
+    With --min-agreement/--min-cosine/--max-kl, static and dynamic keep the most harmful nodes in FP32,
+    step by step, until the targets hold on the held-out split (or say that they cannot).
+    """
+    from chattts_forge.quantize import quantize_artifact
+
+    out = quantize_artifact(
+        artifact_dir, out_dir, method, calibration=calibration, per_channel=per_channel,
+        calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
+        activation_type=activation_type, exclude=exclude, block_size=block_size, accuracy_level=accuracy_level,
+        quantize_head=quantize_head, min_agreement=min_agreement, min_cosine=min_cosine, max_kl=max_kl,
+        step_nodes=step_nodes, fidelity=fidelity, fidelity_corpus=fidelity_corpus,
+        fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads,
+    )
+    click.echo(str(out))

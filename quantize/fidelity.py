@@ -1,0 +1,327 @@
+"""Fidelity of a quantized artifact against its FP32 source, weight-agnostic (meaningful on random weights).
+
+Method (teacher forcing): the FP32 artifact synthesizes each held-out sentence with the runtime while
+its sessions are recorded (`calibration_data.recorder`); every GPT step's inputs (inputs_embeds,
+attention mask, position ids), its hidden state and the code-head logits are kept. The quantized GPT
+and head are then replayed on exactly those inputs, carrying their *own* key/value cache, so each
+step sees the FP32 code history. Compared per step:
+
+- top-1 agreement of the raw code logits, per code stream (argmax equal);
+- KL(FP32 || quantized) of the softmaxed raw logits, per stream (nats);
+- cosine similarity of the GPT's last hidden state;
+- after the Decoder: mel SNR (dB) and log-spectral distance (dB; the Decoder output is treated as a
+  natural-log mel amplitude, the Vocos convention, so dB = 20/ln 10 * difference);
+- a per-tensor error table: both GPT graphs are run on recorded samples (a prefill and a decode step
+  with past) with every constant-weight MatMul's input and output exposed; the relative L2 error of
+  each tensor, and the error each node adds (output error minus input error), name the worst layers.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from chattts_forge.calibration_data.corpus import Corpus, load_corpus
+from chattts_forge.calibration_data.recorder import (
+    check_recorded,
+    instrument,
+    new_pipeline,
+    quiet_runtime,
+    synth_params,
+)
+from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
+from tqdm import tqdm
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+_DB_PER_NAT = 20.0 / np.log(10.0)
+
+
+@dataclass
+class Trajectory:
+    """One sentence synthesized by the FP32 artifact, as the quantized graphs will replay it."""
+
+    text: str
+    step_feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # gpt feeds without past
+    hidden: list[np.ndarray] = field(default_factory=list)  # FP32 last hidden state per step [B, H]
+    logits: list[np.ndarray] = field(default_factory=list)  # FP32 head_code logits per step [B, vq, V]
+    full_samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # whole gpt feeds (with past)
+
+
+def record_trajectories(
+    fp32_dir: Path,
+    corpus: Corpus,
+    max_sentences: int,
+    max_new_token: int,
+    seed: int,
+    threads: int | None,
+    full_sample_steps: tuple[int, ...] = (0, 12),
+    progress: bool | None = None,
+) -> list[Trajectory]:
+    """Synthesize up to `max_sentences` corpus sentences with the FP32 artifact and record them."""
+    pipe = new_pipeline(fp32_dir, threads)
+    trajs: list[Trajectory] = []
+    current: dict[str, Any] = {}
+
+    def on_run(component: str, feeds: dict[str, Any], names: list[str], outs: list[Any]) -> None:
+        t: Trajectory = current["traj"]
+        if component == "gpt":
+            call = len(t.step_feeds)
+            t.step_feeds.append({k: np.array(feeds[k]) for k in ("inputs_embeds", "attention_mask", "position_ids")})
+            t.hidden.append(np.array(outs[0][:, -1]))
+            if call in full_sample_steps:
+                t.full_samples.append({k: np.array(v) for k, v in feeds.items()})
+        elif component == "head_code":
+            t.logits.append(np.array(outs[0]))
+
+    proxies = instrument(pipe, on_run, ("gpt", "head_code"))
+    sentences = corpus.sentences[:max_sentences]
+    for i, text in enumerate(tqdm(sentences, desc="fidelity: fp32 run", unit="sent", disable=not progress)):
+        current["traj"] = Trajectory(text)
+        try:
+            with quiet_runtime():
+                pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
+        except ForgeError as e:
+            log.info("fidelity: skipped %r (%s)", text, e)
+            continue
+        t = current["traj"]
+        if len(t.logits) != len(t.step_feeds):
+            raise ForgeError("the runtime's gpt and head_code calls do not pair up; cannot teacher-force")
+        trajs.append(t)
+    check_recorded(proxies, "gpt")
+    if not trajs:
+        raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
+    return trajs
+
+
+def make_session(path: Path, threads: int | None = 1) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.inter_op_num_threads = 1
+    if threads:
+        opts.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+
+
+def replay(
+    gpt: Any, head: Any, traj: Trajectory, num_layers: int, kv_heads: int, head_dim: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Teacher-forced run of (gpt, head) on a trajectory's inputs, with their own KV cache."""
+    first = traj.step_feeds[0]["inputs_embeds"]
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    out_names = ["last_hidden_state"] + [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    if past_names[0] not in {i.name for i in gpt.get_inputs()}:
+        raise ForgeError("the gpt graph has no past_key_values inputs (docs/artifact-format.md)")
+    past = [np.zeros((first.shape[0], kv_heads, 0, head_dim), np.float32)] * len(past_names)
+    hidden, logits = [], []
+    for feeds in traj.step_feeds:
+        outs = gpt.run(out_names, {**feeds, **dict(zip(past_names, past, strict=True))})
+        past = outs[1:]  # present.{i}.{kv} in the same order as past_names
+        h = np.ascontiguousarray(outs[0][:, -1])
+        hidden.append(h)
+        logits.append(head.run(["logits"], {"hidden_states": h})[0])
+    return hidden, logits
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def code_metrics(ref_logits: list[np.ndarray], q_logits: list[np.ndarray]) -> dict[str, Any]:
+    """Top-1 agreement and KL per stream over all steps/rows. Logits [B, vq, V] per step."""
+    ref = np.concatenate([r.reshape(-1, *r.shape[-2:]) for r in ref_logits])  # [N, vq, V]
+    q = np.concatenate([x.reshape(-1, *x.shape[-2:]) for x in q_logits])
+    agree = (ref.argmax(-1) == q.argmax(-1)).mean(axis=0)
+    lp, lq = _log_softmax(ref), _log_softmax(q)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean(axis=0)
+    return {
+        "top1_agreement": {"mean": float(agree.mean()), "min_stream": float(agree.min()),
+                           "per_stream": [round(float(a), 6) for a in agree]},
+        "kl": {"mean": float(kl.mean()), "max_stream": float(kl.max()), "per_stream": [float(k) for k in kl]},
+        "steps": int(ref.shape[0]),
+    }
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.reshape(-1, a.shape[-1]).astype(np.float64)
+    b = b.reshape(-1, b.shape[-1]).astype(np.float64)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(1) / np.maximum(den, 1e-30)
+
+
+def mel_metrics(ref_mels: list[np.ndarray], q_mels: list[np.ndarray]) -> dict[str, float]:
+    ref = np.concatenate([m.reshape(m.shape[-2], -1) for m in ref_mels], axis=1).astype(np.float64)
+    q = np.concatenate([m.reshape(m.shape[-2], -1) for m in q_mels], axis=1).astype(np.float64)
+    noise = ((ref - q) ** 2).sum()
+    snr = float("inf") if noise == 0 else float(10 * np.log10((ref**2).sum() / noise))
+    lsd = float(np.sqrt((((ref - q) * _DB_PER_NAT) ** 2).mean(axis=0)).mean())
+    return {"snr_db": snr, "lsd_db": lsd, "frames": int(ref.shape[1])}
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in model.graph.node for o in n.output}
+
+
+def _expose(model_path: Path, names: list[str], out_path: Path) -> list[str]:
+    """Copy of the model with `names` (those it has) added as float graph outputs."""
+    model = onnx.load(str(model_path))
+    have = {o for n in model.graph.node for o in n.output}
+    existing = {o.name for o in model.graph.output}
+    added = []
+    for name in names:
+        if name in have and name not in existing:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            added.append(name)
+    onnx.save(model, str(out_path))
+    return added
+
+
+def tensor_errors(
+    ref_gpt: Path, quant_gpt: Path, samples: list[dict[str, np.ndarray]], threads: int | None = 1
+) -> list[dict[str, Any]]:
+    """Per-tensor relative error of every constant-weight MatMul's input/output (see module docstring).
+
+    Rows sorted by the error each node adds (`local_error`), worst first.
+    """
+    ref_model = onnx.load(str(ref_gpt), load_external_data=False)
+    prod = _producers(ref_model)
+    by_name = {n.name: n for n in ref_model.graph.node}
+    nodes = [by_name[n] for n in matmul_nodes_with_const_weight(ref_model)]
+    wanted = sorted({t for n in nodes for t in (n.input[0], n.output[0])})
+    with tempfile.TemporaryDirectory(prefix="forge-tensors-") as tmp:
+        ref_aug, q_aug = Path(tmp) / "ref.onnx", Path(tmp) / "q.onnx"
+        common = set(_expose(ref_gpt, wanted, ref_aug)) & set(_expose(quant_gpt, wanted, q_aug))
+        ref_s, q_s = make_session(ref_aug, threads), make_session(q_aug, threads)
+        names = sorted(common)
+        num = dict.fromkeys(names, 0.0)
+        den = dict.fromkeys(names, 0.0)
+        dot = dict.fromkeys(names, 0.0)
+        qq = dict.fromkeys(names, 0.0)
+        for feeds in samples:
+            r_out = ref_s.run(names, feeds)
+            q_out = q_s.run(names, feeds)
+            for n, r, q in zip(names, r_out, q_out, strict=True):
+                r64, q64 = r.astype(np.float64).ravel(), q.astype(np.float64).ravel()
+                num[n] += float(((r64 - q64) ** 2).sum())
+                den[n] += float((r64**2).sum())
+                dot[n] += float((r64 * q64).sum())
+                qq[n] += float((q64**2).sum())
+    rel = {n: float(np.sqrt(num[n] / max(den[n], 1e-30))) for n in names}
+    cos = {n: float(dot[n] / max(np.sqrt(den[n] * qq[n]), 1e-30)) for n in names}
+    rows = []
+    for node in nodes:
+        out, inp = node.output[0], node.input[0]
+        if out not in rel:
+            continue
+        in_err = rel.get(inp, 0.0)
+        rows.append(
+            {
+                "node": node.name,
+                "op_type": node.op_type,
+                "tensor": out,
+                "rel_error": round(rel[out], 6),
+                "cosine": round(cos[out], 6),
+                "input_rel_error": round(in_err, 6),
+                "local_error": round(rel[out] - in_err, 6),
+                "producer_of_input": prod[inp].name if inp in prod else inp,
+            }
+        )
+    rows.sort(key=lambda r: r["local_error"], reverse=True)
+    return rows
+
+
+def head_error(ref_head: Path, q_head: Path, trajs: list[Trajectory], threads: int | None = 1) -> float:
+    """Relative error of the quantized code head alone, on the FP32 hidden states."""
+    hidden = np.concatenate([h for t in trajs for h in t.hidden])[:512]
+    r = make_session(ref_head, threads).run(["logits"], {"hidden_states": hidden})[0]
+    q = make_session(q_head, threads).run(["logits"], {"hidden_states": hidden})[0]
+    return float(np.linalg.norm(r - q) / max(np.linalg.norm(r), 1e-30))
+
+
+def measure_fidelity(
+    fp32_dir: str | os.PathLike[str],
+    quant_dir: str | os.PathLike[str],
+    corpus: str | os.PathLike[str] | Corpus = "builtin:evaluation",
+    max_sentences: int = 8,
+    max_new_token: int = 48,
+    seed: int = 0,
+    threads: int | None = None,
+    per_tensor: bool = True,
+    top_tensors: int = 10,
+    trajectories: list[Trajectory] | None = None,
+    progress: bool | None = None,
+    keep_all_tensors: bool = False,
+) -> dict[str, Any]:
+    """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`."""
+    fp32_dir, quant_dir = Path(fp32_dir), Path(quant_dir)
+    corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+    fmeta, qmeta = read_artifact_json(fp32_dir), read_artifact_json(quant_dir)
+    dims = fmeta["dims"]
+    layers, kv_heads = int(dims["num_hidden_layers"]), int(dims["num_key_value_heads"])
+    head_dim = int(dims["hidden_size"]) // int(dims["num_attention_heads"])
+    if trajectories is None:
+        trajectories = record_trajectories(fp32_dir, corp, max_sentences, max_new_token, seed, threads,
+                                           progress=progress)
+    q_gpt_path = component_file(quant_dir, qmeta, "gpt")
+    q_head_path = component_file(quant_dir, qmeta, "head_code")
+    q_gpt, q_head = make_session(q_gpt_path, threads), make_session(q_head_path, threads)
+    f_dec = make_session(component_file(fp32_dir, fmeta, "decoder"), threads)
+    q_dec = make_session(component_file(quant_dir, qmeta, "decoder"), threads)
+    ref_logits, q_logits, cosines, ref_mels, q_mels = [], [], [], [], []
+    for t in trajectories:
+        hidden, logits = replay(q_gpt, q_head, t, layers, kv_heads, head_dim)
+        ref_logits += t.logits
+        q_logits += logits
+        ref_h, q_h = np.stack(t.hidden, axis=-1), np.stack(hidden, axis=-1)  # [B, H, T]
+        cosines.append(cosine_rows(np.moveaxis(ref_h, -1, 1), np.moveaxis(q_h, -1, 1)))
+        ref_mels.append(f_dec.run(["mel"], {"hidden_states": ref_h.astype(np.float32)})[0])
+        q_mels.append(q_dec.run(["mel"], {"hidden_states": q_h.astype(np.float32)})[0])
+    cos = np.concatenate(cosines)
+    result: dict[str, Any] = {
+        "reference": str(fp32_dir),
+        "corpus": {"name": corp.name, "sha256": corp.sha256, "sentences_used": len(trajectories)},
+        "method": "teacher-forced replay of FP32 runtime trajectories (raw code logits)",
+        "settings": {"max_sentences": max_sentences, "max_new_token": max_new_token, "seed": seed},
+        "teacher_forced": code_metrics(ref_logits, q_logits),
+        "hidden_cosine": {"mean": float(cos.mean()), "min": float(cos.min())},
+        "mel": mel_metrics(ref_mels, q_mels),
+    }
+    if per_tensor:
+        samples = [s for t in trajectories for s in t.full_samples][:4]
+        rows = tensor_errors(component_file(fp32_dir, fmeta, "gpt"), q_gpt_path, samples, threads)
+        worst_abs = sorted(rows, key=lambda r: r["rel_error"], reverse=True)
+        result["per_tensor"] = {
+            "graph": "gpt",
+            "samples": len(samples),
+            "tensors_compared": len(rows),
+            "worst_local": rows[:top_tensors],
+            "worst_output": [{k: r[k] for k in ("node", "rel_error", "cosine")} for r in worst_abs[:top_tensors]],
+            "all_local": rows if keep_all_tensors else None,
+            "head_code_rel_error": head_error(component_file(fp32_dir, fmeta, "head_code"), q_head_path,
+                                              trajectories, threads),
+        }
+    return result
+
+
+def summary_line(fid: dict[str, Any]) -> str:
+    tf = fid["teacher_forced"]
+    return (
+        f"top-1 agreement {tf['top1_agreement']['mean']:.4f} (min stream {tf['top1_agreement']['min_stream']:.4f}), "
+        f"KL {tf['kl']['mean']:.2e}, hidden cosine {fid['hidden_cosine']['mean']:.5f}, "
+        f"mel SNR {fid['mel']['snr_db']:.1f} dB, LSD {fid['mel']['lsd_db']:.3f} dB"
+    )
