@@ -133,7 +133,7 @@ def _export_all(
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     comps32: dict[str, Any] = {}
     comps16: dict[str, Any] = {}
-    fp16_info: dict[str, Any] = {"converters": {}, "op_block_list": {}, "error_vs_fp32": {}}
+    fp16_info: dict[str, Any] = {"converter": "", "converters": {}, "op_block_list": [], "error_vs_fp32": {}}
     bar = tqdm(COMPONENT_ORDER, desc="convert", unit="graph", leave=False)
     for name in bar:
         bar.set_postfix_str(name)
@@ -178,7 +178,7 @@ def _export_all(
                     rec16["converter_fallback_from"] = conv["fallback_from"]
                 comps16[name] = rec16
                 fp16_info["converters"][name] = conv["converter"]
-                fp16_info["op_block_list"][name] = conv["op_block_list"]
+                fp16_info["op_block_list"] = sorted(set(fp16_info["op_block_list"]) | set(conv["op_block_list"]))
                 fp16_info["error_vs_fp32"][name] = {
                     "max_abs": parity16["max_abs"],
                     "max_rel": parity16["max_rel"],
@@ -197,6 +197,12 @@ def _export_all(
         del model, cases, outputs32, spec
         gc.collect()
     bar.close()
+    if dir16 is not None:
+        # One line for readers of the contract's `fp16.converter`; per component in `converters`.
+        used = [c for n, c in fp16_info["converters"].items() if n != "vocos"]
+        main = max(set(used), key=used.count)
+        others = [f"{n}: {c}" for n, c in fp16_info["converters"].items() if n != "vocos" and c != main]
+        fp16_info["converter"] = main + (f" ({'; '.join(others)})" if others else "")
     return comps32, comps16, fp16_info
 
 
