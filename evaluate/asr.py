@@ -226,8 +226,13 @@ class FasterWhisperBackend:
         self.model = str(self.model_dir)
 
     def transcribe(self, audio: np.ndarray) -> str:
+        audio = np.asarray(audio, dtype=np.float32)
+        # Cap tokens per 30 s window by the audio's length: speech needs well under 15 tokens/s,
+        # and the cap stops a hallucination loop on damaged audio from running to 448 tokens.
+        window_seconds = min(30.0, audio.shape[-1] / ASR_SAMPLE_RATE)
         segments, _info = self._model.transcribe(
-            np.asarray(audio, dtype=np.float32),
+            audio,
+            max_new_tokens=min(440, int(15 * window_seconds) + 32),
             language=self.lang if self._multilingual else None,
             beam_size=self.beam_size,
             temperature=0.0,
