@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,14 @@ def _write_tensor_file(path: Path, file: str, specs: list[TensorSpec], seed: int
     )
 
 
+def _make_readable(root: Path) -> None:
+    """Temp files/folders are created private (0600/0700); a checkpoint is shared data (umask applies)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [root, *root.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
 def _check_out_dir(out: Path) -> None:
     """Refuse to replace a folder that is not a checkpoint we made (a typo must not erase data)."""
     if out.exists():
@@ -184,5 +193,6 @@ def synthesize_checkpoint(
             "files": {f: sha256_file(tmp / f) for f in ASSET_FILES},
         }
         atomic_write_text(tmp / MARKER_NAME, json.dumps(marker, indent=2, ensure_ascii=False) + "\n")
+        _make_readable(tmp)
     log.info("wrote synthetic %s checkpoint (seed %d) to %s", preset, seed, out)
     return out
