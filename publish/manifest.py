@@ -191,10 +191,13 @@ def calibration_corpus(quant: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     corpus = calib.get("corpus") if isinstance(calib.get("corpus"), dict) else calib
     name = _first(corpus, "name", "corpus_name", "corpus", "path", "file")
+    used = calib.get("sentences")
     return {
         "name": Path(str(name)).name if name is not None else None,
         "sha256": _first(corpus, "sha256", "corpus_sha256"),
+        # Recorded inputs per graph ({"gpt": 210, ...}) or one count, as the calibrate stage wrote them.
         "samples": _first(calib, "samples", "n_samples", "num_samples", "sample_count", "max_samples"),
+        "sentences": used.get("used") if isinstance(used, dict) else used,
     }
 
 

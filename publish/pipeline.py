@@ -50,6 +50,7 @@ QUANTIZE_METHODS = {"int8-dynamic": "dynamic", "int8-static": "static", "int4": 
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 # Code each step runs (packages whose source changes make the step run again).
+STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
 _CORE = ("chattts_forge",)
 STEP_CODE: dict[str, tuple[str, ...]] = {
     "checkpoint": _CORE,
@@ -72,6 +73,14 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
 }
 _CODE_SUFFIXES = (".py", ".json", ".toml", ".txt", ".tsv")
 DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
+# A `tiny` synthetic run is a smoke run of the whole chain: lighter calibration and fidelity settings
+# keep it to a minute or two. User --stage-args come after these, so they win.
+PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
+    "tiny": {
+        "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
+        "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32"],
+    },
+}
 
 
 # ---- content fingerprints --------------------------------------------------------------------
@@ -205,7 +214,7 @@ class Pipeline:
             self.versions = library_versions()
         ident = {
             "step": step.name,
-            "argv": step.argv,
+            "argv": [*step.argv, *self.extra.get(step.kind, [])],
             "inputs": step.inputs,
             "code": self.code_key(step.kind),
             "versions": self.versions,
@@ -282,8 +291,6 @@ class Pipeline:
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
             capture_stdout=True,
         )
-        if self.until == "checkpoint":
-            return
         yield Step(
             "convert",
             "convert",
@@ -418,16 +425,23 @@ def run_pipeline(
     # Absolute paths: step keys hold command lines, which must not depend on how paths were spelled.
     build, to = Path(build).resolve(), Path(to).resolve()
     work = build / run_tag(ckpt, preset, seed)
-    pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, extra or {}, until)
+    stage_args: dict[str, list[str]] = {}
+    for source in (PRESET_STAGE_ARGS.get(preset, {}) if ckpt is None else {}, extra or {}):
+        for stage, args in source.items():
+            stage_args.setdefault(stage, []).extend(args)
+    pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
     if forge_cmd:
         pipe.forge = list(forge_cmd)
     started = time.perf_counter()
     with run_lock(work):
         sweep_leftovers(work)
         for step in pipe.steps():
+            if until and STAGES.index(step.kind) > STAGES.index(until):
+                break
             pipe.run(step)
-        if until == "checkpoint":
+        if until:
             pipe.cache.save()
+            print(f"stopped after {until}: {pipe.work}")
             return []
         outcomes: list[VariantOutcome] = []
         for variant in variants:
@@ -484,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-corpus", default=DEFAULT_EVAL_CORPUS)
     ap.add_argument("--gate", default=None)
     ap.add_argument("--stage-args", action="append", default=[], metavar="STAGE=ARGS")
-    ap.add_argument("--until", choices=["checkpoint"], default=None, help="stop after the checkpoint is ready")
+    ap.add_argument("--until", choices=STAGES, default=None, help="stop after this stage (nothing is published)")
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)

@@ -109,7 +109,12 @@ def test_publish_happy_path(art: tuple[Path, Path], tmp_path: Path) -> None:
     assert manifest["created_at"] == "2026-11-30T02:00:00Z"  # the evaluation's time, not the clock
     assert manifest["precision"] == {"gpt": "int8", "vocos": "fp32"}
     assert manifest["source_checkpoint"]["kind"] == "synthetic"
-    assert manifest["calibration_corpus"] == {"name": "zh_calibration.txt", "sha256": "cd" * 32, "samples": 12}
+    assert manifest["calibration_corpus"] == {
+        "name": "zh_calibration.txt",
+        "sha256": "cd" * 32,
+        "samples": 12,
+        "sentences": None,
+    }
     assert manifest["gate"]["passed"] is True and manifest["gate"]["machine"]["cores"] == 2
     assert manifest["licenses"]["chattts_weights"]["spdx"] == "CC-BY-NC-4.0"
     assert manifest["licenses"]["chattts_code"]["spdx"] == "AGPL-3.0-or-later"
