@@ -22,7 +22,9 @@ def checkpoint() -> None:
     """
 
 
-@checkpoint.command("synthesize")
+@checkpoint.command(
+    "synthesize", short_help="Write a synthetic checkpoint (released layout, seeded weights)."
+)
 @click.option(
     "--preset",
     type=click.Choice(sorted(PRESETS)),
@@ -60,7 +62,7 @@ def synthesize_cmd(preset: str, seed: int, out_dir: Path, progress: bool | None)
     )
 
 
-@checkpoint.command("verify")
+@checkpoint.command("verify", short_help="Tell a released, synthetic or broken checkpoint apart.")
 @click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def verify_cmd(path: Path | None, as_json: bool) -> None:
@@ -83,7 +85,7 @@ def verify_cmd(path: Path | None, as_json: bool) -> None:
         click.echo(report.summary())
 
 
-@checkpoint.command("inspect")
+@checkpoint.command("inspect", short_help="Show dims and tensor inventory of a checkpoint or preset.")
 @click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.option(
     "--preset", type=click.Choice(sorted(PRESETS)), help="Describe a preset's inventory instead of a folder."
