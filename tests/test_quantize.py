@@ -1,0 +1,156 @@
+"""quantize: each method makes a quantized, runnable, self-describing artifact; fidelity; fallback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.quantize import measure_fidelity, quantize_artifact
+from click.testing import CliRunner
+
+from chattts_forge.cli import main
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
+EXPECTED_OPS = {"dynamic": {"MatMulInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
+                "int4": {"MatMulNBits"}}
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_artifacts, tmp_path_factory) -> Path:
+    return calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path_factory.mktemp("qc") / "calib",
+                     max_samples=3, max_new_token=12, decode_positions=3, head_steps=4, threads=1)
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_artifacts, calib, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quant")
+    fp32 = tiny_artifacts["fp32"]
+    return {
+        "dynamic": quantize_artifact(fp32, root / "dyn", "dynamic", **FID),
+        "static": quantize_artifact(fp32, root / "static", "static", calibration=calib, **FID),
+        "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **FID),
+    }
+
+
+def _ops(path: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "int4"])
+def test_graphs_are_quantized_and_vocos_is_untouched(quantized, tiny_artifacts, method: str):
+    out, fp32 = quantized[method], tiny_artifacts["fp32"]
+    assert EXPECTED_OPS[method] <= _ops(out / "gpt.onnx")
+    assert EXPECTED_OPS[method] <= _ops(out / "head_code.onnx")
+    assert sha256_file(out / "vocos.onnx") == sha256_file(fp32 / "vocos.onnx")
+    for name in ("decoder.onnx", "dvae.onnx", "embed.onnx", "tokenizer.json", "speaker_stats.npy"):
+        assert sha256_file(out / name) == sha256_file(fp32 / name), name
+    props = {p.key: p.value for p in onnx.load(str(out / "gpt.onnx"), load_external_data=False).metadata_props}
+    assert props["component"] == "gpt" and props["precision"] == ("int4" if method == "int4" else "int8")
+    assert (out / "gpt.onnx").stat().st_size < (fp32 / "gpt.onnx").stat().st_size
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "int4"])
+def test_artifact_json_records_choices_and_fidelity(quantized, tiny_artifacts, method: str):
+    out = quantized[method]
+    meta = json.loads((out / "artifact.json").read_text())
+    q = meta["quantization"]
+    assert meta["variant"] == {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}[method]
+    assert q["method"] == method and q["vocos_sha256_equal"] is True
+    assert meta["components"]["gpt"]["sha256"] == sha256_file(out / "gpt.onnx")
+    assert meta["components"]["gpt"]["precision"] == ("int4" if method == "int4" else "int8")
+    assert q["components"]["gpt"]["ops"]["quantized_ops"]
+    assert q["components"]["gpt"]["per_op_precision"]
+    assert q["versions"] if "versions" in q else meta["versions"]["onnxruntime"]
+    assert 0 < q["sizes"]["gpt_ratio"] < 1
+    if method == "static":
+        assert q["calibration"]["corpus"]["sha256"] and q["calibration"]["samples"]["gpt"] > 0
+        assert q["options"]["activation_type"] == "uint8" and q["options"]["per_channel"] is True
+        assert q["components"]["gpt"]["calibrate_method"] == "minmax"
+    if method == "dynamic":
+        assert q["options"]["per_channel"] is False
+    if method == "int4":
+        assert q["components"]["gpt"]["block_size"] == 32 and q["components"]["gpt"]["accuracy_level"] == 4
+    fid = meta["fidelity"]
+    agree = fid["teacher_forced"]["top1_agreement"]
+    assert 0.0 <= agree["mean"] <= 1.0 and len(agree["per_stream"]) == meta["dims"]["num_vq"]
+    assert fid["teacher_forced"]["kl"]["mean"] >= 0
+    assert 0.5 < fid["hidden_cosine"]["mean"] <= 1.0 + 1e-9
+    assert np.isfinite(fid["mel"]["snr_db"]) and fid["mel"]["lsd_db"] >= 0
+    worst = fid["per_tensor"]["worst_local"]
+    assert worst and worst[0]["node"] and "all_local" not in fid["per_tensor"]
+    assert fid["corpus"]["name"].endswith(":evaluation")
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "int4"])
+def test_quantized_artifact_synthesizes(quantized, method: str):
+    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+
+    pipe = Pipeline(quantized[method], threads=1)
+    res = pipe.synthesize("你好，欢迎光临。", SynthParams(code=InferCodeParams(seed=1, max_new_token=10)))
+    assert res[0].wav.size > 0 and np.isfinite(res[0].wav).all()
+
+
+def test_synth_cli_runs_on_quantized(quantized, tmp_path: Path):
+    wav = tmp_path / "a.wav"
+    res = CliRunner().invoke(main, ["synth", "--artifact", str(quantized["int4"]), "--text", "Hello there.",
+                                    "--max-new-token", "8", "--seed", "0", "--out", str(wav)])
+    assert res.exit_code == 0, res.output
+    assert wav.stat().st_size > 44
+
+
+def test_fidelity_of_fp32_against_itself_is_perfect(tiny_artifacts, tmp_path: Path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_artifacts["fp32"], copy)
+    fid = measure_fidelity(tiny_artifacts["fp32"], copy, "builtin:evaluation", max_sentences=2,
+                           max_new_token=10, threads=1)
+    assert fid["teacher_forced"]["top1_agreement"]["mean"] == 1.0
+    assert fid["teacher_forced"]["kl"]["mean"] < 1e-9
+    assert fid["hidden_cosine"]["min"] > 1 - 1e-6
+    assert fid["per_tensor"]["worst_output"][0]["rel_error"] < 1e-5
+
+
+def test_fallback_reaches_a_stricter_target_than_plain_static(quantized, tiny_artifacts, calib, tmp_path: Path):
+    plain = json.loads((quantized["static"] / "artifact.json").read_text())["fidelity"]
+    cos0 = plain["hidden_cosine"]["mean"]
+    target = cos0 + (1 - cos0) * 0.5
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", "static", calibration=calib,
+                            min_cosine=target, step_nodes=2, **FID)
+    meta = json.loads((out / "artifact.json").read_text())
+    fb = meta["quantization"]["fallback"]
+    assert fb["met"] is True and "targets met" in fb["message"]
+    assert meta["fidelity"]["hidden_cosine"]["mean"] >= target > cos0
+    assert fb["excluded_tensors"] or fb["head_code_kept_fp32"]
+    assert len(fb["steps"]) >= 2 and fb["steps"][1]["newly_excluded"]
+    assert all(s["gpt_bytes"] > 0 and s["gpt_step_ms_2threads"] > 0 for s in fb["steps"])
+    # The nodes kept in FP32 are really MatMuls again in the graph.
+    assert meta["quantization"]["excluded_nodes"]
+    assert "MatMul" in _ops(out / "gpt.onnx")
+
+
+def test_fallback_says_when_a_target_cannot_be_met(tiny_artifacts, tmp_path: Path):
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", "dynamic", max_kl=-1.0, step_nodes=8, **FID)
+    fb = json.loads((out / "artifact.json").read_text())["quantization"]["fallback"]
+    assert fb["met"] is False and "cannot be met" in fb["message"]
+
+
+def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
+    fp32 = tiny_artifacts["fp32"]
+    with pytest.raises(ForgeError, match="needs --calibration"):
+        quantize_artifact(fp32, tmp_path / "x", "static", fidelity=False)
+    with pytest.raises(ForgeError, match="unknown method"):
+        quantize_artifact(fp32, tmp_path / "x", "int3", fidelity=False)
+    with pytest.raises(ForgeError, match="needs the FP32 artifact"):
+        quantize_artifact(quantized["dynamic"], tmp_path / "x", "int4", fidelity=False)
+    with pytest.raises(ForgeError, match="apply to static and dynamic"):
+        quantize_artifact(fp32, tmp_path / "x", "int4", min_agreement=0.9, fidelity=False)
+    assert not (tmp_path / "x").exists()
+    res = CliRunner().invoke(main, ["quantize", "--artifact", str(tmp_path / "none"), "--method", "dynamic",
+                                    "--out", str(tmp_path / "y")])
+    assert res.exit_code == 2 and "does not exist" in res.output
