@@ -350,3 +350,24 @@ def test_concurrent_publishers_keep_the_index_consistent(tmp_path: Path) -> None
     assert result.ok, result.problems
     assert len(result.variants) == len(variants)
     assert not os.path.exists(root / STAGING_NAME)
+
+
+def test_publish_a_real_converted_artifact(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
+    """The manifest reads what convert really writes (components, source, versions, opsets)."""
+    fp16 = tiny_artifacts["fp16"]
+    root = tmp_path / "artifacts"
+    result = publish_artifact(fp16, make_report(tmp_path / "report", fp16), root)
+    assert result.path == root / MODEL / "v1" / "fp16"
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["precision"]["vocos"] == "fp32" and manifest["precision"]["gpt"] == "fp16"
+    assert set(manifest["precision"]) >= {"embed", "gpt", "head_code", "decoder", "dvae", "vocos"}
+    assert all(isinstance(v, int) for v in manifest["opset"].values())
+    assert manifest["source_checkpoint"]["kind"] == "synthetic"
+    assert "gpt/model.safetensors" in manifest["source_checkpoint"]["hashes"]
+    assert manifest["versions"]["torch"] and manifest["versions"]["onnxruntime"]
+    assert manifest["fp16"] is not None
+    gpt = result.path / "gpt.onnx"
+    data = bytearray(gpt.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    gpt.write_bytes(bytes(data))
+    assert any(p.startswith(f"{gpt}: changed") for p in verify_path(root).problems)
