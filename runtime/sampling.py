@@ -73,15 +73,34 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def apply_top_p(scores: np.ndarray, top_p: float, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
-    """transformers' TopPLogitsWarper: drop the low tail whose cumulative probability <= 1 - top_p."""
-    order = np.argsort(scores, axis=-1, kind="stable")
-    sorted_scores = np.take_along_axis(scores, order, axis=-1)
-    cumulative = np.cumsum(softmax(sorted_scores), axis=-1, dtype=np.float32)
-    remove_sorted = cumulative <= np.float32(1 - top_p)
-    remove_sorted[..., -min_keep:] = False
-    remove = np.empty_like(remove_sorted)
-    np.put_along_axis(remove, order, remove_sorted, axis=-1)
-    return np.where(remove, np.float32(-np.inf), scores)
+    """transformers' TopPLogitsWarper: drop the low tail whose cumulative probability <= 1 - top_p.
+
+    transformers sorts all scores ascending and takes a cumulative sum of their softmax (torch's
+    CPU cumsum accumulates in float64). Only the high end can be kept, so we sort a top slice
+    (grown until its lowest member is dropped) and add the float64 mass of the rest: the same
+    cumulative values without sorting the whole vocabulary.
+    """
+    rows, vocab = scores.shape
+    threshold = np.float32(1 - top_p)
+    probs = softmax(scores).astype(np.float64)
+    out = np.full_like(scores, -np.inf)
+    for r in range(rows):
+        row, p = scores[r], probs[r]
+        total = p.sum()
+        m = min(vocab, 64)
+        while True:
+            cand = np.arange(vocab) if m >= vocab else np.argpartition(row, vocab - m)[vocab - m :]
+            order = cand[np.argsort(row[cand], kind="stable")]  # ascending
+            below = total - p[order].sum() if m < vocab else 0.0
+            cumulative = (below + np.cumsum(p[order])).astype(np.float32)
+            remove = cumulative <= threshold
+            remove[-min_keep:] = False
+            if m >= vocab or remove[0]:
+                break
+            m *= 4
+        keep = order[~remove]
+        out[r, keep] = row[keep]
+    return out
 
 
 def apply_top_k(scores: np.ndarray, top_k: int, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:

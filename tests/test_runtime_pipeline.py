@@ -1,0 +1,271 @@
+"""The runtime pipeline on the tiny FP32 artifact: ChatTTS parity, streaming, batching, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chattts_forge.runtime import InferCodeParams, Pipeline, RefineTextParams, StreamDecoder, SynthParams
+
+from chattts_forge.errors import ForgeError
+
+TEXTS = ["你好，欢迎使用这个系统。", "Hello world, this is a test.", "我今天用了 ChatTTS, it works."]
+NEAR_TIE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_artifacts) -> Pipeline:
+    return Pipeline(tiny_artifacts["fp32"], threads=1)
+
+
+@pytest.fixture(scope="module")
+def speaker(pipe) -> str:
+    return pipe.random_speaker(11)
+
+
+@pytest.mark.parametrize("with_speaker", [False, True])
+def test_codes_match_chattts_at_tiny_temperature(pipe, tiny_chat, speaker, with_speaker):
+    from chattts_forge.torch_ref import oracle
+
+    spk = speaker if with_speaker else None
+    steps = 40
+    run = oracle.chattts_codes(tiny_chat, TEXTS, max_new_token=steps, min_new_token=steps, spk_emb=spk)
+    norm = [pipe.normalize(t) for t in TEXTS]
+    assert norm == run["texts"]
+    gen = pipe.infer_code(
+        norm, InferCodeParams(temperature=1e-9, max_new_token=steps, min_new_token=steps, spk_emb=spk, seed=0)
+    )
+    for b in range(len(TEXTS)):
+        want, got = run["codes"][b], gen.ids[b]
+        assert got.shape == want.shape == (steps, 4)
+        diff = np.nonzero((got != want).any(axis=1))[0]
+        if len(diff):  # admissible only at a near-tie of ChatTTS's own decision
+            gap = run["top2_gap_penalized"][b][diff[0]].min()
+            assert gap < NEAR_TIE, f"row {b} diverges at step {diff[0]} with top-2 gap {gap}"
+            pytest.xfail(f"row {b} diverged at a near-tie (gap {gap:.2e}) at step {diff[0]}")
+        np.testing.assert_allclose(gen.hiddens[b], run["hiddens"][b], atol=1e-4)
+
+
+def test_teacher_forced_logits_match_chattts(pipe, tiny_chat, speaker):
+    from chattts_forge.torch_ref import oracle
+
+    rng = np.random.default_rng(0)
+    codes = [rng.integers(0, 625, size=(n, 4)) for n in (30, 22, 25)]
+    codes[1][5:9, 2] = codes[1][4, 2]  # repeats, so the penalty has counts > 1
+    kw = dict(temperature=0.3, min_new_token=10, spk_emb=speaker)
+    want = oracle.chattts_teacher_forced_logits(tiny_chat, TEXTS, codes, **kw)["processed_logits"]
+    norm = [pipe.normalize(t) for t in TEXTS]
+    got = pipe.teacher_forced_logits(norm, codes, InferCodeParams(**kw))
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(np.isfinite(g), np.isfinite(w))
+        fin = np.isfinite(w)
+        assert np.abs(g[fin] - w[fin]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("use_decoder", [True, False])
+def test_decode_matches_chattts(pipe, tiny_chat, use_decoder):
+    from chattts_forge.torch_ref import oracle
+
+    rng = np.random.default_rng(1)
+    items = (
+        [rng.standard_normal((n, pipe.dims.hidden_size)).astype(np.float32) for n in (17, 40)]
+        if use_decoder
+        else [rng.integers(0, 625, size=(n, 4)) for n in (17, 40)]
+    )
+    for x in items:
+        want = oracle.chattts_decode_to_wavs(tiny_chat, [x], use_decoder)[0]
+        got = pipe.decode([x], use_decoder)[0]
+        assert got.shape == want.shape == (pipe.hop * (2 * len(x) - 1),)
+        assert np.abs(got - want).max() <= 1e-3
+    # ChatTTS's zero-padded batch semantics
+    want = oracle.chattts_decode_to_wavs(tiny_chat, items, use_decoder)
+    got = pipe.decode_to_wavs(items, use_decoder)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-3
+
+
+STREAM_TOL = 1e-5
+
+
+@pytest.mark.parametrize("use_decoder", [True, False])
+def test_stream_decoder_equals_full_decode(pipe, use_decoder):
+    """Pushing growing prefixes (irregular sizes, down to one step) and concatenating == one decode."""
+    rng = np.random.default_rng(2)
+    for total in (1, 3, 30, 97):
+        x = (
+            rng.standard_normal((total, pipe.dims.hidden_size)).astype(np.float32)
+            if use_decoder
+            else rng.integers(0, 625, size=(total, 4))
+        )
+        full = pipe.decode([x], use_decoder)[0]
+        dec = StreamDecoder(pipe, use_decoder)
+        pieces, n = [], 0
+        while n < total:
+            n = min(total, n + int(rng.integers(1, 30)))
+            pieces.append(dec.push(x[:n], final=n == total))
+        streamed = np.concatenate(pieces)
+        assert streamed.shape == full.shape
+        assert np.abs(streamed - full).max() <= STREAM_TOL
+
+
+def test_stream_decodes_windows_not_the_prefix(pipe, monkeypatch):
+    seen: list[int] = []
+    orig = pipe.decode_mel
+
+    def spy(x, use_decoder=True):
+        seen.append(len(x))
+        return orig(x, use_decoder)
+
+    monkeypatch.setattr(pipe, "decode_mel", spy)
+    x = np.random.default_rng(3).standard_normal((400, pipe.dims.hidden_size)).astype(np.float32)
+    dec = StreamDecoder(pipe)
+    for n in range(24, 401, 24):
+        dec.push(x[:n], final=False)
+    dec.push(x, final=True)
+    window = 24 + pipe.decoder_radius + pipe.vocos_radius + 4
+    assert max(seen) <= window < 400
+
+
+def test_stream_equals_synthesize(pipe, speaker):
+    params = SynthParams(code=InferCodeParams(seed=3, max_new_token=75, min_new_token=75, spk_emb=speaker))
+    full = pipe.synthesize(TEXTS[:2], params)
+    chunks = list(pipe.stream(TEXTS[:2], params, stream_batch=24))
+    assert len(chunks) >= 3
+    for i, res in enumerate(full):
+        streamed = np.concatenate([c[i] for c in chunks])
+        assert streamed.shape == res.wav.shape
+        assert np.abs(streamed - res.wav).max() <= STREAM_TOL
+
+
+def test_batch_rows_equal_single_runs(pipe):
+    params = SynthParams(code=InferCodeParams(seed=5, max_new_token=50, temperature=0.3))
+    batch = pipe.synthesize(TEXTS, params)
+    for text, row in zip(TEXTS, batch, strict=True):
+        [single] = pipe.synthesize([text], params)
+        np.testing.assert_array_equal(row.codes, single.codes)
+        np.testing.assert_allclose(row.hiddens, single.hiddens, atol=1e-5)
+        assert row.wav.shape == single.wav.shape
+        assert np.abs(row.wav - single.wav).max() <= 1e-4
+
+
+def test_seeded_sampling_is_reproducible(pipe):
+    def codes(seed):
+        return pipe.synthesize(TEXTS[0], SynthParams(code=InferCodeParams(seed=seed, max_new_token=30)))[0].codes
+
+    np.testing.assert_array_equal(codes(1), codes(1))
+    assert not np.array_equal(codes(1), codes(2))
+
+
+class _EosAt:
+    """A head_code session wrapper that makes stream 2 of batch row 0 prefer EOS at one step."""
+
+    def __init__(self, session, step: int, eos: int) -> None:
+        self.session, self.step, self.eos, self.calls = session, step, eos, 0
+
+    def get_outputs(self):
+        return self.session.get_outputs()
+
+    def run(self, names, feeds):
+        out = self.session.run(names, feeds)
+        if self.calls == self.step:
+            out[0][0, 2, self.eos] = 1e4
+        self.calls += 1
+        return out
+
+
+@pytest.mark.parametrize("min_new_token", [0, 9])
+def test_eos_in_any_stream_ends_only_its_row(pipe, monkeypatch, min_new_token):
+    head = pipe.artifact.session("head_code")
+    monkeypatch.setitem(pipe.artifact._sessions, "head_code", _EosAt(head, 7, pipe.eos_code))
+    gen = pipe.infer_code(
+        [pipe.normalize(t) for t in TEXTS[:2]],
+        InferCodeParams(seed=0, max_new_token=20, min_new_token=min_new_token, temperature=1e-9),
+    )
+    if min_new_token > 7:  # EOS masked at that step: nothing ends
+        assert [len(i) for i in gen.ids] == [20, 20]
+        assert not gen.finished.any()
+    else:
+        assert [len(i) for i in gen.ids] == [7, 20]
+        assert [len(h) for h in gen.hiddens] == [7, 20]
+        assert gen.finished.tolist() == [True, False]
+
+
+def test_refine_text_runs(pipe):
+    out = pipe.refine_text([pipe.normalize(TEXTS[0])], RefineTextParams(seed=0, max_new_token=12, temperature=1e-9))
+    assert isinstance(out[0], str)
+    ids = pipe.tokenizer.ids(out[0])
+    assert all(i < pipe.tokenizer.break_0_id for i in ids)
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n"])
+def test_empty_text(pipe, text):
+    with pytest.raises(ForgeError, match="empty text"):
+        pipe.synthesize([text])
+
+
+@pytest.mark.parametrize("text", ["!!!", "😀😀", "。。。", "@#$%"])
+def test_text_that_normalises_to_nothing(pipe, text):
+    with pytest.raises(ForgeError, match="normalises to nothing"):
+        pipe.synthesize([text])
+
+
+def test_unknown_characters_are_filtered_with_a_warning(pipe, caplog):
+    with caplog.at_level("WARNING"):
+        out = pipe.normalize("你好😀世界")
+    assert out == "你好世界"
+    assert "invalid characters" in caplog.text
+
+
+def test_overlong_input(pipe):
+    with pytest.raises(ForgeError, match="too long"):
+        pipe.synthesize(["很长的句子。" * 400], SynthParams(code=InferCodeParams(max_new_token=2048)))
+
+
+def test_unknown_provider(tiny_artifacts):
+    with pytest.raises(ForgeError, match="unknown provider"):
+        Pipeline(tiny_artifacts["fp32"], provider="tpu")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_artifact_file(tiny_artifacts, tmp_path):
+    art = _copy(tiny_artifacts["fp32"], tmp_path / "a")
+    (art / "head_code.onnx").unlink()
+    with pytest.raises(ForgeError, match="missing"):
+        Pipeline(art)
+    with pytest.raises(ForgeError, match="does not exist"):
+        Pipeline(tmp_path / "nope")
+
+
+def test_mismatched_artifact_file(tiny_artifacts, tmp_path):
+    art = _copy(tiny_artifacts["fp32"], tmp_path / "a")
+    data = bytearray((art / "head_code.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (art / "head_code.onnx").write_bytes(bytes(data))
+    with pytest.raises(ForgeError, match="sha256"):
+        Pipeline(art)
+    (art / "head_code.onnx").write_bytes(bytes(data) + b"x")
+    with pytest.raises(ForgeError, match="bytes"):
+        Pipeline(art)
+
+
+def test_bad_artifact_json(tiny_artifacts, tmp_path):
+    art = _copy(tiny_artifacts["fp32"], tmp_path / "a")
+    meta = json.loads((art / "artifact.json").read_text())
+    meta["schema"] = "something/else"
+    (art / "artifact.json").write_text(json.dumps(meta))
+    with pytest.raises(ForgeError, match="schema"):
+        Pipeline(art)
+    (art / "artifact.json").write_text("{not json")
+    with pytest.raises(ForgeError, match="unreadable"):
+        Pipeline(art)
