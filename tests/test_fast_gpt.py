@@ -1,0 +1,185 @@
+"""The fast GPT graph (convert/optimize.py) and its driver (runtime/fast_gpt.py) against the plain graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from chattts_forge.convert.optimize import (
+    FAST_GPT_COMPONENT,
+    extract_llama_weights,
+    optimize_artifact,
+    optimize_gpt,
+)
+from chattts_forge.runtime.fast_gpt import FastGptStep
+
+from chattts_forge.errors import ForgeError
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def fast_artifact(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny FP32 artifact with gpt_fast.onnx added (the fixture stays untouched)."""
+    dst = tmp_path_factory.mktemp("fast") / "fp32"
+    shutil.copytree(tiny_artifacts["fp32"], dst)
+    optimize_artifact(dst)
+    return dst
+
+
+def _dims(artifact: Path) -> dict:
+    return json.loads((artifact / "artifact.json").read_text())["dims"]
+
+
+def _fast_step(artifact: Path, capacity: int = 512) -> FastGptStep:
+    d = _dims(artifact)
+    return FastGptStep(
+        _session(artifact / "gpt_fast.onnx"),
+        d["num_hidden_layers"],
+        d["num_key_value_heads"],
+        d["hidden_size"] // d["num_attention_heads"],
+        d["hidden_size"],
+        d["max_position_embeddings"],
+        capacity=capacity,
+    )
+
+
+def _run_both(artifact: Path, capacity: int, steps: int = 8, seed: int = 1):
+    """Hidden states and code-head logits of plain vs fast graph on a left-padded batch + decode steps."""
+    d = _dims(artifact)
+    hidden, layers = d["hidden_size"], d["num_hidden_layers"]
+    kv, hd = d["num_key_value_heads"], hidden // d["num_attention_heads"]
+    plain = _session(artifact / "gpt.onnx")
+    head = _session(artifact / "head_code.onnx")
+    fast = _fast_step(artifact, capacity)
+    rng = np.random.default_rng(seed)
+    batch, prompt = 3, 10
+    mask = np.ones((batch, prompt), np.int64)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    past = [np.zeros((batch, kv, 0, hd), np.float32) for _ in names]
+    fast.reset(batch)
+    emb = rng.standard_normal((batch, prompt, hidden), dtype=np.float32)
+    pairs = []
+    for step in range(steps + 1):
+        if step:
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+            emb = rng.standard_normal((batch, 1, hidden), dtype=np.float32)
+        pos = np.cumsum(mask, axis=1) - 1
+        pos[mask == 0] = 1
+        pos = pos[:, -emb.shape[1] :]
+        outs = plain.run(None, {"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **dict(zip(names, past, strict=True))})
+        ref, past = outs[0], outs[1:]
+        got = fast(emb, mask, pos)
+        assert fast.past_length == mask.shape[1]
+        valid = mask[:, -emb.shape[1] :].astype(bool)
+        ref_logits = head.run(None, {"hidden_states": ref[:, -1]})[0]
+        got_logits = head.run(None, {"hidden_states": got[:, -1]})[0]
+        pairs.append((ref[valid], got[valid], ref_logits, got_logits))
+    return pairs, fast
+
+
+def test_fast_graph_equals_plain_graph(fast_artifact: Path) -> None:
+    pairs, _ = _run_both(fast_artifact, capacity=512)
+    for ref_h, got_h, ref_l, got_l in pairs:
+        assert got_h.shape == ref_h.shape
+        np.testing.assert_allclose(got_h, ref_h, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got_l, ref_l, atol=1e-4, rtol=0)
+
+
+def test_cache_grows_and_keeps_its_contents(fast_artifact: Path) -> None:
+    # capacity 4 < prompt 10: the buffers are reallocated twice and must keep every position
+    pairs, fast = _run_both(fast_artifact, capacity=4, steps=300 - 10)
+    assert fast.capacity >= 300
+    worst = max(float(np.abs(g - r).max()) for r, g, _, _ in pairs)
+    assert worst < 1e-4
+
+
+def test_fast_graph_is_fused_and_recorded(fast_artifact: Path) -> None:
+    meta = json.loads((fast_artifact / "artifact.json").read_text())
+    rec = meta["components"][FAST_GPT_COMPONENT]
+    assert rec["file"] == "gpt_fast.onnx"
+    assert rec["parity"]["max_abs"] < 1e-4
+    assert rec["quantization"] is None
+    ops = {n.op_type for n in onnx.load(str(fast_artifact / "gpt_fast.onnx")).graph.node}
+    assert {"GroupQueryAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization"} <= ops
+    assert "Concat" not in ops  # no cache copy
+    # the runtime opens it with its own checks (size + sha256 of artifact.json)
+    from chattts_forge.runtime.session import Artifact
+
+    art = Artifact(fast_artifact, threads=1)
+    step = FastGptStep.from_artifact(art)
+    step.reset(2)
+    assert step.past_length == 0
+
+
+@pytest.mark.parametrize(("method", "op"), [("dynamic", {"MatMulInteger", "DynamicQuantizeMatMul"}), ("int4", {"MatMulNBits"})])
+def test_quantized_fast_graphs(fast_artifact: Path, tmp_path: Path, method: str, op: set[str]) -> None:
+    out = tmp_path / f"gpt_fast_{method}.onnx"
+    rec = optimize_gpt(fast_artifact, out, quantize=method)
+    assert rec["quantization"]["method"] == method
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert ops & op and "GroupQueryAttention" in ops
+    # quantized: recorded error against the plain FP32 graph, finite and not gated
+    assert np.isfinite(rec["parity"]["max_abs"]) and rec["parity"]["tolerance_abs"] is None
+
+
+def test_extracted_weights_equal_the_checkpoint(tiny_artifacts: dict[str, Path], tiny_ckpt: Path) -> None:
+    from safetensors.numpy import load_file
+
+    weights, hp = extract_llama_weights(tiny_artifacts["fp32"] / "gpt.onnx")
+    ckpt = load_file(str(tiny_ckpt / "gpt" / "model.safetensors"))
+    assert hp["num_hidden_layers"] == 2 and hp["num_attention_heads"] == 4
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, ckpt[name].astype(np.float32), err_msg=name)
+
+
+def test_errors(fast_artifact: Path, tmp_path: Path) -> None:
+    fast = _fast_step(fast_artifact)
+    fast.reset(1)
+    hidden = _dims(fast_artifact)["hidden_size"]
+    emb = np.zeros((1, 1, hidden), np.float32)
+    with pytest.raises(ForgeError, match="expected past 0"):
+        fast(emb, np.ones((1, 3), np.int64), np.zeros((1, 1), np.int64))
+    with pytest.raises(ForgeError, match="batch 2"):
+        fast(np.zeros((2, 1, hidden), np.float32), np.ones((2, 1), np.int64), np.zeros((2, 1), np.int64))
+    with pytest.raises(ForgeError, match="not a fast GPT graph"):
+        FastGptStep(_session(fast_artifact / "gpt.onnx"), 2, 4, 16, 64)
+    with pytest.raises(ForgeError, match="no such GPT graph"):
+        optimize_gpt(tmp_path / "missing.onnx", tmp_path / "x.onnx")
+    with pytest.raises(ForgeError, match="no Llama layer weights"):
+        optimize_gpt(fast_artifact / "head_code.onnx", tmp_path / "x.onnx")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_runtime_logits_identical_with_fast_step(fast_artifact: Path) -> None:
+    """The runtime's processed logits (teacher-forced) are the same with the fast step as with the plain one."""
+    from chattts_forge.runtime import InferCodeParams, Pipeline
+
+    texts = ["你好，欢迎使用。", "今天天气很好"]
+    params = InferCodeParams(max_new_token=24, min_new_token=24, seed=3)
+    plain = Pipeline(fast_artifact, threads=1)
+    norm = [plain.normalize(t) for t in texts]
+    gen = plain.infer_code(norm, params)
+    ref = plain.teacher_forced_logits(norm, gen.ids, params)
+    fast = Pipeline(fast_artifact, threads=1)
+    fast.gpt = FastGptStep.from_artifact(fast.artifact)
+    gen_fast = fast.infer_code(norm, params)
+    got = fast.teacher_forced_logits(norm, gen.ids, params)
+    for a, b in zip(ref, got, strict=True):
+        finite = np.isfinite(a)
+        assert np.array_equal(finite, np.isfinite(b))
+        np.testing.assert_allclose(b[finite], a[finite], atol=1e-4, rtol=0)
+    for a, b in zip(gen.ids, gen_fast.ids, strict=True):
+        np.testing.assert_array_equal(a, b)
