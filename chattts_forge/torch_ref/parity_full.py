@@ -1,0 +1,215 @@
+"""Parity of the runtime against ChatTTS itself on any checkpoint (meant for a `full` one).
+
+    python -m chattts_forge.torch_ref.parity_full --checkpoint CKPT --artifact ART/fp32 [--steps 200]
+
+For zh, en and mixed sentences, with and without a speaker, one text at a time (what
+`chattts-forge synth --temperature 1e-9 --no-refine --min-new-token N --max-new-token N` does):
+
+- codes: the runtime's codes against ChatTTS's own `_infer_code` (same InferCodeParams, its
+  normaliser, temperature 1e-9). A divergence is admissible only at a near-tie (ChatTTS's top-2
+  gap < 1e-5 at the first differing step); it is printed either way;
+- waveforms (unless --no-waveforms): the runtime's decode of ChatTTS's hidden states against
+  ChatTTS's `_decode_to_wavs` (max abs difference <= 1e-3, same length);
+- teacher forcing (with --logits): processed logits fed ChatTTS's codes, within 1e-4.
+
+Prints one line per case and the figures (steps, min top-2 gap, per-step times of both engines);
+`--json-out` saves them. Exit status 0 when everything is within the rules, 1 otherwise.
+Library use: `run_parity(checkpoint, artifact, steps=200, ...) -> dict`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_json
+from chattts_forge.log import get_logger, setup_logging
+
+log = get_logger(__name__)
+
+TEXTS = {
+    "zh": "今天天气很好，我们一起去公园散步吧。",
+    "en": "The quick brown fox jumps over the lazy dog.",
+    "mixed": "我们用 ChatTTS 合成 speech，效果很好。",
+}
+LOGITS_TOL = 1e-4
+WAV_TOL = 1e-3
+
+
+def run_parity(
+    checkpoint: str | os.PathLike[str],
+    artifact: str | os.PathLike[str],
+    *,
+    steps: int = 200,
+    texts: dict[str, str] | None = None,
+    speaker_seed: int = 0,
+    threads: int = 2,
+    waveforms: bool = True,
+    logits: bool = False,
+    logits_steps: int = 64,
+    echo: Any = print,
+) -> dict[str, Any]:
+    """Run the checks; returns {"ok": bool, "cases": [...], "figures": {...}}."""
+    import torch
+
+    from chattts_forge.runtime import InferCodeParams, Pipeline
+    from chattts_forge.torch_ref import oracle
+    from chattts_forge.torch_ref.chat import load_chat
+    from chattts_forge.torch_ref.compare import compare_codes, compare_processed_logits
+    from chattts_forge.torch_ref.reference import sample_speaker
+
+    if steps < 1:
+        raise ForgeError("--steps must be >= 1")
+    texts = texts or TEXTS
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    chat = load_chat(checkpoint)
+    pipe = Pipeline(artifact, provider="cpu", threads=threads)
+    if pipe.dims.to_dict() != chat.forge_dims.to_dict():
+        raise ForgeError(f"artifact {artifact} was not converted from a checkpoint with these dimensions")
+    echo(f"loaded ChatTTS and the artifact in {time.perf_counter() - t0:.1f} s "
+         f"(hidden {pipe.dims.hidden_size}, {pipe.dims.num_hidden_layers} layers, {threads} threads)")
+    spk = sample_speaker(chat, speaker_seed)
+
+    cases: list[dict[str, Any]] = []
+    time_ref = time_rt = 0.0
+    total_steps = 0
+    min_gap = float("inf")
+    worst_wav = worst_logits = 0.0
+    ok = True
+    for spk_case, spk_emb in (("no-speaker", None), ("speaker", spk)):
+        for name, text in texts.items():
+            label = f"{name}/{spk_case}"
+            t = time.perf_counter()
+            ref = oracle.chattts_codes(
+                chat, [text], spk_emb=spk_emb, max_new_token=steps, min_new_token=steps, temperature=1e-9
+            )
+            t_ref = time.perf_counter() - t
+            norm = pipe.normalize(text)
+            if norm != ref["texts"][0]:
+                ok = False
+                echo(f"[{label}] normalisers disagree: ChatTTS {ref['texts'][0]!r}, runtime {norm!r}")
+            t = time.perf_counter()
+            params = InferCodeParams(
+                spk_emb=spk_emb, temperature=1e-9, max_new_token=steps, min_new_token=steps, seed=0
+            )
+            gen = pipe.infer_code([norm], params)
+            t_rt = time.perf_counter() - t
+            [row] = compare_codes(ref, [gen.ids[0]])
+            time_ref += t_ref
+            time_rt += t_rt
+            total_steps += steps
+            min_gap = min(min_gap, row.min_gap)
+            case: dict[str, Any] = {
+                "text": name,
+                "speaker": spk_emb is not None,
+                "steps": steps,
+                "equal": row.equal,
+                "first_divergence": row.first_divergence,
+                "gap_at_divergence": row.gap_at_divergence,
+                "near_tie": row.near_tie,
+                "min_top2_gap": row.min_gap,
+                "chattts_ms_per_step": 1000 * t_ref / steps,
+                "runtime_ms_per_step": 1000 * t_rt / steps,
+            }
+            ok &= row.ok
+            line = f"[{label}] {row.describe()}; ChatTTS {case['chattts_ms_per_step']:.1f} ms/step, "
+            line += f"runtime {case['runtime_ms_per_step']:.1f} ms/step"
+            if waveforms:
+                want = oracle.chattts_decode_to_wavs(chat, ref["hiddens"], use_decoder=True)[0]
+                got = pipe.decode(ref["hiddens"], use_decoder=True)[0]
+                same_len = want.shape == got.shape
+                diff = float(np.abs(want - got).max()) if same_len else float("inf")
+                worst_wav = max(worst_wav, diff)
+                case["wav_max_abs_diff"] = diff
+                case["wav_samples"] = [int(want.size), int(got.size)]
+                ok &= same_len and diff <= WAV_TOL
+                line += f"; waveform max |diff| {diff:.2e} ({want.size} vs {got.size} samples)"
+            if logits:
+                n = min(logits_steps, steps)
+                sampled = oracle.chattts_codes(
+                    chat, [text], spk_emb=spk_emb, max_new_token=n, min_new_token=n // 2, temperature=0.3, seed=5
+                )
+                tf = oracle.chattts_teacher_forced_logits(
+                    chat, [text], sampled["codes"], spk_emb=spk_emb, min_new_token=n // 2, temperature=0.3
+                )
+                got_l = pipe.teacher_forced_logits(
+                    [norm], sampled["codes"], InferCodeParams(spk_emb=spk_emb, temperature=0.3, min_new_token=n // 2)
+                )[0]
+                mask_diff, diff_l = compare_processed_logits(tf["processed_logits"][0], got_l)
+                worst_logits = max(worst_logits, diff_l)
+                case["logits_max_abs_diff"] = diff_l
+                case["logits_mask_differences"] = mask_diff
+                ok &= mask_diff == 0 and diff_l <= LOGITS_TOL
+                line += f"; teacher-forced logits max |diff| {diff_l:.2e}, mask differences {mask_diff}"
+            echo(line)
+            cases.append(case)
+    figures = {
+        "cases": len(cases),
+        "identical": sum(c["equal"] for c in cases),
+        "near_tie_divergences": sum((not c["equal"]) and c["near_tie"] for c in cases),
+        "decisions": total_steps * pipe.num_vq,
+        "min_top2_gap": min_gap,
+        "chattts_ms_per_step": 1000 * time_ref / max(total_steps, 1),
+        "runtime_ms_per_step": 1000 * time_rt / max(total_steps, 1),
+        "wav_max_abs_diff": worst_wav if waveforms else None,
+        "logits_max_abs_diff": worst_logits if logits else None,
+    }
+    return {"ok": bool(ok), "cases": cases, "figures": figures}
+
+
+@click.command()
+@click.option("--checkpoint", required=True, type=click.Path(path_type=Path), help="ChatTTS checkpoint.")
+@click.option("--artifact", required=True, type=click.Path(path_type=Path), help="FP32 artifact converted from it.")
+@click.option("--steps", type=int, default=200, show_default=True, help="N = min = max new tokens.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Threads of both engines.")
+@click.option("--speaker-seed", type=int, default=0, show_default=True, help="Seed of the sampled speaker.")
+@click.option("--waveforms/--no-waveforms", default=True, show_default=True, help="Also check check (3).")
+@click.option("--logits/--no-logits", default=False, show_default=True, help="Also check teacher forcing (1).")
+@click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Save the figures as JSON.")
+def main(
+    checkpoint: Path,
+    artifact: Path,
+    steps: int,
+    threads: int,
+    speaker_seed: int,
+    waveforms: bool,
+    logits: bool,
+    json_out: Path | None,
+) -> None:
+    """Check the runtime's codes (and audio) against ChatTTS itself and print the figures."""
+    setup_logging(-1)
+    # Every fixed-length run "hits max_new_token" on purpose; that warning is noise here.
+    logging.getLogger("chattts_forge.runtime").setLevel(logging.ERROR)
+    try:
+        res = run_parity(
+            checkpoint,
+            artifact,
+            steps=steps,
+            threads=threads,
+            speaker_seed=speaker_seed,
+            waveforms=waveforms,
+            logits=logits,
+            echo=click.echo,
+        )
+    except ForgeError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(res["figures"], indent=2))
+    click.echo("PARITY OK" if res["ok"] else "PARITY FAILED")
+    if json_out is not None:
+        atomic_write_json(json_out, res)
+    sys.exit(0 if res["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
