@@ -121,3 +121,42 @@ def test_help_explains_the_knobs() -> None:
     for opt in ("--seed", "--speaker", "--temperature", "--top-p", "--top-k", "--repetition-penalty",
                 "--max-new-token", "--min-new-token", "--refine / --no-refine", "--decoder / --dvae", "--codes-out"):
         assert opt in res.output, opt
+
+
+def test_load_chat_honours_tiny_dims_without_touching_chattts_defaults(tiny_chat) -> None:
+    from ChatTTS.config.config import Config
+
+    from chattts_forge.checkpoint.layout import TINY
+
+    assert tiny_chat.config.gpt.hidden_size == TINY.hidden_size
+    assert tiny_chat.gpt.gpt.config.num_hidden_layers == TINY.num_hidden_layers
+    assert tiny_chat.config.decoder.hidden == TINY.decoder.hidden
+    assert tiny_chat.config.vocos.backbone.init_args.dim == TINY.vocos_dim
+    assert not tiny_chat.gpt.training and not tiny_chat.decoder.training
+    # ChatTTS's Config shares nested default instances: they must still hold the released model.
+    assert Config().gpt.hidden_size == 768 and Config().decoder.hidden == 512
+
+
+def test_load_chat_rejects_unmarked_or_incomplete_checkpoints(tiny_ckpt: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from chattts_forge.checkpoint.layout import MARKER_NAME
+    from chattts_forge.torch_ref.chat import load_chat
+
+    unmarked = tmp_path / "unmarked"
+    shutil.copytree(tiny_ckpt, unmarked)
+    (unmarked / MARKER_NAME).unlink()
+    # Without the marker it claims to be the released checkpoint: ChatTTS's hashes must match.
+    with pytest.raises(ForgeError, match="sha256"):
+        load_chat(unmarked)
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(tiny_ckpt, incomplete)
+    (incomplete / "Vocos.safetensors").unlink()
+    with pytest.raises(ForgeError, match="Vocos.safetensors is missing"):
+        load_chat(incomplete)
+
+
+def test_no_split_speaks_the_text_as_one_part(tiny_chat) -> None:
+    res = reference_synthesize(tiny_chat, "你好。Hello there. 再见。", seed=0, split_text=False, **FAST)
+    assert len(res.parts) == 1
+    _check_audio(res.wav)

@@ -23,7 +23,7 @@ log = get_logger(__name__)
     type=click.Path(path_type=Path),
     help="ChatTTS checkpoint: asset folder, snapshot root containing asset/, or a Hugging Face cache.",
 )
-@click.option("--text", "text", required=True, help="Text to speak (ChatTTS splits it into sentences).")
+@click.option("--text", "text", required=True, help="Text to speak (ChatTTS splits it into sentences unless --no-split).")
 @click.option(
     "--out", "out", required=True, type=click.Path(path_type=Path), help="Output WAV (float32, mono)."
 )
@@ -31,7 +31,7 @@ log = get_logger(__name__)
 @click.option(
     "--speaker",
     default=None,
-    help="ChatTTS speaker string, or 'random' to sample one with --seed. Default: no speaker.",
+    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
 )
 @click.option(
     "--speaker-out",
@@ -49,6 +49,13 @@ log = get_logger(__name__)
 @click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this.")
 @click.option(
     "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT first."
+)
+@click.option(
+    "--split/--no-split",
+    "split_text",
+    default=True,
+    show_default=True,
+    help="Chat.infer's split_text: speak sentence by sentence (the first one sets the voice of the rest).",
 )
 @click.option(
     "--decoder/--dvae",
@@ -81,6 +88,7 @@ def reference(
     max_new_token: int,
     min_new_token: int,
     refine: bool,
+    split_text: bool,
     use_decoder: bool,
     codes_out: Path | None,
     device: str,
@@ -129,6 +137,7 @@ def reference(
         max_new_token=max_new_token,
         min_new_token=min_new_token,
         refine=refine,
+        split_text=split_text,
         use_decoder=use_decoder,
         show_progress=sys.stderr.isatty() if progress is None else progress,
     )

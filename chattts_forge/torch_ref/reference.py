@@ -62,8 +62,13 @@ def sample_speaker(chat: ChatTTS.Chat, seed: int | None) -> str:
 
 
 def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
-    """The speaker string if ChatTTS can decode it to a vector of the model's width, else ForgeError."""
+    """The speaker string (or the one in the file it names) if ChatTTS can decode it to a vector
+    of the model's width, else ForgeError."""
     from ChatTTS.model.speaker import Speaker
+
+    speaker = speaker.strip()
+    if len(speaker) < 256 and Path(speaker).is_file():
+        speaker = Path(speaker).read_text(encoding="utf-8").strip()
 
     try:
         vec = Speaker._decode(speaker.strip())
@@ -93,6 +98,7 @@ def reference_synthesize(
     use_decoder: bool = True,
     prompt: str = "[speed_5]",
     refine_max_new_token: int = 384,
+    split_text: bool = True,
     show_progress: bool = False,
 ) -> ReferenceResult:
     """Synthesize `text` with ChatTTS's `Chat.infer` (defaults = ChatTTS's InferCodeParams).
@@ -100,7 +106,8 @@ def reference_synthesize(
     `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both
     the text refiner and the code generator. `speaker` is a ChatTTS speaker string, "random"
     (sampled with `seed`) or None (ChatTTS's empty speaker). The refiner runs with ChatTTS's
-    RefineTextParams (only its token budget, `refine_max_new_token`, is exposed).
+    RefineTextParams (only its token budget, `refine_max_new_token`, is exposed). `split_text`
+    is `Chat.infer`'s: split a str into sentences (and use the first as a speaker sample).
     """
     import torch
     from ChatTTS.core import Chat
@@ -170,6 +177,7 @@ def reference_synthesize(
                 torch.manual_seed(seed)
             wavs = chat.infer(
                 text if isinstance(text, str) else texts,  # a str is split into sentences by ChatTTS
+                split_text=split_text,
                 skip_refine_text=not refine,
                 use_decoder=use_decoder,
                 params_refine_text=params_refine,
