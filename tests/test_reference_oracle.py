@@ -120,3 +120,31 @@ def test_speaker_changes_the_codes(tiny_chat, greedy_run: dict) -> None:
     run = oracle.chattts_codes(tiny_chat, TEXTS[:1], spk_emb=spk, max_new_token=8, min_new_token=8)
     assert run["input_ids"].shape[1] == greedy_run["input_ids"][:1, -run["input_ids"].shape[1]:].shape[1]
     assert not np.array_equal(run["raw_logits"][0][0], greedy_run["raw_logits"][0][0])
+
+
+def _fake_run(codes: np.ndarray, gaps: np.ndarray) -> dict:
+    return {"codes": [codes], "texts": ["t"], "top2_gap_penalized": [gaps]}
+
+
+def test_compare_codes_admits_only_near_ties() -> None:
+    from chattts_forge.torch_ref.compare import compare_codes
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 625, size=(10, 4))
+    gaps = np.full((10, 4), 1e-3, dtype=np.float32)
+    [same] = compare_codes(_fake_run(codes, gaps), [codes.copy()])
+    assert same.equal and same.ok and same.first_divergence is None and same.min_gap == pytest.approx(1e-3)
+
+    other = codes.copy()
+    other[6, 2] = (other[6, 2] + 1) % 625
+    other[7:] = 0  # after a divergence the histories differ: not held against the engine
+    [far] = compare_codes(_fake_run(codes, gaps), [other])
+    assert not far.ok and far.first_divergence == 6 and "NOT a near-tie" in far.describe()
+
+    gaps[6, 2] = 3e-6
+    [tie] = compare_codes(_fake_run(codes, gaps), [other])
+    assert tie.ok and tie.near_tie and not tie.equal and "admissible near-tie" in tie.describe()
+
+    # Stopping early (EOS) is judged by the gap of that decision.
+    [short] = compare_codes(_fake_run(codes, np.full((10, 4), 1e-3, np.float32)), [codes[:4]])
+    assert not short.ok and short.first_divergence == 4
