@@ -20,16 +20,22 @@ def _fmt(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
+_RULE_SIGN = {"min": "≥", "max": "≤"}
+_STATUS = {"pass": "pass", "fail": "FAIL", "waived": "waived", "not_measured": "not measured"}
+
+
 def _gate_rows(gate: dict[str, Any]) -> list[str]:
     rows = ["| metric | threshold | measured | result |", "| --- | --- | --- | --- |"]
     for check in gate.get("results") or []:
         name = check.get("metric", check.get("name", "?"))
         threshold = check.get("threshold", gate.get("thresholds", {}).get(name))
-        op = check.get("op", check.get("comparison", ""))
+        sign = _RULE_SIGN.get(str(check.get("rule", check.get("op", ""))), "")
         value = check.get("value", check.get("measured"))
+        unit = f" {check['unit']}" if check.get("unit") else ""
+        status = check.get("status")
         passed = check.get("passed")
-        result = "pass" if passed is True else "FAIL" if passed is False else _fmt(check.get("status"))
-        rows.append(f"| {_fmt(name)} | {_fmt(op) + ' ' if op else ''}{_fmt(threshold)} | {_fmt(value)} | {result} |")
+        result = _STATUS.get(str(status)) or ("pass" if passed is True else "FAIL" if passed is False else _fmt(status))
+        rows.append(f"| {_fmt(name)} | {sign + ' ' if sign else ''}{_fmt(threshold)} | {_fmt(value)}{unit} | {result} |")
     if len(rows) == 2:
         for name, threshold in sorted((gate.get("thresholds") or {}).items()):
             rows.append(f"| {_fmt(name)} | {_fmt(threshold)} | – | – |")

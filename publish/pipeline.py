@@ -79,6 +79,7 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
         "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
         "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32"],
+        "evaluate": ["--max-sentences", "4", "--fidelity-sentences", "4", "--fidelity-steps", "32", "--batch", "1,4"],
     },
 }
 
@@ -180,6 +181,7 @@ class Pipeline:
     gate: str | None
     extra: dict[str, list[str]]
     until: str | None = None
+    pytorch_baseline: bool = True
     # How a stage is run; tests substitute a stand-in.
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
     cache: HashCache = field(init=False)
@@ -332,6 +334,9 @@ class Pipeline:
                 "reference": self.cache.tree(fp32),
                 "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
             }
+            if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
+                argv += ["--baseline-checkpoint", str(self.ckpt_dir)]
+                inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
             if self.gate:
                 argv += ["--gate", self.gate]
                 inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
@@ -408,6 +413,7 @@ def run_pipeline(
     extra: dict[str, list[str]] | None = None,
     until: str | None = None,
     forge_cmd: list[str] | None = None,
+    pytorch_baseline: bool = True,
 ) -> list[VariantOutcome]:
     """Run (or resume) the pipeline; returns what happened to each variant."""
     from chattts_forge.publish.gate_report import load_report
@@ -430,6 +436,7 @@ def run_pipeline(
         for stage, args in source.items():
             stage_args.setdefault(stage, []).extend(args)
     pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
+    pipe.pytorch_baseline = pytorch_baseline
     if forge_cmd:
         pipe.forge = list(forge_cmd)
     started = time.perf_counter()
@@ -499,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate", default=None)
     ap.add_argument("--stage-args", action="append", default=[], metavar="STAGE=ARGS")
     ap.add_argument("--until", choices=STAGES, default=None, help="stop after this stage (nothing is published)")
+    ap.add_argument(
+        "--no-pytorch-baseline",
+        action="store_true",
+        help="evaluate without timing ChatTTS's PyTorch pipeline (no export extra needed)",
+    )
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -517,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             extra=_parse_extra(args.stage_args),
             until=args.until,
             forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
+            pytorch_baseline=not args.no_pytorch_baseline,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)
