@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -62,16 +61,78 @@ def score(
 @click.command("evaluate")
 @click.option("--artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder to judge.")
 @click.option("--reference", required=True, type=click.Path(path_type=Path), help="The FP32 artifact it came from.")
-@click.option("--corpus", required=True, type=click.Path(path_type=Path), help="Held-out text corpus.")
+@click.option(
+    "--corpus", required=True, help="Held-out corpus: a .txt file (one sentence per line), a folder, or builtin:evaluation."
+)
 @click.option("--gate", "gate_path", type=click.Path(path_type=Path), default=None, help="GATE.toml (default: shipped).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report folder.")
-def evaluate(artifact: Path, reference: Path, corpus: Path, gate_path: Path | None, out: Path) -> None:
-    """Run the quality gate on an artifact and write JSON/Markdown/HTML reports."""
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report folder (report.json/.md/.html).")
+@click.option("--max-sentences", type=int, default=8, show_default=True, help="Sentences synthesized per variant.")
+@click.option("--max-new-token", type=int, default=96, show_default=True, help="GPT steps budget per sentence.")
+@click.option("--fidelity-sentences", type=int, default=8, show_default=True)
+@click.option("--fidelity-steps", type=int, default=48, show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True, help="Threads for every runtime (fixed).")
+@click.option("--batch", "batches", default="1,4,8", show_default=True, help="Batch sizes for throughput.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--asr", default="faster-whisper", show_default=True, help="ASR backend for WER/CER (real checkpoints).")
+@click.option("--asr-model", type=click.Path(path_type=Path), default=None, help="A faster-whisper model folder.")
+@click.option(
+    "--baseline-checkpoint",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="ChatTTS checkpoint: also time ChatTTS's PyTorch FP32 pipeline in this run (needs the export extra).",
+)
+def evaluate(
+    artifact: Path,
+    reference: Path,
+    corpus: str,
+    gate_path: Path | None,
+    out: Path,
+    max_sentences: int,
+    max_new_token: int,
+    fidelity_sentences: int,
+    fidelity_steps: int,
+    threads: int,
+    batches: str,
+    seed: int,
+    asr: str,
+    asr_model: Path | None,
+    baseline_checkpoint: Path | None,
+) -> None:
+    """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
+
+    Exits 0 when every threshold passes, 1 when any fails (the report names which and by how much),
+    2 on bad input.
+    """
     from chattts_forge.evaluate.evaluate import evaluate_artifact
 
-    report = evaluate_artifact(artifact, reference, corpus, gate=gate_path, out=out)
+    from chattts_forge.errors import ForgeError
+
+    try:
+        batch_sizes = tuple(int(b) for b in batches.split(",") if b.strip())
+    except ValueError:
+        raise ForgeError(f"--batch must be comma-separated integers, got {batches!r}") from None
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ForgeError("--batch needs batch sizes >= 1")
+    report = evaluate_artifact(
+        artifact,
+        reference,
+        corpus,
+        gate=gate_path,
+        out=out,
+        max_sentences=max_sentences,
+        max_new_token=max_new_token,
+        fidelity_sentences=fidelity_sentences,
+        fidelity_steps=fidelity_steps,
+        threads=threads,
+        seed=seed,
+        batch_sizes=batch_sizes,
+        asr=asr,
+        asr_model=asr_model,
+        baseline_checkpoint=baseline_checkpoint,
+    )
+    for c in report["gate"]["checks"]:
+        click.echo(f"{c['status']:>12}  {c['message']}")
+    verdict = "PASSED" if report["passed"] else "FAILED (" + ", ".join(report["gate"]["failed"]) + ")"
+    click.echo(f"gate {verdict}; reports in {out}")
     if not report["passed"]:
         sys.exit(1)
-
-
-__all__ = ["score", "evaluate", "json"]

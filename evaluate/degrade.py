@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -68,7 +69,61 @@ def time_stretch(audio: np.ndarray, rate: float, n_fft: int = 512, hop: int = 12
 
 DEGRADATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "noise": lambda a: white_noise(a, snr_db=-5.0),
-    "clip": lambda a: hard_clip(a, fraction=0.02),
+    "clip": lambda a: hard_clip(a, fraction=0.005),
     "bitcrush": lambda a: bit_crush(a, bits=2),
     "stretch": lambda a: time_stretch(a, rate=2.5),
 }
+
+
+def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor: float = 3.0) -> list[str]:
+    """Copy of a quantized artifact whose weight-quantization scales are multiplied by `factor`.
+
+    Every constant float initializer named ``*_scale``/``*_scales`` (onnxruntime's names for
+    dynamic-INT8 weight scales, QDQ scales and MatMulNBits block scales) in every ONNX file is
+    scaled; artifact.json's per-component sha256/bytes are updated so the copy is a consistent
+    (but badly built) artifact, which only the quality gate can catch. Returns the damaged files.
+    """
+    import json
+    import shutil
+
+    import onnx
+    from onnx import numpy_helper
+
+    from chattts_forge.errors import ForgeError
+    from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
+
+    src, out = Path(src_dir), Path(out_dir)
+    damaged: list[str] = []
+    with atomic_output_dir(out) as tmp:
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        for path in sorted(tmp.glob("*.onnx")):
+            external = path.with_name(path.name + ".data").exists()
+            model = onnx.load(str(path))
+            changed = 0
+            for init in model.graph.initializer:
+                if (init.name.endswith("_scale") or init.name.endswith("_scales")) and init.data_type in (
+                    onnx.TensorProto.FLOAT,
+                    onnx.TensorProto.FLOAT16,
+                ):
+                    arr = numpy_helper.to_array(init)
+                    init.CopyFrom(numpy_helper.from_array((arr * factor).astype(arr.dtype), init.name))
+                    changed += 1
+            if changed:
+                if external:
+                    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+                else:
+                    onnx.save(model, str(path))
+                damaged.append(path.name)
+        if not damaged:
+            raise ForgeError(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
+        meta_path = tmp / "artifact.json"
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        for comp in (meta.get("components") or {}).values():
+            if isinstance(comp, dict) and comp.get("file") in damaged:
+                comp["sha256"] = sha256_file(tmp / comp["file"])
+                comp["bytes"] = (tmp / comp["file"]).stat().st_size
+        meta["variant"] = f"{meta.get('variant', 'quantized')}-damaged-x{factor:g}"
+        atomic_write_json(meta_path, meta)
+    return damaged

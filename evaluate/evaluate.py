@@ -1,0 +1,353 @@
+"""The evaluate stage: judge one artifact against its FP32 reference and write the gate reports.
+
+Library::
+
+    from chattts_forge.evaluate.evaluate import evaluate_artifact
+    report = evaluate_artifact("artifacts/int8-dynamic", "artifacts/fp32", "builtin:evaluation",
+                               gate=None, out="reports/int8-dynamic")
+    report["passed"]    # the gate's verdict; report.json / report.md / report.html are in `out`
+
+What one run measures (all on the same machine, in the same process):
+
+1. the exact files judged: sha256 and bytes of every file of the artifact and of the reference,
+   and whether they match the hashes their artifact.json records;
+2. latency with the runtime (`latency.measure_artifact`) for the artifact *and* the FP32 reference:
+   load time, warm-up, per-utterance time, RTF p50/p95/p99, steps/s, first-audio latency when
+   streaming, throughput at batch 1/4/8, memory, bytes on disk; with `baseline_checkpoint`, ChatTTS's
+   PyTorch FP32 pipeline too (`latency.measure_pytorch`), so every speed figure is also a ratio;
+3. intelligibility: the utterances of both are transcribed by the ASR (`score.score_waveforms`),
+   WER (English) / CER (Mandarin) absolute and as a delta against the reference's own audio.
+   On a synthetic checkpoint (artifact.json ``source.kind == "synthetic"``) random weights make
+   noise, so intelligibility is *not measured*: the report says so and the gate waives those
+   thresholds, leaving fidelity to decide (never a fake pass);
+4. fidelity against the FP32 reference (`chattts_forge.quantize.measure_fidelity`: teacher-forced
+   code top-1 agreement and KL per stream, hidden-state cosine, mel SNR / log-spectral distance,
+   worst tensors);
+5. the gate (`gate.judge`) on the flat `metrics`, then the reports (`report.write_reports`).
+
+The report's JSON layout (schema ``chattts-forge/report/1``) is documented in `report.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from chattts_forge.evaluate import gate as gate_mod
+from chattts_forge.evaluate import latency as latency_mod
+from chattts_forge.evaluate import textnorm
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+SYNTHETIC_NOTE = (
+    "Intelligibility cannot be measured: the checkpoint is synthetic (random weights), so its speech "
+    "is noise for any ASR. The WER/CER thresholds are waived and the gate decides on fidelity against "
+    "the FP32 reference instead."
+)
+
+
+def describe_artifact(path: Path) -> dict[str, Any]:
+    """Identity of an artifact folder: every file's sha256/bytes and its artifact.json summary."""
+    meta_path = path / "artifact.json"
+    if not meta_path.is_file():
+        raise ForgeError(f"{path} is not an artifact folder (no artifact.json)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ForgeError(f"{meta_path} is not valid JSON: {e}") from None
+    files = {
+        f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        for f in sorted(path.iterdir())
+        if f.is_file() and not f.name.startswith(".")
+    }
+    mismatches = []
+    for name, comp in (meta.get("components") or {}).items():
+        if not isinstance(comp, dict) or not comp.get("file"):
+            continue
+        actual = files.get(comp["file"])
+        if actual is None:
+            mismatches.append(f"{name}: {comp['file']} missing")
+        elif comp.get("sha256") and comp["sha256"] != actual["sha256"]:
+            mismatches.append(f"{name}: {comp['file']} sha256 differs from artifact.json")
+    source = meta.get("source") or {}
+    return {
+        "dir": str(path.resolve()),
+        "name": meta.get("name"),
+        "variant": meta.get("variant"),
+        "files": files,
+        "bytes_total": sum(f["bytes"] for f in files.values()),
+        "manifest_mismatches": mismatches,
+        "source": {k: source.get(k) for k in ("kind", "preset", "seed", "asset_dir") if k in source},
+        "precisions": {
+            name: comp.get("precision")
+            for name, comp in (meta.get("components") or {}).items()
+            if isinstance(comp, dict)
+        },
+        "quantization_method": (meta.get("quantization") or {}).get("method")
+        if isinstance(meta.get("quantization"), dict)
+        else None,
+    }
+
+
+def _intelligibility(
+    sentences: list[str],
+    waves: dict[str, dict[str, tuple[np.ndarray, int]]],
+    asr: str,
+    asr_model: str | os.PathLike[str] | None,
+    threads: int | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """ASR scores of each variant's audio, per language of the sentences, and the deltas."""
+    from chattts_forge.evaluate.asr import get_backend
+    from chattts_forge.evaluate.score import score_waveforms
+
+    ids = [f"{i + 1:03d}" for i in range(len(sentences))]
+    by_lang: dict[str, dict[str, str]] = {}
+    for utt_id, text in zip(ids, sentences, strict=True):
+        by_lang.setdefault(textnorm.detect_lang([text]), {})[utt_id] = text
+    out: dict[str, Any] = {"measured": True, "languages": {}}
+    for lang, refs in sorted(by_lang.items()):
+        backend = get_backend(asr, lang, asr_model, threads)
+        per_variant = {}
+        for variant, wv in waves.items():
+            res = score_waveforms(wv, refs, backend, lang, progress=progress, desc=f"ASR {variant} {lang}")
+            per_variant[variant] = {"corpus": res["corpus"], "utterances": res["utterances"]}
+        out["languages"][lang] = {"asr": backend.describe(), "variants": per_variant}
+        art, ref = per_variant["artifact"]["corpus"], per_variant["reference"]["corpus"]
+        key = "cer" if lang == "zh" else "wer"
+        out[key] = art[key]
+        out[f"reference_{key}"] = ref[key]
+        out[f"{key}_delta"] = art[key] - ref[key]
+    return out
+
+
+def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, steps: int, seed: int,
+              threads: int | None, progress: bool) -> dict[str, Any]:
+    try:
+        from chattts_forge.quantize.fidelity import measure_fidelity
+    except ImportError as e:
+        raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
+    return measure_fidelity(
+        reference, artifact, corpus=corpus, max_sentences=sentences, max_new_token=steps, seed=seed,
+        threads=threads, per_tensor=True, top_tensors=8, progress=progress,
+    )
+
+
+def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """The gate's metric values (see gate.METRICS) from a report in progress, and why any is missing."""
+    m: dict[str, float | None] = {}
+    why: dict[str, str] = {}
+    intel = report["intelligibility"]
+    for key in ("wer", "cer", "wer_delta", "cer_delta"):
+        m[key] = intel.get(key) if intel.get("measured") else None
+        if m[key] is None:
+            why[key] = intel.get("reason") or f"no {'Mandarin' if 'cer' in key else 'English'} sentence in the corpus"
+    fid = report.get("fidelity")
+    if fid:
+        tf = fid["teacher_forced"]
+        m.update(
+            code_agreement=tf["top1_agreement"]["mean"],
+            code_agreement_stream=tf["top1_agreement"]["min_stream"],
+            code_kl=tf["kl"]["mean"],
+            code_kl_stream=tf["kl"]["max_stream"],
+            hidden_cosine=fid["hidden_cosine"]["mean"],
+            hidden_cosine_min=fid["hidden_cosine"]["min"],
+            mel_snr_db=fid["mel"]["snr_db"],
+            mel_lsd_db=fid["mel"]["lsd_db"],
+        )
+    lat = report["latency"]
+    art, pt = lat["artifact"], lat.get("pytorch")
+    m["rtf_p50"], m["rtf_p95"], m["rtf_p99"] = (art["rtf"][k] for k in ("p50", "p95", "p99"))
+    m["first_audio_seconds"] = art["first_audio_seconds"]["p50"]
+    m["rtf_ratio_vs_reference"] = lat["ratios"]["vs_reference"].get("rtf_p50")
+    m["rtf_ratio_vs_pytorch"] = (lat["ratios"].get("vs_pytorch") or {}).get("rtf_p50")
+    if pt is None:
+        why["rtf_ratio_vs_pytorch"] = "no PyTorch baseline was run (pass --baseline-checkpoint)"
+    m["size_ratio_vs_reference"] = report["size"]["ratio_vs_reference"]
+    m["size_mb"] = report["size"]["artifact_bytes"] / 1e6
+    m["peak_rss_mb"] = art["rss_mb"]["after_run"]
+    return m, why
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _ratios(art: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    return {
+        "rtf_p50": _ratio(art["rtf"]["p50"], base["rtf"]["p50"]),
+        "rtf_p95": _ratio(art["rtf"]["p95"], base["rtf"]["p95"]),
+        "seconds_per_step_p50": _ratio(art["seconds_per_step"]["p50"], base["seconds_per_step"]["p50"]),
+        "speedup_p50": _ratio(base["rtf"]["p50"], art["rtf"]["p50"]),
+        "load_seconds": _ratio(art["load_seconds"], base["load_seconds"]),
+    }
+
+
+def evaluate_artifact(
+    artifact: str | os.PathLike[str],
+    reference: str | os.PathLike[str],
+    corpus: str | os.PathLike[str],
+    gate: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    *,
+    max_sentences: int = 8,
+    max_new_token: int = 96,
+    fidelity_sentences: int = 8,
+    fidelity_steps: int = 48,
+    threads: int | None = 2,
+    seed: int = 0,
+    batch_sizes: tuple[int, ...] = (1, 4, 8),
+    asr: str = "faster-whisper",
+    asr_model: str | os.PathLike[str] | None = None,
+    baseline_checkpoint: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
+
+    Returns the sealed report dict (see report.py); ``report["passed"]`` is the gate's verdict.
+    """
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.evaluate.report import seal, write_reports
+
+    from chattts_forge.versions import library_versions, toolchain_info
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    progress = bool(progress) if progress is not None else None  # None: tqdm decides (terminal only)
+    show = True if progress is None else progress
+    artifact, reference = Path(artifact), Path(reference)
+    for p, what in ((artifact, "artifact"), (reference, "reference")):
+        if not p.is_dir():
+            raise ForgeError(f"{what} folder {p} does not exist")
+    if max_sentences < 1 or max_new_token < 1:
+        raise ForgeError("max_sentences and max_new_token must be >= 1")
+    gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file
+    corp = load_corpus(corpus, max_sentences=max_sentences)
+    sentences = corp.sentences
+    art_desc, ref_desc = describe_artifact(artifact), describe_artifact(reference)
+    if ref_desc["variant"] not in (None, "fp32"):
+        log.warning("reference %s is variant %s, not fp32", reference, ref_desc["variant"])
+    synthetic = (art_desc["source"].get("kind") or ref_desc["source"].get("kind")) == "synthetic"
+    t_start = time.perf_counter()
+    log.info("evaluating %s (%s) against %s on %d sentences of %s", artifact, art_desc["variant"],
+             reference, len(sentences), corp.name)
+
+    # Latency (and the audio for ASR): reference first, then the artifact, same settings.
+    lat_kwargs = dict(threads=threads, max_new_token=max_new_token, seed=seed, batch_sizes=batch_sizes,
+                      progress=show)
+    ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, desc="synth fp32 reference",
+                                                      **lat_kwargs)
+    art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences, desc=f"synth {art_desc['variant']}",
+                                                      **lat_kwargs)
+    pt_lat = None
+    if baseline_checkpoint is not None:
+        log.info("measuring ChatTTS's PyTorch FP32 pipeline on %s", baseline_checkpoint)
+        pt_lat = latency_mod.measure_pytorch(baseline_checkpoint, sentences, threads=threads,
+                                             max_new_token=max_new_token, seed=seed, progress=show)
+    latency = {
+        "artifact": art_lat,
+        "reference": ref_lat,
+        "pytorch": pt_lat,
+        "ratios": {
+            "vs_reference": _ratios(art_lat, ref_lat),
+            "vs_pytorch": _ratios(art_lat, pt_lat) if pt_lat else None,
+            "reference_vs_pytorch": _ratios(ref_lat, pt_lat) if pt_lat else None,
+        },
+        "method": f"runtime Pipeline.synthesize per sentence after {art_lat['warmup_runs']} warm-up run(s); "
+        f"{threads} threads; max_new_token {max_new_token}; RTF = wall seconds / audio seconds",
+    }
+
+    if synthetic:
+        intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
+                                           "note": SYNTHETIC_NOTE}
+    else:
+        intelligibility = _intelligibility(
+            sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show
+        )
+
+    fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
+                         seed, threads, show)
+
+    report: dict[str, Any] = {
+        "schema": "chattts-forge/report/1",
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "artifact": art_desc,
+        "reference": ref_desc,
+        "corpus": {**corp.describe(), "files": [str(f) for f in corp.files], "sentences_used": len(sentences),
+                   "spec": str(corpus)},
+        "settings": {"max_sentences": max_sentences, "max_new_token": max_new_token, "threads": threads,
+                     "seed": seed, "batch_sizes": list(batch_sizes), "fidelity_sentences": fidelity_sentences,
+                     "fidelity_steps": fidelity_steps, "asr": asr, "asr_model": str(asr_model) if asr_model else None,
+                     "baseline_checkpoint": str(baseline_checkpoint) if baseline_checkpoint else None},
+        "intelligibility": intelligibility,
+        "fidelity": fidelity,
+        "latency": latency,
+        "size": {
+            "artifact_bytes": art_desc["bytes_total"],
+            "reference_bytes": ref_desc["bytes_total"],
+            "ratio_vs_reference": art_desc["bytes_total"] / ref_desc["bytes_total"],
+        },
+        "machine": latency_mod.machine_info(threads),
+        "versions": library_versions(),
+        "toolchain": toolchain_info(),
+    }
+    metrics, reasons = flat_metrics(report)
+    waived = {}
+    if synthetic:
+        waived = {k: "synthetic checkpoint: intelligibility cannot be measured on random weights"
+                  for k in ("wer", "cer", "wer_delta", "cer_delta")}
+    else:
+        # A corpus in one language leaves the other language's metric unmeasured: nothing to judge.
+        for key in ("wer", "wer_delta", "cer", "cer_delta"):
+            if metrics.get(key) is None:
+                waived[key] = reasons.get(key, "not applicable")
+    verdict = gate_mod.judge(gate_cfg, metrics, waived=waived, reasons=reasons)
+    notes = []
+    if synthetic:
+        notes.append(SYNTHETIC_NOTE)
+    for mismatch in art_desc["manifest_mismatches"]:
+        notes.append(f"artifact file does not match its artifact.json: {mismatch}")
+    if art_desc["manifest_mismatches"]:
+        verdict["passed"] = False
+        verdict["failed"].append("artifact_integrity")
+        verdict["checks"].append({
+            "section": "integrity", "metric": "artifact_integrity", "rule": "equal", "threshold": None,
+            "value": None, "unit": "", "status": "fail", "margin": None, "passed": False,
+            "message": "; ".join(art_desc["manifest_mismatches"]),
+        })
+    report["metrics"] = metrics
+    report["gate"] = {
+        **verdict,
+        "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in gate_cfg["rules"]},
+    }
+    report["passed"] = verdict["passed"]
+    report["headline"] = {
+        "variant": art_desc["variant"],
+        "passed": verdict["passed"],
+        "rtf_p50": metrics["rtf_p50"],
+        "rtf_ratio_vs_reference": metrics["rtf_ratio_vs_reference"],
+        "rtf_ratio_vs_pytorch": metrics["rtf_ratio_vs_pytorch"],
+        "first_audio_seconds": metrics["first_audio_seconds"],
+        "code_agreement": metrics.get("code_agreement"),
+        "hidden_cosine": metrics.get("hidden_cosine"),
+        "mel_snr_db": metrics.get("mel_snr_db"),
+        "wer": metrics.get("wer"),
+        "cer": metrics.get("cer"),
+        "size_mb": metrics["size_mb"],
+    }
+    report["notes"] = notes
+    report["timing"] = {"evaluate_seconds": time.perf_counter() - t_start}
+    report = seal(report)
+    if out is not None:
+        write_reports(report, Path(out))
+    failed = ", ".join(verdict["failed"]) or "none"
+    log.info("gate %s for %s (failed: %s)", "PASSED" if report["passed"] else "FAILED", artifact, failed)
+    return report

@@ -1,0 +1,171 @@
+"""The quality gate: thresholds per metric (GATE.toml) and the verdict on one evaluation.
+
+A gate file (schema ``chattts-forge/gate/1``, the shipped one is ``default_gate.toml``) holds
+sections of ``min_<metric> = number`` / ``max_<metric> = number`` keys; the section names are for
+people (any section may hold any metric). Known metrics are `METRICS`; an unknown key is an error,
+so a typo never silently disables a check.
+
+Library::
+
+    gate = load_gate(None)                                   # the shipped default
+    gate = load_gate("my_gate.toml")
+    verdict = judge(gate, metrics, waived={"wer_delta": "synthetic checkpoint: ..."})
+
+`metrics` maps metric name -> float or None (None: not measured, with a reason in `reasons`).
+A check whose metric was not measured fails, unless the metric is in `waived` (name -> why), in
+which case it is reported as "waived" with that reason — the evaluate stage waives only
+intelligibility on synthetic checkpoints, where fidelity decides instead. Never a silent pass.
+
+Verdict::
+
+    {"path", "sha256", "schema" (of the gate file), "passed": bool,
+     "checks": [{"section", "metric", "rule" ("min"|"max"), "threshold", "value", "unit", "status"
+                 ("pass"|"fail"|"waived"|"not_measured"), "passed" (True|False; None when waived),
+                 "margin" (how far inside the threshold; negative means failing by that much),
+                 "message"}],
+     "failed": [metric, ...], "waived": {metric: reason}}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+GATE_SCHEMA = "chattts-forge/gate/1"
+DEFAULT_GATE = Path(__file__).resolve().parent / "default_gate.toml"
+
+# metric -> (description, unit)
+METRICS: dict[str, tuple[str, str]] = {
+    "wer": ("WER of the artifact's audio (ASR)", ""),
+    "cer": ("CER of the artifact's audio (ASR)", ""),
+    "wer_delta": ("WER increase vs the FP32 reference's audio", ""),
+    "cer_delta": ("CER increase vs the FP32 reference's audio", ""),
+    "code_agreement": ("teacher-forced top-1 code agreement, mean over streams", ""),
+    "code_agreement_stream": ("teacher-forced top-1 code agreement, worst stream", ""),
+    "code_kl": ("KL(FP32 || artifact) of code logits, mean over streams", "nats"),
+    "code_kl_stream": ("KL(FP32 || artifact) of code logits, worst stream", "nats"),
+    "hidden_cosine": ("GPT last hidden state cosine, mean", ""),
+    "hidden_cosine_min": ("GPT last hidden state cosine, minimum", ""),
+    "mel_snr_db": ("mel SNR after the Decoder", "dB"),
+    "mel_lsd_db": ("mel log-spectral distance", "dB"),
+    "rtf_p50": ("real-time factor, median", ""),
+    "rtf_p95": ("real-time factor, p95", ""),
+    "rtf_p99": ("real-time factor, p99", ""),
+    "first_audio_seconds": ("first audio latency when streaming, median", "s"),
+    "rtf_ratio_vs_reference": ("median RTF / the FP32 artifact's median RTF (same run)", "x"),
+    "rtf_ratio_vs_pytorch": ("median RTF / ChatTTS PyTorch FP32 median RTF (same run)", "x"),
+    "size_ratio_vs_reference": ("bytes on disk / the FP32 artifact's bytes", "x"),
+    "size_mb": ("bytes on disk", "MB"),
+    "peak_rss_mb": ("resident memory after load and synthesis", "MB"),
+}
+
+
+def _toml_load(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ForgeError("reading GATE.toml on Python 3.10 needs the 'tomli' package: pip install tomli") from None
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ForgeError(f"gate file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ForgeError(f"gate file {path} is not valid TOML: {e}") from None
+
+
+def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)]}."""
+    path = Path(path) if path is not None else DEFAULT_GATE
+    raw = _toml_load(path)
+    schema = raw.pop("schema", GATE_SCHEMA)
+    if schema != GATE_SCHEMA:
+        raise ForgeError(f"gate file {path} has schema {schema!r}; this tool reads {GATE_SCHEMA!r}")
+    rules: list[tuple[str, str, str, float]] = []
+    seen: set[tuple[str, str]] = set()
+    for section, table in raw.items():
+        if not isinstance(table, dict):
+            raise ForgeError(f"gate file {path}: '{section}' must be a [section] of min_/max_ thresholds")
+        for key, value in table.items():
+            rule, _, metric = key.partition("_")
+            if rule not in ("min", "max") or metric not in METRICS:
+                known = ", ".join(f"min_/max_{m}" for m in METRICS)
+                raise ForgeError(f"gate file {path}: unknown threshold '{section}.{key}' (known: {known})")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ForgeError(f"gate file {path}: '{section}.{key}' must be a finite number, got {value!r}")
+            if (rule, metric) in seen:
+                raise ForgeError(f"gate file {path}: '{key}' is given twice")
+            seen.add((rule, metric))
+            rules.append((section, rule, metric, float(value)))
+    if not rules:
+        raise ForgeError(f"gate file {path} has no thresholds")
+    return {"path": str(path), "sha256": sha256_file(path), "schema": schema, "rules": rules}
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if x == 0 or 1e-3 <= abs(x) < 1e5:
+        return f"{x:.4g}"
+    return f"{x:.3e}"
+
+
+def judge(
+    gate: dict[str, Any],
+    metrics: dict[str, float | None],
+    waived: dict[str, str] | None = None,
+    reasons: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Apply `gate` to measured `metrics` (see module docstring for the verdict)."""
+    waived = waived or {}
+    reasons = reasons or {}
+    checks = []
+    for section, rule, metric, threshold in gate["rules"]:
+        value = metrics.get(metric)
+        if value is not None and not math.isfinite(value):
+            # +inf SNR (identical mel) passes a min rule; NaN is never a pass.
+            value = value if not math.isnan(value) else None
+        check: dict[str, Any] = {
+            "section": section,
+            "metric": metric,
+            "rule": rule,
+            "threshold": threshold,
+            "value": value,
+            "unit": METRICS[metric][1],
+        }
+        if value is None:
+            if metric in waived:
+                check.update(status="waived", passed=None, margin=None,
+                             message=f"{metric}: not measured ({waived[metric]})")
+            else:
+                why = reasons.get(metric, "not measured")
+                check.update(status="not_measured", passed=False, margin=None,
+                             message=f"{metric}: {why}; the gate cannot pass")
+        else:
+            ok = value >= threshold if rule == "min" else value <= threshold
+            margin = value - threshold if rule == "min" else threshold - value
+            op = ">=" if rule == "min" else "<="
+            if ok:
+                msg = f"{metric} = {_fmt(value)} {op} {_fmt(threshold)}"
+            else:
+                msg = f"{metric} = {_fmt(value)} violates {op} {_fmt(threshold)} (off by {_fmt(abs(margin))})"
+            check.update(status="pass" if ok else "fail", passed=ok,
+                         margin=margin if math.isfinite(margin) else None, message=msg)
+        checks.append(check)
+    failed = [c["metric"] for c in checks if c["status"] in ("fail", "not_measured")]
+    measured = [c for c in checks if c["status"] in ("pass", "fail")]
+    return {
+        **{k: gate[k] for k in ("path", "sha256", "schema")},
+        "passed": not failed and bool(measured),
+        "checks": checks,
+        "failed": failed,
+        "waived": {c["metric"]: waived[c["metric"]] for c in checks if c["status"] == "waived"},
+    }

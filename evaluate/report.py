@@ -1,0 +1,337 @@
+"""The evaluate stage's reports: report.json (sealed), report.md (PR comment), report.html (plots).
+
+`write_reports(report, out_dir)` writes all three into `out_dir` atomically (one folder rename).
+
+report.json (schema ``chattts-forge/report/1``), top-level keys:
+
+- ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
+- ``artifact`` / ``reference``: ``{"dir", "name", "variant", "files": {file name: {"sha256",
+  "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...}, "precisions",
+  "quantization_method"}`` — the exact bytes judged (every file in the folder);
+- ``gate``: ``{"passed", "path", "sha256", "schema", "thresholds": {"max_wer_delta": x, ...},
+  "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
+  "margin", "message"}], "failed": [metric], "waived": {metric: reason}}`` (see gate.py);
+- ``metrics`` (flat name -> value, the gate's inputs), ``headline`` (the figures to compare
+  variants by), ``notes`` (plain sentences, e.g. why intelligibility was not measured);
+- ``intelligibility``: ``{"measured": false, "reason", "note"}`` on synthetic checkpoints, else
+  ``{"measured": true, "wer"/"cer", "reference_wer"/..., "wer_delta"/"cer_delta", "languages":
+  {lang: {"asr", "variants": {"artifact"|"reference": {"corpus", "utterances"}}}}}``;
+- ``fidelity``: `chattts_forge.quantize.measure_fidelity`'s record;
+- ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
+  "vs_pytorch", "reference_vs_pytorch"}, "method"}`` (records of `latency.measure_artifact`);
+- ``size``, ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
+- ``integrity``: sha256 (hex) of the canonical JSON of every *other* top-level field:
+  ``json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")``
+  (`canonical_json_bytes`, `report_integrity`). Any edit after evaluation breaks it; the publish
+  stage recomputes it and refuses a mismatch. Non-finite floats are stored as null so the JSON is
+  strict (RFC 8259) and the canonical form is stable.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+INTEGRITY_KEY = "integrity"
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN/inf by None (strict JSON), recursively; tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _finite(obj.item())
+    return obj
+
+
+def canonical_json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def report_integrity(report: dict[str, Any]) -> str:
+    rest = {k: v for k, v in report.items() if k != INTEGRITY_KEY}
+    return hashlib.sha256(canonical_json_bytes(rest)).hexdigest()
+
+
+def seal(report: dict[str, Any]) -> dict[str, Any]:
+    """A strict-JSON copy of `report` with its integrity field set."""
+    clean = _finite({k: v for k, v in report.items() if k != INTEGRITY_KEY})
+    clean[INTEGRITY_KEY] = report_integrity(clean)
+    return clean
+
+
+def verify_integrity(report: dict[str, Any]) -> bool:
+    return report.get(INTEGRITY_KEY) == report_integrity(report)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _f(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if x == 0 or 1e-3 <= abs(x) < 1e5:
+            return f"{x:.{digits}g}"
+        return f"{x:.2e}"
+    return str(x)
+
+
+_STATUS_MARK = {"pass": "✅ pass", "fail": "❌ FAIL", "waived": "➖ waived", "not_measured": "❌ not measured"}
+
+
+def _latency_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    lat = report["latency"]
+    rows = [(f"{report['artifact']['variant']} (artifact)", lat["artifact"]), ("fp32 (reference)", lat["reference"])]
+    if lat.get("pytorch"):
+        rows.append(("ChatTTS PyTorch FP32", lat["pytorch"]))
+    return rows
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    art = report["artifact"]
+    verdict = "✅ **PASSED**" if report["passed"] else "❌ **FAILED**"
+    lines = [
+        f"### chattts-forge gate: `{art['variant']}` {verdict}",
+        "",
+        f"Artifact `{art['dir']}` ({_f(art['bytes_total'] / 1e6, 4)} MB, {len(art['files'])} files) against FP32 "
+        f"reference `{report['reference']['dir']}`; corpus `{report['corpus']['name']}` "
+        f"({report['corpus']['sentences_used']} sentences, sha256 `{report['corpus']['sha256'][:12]}`); "
+        f"gate `{Path(report['gate']['path']).name}` (sha256 `{report['gate']['sha256'][:12]}`).",
+        "",
+    ]
+    for note in report.get("notes", []):
+        lines += [f"> {note}", ""]
+    lines += ["| check | value | threshold | margin | status |", "| --- | ---: | ---: | ---: | --- |"]
+    for c in report["gate"]["checks"]:
+        op = {"min": "≥", "max": "≤"}.get(c["rule"], "=")
+        thr = f"{op} {_f(c['threshold'])}" if c["threshold"] is not None else "match"
+        lines.append(
+            f"| {c['metric']} | {_f(c['value'])} {c.get('unit') or ''} | {thr} | {_f(c['margin'])} | "
+            f"{_STATUS_MARK.get(c['status'], c['status'])} |"
+        )
+    if report["gate"]["failed"]:
+        lines += ["", "**Failed:** " + "; ".join(
+            c["message"] for c in report["gate"]["checks"] if c["status"] in ("fail", "not_measured"))]
+    lines += [
+        "",
+        "#### Latency (same run)",
+        "",
+        "| variant | RTF p50 | RTF p95 | RTF p99 | ms/step p50 | steps/s | first audio p50 s | load s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, rec in _latency_rows(report):
+        fa = rec.get("first_audio_seconds", {}).get("p50") if isinstance(rec.get("first_audio_seconds"), dict) else None
+        lines.append(
+            f"| {name} | {_f(rec['rtf']['p50'])} | {_f(rec['rtf']['p95'])} | {_f(rec['rtf']['p99'])} | "
+            f"{_f(rec['seconds_per_step']['p50'] * 1000 if rec['seconds_per_step']['p50'] else None)} | "
+            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} |"
+        )
+    ratios = report["latency"]["ratios"]
+    lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios['vs_reference']['rtf_p50'])}x**"]
+    if ratios.get("vs_pytorch"):
+        lines[-1] += (f"; vs ChatTTS PyTorch FP32: **{_f(ratios['vs_pytorch']['rtf_p50'])}x** "
+                      f"(speed-up {_f(ratios['vs_pytorch']['speedup_p50'])}x)")
+    else:
+        lines[-1] += "; no PyTorch baseline in this run (`--baseline-checkpoint`)."
+    tp = report["latency"]["artifact"]["throughput"]
+    if tp:
+        lines += ["", "| batch | aggregate RTF | real-time streams | steps/s |", "| ---: | ---: | ---: | ---: |"]
+        for b, rec in tp.items():
+            lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
+    m = report["machine"]
+    lines += [
+        "",
+        f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores, {m['threads']} threads, "
+        f"{m['provider']}; onnxruntime {m['versions'].get('onnxruntime')}, toolchain "
+        f"{report['toolchain'].get('version')} ({report['toolchain'].get('git_commit') or 'no git'}).",
+        "",
+        f"report.json integrity `{report.get(INTEGRITY_KEY, '')[:16]}…`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def make_plots(report: dict[str, Any]) -> dict[str, str]:
+    """{title: base64 PNG} of the report's figures (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    plots: dict[str, str] = {}
+    rows = _latency_rows(report)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, rec in rows:
+        secs = np.sort([u["seconds"] for u in rec["utterances"]])
+        if secs.size:
+            ax.step(secs, np.arange(1, secs.size + 1) / secs.size, where="post", label=name)
+    ax.set_xlabel("synthesis time per utterance (s)")
+    ax.set_ylabel("fraction of utterances")
+    ax.set_title("Latency CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    plots["Latency CDF"] = _png(fig)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.4))
+    names = [n for n, _ in rows]
+    ax1.bar(names, [rec["rtf"]["p50"] or 0 for _, rec in rows], color="tab:blue")
+    ax1.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax1.set_title("RTF p50 (lower is faster)")
+    ax1.tick_params(axis="x", labelrotation=20, labelsize=7)
+    sizes = [report["size"]["artifact_bytes"] / 1e6, report["size"]["reference_bytes"] / 1e6]
+    ax2.bar(names[:2], sizes, color="tab:orange")
+    ax2.set_title("size on disk (MB)")
+    ax2.tick_params(axis="x", labelrotation=20, labelsize=7)
+    plots["RTF and size per variant"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    intel = report["intelligibility"]
+    if intel.get("measured"):
+        labels, values = [], []
+        for lang, rec in intel["languages"].items():
+            key = "cer" if lang == "zh" else "wer"
+            for variant, vr in rec["variants"].items():
+                labels.append(f"{variant}\n{key.upper()} ({lang})")
+                values.append(vr["corpus"][key])
+        ax.bar(labels, values, color="tab:green")
+        ax.set_ylabel("error rate")
+        ax.tick_params(axis="x", labelsize=7)
+    else:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "WER/CER not measured:\n" + intel.get("reason", ""), ha="center", va="center", fontsize=11)
+    ax.set_title("WER/CER per variant")
+    plots["WER/CER per variant"] = _png(fig)
+
+    fid = report.get("fidelity")
+    if fid:
+        tf = fid["teacher_forced"]
+        streams = np.arange(len(tf["top1_agreement"]["per_stream"]))
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.2))
+        ax1.bar(streams, tf["top1_agreement"]["per_stream"], color="tab:purple")
+        ax1.set_ylim(0, 1.0)
+        ax1.set_xticks(streams)
+        ax1.set_xlabel("code stream")
+        ax1.set_title("top-1 agreement per stream")
+        ax2.bar(streams, tf["kl"]["per_stream"], color="tab:red")
+        ax2.set_xticks(streams)
+        ax2.set_xlabel("code stream")
+        ax2.set_title("KL(FP32 || artifact) per stream (nats)")
+        plots["Fidelity per stream"] = _png(fig)
+
+    tp = report["latency"]["artifact"].get("throughput") or {}
+    if tp:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        bs = [int(b) for b in tp]
+        ax.plot(bs, [tp[str(b)]["realtime_streams"] or 0 for b in bs], marker="o", label="artifact")
+        ref_tp = report["latency"]["reference"].get("throughput") or {}
+        if ref_tp:
+            ax.plot(bs, [ref_tp.get(str(b), {}).get("realtime_streams") or 0 for b in bs], marker="s",
+                    label="fp32 reference")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("seconds of audio per second")
+        ax.set_title("Throughput")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        plots["Throughput per batch size"] = _png(fig)
+    return plots
+
+
+def render_html(report: dict[str, Any], markdown: str) -> str:
+    """A self-contained page: verdict, checks table, plots (inline PNG), the markdown summary."""
+    plots = make_plots(report)
+    art = report["artifact"]
+    colour = "#1a7f37" if report["passed"] else "#cf222e"
+    rows = []
+    for c in report["gate"]["checks"]:
+        op = {"min": "≥", "max": "≤"}.get(c["rule"], "=")
+        thr = f"{op} {_f(c['threshold'])}" if c["threshold"] is not None else "match"
+        cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(c["status"], "waived")
+        rows.append(
+            f"<tr class='{cls}'><td>{html.escape(c['metric'])}</td><td>{html.escape(_f(c['value']))}</td>"
+            f"<td>{html.escape(thr)}</td><td>{html.escape(_f(c['margin']))}</td>"
+            f"<td>{html.escape(c['status'])}</td><td>{html.escape(c['message'])}</td></tr>"
+        )
+    files = "".join(
+        f"<tr><td>{html.escape(name)}</td><td><code>{f['sha256']}</code></td><td>{f['bytes']}</td></tr>"
+        for name, f in art["files"].items()
+    )
+    figures = "".join(
+        f"<figure><img alt='{html.escape(t)}' src='data:image/png;base64,{b64}'/><figcaption>{html.escape(t)}"
+        "</figcaption></figure>"
+        for t, b64 in plots.items()
+    )
+    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in report.get("notes", []))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>chattts-forge gate: {html.escape(str(art['variant']))}</title>
+<style>
+body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#1f2328}}
+h1 span{{color:{colour}}} table{{border-collapse:collapse;margin:1em 0;font-size:14px}}
+td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:left}} tr.fail td{{background:#ffebe9}}
+tr.pass td{{background:#dafbe1}} tr.waived td{{background:#f6f8fa}} .note{{background:#fff8c5;padding:8px}}
+figure{{display:inline-block;margin:8px}} code{{font-size:12px}} pre{{white-space:pre-wrap;background:#f6f8fa;padding:8px}}
+</style></head><body>
+<h1>{html.escape(str(art['variant']))}: <span>{'PASSED' if report['passed'] else 'FAILED'}</span></h1>
+<p>Artifact <code>{html.escape(art['dir'])}</code> against <code>{html.escape(report['reference']['dir'])}</code>,
+corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_used']} sentences), evaluated
+{html.escape(report['created_at'])}.</p>
+{notes}
+<h2>Gate</h2>
+<table><tr><th>metric</th><th>value</th><th>threshold</th><th>margin</th><th>status</th><th>detail</th></tr>
+{''.join(rows)}</table>
+<h2>Plots</h2>
+{figures}
+<h2>Summary</h2>
+<pre>{html.escape(markdown)}</pre>
+<h2>Files judged</h2>
+<table><tr><th>file</th><th>sha256</th><th>bytes</th></tr>{files}</table>
+<p>report.json integrity: <code>{html.escape(report.get(INTEGRITY_KEY, ''))}</code></p>
+</body></html>
+"""
+
+
+def write_reports(report: dict[str, Any], out_dir: Path) -> Path:
+    """Write report.json / report.md / report.html into `out_dir` (atomically, all or nothing)."""
+    markdown = render_markdown(report)
+    page = render_html(report, markdown)
+    with atomic_output_dir(out_dir) as tmp:
+        (tmp / "report.json").write_text(
+            json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
+        )
+        (tmp / "report.md").write_text(markdown, encoding="utf-8")
+        (tmp / "report.html").write_text(page, encoding="utf-8")
+    log.info("wrote %s/report.json, report.md, report.html", out_dir)
+    return out_dir
