@@ -210,7 +210,10 @@ class Pipeline:
         params = params or SynthParams()
         if not isinstance(text, str) or not text.strip():
             raise ForgeError("empty text")
-        out = self.normalizer(text, params.normalize, params.homophones, params.lang) if params.normalize or params.homophones else text
+        if params.lang not in (None, "zh", "en"):
+            raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
+        # The invalid-character filter always runs, as in ChatTTS; the flags gate the rest.
+        out = self.normalizer(text, params.normalize, params.homophones, params.lang)
         if not out.strip() or not is_speakable(out):
             raise ForgeError(f"text {_short(text)} normalises to nothing speakable")
         return out
@@ -383,8 +386,8 @@ class Pipeline:
         )
         return gen.processed_logits or []
 
-    def refine_text(self, texts: Sequence[str], params: RefineTextParams) -> list[str]:
-        """ChatTTS's `_refine_text` + the id filter of `_infer`: refined texts."""
+    def refine_generation(self, texts: Sequence[str], params: RefineTextParams) -> Generation:
+        """ChatTTS's `_refine_text` on normalised texts: `.ids[b]` the text-head tokens (EOS excluded)."""
         temps = (float(params.temperature),)
         _check_sampling(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
                         params.repetition_penalty)
@@ -403,15 +406,15 @@ class Pipeline:
         input_ids, mask, text_mask = self.tokenizer.encode(decorated, self.num_vq)
         self._check_length(input_ids.shape[1], params.max_new_token)
         emb = self.embed(input_ids, text_mask)
-        gen = self.generate(
+        return self.generate(
             emb, input_ids, mask, cfg, infer_text=True, max_new_token=params.max_new_token,
             seed=params.seed, ensure_non_empty=params.ensure_non_empty,
         )
-        out = []
-        for ids in gen.ids:
-            kept = ids[ids < self.tokenizer.break_0_id]
-            out.append(self.tokenizer.decode(kept.tolist()))
-        return out
+
+    def refine_text(self, texts: Sequence[str], params: RefineTextParams) -> list[str]:
+        """Refined texts: `refine_generation`, tokens >= [break_0] dropped, decoded (as `Chat._infer`)."""
+        gen = self.refine_generation(texts, params)
+        return [self.tokenizer.decode(ids[ids < self.tokenizer.break_0_id].tolist()) for ids in gen.ids]
 
     # ---- audio ----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -194,11 +195,49 @@ def test_eos_in_any_stream_ends_only_its_row(pipe, monkeypatch, min_new_token):
         assert gen.finished.tolist() == [True, False]
 
 
-def test_refine_text_runs(pipe):
-    out = pipe.refine_text([pipe.normalize(TEXTS[0])], RefineTextParams(seed=0, max_new_token=12, temperature=1e-9))
-    assert isinstance(out[0], str)
-    ids = pipe.tokenizer.ids(out[0])
-    assert all(i < pipe.tokenizer.break_0_id for i in ids)
+def test_refine_matches_chattts(pipe, tiny_chat):
+    from ChatTTS.core import Chat
+
+    from chattts_forge.torch_ref.chat import quiet_chattts
+
+    norm = [pipe.normalize(t) for t in TEXTS]
+    steps = 20
+    with quiet_chattts():
+        want = tiny_chat._refine_text(
+            norm,
+            tiny_chat.device,
+            Chat.RefineTextParams(temperature=1e-9, max_new_token=steps, min_new_token=steps, show_tqdm=False,
+                                  ensure_non_empty=False, manual_seed=0),
+        )
+    gen = pipe.refine_generation(norm, RefineTextParams(temperature=1e-9, max_new_token=steps, min_new_token=steps))
+    for got, w in zip(gen.ids, want.ids, strict=True):
+        np.testing.assert_array_equal(got, w.numpy())
+    texts = pipe.refine_text(norm, RefineTextParams(temperature=1e-9, max_new_token=steps, min_new_token=steps))
+    kept = [w[w < tiny_chat.tokenizer.break_0_ids] for w in want.ids]
+    assert texts == tiny_chat.tokenizer.decode(kept)
+
+
+def test_stream_equals_synthesize_when_rows_end_at_different_steps(pipe, monkeypatch):
+    head = pipe.artifact.session("head_code")
+    params = SynthParams(code=InferCodeParams(seed=4, max_new_token=70))
+    monkeypatch.setitem(pipe.artifact._sessions, "head_code", _EosAt(head, 30, pipe.eos_code))
+    full = pipe.synthesize(TEXTS[:2], params)
+    assert [len(r.codes) for r in full] == [30, 70]
+    monkeypatch.setitem(pipe.artifact._sessions, "head_code", _EosAt(head, 30, pipe.eos_code))
+    chunks = list(pipe.stream(TEXTS[:2], params, stream_batch=16))
+    for i, res in enumerate(full):
+        streamed = np.concatenate([c[i] for c in chunks])
+        assert streamed.shape == res.wav.shape
+        assert np.abs(streamed - res.wav).max() <= STREAM_TOL
+
+
+def test_split_sentences_joins_rows(pipe):
+    text = "第一句话。Second sentence here. 第三句。"
+    params = SynthParams(code=InferCodeParams(seed=0, max_new_token=12, min_new_token=12), split_sentences=True)
+    [res] = pipe.synthesize([text], params)
+    parts = pipe.synthesize(["第一句话。", "Second sentence here. ", "第三句。"], replace(params, split_sentences=False))
+    np.testing.assert_array_equal(res.codes, np.concatenate([p.codes for p in parts]))
+    np.testing.assert_allclose(res.wav, np.concatenate([p.wav for p in parts]), atol=1e-5)
 
 
 # ---- errors -------------------------------------------------------------------------------
