@@ -371,3 +371,21 @@ def test_publish_a_real_converted_artifact(tiny_artifacts: dict[str, Path], tmp_
     data[len(data) // 3] ^= 0xFF
     gpt.write_bytes(bytes(data))
     assert any(p.startswith(f"{gpt}: changed") for p in verify_path(root).problems)
+
+
+def test_reports_sealed_by_the_evaluate_stage_are_accepted_and_edits_refused(art: tuple[Path, Path]) -> None:
+    """publish's integrity check and evaluate's seal agree (the contract between the two stages)."""
+    from chattts_forge.evaluate.report import seal, verify_integrity
+    from chattts_forge.publish.gate_report import parse_report
+
+    artifact, report_dir = art
+    data = json.loads((report_dir / "report.json").read_text())
+    data["latency"] = {"rtf": float("nan"), "name": "中文 ✓"}  # non-finite floats and non-ASCII text
+    sealed = seal(data)
+    raw = json.dumps(sealed, indent=2, ensure_ascii=False).encode()
+    report = parse_report(report_dir / "report.json", raw)
+    assert report.passed and report.data["integrity"] == sealed["integrity"]
+    sealed["gate"]["thresholds"]["min_code_agreement"] = 0.1
+    assert not verify_integrity(sealed)
+    with pytest.raises(ForgeError, match="edited after evaluation"):
+        parse_report(report_dir / "report.json", json.dumps(sealed).encode())
