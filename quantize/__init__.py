@@ -203,8 +203,14 @@ def quantize_artifact(
         qmeta = copy.deepcopy(meta)
         atomic_write_json(tmp / "artifact.json", qmeta)  # provisional: fidelity reads component files
 
-        # The graph each component is quantized from (static: quant_pre_process'ed once).
-        base = dict(src_files)
+        # The graph each component is quantized from (static: quant_pre_process'ed once). Linked
+        # into the work folder: onnxruntime's quantizers write temporary "-inferred" models next
+        # to their input, and the source artifact must stay untouched (it may be read-only).
+        base = {}
+        for c, path in src_files.items():
+            base[c] = work / path.name
+            for f in component_files(src, meta, c):  # the graph and its external data, if any
+                os.symlink(f.resolve(), work / f.name)
         pre_records: dict[str, Any] = {}
         if method == "static":
             from chattts_forge.quantize.static import preprocess

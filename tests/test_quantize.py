@@ -154,3 +154,11 @@ def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
     res = CliRunner().invoke(main, ["quantize", "--artifact", str(tmp_path / "none"), "--method", "dynamic",
                                     "--out", str(tmp_path / "y")])
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_source_artifact_folder_is_never_written(tiny_artifacts, tmp_path: Path):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_artifacts["fp32"], src)
+    before = (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir()))
+    quantize_artifact(src, tmp_path / "dyn", "dynamic", fidelity=False)
+    assert (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir())) == before
