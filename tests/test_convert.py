@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +24,6 @@ META_KEYS = (
     "num_hidden_layers",
     "chattts_forge_version",
 )
-REPO = Path(__file__).resolve().parent.parent
-FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 
 
 def _artifact(folder: Path) -> dict:
@@ -235,8 +231,13 @@ def test_vocos_graph_matches_vocos_decode(tiny_artifacts, tiny_chat):
     assert np.abs(got - ref).max() < 1e-5
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*FORGE, *args], capture_output=True, text=True, cwd=REPO, timeout=600)
+def _run_cli(*args: str):
+    """The real `chattts-forge` entry point, in-process (the modules are already imported)."""
+    from click.testing import CliRunner
+
+    from chattts_forge.cli import main
+
+    return CliRunner().invoke(main, list(args))
 
 
 def test_broken_checkpoint_fails_cleanly(tiny_ckpt, tmp_path):
@@ -246,7 +247,7 @@ def test_broken_checkpoint_fails_cleanly(tiny_ckpt, tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
     out = tmp_path / "out"
     proc = _run_cli("convert", "--checkpoint", str(broken), "--out", str(out), "--precision", "fp32")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.exit_code == 2, proc.output
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "checkpoint" in error_lines[0]
     assert not out.exists()
@@ -257,7 +258,7 @@ def test_unwritable_output_fails_cleanly(tiny_ckpt, tmp_path):
     blocker.write_text("x")
     out = blocker / "out"
     proc = _run_cli("convert", "--checkpoint", str(tiny_ckpt), "--out", str(out))
-    assert proc.returncode == 2
+    assert proc.exit_code == 2, proc.output
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert not out.exists()
     assert list(tmp_path.iterdir()) == [blocker]
