@@ -48,6 +48,23 @@ Pieces for parity tests (all on a `Pipeline`):
 - `chattts_forge.runtime.frontend`: `Normalizer`, `TextTokenizer`, `split_sentences`,
   `decorate_code_prompts`, `decorate_text_prompts`, speaker string helpers.
 
+Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`, exit 2):
+- empty text; text that normalises to nothing speakable (only punctuation/spaces left);
+- unknown characters are filtered out with a warning, exactly as ChatTTS's Normalizer does
+  (after mapping `!:;()<>-` and full-width brackets to `,`/`.`), not an error;
+- overlong input: prompt tokens + max_new_token beyond the model's positions (4096) is an error;
+  `SynthParams(split_sentences=True)` / `synth --split-sentences` splits like `Chat.infer` and
+  joins the audio of the sentences (generated as one batch);
+- missing artifact files, artifact.json schema/size/sha256 mismatches (sha256 checked for files
+  <= 8 MiB on open, all with `Pipeline(..., verify="full")`), unknown or unavailable provider.
+- ChatTTS details kept on purpose: top_k/top_p keep at least 3 tokens; the repetition penalty's
+  row-zeroing beyond `max_input_ids` rows; EOS in any stream ends the row; the EOS step is not
+  part of the codes. Not reproduced: torch's RNG stream, the speaker-from-audio step ChatTTS runs
+  when it splits a text into several sentences (`spk_smp` strings are accepted as input).
+
+Swapping the GPT engine: `pipe.gpt` is a `session.GptStep` (reset(batch), __call__(inputs_embeds,
+attention_mask, position_ids) -> last_hidden_state); assign any object with that interface.
+
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).
 """
 

@@ -201,7 +201,18 @@ class Pipeline:
         self.hop = self.dims.hop_length
         self.tokenizer = TextTokenizer(self.artifact.file("tokenizer"))
         self.normalizer = Normalizer(self.artifact.file("homophones"))
-        self.gpt = GptStep(self.artifact.session("gpt"), self.dims)
+        self._gpt: GptStep | None = None
+
+    @property
+    def gpt(self) -> GptStep:
+        """The GPT step with its KV cache (created on first use; assign another engine to replace it)."""
+        if self._gpt is None:
+            self._gpt = GptStep(self.artifact.session("gpt"), self.dims)
+        return self._gpt
+
+    @gpt.setter
+    def gpt(self, step) -> None:
+        self._gpt = step
 
     # ---- front end ------------------------------------------------------------------------
 
