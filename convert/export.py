@@ -103,6 +103,14 @@ def _scratch_dir(parent: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _make_readable(folder: Path) -> None:
+    """Temp folders/files are created private (0700/0600); an artifact is meant to be shared."""
+    folder.chmod(0o755)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o644)
+
+
 def _component_record(
     spec: ComponentSpec, files: list[str], folder: Path, precision: str, converter: str, opset: int
 ) -> dict[str, Any]:
@@ -254,9 +262,11 @@ def convert_checkpoint(
                 common["files"] = files
             if want32:
                 write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
+                _make_readable(dir32)
                 result["fp32"] = out / "fp32"
             if dir16 is not None:
                 write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, **common)
+                _make_readable(dir16)
                 result["fp16"] = out / "fp16"
     except BaseException:
         if created_out and out.is_dir() and not any(out.iterdir()):
