@@ -136,6 +136,22 @@ def replay(
     return hidden, logits
 
 
+def replay_fast(quant_dir: Path, head: Any, traj: Trajectory, threads: int | None) -> tuple[list, list]:
+    """Teacher-forced replay through the artifact's fused `gpt_fast` graph, driven by the runtime's
+    own `FastGptStep` (its in-place KV cache), so the graph the runtime prefers is measured too."""
+    from chattts_forge.runtime.fast_gpt import FastGptStep
+    from chattts_forge.runtime.session import Artifact
+
+    step = FastGptStep.from_artifact(Artifact(quant_dir, threads=threads, verify="none"))
+    step.reset(traj.step_feeds[0]["inputs_embeds"].shape[0])
+    hidden, logits = [], []
+    for feeds in traj.step_feeds:
+        h = np.ascontiguousarray(step(feeds["inputs_embeds"], feeds["attention_mask"], feeds["position_ids"])[:, -1])
+        hidden.append(h)
+        logits.append(head.run(["logits"], {"hidden_states": h})[0])
+    return hidden, logits
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)
@@ -301,6 +317,18 @@ def measure_fidelity(
         "hidden_cosine": {"mean": float(cos.mean()), "min": float(cos.min())},
         "mel": mel_metrics(ref_mels, q_mels),
     }
+    if "gpt_fast" in qmeta["components"]:
+        try:
+            f_logits, f_cos = [], []
+            for t in trajectories:
+                hidden, logits = replay_fast(quant_dir, q_head, t, threads)
+                f_logits += logits
+                f_cos.append(cosine_rows(np.stack(t.hidden, 1), np.stack(hidden, 1)))
+            fast = code_metrics(ref_logits, f_logits)
+            result["gpt_fast"] = {"teacher_forced": fast, "hidden_cosine": {
+                "mean": float(np.concatenate(f_cos).mean()), "min": float(np.concatenate(f_cos).min())}}
+        except (ImportError, ForgeError) as e:
+            result["gpt_fast"] = {"error": f"could not replay gpt_fast: {e}"}
     if per_tensor:
         samples = [s for t in trajectories for s in t.full_samples][:4]
         rows = tensor_errors(component_file(fp32_dir, fmeta, "gpt"), q_gpt_path, samples, threads)

@@ -162,3 +162,20 @@ def test_source_artifact_folder_is_never_written(tiny_artifacts, tmp_path: Path)
     before = (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir()))
     quantize_artifact(src, tmp_path / "dyn", "dynamic", fidelity=False)
     assert (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir())) == before
+
+
+def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, tmp_path: Path):
+    from chattts_forge.convert.optimize import optimize_artifact
+
+    src = tmp_path / "fp32"
+    shutil.copytree(tiny_artifacts["fp32"], src)
+    optimize_artifact(src)  # adds the FP32 gpt_fast.onnx the runtime prefers
+    int4 = quantize_artifact(src, tmp_path / "int4", "int4", **FID)
+    meta = json.loads((int4 / "artifact.json").read_text())
+    assert meta["components"]["gpt_fast"]["precision"] == "int4"
+    assert "MatMulNBits" in _ops(int4 / "gpt_fast.onnx")
+    assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
+    static = quantize_artifact(src, tmp_path / "static", "static", calibration=calib, fidelity=False)
+    smeta = json.loads((static / "artifact.json").read_text())
+    assert "gpt_fast" not in smeta["components"] and not (static / "gpt_fast.onnx").exists()
+    assert smeta["quantization"]["gpt_fast"].startswith("dropped")
