@@ -259,7 +259,7 @@ class OnnxEngine:
 class TorchEngine:
     name = "pytorch"
 
-    def __init__(self, checkpoint: str | os.PathLike[str], threads: int) -> None:
+    def __init__(self, checkpoint: str | os.PathLike[str] | None, threads: int, chat: Any = None) -> None:
         import torch
 
         from chattts_forge.torch_ref.chat import load_chat
@@ -270,7 +270,7 @@ class TorchEngine:
         except RuntimeError:  # already set in this process
             pass
         self.torch = torch
-        self.chat = load_chat(checkpoint)
+        self.chat = chat if chat is not None else load_chat(checkpoint)
         self.calls: list[tuple[int, int, float, float]] = []  # (new, context, start, seconds)
         llama = self.chat.gpt.gpt
         self._t0 = 0.0
@@ -285,8 +285,16 @@ class TorchEngine:
             ctx = int(mask.shape[1]) if mask is not None else new
             self.calls.append((new, ctx, self._t0, time.perf_counter() - self._t0))
 
-        llama.register_forward_pre_hook(pre, with_kwargs=True)
-        llama.register_forward_hook(post, with_kwargs=True)
+        self._hooks = [
+            llama.register_forward_pre_hook(pre, with_kwargs=True),
+            llama.register_forward_hook(post, with_kwargs=True),
+        ]
+
+    def close(self) -> None:
+        """Remove the timing hooks (the Chat may be shared with the caller)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
     def _params(self, steps: int) -> Any:
         from ChatTTS.core import Chat
@@ -430,10 +438,13 @@ def run_bench(
     first_audio: bool = True,
     json_out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    chat: Any = None,
 ) -> dict[str, Any]:
     """Benchmark `artifact` (and ChatTTS's PyTorch FP32 on `checkpoint` when `baseline="pytorch"`).
 
-    Returns the report dict (documented in docs/bench.md) and writes it to `json_out` if given.
+    `chat`: an already loaded ChatTTS `Chat` of that checkpoint to use as the baseline (library
+    use; it is left as it was). Returns the report dict (documented in docs/bench.md) and writes
+    it to `json_out` if given.
     """
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.versions import library_versions, toolchain_info
@@ -461,40 +472,48 @@ def run_bench(
     ckpt: Path | None = None
     if baseline == "pytorch":
         ckpt = Path(checkpoint).expanduser() if checkpoint is not None else _default_checkpoint(art)
+        if ckpt is None and chat is not None:
+            ckpt = Path(str(getattr(chat, "forge_asset_dir", "<given Chat>")))
         if ckpt is None:
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
     say = progress or (lambda msg: log.info("%s", msg))
 
-    with RssSampler() as rss:
-        base_rss = rss.rss()
-        with rss.during("onnx_load"):
-            onnx_engine = OnnxEngine(art, threads, engine)
-            onnx_engine.run([text], min(warmup_steps, steps))
-        onnx_loaded = rss.rss()
-        engines: list[Any] = [onnx_engine]
-        torch_loaded = None
-        if ckpt is not None:
-            with rss.during("pytorch_load"):
-                torch_engine = TorchEngine(ckpt, threads)
-                torch_engine.run([text], min(warmup_steps, steps))
-            torch_loaded = rss.rss()
-            engines.append(torch_engine)
-        runs: dict[str, dict[int, list[RunFigures]]] = {e.name: {b: [] for b in batches} for e in engines}
-        firsts: dict[str, list[float]] = {e.name: [] for e in engines}
-        for rep in range(reps):
-            for b in batches:
-                for eng in engines:  # interleaved: both engines see the same machine load
-                    say(f"rep {rep + 1}/{reps}: {eng.name} batch {b}, {steps} steps")
-                    gc.collect()
-                    with rss.during(eng.name):
-                        runs[eng.name][b].append(eng.run([text] * b, steps))
-            if first_audio and 1 in batches:
-                for eng in engines:
-                    say(f"rep {rep + 1}/{reps}: {eng.name} first audio (streaming)")
-                    with rss.during(eng.name):
-                        firsts[eng.name].append(eng.first_audio(text, steps))
-        peaks = dict(rss.peaks)
-        process_peak = _ru_maxrss()
+    engines: list[Any] = []
+    try:
+        with RssSampler() as rss:
+            base_rss = rss.rss()
+            with rss.during("onnx_load"):
+                onnx_engine = OnnxEngine(art, threads, engine)
+                engines.append(onnx_engine)
+                onnx_engine.run([text], min(warmup_steps, steps))
+            onnx_loaded = rss.rss()
+            torch_loaded = None
+            if ckpt is not None:
+                with rss.during("pytorch_load"):
+                    torch_engine = TorchEngine(ckpt, threads, chat=chat)
+                    engines.append(torch_engine)
+                    torch_engine.run([text], min(warmup_steps, steps))
+                torch_loaded = rss.rss()
+            runs: dict[str, dict[int, list[RunFigures]]] = {e.name: {b: [] for b in batches} for e in engines}
+            firsts: dict[str, list[float]] = {e.name: [] for e in engines}
+            for rep in range(reps):
+                for b in batches:
+                    for eng in engines:  # interleaved: both engines see the same machine load
+                        say(f"rep {rep + 1}/{reps}: {eng.name} batch {b}, {steps} steps")
+                        gc.collect()
+                        with rss.during(eng.name):
+                            runs[eng.name][b].append(eng.run([text] * b, steps))
+                if first_audio and 1 in batches:
+                    for eng in engines:
+                        say(f"rep {rep + 1}/{reps}: {eng.name} first audio (streaming)")
+                        with rss.during(eng.name):
+                            firsts[eng.name].append(eng.first_audio(text, steps))
+            peaks = dict(rss.peaks)
+            process_peak = _ru_maxrss()
+    finally:
+        for eng in engines:
+            if isinstance(eng, TorchEngine):
+                eng.close()
 
     results: dict[str, dict[str, Any]] = {}
     for name, per_batch in runs.items():
@@ -560,6 +579,8 @@ def run_bench(
         atomic_write_json(json_out, report)
         log.info("wrote %s", json_out)
     return report
+
+
 
 
 def _ru_maxrss() -> int | None:
