@@ -147,6 +147,9 @@ class _StreamingWav:
 @click.option(
     "--split-sentences", is_flag=True, help="Split each text into sentences like ChatTTS and join the audio."
 )
+@click.option(
+    "--batch-size", type=int, default=8, show_default=True, help="Texts of --batch-file generated together."
+)
 @click.option("--provider", default="cpu", show_default=True, help="onnxruntime provider: cpu or cuda.")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 def synth(
@@ -170,6 +173,7 @@ def synth(
     stream: bool,
     stream_batch: int,
     split_sentences: bool,
+    batch_size: int,
     provider: str,
     threads: int | None,
 ) -> None:
@@ -189,6 +193,8 @@ def synth(
     if text is not None and not text.strip():
         raise ForgeError("--text is empty")
     texts = [text] if text is not None else _read_batch_file(batch_file)
+    if batch_size < 1:
+        raise ForgeError(f"--batch-size must be >= 1, got {batch_size}")
     if speaker_out is not None and speaker is None:
         raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random')")
 
@@ -225,12 +231,14 @@ def synth(
         first_audio = None
         chunks = 0
         try:
-            for chunk in pipe.stream(texts, params):
-                chunks += 1
-                for w, c in zip(writers, chunk, strict=True):
-                    w.write(c)
-                if first_audio is None and any(len(c) for c in chunk):
-                    first_audio = time.perf_counter() - t1
+            for start in range(0, len(texts), batch_size):
+                group = writers[start : start + batch_size]
+                for chunk in pipe.stream(texts[start : start + batch_size], params):
+                    chunks += 1
+                    for w, c in zip(group, chunk, strict=True):
+                        w.write(c)
+                    if first_audio is None and any(len(c) for c in chunk):
+                        first_audio = time.perf_counter() - t1
             for w in writers:
                 w.commit()
         except BaseException:
@@ -246,7 +254,9 @@ def synth(
         for p, w in zip(wav_paths, writers, strict=True):
             log.info("wrote %s (%.2f s)", p, w.samples / pipe.sample_rate)
     else:
-        results = pipe.synthesize(texts, params)
+        results = []
+        for start in range(0, len(texts), batch_size):
+            results += pipe.synthesize(texts[start : start + batch_size], params)
         t2 = time.perf_counter()
         steps = max(len(r.codes) for r in results)
         for i, r in enumerate(results):

@@ -48,8 +48,8 @@ def test_batch_file_and_stream(art, tmp_path):
     assert np.load(tmp_path / "c_001.npy").shape == (30, 4)
     folder = tmp_path / "streamed"
     folder.mkdir()
-    r = synth("--artifact", art, "--batch-file", str(lines), "--out", str(folder), "--seed", "0",
-              "--no-refine", "--max-new-token", "30", "--min-new-token", "30", "--stream", "--stream-batch", "8")
+    r = synth("--artifact", art, "--batch-file", str(lines), "--out", str(folder), "--seed", "0", "--no-refine",
+              "--max-new-token", "30", "--min-new-token", "30", "--stream", "--stream-batch", "8", "--batch-size", "1")
     assert r.exit_code == 0, r.output
     for i in range(2):
         a, _ = sf.read(folder / f"{i:03d}.wav", dtype="float32")
@@ -78,6 +78,7 @@ def _error(result) -> str:
         (["--text", "你好", "--min-new-token", "5", "--max-new-token", "3"], "min-new-token"),
         (["--text", "你好", "--speaker", "garbage"], "speaker"),
         (["--batch-file", "/nonexistent/lines.txt"], "does not exist"),
+        (["--text", "你好", "--batch-size", "0"], "batch-size"),
         ([], "exactly one of --text or --batch-file"),
     ],
 )
