@@ -56,6 +56,8 @@ def run_parity(
     waveforms: bool = True,
     logits: bool = False,
     logits_steps: int = 64,
+    logits_temperature: float = 1.0,
+    speaker_cases: tuple[str, ...] = ("no-speaker", "speaker"),
     echo: Any = print,
 ) -> dict[str, Any]:
     """Run the checks; returns {"ok": bool, "cases": [...], "figures": {...}}."""
@@ -87,6 +89,8 @@ def run_parity(
     worst_wav = worst_logits = 0.0
     ok = True
     for spk_case, spk_emb in (("no-speaker", None), ("speaker", spk)):
+        if spk_case not in speaker_cases:
+            continue
         for name, text in texts.items():
             label = f"{name}/{spk_case}"
             t = time.perf_counter()
@@ -135,22 +139,23 @@ def run_parity(
                 ok &= same_len and diff <= WAV_TOL
                 line += f"; waveform max |diff| {diff:.2e} ({want.size} vs {got.size} samples)"
             if logits:
-                n = min(logits_steps, steps)
+                n, temp = min(logits_steps, steps), logits_temperature
+                # ChatTTS samples the codes at its default temperature; both engines are then fed them.
                 sampled = oracle.chattts_codes(
                     chat, [text], spk_emb=spk_emb, max_new_token=n, min_new_token=n // 2, temperature=0.3, seed=5
                 )
                 tf = oracle.chattts_teacher_forced_logits(
-                    chat, [text], sampled["codes"], spk_emb=spk_emb, min_new_token=n // 2, temperature=0.3
+                    chat, [text], sampled["codes"], spk_emb=spk_emb, min_new_token=n // 2, temperature=temp
                 )
                 got_l = pipe.teacher_forced_logits(
-                    [norm], sampled["codes"], InferCodeParams(spk_emb=spk_emb, temperature=0.3, min_new_token=n // 2)
+                    [norm], sampled["codes"], InferCodeParams(spk_emb=spk_emb, temperature=temp, min_new_token=n // 2)
                 )[0]
                 mask_diff, diff_l = compare_processed_logits(tf["processed_logits"][0], got_l)
                 worst_logits = max(worst_logits, diff_l)
                 case["logits_max_abs_diff"] = diff_l
                 case["logits_mask_differences"] = mask_diff
                 ok &= mask_diff == 0 and diff_l <= LOGITS_TOL
-                line += f"; teacher-forced logits max |diff| {diff_l:.2e}, mask differences {mask_diff}"
+                line += f"; teacher-forced logits (T={temp:g}) max |diff| {diff_l:.2e}, mask differences {mask_diff}"
             echo(line)
             cases.append(case)
     figures = {
@@ -173,8 +178,29 @@ def run_parity(
 @click.option("--steps", type=int, default=200, show_default=True, help="N = min = max new tokens.")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads of both engines.")
 @click.option("--speaker-seed", type=int, default=0, show_default=True, help="Seed of the sampled speaker.")
-@click.option("--waveforms/--no-waveforms", default=True, show_default=True, help="Also check check (3).")
+@click.option("--waveforms/--no-waveforms", default=True, show_default=True, help="Also compare waveforms, check (3).")
 @click.option("--logits/--no-logits", default=False, show_default=True, help="Also check teacher forcing (1).")
+@click.option(
+    "--logits-temperature",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Temperature of the teacher-forced check (processed logits scale with 1/T, and so does FP32 noise).",
+)
+@click.option(
+    "--text",
+    "text_names",
+    multiple=True,
+    type=click.Choice(list(TEXTS)),
+    help="Only these sentences (repeatable). Default: all.",
+)
+@click.option(
+    "--speaker-case",
+    "speaker_cases",
+    multiple=True,
+    type=click.Choice(["no-speaker", "speaker"]),
+    help="Only these speaker cases (repeatable). Default: both.",
+)
 @click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Save the figures as JSON.")
 def main(
     checkpoint: Path,
@@ -184,6 +210,9 @@ def main(
     speaker_seed: int,
     waveforms: bool,
     logits: bool,
+    logits_temperature: float,
+    text_names: tuple[str, ...],
+    speaker_cases: tuple[str, ...],
     json_out: Path | None,
 ) -> None:
     """Check the runtime's codes (and audio) against ChatTTS itself and print the figures."""
@@ -199,6 +228,9 @@ def main(
             speaker_seed=speaker_seed,
             waveforms=waveforms,
             logits=logits,
+            logits_temperature=logits_temperature,
+            texts={k: TEXTS[k] for k in text_names} if text_names else None,
+            speaker_cases=speaker_cases or ("no-speaker", "speaker"),
             echo=click.echo,
         )
     except ForgeError as e:
