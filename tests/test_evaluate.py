@@ -1,0 +1,150 @@
+"""End to end: `evaluate` on tiny artifacts passes a healthy dynamic-INT8 artifact, fails a damaged one.
+
+The gate used here is the shipped default without its [latency] section: timed thresholds belong in
+benchmarks, not tests (the latency figures are still measured and reported).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chattts_forge.evaluate.cli import evaluate as evaluate_cmd
+from chattts_forge.evaluate.degrade import damage_quantization_scales
+from chattts_forge.evaluate.evaluate import describe_artifact, evaluate_artifact
+from chattts_forge.evaluate.gate import DEFAULT_GATE
+from chattts_forge.evaluate.report import verify_integrity
+from click.testing import CliRunner
+
+from chattts_forge.errors import ForgeError
+
+FAST = dict(max_sentences=2, max_new_token=24, fidelity_sentences=2, fidelity_steps=24, batch_sizes=(1, 2), threads=2)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small corpus of our own (not a shipped one)."""
+    path = tmp_path_factory.mktemp("corpus") / "mine.txt"
+    path.write_text("您好，请问有什么可以帮您？\nYour order has shipped today.\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gate_without_latency(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    text = DEFAULT_GATE.read_text(encoding="utf-8")
+    text = re.sub(r"\[latency\][^\[]*", "", text)
+    path = tmp_path_factory.mktemp("gate") / "gate.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from chattts_forge.quantize import quantize_artifact
+
+    root = tmp_path_factory.mktemp("int8")
+    healthy = quantize_artifact(tiny_artifacts["fp32"], root / "int8-dynamic", method="dynamic", fidelity=False,
+                                threads=2, progress=False)
+    damaged = root / "int8-dynamic-x3"
+    files = damage_quantization_scales(healthy, damaged, factor=3.0)
+    assert "gpt.onnx" in files
+    return {"healthy": Path(healthy), "damaged": damaged}
+
+
+def test_healthy_int8_passes_with_reports_hashes_and_pytorch_ratio(
+    tiny_artifacts, tiny_ckpt, int8_artifacts, corpus_file, gate_without_latency, tmp_path
+) -> None:
+    out = tmp_path / "report-ok"
+    report = evaluate_artifact(
+        int8_artifacts["healthy"], tiny_artifacts["fp32"], corpus_file, gate=gate_without_latency, out=out,
+        baseline_checkpoint=tiny_ckpt, progress=False, **FAST,
+    )
+    assert report["passed"], report["gate"]["failed"]
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html"}
+    data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert data["schema"] == "chattts-forge/report/1" and data["passed"] is True
+    assert verify_integrity(data)
+    # The JSON names the exact bytes judged.
+    judged = data["artifact"]["files"]
+    assert judged == describe_artifact(int8_artifacts["healthy"])["files"]
+    assert {"gpt.onnx", "vocos.onnx", "artifact.json"} <= set(judged)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) for f in judged.values())
+    # Synthetic checkpoint: intelligibility said to be unmeasurable, thresholds waived, fidelity decides.
+    assert data["intelligibility"]["measured"] is False
+    assert "cannot be measured" in data["notes"][0]
+    statuses = {c["metric"]: c["status"] for c in data["gate"]["checks"]}
+    assert statuses["wer_delta"] == "waived" and statuses["code_agreement"] == "pass"
+    # Latency from the same run: artifact, FP32 reference and ChatTTS's PyTorch pipeline, with ratios.
+    lat = data["latency"]
+    assert lat["pytorch"] is not None and lat["ratios"]["vs_pytorch"]["rtf_p50"] > 0
+    assert lat["artifact"]["rtf"]["p50"] > 0 and lat["artifact"]["first_audio_seconds"]["p50"] > 0
+    assert set(lat["artifact"]["throughput"]) == {"1", "2"}
+    assert data["machine"]["threads"] == 2 and data["machine"]["cpu_model"]
+    assert data["metrics"]["rtf_ratio_vs_pytorch"] is not None
+    # The reports people read.
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "PASSED" in md and "| code_agreement |" in md and "ChatTTS PyTorch FP32" in md
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") >= 4
+    assert "Latency CDF" in page and "Fidelity per stream" in page and "<script" not in page
+
+
+def test_damaged_int8_fails_and_names_the_metric(
+    tiny_artifacts, int8_artifacts, corpus_file, gate_without_latency, tmp_path
+) -> None:
+    out = tmp_path / "report-bad"
+    args = ["--artifact", str(int8_artifacts["damaged"]), "--reference", str(tiny_artifacts["fp32"]),
+            "--corpus", str(corpus_file), "--gate", str(gate_without_latency), "--out", str(out),
+            "--max-sentences", "2", "--max-new-token", "24", "--fidelity-sentences", "2", "--fidelity-steps", "24",
+            "--batch", "1"]
+    res = CliRunner().invoke(evaluate_cmd, args)
+    assert res.exit_code == 1, res.output
+    assert "gate FAILED" in res.output and "code_agreement" in res.output
+    data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert data["passed"] is False
+    assert {"code_agreement", "hidden_cosine", "mel_snr_db"} <= set(data["gate"]["failed"])
+    check = next(c for c in data["gate"]["checks"] if c["metric"] == "code_agreement")
+    assert check["margin"] < 0 and "violates" in check["message"]
+    assert "FAILED" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_tampered_artifact_is_named(tiny_artifacts, int8_artifacts, tmp_path) -> None:
+    """Files that no longer match their artifact.json are reported (the gate cannot pass on them)."""
+    import shutil
+
+    copy = tmp_path / "tampered"
+    shutil.copytree(int8_artifacts["healthy"], copy)
+    with open(copy / "head_code.onnx", "ab") as f:
+        f.write(b"\0")
+    desc = describe_artifact(copy)
+    assert any("head_code.onnx" in m for m in desc["manifest_mismatches"])
+
+
+def test_bad_inputs_are_clear_errors(tiny_artifacts, tmp_path, corpus_file) -> None:
+    with pytest.raises(ForgeError, match="does not exist"):
+        evaluate_artifact(tmp_path / "nope", tiny_artifacts["fp32"], corpus_file)
+    with pytest.raises(ForgeError, match="not an artifact folder"):
+        evaluate_artifact(tmp_path, tiny_artifacts["fp32"], corpus_file)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ForgeError, match="empty"):
+        evaluate_artifact(tiny_artifacts["fp16"], tiny_artifacts["fp32"], empty)
+    bad_gate = tmp_path / "g.toml"
+    bad_gate.write_text("[x]\nmin_nothing = 1\n")
+    with pytest.raises(ForgeError, match="unknown threshold"):
+        evaluate_artifact(tiny_artifacts["fp16"], tiny_artifacts["fp32"], corpus_file, gate=bad_gate)
+    assert not (tmp_path / "report").exists()
+
+
+def test_evaluate_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "import chattts_forge.evaluate.evaluate, chattts_forge.evaluate.cli, chattts_forge.evaluate.score\n"
+        "import chattts_forge.evaluate.report, chattts_forge.evaluate.latency, chattts_forge.evaluate.asr\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

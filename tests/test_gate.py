@@ -1,0 +1,123 @@
+"""Gate files and verdicts, and the sealing of reports (no artifacts needed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from chattts_forge.evaluate.gate import DEFAULT_GATE, METRICS, judge, load_gate
+from chattts_forge.evaluate.report import report_integrity, seal, verify_integrity
+
+from chattts_forge.errors import ForgeError
+
+HEALTHY = {  # what a healthy dynamic-INT8 artifact measured on a tiny synthetic checkpoint
+    "code_agreement": 0.95,
+    "code_agreement_stream": 0.91,
+    "code_kl": 0.0066,
+    "hidden_cosine": 0.9995,
+    "mel_snr_db": 29.5,
+    "mel_lsd_db": 0.27,
+    "rtf_ratio_vs_reference": 0.6,
+    "size_ratio_vs_reference": 0.4,
+    "wer_delta": None,
+    "cer_delta": None,
+}
+DAMAGED = {  # the same with its quantization scales multiplied by 3
+    **HEALTHY,
+    "code_agreement": 0.029,
+    "code_agreement_stream": 0.013,
+    "code_kl": 27.4,
+    "hidden_cosine": 0.158,
+    "mel_snr_db": -1.98,
+    "mel_lsd_db": 10.7,
+}
+SYNTHETIC = {"wer_delta": "synthetic checkpoint", "cer_delta": "synthetic checkpoint"}
+
+
+def test_default_gate_has_a_threshold_for_each_area() -> None:
+    gate = load_gate(None)
+    assert gate["path"] == str(DEFAULT_GATE)
+    metrics = {metric for _, _, metric, _ in gate["rules"]}
+    assert {"wer_delta", "cer_delta", "code_agreement", "hidden_cosine", "mel_snr_db"} <= metrics
+    assert {"rtf_ratio_vs_reference", "size_ratio_vs_reference"} <= metrics
+    assert all(m in METRICS for m in metrics)
+
+
+def test_default_gate_passes_healthy_and_fails_damaged_int8() -> None:
+    gate = load_gate(None)
+    ok = judge(gate, HEALTHY, waived=SYNTHETIC)
+    assert ok["passed"] and ok["failed"] == []
+    assert {c["metric"] for c in ok["checks"] if c["status"] == "waived"} == {"wer_delta", "cer_delta"}
+    assert all(c["passed"] is None for c in ok["checks"] if c["status"] == "waived")
+
+    bad = judge(gate, DAMAGED, waived=SYNTHETIC)
+    assert not bad["passed"]
+    assert {"code_agreement", "hidden_cosine", "mel_snr_db", "code_kl"} <= set(bad["failed"])
+    agreement = next(c for c in bad["checks"] if c["metric"] == "code_agreement")
+    assert agreement["status"] == "fail" and agreement["passed"] is False
+    assert agreement["margin"] == pytest.approx(0.029 - 0.80)
+    assert "violates >= 0.8" in agreement["message"] and "off by 0.771" in agreement["message"]
+
+
+def test_unmeasured_metrics_never_pass_unless_waived() -> None:
+    gate = load_gate(None)
+    verdict = judge(gate, {**HEALTHY, "code_agreement": None}, waived=SYNTHETIC, reasons={"code_agreement": "no fidelity"})
+    assert not verdict["passed"] and "code_agreement" in verdict["failed"]
+    check = next(c for c in verdict["checks"] if c["metric"] == "code_agreement")
+    assert check["status"] == "not_measured" and "no fidelity" in check["message"]
+    # Without the waiver, unmeasured intelligibility fails too.
+    assert set(judge(gate, HEALTHY)["failed"]) == {"wer_delta", "cer_delta"}
+    # NaN is not a measurement; +inf SNR (identical mel) passes a min rule.
+    assert "mel_snr_db" in judge(gate, {**HEALTHY, "mel_snr_db": math.nan}, waived=SYNTHETIC)["failed"]
+    assert judge(gate, {**HEALTHY, "mel_snr_db": math.inf}, waived=SYNTHETIC)["passed"]
+
+
+def test_everything_waived_is_not_a_pass(tmp_path: Path) -> None:
+    only_wer = tmp_path / "g.toml"
+    only_wer.write_text("[intelligibility]\nmax_wer_delta = 0.01\n")
+    verdict = judge(load_gate(only_wer), {"wer_delta": None}, waived={"wer_delta": "synthetic"})
+    assert not verdict["passed"]  # nothing was measured
+
+
+def test_custom_gate_tightens_a_threshold(tmp_path: Path) -> None:
+    strict = tmp_path / "strict.toml"
+    strict.write_text('schema = "chattts-forge/gate/1"\n[fidelity]\nmin_code_agreement = 0.99\nmax_size_mb = 5\n')
+    gate = load_gate(strict)
+    verdict = judge(gate, {**HEALTHY, "size_mb": 4.0})
+    assert verdict["failed"] == ["code_agreement"]
+    assert verdict["sha256"] != load_gate(None)["sha256"]
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[fidelity]\nmin_code_agrement = 0.9\n", "unknown threshold"),
+        ("[fidelity]\nabout_code_agreement = 0.9\n", "unknown threshold"),
+        ("[fidelity]\nmin_code_agreement = 'high'\n", "finite number"),
+        ("[fidelity]\nmin_code_agreement = true\n", "finite number"),
+        ("min_code_agreement = 0.9\n", "must be a \\[section\\]"),
+        ('schema = "other/9"\n[fidelity]\nmin_code_agreement = 0.9\n', "schema"),
+        ("[fidelity]\n", "no thresholds"),
+        ("[fidelity\n", "not valid TOML"),
+    ],
+)
+def test_bad_gate_files_are_clear_errors(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "gate.toml"
+    path.write_text(text)
+    with pytest.raises(ForgeError, match=match):
+        load_gate(path)
+
+
+def test_missing_gate_file(tmp_path: Path) -> None:
+    with pytest.raises(ForgeError, match="does not exist"):
+        load_gate(tmp_path / "nope.toml")
+
+
+def test_seal_detects_any_edit() -> None:
+    report = seal({"schema": "chattts-forge/report/1", "passed": False, "metrics": {"snr": math.inf, "x": 1.5}})
+    assert report["metrics"]["snr"] is None  # strict JSON
+    assert verify_integrity(report)
+    assert report["integrity"] == report_integrity(report)
+    edited = {**report, "passed": True}
+    assert not verify_integrity(edited)
