@@ -150,6 +150,13 @@ class _StreamingWav:
 @click.option(
     "--batch-size", type=int, default=8, show_default=True, help="Texts of --batch-file generated together."
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "fast", "plain"]),
+    default="auto",
+    show_default=True,
+    help="GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
+)
 @click.option("--provider", default="cpu", show_default=True, help="onnxruntime provider: cpu or cuda.")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 def synth(
@@ -174,6 +181,7 @@ def synth(
     stream_batch: int,
     split_sentences: bool,
     batch_size: int,
+    engine: str,
     provider: str,
     threads: int | None,
 ) -> None:
@@ -202,7 +210,7 @@ def synth(
     from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 
     t0 = time.perf_counter()
-    pipe = Pipeline(artifact, provider=provider, threads=threads)
+    pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine)
     spk = _resolve_speaker(speaker, seed, pipe)
     params = SynthParams(
         code=InferCodeParams(

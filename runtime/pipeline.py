@@ -47,6 +47,10 @@ from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
+# GPT engines: `plain` runs gpt.onnx (GptStep); `fast` the fused gpt_fast.onnx with an in-place KV
+# cache (runtime.fast_gpt, built by convert.optimize); `auto` takes fast when the artifact has it.
+ENGINES = ("auto", "fast", "plain")
+FAST_GPT_COMPONENT = "gpt_fast"
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
 _DVAE_KERNEL = 7
 _DVAE_DILATION = 2
@@ -192,8 +196,17 @@ class Pipeline:
         provider: str = "cpu",
         threads: int | None = None,
         verify: str = "cheap",
+        engine: str = "auto",
     ) -> None:
+        if engine not in ENGINES:
+            raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
         self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify)
+        if engine == "fast" and not self.artifact.has_component(FAST_GPT_COMPONENT):
+            raise ForgeError(f"artifact {self.artifact.path} has no {FAST_GPT_COMPONENT} component (engine 'fast')")
+        self.engine = (
+            "fast" if engine == "fast" or (engine == "auto" and self.artifact.has_component(FAST_GPT_COMPONENT))
+            else "plain"
+        )
         self.dims = self.artifact.dims
         self.num_vq = self.dims.num_vq
         self.eos_code = self.dims.num_audio_tokens - 1
@@ -207,7 +220,12 @@ class Pipeline:
     def gpt(self) -> GptStep:
         """The GPT step with its KV cache (created on first use; assign another engine to replace it)."""
         if self._gpt is None:
-            self._gpt = GptStep(self.artifact.session("gpt"), self.dims)
+            if self.engine == "fast":
+                from chattts_forge.runtime.fast_gpt import FastGptStep
+
+                self._gpt = FastGptStep.from_artifact(self.artifact)
+            else:
+                self._gpt = GptStep(self.artifact.session("gpt"), self.dims)
         return self._gpt
 
     @gpt.setter

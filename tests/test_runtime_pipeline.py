@@ -240,6 +240,27 @@ def test_split_sentences_joins_rows(pipe):
     np.testing.assert_allclose(res.wav, np.concatenate([p.wav for p in parts]), atol=1e-5)
 
 
+def test_fast_engine_equals_plain(tiny_artifacts, tmp_path):
+    """With gpt_fast.onnx (convert.optimize) `engine="auto"` takes the in-place KV-cache graph: same codes."""
+    optimize = pytest.importorskip("chattts_forge.convert.optimize")
+    art = shutil.copytree(tiny_artifacts["fp32"], tmp_path / "fast")
+    if not (art / "gpt_fast.onnx").exists():
+        record = optimize.optimize_gpt(art)
+        meta = json.loads((art / "artifact.json").read_text())
+        meta["components"]["gpt_fast"] = record
+        (art / "artifact.json").write_text(json.dumps(meta))
+    plain, fast = Pipeline(art, threads=1, engine="plain"), Pipeline(art, threads=1)
+    assert (plain.engine, fast.engine) == ("plain", "fast")
+    params = InferCodeParams(seed=0, max_new_token=40, min_new_token=40, temperature=1e-9)
+    norm = [plain.normalize(t) for t in TEXTS]
+    a, b = plain.infer_code(norm, params), fast.infer_code(norm, params)
+    for x, y, hx, hy in zip(a.ids, b.ids, a.hiddens, b.hiddens, strict=True):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_allclose(hx, hy, atol=1e-4)
+    with pytest.raises(ForgeError, match="engine"):
+        Pipeline(tiny_artifacts["fp32"], engine="turbo")
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 
