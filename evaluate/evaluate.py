@@ -30,9 +30,12 @@ The report's JSON layout (schema ``chattts-forge/report/1``) is documented in `r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,20 @@ SYNTHETIC_NOTE = (
     "is noise for any ASR. The WER/CER thresholds are waived and the gate decides on fidelity against "
     "the FP32 reference instead."
 )
+
+
+@contextlib.contextmanager
+def _quiet_runtime(enabled: bool) -> Iterator[None]:
+    """Silence the runtime's per-sentence warnings (random weights rarely emit EOS, so every
+    sentence 'hits max_new_token'); on real checkpoints they are kept."""
+    rt_log = logging.getLogger("chattts_forge.runtime")
+    old = rt_log.level
+    if enabled:
+        rt_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        rt_log.setLevel(old)
 
 
 def describe_artifact(path: Path) -> dict[str, Any]:
@@ -98,7 +115,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     }
 
 
-def _intelligibility(
+def score_intelligibility(
     sentences: list[str],
     waves: dict[str, dict[str, tuple[np.ndarray, int]]],
     asr: str,
@@ -106,7 +123,11 @@ def _intelligibility(
     threads: int | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """ASR scores of each variant's audio, per language of the sentences, and the deltas."""
+    """ASR scores of each variant's audio, per language of the sentences, and the deltas.
+
+    `waves` is {"artifact": {id: (wav, sr)}, "reference": {...}} with ids "001", "002", ... in
+    sentence order; each sentence is scored in its own language (`textnorm.detect_lang`).
+    """
     from chattts_forge.evaluate.asr import get_backend
     from chattts_forge.evaluate.score import score_waveforms
 
@@ -243,10 +264,11 @@ def evaluate_artifact(
     # Latency (and the audio for ASR): reference first, then the artifact, same settings.
     lat_kwargs = dict(threads=threads, max_new_token=max_new_token, seed=seed, batch_sizes=batch_sizes,
                       progress=show)
-    ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, desc="synth fp32 reference",
-                                                      **lat_kwargs)
-    art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences, desc=f"synth {art_desc['variant']}",
-                                                      **lat_kwargs)
+    with _quiet_runtime(synthetic):
+        ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, desc="synth fp32 reference",
+                                                          **lat_kwargs)
+        art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences,
+                                                          desc=f"synth {art_desc['variant']}", **lat_kwargs)
     pt_lat = None
     if baseline_checkpoint is not None:
         log.info("measuring ChatTTS's PyTorch FP32 pipeline on %s", baseline_checkpoint)
@@ -269,12 +291,13 @@ def evaluate_artifact(
         intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
                                            "note": SYNTHETIC_NOTE}
     else:
-        intelligibility = _intelligibility(
+        intelligibility = score_intelligibility(
             sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show
         )
 
-    fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
-                         seed, threads, show)
+    with _quiet_runtime(synthetic):
+        fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
+                             seed, threads, show)
 
     report: dict[str, Any] = {
         "schema": "chattts-forge/report/1",
