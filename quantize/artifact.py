@@ -121,11 +121,20 @@ def graph_summary(path: Path) -> dict[str, Any]:
     """Op-type counts of a graph, the quantized ops among them and the float ops left in FP32."""
     model = onnx.load(str(path), load_external_data=False)
     counts = Counter(n.op_type for n in model.graph.node)
-    return {
-        "op_types": dict(sorted(counts.items())),
-        "quantized_ops": {k: v for k, v in sorted(counts.items()) if k in QUANTIZED_OPS},
-        "float_ops_left": {k: v for k, v in sorted(counts.items()) if k in QUANTIZABLE_FLOAT_OPS},
-    }
+    # In QDQ graphs a quantized MatMul stays a MatMul node whose weight comes from DequantizeLinear.
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    qdq_matmuls = sum(
+        1 for n in model.graph.node
+        if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and producer.get(n.input[1]) == "DequantizeLinear"
+    )
+    float_left = {k: v for k, v in sorted(counts.items()) if k in QUANTIZABLE_FLOAT_OPS}
+    if qdq_matmuls:
+        float_left["MatMul"] = float_left.get("MatMul", 0) - qdq_matmuls
+        float_left = {k: v for k, v in float_left.items() if v}
+    quantized = {k: v for k, v in sorted(counts.items()) if k in QUANTIZED_OPS}
+    if qdq_matmuls:
+        quantized["MatMul (QDQ)"] = qdq_matmuls
+    return {"op_types": dict(sorted(counts.items())), "quantized_ops": quantized, "float_ops_left": float_left}
 
 
 def component_record(path: Path, base: dict[str, Any], precision: str) -> dict[str, Any]:

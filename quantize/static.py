@@ -19,6 +19,7 @@ from typing import Any
 
 import onnx
 from chattts_forge.calibration_data.store import CalibrationStore
+from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -109,6 +110,11 @@ def quantize_static_graph(
             record.update(preprocess(src, preprocessed))
         model = onnx.load(str(preprocessed), load_external_data=False)
         input_names = [i.name for i in model.graph.input]
+        # onnxruntime's QDQ quantizer ignores MatMulConstBOnly: keep activation x activation MatMuls
+        # (attention scores and values) in FP32 explicitly.
+        const_mm = set(matmul_nodes_with_const_weight(model))
+        activation_mm = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.name not in const_mm]
+        del model
         extra = {
             "MatMulConstBOnly": True,
             "ActivationSymmetric": symmetric_activations,
@@ -131,7 +137,7 @@ def quantize_static_graph(
                 reduce_range=False,
                 activation_type=QuantType.QUInt8 if activation_type == "uint8" else QuantType.QInt8,
                 weight_type=QuantType.QInt8,
-                nodes_to_exclude=list(exclude_nodes or []),
+                nodes_to_exclude=list(exclude_nodes or []) + activation_mm,
                 calibrate_method=CALIBRATE_METHODS[calibrate_method],
                 extra_options=extra,
                 calibration_cache_path=str(cache_path) if cache_path else None,
@@ -152,6 +158,7 @@ def quantize_static_graph(
             "symmetric_activations": symmetric_activations,
             "op_types": ["MatMul", "Gemm"],
             "matmul_const_b_only": True,
+            "activation_matmuls_kept_fp32": len(activation_mm),
             "calibration_samples": store.count(component),
         }
     )
