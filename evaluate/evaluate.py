@@ -199,6 +199,27 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     return m, why
 
 
+def _resolve_baseline(
+    requested: str | os.PathLike[str] | None, art: dict[str, Any], ref: dict[str, Any]
+) -> tuple[Path | None, str | None]:
+    """(checkpoint to time ChatTTS's PyTorch pipeline on, or None; a note when it is skipped)."""
+    import importlib.util
+
+    if requested is None:
+        return None, "No PyTorch baseline in this run (disabled); speed ratios are against the FP32 artifact only."
+    if str(requested) != "auto":
+        if not Path(requested).exists():
+            raise ForgeError(f"baseline checkpoint {requested} does not exist")
+        return Path(requested), None
+    source = art["source"].get("asset_dir") or ref["source"].get("asset_dir")
+    if importlib.util.find_spec("torch") is None:
+        return None, "No PyTorch baseline: torch is not installed (pip install -e '.[export]')."
+    if not source or not Path(source).is_dir():
+        return None, (f"No PyTorch baseline: the source checkpoint {source or '(unknown)'} is not on this machine; "
+                      "pass --baseline-checkpoint DIR.")
+    return Path(source), None
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -229,12 +250,15 @@ def evaluate_artifact(
     batch_sizes: tuple[int, ...] = (1, 4, 8),
     asr: str = "faster-whisper",
     asr_model: str | os.PathLike[str] | None = None,
-    baseline_checkpoint: str | os.PathLike[str] | None = None,
+    baseline_checkpoint: str | os.PathLike[str] | None = "auto",
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
 
     Returns the sealed report dict (see report.py); ``report["passed"]`` is the gate's verdict.
+    `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
+    same run; "auto" (default) uses the checkpoint the artifact was converted from (artifact.json
+    ``source.asset_dir``) when it still exists and torch is installed; None skips it.
     """
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.report import seal, write_reports
@@ -269,6 +293,7 @@ def evaluate_artifact(
                                                           **lat_kwargs)
         art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences,
                                                           desc=f"synth {art_desc['variant']}", **lat_kwargs)
+    baseline_checkpoint, baseline_note = _resolve_baseline(baseline_checkpoint, art_desc, ref_desc)
     pt_lat = None
     if baseline_checkpoint is not None:
         log.info("measuring ChatTTS's PyTorch FP32 pipeline on %s", baseline_checkpoint)
@@ -336,6 +361,8 @@ def evaluate_artifact(
     notes = []
     if synthetic:
         notes.append(SYNTHETIC_NOTE)
+    if baseline_note:
+        notes.append(baseline_note)
     for mismatch in art_desc["manifest_mismatches"]:
         notes.append(f"artifact file does not match its artifact.json: {mismatch}")
     if art_desc["manifest_mismatches"]:

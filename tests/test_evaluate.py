@@ -100,7 +100,7 @@ def test_damaged_int8_fails_and_names_the_metric(
     args = ["--artifact", str(int8_artifacts["damaged"]), "--reference", str(tiny_artifacts["fp32"]),
             "--corpus", str(corpus_file), "--gate", str(gate_without_latency), "--out", str(out),
             "--max-sentences", "2", "--max-new-token", "24", "--fidelity-sentences", "2", "--fidelity-steps", "24",
-            "--batch", "1"]
+            "--batch", "1", "--no-baseline"]
     res = CliRunner().invoke(evaluate_cmd, args)
     assert res.exit_code == 1, res.output
     assert "gate FAILED" in res.output and "code_agreement" in res.output
