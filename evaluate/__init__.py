@@ -1,1 +1,20 @@
-"""evaluate stage."""
+"""The evaluate stage: the quality gate (intelligibility, fidelity, latency, size) and its reports.
+
+Commands: ``chattts-forge evaluate --artifact DIR --reference FP32_DIR --corpus FILE [--gate GATE.toml]
+--out REPORT_DIR`` (exit 0 pass, 1 gate failed, 2 bad input) and ``chattts-forge score --audio-dir DIR
+--transcripts FILE [--asr NAME] [--asr-model DIR] [--lang en|zh] [--json OUT]``.
+
+Library (torch is never imported, except by `latency.measure_pytorch` when a baseline is asked for):
+
+- `evaluate.evaluate_artifact(artifact, reference, corpus, gate=None, out=None, ...)` -> sealed report
+  dict; writes report.json / report.md / report.html (`report.write_reports`; layout in report.py).
+- `score.score_audio_dir(audio_dir, transcripts, asr="faster-whisper", asr_model=None, lang=None)`,
+  `score.score_waveforms(...)`, `score.error_rates(...)`, `score.read_transcripts(path)`.
+- `asr.get_backend(name, lang, model_dir=None, threads=None)`: faster-whisper (tiny.en / Whisper base
+  from the asr wheels, or any faster-whisper folder) and pocketsphinx; `asr.load_audio`, `asr.resample`.
+- `textnorm.normalize(text, lang)`: Seed-TTS-eval style scoring normalisation (numbers as words).
+- `gate.load_gate(path)`, `gate.judge(gate, metrics, waived)`; shipped thresholds in default_gate.toml.
+- `latency.measure_artifact(...)`, `latency.measure_pytorch(...)`, `latency.machine_info(threads)`.
+- `degrade`: white noise, hard clipping, bit-crushing, time-stretch (numpy), and
+  `damage_quantization_scales(src, dst, factor)` to build a deliberately broken quantized artifact.
+"""
