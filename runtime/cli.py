@@ -188,6 +188,10 @@ def synth(
     """Synthesize speech from an ONNX artifact (no torch), as ChatTTS would.
 
     Defaults are ChatTTS's InferCodeParams / RefineTextParams. The WAV is float32, mono, 24 kHz.
+    Text is normalised like ChatTTS: characters it cannot speak are dropped with a warning; text
+    left with nothing speakable, empty text or input longer than the model's 4096 positions
+    (prompt + --max-new-token) is an error. Several texts (--batch-file) share the GPT steps in
+    groups of --batch-size; each gets the audio it would get alone.
 
     \b
     Examples:
