@@ -312,6 +312,8 @@ def evaluate_artifact(
         f"{threads} threads; max_new_token {max_new_token}; RTF = wall seconds / audio seconds",
     }
 
+    log.info("latency done: RTF p50 %.3f (artifact) vs %.3f (fp32 reference)", art_lat["rtf"]["p50"] or 0,
+             ref_lat["rtf"]["p50"] or 0)
     if synthetic:
         intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
                                            "note": SYNTHETIC_NOTE}
@@ -320,6 +322,7 @@ def evaluate_artifact(
             sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show
         )
 
+    log.info("measuring teacher-forced fidelity against %s", reference)
     with _quiet_runtime(synthetic):
         fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
                              seed, threads, show)
