@@ -224,3 +224,20 @@ def test_chattts_tokenizer_loads_synthetic_folder(tiny_ckpt: Path) -> None:
     tok = Tokenizer(str(tiny_ckpt / "tokenizer"))
     assert tok.len == 21178
     assert tok.spk_emb_ids == 21143 and tok.break_0_ids == 21147 and tok.eos_token == 21136
+
+
+def test_chattts_generation_stops_on_its_own(tiny_chat) -> None:
+    """The stop tokens' gains make ChatTTS's own sampling end before its budget, like a trained model."""
+    from chattts_forge.torch_ref.reference import reference_synthesize
+
+    budget = 600
+    res = reference_synthesize(
+        tiny_chat, "你好，今天天气真不错。", seed=0, refine=False, max_new_token=budget
+    )
+    assert 8 <= len(res.codes) < budget
+    assert np.isfinite(res.wav).all() and float(np.sqrt(np.mean(res.wav**2))) > 0.01
+    refined = reference_synthesize(
+        tiny_chat, "你好，今天天气真不错。", seed=0, refine=True, max_new_token=8, refine_max_new_token=200
+    )
+    # the refiner stopped at [Ebreak] well before 200 tokens (ChatTTS decodes the ids back to text)
+    assert 0 < len(refined.texts[0]) < 150

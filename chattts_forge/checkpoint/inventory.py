@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chattts_forge.checkpoint.layout import ConvStackDims, Dims
+from chattts_forge.checkpoint.tokenizer import NUM_TEXT_TOKENS, special_token_id
 
 # Files of the asset folder that hold tensors, in the order `synthesize` writes them.
 GPT_FILE = "gpt/model.safetensors"
@@ -36,7 +37,8 @@ class Init:
     """How to fill a tensor. `kind` is one of:
 
     - "normal": N(mean, std)
-    - "lognormal": center * exp(N(0, sigma)), always positive (norm gains, layer scales, coef, g)
+    - "lognormal": center * exp(N(0, sigma)), always positive (norm gains, layer scales, coef, g);
+      rows listed in `fixed_rows` get a fixed value instead (stop-token gains of the heads)
     - "uniform": U(low, high)
     - "hann": periodic Hann window (torch.hann_window)
     - "mel_fb": torchaudio HTK mel filterbank [n_freqs, n_mels] (norm=None, f_min=0, f_max=sr/2)
@@ -55,6 +57,7 @@ class Init:
     std2: float = 0.0
     sample_rate: int = 0
     n_fft: int = 0
+    fixed_rows: tuple[tuple[int, float], ...] = ()  # (row, value) set after drawing (lognormal)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,9 @@ _LN_BIAS = _normal(0.02)
 # Layer scale of ConvNeXt blocks: ~0.1-0.5 so every block changes its input (1e-6 in a fresh
 # model would make the stacks identities and hide a broken export).
 _LAYER_SCALE = Init("lognormal", center=0.25, sigma=0.3)
-GELU_GAIN = 1.6  # keeps the RMS of a conv followed by GELU near its input's
+GELU_GAIN = 1.6
+EOS_GAIN = 3.5  # weight-norm gain of the audio EOS row (num_audio_tokens - 1) in every head_code
+EBREAK_GAIN = 8.0  # weight-norm gain of [Ebreak] (the text refiner's stop token) in head_text  # keeps the RMS of a conv followed by GELU near its input's
 
 
 # --- GPT (transformers LlamaModel, saved by save_pretrained) -----------------------------------
@@ -126,18 +131,28 @@ def embed_inventory(d: Dims) -> list[TensorSpec]:
     h = d.hidden_size
     # Folded head weight = g * v / ||v|| per output row, so a logit is ~N(0, g^2 * rms(h)^2):
     # g around 3 gives logits with a std of a few units and clear top-1/top-2 gaps.
+    # The stop tokens get a fixed, slightly larger gain so that ChatTTS's sampling ends on its own
+    # after a realistic number of steps (with equal gains it rarely stops and runs to
+    # max_new_token; much larger gains stop at the first step). Measured with ChatTTS on tiny,
+    # seeds 0-3, three texts: EOS gain 3.5 -> 30-390 code steps, [Ebreak] gain 8 -> 40-300 chars.
     head_g = Init("lognormal", center=3.0, sigma=0.25)
+    code_g = Init("lognormal", center=3.0, sigma=0.25, fixed_rows=((d.eos_token, EOS_GAIN),))
+    text_g = head_g
+    if d.num_text_tokens == NUM_TEXT_TOKENS:
+        text_g = Init(
+            "lognormal", center=3.0, sigma=0.25, fixed_rows=((special_token_id("[Ebreak]"), EBREAK_GAIN),)
+        )
     head_v = _normal(0.05)
     specs = [
         TensorSpec(f"emb_code.{q}.weight", (d.num_audio_tokens, h), _normal(0.8 / math.sqrt(d.num_vq)))
         for q in range(d.num_vq)
     ]
     specs.append(TensorSpec("emb_text.weight", (d.num_text_tokens, h), _normal(0.8)))
-    specs.append(TensorSpec("head_text.parametrizations.weight.original0", (d.num_text_tokens, 1), head_g))
+    specs.append(TensorSpec("head_text.parametrizations.weight.original0", (d.num_text_tokens, 1), text_g))
     specs.append(TensorSpec("head_text.parametrizations.weight.original1", (d.num_text_tokens, h), head_v))
     for q in range(d.num_vq):
         p = f"head_code.{q}.parametrizations.weight."
-        specs.append(TensorSpec(p + "original0", (d.num_audio_tokens, 1), head_g))
+        specs.append(TensorSpec(p + "original0", (d.num_audio_tokens, 1), code_g))
         specs.append(TensorSpec(p + "original1", (d.num_audio_tokens, h), head_v))
     return specs
 

@@ -69,7 +69,10 @@ def make_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
             out += np.float32(init.mean)
         return out
     if kind == "lognormal":
-        return (init.center * np.exp(init.sigma * rng.standard_normal(shape))).astype(np.float32)
+        out = (init.center * np.exp(init.sigma * rng.standard_normal(shape))).astype(np.float32)
+        for row, value in init.fixed_rows:
+            out[row] = value
+        return out
     if kind == "uniform":
         return rng.uniform(init.low, init.high, shape).astype(np.float32)
     if kind == "hann":
