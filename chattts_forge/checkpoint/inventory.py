@@ -93,9 +93,9 @@ _LN_BIAS = _normal(0.02)
 # Layer scale of ConvNeXt blocks: ~0.1-0.5 so every block changes its input (1e-6 in a fresh
 # model would make the stacks identities and hide a broken export).
 _LAYER_SCALE = Init("lognormal", center=0.25, sigma=0.3)
-GELU_GAIN = 1.6
+GELU_GAIN = 1.6  # keeps the RMS of a conv followed by GELU near its input's
 EOS_GAIN = 3.5  # weight-norm gain of the audio EOS row (num_audio_tokens - 1) in every head_code
-EBREAK_GAIN = 8.0  # weight-norm gain of [Ebreak] (the text refiner's stop token) in head_text  # keeps the RMS of a conv followed by GELU near its input's
+EBREAK_GAIN = 8.0  # weight-norm gain of [Ebreak] (the text refiner's stop token) in head_text
 
 
 # --- GPT (transformers LlamaModel, saved by save_pretrained) -----------------------------------
