@@ -29,7 +29,7 @@ import numpy as np
 
 REPETITION_WINDOW = 16
 MIN_TOKENS_TO_KEEP = 3
-FULL_SORT_VOCAB = 4096  # top-p sorts whole rows up to this width, else a growing top slice
+TOP_P_SLICE = 64  # top-p sorts this many top scores per row (all of them when more are kept)
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,11 @@ def apply_repetition_penalty(
         return scores
     window = history[:, -REPETITION_WINDOW:]
     rows, vocab = scores.shape
-    counts = np.zeros((rows, vocab), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(rows), window.shape[1]), window.reshape(-1)), 1)
+    flat = (np.arange(rows)[:, None] * vocab + window).reshape(-1)
+    counts = np.bincount(flat, minlength=rows * vocab).reshape(rows, vocab)
     if rows > max_input_ids:
         counts[max_input_ids:] = 0
-    alpha = penalty_factors(penalty, counts)
+    alpha = penalty_factors(penalty, np.arange(window.shape[1] + 1))[counts]  # a table: counts <= 16
     return np.where(scores < 0, scores * alpha, scores / alpha)
 
 
@@ -73,44 +73,46 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def _top_p_remove(scores: np.ndarray, probs: np.ndarray, threshold: np.float32, m: int, min_keep: int):
+    """For the top-m scores of each row (ascending order): their indices and whether top-p drops them.
+
+    The cumulative probability of a candidate is the float64 mass of everything below it (the
+    non-candidates, then the smaller candidates), rounded to float32 like torch's cumsum.
+    """
+    vocab = scores.shape[-1]
+    if m >= vocab:
+        order = np.argsort(scores, axis=-1, kind="stable")
+        below = np.zeros((scores.shape[0], 1))
+    else:
+        cand = np.argpartition(scores, vocab - m, axis=-1)[:, vocab - m :]
+        order = np.take_along_axis(cand, np.argsort(np.take_along_axis(scores, cand, -1), -1, kind="stable"), -1)
+        below = probs.sum(axis=-1, keepdims=True) - np.take_along_axis(probs, order, -1).sum(axis=-1, keepdims=True)
+    cumulative = (below + np.cumsum(np.take_along_axis(probs, order, -1), axis=-1)).astype(np.float32)
+    remove = cumulative <= threshold
+    remove[:, -min_keep:] = False
+    return order, remove
+
+
 def apply_top_p(scores: np.ndarray, top_p: float, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:
     """transformers' TopPLogitsWarper: drop the low tail whose cumulative probability <= 1 - top_p.
 
     transformers sorts all scores ascending and takes a cumulative sum of their softmax (torch's
-    CPU cumsum accumulates in float64). Only the high end can be kept, so we sort a top slice
-    (grown until its lowest member is dropped) and add the float64 mass of the rest: the same
-    cumulative values without sorting the whole vocabulary.
+    CPU cumsum accumulates in float64). Only the high end can be kept, so we sort the top
+    `TOP_P_SLICE` scores and add the float64 mass of the rest: the same cumulative values without
+    sorting the whole vocabulary. Rows whose lowest candidate is still kept are redone in full.
     """
-    rows, vocab = scores.shape
     threshold = np.float32(1 - top_p)
-    if vocab <= FULL_SORT_VOCAB:  # code heads: one vectorised sort is cheaper than the loop below
-        order = np.argsort(scores, axis=-1, kind="stable")
-        sorted_scores = np.take_along_axis(scores, order, axis=-1)
-        cumulative = np.cumsum(softmax(sorted_scores), axis=-1, dtype=np.float64).astype(np.float32)
-        remove_sorted = cumulative <= threshold
-        remove_sorted[..., -min_keep:] = False
-        remove = np.empty_like(remove_sorted)
-        np.put_along_axis(remove, order, remove_sorted, axis=-1)
-        return np.where(remove, np.float32(-np.inf), scores)
     probs = softmax(scores).astype(np.float64)
-    out = np.full_like(scores, -np.inf)
-    for r in range(rows):
-        row, p = scores[r], probs[r]
-        total = p.sum()
-        m = min(vocab, 64)
-        while True:
-            cand = np.arange(vocab) if m >= vocab else np.argpartition(row, vocab - m)[vocab - m :]
-            order = cand[np.argsort(row[cand], kind="stable")]  # ascending
-            below = total - p[order].sum() if m < vocab else 0.0
-            cumulative = (below + np.cumsum(p[order])).astype(np.float32)
-            remove = cumulative <= threshold
-            remove[-min_keep:] = False
-            if m >= vocab or remove[0]:
-                break
-            m *= 4
-        keep = order[~remove]
-        out[r, keep] = row[keep]
-    return out
+    keep = np.zeros(scores.shape, dtype=bool)
+    order, remove = _top_p_remove(scores, probs, threshold, TOP_P_SLICE, min_keep)
+    keep[np.arange(len(order))[:, None], order] = ~remove
+    redo = ~remove[:, 0]
+    if redo.any() and order.shape[1] < scores.shape[1]:
+        order, remove = _top_p_remove(scores[redo], probs[redo], threshold, scores.shape[1], min_keep)
+        full = np.zeros((len(order), scores.shape[1]), dtype=bool)
+        full[np.arange(len(order))[:, None], order] = ~remove
+        keep[redo] = full
+    return np.where(keep, scores, np.float32(-np.inf))
 
 
 def apply_top_k(scores: np.ndarray, top_k: int, min_keep: int = MIN_TOKENS_TO_KEEP) -> np.ndarray:

@@ -172,7 +172,7 @@ def test_top_p_matches_transformers_on_flat_and_peaked_rows(scale, top_p):
     from transformers.generation import TopPLogitsWarper
 
     rng = np.random.default_rng(int(scale * 100) + int(top_p * 1000))
-    x = (rng.standard_normal((6, 6000)) * scale).astype(np.float32)  # > FULL_SORT_VOCAB: partial sort
+    x = (rng.standard_normal((6, 6000)) * scale).astype(np.float32)  # flat rows keep more than TOP_P_SLICE
     x[0, :5] = x[0, 5]  # ties
     want = TopPLogitsWarper(top_p, min_tokens_to_keep=3)(None, torch.from_numpy(x.copy())).numpy()
     assert_same(sp.apply_top_p(x, top_p), want)
