@@ -79,7 +79,10 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
         "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
         "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32"],
-        "evaluate": ["--max-sentences", "4", "--fidelity-sentences", "4", "--fidelity-steps", "32", "--batch", "1,4"],
+        "evaluate": [
+            "--max-sentences", "3", "--max-new-token", "48",
+            "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
+        ],  # fmt: skip
     },
 }
 
@@ -166,6 +169,7 @@ class Step:
     inputs: dict[str, str] = field(default_factory=dict)  # name -> fingerprint
     gate_may_fail: bool = False  # evaluate: a written report with a failed gate is a result
     capture_stdout: bool = False  # the output is the command's stdout, written to `out` atomically
+    feeds: tuple[str, ...] = ()  # variants that need this step (a failure sets them aside); () = all
 
 
 @dataclass
@@ -188,6 +192,7 @@ class Pipeline:
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
 
     def __post_init__(self) -> None:
         self.cache = HashCache(self.work / ".steps" / "hashcache.json")
@@ -309,15 +314,20 @@ class Pipeline:
                 ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
                 self.work / "calibration",
                 {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
+                feeds=("int8-static",),
             )
         for variant in quantized:
+            if variant in self.broken:
+                continue
             argv = ["quantize", "--artifact", str(fp32), "--method", QUANTIZE_METHODS[variant], "--out", str(self.artifact_dir(variant))]
             inputs = {"fp32": self.cache.tree(fp32)}
             if variant == "int8-static":
                 argv += ["--calibration", str(self.work / "calibration")]
                 inputs["calibration"] = self.cache.tree(self.work / "calibration")
-            yield Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs)
+            yield Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
         for variant in self.variants:
+            if variant in self.broken:
+                continue
             argv = [
                 "evaluate",
                 "--artifact",
@@ -340,7 +350,9 @@ class Pipeline:
             if self.gate:
                 argv += ["--gate", self.gate]
                 inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
-            yield Step(f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True)
+            yield Step(
+                f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
+            )
 
 
 # ---- leftovers and locking -------------------------------------------------------------------
@@ -445,7 +457,14 @@ def run_pipeline(
         for step in pipe.steps():
             if until and STAGES.index(step.kind) > STAGES.index(until):
                 break
-            pipe.run(step)
+            try:
+                pipe.run(step)
+            except ForgeError as e:
+                if not step.feeds:  # checkpoint or convert: nothing can be built without it
+                    raise
+                for variant in step.feeds:  # set these variants aside; build, judge and publish the others
+                    pipe.broken[variant] = str(e)
+                log.error("%s; going on without %s", e, ", ".join(step.feeds))
         if until:
             pipe.cache.save()
             print(f"stopped after {until}: {pipe.work}")
@@ -453,6 +472,9 @@ def run_pipeline(
         outcomes: list[VariantOutcome] = []
         for variant in variants:
             rdir = pipe.report_dir(variant)
+            if variant in pipe.broken:
+                outcomes.append(VariantOutcome(variant, rdir, None, status=pipe.broken[variant]))
+                continue
             report = load_report(rdir)
             outcome = VariantOutcome(variant, rdir, report.passed)
             if report.passed:
@@ -464,6 +486,11 @@ def run_pipeline(
             outcomes.append(outcome)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
+    if pipe.broken:
+        raise ForgeError(
+            f"{len(pipe.broken)} variant(s) could not be built or evaluated ({', '.join(pipe.broken)}); "
+            f"the others were judged and published: {next(iter(pipe.broken.values()))}"
+        )
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
     return outcomes
@@ -474,10 +501,10 @@ def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: floa
     print(f"\npipeline finished in {seconds:.1f} s; ran: {ran}")
     print(f"{'variant':<14} {'gate':<7} {'published':<60} report")
     for o in outcomes:
-        gate = "pass" if o.passed else "FAIL"
+        gate = "pass" if o.passed else "FAIL" if o.passed is False else "ERROR"
         pub = f"{o.published} ({o.status})" if o.published else "-"
         report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
-        print(f"{o.variant:<14} {gate:<7} {pub:<60} {report}")
+        print(f"{o.variant:<14} {gate:<7} {pub:<60} {report if o.passed is not None else o.status}")
     print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
     print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}")
 

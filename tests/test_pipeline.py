@@ -37,6 +37,8 @@ if argv[0] == "evaluate":
     call += ":" + Path(opt("--artifact")).name
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(call + "\n")
+if os.environ.get("FAKE_CRASH") == call:
+    sys.exit("error: simulated stage crash")
 
 def atomic_dir(final, fill):
     final = Path(final)
@@ -214,3 +216,18 @@ def test_killed_run_resumes_to_the_same_published_bytes(clean_run, tmp_path: Pat
     assert tree_bytes(killed.to) == tree_bytes(clean.to)
     assert leftovers(killed.build, killed.to) == []
     assert verify_path(killed.to).ok
+
+
+def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    proc = r.run(FAKE_CRASH="evaluate:fp16")
+    assert proc.returncode == 2
+    assert "1 variant(s) could not be built or evaluated (fp16)" in proc.stderr
+    assert "fp16           ERROR" in proc.stdout
+    index = json.loads((r.to / "index.json").read_text())
+    assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"fp16"})
+    before = len(r.calls())
+    proc = r.run()
+    assert proc.returncode == 0, proc.stderr
+    assert r.calls()[before:] == ["evaluate:fp16"]
+    assert len(json.loads((r.to / "index.json").read_text())["variants"]) == len(VARIANTS)
