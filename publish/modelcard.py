@@ -91,10 +91,13 @@ def render_model_card(manifest: dict[str, Any]) -> str:
     ]
     machine = gate.get("machine") or {}
     if machine:
-        lines += ["", "Measured on: " + _fmt(machine) + "."]
+        # The scalar facts (CPU, cores, threads, provider, platform); library versions are in the manifest.
+        facts = {k: v for k, v in machine.items() if isinstance(v, (str, int, float, bool))}
+        lines += ["", "Measured on: " + _fmt(facts) + "."]
     corpus = gate.get("corpus") or {}
     if corpus:
-        lines += ["Evaluation corpus: " + _fmt(corpus) + "."]
+        facts = {k: v for k, v in corpus.items() if isinstance(v, (str, int, float, bool))}
+        lines += ["Evaluation corpus: " + _fmt(facts) + "."]
     for note in gate.get("notes") or []:
         lines += [f"Note: {_fmt(note)}"]
     versions = manifest.get("versions") or {}
