@@ -237,15 +237,15 @@ def synth(
     code_paths = output_paths(codes_out, len(texts), ".npy") if codes_out is not None else None
     t1 = time.perf_counter()
     if stream:
-        if codes_out is not None:
-            raise ForgeError("--codes-out is not available with --stream")
         writers = [_StreamingWav(p, pipe.sample_rate) for p in wav_paths]
         first_audio = None
         chunks = 0
+        codes: list[np.ndarray] = []
         try:
             for start in range(0, len(texts), batch_size):
                 group = writers[start : start + batch_size]
-                for chunk in pipe.stream(texts[start : start + batch_size], params):
+                done = lambda gen: codes.extend(gen.ids)  # noqa: E731
+                for chunk in pipe.stream(texts[start : start + batch_size], params, on_done=done):
                     chunks += 1
                     for w, c in zip(group, chunk, strict=True):
                         w.write(c)
@@ -265,6 +265,10 @@ def synth(
         )
         for p, w in zip(wav_paths, writers, strict=True):
             log.info("wrote %s (%.2f s)", p, w.samples / pipe.sample_rate)
+        if code_paths is not None:
+            for p, c in zip(code_paths, codes, strict=True):
+                _write_codes(p, c)
+                log.info("wrote codes %s: shape %s", p, tuple(c.shape))
     else:
         results = []
         for start in range(0, len(texts), batch_size):

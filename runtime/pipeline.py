@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -545,10 +545,15 @@ class Pipeline:
         return results
 
     def stream(
-        self, texts: str | Sequence[str], params: SynthParams | None = None, stream_batch: int | None = None
+        self,
+        texts: str | Sequence[str],
+        params: SynthParams | None = None,
+        stream_batch: int | None = None,
+        on_done: Callable[[Generation], None] | None = None,
     ) -> Iterator[list[np.ndarray]]:
         """Yield, every `stream_batch` steps (default params.code.stream_batch = 24), one float32
-        chunk per input text (possibly empty). Concatenating a text's chunks gives its waveform."""
+        chunk per input text (possibly empty). Concatenating a text's chunks gives its waveform.
+        `on_done(generation)` receives the codes and hidden states after the last chunk."""
         params = params or SynthParams()
         every = stream_batch or params.code.stream_batch
         if every < 1:
@@ -568,6 +573,8 @@ class Pipeline:
                 src = state.hiddens[b, :n] if params.use_decoder else state.tokens[b, :n]
                 chunk.append(dec.push(src, final=bool(state.finish[b]) or state.done))
             yield chunk
+        if on_done is not None:
+            on_done(state.result())
 
 
 class StreamDecoder:

@@ -49,12 +49,14 @@ def test_batch_file_and_stream(art, tmp_path):
     folder = tmp_path / "streamed"
     folder.mkdir()
     r = synth("--artifact", art, "--batch-file", str(lines), "--out", str(folder), "--seed", "0", "--no-refine",
-              "--max-new-token", "30", "--min-new-token", "30", "--stream", "--stream-batch", "8", "--batch-size", "1")
+              "--max-new-token", "30", "--min-new-token", "30", "--stream", "--stream-batch", "8", "--batch-size", "1",
+              "--codes-out", str(folder))
     assert r.exit_code == 0, r.output
     for i in range(2):
         a, _ = sf.read(folder / f"{i:03d}.wav", dtype="float32")
         b, _ = sf.read(tmp_path / f"out_{i:03d}.wav", dtype="float32")
         assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5
+        np.testing.assert_array_equal(np.load(folder / f"{i:03d}.npy"), np.load(tmp_path / f"c_{i:03d}.npy"))
     assert not list(folder.glob(".*tmp"))
 
 
