@@ -17,6 +17,7 @@ Library use::
 
     for chunk in pipe.stream(["text one", "text two"], params):   # every 24 steps
         ...                                                       # chunk[i]: new samples of text i
+    # pipe.stream(..., on_done=fn) calls fn(Generation) with the codes/hiddens at the end
 
 Parameters (dataclasses, ChatTTS names/defaults): `InferCodeParams` (prompt "[speed_5]", spk_emb,
 spk_smp/txt_smp, temperature 0.3 (or one per code stream), top_p 0.7, top_k 20,
