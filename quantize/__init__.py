@@ -14,6 +14,11 @@ What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and
 activations), the embeddings (Gathers), the text head (unused by the code stage) and the conv
 components (decoder, dvae: dynamic ConvInteger is a slow CPU path) stay FP32; vocos.onnx is copied
 byte for byte and its sha256 is checked. Method details: `dynamic.py`, `static.py`, `int4.py`.
+A fused `gpt_fast.onnx` in the source (convert.optimize) is FP32 and never copied: dynamic/int4
+rebuild it with the same quantizer (`convert.optimize.optimize_gpt`), static and fallback runs drop
+it so the runtime uses the quantized `gpt.onnx`. Calibration: `chattts-forge calibrate`
+(`chattts_forge.calibration_data`). Decode-step timing of the results:
+`python -m chattts_forge.quantize.stepbench FP32_DIR QUANT_DIR...`.
 
 The output is a complete artifact folder (written atomically) that `chattts-forge synth` runs. Its
 artifact.json gets: `variant` (int8-dynamic | int8-static | int4), per-component `precision`/

@@ -10,7 +10,9 @@ onnxruntime's quantizers take a fixed exclusion list; they cannot search for one
 3. re-quantize (static: the calibration ranges are cached, so no re-calibration) and measure again;
 4. stop when every target holds, or report that it cannot be met once nothing is left to exclude.
 
-Every step records what it excluded, the fidelity reached, the GPT's bytes and its decode-step latency
+The ranking is a heuristic: "error a node adds" is measured with its already-perturbed input, so
+early layers (clean inputs) rank high; re-ranking after every step spreads exclusions over the
+depth. Every step records what it excluded, the fidelity reached, the GPT's bytes and its decode-step latency
 (2 threads, median), so the price of each bit of accuracy is visible in artifact.json.
 """
 
