@@ -14,7 +14,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.torch_ref.reference import reference_synthesize
 
 TEXT = "你好，世界。"
-FAST = {"refine": False, "max_new_token": 48}
+FAST = {"refine": False, "max_new_token": 48, "min_new_token": 16}
 
 
 def _check_audio(wav: np.ndarray) -> None:
@@ -74,7 +74,9 @@ def test_random_speaker_is_seeded_and_reusable(tiny_chat) -> None:
 
 
 def test_refine_runs_the_text_refiner(tiny_chat) -> None:
-    res = reference_synthesize(tiny_chat, TEXT, seed=0, refine=True, max_new_token=24, refine_max_new_token=24)
+    res = reference_synthesize(
+        tiny_chat, TEXT, seed=0, refine=True, max_new_token=24, min_new_token=8, refine_max_new_token=24
+    )
     _check_audio(res.wav)
     assert res.codes.shape[1] == 4 and len(res.texts) >= 1
 
