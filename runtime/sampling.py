@@ -147,7 +147,8 @@ def sample_rows(probs: np.ndarray, rngs: list[np.random.Generator], num_streams:
     out = np.empty(rows, dtype=np.int64)
     for b, rng in enumerate(rngs):
         block = probs[b * num_streams : (b + 1) * num_streams]
-        noise = rng.standard_exponential((num_streams, vocab), dtype=np.float32)
+        # float64 noise, kept > 0: a zero draw would make 0/0 = NaN, which argmax would pick
+        noise = np.maximum(rng.standard_exponential((num_streams, vocab)), np.finfo(np.float64).tiny)
         out[b * num_streams : (b + 1) * num_streams] = np.argmax(block / noise, axis=-1)
     return out
 

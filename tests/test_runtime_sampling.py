@@ -176,3 +176,16 @@ def test_top_p_matches_transformers_on_flat_and_peaked_rows(scale, top_p):
     x[0, :5] = x[0, 5]  # ties
     want = TopPLogitsWarper(top_p, min_tokens_to_keep=3)(None, torch.from_numpy(x.copy())).numpy()
     assert_same(sp.apply_top_p(x, top_p), want)
+
+
+def test_zero_noise_never_picks_an_impossible_token():
+    """An exponential draw of exactly 0 (float32 ones are ~1e-7 likely) must not select p = 0 tokens."""
+
+    class ZeroNoise:
+        def standard_exponential(self, size, dtype=np.float64):
+            noise = np.ones(size, dtype=dtype)
+            noise[..., 0] = 0.0  # a zero draw where the probability is 0
+            return noise
+
+    probs = np.array([[0.0, 0.2, 0.8], [0.0, 1.0, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(sp.sample_rows(probs, [ZeroNoise()], 2), [2, 1])
