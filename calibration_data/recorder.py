@@ -76,7 +76,10 @@ def new_pipeline(artifact_dir: Any, threads: int | None) -> Any:
         from chattts_forge.runtime.pipeline import Pipeline
     except ImportError as e:
         raise ForgeError(f"the runtime is unavailable ({e}); calibration needs chattts_forge.runtime") from None
-    pipe = Pipeline(artifact_dir, threads=threads)
+    try:
+        pipe = Pipeline(artifact_dir, threads=threads, engine="plain")
+    except TypeError:  # a runtime without engine selection
+        pipe = Pipeline(artifact_dir, threads=threads)
     # The fused fast GPT (gpt_fast.onnx, IO binding) has other graph inputs than gpt.onnx, which is
     # what quantize reads; record through the plain graph (same numbers, ~1e-6).
     from chattts_forge.runtime.session import GptStep
