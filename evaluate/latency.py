@@ -5,8 +5,9 @@ loads the runtime (`load_seconds`), runs `warmup` untimed syntheses, then synthe
 sentence alone (batch 1) and records per utterance: wall seconds, audio seconds, GPT steps and RTF
 (seconds / audio seconds); RTF p50/p95/p99; end-to-end steps per second; first-audio latency when
 streaming (seconds until the first non-empty chunk, `stream_batch` steps); throughput at each batch
-size (one call with B sentences: aggregate audio seconds per wall second, steps/s); resident
-memory after load and after the run (psutil) and the process peak (getrusage); bytes on disk.
+size (one call with B sentences: aggregate audio seconds per wall second, steps/s); memory: the
+peak RSS of a fresh process that loads the artifact and synthesizes once (`measure_memory`; the
+evaluating process's own RSS is also recorded but is confounded by what ran before); bytes on disk.
 The waveforms are returned too (the evaluate stage scores them with the ASR).
 
 `measure_pytorch(checkpoint, sentences, ...)` measures ChatTTS's own `Chat.infer` (text refinement
@@ -119,6 +120,7 @@ def measure_artifact(
     first_audio_runs: int = 3,
     progress: bool = True,
     desc: str = "synth",
+    isolate_memory: bool = True,
 ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
     """(latency record, {utterance id: (waveform, sample_rate)}) of the artifact; see module doc."""
     from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
@@ -201,10 +203,49 @@ def measure_artifact(
         "first_audio_seconds": {**percentiles(first_audio), "stream_batch": stream_batch, "runs": len(first_audio)},
         "throughput": throughput,
         "rss_mb": {"before_load": rss_before, "after_load": rss_loaded, "after_run": _rss_mb()},
-        "peak_rss_process_mb": _peak_rss_mb(),
+        "peak_rss_process_mb": _peak_rss_mb(),  # of the whole evaluating process, for reference
+        "memory": measure_memory(artifact_dir, sentences[0], threads) if isolate_memory else None,
         "bytes_on_disk": dir_bytes(Path(artifact_dir)),
     }
     return record, waves
+
+
+_RSS_PROBE = """
+import json, resource, sys, platform
+import psutil
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+art, text, threads, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+base = psutil.Process().memory_info().rss
+pipe = Pipeline(art, threads=threads or None)
+loaded = psutil.Process().memory_info().rss
+pipe.synthesize(text, SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(0), seed=0, max_new_token=steps)))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform.system() == "Darwin" else 1024)
+print(json.dumps({"python_baseline_mb": base / 2**20, "after_load_mb": loaded / 2**20, "peak_rss_mb": peak / 2**20}))
+"""
+
+
+def measure_memory(artifact_dir: str | os.PathLike[str], text: str, threads: int | None = 2,
+                   max_new_token: int = 24) -> dict[str, Any]:
+    """Peak RSS of a fresh process that loads the artifact and synthesizes `text` once.
+
+    In-process figures are confounded by whatever ran before (allocators keep freed memory), so each
+    artifact gets its own short-lived interpreter; the result is what a server would need.
+    """
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads or 1)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(artifact_dir), text, str(threads or 0), str(max_new_token)],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )
+    if proc.returncode != 0:
+        log.warning("memory probe failed for %s: %s", artifact_dir, proc.stderr.strip().splitlines()[-1:])
+        return {"peak_rss_mb": None, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["method"] = f"fresh process: load + one synthesis of {max_new_token} steps, getrusage ru_maxrss"
+    return out
 
 
 def measure_pytorch(

@@ -136,15 +136,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "#### Latency (same run)",
         "",
-        "| variant | RTF p50 | RTF p95 | RTF p99 | ms/step p50 | steps/s | first audio p50 s | load s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| variant | RTF p50 | RTF p95 | RTF p99 | ms/step p50 | steps/s | first audio p50 s | load s | peak RSS MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, rec in _latency_rows(report):
         fa = rec.get("first_audio_seconds", {}).get("p50") if isinstance(rec.get("first_audio_seconds"), dict) else None
         lines.append(
             f"| {name} | {_f(rec['rtf']['p50'])} | {_f(rec['rtf']['p95'])} | {_f(rec['rtf']['p99'])} | "
             f"{_f(rec['seconds_per_step']['p50'] * 1000 if rec['seconds_per_step']['p50'] else None)} | "
-            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} |"
+            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} | "
+            f"{_f((rec.get('memory') or {}).get('peak_rss_mb'))} |"
         )
     ratios = report["latency"]["ratios"]
     lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios['vs_reference']['rtf_p50'])}x**"]

@@ -148,3 +148,15 @@ def test_evaluate_modules_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fp16_artifact_is_judged_with_memory_and_fidelity(tiny_artifacts, corpus_file, gate_without_latency) -> None:
+    report = evaluate_artifact(
+        tiny_artifacts["fp16"], tiny_artifacts["fp32"], corpus_file, gate=gate_without_latency,
+        baseline_checkpoint=None, progress=False, **{**FAST, "batch_sizes": (1,)},
+    )
+    assert report["passed"], report["gate"]["failed"]
+    assert report["metrics"]["code_agreement"] > 0.95 and report["metrics"]["size_ratio_vs_reference"] < 1.0
+    memory = report["latency"]["artifact"]["memory"]
+    assert memory["peak_rss_mb"] > memory["python_baseline_mb"] > 0
+    assert report["latency"]["pytorch"] is None and any("No PyTorch baseline" in n for n in report["notes"])
