@@ -17,6 +17,22 @@ from chattts_forge.errors import ForgeError
 _CHUNK = 1 << 20
 
 
+def _umask() -> int:
+    # os.umask can only be read by setting it; restore at once.
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _public_file_mode() -> int:
+    """The mode open() would give a new file (mkstemp's 0600 would make outputs private)."""
+    return 0o666 & ~_umask()
+
+
+def _public_dir_mode() -> int:
+    return 0o777 & ~_umask()
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
@@ -36,6 +52,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _public_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -73,6 +90,7 @@ def atomic_output_dir(final: str | os.PathLike[str], overwrite: bool = True) -> 
     if final.exists() and not overwrite:
         raise ForgeError(f"{final} already exists; refusing to overwrite it")
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=parent))
+    os.chmod(tmp, _public_dir_mode())
     try:
         yield tmp
         if final.exists():
