@@ -259,7 +259,7 @@ class Pipeline:
         shown = "chattts-forge " + shlex.join(cmd[len(self.forge) :])
         log.info("%-22s running: %s", step.name, shown)
         start = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None, env=stage_env())
         took = time.perf_counter() - start
         self.timings[step.name] = took
         if step.capture_stdout and proc.returncode == 0:
@@ -353,6 +353,22 @@ class Pipeline:
             yield Step(
                 f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
             )
+
+
+def stage_env() -> dict[str, str]:
+    """The stages' environment, with SOURCE_DATE_EPOCH (reproducible-builds convention) set to the
+    toolchain's commit time unless the caller set it: a stage that stamps created_at from it writes
+    the same bytes when a killed step is run again."""
+    env = dict(os.environ)
+    if "SOURCE_DATE_EPOCH" not in env:
+        here = Path(__file__).resolve().parent
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            stamp = subprocess.run(
+                ["git", "-C", str(here), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            if stamp.isdigit():
+                env["SOURCE_DATE_EPOCH"] = stamp
+    return env
 
 
 # ---- leftovers and locking -------------------------------------------------------------------
