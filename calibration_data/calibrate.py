@@ -20,7 +20,6 @@ Samples stop being added once `disk_budget_mb` would be exceeded (the manifest s
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from tqdm import tqdm
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger
-from chattts_forge.versions import library_versions, toolchain_info
+from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
 
@@ -125,7 +124,6 @@ def calibrate(
 
         proxies = instrument(pipe, on_run, ("gpt", "head_code", "decoder", "dvae"))
         used, skipped = 0, []
-        started = time.time()
         bar = tqdm(sentences, desc="calibrate", unit="sent", disable=progress is False if progress is not None else None)
         for i, text in enumerate(bar):
             srng = np.random.default_rng([seed, i])
@@ -185,10 +183,9 @@ def calibrate(
                 "past_length_min": int(min(past)) if past else 0,
                 "past_length_max": int(max(past)) if past else 0,
             },
-            "elapsed_s": round(time.time() - started, 2),
             "versions": library_versions(),
             "toolchain": toolchain_info(),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "created_at": build_timestamp(),
         }
         atomic_write_json(tmp / MANIFEST, manifest)
     log.info(

@@ -7,7 +7,6 @@ needs) torch, which only the export side (checkpoint reference, convert, calibra
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 

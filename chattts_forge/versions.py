@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -57,3 +58,17 @@ def git_commit() -> str | None:
 
 def toolchain_info() -> dict[str, str | None]:
     return {"name": "chattts-forge", "version": __version__, "git_commit": git_commit()}
+
+
+def build_timestamp() -> str:
+    """UTC ISO-8601 time to stamp into build outputs.
+
+    Honours SOURCE_DATE_EPOCH (reproducible-builds convention; `make artifacts` sets it to the
+    toolchain's commit time) so that a rerun after a crash writes the same bytes as an
+    uninterrupted run; the wall clock otherwise.
+    """
+    import time
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    seconds = int(epoch) if epoch and epoch.isdigit() else int(time.time())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from chattts_forge import __version__
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_json, sha256_file
-from chattts_forge.versions import library_versions, toolchain_info
+from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 SCHEMA = "chattts-forge/artifact/1"
 
@@ -137,7 +136,7 @@ def write_artifact_json(
         "quantization": None,
         "versions": library_versions(),
         "toolchain": toolchain_info(),
-        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_at": build_timestamp(),
     }
     atomic_write_json(out_dir / "artifact.json", doc)
     return doc

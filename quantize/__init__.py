@@ -160,7 +160,7 @@ def quantize_artifact(
     )
     from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
 
-    from chattts_forge.versions import library_versions, toolchain_info
+    from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
     src = Path(artifact_dir)
     out = Path(out_dir)
@@ -359,15 +359,14 @@ def quantize_artifact(
             },
             "vocos_sha256_equal": vocos_equal,
             "copied_files": copied,
-            "seconds": round(time.time() - started, 1),
         }
         qmeta["fidelity"] = fid
         qmeta["versions"] = library_versions()
         qmeta["toolchain"] = toolchain_info()
-        qmeta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        qmeta["created_at"] = build_timestamp()
         atomic_write_json(tmp / "artifact.json", qmeta)
-    log.info("%s artifact written to %s (gpt %.1f MB = %.0f%% of FP32)", VARIANTS[method], out,
-             gpt_bytes / 1e6, 100 * gpt_bytes / fp32_gpt_bytes)
+    log.info("%s artifact written to %s in %.0f s (gpt %.1f MB = %.0f%% of FP32)", VARIANTS[method], out,
+             time.time() - started, gpt_bytes / 1e6, 100 * gpt_bytes / fp32_gpt_bytes)
     if fid is not None:
         log.info("fidelity vs FP32: %s", summary_line(fid))
     if fallback is not None:
