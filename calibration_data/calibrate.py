@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
+
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -33,8 +35,6 @@ from chattts_forge.calibration_data.recorder import (
     synth_params,
 )
 from chattts_forge.calibration_data.store import MANIFEST, SCHEMA, ShardWriter, sample_bytes
-from tqdm import tqdm
-
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from chattts_forge.convert.export import PRECISIONS
 
 

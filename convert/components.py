@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.utils.parametrize as parametrize
+from torch import nn
+
+from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.convert.modules import (
     EmbedForExport,
     GptStepForExport,
@@ -24,9 +27,6 @@ from chattts_forge.convert.modules import (
     VocosForExport,
 )
 from chattts_forge.convert.parity import ParityCase
-from torch import nn
-
-from chattts_forge.checkpoint.layout import Dims
 
 COMPONENT_ORDER = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
 

@@ -35,6 +35,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
 from chattts_forge.convert.components import COMPONENT_ORDER, SPEC_BUILDERS, ComponentSpec, SourceModules
 from chattts_forge.convert.fp16 import convert_to_fp16
 from chattts_forge.convert.metadata import (
@@ -53,9 +56,6 @@ from chattts_forge.convert.onnx_export import (
     set_metadata,
 )
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
-from tqdm import tqdm
-
-from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, sha256_file
 from chattts_forge.log import get_logger

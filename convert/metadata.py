@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from chattts_forge.convert.components import ComponentSpec
 
 from chattts_forge import __version__
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
+from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_json, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import onnx
 import torch
-from chattts_forge.convert.components import ComponentSpec
 
+from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
 
 OPSET = 17

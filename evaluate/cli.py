@@ -42,7 +42,6 @@ def score(
 ) -> None:
     """Score audio against transcripts with a real ASR: per-utterance and pooled WER/CER."""
     from chattts_forge.evaluate.score import score_audio_dir
-
     from chattts_forge.fsutil import atomic_write_json
 
     result = score_audio_dir(audio_dir, transcripts, asr=asr, asr_model=asr_model, lang=lang, threads=threads)
@@ -106,9 +105,8 @@ def evaluate(
     Exits 0 when every threshold passes, 1 when any fails (the report names which and by how much),
     2 on bad input.
     """
-    from chattts_forge.evaluate.evaluate import evaluate_artifact
-
     from chattts_forge.errors import ForgeError
+    from chattts_forge.evaluate.evaluate import evaluate_artifact
 
     try:
         batch_sizes = tuple(int(b) for b in batches.split(",") if b.strip())

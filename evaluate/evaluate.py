@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
-
-from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
 from chattts_forge.log import get_logger
 
@@ -271,7 +271,6 @@ def evaluate_artifact(
     """
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.report import seal, write_reports
-
     from chattts_forge.versions import library_versions, toolchain_info
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -123,8 +123,9 @@ def measure_artifact(
     isolate_memory: bool = True,
 ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
     """(latency record, {utterance id: (waveform, sample_rate)}) of the artifact; see module doc."""
-    from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
     from tqdm import tqdm
+
+    from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 
     rss_before = _rss_mb()
     t0 = time.perf_counter()

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from chattts_forge.evaluate import textnorm
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate import textnorm
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -174,8 +174,9 @@ def score_waveforms(
     desc: str = "ASR",
 ) -> dict[str, Any]:
     """Transcribe in-memory audio {id: (waveform, sample_rate)} and score it against `references`."""
-    from chattts_forge.evaluate.asr import ASR_SAMPLE_RATE, resample
     from tqdm import tqdm
+
+    from chattts_forge.evaluate.asr import ASR_SAMPLE_RATE, resample
 
     hypotheses: dict[str, str] = {}
     timing: dict[str, dict[str, float]] = {}

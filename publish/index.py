@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
-
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
 
 INDEX_NAME = "index.json"
 INDEX_SCHEMA = "chattts-forge/index/1"

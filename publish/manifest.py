@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.publish.gate_report import GateReport
-
 from chattts_forge import __version__
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
+from chattts_forge.publish.gate_report import GateReport
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
 MANIFEST_NAME = "manifest.json"

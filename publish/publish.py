@@ -28,6 +28,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+from chattts_forge.log import get_logger
 from chattts_forge.publish.gate_report import GateReport, load_report
 from chattts_forge.publish.index import (
     STAGING_NAME,
@@ -57,10 +60,6 @@ from chattts_forge.publish.manifest import (
     source_fingerprint,
 )
 from chattts_forge.publish.modelcard import render_model_card
-
-from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
-from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 _CHUNK = 1 << 20

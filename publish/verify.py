@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
 from chattts_forge.publish.index import (
     INDEX_NAME,
     LOCK_NAME,
@@ -30,9 +32,6 @@ from chattts_forge.publish.manifest import (
     parse_sha256sums,
     sha256sums_text,
 )
-
-from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
 
 # Files allowed at the top of an artifacts tree besides the published variants.
 ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitignore"})

@@ -65,11 +65,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.quantize.fidelity import measure_fidelity, record_trajectories, summary_line
-
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.fidelity import measure_fidelity, record_trajectories, summary_line
 
 log = get_logger(__name__)
 
@@ -159,7 +158,6 @@ def quantize_artifact(
         require_fp32_source,
     )
     from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
-
     from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
     src = Path(artifact_dir)

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from chattts_forge.quantize.fidelity import make_session
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.fidelity import make_session
 
 log = get_logger(__name__)
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+from tqdm import tqdm
+
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -34,11 +36,9 @@ from chattts_forge.calibration_data.recorder import (
     quiet_runtime,
     synth_params,
 )
-from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
-from tqdm import tqdm
-
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
 
 log = get_logger(__name__)
 

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from chattts_forge.calibration_data.store import CalibrationStore
-from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 
 log = get_logger(__name__)
 

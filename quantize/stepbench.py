@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from chattts_forge.quantize.artifact import component_file, read_artifact_json
 
 

@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
     Normalizer,
     TextTokenizer,
@@ -41,9 +44,6 @@ from chattts_forge.runtime.frontend import (
 )
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
 from chattts_forge.runtime.session import Artifact, GptStep
-
-from chattts_forge.errors import ForgeError
-from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from chattts_forge.calibration_data.calibrate import calibrate
-from chattts_forge.calibration_data.store import CalibrationStore
 from click.testing import CliRunner
 
+from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from chattts_forge.calibration_data.corpus import (
     CORPORA_DIR,
     check_manifest,
@@ -13,7 +14,6 @@ from chattts_forge.calibration_data.corpus import (
     read_sentences,
     split_of,
 )
-
 from chattts_forge.errors import ForgeError
 
 VERSION_DIR = CORPORA_DIR / latest_version()

@@ -185,6 +185,7 @@ def test_gpt_graph_incremental_equals_full_and_chattts(tiny_artifacts, tiny_chat
     """Past 0 (empty Concat inputs) and past > 0, batch 1 and 3, left padding: prefill + decode
     steps through the graph equal one full pass and ChatTTS's own LlamaModel call."""
     import torch
+
     from chattts_forge.convert.components import gpt_reference
 
     folder = tiny_artifacts["fp32"]
@@ -267,7 +268,6 @@ def test_unwritable_output_fails_cleanly(tiny_ckpt, tmp_path):
 def test_failed_parity_writes_nothing(tiny_ckpt, tmp_path, monkeypatch):
     """An export outside its tolerance raises ForgeError and leaves no (partial) artifact folder."""
     from chattts_forge.convert import components, export
-
     from chattts_forge.errors import ForgeError
 
     real = components.SPEC_BUILDERS["head_code"]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from chattts_forge.publish import verify_path
 
 FAKE_FORGE = r'''

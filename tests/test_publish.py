@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from chattts_forge.publish import publish_artifact, verify_path
-from chattts_forge.publish.gate_report import report_integrity
-from chattts_forge.publish.index import INDEX_NAME, LOCK_NAME, STAGING_NAME
-from chattts_forge.publish.manifest import MANIFEST_SCHEMA, hash_tree
 from click.testing import CliRunner
 
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
+from chattts_forge.publish import publish_artifact, verify_path
+from chattts_forge.publish.gate_report import report_integrity
+from chattts_forge.publish.index import INDEX_NAME, LOCK_NAME, STAGING_NAME
+from chattts_forge.publish.manifest import MANIFEST_SCHEMA, hash_tree
 
 MODEL = "chattts-synthetic-tiny-seed0"
 

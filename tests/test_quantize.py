@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from chattts_forge.calibration_data.calibrate import calibrate
-from chattts_forge.quantize import measure_fidelity, quantize_artifact
 from click.testing import CliRunner
 
+from chattts_forge.calibration_data.calibrate import calibrate
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
+from chattts_forge.quantize import measure_fidelity, quantize_artifact
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
 EXPECTED_OPS = {"dynamic": {"MatMulInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from chattts_forge.runtime import frontend as fe
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime import frontend as fe
 
 CHATTTS_DIR = Path(pytest.importorskip("ChatTTS").__file__).parent
 HOMOPHONES = CHATTTS_DIR / "res" / "homophones_map.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from chattts_forge.runtime import sampling as sp
 
 torch = pytest.importorskip("torch")

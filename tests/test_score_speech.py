@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from click.testing import CliRunner
+
+from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.asr import get_backend, load_audio, resample, whisper_base_model_dir
 from chattts_forge.evaluate.cli import score as score_cmd
 from chattts_forge.evaluate.degrade import DEGRADATIONS, time_stretch
 from chattts_forge.evaluate.score import error_rates, read_transcripts, score_audio_dir, score_waveforms
-from click.testing import CliRunner
-
-from chattts_forge.errors import ForgeError
 
 ASR_THREADS = 2
 DEGRADED_IDS = {"en": ["001", "004", "010", "021"], "zh": ["003", "020", "027"]}

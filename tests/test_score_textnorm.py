@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from chattts_forge.evaluate import textnorm
-from chattts_forge.evaluate.score import error_rates, read_transcripts
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.score import error_rates, read_transcripts
 
 
 @pytest.mark.parametrize(
