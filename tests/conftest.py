@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# The read-only reference data lies beside the project root (CI lays a copy there too).
+SHARED = Path(os.environ.get("CHATTTS_FORGE_SHARED", REPO.parent / "shared"))
 
 # Tests run on 2 cores next to other work: keep every library single-threaded unless a test asks.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
