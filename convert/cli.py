@@ -31,7 +31,13 @@ from chattts_forge.convert.export import PRECISIONS
 @click.option(
     "--threads", type=int, default=2, show_default=True, help="CPU threads for torch and onnxruntime."
 )
-def convert(checkpoint: str, out: str, precision: str, threads: int) -> None:
+@click.option(
+    "--fast-gpt/--no-fast-gpt",
+    default=True,
+    show_default=True,
+    help="Also write gpt_fast.onnx (fused ops, in-place KV cache) into fp32/; the runtime prefers it on CPU.",
+)
+def convert(checkpoint: str, out: str, precision: str, threads: int, fast_gpt: bool) -> None:
     """Export every ChatTTS component to ONNX (FP32, FP16) with parity checked at export.
 
     Each graph is run by onnxruntime against ChatTTS's own PyTorch code on several shapes; a
@@ -39,6 +45,6 @@ def convert(checkpoint: str, out: str, precision: str, threads: int) -> None:
     """
     from chattts_forge.convert.export import convert_checkpoint
 
-    dirs = convert_checkpoint(checkpoint, out, precision=precision, threads=threads)
+    dirs = convert_checkpoint(checkpoint, out, precision=precision, threads=threads, fast_gpt=fast_gpt)
     for variant, folder in dirs.items():
         click.echo(f"{variant}: {folder}")

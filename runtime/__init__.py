@@ -63,9 +63,9 @@ Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`,
   part of the codes. Not reproduced: torch's RNG stream, the speaker-from-audio step ChatTTS runs
   when it splits a text into several sentences (`spk_smp` strings are accepted as input).
 
-GPT engine: `Pipeline(..., engine="plain")` (default: gpt.onnx through `session.GptStep`), "fast"
-(gpt_fast.onnx through `fast_gpt.FastGptStep`, in-place KV cache) or "auto" (fast when the
-artifact has it; `synth --engine auto` is the CLI default). `pipe.gpt` is a `session.GptStep` (reset(batch), __call__(inputs_embeds,
+GPT engine: `Pipeline(..., engine="auto")` (default: fast when the artifact has gpt_fast.onnx, as
+`synth --engine auto`), "fast" (gpt_fast.onnx through `fast_gpt.FastGptStep`, in-place KV cache)
+or "plain" (gpt.onnx through `session.GptStep`). `pipe.gpt` is a `session.GptStep` (reset(batch), __call__(inputs_embeds,
 attention_mask, position_ids) -> last_hidden_state); assign any object with that interface.
 
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).

@@ -49,7 +49,7 @@ log = get_logger(__name__)
 
 # GPT engines: `plain` runs gpt.onnx (GptStep); `fast` the fused gpt_fast.onnx with an in-place KV
 # cache (runtime.fast_gpt, built by convert.optimize); `auto` takes fast when the artifact has it.
-# The library default stays `plain` (callers such as bench choose explicitly); `synth` uses `auto`.
+# The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph when it exists.
 ENGINES = ("auto", "fast", "plain")
 FAST_GPT_COMPONENT = "gpt_fast"
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
@@ -197,7 +197,7 @@ class Pipeline:
         provider: str = "cpu",
         threads: int | None = None,
         verify: str = "cheap",
-        engine: str = "plain",
+        engine: str = "auto",
     ) -> None:
         if engine not in ENGINES:
             raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
