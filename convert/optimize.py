@@ -46,6 +46,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from chattts_forge import __version__
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
 from chattts_forge.log import get_logger
@@ -54,6 +55,7 @@ log = get_logger(__name__)
 
 FAST_GPT_FILE = "gpt_fast.onnx"
 FAST_GPT_COMPONENT = "gpt_fast"
+FAST_GPT_CONVERTER = "chattts_forge.convert.optimize (onnx.helper, com.microsoft fused ops)"
 MS_DOMAIN = "com.microsoft"
 # Additive bias for masked keys: finite so that a fully masked (padding) query row stays finite
 # instead of NaN, exactly like transformers' finfo(float32).min mask.
@@ -567,8 +569,14 @@ def optimize_gpt(
             onnx.StringStringEntryProto(key="precision", value={None: "fp32", "dynamic": "int8-dynamic", "int4": "int4"}[quantize]),
             onnx.StringStringEntryProto(key="hidden_size", value=str(hp["hidden_size"])),
             onnx.StringStringEntryProto(key="num_hidden_layers", value=str(hp["num_hidden_layers"])),
+            onnx.StringStringEntryProto(key="converter", value=FAST_GPT_CONVERTER),
+            onnx.StringStringEntryProto(key="chattts_forge_version", value=__version__),
         ]
     )
+    # The artifact-wide facts every component carries (see docs/artifact-format.md), when known.
+    for key in ("sample_rate", "hop_length", "num_vq", "n_mels", "num_audio_tokens", "num_text_tokens"):
+        if key in dims:
+            model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=str(dims[key])))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gpt_fast.", dir=out.parent) as tmp:
         tmp_dir = Path(tmp)
@@ -595,7 +603,7 @@ def optimize_gpt(
         "file": out.name,
         "precision": {None: "fp32", "dynamic": "int8-dynamic", "int4": "int4"}[quantize],
         "opset": 17,
-        "converter": "chattts_forge.convert.optimize (onnx.helper, com.microsoft fused ops)",
+        "converter": FAST_GPT_CONVERTER,
         "inputs": inputs,
         "outputs": outputs,
         "sha256": sha256_file(out),
@@ -605,7 +613,8 @@ def optimize_gpt(
             "rotary": "com.microsoft.RotaryEmbedding with explicit position_ids",
             "norms": "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization",
             "packed_projections": pack,
-            "weights_from": str(w_src),
+            # Relative when the weights are the same folder's gpt.onnx, so the record holds no temp path.
+            "weights_from": w_src.name if w_src.parent.resolve() == out.parent.resolve() else str(w_src),
             "driver": "chattts_forge.runtime.fast_gpt.FastGptStep",
         },
         "quantization": quant_info,

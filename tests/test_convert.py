@@ -46,8 +46,12 @@ def _position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
 
 def test_fp32_parity_recorded_within_tolerance(tiny_artifacts):
     doc = _artifact(tiny_artifacts["fp32"])
-    assert set(doc["components"]) == set(COMPONENTS)
-    for name, comp in doc["components"].items():
+    # fp32/ also holds the fused GPT graph (convert.optimize), checked against gpt.onnx itself.
+    assert set(doc["components"]) == {*COMPONENTS, "gpt_fast"}
+    fast = doc["components"]["gpt_fast"]["parity"]
+    assert fast["reference"].startswith("plain gpt.onnx") and 0 <= fast["max_abs"] <= fast["tolerance_abs"] == 1e-4
+    for name in COMPONENTS:
+        comp = doc["components"][name]
         parity = comp["parity"]
         assert parity["tolerance_abs"] == 1e-4, name
         assert 0 <= parity["max_abs"] <= 1e-4, (name, parity["max_abs"])
@@ -95,13 +99,13 @@ def test_artifact_json_and_metadata_complete(tiny_artifacts, tiny_ckpt):
             assert props["precision"] == comp["precision"]
             assert [i.name for i in model.graph.input] == [i["name"] for i in comp["inputs"]]
             assert [o.name for o in model.graph.output] == [o["name"] for o in comp["outputs"]]
-            # float32 at every graph boundary, also in FP16 graphs
+            # float32 at every graph boundary, also in FP16 graphs (the fused GPT adds the int32
+            # sequence lengths GroupQueryAttention takes)
+            allowed = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL}
+            if name == "gpt_fast":
+                allowed.add(onnx.TensorProto.INT32)
             for io in (*model.graph.input, *model.graph.output):
-                assert io.type.tensor_type.elem_type in (
-                    onnx.TensorProto.FLOAT,
-                    onnx.TensorProto.INT64,
-                    onnx.TensorProto.BOOL,
-                )
+                assert io.type.tensor_type.elem_type in allowed, (name, io.name)
 
 
 def test_fp16_artifact(tiny_artifacts):
