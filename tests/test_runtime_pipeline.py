@@ -241,7 +241,7 @@ def test_split_sentences_joins_rows(pipe):
 
 
 def test_fast_engine_equals_plain(tiny_artifacts, tmp_path):
-    """With gpt_fast.onnx (convert.optimize), `engine="auto"` (synth's default) takes the in-place KV-cache graph: same codes."""
+    """With gpt_fast.onnx (convert.optimize), the default engine ("auto", as synth) takes the in-place KV-cache graph: same codes."""
     optimize = pytest.importorskip("chattts_forge.convert.optimize")
     art = shutil.copytree(tiny_artifacts["fp32"], tmp_path / "fast")
     if not (art / "gpt_fast.onnx").exists():
@@ -249,7 +249,7 @@ def test_fast_engine_equals_plain(tiny_artifacts, tmp_path):
         meta = json.loads((art / "artifact.json").read_text())
         meta["components"]["gpt_fast"] = record
         (art / "artifact.json").write_text(json.dumps(meta))
-    plain, fast = Pipeline(art, threads=1), Pipeline(art, threads=1, engine="auto")
+    plain, fast = Pipeline(art, threads=1, engine="plain"), Pipeline(art, threads=1)
     assert (plain.engine, fast.engine) == ("plain", "fast")
     params = InferCodeParams(seed=0, max_new_token=40, min_new_token=40, temperature=1e-9)
     norm = [plain.normalize(t) for t in TEXTS]
