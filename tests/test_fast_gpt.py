@@ -10,15 +10,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from chattts_forge.convert.optimize import (
     FAST_GPT_COMPONENT,
     extract_llama_weights,
     optimize_artifact,
     optimize_gpt,
 )
-from chattts_forge.runtime.fast_gpt import FastGptStep
-
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.fast_gpt import FastGptStep
 
 
 def _session(path: Path) -> ort.InferenceSession:
