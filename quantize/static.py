@@ -11,9 +11,12 @@ fallback search re-quantizes with other exclusions without re-running calibratio
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
+import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +38,31 @@ CALIBRATE_METHODS = {
 }
 
 
+@contextlib.contextmanager
+def _scratch_cwd(near: Path) -> Iterator[None]:
+    """Run in a throw-away working folder: when symbolic shape inference fails, onnxruntime dumps
+    `sym_shape_infer_temp.onnx` (+ external data) into the current folder, wherever that is."""
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=".preprocess.", dir=near) as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(old)
+
+
 def preprocess(src: Path, dst: Path) -> dict[str, Any]:
     """`quant_pre_process` with a fallback to ONNX-only shape inference; returns what was done."""
-    try:
-        # auto_merge: the GPT's past/total sequence dims conflict in symbolic inference otherwise.
-        quant_pre_process(str(src), str(dst), skip_optimization=False, auto_merge=True)
-        return {"pre_process": "quant_pre_process (symbolic shape inference, auto_merge, optimization)"}
-    except Exception as e:  # symbolic shape inference fails on some graphs; degrade, say so
-        log.warning("quant_pre_process failed on %s (%s); retrying without symbolic shape inference", src.name, e)
-        quant_pre_process(str(src), str(dst), skip_optimization=False, skip_symbolic_shape=True)
-        return {"pre_process": "quant_pre_process (onnx shape inference only)", "symbolic_shape_error": str(e)[:200]}
+    src, dst = src.resolve(), dst.resolve()
+    with _scratch_cwd(dst.parent):
+        try:
+            # auto_merge: the GPT's past/total sequence dims conflict in symbolic inference otherwise.
+            quant_pre_process(str(src), str(dst), skip_optimization=False, auto_merge=True)
+            return {"pre_process": "quant_pre_process (symbolic shape inference, auto_merge, optimization)"}
+        except Exception as e:  # symbolic shape inference fails on some graphs; degrade, say so
+            log.warning("quant_pre_process failed on %s (%s); retrying without symbolic shape inference", src.name, e)
+            quant_pre_process(str(src), str(dst), skip_optimization=False, skip_symbolic_shape=True)
+            return {"pre_process": "quant_pre_process (onnx shape inference only)", "symbolic_shape_error": str(e)[:200]}
 
 
 def resolve_excludes(model_path: Path, patterns: list[str]) -> list[str]:
