@@ -31,13 +31,12 @@ from chattts_forge.calibration_data.recorder import (
     check_recorded,
     instrument,
     new_pipeline,
-    quiet_runtime,
     synth_params,
 )
 from chattts_forge.calibration_data.store import MANIFEST, SCHEMA, ShardWriter, sample_bytes
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
@@ -135,7 +134,7 @@ def calibrate(
                 heads=set(srng.choice(max_new_token, size=min(head_steps, max_new_token), replace=False).tolist()),
             )
             try:
-                with quiet_runtime():
+                with quiet_logger():
                     results = pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
             except ForgeError as e:  # e.g. a line that normalises to nothing speakable
                 skipped.append({"sentence": text, "reason": str(e)})

@@ -11,9 +11,7 @@ error instead of silently recording nothing.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,13 +96,3 @@ def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
     )
 
 
-@contextlib.contextmanager
-def quiet_runtime() -> Iterator[None]:
-    """Silence the runtime's per-sentence warnings (random-weight checkpoints rarely emit EOS)."""
-    rt_log = logging.getLogger("chattts_forge.runtime")
-    old = rt_log.level
-    rt_log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        rt_log.setLevel(old)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 _FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -17,3 +19,20 @@ def setup_logging(verbose: int = 0) -> None:
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str = "chattts_forge.runtime", enabled: bool = True) -> Iterator[None]:
+    """Raise logger `name` to ERROR for the duration (when `enabled`), then restore its level.
+
+    Used where the runtime's per-sentence warnings are expected noise: random-weight checkpoints
+    rarely emit EOS, and benchmarks run every row to max_new_token on purpose.
+    """
+    logger = logging.getLogger(name)
+    old = logger.level
+    if enabled:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

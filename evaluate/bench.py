@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
 
@@ -171,18 +171,6 @@ def _split_calls(calls: list[tuple[int, int, float]], run: RunFigures) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _quiet_runtime() -> Iterator[None]:
-    """Every benchmark row runs to max_new_token on purpose; hide the runtime's warning about it."""
-    import logging
-
-    logger = logging.getLogger("chattts_forge.runtime.pipeline")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 class OnnxEngine:
@@ -210,7 +198,7 @@ class OnnxEngine:
         return SynthParams(code=InferCodeParams(max_new_token=steps, min_new_token=steps, seed=seed))
 
     def run(self, texts: list[str], steps: int) -> RunFigures:
-        with _quiet_runtime():
+        with quiet_logger("chattts_forge.runtime.pipeline"):
             return self._run(texts, steps)
 
     def _run(self, texts: list[str], steps: int) -> RunFigures:
@@ -243,7 +231,7 @@ class OnnxEngine:
 
     def first_audio(self, text: str, steps: int) -> float:
         params = self._params(steps)
-        with _quiet_runtime():
+        with quiet_logger("chattts_forge.runtime.pipeline"):
             t0 = time.perf_counter()
             for chunk in self.pipe.stream([text], params):
                 if len(chunk[0]):

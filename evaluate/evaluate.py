@@ -30,12 +30,9 @@ The report's JSON layout (schema ``chattts-forge/report/1``) is documented in `r
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,7 +44,7 @@ from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.fsutil import sha256_file
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
 
@@ -58,18 +55,6 @@ SYNTHETIC_NOTE = (
 )
 
 
-@contextlib.contextmanager
-def _quiet_runtime(enabled: bool) -> Iterator[None]:
-    """Silence the runtime's per-sentence warnings (random weights rarely emit EOS, so every
-    sentence 'hits max_new_token'); on real checkpoints they are kept."""
-    rt_log = logging.getLogger("chattts_forge.runtime")
-    old = rt_log.level
-    if enabled:
-        rt_log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        rt_log.setLevel(old)
 
 
 def describe_artifact(path: Path) -> dict[str, Any]:
@@ -296,7 +281,7 @@ def evaluate_artifact(
     # Latency (and the audio for ASR): reference first, then the artifact, same settings.
     lat_kwargs = dict(threads=threads, max_new_token=max_new_token, seed=seed, batch_sizes=batch_sizes,
                       progress=show)
-    with _quiet_runtime(synthetic):
+    with quiet_logger(enabled=synthetic):
         ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, desc="synth fp32 reference",
                                                           **lat_kwargs)
         art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences,
@@ -331,7 +316,7 @@ def evaluate_artifact(
         )
 
     log.info("measuring teacher-forced fidelity against %s", reference)
-    with _quiet_runtime(synthetic):
+    with quiet_logger(enabled=synthetic):
         fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
                              seed, threads, show)
 

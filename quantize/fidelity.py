@@ -33,11 +33,10 @@ from chattts_forge.calibration_data.recorder import (
     check_recorded,
     instrument,
     new_pipeline,
-    quiet_runtime,
     synth_params,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
 
 log = get_logger(__name__)
@@ -87,7 +86,7 @@ def record_trajectories(
     for i, text in enumerate(tqdm(sentences, desc="fidelity: fp32 run", unit="sent", disable=not progress)):
         current["traj"] = Trajectory(text)
         try:
-            with quiet_runtime():
+            with quiet_logger():
                 pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
         except ForgeError as e:
             log.info("fidelity: skipped %r (%s)", text, e)
