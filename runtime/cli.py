@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from chattts_forge.cli_options import sampling_options
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
 from chattts_forge.log import get_logger
@@ -111,30 +112,12 @@ class _StreamingWav:
     "when OUT is a folder (existing, or ending in '/').",
 )
 @click.option("--seed", type=int, default=None, help="Seed of sampling (and of --speaker random).")
-@click.option(
-    "--speaker",
-    default=None,
-    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
-)
 @click.option("--speaker-out", type=click.Path(path_type=Path), default=None, help="Write the speaker string used.")
-@click.option("--temperature", type=float, default=0.3, show_default=True, help="Code sampling temperature.")
-@click.option("--top-p", "top_p", type=float, default=0.7, show_default=True, help="Top-p (keeps >= 3 tokens).")
-@click.option("--top-k", "top_k", type=int, default=20, show_default=True, help="Top-k (keeps >= 3 tokens).")
-@click.option(
-    "--repetition-penalty", type=float, default=1.05, show_default=True, help="ChatTTS's windowed penalty."
-)
+@sampling_options
 @click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
-@click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this.")
 @click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
 @click.option(
     "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT's text head first."
-)
-@click.option(
-    "--decoder/--dvae",
-    "use_decoder",
-    default=True,
-    show_default=True,
-    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
 )
 @click.option(
     "--codes-out",

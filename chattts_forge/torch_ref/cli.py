@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from chattts_forge.cli_options import sampling_options
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_text
 from chattts_forge.log import get_logger
@@ -29,24 +30,13 @@ log = get_logger(__name__)
 )
 @click.option("--seed", type=int, default=None, help="Seed torch and ChatTTS's manual_seed (reproducible).")
 @click.option(
-    "--speaker",
-    default=None,
-    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
-)
-@click.option(
     "--speaker-out",
     type=click.Path(path_type=Path),
     default=None,
     help="Write the speaker string used (useful with --speaker random).",
 )
-@click.option("--temperature", type=float, default=0.3, show_default=True, help="Code sampling temperature.")
-@click.option("--top-p", "top_p", type=float, default=0.7, show_default=True, help="Top-p (keeps >= 3 tokens).")
-@click.option("--top-k", "top_k", type=int, default=20, show_default=True, help="Top-k (keeps >= 3 tokens).")
-@click.option(
-    "--repetition-penalty", type=float, default=1.05, show_default=True, help="ChatTTS's windowed penalty."
-)
+@sampling_options
 @click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps per part.")
-@click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this.")
 @click.option(
     "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT first."
 )
@@ -56,13 +46,6 @@ log = get_logger(__name__)
     default=True,
     show_default=True,
     help="Chat.infer's split_text: speak sentence by sentence (the first one sets the voice of the rest).",
-)
-@click.option(
-    "--decoder/--dvae",
-    "use_decoder",
-    default=True,
-    show_default=True,
-    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
 )
 @click.option(
     "--codes-out",

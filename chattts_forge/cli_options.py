@@ -1,0 +1,44 @@
+"""Click options shared by `reference` (ChatTTS's PyTorch code) and `synth` (the ONNX runtime).
+
+Both commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults; one
+definition keeps their names and defaults identical, which the parity checks between them rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SAMPLING_OPTIONS = (
+    click.option(
+        "--speaker",
+        default=None,
+        help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
+    ),
+    click.option("--temperature", type=float, default=0.3, show_default=True, help="Code sampling temperature."),
+    click.option("--top-p", "top_p", type=float, default=0.7, show_default=True, help="Top-p (keeps >= 3 tokens)."),
+    click.option("--top-k", "top_k", type=int, default=20, show_default=True, help="Top-k (keeps >= 3 tokens)."),
+    click.option(
+        "--repetition-penalty", type=float, default=1.05, show_default=True, help="ChatTTS's windowed penalty."
+    ),
+    click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this."),
+    click.option(
+        "--decoder/--dvae",
+        "use_decoder",
+        default=True,
+        show_default=True,
+        help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
+    ),
+)
+
+
+def sampling_options(f: F) -> F:
+    """Add --speaker, --temperature, --top-p, --top-k, --repetition-penalty, --min-new-token and
+    --decoder/--dvae (click applies decorators bottom-up, hence the reversed order)."""
+    for option in reversed(_SAMPLING_OPTIONS):
+        f = option(f)
+    return f
