@@ -176,10 +176,13 @@ def _split_calls(calls: list[tuple[int, int, float]], run: RunFigures) -> None:
 class OnnxEngine:
     name = "onnx"
 
-    def __init__(self, artifact: str | os.PathLike[str], threads: int, engine: str = "auto") -> None:
+    def __init__(
+        self, artifact: str | os.PathLike[str], threads: int, engine: str = "auto", stream_lookahead: int | None = None
+    ) -> None:
         from chattts_forge.runtime import Pipeline
 
         self.pipe = Pipeline(artifact, provider="cpu", threads=threads)
+        self.stream_lookahead = stream_lookahead  # None: the exact stream
         self.gpt_engine = "plain"
         has_fast = self.pipe.artifact.has_component("gpt_fast")
         if engine == "fast" and not has_fast:
@@ -233,7 +236,7 @@ class OnnxEngine:
         params = self._params(steps)
         with quiet_logger("chattts_forge.runtime.pipeline"):
             t0 = time.perf_counter()
-            for chunk in self.pipe.stream([text], params):
+            for chunk in self.pipe.stream([text], params, lookahead_frames=self.stream_lookahead):
                 if len(chunk[0]):
                     return time.perf_counter() - t0
         return float("nan")
@@ -424,6 +427,7 @@ def run_bench(
     engine: str = "auto",
     text: str = DEFAULT_TEXT,
     first_audio: bool = True,
+    stream_lookahead: int | None = None,
     json_out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
     chat: Any = None,
@@ -431,7 +435,8 @@ def run_bench(
     """Benchmark `artifact` (and ChatTTS's PyTorch FP32 on `checkpoint` when `baseline="pytorch"`).
 
     `chat`: an already loaded ChatTTS `Chat` of that checkpoint to use as the baseline (library
-    use; it is left as it was). Returns the report dict (documented in docs/bench.md) and writes
+    use; it is left as it was). `stream_lookahead`: mel frames of right context the runtime's stream
+    waits for before emitting (None: the exact stream; see `Pipeline.stream`). Returns the report dict (documented in docs/bench.md) and writes
     it to `json_out` if given.
     """
     from chattts_forge.fsutil import atomic_write_json
@@ -471,7 +476,7 @@ def run_bench(
         with RssSampler() as rss:
             base_rss = rss.rss()
             with rss.during("onnx_load"):
-                onnx_engine = OnnxEngine(art, threads, engine)
+                onnx_engine = OnnxEngine(art, threads, engine, stream_lookahead)
                 engines.append(onnx_engine)
                 onnx_engine.run([text], min(warmup_steps, steps))
             onnx_loaded = rss.rss()
@@ -548,6 +553,8 @@ def run_bench(
             "warmup_steps": min(warmup_steps, steps),
             "text": text,
             "context_limit": CONTEXT_LIMIT,
+            "stream_lookahead_frames": onnx_engine.stream_lookahead,  # null: exact streaming
+            "stream_exact_lookahead_frames": onnx_engine.pipe.decoder_radius + onnx_engine.pipe.vocos_radius,
             "order": "interleaved per repetition and batch: onnx then pytorch",
         },
         "machine": {

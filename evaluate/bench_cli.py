@@ -44,6 +44,12 @@ def _batches(value: str) -> list[int]:
 )
 @click.option("--text", default=None, help="Text to synthesize (default: a fixed Mandarin sentence).")
 @click.option("--no-first-audio", is_flag=True, help="Skip the streaming first-audio measurement.")
+@click.option(
+    "--stream-lookahead",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Mel frames of right context the runtime's stream waits for (default: exact streaming).",
+)
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -57,6 +63,7 @@ def bench(
     engine: str,
     text: str | None,
     no_first_audio: bool,
+    stream_lookahead: int | None,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -80,6 +87,7 @@ def bench(
         engine=engine,
         text=text if text is not None else DEFAULT_TEXT,
         first_audio=not no_first_audio,
+        stream_lookahead=stream_lookahead,
         json_out=json_out,
         progress=lambda msg: click.echo(msg, err=True),
     )

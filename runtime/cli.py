@@ -128,6 +128,13 @@ class _StreamingWav:
 @click.option("--stream", is_flag=True, help="Decode while generating (every --stream-batch steps).")
 @click.option("--stream-batch", type=int, default=24, show_default=True, help="Steps between stream chunks.")
 @click.option(
+    "--stream-lookahead",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Mel frames of right context to wait for before emitting audio (default: all the Decoder and "
+    "Vocos need, so the stream equals the whole waveform; less starts sooner, inexact at chunk edges).",
+)
+@click.option(
     "--split-sentences", is_flag=True, help="Split each text into sentences like ChatTTS and join the audio."
 )
 @click.option(
@@ -162,6 +169,7 @@ def synth(
     codes_out: Path | None,
     stream: bool,
     stream_batch: int,
+    stream_lookahead: int | None,
     split_sentences: bool,
     batch_size: int,
     engine: str,
@@ -228,7 +236,9 @@ def synth(
             for start in range(0, len(texts), batch_size):
                 group = writers[start : start + batch_size]
                 done = lambda gen: codes.extend(gen.ids)  # noqa: E731
-                for chunk in pipe.stream(texts[start : start + batch_size], params, on_done=done):
+                for chunk in pipe.stream(
+                    texts[start : start + batch_size], params, on_done=done, lookahead_frames=stream_lookahead
+                ):
                     chunks += 1
                     for w, c in zip(group, chunk, strict=True):
                         w.write(c)

@@ -11,12 +11,17 @@ any of its num_vq streams emits EOS; the loop ends when every row has stopped or
 `max_new_token` steps. Each row is decoded on its own, so a row's result does not depend on the
 other rows (ChatTTS decodes a zero-padded batch, which changes the tail of shorter rows).
 
-Streaming (`Pipeline.stream`): every `stream_batch` steps the audio that can no longer change is
-emitted. The Decoder and Vocos are convolutional (non-causal), so a mel frame depends on
-`decoder_radius` frames on each side and a sample on `vocos_radius` frames; the stream decodes only a
-window (the new part plus that much context) and holds back the last frames until their right
-context exists, so the concatenated stream equals the non-streamed waveform (up to float rounding
-of convolutions over different lengths, ~1e-6).
+Streaming (`Pipeline.stream`): the audio that can no longer change is emitted as soon as the first
+of it exists (checked every step until then, so first audio is not held to the `stream_batch`
+cadence), then every `stream_batch` steps. The Decoder and Vocos are convolutional (non-causal), so
+a mel frame depends on `decoder_radius` frames on each side and a sample on `vocos_radius` frames;
+the stream decodes only a window (the new part plus that much context) and holds back the last
+frames until their right context exists, so the concatenated stream equals the non-streamed waveform
+(up to float rounding of convolutions over different lengths, ~1e-6). That right context is what
+bounds first audio: `decoder_radius + vocos_radius` mel frames (55 code steps at full size).
+`lookahead_frames` trades exactness for latency: samples are emitted once that many mel frames of
+right context exist, so the few frames before each chunk boundary are decoded with a truncated
+right edge (a low-latency mode, like ChatTTS's own streaming, which is not exact either).
 """
 
 from __future__ import annotations
@@ -550,10 +555,14 @@ class Pipeline:
         params: SynthParams | None = None,
         stream_batch: int | None = None,
         on_done: Callable[[Generation], None] | None = None,
+        lookahead_frames: int | None = None,
     ) -> Iterator[list[np.ndarray]]:
-        """Yield, every `stream_batch` steps (default params.code.stream_batch = 24), one float32
-        chunk per input text (possibly empty). Concatenating a text's chunks gives its waveform.
-        `on_done(generation)` receives the codes and hidden states after the last chunk."""
+        """Yield one float32 chunk per input text (possibly empty): a first chunk as soon as any
+        row has final audio, then every `stream_batch` steps (default params.code.stream_batch = 24).
+        Concatenating a text's chunks gives its waveform. `lookahead_frames` (default: the exact
+        right context, `decoder_radius + vocos_radius`) lowers first-audio latency at the cost of
+        exactness near chunk boundaries. `on_done(generation)` receives the codes and hidden states
+        after the last chunk."""
         params = params or SynthParams()
         every = stream_batch or params.code.stream_batch
         if every < 1:
@@ -561,17 +570,25 @@ class Pipeline:
         if params.split_sentences:
             raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
         norm, _ = self.prepare_texts(texts, params)
-        decoders = [StreamDecoder(self, params.use_decoder) for _ in norm]
+        decoders = [StreamDecoder(self, params.use_decoder, lookahead_frames) for _ in norm]
         live_steps = 0
+        first_sent = False  # no chunk with audio yet: check every step (arithmetic only)
         for state in self.iter_infer_code(norm, params.code):
             live_steps += 1
-            if live_steps % every and not state.done:
+            due = live_steps % every == 0 or state.done
+            if not due and not first_sent:
+                due = any(
+                    d.ready_samples(int(state.end_idx[b]), bool(state.finish[b])) > d.emitted
+                    for b, d in enumerate(decoders)
+                )
+            if not due:
                 continue
             chunk = []
             for b, dec in enumerate(decoders):
                 n = int(state.end_idx[b])
                 src = state.hiddens[b, :n] if params.use_decoder else state.tokens[b, :n]
                 chunk.append(dec.push(src, final=bool(state.finish[b]) or state.done))
+            first_sent = first_sent or any(len(c) for c in chunk)
             yield chunk
         if on_done is not None:
             on_done(state.result())
@@ -584,14 +601,26 @@ class StreamDecoder:
     the new frames plus `decoder_radius` / `vocos_radius` frames of context, never the whole prefix.
     """
 
-    def __init__(self, pipe: Pipeline, use_decoder: bool = True) -> None:
+    def __init__(self, pipe: Pipeline, use_decoder: bool = True, lookahead_frames: int | None = None) -> None:
         self.pipe = pipe
         self.use_decoder = use_decoder
         self.hop = pipe.hop
         self.rd = pipe.decoder_radius
         self.rv = pipe.vocos_radius
+        exact = self.rd + self.rv  # mel frames of right context a sample's whole receptive field spans
+        if lookahead_frames is not None and lookahead_frames < 0:
+            raise ForgeError(f"stream lookahead must be >= 0 mel frames, got {lookahead_frames}")
+        self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
+        self.exact = self.lookahead == exact
         self.emitted = 0  # samples already returned
         self.closed = False
+
+    def ready_samples(self, n: int, final: bool = False) -> int:
+        """Samples that can be emitted once `n` code steps exist (all of them when `final`)."""
+        frames = 2 * n
+        if final:
+            return self.hop * (frames - 1) if n else 0
+        return max(0, (frames - self.lookahead) * self.hop)
 
     def push(self, steps: np.ndarray, final: bool = False) -> np.ndarray:
         """`steps`: every step so far ([T, hidden] or [T, num_vq]); `final`: the row has ended."""
@@ -599,12 +628,8 @@ class StreamDecoder:
             return np.zeros(0, dtype=np.float32)
         n = len(steps)
         frames = 2 * n
-        if final:
-            self.closed = True
-            ready = self.hop * (frames - 1) if n else 0
-        else:
-            exact_frames = frames - self.rd  # mel frames whose decoder context is complete
-            ready = max(0, (exact_frames - self.rv) * self.hop)
+        ready = self.ready_samples(n, final)
+        self.closed = final
         if ready <= self.emitted:
             return np.zeros(0, dtype=np.float32)
         s0, s1 = self.emitted, ready

@@ -97,11 +97,13 @@ def test_bench_cli_plain_engine_without_baseline(tiny_artifacts: dict[str, Path]
     res = CliRunner().invoke(
         main,
         ["bench", "--artifact", str(tiny_artifacts["fp32"]), "--batch", "1", "--steps", "6", "--reps", "1",
-         "--threads", "1", "--engine", "plain", "--warmup-steps", "2", "--json", str(out)],
+         "--threads", "1", "--engine", "plain", "--warmup-steps", "2", "--stream-lookahead", "4", "--json", str(out)],
     )
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert report["artifact"]["gpt_engine"] == "plain"
+    assert report["settings"]["stream_lookahead_frames"] == 4
+    assert report["settings"]["stream_exact_lookahead_frames"] > 4
     assert report["ratios"] is None and report["baseline"] is None
     assert "pytorch" not in report["results"]
     assert report["results"]["onnx"]["1"]["gpt_step_ms"]["n"] == 5

@@ -142,6 +142,41 @@ def test_stream_equals_synthesize(pipe, speaker):
         assert np.abs(streamed - res.wav).max() <= STREAM_TOL
 
 
+def _first_audio_step(pipe, chunks, lookahead):
+    """The code step at which the first non-empty chunk was emitted (its length is (2n - L) * hop)."""
+    first = next(c[0] for c in chunks if len(c[0]))
+    return (len(first) // pipe.hop + lookahead) / 2
+
+
+def test_first_chunk_comes_as_soon_as_exact_audio_exists(pipe):
+    """First audio is not held to the stream_batch cadence, and the stream stays exact."""
+    params = SynthParams(code=InferCodeParams(seed=3, max_new_token=75, min_new_token=75))
+    [full] = pipe.synthesize(TEXTS[:1], params)
+    chunks = list(pipe.stream(TEXTS[:1], params, stream_batch=1000))
+    exact = pipe.decoder_radius + pipe.vocos_radius
+    first = next(c[0] for c in chunks if len(c[0]))
+    assert 0 < len(first) <= 2 * pipe.hop  # emitted at the first step with any final sample
+    assert _first_audio_step(pipe, chunks, exact) == exact // 2 + 1
+    streamed = np.concatenate([c[0] for c in chunks])
+    assert streamed.shape == full.wav.shape
+    assert np.abs(streamed - full.wav).max() <= STREAM_TOL
+
+
+def test_lookahead_trades_exactness_for_earlier_audio(pipe):
+    params = SynthParams(code=InferCodeParams(seed=3, max_new_token=75, min_new_token=75))
+    [full] = pipe.synthesize(TEXTS[:1], params)
+    exact = pipe.decoder_radius + pipe.vocos_radius
+    chunks = list(pipe.stream(TEXTS[:1], params, stream_batch=16, lookahead_frames=8))
+    assert _first_audio_step(pipe, chunks, 8) == 5 < exact // 2 + 1
+    streamed = np.concatenate([c[0] for c in chunks])
+    assert streamed.shape == full.wav.shape  # same samples, only chunk edges see less right context
+    # a lookahead at or beyond the receptive field is the exact stream
+    wide = np.concatenate([c[0] for c in pipe.stream(TEXTS[:1], params, stream_batch=16, lookahead_frames=10_000)])
+    assert np.abs(wide - full.wav).max() <= STREAM_TOL
+    with pytest.raises(ForgeError, match="lookahead"):
+        list(pipe.stream(TEXTS[:1], params, lookahead_frames=-1))
+
+
 def test_batch_rows_equal_single_runs(pipe):
     params = SynthParams(code=InferCodeParams(seed=5, max_new_token=50, temperature=0.3))
     batch = pipe.synthesize(TEXTS, params)
