@@ -160,3 +160,24 @@ def test_fp16_artifact_is_judged_with_memory_and_fidelity(tiny_artifacts, corpus
     memory = report["latency"]["artifact"]["memory"]
     assert memory["peak_rss_mb"] > memory["python_baseline_mb"] > 0
     assert report["latency"]["pytorch"] is None and any("No PyTorch baseline" in n for n in report["notes"])
+
+
+def test_fp32_judged_against_itself_is_timed_once(tiny_artifacts, corpus_file, gate_without_latency, monkeypatch) -> None:
+    from chattts_forge.evaluate import latency as latency_mod
+
+    calls: list[str] = []
+    real = latency_mod.measure_artifact
+
+    def counting(path, *args, **kwargs):
+        calls.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(latency_mod, "measure_artifact", counting)
+    report = evaluate_artifact(
+        tiny_artifacts["fp32"], tiny_artifacts["fp32"], corpus_file, gate=gate_without_latency,
+        baseline_checkpoint=None, progress=False, **{**FAST, "batch_sizes": (1,)},
+    )
+    assert calls == [str(tiny_artifacts["fp32"])]
+    assert report["latency"]["ratios"]["vs_reference"]["rtf_p50"] == 1.0
+    assert any("its own reference" in n for n in report["notes"])
+    assert report["metrics"]["code_agreement"] == 1.0  # fidelity is still measured
