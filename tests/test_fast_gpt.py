@@ -183,3 +183,17 @@ def test_runtime_logits_identical_with_fast_step(fast_artifact: Path) -> None:
         np.testing.assert_allclose(b[finite], a[finite], atol=1e-4, rtol=0)
     for a, b in zip(gen.ids, gen_fast.ids, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_thread_policy_per_component(fast_artifact: Path) -> None:
+    """GPT graphs get every thread, the tiny per-step graphs one, the decoders no spinning workers."""
+    from chattts_forge.runtime.session import Artifact
+
+    art = Artifact(fast_artifact, threads=2)
+    opts = {name: art.session(name).get_session_options() for name in ("embed", "head_code", "gpt_fast", "gpt", "vocos")}
+    assert opts["gpt_fast"].intra_op_num_threads == 2 and opts["gpt"].intra_op_num_threads == 2
+    assert opts["embed"].intra_op_num_threads == 1 and opts["head_code"].intra_op_num_threads == 1
+    assert opts["vocos"].intra_op_num_threads == 2
+    assert opts["vocos"].get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # left at the default (spinning)
+        opts["gpt_fast"].get_session_config_entry("session.intra_op.allow_spinning")
