@@ -347,6 +347,8 @@ class Pipeline:
             if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
                 argv += ["--baseline-checkpoint", str(self.ckpt_dir)]
                 inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
+            else:  # evaluate would otherwise find the artifact's source checkpoint by itself
+                argv += ["--no-baseline"]
             if self.gate:
                 argv += ["--gate", self.gate]
                 inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
@@ -441,9 +443,14 @@ def run_pipeline(
     extra: dict[str, list[str]] | None = None,
     until: str | None = None,
     forge_cmd: list[str] | None = None,
-    pytorch_baseline: bool = True,
+    pytorch_baseline: bool | None = None,
 ) -> list[VariantOutcome]:
-    """Run (or resume) the pipeline; returns what happened to each variant."""
+    """Run (or resume) the pipeline; returns what happened to each variant.
+
+    `pytorch_baseline`: time ChatTTS's PyTorch pipeline in every evaluation (ratios in the reports).
+    None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
+    which should stay a quick smoke run of the chain (loading torch in every evaluation doubles it).
+    """
     from chattts_forge.publish.gate_report import load_report
     from chattts_forge.publish.publish import publish_artifact
     from chattts_forge.publish.verify import verify_path
@@ -464,6 +471,8 @@ def run_pipeline(
         for stage, args in source.items():
             stage_args.setdefault(stage, []).extend(args)
     pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
+    if pytorch_baseline is None:
+        pytorch_baseline = not (ckpt is None and preset == "tiny")
     pipe.pytorch_baseline = pytorch_baseline
     if forge_cmd:
         pipe.forge = list(forge_cmd)
@@ -550,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage-args", action="append", default=[], metavar="STAGE=ARGS")
     ap.add_argument("--until", choices=STAGES, default=None, help="stop after this stage (nothing is published)")
     ap.add_argument(
-        "--no-pytorch-baseline",
-        action="store_true",
-        help="evaluate without timing ChatTTS's PyTorch pipeline (no export extra needed)",
+        "--pytorch-baseline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)",
     )
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -572,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             extra=_parse_extra(args.stage_args),
             until=args.until,
             forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
-            pytorch_baseline=not args.no_pytorch_baseline,
+            pytorch_baseline=args.pytorch_baseline,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

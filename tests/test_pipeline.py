@@ -38,6 +38,9 @@ if argv[0] == "evaluate":
     call += ":" + Path(opt("--artifact")).name
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(call + "\n")
+if os.environ.get("FAKE_ARGV_LOG"):
+    with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
+        f.write(json.dumps(argv) + "\n")
 if os.environ.get("FAKE_CRASH") == call:
     sys.exit("error: simulated stage crash")
 
@@ -131,12 +134,12 @@ class Runner:
     def calls(self) -> list[str]:
         return self.log.read_text().split() if self.log.exists() else []
 
-    def run(self, **env: str) -> subprocess.CompletedProcess[str]:
+    def run(self, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
         cmd = [
             sys.executable, "-m", "chattts_forge.publish.pipeline", "--preset", "tiny",
             "--build", str(self.build), "--to", str(self.to),
             "--calib-corpus", str(self.calib), "--eval-corpus", "builtin:evaluation",
-            "--forge-cmd", f"{sys.executable} {self.fake}",
+            "--forge-cmd", f"{sys.executable} {self.fake}", *extra,
         ]  # fmt: skip
         full_env = {**os.environ, "FAKE_LOG": str(self.log), **env}
         return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=120)
@@ -232,3 +235,16 @@ def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert r.calls()[before:] == ["evaluate:fp16"]
     assert len(json.loads((r.to / "index.json").read_text())["variants"]) == len(VARIANTS)
+
+
+@pytest.mark.parametrize(("flag", "expected"), [((), "--no-baseline"), (("--pytorch-baseline",), "--baseline-checkpoint")])
+def test_tiny_runs_skip_the_pytorch_baseline_unless_asked(tmp_path: Path, flag: tuple[str, ...], expected: str) -> None:
+    """A tiny run is a smoke run: its evaluations do not time ChatTTS's PyTorch code unless asked."""
+    r = Runner(tmp_path)
+    argv_log = tmp_path / "argv.log"
+    proc = r.run(*flag, FAKE_ARGV_LOG=str(argv_log))
+    assert proc.returncode == 0, proc.stderr
+    evaluations = [a for a in map(json.loads, argv_log.read_text().splitlines()) if a[0] == "evaluate"]
+    assert len(evaluations) == len(VARIANTS)
+    for argv in evaluations:
+        assert expected in argv and not ({"--no-baseline", "--baseline-checkpoint"} - {expected}) & set(argv)
