@@ -13,8 +13,10 @@ Library::
 
 `metrics` maps metric name -> float or None (None: not measured, with a reason in `reasons`).
 A check whose metric was not measured fails, unless the metric is in `waived` (name -> why), in
-which case it is reported as "waived" with that reason — the evaluate stage waives only
-intelligibility on synthetic checkpoints, where fidelity decides instead. Never a silent pass.
+which case it is reported as "waived" with that reason. A waived metric that was measured keeps
+its value in the check but is not a verdict either way. The evaluate stage waives intelligibility on
+synthetic checkpoints (fidelity decides instead) and the timing metrics on tiny synthetic ones
+(their timings are call overhead). Never a silent pass.
 
 Verdict::
 
@@ -141,7 +143,10 @@ def judge(
             "value": value,
             "unit": METRICS[metric][1],
         }
-        if value is None:
+        if metric in waived and value is not None:  # measured and reported, but not a verdict
+            check.update(status="waived", passed=None, margin=None,
+                         message=f"{metric} = {value:.4g}: not gated ({waived[metric]})")
+        elif value is None:
             if metric in waived:
                 check.update(status="waived", passed=None, margin=None,
                              message=f"{metric}: not measured ({waived[metric]})")
