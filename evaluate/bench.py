@@ -472,8 +472,8 @@ def run_bench(
 
     `chat`: an already loaded ChatTTS `Chat` of that checkpoint to use as the baseline (library
     use; it is left as it was). `stream_lookahead`: mel frames of right context the runtime's stream
-    waits for before emitting (None: the exact stream; see `Pipeline.stream`). Returns the report dict (documented in docs/bench.md) and writes
-    it to `json_out` if given.
+    waits for before emitting (None: the exact stream; see `Pipeline.stream`). Returns the report
+    dict (documented in docs/bench.md) and writes it to `json_out` if given.
     """
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.versions import library_versions, toolchain_info

@@ -611,7 +611,6 @@ class StreamDecoder:
         if lookahead_frames is not None and lookahead_frames < 0:
             raise ForgeError(f"stream lookahead must be >= 0 mel frames, got {lookahead_frames}")
         self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
-        self.exact = self.lookahead == exact
         self.emitted = 0  # samples already returned
         self.closed = False
 
