@@ -46,7 +46,7 @@ def _artifact_identity(artifact_dir: Path, meta: dict[str, Any]) -> dict[str, An
     gpt = meta.get("components", {}).get("gpt", {})
     gpt_file = artifact_dir / gpt.get("file", "gpt.onnx")
     return {
-        "path": str(artifact_dir),
+        "path": str(artifact_dir.resolve()),
         "variant": meta.get("variant"),
         "gpt_sha256": gpt.get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
         "source": meta.get("source"),

@@ -15,7 +15,9 @@ quantized, MatMuls with a constant weight are) and read back as float32.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import portable_path, recorded_path
 
 SCHEMA = "chattts-forge/calibration/1"
 MANIFEST = "manifest.json"
@@ -116,14 +119,29 @@ class CalibrationStore:
                     n: a.astype(np.float32) if a.dtype == np.float16 else a for n, a in by_index[idx].items()
                 }
 
-    def describe(self) -> dict[str, Any]:
-        """What artifact.json records about the calibration set used."""
-        m = self.manifest
+    def describe(self, relative_to: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """What artifact.json records about the calibration set used; with `relative_to` (the artifact
+        folder that records it) every path is made relative to that folder."""
+        m = copy.deepcopy(self.manifest)
+
+        def rel(p: str) -> str:
+            return p if relative_to is None else portable_path(p, relative_to)
+
+        corpus = m.get("corpus")
+        if isinstance(corpus, dict) and isinstance(corpus.get("files"), list):
+            corpus["files"] = [rel(f) for f in corpus["files"]]
+        art = m.get("artifact")
+        if isinstance(art, dict) and art.get("path"):
+            art_dir = Path(art["path"])
+            source = art.get("source")
+            if isinstance(source, dict) and source.get("asset_dir"):  # relative to the FP32 folder
+                source["asset_dir"] = rel(str(recorded_path(source["asset_dir"], art_dir)))
+            art["path"] = rel(art["path"])
         return {
-            "path": str(self.path),
-            "corpus": m.get("corpus"),
+            "path": rel(str(self.path)),
+            "corpus": corpus,
             "seed": m.get("seed"),
             "samples": {k: v.get("samples", 0) for k, v in m.get("components", {}).items()},
             "sentences": m.get("sentences"),
-            "source_artifact": m.get("artifact"),
+            "source_artifact": art,
         }

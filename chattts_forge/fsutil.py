@@ -117,3 +117,18 @@ def clean_stale_partials(parent: str | os.PathLike[str]) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             removed.append(p)
     return removed
+
+
+def portable_path(target: str | os.PathLike[str], base: str | os.PathLike[str]) -> str:
+    """`target` as an artifact folder `base` records it: relative to that folder, POSIX-style.
+
+    Artifacts are written to a temporary sibling of their final folder, so the relative path is the
+    same from both; a build tree then records the same bytes wherever it sits on disk.
+    """
+    return Path(os.path.relpath(Path(target).resolve(), Path(base).resolve())).as_posix()
+
+
+def recorded_path(value: str | os.PathLike[str], base: str | os.PathLike[str]) -> Path:
+    """A path an artifact folder `base` recorded: relative to it (absolute in older artifacts)."""
+    p = Path(value)
+    return p if p.is_absolute() else Path(os.path.normpath(Path(base).resolve() / p))

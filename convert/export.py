@@ -241,7 +241,7 @@ def convert_checkpoint(
     dims = load_dims(asset_dir)
     chat, src = _load_sources(asset_dir)
     tokens = special_tokens(asset_dir / "tokenizer" / "tokenizer.json", dims)
-    source = source_record(asset_dir)
+    source = source_record(asset_dir, out / "fp32")  # fp32/ and fp16/ are siblings: one relative path
 
     created_out = not out.exists()
     want32 = precision in ("fp32", "all")

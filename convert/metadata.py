@@ -16,7 +16,7 @@ from chattts_forge import __version__
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_json, sha256_file
+from chattts_forge.fsutil import atomic_write_json, portable_path, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 SCHEMA = "chattts-forge/artifact/1"
@@ -72,10 +72,11 @@ def special_tokens(tokenizer_json: Path, dims: Dims) -> dict[str, int]:
     return out
 
 
-def source_record(asset_dir: Path) -> dict[str, Any]:
+def source_record(asset_dir: Path, artifact_dir: Path) -> dict[str, Any]:
+    """The checkpoint an artifact was converted from; `asset_dir` is recorded relative to `artifact_dir`."""
     marker = read_marker(asset_dir)
     hashes = {rel: sha256_file(asset_dir / rel) for rel in ASSET_FILES if (asset_dir / rel).is_file()}
-    rec: dict[str, Any] = {"kind": "synthetic" if marker else "real", "asset_dir": str(asset_dir.resolve())}
+    rec: dict[str, Any] = {"kind": "synthetic" if marker else "real", "asset_dir": portable_path(asset_dir, artifact_dir)}
     if marker:
         rec["preset"] = marker.get("preset")
         rec["seed"] = marker.get("seed")

@@ -48,7 +48,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge import __version__
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import portable_path, sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -613,8 +613,8 @@ def optimize_gpt(
             "rotary": "com.microsoft.RotaryEmbedding with explicit position_ids",
             "norms": "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization",
             "packed_projections": pack,
-            # Relative when the weights are the same folder's gpt.onnx, so the record holds no temp path.
-            "weights_from": w_src.name if w_src.parent.resolve() == out.parent.resolve() else str(w_src),
+            # Relative to the artifact folder, so the record holds no temp or checkout path.
+            "weights_from": portable_path(w_src, out.parent),
             "driver": "chattts_forge.runtime.fast_gpt.FastGptStep",
         },
         "quantization": quant_info,

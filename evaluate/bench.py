@@ -447,7 +447,12 @@ def _default_checkpoint(artifact: Path) -> Path | None:
     except (OSError, ValueError):
         return None
     src = (meta.get("source") or {}).get("asset_dir")
-    return Path(src) if src and Path(src).is_dir() else None
+    if not src:
+        return None
+    from chattts_forge.fsutil import recorded_path
+
+    path = recorded_path(src, artifact)  # relative to the artifact folder
+    return path if path.is_dir() else None
 
 
 def run_bench(

@@ -43,7 +43,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import recorded_path, sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
@@ -86,7 +86,9 @@ def describe_artifact(path: Path) -> dict[str, Any]:
             mismatches.append(f"{name}: {comp['file']} missing")
         elif comp.get("sha256") and comp["sha256"] != actual["sha256"]:
             mismatches.append(f"{name}: {comp['file']} sha256 differs from artifact.json")
-    source = meta.get("source") or {}
+    source = dict(meta.get("source") or {})
+    if source.get("asset_dir"):  # recorded relative to the artifact folder
+        source["asset_dir"] = str(recorded_path(source["asset_dir"], path))
     return {
         "dir": str(path.resolve()),
         "name": meta.get("name"),

@@ -66,7 +66,13 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
+from chattts_forge.fsutil import (
+    atomic_output_dir,
+    atomic_write_json,
+    portable_path,
+    recorded_path,
+    sha256_file,
+)
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.fidelity import measure_fidelity, record_trajectories, summary_line
 
@@ -206,6 +212,8 @@ def quantize_artifact(
         copied = copy_unchanged(src, tmp, skip)
         qmeta = copy.deepcopy(meta)
         qmeta["components"].pop(FAST_GPT, None)
+        if (qmeta.get("source") or {}).get("asset_dir"):  # recorded relative to the FP32 folder: rebase
+            qmeta["source"]["asset_dir"] = portable_path(recorded_path(meta["source"]["asset_dir"], src), out)
         atomic_write_json(tmp / "artifact.json", qmeta)  # provisional: fidelity reads component files
 
         # The graph each component is quantized from (static: quant_pre_process'ed once). Linked
@@ -319,7 +327,7 @@ def quantize_artifact(
             "variant": VARIANTS[method],
             "tool": "onnxruntime.quantization",
             "source_artifact": {
-                "path": str(src),
+                "path": portable_path(src, out),
                 "variant": meta.get("variant"),
                 "artifact_json_sha256": sha256_file(src / "artifact.json"),
                 "gpt_sha256": meta["components"]["gpt"].get("sha256"),
@@ -348,7 +356,7 @@ def quantize_artifact(
             "block_size": block_size if method == "int4" else None,
             "accuracy_level": accuracy_level if method == "int4" else None,
             "excluded_nodes": sorted({n for v in excluded_nodes.values() for n in v}),
-            "calibration": store.describe() if store else None,
+            "calibration": store.describe(relative_to=out) if store else None,
             "fallback": fallback,
             "sizes": {
                 "gpt_fp32_bytes": fp32_gpt_bytes,
@@ -358,6 +366,8 @@ def quantize_artifact(
             "vocos_sha256_equal": vocos_equal,
             "copied_files": copied,
         }
+        if fid is not None and fid.get("reference"):
+            fid["reference"] = portable_path(fid["reference"], out)
         qmeta["fidelity"] = fid
         qmeta["versions"] = library_versions()
         qmeta["toolchain"] = toolchain_info()

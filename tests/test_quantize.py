@@ -184,3 +184,39 @@ def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, t
     smeta = json.loads((static / "artifact.json").read_text())
     assert "gpt_fast" not in smeta["components"] and not (static / "gpt_fast.onnx").exists()
     assert smeta["quantization"]["gpt_fast"].startswith("dropped")
+
+
+def _recorded_paths(meta: dict) -> list[str]:
+    """Every path-valued record of an artifact.json (ONNX node names also start with '/': skipped)."""
+    found = []
+
+    def walk(o, key=""):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, k)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v, key)
+        elif isinstance(o, str) and key in {"asset_dir", "path", "reference", "weights_from", "files"}:
+            found.append(o)
+
+    walk(meta)
+    return found
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "int4"])
+def test_artifact_json_records_paths_relative_to_its_folder(quantized, tiny_artifacts, tiny_ckpt, method: str):
+    """A build tree records the same artifact.json bytes wherever it sits on disk."""
+    from chattts_forge.fsutil import recorded_path
+
+    for folder in (tiny_artifacts["fp32"], quantized[method]):
+        meta = json.loads((folder / "artifact.json").read_text())
+        paths = _recorded_paths(meta)
+        assert paths and not [p for p in paths if Path(p).is_absolute()]
+        assert recorded_path(meta["source"]["asset_dir"], folder) == tiny_ckpt.resolve()
+    meta = json.loads((quantized[method] / "artifact.json").read_text())
+    assert recorded_path(meta["quantization"]["source_artifact"]["path"], quantized[method]) == tiny_artifacts["fp32"].resolve()
+    if method == "static":
+        cal = meta["quantization"]["calibration"]
+        assert recorded_path(cal["source_artifact"]["source"]["asset_dir"], quantized[method]) == tiny_ckpt.resolve()
+        assert all(recorded_path(f, quantized[method]).is_file() for f in cal["corpus"]["files"])
