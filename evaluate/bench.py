@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.latency import peak_rss_bytes
 from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
@@ -95,7 +96,7 @@ class RssSampler:
         self.peaks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.process_peak = _ru_maxrss() or 0  # before any reset: the peak of the process so far
+        self.process_peak = peak_rss_bytes()  # before any reset: the peak of the process so far
         self.kernel_hwm = self._reset_hwm()
         self.method = "kernel VmHWM (reset per phase)" if self.kernel_hwm else f"sampled every {interval * 1e3:g} ms"
 
@@ -543,7 +544,7 @@ def run_bench(
                         with rss.during(eng.name):
                             firsts[eng.name].append(eng.first_audio(text, steps))
             peaks = dict(rss.peaks)
-            process_peak = rss.process_peak if rss.kernel_hwm else _ru_maxrss()  # resets lower ru_maxrss
+            process_peak = rss.process_peak if rss.kernel_hwm else peak_rss_bytes()  # resets lower ru_maxrss
     finally:
         for eng in engines:
             if isinstance(eng, TorchEngine):
@@ -616,17 +617,6 @@ def run_bench(
         atomic_write_json(json_out, report)
         log.info("wrote %s", json_out)
     return report
-
-
-
-
-def _ru_maxrss() -> int | None:
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
-    except (ImportError, OSError):
-        return None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -84,10 +84,14 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def _peak_rss_mb() -> float:
-    # ru_maxrss is KiB on Linux (bytes on macOS).
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (getrusage ru_maxrss: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if platform.system() == "Darwin" else peak / 1024
+    return int(peak) if platform.system() == "Darwin" else int(peak) * 1024
+
+
+def _peak_rss_mb() -> float:
+    return peak_rss_bytes() / 2**20
 
 
 def dir_bytes(path: Path) -> int:
@@ -212,15 +216,16 @@ def measure_artifact(
 
 
 _RSS_PROBE = """
-import json, resource, sys, platform
+import json, sys
 import psutil
+from chattts_forge.evaluate.latency import peak_rss_bytes
 from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 art, text, threads, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 base = psutil.Process().memory_info().rss
 pipe = Pipeline(art, threads=threads or None)
 loaded = psutil.Process().memory_info().rss
 pipe.synthesize(text, SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(0), seed=0, max_new_token=steps)))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform.system() == "Darwin" else 1024)
+peak = peak_rss_bytes()
 print(json.dumps({"python_baseline_mb": base / 2**20, "after_load_mb": loaded / 2**20, "peak_rss_mb": peak / 2**20}))
 """
 
