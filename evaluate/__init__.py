@@ -7,7 +7,10 @@ Commands: ``chattts-forge evaluate --artifact DIR --reference FP32_DIR --corpus 
 Library (torch is never imported, except by `latency.measure_pytorch` when a baseline is asked for):
 
 - `evaluate.evaluate_artifact(artifact, reference, corpus, gate=None, out=None, ...)` -> sealed report
-  dict; writes report.json / report.md / report.html (`report.write_reports`; layout in report.py).
+  dict; writes report.json / report.md / report.html (`report.write_reports`).
+- `report_schema`: the report.json contract, shared with publish: `write_report` (atomic, validated),
+  `seal`, `read_report` (seal verified, strict keys) -> `SealedReport`, `validate`; layout documented there.
+- `markdown_html.to_html(markdown)`: the Markdown subset the reports use, as HTML (report.html's summary).
 - `score.score_audio_dir(audio_dir, transcripts, asr="faster-whisper", asr_model=None, lang=None)`,
   `score.score_waveforms(...)`, `score.error_rates(...)`, `score.read_transcripts(path)`.
 - `asr.get_backend(name, lang, model_dir=None, threads=None)`: faster-whisper (tiny.en / Whisper base

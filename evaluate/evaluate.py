@@ -25,7 +25,8 @@ What one run measures (all on the same machine, in the same process):
    worst tensors);
 5. the gate (`gate.judge`) on the flat `metrics`, then the reports (`report.write_reports`).
 
-The report's JSON layout (schema ``chattts-forge/report/1``) is documented in `report.py`.
+The report's JSON layout (schema ``chattts-forge/report/1``), its seal and its strict validation
+live in `report_schema`; `report.write_reports` writes it with its Markdown and HTML renderings.
 """
 
 from __future__ import annotations
@@ -257,13 +258,14 @@ def evaluate_artifact(
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
 
-    Returns the sealed report dict (see report.py); ``report["passed"]`` is the gate's verdict.
+    Returns the sealed report dict (see report_schema.py); ``report["passed"]`` is the gate's verdict.
     `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
     same run; "auto" (default) uses the checkpoint the artifact was converted from (artifact.json
     ``source.asset_dir``) when it still exists and torch is installed; None skips it.
     """
     from chattts_forge.calibration_data.corpus import load_corpus
-    from chattts_forge.evaluate.report import seal, write_reports
+    from chattts_forge.evaluate.report import write_reports
+    from chattts_forge.evaluate.report_schema import REPORT_SCHEMA, headline, seal
     from chattts_forge.versions import library_versions, toolchain_info
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -334,7 +336,7 @@ def evaluate_artifact(
                              seed, threads, show)
 
     report: dict[str, Any] = {
-        "schema": "chattts-forge/report/1",
+        "schema": REPORT_SCHEMA,
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "artifact": art_desc,
         "reference": ref_desc,
@@ -401,21 +403,7 @@ def evaluate_artifact(
         "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in gate_cfg["rules"]},
     }
     report["passed"] = verdict["passed"]
-    report["headline"] = {
-        "variant": art_desc["variant"],
-        "passed": verdict["passed"],
-        "rtf_p50": metrics["rtf_p50"],
-        "rtf_ratio_vs_reference": metrics["rtf_ratio_vs_reference"],
-        "rtf_ratio_vs_pytorch": metrics["rtf_ratio_vs_pytorch"],
-        "first_audio_seconds": metrics["first_audio_seconds"],
-        "code_agreement": metrics.get("code_agreement"),
-        "hidden_cosine": metrics.get("hidden_cosine"),
-        "mel_snr_db": metrics.get("mel_snr_db"),
-        "wer": metrics.get("wer"),
-        "cer": metrics.get("cer"),
-        "size_mb": metrics["size_mb"],
-        "peak_rss_mb": metrics["peak_rss_mb"],
-    }
+    report["headline"] = headline(art_desc["variant"], verdict["passed"], metrics)
     report["notes"] = notes
     report["timing"] = {"evaluate_seconds": time.perf_counter() - t_start}
     report = seal(report)

@@ -1,82 +1,26 @@
-"""The evaluate stage's reports: report.json (sealed), report.md (PR comment), report.html (plots).
+"""The evaluate stage's reports people read: report.md (PR comment) and report.html (plots).
 
-`write_reports(report, out_dir)` writes all three into `out_dir` atomically (one folder rename).
+`write_reports(report, out_dir)` renders both from a sealed report and writes them beside
+report.json through `report_schema.write_report` (atomically, one folder rename). The report.json
+layout, its seal and its strict validation live in `report_schema` (the one home of that contract).
 
-report.json (schema ``chattts-forge/report/1``), top-level keys:
-
-- ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
-- ``artifact`` / ``reference``: ``{"dir", "name", "variant", "files": {file name: {"sha256",
-  "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...}, "precisions",
-  "quantization_method"}`` — the exact bytes judged (every file in the folder);
-- ``gate``: ``{"passed", "path", "sha256", "schema", "thresholds": {"max_wer_delta": x, ...},
-  "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
-  "margin", "message"}], "failed": [metric], "waived": {metric: reason}}`` (see gate.py);
-- ``metrics`` (flat name -> value, the gate's inputs), ``headline`` (the figures to compare
-  variants by), ``notes`` (plain sentences, e.g. why intelligibility was not measured);
-- ``intelligibility``: ``{"measured": false, "reason", "note"}`` on synthetic checkpoints, else
-  ``{"measured": true, "wer"/"cer", "reference_wer"/..., "wer_delta"/"cer_delta", "languages":
-  {lang: {"asr", "variants": {"artifact"|"reference": {"corpus", "utterances"}}}}}``;
-- ``fidelity``: `chattts_forge.quantize.measure_fidelity`'s record;
-- ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
-  "vs_pytorch", "reference_vs_pytorch"}, "method"}`` (records of `latency.measure_artifact`);
-- ``size``, ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
-- ``integrity``: sha256 (hex) of the canonical JSON of every *other* top-level field:
-  ``json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")``
-  (`canonical_json_bytes`, `report_integrity`). Any edit after evaluation breaks it; the publish
-  stage recomputes it and refuses a mismatch. Non-finite floats are stored as null so the JSON is
-  strict (RFC 8259) and the canonical form is stable.
+The HTML page renders the Markdown summary as HTML (`markdown_html.to_html`) and uses no glyph that
+needs an emoji font: verdicts and statuses are words, styled as badges by CSS.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import html
 import io
-import json
-import math
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.evaluate.markdown_html import to_html
+from chattts_forge.evaluate.report_schema import INTEGRITY_KEY, write_report
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
-
-INTEGRITY_KEY = "integrity"
-
-
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf by None (strict JSON), recursively; tuples become lists."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _finite(obj.item())
-    return obj
-
-
-def canonical_json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def report_integrity(report: dict[str, Any]) -> str:
-    rest = {k: v for k, v in report.items() if k != INTEGRITY_KEY}
-    return hashlib.sha256(canonical_json_bytes(rest)).hexdigest()
-
-
-def seal(report: dict[str, Any]) -> dict[str, Any]:
-    """A strict-JSON copy of `report` with its integrity field set."""
-    clean = _finite({k: v for k, v in report.items() if k != INTEGRITY_KEY})
-    clean[INTEGRITY_KEY] = report_integrity(clean)
-    return clean
-
-
-def verify_integrity(report: dict[str, Any]) -> bool:
-    return report.get(INTEGRITY_KEY) == report_integrity(report)
 
 
 # ---------------------------------------------------------------- formatting
@@ -96,7 +40,9 @@ def _f(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
-_STATUS_MARK = {"pass": "✅ pass", "fail": "❌ FAIL", "waived": "➖ waived", "not_measured": "❌ not measured"}
+# Words, not emoji: they read the same in a terminal, on GitHub and in a browser without emoji fonts.
+_STATUS_WORD = {"pass": "pass", "fail": "**FAIL**", "waived": "waived", "not_measured": "**not measured**"}
+_STATUS_BADGE = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "not_measured": "NOT MEASURED"}
 
 
 def _latency_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -109,7 +55,7 @@ def _latency_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     art = report["artifact"]
-    verdict = "✅ **PASSED**" if report["passed"] else "❌ **FAILED**"
+    verdict = "**PASSED**" if report["passed"] else "**FAILED**"
     lines = [
         f"### chattts-forge gate: `{art['variant']}` {verdict}",
         "",
@@ -127,7 +73,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         thr = f"{op} {_f(c['threshold'])}" if c["threshold"] is not None else "match"
         lines.append(
             f"| {c['metric']} | {_f(c['value'])} {c.get('unit') or ''} | {thr} | {_f(c['margin'])} | "
-            f"{_STATUS_MARK.get(c['status'], c['status'])} |"
+            f"{_STATUS_WORD.get(c['status'], c['status'])} |"
         )
     if report["gate"]["failed"]:
         lines += ["", "**Failed:** " + "; ".join(
@@ -271,11 +217,16 @@ def make_plots(report: dict[str, Any]) -> dict[str, str]:
     return plots
 
 
+def _badge(status: str, word: str | None = None) -> str:
+    """A verdict as a CSS-styled word (pass/fail/waived), never a glyph that needs an emoji font."""
+    cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(status, "waived")
+    return f"<span class='badge {cls}'>{html.escape(word or _STATUS_BADGE.get(status, status.upper()))}</span>"
+
+
 def render_html(report: dict[str, Any], markdown: str) -> str:
-    """A self-contained page: verdict, checks table, plots (inline PNG), the markdown summary."""
+    """A self-contained page: verdict, checks table, plots (inline PNG), the summary rendered as HTML."""
     plots = make_plots(report)
     art = report["artifact"]
-    colour = "#1a7f37" if report["passed"] else "#cf222e"
     rows = []
     for c in report["gate"]["checks"]:
         op = {"min": "≥", "max": "≤"}.get(c["rule"], "=")
@@ -284,7 +235,7 @@ def render_html(report: dict[str, Any], markdown: str) -> str:
         rows.append(
             f"<tr class='{cls}'><td>{html.escape(c['metric'])}</td><td>{html.escape(_f(c['value']))}</td>"
             f"<td>{html.escape(thr)}</td><td>{html.escape(_f(c['margin']))}</td>"
-            f"<td>{html.escape(c['status'])}</td><td>{html.escape(c['message'])}</td></tr>"
+            f"<td>{_badge(c['status'])}</td><td>{html.escape(c['message'])}</td></tr>"
         )
     files = "".join(
         f"<tr><td>{html.escape(name)}</td><td><code>{f['sha256']}</code></td><td>{f['bytes']}</td></tr>"
@@ -296,16 +247,22 @@ def render_html(report: dict[str, Any], markdown: str) -> str:
         for t, b64 in plots.items()
     )
     notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in report.get("notes", []))
+    verdict = _badge("pass", "PASSED") if report["passed"] else _badge("fail", "FAILED")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>chattts-forge gate: {html.escape(str(art['variant']))}</title>
 <style>
 body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#1f2328}}
-h1 span{{color:{colour}}} table{{border-collapse:collapse;margin:1em 0;font-size:14px}}
+table{{border-collapse:collapse;margin:1em 0;font-size:14px}}
 td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:left}} tr.fail td{{background:#ffebe9}}
 tr.pass td{{background:#dafbe1}} tr.waived td{{background:#f6f8fa}} .note{{background:#fff8c5;padding:8px}}
-figure{{display:inline-block;margin:8px}} code{{font-size:12px}} pre{{white-space:pre-wrap;background:#f6f8fa;padding:8px}}
+.badge{{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
+letter-spacing:.03em;vertical-align:middle;white-space:nowrap}} h1 .badge{{font-size:18px;padding:2px 12px}}
+.badge.pass{{background:#1a7f37}} .badge.fail{{background:#cf222e}} .badge.waived{{background:#6e7781}}
+figure{{display:inline-block;margin:8px}} code{{font-size:12px}}
+.summary{{border:1px solid #d0d7de;border-radius:6px;padding:0 1em}} .summary th{{background:#f6f8fa}}
+.summary blockquote{{margin:0.5em 0;padding:0 1em;border-left:4px solid #d0d7de;color:#59636e}}
 </style></head><body>
-<h1>{html.escape(str(art['variant']))}: <span>{'PASSED' if report['passed'] else 'FAILED'}</span></h1>
+<h1>{html.escape(str(art['variant']))}: {verdict}</h1>
 <p>Artifact <code>{html.escape(art['dir'])}</code> against <code>{html.escape(report['reference']['dir'])}</code>,
 corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_used']} sentences), evaluated
 {html.escape(report['created_at'])}.</p>
@@ -316,7 +273,8 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 <h2>Plots</h2>
 {figures}
 <h2>Summary</h2>
-<pre>{html.escape(markdown)}</pre>
+<section class="summary">
+{to_html(markdown)}</section>
 <h2>Files judged</h2>
 <table><tr><th>file</th><th>sha256</th><th>bytes</th></tr>{files}</table>
 <p>report.json integrity: <code>{html.escape(report.get(INTEGRITY_KEY, ''))}</code></p>
@@ -325,14 +283,6 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 
 
 def write_reports(report: dict[str, Any], out_dir: Path) -> Path:
-    """Write report.json / report.md / report.html into `out_dir` (atomically, all or nothing)."""
+    """Write report.json (sealed, validated) / report.md / report.html into `out_dir`, all or nothing."""
     markdown = render_markdown(report)
-    page = render_html(report, markdown)
-    with atomic_output_dir(out_dir) as tmp:
-        (tmp / "report.json").write_text(
-            json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
-        )
-        (tmp / "report.md").write_text(markdown, encoding="utf-8")
-        (tmp / "report.html").write_text(page, encoding="utf-8")
-    log.info("wrote %s/report.json, report.md, report.html", out_dir)
-    return out_dir
+    return write_report(report, out_dir, {"report.md": markdown, "report.html": render_html(report, markdown)})

@@ -66,16 +66,8 @@ def iter_variant_dirs(root: Path) -> list[Path]:
 
 
 def headline_figures(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The figures a reader compares variants by: the report's headline, else every gated metric."""
-    gate = manifest.get("gate", {})
-    figures = dict(gate.get("headline") or {})
-    if not figures:
-        for check in gate.get("results") or []:
-            name = check.get("metric", check.get("name"))
-            value = check.get("value", check.get("measured"))
-            if name is not None and (value is None or isinstance(value, (int, float, str, bool))):
-                figures[str(name)] = value
-    return figures
+    """The figures a reader compares variants by: the report's headline (report_schema.HEADLINE_KEYS)."""
+    return dict((manifest.get("gate") or {}).get("headline") or {})
 
 
 def index_entry(root: Path, variant_dir: Path) -> dict[str, Any]:

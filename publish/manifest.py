@@ -22,14 +22,14 @@ from typing import Any
 
 from chattts_forge import __version__
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
 from chattts_forge.fsutil import sha256_file
-from chattts_forge.publish.gate_report import GateReport
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
 MANIFEST_NAME = "manifest.json"
 SUMS_NAME = "SHA256SUMS"
 CARD_NAME = "README.md"
-REPORT_COPY_NAME = "report.json"
+REPORT_COPY_NAME = REPORT_NAME
 # Names publish adds to a variant folder; an artifact carrying one of them is refused.
 RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME})
 ARTIFACT_META = "artifact.json"
@@ -214,13 +214,13 @@ def library_versions_of(meta: dict[str, Any]) -> dict[str, str | None]:
     return out
 
 
-def gate_section(report: GateReport) -> dict[str, Any]:
+def gate_section(report: SealedReport) -> dict[str, Any]:
     return {
         "passed": report.passed,
         "report": REPORT_COPY_NAME,
         "report_sha256": report.sha256,
         "report_schema": report.schema,
-        "report_integrity": report.data.get("integrity"),
+        "report_integrity": report.integrity,
         "evaluated_at": report.created_at,
         "thresholds": report.thresholds,
         "results": report.checks,
@@ -238,7 +238,7 @@ def build_manifest_core(
     version: str,
     variant: str,
     meta: dict[str, Any],
-    report: GateReport,
+    report: SealedReport,
 ) -> dict[str, Any]:
     """The manifest without its `files` list (which needs the card written first)."""
     source = source_checkpoint(meta)

@@ -25,20 +25,13 @@ _STATUS = {"pass": "pass", "fail": "FAIL", "waived": "waived", "not_measured": "
 
 
 def _gate_rows(gate: dict[str, Any]) -> list[str]:
+    """The gate table from the report's checks (keys: report_schema.CHECK_KEYS)."""
     rows = ["| metric | threshold | measured | result |", "| --- | --- | --- | --- |"]
-    for check in gate.get("results") or []:
-        name = check.get("metric", check.get("name", "?"))
-        threshold = check.get("threshold", gate.get("thresholds", {}).get(name))
-        sign = _RULE_SIGN.get(str(check.get("rule", check.get("op", ""))), "")
-        value = check.get("value", check.get("measured"))
-        unit = f" {check['unit']}" if check.get("unit") else ""
-        status = check.get("status")
-        passed = check.get("passed")
-        result = _STATUS.get(str(status)) or ("pass" if passed is True else "FAIL" if passed is False else _fmt(status))
-        rows.append(f"| {_fmt(name)} | {sign + ' ' if sign else ''}{_fmt(threshold)} | {_fmt(value)}{unit} | {result} |")
-    if len(rows) == 2:
-        for name, threshold in sorted((gate.get("thresholds") or {}).items()):
-            rows.append(f"| {_fmt(name)} | {_fmt(threshold)} | – | – |")
+    for check in gate["results"]:
+        sign = _RULE_SIGN.get(check["rule"], "")
+        unit = f" {check['unit']}" if check["unit"] else ""
+        rows.append(f"| {_fmt(check['metric'])} | {sign + ' ' if sign else ''}{_fmt(check['threshold'])} | "
+                    f"{_fmt(check['value'])}{unit} | {_STATUS[check['status']]} |")
     return rows
 
 

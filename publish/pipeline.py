@@ -451,7 +451,7 @@ def run_pipeline(
     None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
     which should stay a quick smoke run of the chain (loading torch in every evaluation doubles it).
     """
-    from chattts_forge.publish.gate_report import load_report
+    from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.publish.publish import publish_artifact
     from chattts_forge.publish.verify import verify_path
 
@@ -500,7 +500,7 @@ def run_pipeline(
             if variant in pipe.broken:
                 outcomes.append(VariantOutcome(variant, rdir, None, status=pipe.broken[variant]))
                 continue
-            report = load_report(rdir)
+            report = read_report(rdir)
             outcome = VariantOutcome(variant, rdir, report.passed)
             if report.passed:
                 result = publish_artifact(pipe.artifact_dir(variant), rdir, to)

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_schema import SealedReport, read_report
 from chattts_forge.fsutil import sha256_file
 from chattts_forge.log import get_logger
-from chattts_forge.publish.gate_report import GateReport, load_report
 from chattts_forge.publish.index import (
     STAGING_NAME,
     iter_variant_dirs,
@@ -75,7 +75,7 @@ class PublishResult:
     manifest_sha256: str
 
 
-def check_report_matches(report: GateReport, files: dict[str, FileEntry], artifact_dir: Path) -> None:
+def check_report_matches(report: SealedReport, files: dict[str, FileEntry], artifact_dir: Path) -> None:
     """The report must have judged exactly these bytes: same file set, same hashes."""
     problems: list[str] = []
     for rel in sorted(set(files) - set(report.artifact_files)):
@@ -204,9 +204,9 @@ def publish_artifact(
     artifact_dir = Path(artifact)
     root = Path(to)
     meta = load_artifact_meta(artifact_dir)
-    gate = load_report(report)
+    gate = read_report(report)
     if not gate.passed:
-        failed = ", ".join(str(c.get("metric", c.get("name", "?"))) for c in gate.failed_checks()) or "see report"
+        failed = ", ".join(c["metric"] for c in gate.failed_checks()) or "see report"
         raise ForgeError(f"{gate.path}: the quality gate failed ({failed}); refusing to publish")
     log.info("re-hashing %s", artifact_dir)
     files = hash_tree(artifact_dir)
@@ -258,7 +258,7 @@ def _assemble(
     stage: Path,
     artifact_dir: Path,
     files: dict[str, FileEntry],
-    gate: GateReport,
+    gate: SealedReport,
     meta: dict,
     *,
     model: str,

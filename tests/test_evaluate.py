@@ -20,7 +20,7 @@ from chattts_forge.evaluate.cli import evaluate as evaluate_cmd
 from chattts_forge.evaluate.degrade import damage_quantization_scales
 from chattts_forge.evaluate.evaluate import describe_artifact, evaluate_artifact
 from chattts_forge.evaluate.gate import DEFAULT_GATE
-from chattts_forge.evaluate.report import verify_integrity
+from chattts_forge.evaluate.report_schema import verify_integrity
 
 FAST = dict(max_sentences=2, max_new_token=24, fidelity_sentences=2, fidelity_steps=24, batch_sizes=(1, 2), threads=2)
 
@@ -144,7 +144,8 @@ def test_evaluate_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import chattts_forge.evaluate.evaluate, chattts_forge.evaluate.cli, chattts_forge.evaluate.score\n"
-        "import chattts_forge.evaluate.report, chattts_forge.evaluate.latency, chattts_forge.evaluate.asr\n"
+        "import chattts_forge.evaluate.report, chattts_forge.evaluate.report_schema, chattts_forge.evaluate.latency\n"
+        "import chattts_forge.evaluate.asr\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,7 @@ import pytest
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.gate import DEFAULT_GATE, METRICS, judge, load_gate
-from chattts_forge.evaluate.report import report_integrity, seal, verify_integrity
+from chattts_forge.evaluate.report_schema import report_integrity, seal, verify_integrity
 
 HEALTHY = {  # what a healthy dynamic-INT8 artifact measured on a tiny synthetic checkpoint
     "code_agreement": 0.95,

@@ -20,7 +20,9 @@ from chattts_forge.publish import verify_path
 FAKE_FORGE = r'''
 import hashlib, json, os, shutil, signal, sys, tempfile
 from pathlib import Path
-from chattts_forge.publish.gate_report import report_integrity
+from chattts_forge.evaluate.report_schema import report_json_bytes
+sys.path.insert(0, os.environ["FAKE_TESTS_DIR"])
+from stand_in_report import stand_in_report
 
 argv = sys.argv[1:]
 def opt(name, default=None):
@@ -99,17 +101,10 @@ else:
     art = Path(opt("--artifact"))
     variant = json.loads((art / "artifact.json").read_text())["variant"]
     passed = variant not in os.environ.get("FAKE_FAIL", "").split(",")
-    files = {p.relative_to(art).as_posix(): sha(p.read_bytes()) for p in sorted(art.rglob("*")) if p.is_file()}
-    agreement = 0.5 if not passed else 0.99
-    report = {"schema": "chattts-forge/report/1", "created_at": "2026-11-30T03:00:00Z",
-              "artifact": {"variant": variant, "files": files},
-              "corpus": {"sha256": sha(content(opt("--corpus")))},
-              "gate": {"passed": passed, "thresholds": {"code_agreement": 0.9},
-                       "checks": [{"metric": "code_agreement", "threshold": 0.9, "value": agreement, "passed": passed}]},
-              "machine": {"cpu": "fake"}}
-    report["integrity"] = report_integrity(report)
+    report = stand_in_report(art, passed=passed, corpus={"sha256": sha(content(opt("--corpus")))},
+                             created_at="2026-11-30T03:00:00Z")
     def fill(d):
-        (d / "report.json").write_text(json.dumps(report, indent=2))
+        (d / "report.json").write_bytes(report_json_bytes(report))
         (d / "report.md").write_text("# report\n")
     atomic_dir(opt("--out"), fill)
     sys.exit(0 if passed else 1)
@@ -141,7 +136,7 @@ class Runner:
             "--calib-corpus", str(self.calib), "--eval-corpus", "builtin:evaluation",
             "--forge-cmd", f"{sys.executable} {self.fake}", *extra,
         ]  # fmt: skip
-        full_env = {**os.environ, "FAKE_LOG": str(self.log), **env}
+        full_env = {**os.environ, "FAKE_LOG": str(self.log), "FAKE_TESTS_DIR": str(Path(__file__).parent), **env}
         return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=120)
 
 

@@ -1,0 +1,354 @@
+"""The one home of the evaluation report's contract: write (atomic), seal, read (seal verified), strict.
+
+The evaluate stage writes `REPORT_DIR/report.json` through `write_report`; the publish stage (and
+the build driver) read it through `read_report`. Nothing else knows the format.
+
+report.json (schema ``chattts-forge/report/1``); every top-level key is required and no other is
+accepted (`TOP_LEVEL`):
+
+- ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
+- ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {file name:
+  {"sha256", "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...},
+  "precisions", "quantization_method"}``: the exact bytes judged (every file in the folder);
+- ``gate`` (`GATE_KEYS`): ``{"passed", "path", "sha256", "schema", "thresholds": {"min_code_agreement":
+  x, ...}, "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
+  "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}}`` (see gate.py);
+- ``metrics`` (flat name -> value, the gate's inputs), ``headline`` (`HEADLINE_KEYS`: the figures to
+  compare variants by), ``notes`` (plain sentences, e.g. why intelligibility was not measured);
+- ``intelligibility``: ``{"measured": false, "reason", "note"}`` on synthetic checkpoints, else
+  ``{"measured": true, "wer"/"cer", "reference_wer"/..., "wer_delta"/"cer_delta", "languages":
+  {lang: {"asr", "variants": {"artifact"|"reference": {"corpus", "utterances"}}}}}``;
+- ``fidelity``: `chattts_forge.quantize.measure_fidelity`'s record;
+- ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
+  "vs_pytorch", "reference_vs_pytorch"}, "method"}`` (records of `latency.measure_artifact`);
+- ``size`` (`SIZE_KEYS`), ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
+- ``integrity``: sha256 (hex) of the canonical JSON of every *other* top-level field:
+  ``json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")``
+  (`canonical_json_bytes`, `report_integrity`). Any edit after evaluation breaks it and `read_report`
+  refuses it. Non-finite floats are stored as null (`seal`) so the JSON is strict (RFC 8259) and the
+  canonical form is stable.
+
+Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...) are
+checked for their type only; the sections publish reads (artifact, gate, checks, headline, size) are
+checked key by key. A missing or unknown key is a one-line `ForgeError` naming it (e.g.
+``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+REPORT_NAME = "report.json"
+REPORT_SCHEMA = "chattts-forge/report/1"
+INTEGRITY_KEY = "integrity"
+
+# ------------------------------------------------------------------ the schema, as data
+# A field spec is a type (or tuple of types), a nested `dict` spec (exactly these keys), or
+# `ListOf(spec)` / `MapOf(spec)` (any number of entries / any string keys, each matching spec).
+_NUMBER = (int, float)
+_OPT_NUMBER = (int, float, type(None))
+_OPT_STR = (str, type(None))
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Any
+
+
+@dataclass(frozen=True)
+class MapOf:
+    value: Any
+
+
+FILE_KEYS: dict[str, Any] = {"sha256": str, "bytes": int}
+ARTIFACT_KEYS: dict[str, Any] = {
+    "dir": str,
+    "name": _OPT_STR,
+    "variant": _OPT_STR,
+    "files": MapOf(FILE_KEYS),
+    "bytes_total": int,
+    "manifest_mismatches": ListOf(str),
+    "source": dict,
+    "precisions": dict,
+    "quantization_method": _OPT_STR,
+}
+CHECK_STATUSES = ("pass", "fail", "waived", "not_measured")
+CHECK_KEYS: dict[str, Any] = {
+    "section": str,
+    "metric": str,
+    "rule": str,
+    "threshold": _OPT_NUMBER,
+    "value": _OPT_NUMBER,
+    "unit": str,
+    "status": str,
+    "passed": (bool, type(None)),
+    "margin": _OPT_NUMBER,
+    "message": str,
+}
+GATE_KEYS: dict[str, Any] = {
+    "path": str,
+    "sha256": str,
+    "schema": str,
+    "passed": bool,
+    "checks": ListOf(CHECK_KEYS),
+    "failed": ListOf(str),
+    "waived": MapOf(str),
+    "thresholds": MapOf(_NUMBER),
+}
+# The figures a reader compares variants by (copied into the manifest and index.json by publish).
+HEADLINE_METRICS = ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch", "first_audio_seconds",
+                    "code_agreement", "hidden_cosine", "mel_snr_db", "wer", "cer", "size_mb", "peak_rss_mb")
+HEADLINE_KEYS: dict[str, Any] = {"variant": _OPT_STR, "passed": bool, **dict.fromkeys(HEADLINE_METRICS, _OPT_NUMBER)}
+SIZE_KEYS: dict[str, Any] = {"artifact_bytes": int, "reference_bytes": int, "ratio_vs_reference": _OPT_NUMBER}
+TOP_LEVEL: dict[str, Any] = {
+    "schema": str,
+    "created_at": str,
+    "passed": bool,
+    "artifact": ARTIFACT_KEYS,
+    "reference": ARTIFACT_KEYS,
+    "corpus": dict,
+    "settings": dict,
+    "intelligibility": dict,
+    "fidelity": dict,
+    "latency": dict,
+    "size": SIZE_KEYS,
+    "machine": dict,
+    "versions": dict,
+    "toolchain": dict,
+    "metrics": MapOf(_OPT_NUMBER),
+    "gate": GATE_KEYS,
+    "headline": HEADLINE_KEYS,
+    "notes": ListOf(str),
+    "timing": dict,
+    INTEGRITY_KEY: str,
+}
+
+
+def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | None]) -> dict[str, Any]:
+    """The report's ``headline`` section from the gate's flat metrics."""
+    return {"variant": variant, "passed": passed, **{k: metrics.get(k) for k in HEADLINE_METRICS}}
+
+
+def _type_names(spec: type | tuple[type, ...]) -> str:
+    types = spec if isinstance(spec, tuple) else (spec,)
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+def _check(value: Any, spec: Any, where: str) -> None:
+    """Raise ForgeError naming the first key of `value` that does not match `spec`."""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
+        prefix = f"{where}." if where else ""
+        for key in spec:
+            if key not in value:
+                raise ForgeError(f"report key {prefix}{key} is missing")
+        for key in value:
+            if key not in spec:
+                raise ForgeError(f"unknown report key {prefix}{key}")
+        for key, sub in spec.items():
+            _check(value[key], sub, f"{prefix}{key}")
+    elif isinstance(spec, ListOf):
+        if not isinstance(value, list):
+            raise ForgeError(f"report key {where} must be a list, got {type(value).__name__}")
+        for i, item in enumerate(value):
+            _check(item, spec.item, f"{where}[{i}]")
+    elif isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
+        for key, item in value.items():
+            _check(item, spec.value, f"{where}.{key}")
+    else:
+        # bool is an int to Python, never a number to the report.
+        wrong_bool = isinstance(value, bool) and bool not in (spec if isinstance(spec, tuple) else (spec,))
+        if wrong_bool or not isinstance(value, spec):
+            raise ForgeError(f"report key {where} must be {_type_names(spec)}, got {type(value).__name__}")
+
+
+def validate(report: Any) -> None:
+    """Strict check of a report against the schema: every key known, present and of its type."""
+    if not isinstance(report, dict):
+        raise ForgeError(f"a report must be a JSON object, got {type(report).__name__}")
+    if report.get("schema") != REPORT_SCHEMA:
+        raise ForgeError(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
+    _check(report, TOP_LEVEL, "")
+    for i, check in enumerate(report["gate"]["checks"]):
+        if check["status"] not in CHECK_STATUSES:
+            raise ForgeError(f"report key gate.checks[{i}].status is {check['status']!r}, "
+                             f"not one of {', '.join(CHECK_STATUSES)}")
+    if report["passed"] != report["gate"]["passed"]:
+        raise ForgeError("report key passed contradicts gate.passed")
+    if not report["artifact"]["files"]:
+        raise ForgeError("report key artifact.files names no file")
+
+
+# ------------------------------------------------------------------ the seal
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN/inf by None (strict JSON), recursively; tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _finite(obj.item())
+    return obj
+
+
+def canonical_json_bytes(obj: Any) -> bytes:
+    """The canonical form the report's integrity is computed over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def report_integrity(report: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of every field except `integrity`."""
+    rest = {k: v for k, v in report.items() if k != INTEGRITY_KEY}
+    return hashlib.sha256(canonical_json_bytes(rest)).hexdigest()
+
+
+def seal(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A strict-JSON copy of `report` with its integrity field set."""
+    clean = _finite({k: v for k, v in report.items() if k != INTEGRITY_KEY})
+    clean[INTEGRITY_KEY] = report_integrity(clean)
+    return clean
+
+
+def verify_integrity(report: Mapping[str, Any]) -> bool:
+    return report.get(INTEGRITY_KEY) == report_integrity(report)
+
+
+# ------------------------------------------------------------------ write and read
+
+
+def report_json_bytes(report: Mapping[str, Any]) -> bytes:
+    """report.json's bytes: indented, UTF-8, strict JSON (no NaN), one trailing newline."""
+    return (json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[str, str] | None = None) -> Path:
+    """Write a sealed, valid `report` as `out_dir/report.json`, with `renderings` ({file name: text})
+    beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
+    if not verify_integrity(report):
+        raise ForgeError("refusing to write an unsealed report (seal it first)")
+    validate(report)
+    renderings = dict(renderings or {})
+    if REPORT_NAME in renderings:
+        raise ForgeError(f"a rendering may not be named {REPORT_NAME}")
+    with atomic_output_dir(Path(out_dir)) as tmp:
+        (tmp / REPORT_NAME).write_bytes(report_json_bytes(report))
+        for name, text in renderings.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    log.info("wrote %s", ", ".join(str(Path(out_dir) / n) for n in (REPORT_NAME, *renderings)))
+    return Path(out_dir)
+
+
+@dataclass(frozen=True)
+class SealedReport:
+    """A report.json that was read, its seal verified and its keys validated (`read_report`)."""
+
+    path: Path
+    raw_bytes: bytes
+    data: dict[str, Any]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw_bytes).hexdigest()
+
+    @property
+    def schema(self) -> str:
+        return str(self.data["schema"])
+
+    @property
+    def integrity(self) -> str:
+        return str(self.data[INTEGRITY_KEY])
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.data["passed"])
+
+    @property
+    def created_at(self) -> str:
+        return str(self.data["created_at"])
+
+    @property
+    def artifact_files(self) -> dict[str, str]:
+        """{file name: sha256} of the artifact the report judged."""
+        return {name: entry["sha256"] for name, entry in self.data["artifact"]["files"].items()}
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        return list(self.data["gate"]["checks"])
+
+    @property
+    def thresholds(self) -> dict[str, Any]:
+        return dict(self.data["gate"]["thresholds"])
+
+    @property
+    def headline(self) -> dict[str, Any]:
+        return dict(self.data["headline"])
+
+    @property
+    def machine(self) -> dict[str, Any]:
+        return dict(self.data["machine"])
+
+    @property
+    def corpus(self) -> dict[str, Any]:
+        return dict(self.data["corpus"])
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        return dict(self.data["reference"])
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.data["notes"])
+
+    def failed_checks(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c["status"] in ("fail", "not_measured")]
+
+
+def parse_report(path: Path, raw: bytes) -> SealedReport:
+    """Parse, authenticate and validate report bytes; ForgeError (naming `path` and why) otherwise."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path}: not a valid JSON report ({e})") from None
+    if not isinstance(data, dict):
+        raise ForgeError(f"{path}: not a JSON object")
+    if data.get("schema") != REPORT_SCHEMA:
+        raise ForgeError(f"{path}: unknown report schema {data.get('schema')!r} (expected {REPORT_SCHEMA})")
+    stored = data.get(INTEGRITY_KEY)
+    if not isinstance(stored, str):
+        raise ForgeError(f"{path}: report has no integrity field; refusing an unsealed report")
+    if stored != report_integrity(data):
+        raise ForgeError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
+    try:
+        validate(data)
+    except ForgeError as e:
+        raise ForgeError(f"{path}: {e}") from None
+    return SealedReport(path=path, raw_bytes=raw, data=data)
+
+
+def read_report(report: str | Path) -> SealedReport:
+    """Read REPORT_DIR/report.json (or a report.json path): schema, seal and keys checked."""
+    path = Path(report)
+    if path.is_dir():
+        path = path / REPORT_NAME
+    if not path.is_file():
+        raise ForgeError(f"no evaluation report at {path}: run `chattts-forge evaluate` first")
+    return parse_report(path, path.read_bytes())

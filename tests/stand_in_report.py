@@ -1,0 +1,62 @@
+"""A stand-in evaluation report for tests of publish's mechanics and of the build driver's stand-in stages.
+
+It is a report the strict schema (`chattts_forge.evaluate.report_schema`) accepts, not a copy of
+evaluate's output: the artifact is described by evaluate's own `describe_artifact` and judged by the
+shipped gate (`gate.judge`) on metric values placed at their thresholds (or below one, to fail),
+while the measurement sections (latency, fidelity, ...) are empty. The contract between the two
+stages, a report written by `evaluate` and read by `publish`, is tested on real reports in
+tests/test_report.py.
+
+Paths are recorded by folder name, not absolute, so two runs in different temporary folders give
+the same report bytes (the driver's tests compare published trees across runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.evaluate.evaluate import describe_artifact
+from chattts_forge.evaluate.gate import judge, load_gate
+from chattts_forge.evaluate.report_schema import REPORT_SCHEMA, headline, seal, write_report
+
+
+def stand_in_report(
+    artifact: Path, *, passed: bool = True, corpus: dict[str, Any] | None = None,
+    created_at: str = "2026-11-30T02:00:00Z",
+) -> dict[str, Any]:
+    """A sealed report judging `artifact` (against itself), passing or failing on code_agreement."""
+    gate = load_gate(None)
+    metrics: dict[str, float | None] = {metric: threshold for _, _, metric, threshold in gate["rules"]}
+    if not passed:
+        metrics["code_agreement"] = 0.0
+    verdict = judge(gate, metrics)
+    described = {**describe_artifact(Path(artifact)), "dir": Path(artifact).name}
+    size = described["bytes_total"]
+    report = {
+        "schema": REPORT_SCHEMA,
+        "created_at": created_at,
+        "artifact": described,
+        "reference": described,
+        "corpus": corpus or {"name": "stand-in", "sentences_used": 0},
+        "settings": {},
+        "intelligibility": {"measured": False, "reason": "stand-in report", "note": ""},
+        "fidelity": {},
+        "latency": {},
+        "size": {"artifact_bytes": size, "reference_bytes": size, "ratio_vs_reference": 1.0},
+        "machine": {"cpu_model": "stand-in cpu", "logical_cores": 2},
+        "versions": {},
+        "toolchain": {},
+        "metrics": metrics,
+        "gate": {**verdict, "thresholds": {f"{rule}_{metric}": t for _, rule, metric, t in gate["rules"]}},
+        "passed": verdict["passed"],
+        "headline": headline(described["variant"], verdict["passed"], metrics),
+        "notes": ["stand-in report written by the test suite"],
+        "timing": {},
+    }
+    return seal(report)
+
+
+def write_stand_in_report(report_dir: Path, artifact: Path, **kwargs: Any) -> Path:
+    """`stand_in_report` written as `report_dir/report.json` (through the schema's writer)."""
+    return write_report(stand_in_report(artifact, **kwargs), Path(report_dir))
