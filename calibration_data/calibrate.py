@@ -3,8 +3,8 @@
     from chattts_forge.calibration_data.calibrate import calibrate
     calibrate("artifacts/fp32", "builtin:calibration", "build/calib", max_samples=32, seed=0)
 
-What is recorded (with the torch-free runtime, `chattts_forge.runtime.Pipeline`, whose onnxruntime
-sessions are wrapped by `recorder.instrument`; runtime/ itself is not modified):
+What is recorded (with the torch-free runtime, `chattts_forge.runtime.Pipeline`, whose session runs
+`recorder.instrument` observes through the runtime's public observer hook):
 
 - `gpt`: the prefill of every sentence plus `decode_positions` decode steps per sentence, drawn with
   the seed among the steps whose past length is at most `max_past` (past key/values stored float16);
@@ -121,7 +121,7 @@ def calibrate(
             elif component in ("decoder", "dvae"):
                 add(component, {k: np.array(v, copy=True) for k, v in feeds.items()})
 
-        proxies = instrument(pipe, on_run, ("gpt", "head_code", "decoder", "dvae"))
+        recording = instrument(pipe, on_run, ("gpt", "head_code", "decoder", "dvae"))
         used, skipped = 0, []
         bar = tqdm(sentences, desc="calibrate", unit="sent", disable=progress is False if progress is not None else None)
         for i, text in enumerate(bar):
@@ -148,7 +148,7 @@ def calibrate(
                 log.warning("disk budget of %.0f MB reached after %d sentences; stopping", disk_budget_mb, used)
                 break
         bar.close()
-        check_recorded(proxies, "gpt")
+        check_recorded(recording, "gpt")
         for w in writers.values():
             w.flush()
         if used == 0:

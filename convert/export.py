@@ -225,7 +225,7 @@ def convert_checkpoint(
     """Convert the ChatTTS checkpoint at `checkpoint` into `out/fp32` and/or `out/fp16`.
 
     `precision`: "fp32", "fp16" or "all". Returns {"fp32": dir, "fp16": dir} for what was written.
-    `fast_gpt`: also write `gpt_fast.onnx` into fp32/ (convert.optimize: fused Llama ops with an
+    `fast_gpt`: also write `gpt_fast.onnx` into fp32/ (runtime.fast_gpt_graph: fused Llama ops with an
     in-place KV cache, checked against gpt.onnx); the runtime runs it by default on CPU.
     Raises ForgeError (nothing written) on a broken checkpoint, an unwritable output or a failed
     parity check.
@@ -266,7 +266,7 @@ def convert_checkpoint(
             if want32:
                 write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
                 if fast_gpt:
-                    from chattts_forge.convert.optimize import optimize_artifact
+                    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
 
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
                     optimize_artifact(dir32, threads=threads)

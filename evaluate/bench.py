@@ -55,7 +55,6 @@ SCHEMA = "chattts-forge/bench/1"
 STEPS_PER_AUDIO_SECOND = 46.875  # 24000 Hz / 256 hop / 2 mel frames per code step
 DEFAULT_STEPS = 422  # 9 s of audio
 DEFAULT_TEXT = "你好，欢迎使用语音合成服务。今天天气很好，我们一起去公园散步吧。"
-ENGINES = ("auto", "fast", "plain")
 CONTEXT_LIMIT = 400
 
 
@@ -218,17 +217,10 @@ class OnnxEngine:
     ) -> None:
         from chattts_forge.runtime import Pipeline
 
-        self.pipe = Pipeline(artifact, provider="cpu", threads=threads)
+        # The runtime chooses the GPT engine (runtime.choose_engine), as for `synth`.
+        self.pipe = Pipeline(artifact, provider="cpu", threads=threads, engine=engine)
         self.stream_lookahead = stream_lookahead  # None: the exact stream
-        self.gpt_engine = "plain"
-        has_fast = self.pipe.artifact.has_component("gpt_fast")
-        if engine == "fast" and not has_fast:
-            raise ForgeError(f"artifact {artifact} has no gpt_fast component (run the optimize step first)")
-        if engine in ("auto", "fast") and has_fast:
-            from chattts_forge.runtime.fast_gpt import FastGptStep
-
-            self.pipe.gpt = FastGptStep.from_artifact(self.pipe.artifact)
-            self.gpt_engine = "fast"
+        self.gpt_engine = self.pipe.engine
         self.timed = _TimedGpt(self.pipe.gpt)
         self.pipe.gpt = self.timed
 
@@ -482,6 +474,7 @@ def run_bench(
     dict (documented in docs/bench.md) and writes it to `json_out` if given.
     """
     from chattts_forge.fsutil import atomic_write_json
+    from chattts_forge.runtime import check_engine
     from chattts_forge.versions import library_versions, toolchain_info
 
     art = Path(artifact).expanduser()
@@ -491,8 +484,7 @@ def run_bench(
         raise ForgeError(f"unknown baseline '{baseline}' (pytorch or none)")
     if baseline == "none":
         baseline = None
-    if engine not in ENGINES:
-        raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
+    check_engine(engine)
     batches = sorted({int(b) for b in batches})
     if not batches or batches[0] < 1:
         raise ForgeError("batch sizes must be >= 1")

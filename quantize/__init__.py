@@ -14,8 +14,8 @@ What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and
 activations), the embeddings (Gathers), the text head (unused by the code stage) and the conv
 components (decoder, dvae: dynamic ConvInteger is a slow CPU path) stay FP32; vocos.onnx is copied
 byte for byte and its sha256 is checked. Method details: `dynamic.py`, `static.py`, `int4.py`.
-A fused `gpt_fast.onnx` in the source (convert.optimize) is FP32 and never copied: dynamic/int4
-rebuild it with the same quantizer (`convert.optimize.optimize_gpt`), static and fallback runs drop
+A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: dynamic/int4
+rebuild it with the same quantizer (`quantize.fast_gpt.optimize_gpt`), static and fallback runs drop
 it so the runtime uses the quantized `gpt.onnx`. Calibration: `chattts-forge calibrate`
 (`chattts_forge.calibration_data`). Decode-step timing of the results:
 `python -m chattts_forge.quantize.stepbench FP32_DIR QUANT_DIR...`.
@@ -114,15 +114,18 @@ def _rebuild_fast_gpt(src: Path, tmp: Path, method: str, block_size: int, accura
     """Quantized `gpt_fast.onnx` for dynamic/int4 (same onnxruntime quantizers), dropped for static."""
     if method == "static":
         return "dropped: no QDQ fast graph (its inputs differ from the calibrated plain graph); runtime uses gpt.onnx"
-    try:
-        from chattts_forge.convert.optimize import FAST_GPT_FILE, optimize_gpt
+    from chattts_forge.quantize.fast_gpt import optimize_gpt
+    from chattts_forge.runtime.fast_gpt_graph import FAST_GPT_FILE
 
+    try:
         record = optimize_gpt(src, tmp / FAST_GPT_FILE, quantize=method, weights_from=src, block_size=block_size,
                               accuracy_level=accuracy_level, per_channel=per_channel)
-    except (ImportError, ForgeError) as e:
+    except ForgeError as e:
         log.warning("could not rebuild the fast GPT graph quantized (%s); the artifact uses gpt.onnx", e)
         return f"dropped: rebuild failed ({e})"
     qmeta["components"][FAST_GPT] = record
+    # Recorded in artifact.json: the wording predates the builder's move out of convert and is kept
+    # so that published artifacts stay byte-identical.
     return f"rebuilt with convert.optimize.optimize_gpt(quantize='{method}') from the FP32 weights"
 
 
@@ -200,7 +203,7 @@ def quantize_artifact(
     comps = ["gpt"] + (["head_code"] if quantize_head else [])
     src_files = {c: component_file(src, meta, c) for c in ("gpt", "head_code")}
     skip = {p.relative_to(src).as_posix() for c in comps for p in component_files(src, meta, c)}
-    # A fused fast GPT graph of the source (convert.optimize) is FP32: never carry it into a
+    # A fused fast GPT graph of the source (runtime.fast_gpt_graph) is FP32: never carry it into a
     # quantized artifact, the runtime would prefer it. dynamic/int4 rebuild it quantized below.
     has_fast = FAST_GPT in meta["components"]
     if has_fast:
@@ -351,7 +354,7 @@ def quantize_artifact(
             "not_quantized": {k: v for k, v in NOT_QUANTIZED.items() if k in meta["components"]}
             | ({} if quantize_head else {"head_code": "fp32 (--no-head)"}),
             "gpt_fast": fast_note,
-            # Top-level copies for convert.optimize.optimize_artifact(quantize="auto").
+            # Top-level copies for quantize.fast_gpt.optimize_artifact(quantize="auto").
             "per_channel": per_channel,
             "block_size": block_size if method == "int4" else None,
             "accuracy_level": accuracy_level if method == "int4" else None,

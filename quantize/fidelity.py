@@ -35,9 +35,11 @@ from chattts_forge.calibration_data.recorder import (
     new_pipeline,
     synth_params,
 )
+from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
+from chattts_forge.runtime import Artifact, GptStep, GptStepLike, open_gpt_step
 
 log = get_logger(__name__)
 
@@ -81,7 +83,7 @@ def record_trajectories(
         elif component == "head_code":
             t.logits.append(np.array(outs[0]))
 
-    proxies = instrument(pipe, on_run, ("gpt", "head_code"))
+    recording = instrument(pipe, on_run, ("gpt", "head_code"))
     sentences = corpus.sentences[:max_sentences]
     for i, text in enumerate(tqdm(sentences, desc="fidelity: fp32 run", unit="sent", disable=not progress)):
         current["traj"] = Trajectory(text)
@@ -95,7 +97,7 @@ def record_trajectories(
         if len(t.logits) != len(t.step_feeds):
             raise ForgeError("the runtime's gpt and head_code calls do not pair up; cannot teacher-force")
         trajs.append(t)
-    check_recorded(proxies, "gpt")
+    check_recorded(recording, "gpt")
     if not trajs:
         raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
     return trajs
@@ -115,33 +117,9 @@ def make_session(path: Path, threads: int | None = 1) -> Any:
         raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
 
-def replay(
-    gpt: Any, head: Any, traj: Trajectory, num_layers: int, kv_heads: int, head_dim: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Teacher-forced run of (gpt, head) on a trajectory's inputs, with their own KV cache."""
-    first = traj.step_feeds[0]["inputs_embeds"]
-    past_names = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    out_names = ["last_hidden_state"] + [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    if past_names[0] not in {i.name for i in gpt.get_inputs()}:
-        raise ForgeError("the gpt graph has no past_key_values inputs (docs/artifact-format.md)")
-    past = [np.zeros((first.shape[0], kv_heads, 0, head_dim), np.float32)] * len(past_names)
-    hidden, logits = [], []
-    for feeds in traj.step_feeds:
-        outs = gpt.run(out_names, {**feeds, **dict(zip(past_names, past, strict=True))})
-        past = outs[1:]  # present.{i}.{kv} in the same order as past_names
-        h = np.ascontiguousarray(outs[0][:, -1])
-        hidden.append(h)
-        logits.append(head.run(["logits"], {"hidden_states": h})[0])
-    return hidden, logits
-
-
-def replay_fast(quant_dir: Path, head: Any, traj: Trajectory, threads: int | None) -> tuple[list, list]:
-    """Teacher-forced replay through the artifact's fused `gpt_fast` graph, driven by the runtime's
-    own `FastGptStep` (its in-place KV cache), so the graph the runtime prefers is measured too."""
-    from chattts_forge.runtime.fast_gpt import FastGptStep
-    from chattts_forge.runtime.session import Artifact
-
-    step = FastGptStep.from_artifact(Artifact(quant_dir, threads=threads, verify="none"))
+def replay(step: GptStepLike, head: Any, traj: Trajectory) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Teacher-forced run of a runtime GPT step (with its own KV cache) and the code head on a
+    trajectory's recorded inputs: each step sees the FP32 code history."""
     step.reset(traj.step_feeds[0]["inputs_embeds"].shape[0])
     hidden, logits = [], []
     for feeds in traj.step_feeds:
@@ -149,6 +127,19 @@ def replay_fast(quant_dir: Path, head: Any, traj: Trajectory, threads: int | Non
         hidden.append(h)
         logits.append(head.run(["logits"], {"hidden_states": h})[0])
     return hidden, logits
+
+
+def plain_step(gpt: Any, dims: Dims) -> GptStep:
+    """The runtime's plain GPT step on a `gpt.onnx` session (checked for its past key/value inputs)."""
+    if "past_key_values.0.key" not in {i.name for i in gpt.get_inputs()}:
+        raise ForgeError("the gpt graph has no past_key_values inputs (docs/artifact-format.md)")
+    return GptStep(gpt, dims)
+
+
+def fast_step(quant_dir: Path, threads: int | None) -> GptStepLike:
+    """The artifact's fused `gpt_fast` graph driven by the runtime's own fast step (its in-place KV
+    cache), so the graph the runtime prefers is measured too."""
+    return open_gpt_step(Artifact(quant_dir, threads=threads, verify="none"), "fast")
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -287,8 +278,6 @@ def measure_fidelity(
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
     fmeta, qmeta = read_artifact_json(fp32_dir), read_artifact_json(quant_dir)
     dims = fmeta["dims"]
-    layers, kv_heads = int(dims["num_hidden_layers"]), int(dims["num_key_value_heads"])
-    head_dim = int(dims["hidden_size"]) // int(dims["num_attention_heads"])
     if trajectories is None:
         trajectories = record_trajectories(fp32_dir, corp, max_sentences, max_new_token, seed, threads,
                                            progress=progress)
@@ -298,8 +287,9 @@ def measure_fidelity(
     f_dec = make_session(component_file(fp32_dir, fmeta, "decoder"), threads)
     q_dec = make_session(component_file(quant_dir, qmeta, "decoder"), threads)
     ref_logits, q_logits, cosines, ref_mels, q_mels = [], [], [], [], []
+    q_step = plain_step(q_gpt, Dims.from_dict(dims))
     for t in trajectories:
-        hidden, logits = replay(q_gpt, q_head, t, layers, kv_heads, head_dim)
+        hidden, logits = replay(q_step, q_head, t)
         ref_logits += t.logits
         q_logits += logits
         ref_h, q_h = np.stack(t.hidden, axis=-1), np.stack(hidden, axis=-1)  # [B, H, T]
@@ -320,7 +310,7 @@ def measure_fidelity(
         try:
             f_logits, f_cos = [], []
             for t in trajectories:
-                hidden, logits = replay_fast(quant_dir, q_head, t, threads)
+                hidden, logits = replay(fast_step(quant_dir, threads), q_head, t)
                 f_logits += logits
                 f_cos.append(cosine_rows(np.stack(t.hidden, 1), np.stack(hidden, 1)))
             fast = code_metrics(ref_logits, f_logits)

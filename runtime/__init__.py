@@ -65,14 +65,26 @@ Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`,
 
 GPT engine: `Pipeline(..., engine="auto")` (default: fast when the artifact has gpt_fast.onnx, as
 `synth --engine auto`), "fast" (gpt_fast.onnx through `fast_gpt.FastGptStep`, in-place KV cache)
-or "plain" (gpt.onnx through `session.GptStep`). `pipe.gpt` is a `session.GptStep` (reset(batch), __call__(inputs_embeds,
-attention_mask, position_ids) -> last_hidden_state); assign any object with that interface.
+or "plain" (gpt.onnx through `session.GptStep`). `choose_engine(artifact, engine)` is that choice
+(what `pipe.engine` holds), `open_gpt_step(artifact, engine)` a new step of it.
+
+Hooks for the stages built on the runtime (they need none of its private names):
+- a replaceable GPT step: `pipe.gpt` is a `GptStepLike` (reset(batch), past_length,
+  __call__(inputs_embeds, attention_mask, position_ids) -> last_hidden_state); assign any object
+  with that interface (bench times it, fidelity replays recorded steps through it);
+- an observer of graph inputs: `pipe.artifact.add_observer(fn, components)` calls
+  `fn(component, feeds, output_names, outputs)` after every session `run` (calibration records
+  with it); it returns a function that removes the observer.
+
+The fused GPT graph itself is built by `chattts_forge.runtime.fast_gpt_graph` (torch-free; convert
+and quantize both call it).
 
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).
 """
 
 from chattts_forge.runtime.audio import write_wav
 from chattts_forge.runtime.pipeline import (
+    ENGINES,
     Generation,
     InferCodeParams,
     Pipeline,
@@ -80,15 +92,27 @@ from chattts_forge.runtime.pipeline import (
     Result,
     StreamDecoder,
     SynthParams,
+    check_engine,
+    choose_engine,
+    open_gpt_step,
 )
+from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike, RunObserver
 
 __all__ = [
+    "ENGINES",
+    "Artifact",
     "Generation",
+    "GptStep",
+    "GptStepLike",
     "InferCodeParams",
     "Pipeline",
     "RefineTextParams",
     "Result",
+    "RunObserver",
     "StreamDecoder",
     "SynthParams",
+    "check_engine",
+    "choose_engine",
+    "open_gpt_step",
     "write_wav",
 ]

@@ -48,13 +48,14 @@ from chattts_forge.runtime.frontend import (
     split_sentences,
 )
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
-from chattts_forge.runtime.session import Artifact, GptStep
+from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
 log = get_logger(__name__)
 
 # GPT engines: `plain` runs gpt.onnx (GptStep); `fast` the fused gpt_fast.onnx with an in-place KV
-# cache (runtime.fast_gpt, built by convert.optimize); `auto` takes fast when the artifact has it.
-# The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph when it exists.
+# cache (runtime.fast_gpt, graph built by runtime.fast_gpt_graph); `auto` takes fast when the artifact
+# has it. The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph
+# when it exists.
 ENGINES = ("auto", "fast", "plain")
 FAST_GPT_COMPONENT = "gpt_fast"
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
@@ -170,6 +171,29 @@ class Generation:
     finished: np.ndarray | None = None  # per row: stopped on EOS (False: hit max_new_token)
 
 
+def check_engine(engine: str) -> None:
+    """ForgeError unless `engine` is one of ENGINES."""
+    if engine not in ENGINES:
+        raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
+
+
+def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
+    """The GPT engine ("fast" or "plain") the runtime runs for `engine` (one of ENGINES) on `artifact`."""
+    check_engine(engine)
+    if engine == "fast" and not artifact.has_component(FAST_GPT_COMPONENT):
+        raise ForgeError(f"artifact {artifact.path} has no {FAST_GPT_COMPONENT} component (engine 'fast')")
+    return "fast" if engine == "fast" or (engine == "auto" and artifact.has_component(FAST_GPT_COMPONENT)) else "plain"
+
+
+def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
+    """A new GPT step (its own KV cache) of `artifact` for `engine` (see `choose_engine`)."""
+    if choose_engine(artifact, engine) == "fast":
+        from chattts_forge.runtime.fast_gpt import FastGptStep
+
+        return FastGptStep.from_artifact(artifact)
+    return GptStep(artifact.session("gpt"), artifact.dims)
+
+
 def _position_ids(attention_mask: np.ndarray) -> np.ndarray:
     """ChatTTS: cumsum(attention_mask) - 1, masked positions set to 1."""
     pos = np.cumsum(attention_mask, axis=1) - 1
@@ -204,15 +228,9 @@ class Pipeline:
         verify: str = "cheap",
         engine: str = "auto",
     ) -> None:
-        if engine not in ENGINES:
-            raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
+        check_engine(engine)  # before opening the artifact: a typo is reported first
         self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify)
-        if engine == "fast" and not self.artifact.has_component(FAST_GPT_COMPONENT):
-            raise ForgeError(f"artifact {self.artifact.path} has no {FAST_GPT_COMPONENT} component (engine 'fast')")
-        self.engine = (
-            "fast" if engine == "fast" or (engine == "auto" and self.artifact.has_component(FAST_GPT_COMPONENT))
-            else "plain"
-        )
+        self.engine = choose_engine(self.artifact, engine)
         self.dims = self.artifact.dims
         self.num_vq = self.dims.num_vq
         self.eos_code = self.dims.num_audio_tokens - 1
@@ -220,22 +238,18 @@ class Pipeline:
         self.hop = self.dims.hop_length
         self.tokenizer = TextTokenizer(self.artifact.file("tokenizer"))
         self.normalizer = Normalizer(self.artifact.file("homophones"))
-        self._gpt: GptStep | None = None
+        self._gpt: GptStepLike | None = None
 
     @property
-    def gpt(self) -> GptStep:
-        """The GPT step with its KV cache (created on first use; assign another engine to replace it)."""
+    def gpt(self) -> GptStepLike:
+        """The GPT step with its KV cache (created on first use for `self.engine`)."""
         if self._gpt is None:
-            if self.engine == "fast":
-                from chattts_forge.runtime.fast_gpt import FastGptStep
-
-                self._gpt = FastGptStep.from_artifact(self.artifact)
-            else:
-                self._gpt = GptStep(self.artifact.session("gpt"), self.dims)
+            self._gpt = open_gpt_step(self.artifact, self.engine)
         return self._gpt
 
     @gpt.setter
-    def gpt(self, step) -> None:
+    def gpt(self, step: GptStepLike) -> None:
+        """Replace the GPT step (public hook: any `GptStepLike`, e.g. a timing or teacher-forcing wrapper)."""
         self._gpt = step
 
     # ---- front end ------------------------------------------------------------------------

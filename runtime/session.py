@@ -5,17 +5,24 @@ dims, the files the runtime needs, byte sizes, sha256 of the small files; `verif
 every file) and opens one `onnxruntime.InferenceSession` per component on first use.
 
 `GptStep` is the single place where the GPT graph runs: it owns the key/value cache and turns
-(inputs_embeds, attention_mask, position_ids) into the last hidden states. The performance work
-replaces this class (IO binding, preallocated cache); nothing else calls the `gpt` session.
+(inputs_embeds, attention_mask, position_ids) into the last hidden states. Any object with its
+interface (`GptStepLike`: `reset(batch)`, `past_length`, `__call__`) can replace it on a `Pipeline`
+(`pipe.gpt = step`; `runtime.fast_gpt.FastGptStep` is the other engine).
+
+Observing graph inputs (public hook, used by calibration and fidelity): every session `Artifact.session`
+returns reports each `run` to the observers added with `Artifact.add_observer(observer, components)`:
+`observer(component, feeds, output_names, outputs)` after the run. IO-binding runs (the fast GPT
+engine) are not observed: they feed the fused graph, whose inputs are not `gpt.onnx`'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -48,6 +55,9 @@ NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "vocos"})
 # checked by size only unless verify="full".
 CHEAP_HASH_BYTES = 8 << 20
 
+RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], None]
+"""Called after a session's `run`: (component, feeds, output names, outputs)."""
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -71,6 +81,30 @@ def provider_list(provider: str) -> list[str]:
             f"(available: {', '.join(ort.get_available_providers())}); for cuda install onnxruntime-gpu"
         )
     return [name, "CPUExecutionProvider"] if provider != "cpu" else [name]
+
+
+class ObservedSession:
+    """A component's onnxruntime session whose `run` reports to the artifact's observers.
+
+    Every other attribute (inputs, outputs, IO binding, options) is the wrapped session's own.
+    """
+
+    def __init__(self, session: Any, component: str, observers: list[tuple[frozenset[str] | None, RunObserver]]) -> None:
+        self.session = session
+        self.component = component
+        self._observers = observers  # the artifact's list, shared: observers added later apply too
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+        outs = self.session.run(output_names, input_feed, run_options)
+        watching = [obs for comps, obs in self._observers if comps is None or self.component in comps]
+        if watching:
+            names = list(output_names) if output_names else [o.name for o in self.session.get_outputs()]
+            for observer in watching:
+                observer(self.component, input_feed, names, outs)
+        return outs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
 
 
 class Artifact:
@@ -104,6 +138,7 @@ class Artifact:
         self.components: dict[str, dict[str, Any]] = self.meta.get("components") or {}
         self.files: dict[str, str] = {**DEFAULT_FILES, **(self.meta.get("files") or {})}
         self._sessions: dict[str, Any] = {}
+        self._observers: list[tuple[frozenset[str] | None, RunObserver]] = []
         self._verified: set[str] = set()
         self.verify_mode = verify
         for key in ("tokenizer", "speaker_stats", "homophones"):
@@ -158,8 +193,20 @@ class Artifact:
         """Intra-op threads of a component's session (None: onnxruntime's default, one per core)."""
         return 1 if name in SINGLE_THREAD_COMPONENTS else self.threads
 
+    def add_observer(self, observer: RunObserver, components: Iterable[str] | None = None) -> Callable[[], None]:
+        """Call `observer(component, feeds, output_names, outputs)` after every `run` of the sessions of
+        `components` (all when None), those already open included. Returns a function that removes it."""
+        entry = (None if components is None else frozenset(components), observer)
+        self._observers.append(entry)
+
+        def remove() -> None:
+            if entry in self._observers:
+                self._observers.remove(entry)
+
+        return remove
+
     def session(self, name: str) -> Any:
-        """The onnxruntime session of a component (created on first use)."""
+        """The onnxruntime session of a component (created on first use), observable (`add_observer`)."""
         if name not in self._sessions:
             import onnxruntime as ort
 
@@ -175,9 +222,10 @@ class Artifact:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             opts.log_severity_level = 3
             try:
-                self._sessions[name] = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+                session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
             except Exception as e:  # onnxruntime raises its own exception types
                 raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+            self._sessions[name] = ObservedSession(session, name, self._observers)
             log.debug("loaded %s on %s", path.name, self.providers[0])
         return self._sessions[name]
 
@@ -194,6 +242,17 @@ class Artifact:
 
     def token_ids(self) -> dict[str, int]:
         return dict(self.meta.get("tokens") or {})
+
+
+class GptStepLike(Protocol):
+    """What a `Pipeline` needs of its GPT step (`GptStep`, `fast_gpt.FastGptStep`, or a caller's own)."""
+
+    def reset(self, batch: int) -> None: ...
+
+    @property
+    def past_length(self) -> int: ...
+
+    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray: ...
 
 
 class GptStep:

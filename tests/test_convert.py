@@ -46,7 +46,7 @@ def _position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
 
 def test_fp32_parity_recorded_within_tolerance(tiny_artifacts):
     doc = _artifact(tiny_artifacts["fp32"])
-    # fp32/ also holds the fused GPT graph (convert.optimize), checked against gpt.onnx itself.
+    # fp32/ also holds the fused GPT graph (runtime.fast_gpt_graph), checked against gpt.onnx itself.
     assert set(doc["components"]) == {*COMPONENTS, "gpt_fast"}
     fast = doc["components"]["gpt_fast"]["parity"]
     assert fast["reference"].startswith("plain gpt.onnx") and 0 <= fast["max_abs"] <= fast["tolerance_abs"] == 1e-4

@@ -1,4 +1,4 @@
-"""The fast GPT graph (convert/optimize.py) and its driver (runtime/fast_gpt.py) against the plain graph."""
+"""The fast GPT graph (runtime/fast_gpt_graph.py, quantized: quantize/fast_gpt.py) and its driver (runtime/fast_gpt.py) against the plain graph."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from chattts_forge.convert.optimize import (
+from chattts_forge.errors import ForgeError
+from chattts_forge.quantize.fast_gpt import optimize_gpt
+from chattts_forge.runtime.fast_gpt import FastGptStep
+from chattts_forge.runtime.fast_gpt_graph import (
     FAST_GPT_COMPONENT,
     extract_llama_weights,
     optimize_artifact,
-    optimize_gpt,
 )
-from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.fast_gpt import FastGptStep
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -170,7 +170,7 @@ def test_source_artifact_folder_is_never_written(tiny_artifacts, tmp_path: Path)
 
 
 def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, tmp_path: Path):
-    from chattts_forge.convert.optimize import optimize_artifact
+    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
 
     src = tmp_path / "fp32"
     shutil.copytree(tiny_artifacts["fp32"], src)

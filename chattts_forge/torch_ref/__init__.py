@@ -6,7 +6,7 @@
 - `oracle.chattts_codes / chattts_teacher_forced_logits / chattts_decode_to_wavs`: ChatTTS's
   generation and decoding, instrumented (processed/raw logits, top-2 gaps) for parity tests.
 - `compare.compare_codes`: the issue-4 rule (codes equal, divergence only at a near-tie, reported).
-- `python -m chattts_forge.torch_ref.parity_full --checkpoint C --artifact A`: that check on a
+- `python -m chattts_forge.convert.parity_full --checkpoint C --artifact A`: that check on a
   full checkpoint, with figures.
 
 torch and the chattts package are imported here (and only lazily by the rest of the project).

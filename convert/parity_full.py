@@ -1,6 +1,6 @@
 """Parity of the runtime against ChatTTS itself on any checkpoint (meant for a `full` one).
 
-    python -m chattts_forge.torch_ref.parity_full --checkpoint CKPT --artifact ART/fp32 [--steps 200]
+    python -m chattts_forge.convert.parity_full --checkpoint CKPT --artifact ART/fp32 [--steps 200]
 
 For zh, en and mixed sentences, with and without a speaker, one text at a time (what
 `chattts-forge synth --temperature 1e-9 --no-refine --min-new-token N --max-new-token N` does):

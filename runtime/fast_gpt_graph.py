@@ -1,4 +1,4 @@
-"""Graph-level optimisation of an artifact's GPT: a fused Llama step graph with an in-place KV cache.
+"""The fused GPT step graph (`gpt_fast.onnx`) with an in-place KV cache: built from a plain gpt.onnx.
 
 The plain `gpt.onnx` (see docs/artifact-format.md) takes the past keys/values as inputs and returns
 them grown by the new positions (`Concat`), so every decode step copies the whole cache: at batch 8
@@ -12,17 +12,23 @@ the layout onnxruntime-genai's model builder uses for Llama:
   an additive `attention_bias` for ChatTTS's left-padding mask, and past/present key/value
   buffers of a fixed capacity that the caller binds to the *same* memory (past-present buffer
   sharing): new keys/values are written in place, nothing is copied,
-- optionally the projections quantized (dynamic INT8 `MatMulInteger`, or INT4 `MatMulNBits`).
+- optionally the projections quantized by a `GraphQuantizer` the caller gives (the quantize stage's
+  dynamic INT8 `MatMulInteger` or INT4 `MatMulNBits`: `chattts_forge.quantize.fast_gpt`).
 
 The fast graph (`gpt_fast.onnx`) is numerically the plain graph (max |diff| ~1e-6 in FP32); it
 is driven by `chattts_forge.runtime.fast_gpt.FastGptStep`, which keeps the plain graph's call
 contract (inputs_embeds, attention_mask, position_ids).
 
+Why here: this module is torch-free (numpy + onnx) and its parity check runs the runtime's own
+driver, so it sits in the runtime layer, where both `convert` (FP32 graph) and `quantize`
+(quantized graphs) may import it; see docs/architecture.md.
+
 Library use::
 
-    from chattts_forge.convert.optimize import optimize_gpt
-    info = optimize_gpt("artifacts/fp32", quantize=None)            # writes artifacts/fp32/gpt_fast.onnx
-    info = optimize_gpt("artifacts/fp32", out="x/gpt_fast.onnx", quantize="int4", block_size=128)
+    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact, optimize_gpt
+    info = optimize_gpt("artifacts/fp32")                 # writes artifacts/fp32/gpt_fast.onnx
+    optimize_artifact("artifacts/fp32")                   # ... and records it in artifact.json
+    # quantized fast graphs: chattts_forge.quantize.fast_gpt.optimize_gpt(..., quantize="int4")
 
 `info` is the dict to record under `artifact.json` -> `components.gpt_fast`.
 
@@ -38,7 +44,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,8 @@ log = get_logger(__name__)
 
 FAST_GPT_FILE = "gpt_fast.onnx"
 FAST_GPT_COMPONENT = "gpt_fast"
+# Recorded in every gpt_fast.onnx and artifact.json: the label keeps the module's former name so that
+# published artifacts stay byte-identical across the move (it names the converter, not an import path).
 FAST_GPT_CONVERTER = "chattts_forge.convert.optimize (onnx.helper, com.microsoft fused ops)"
 MS_DOMAIN = "com.microsoft"
 # Additive bias for masked keys: finite so that a fully masked (padding) query row stays finite
@@ -376,23 +385,22 @@ def build_fast_gpt(
 
 
 # --------------------------------------------------------------------------------------------
-# Quantized variants of the fast graph
+# Quantized variants of the fast graph (the quantizer comes from the quantize stage)
 # --------------------------------------------------------------------------------------------
 
-QUANTIZE_METHODS = ("dynamic", "int4")
 
+@dataclass(frozen=True)
+class GraphQuantizer:
+    """How to quantize the projection MatMuls of a fast graph (the attention is GroupQueryAttention).
 
-def _quantize_fast(src: Path, dst: Path, method: str, block_size: int, accuracy_level: int, per_channel: bool) -> dict[str, Any]:
-    """Quantize the projection MatMuls of a fast graph (the attention itself is GroupQueryAttention)."""
-    if method == "dynamic":
-        from chattts_forge.quantize.dynamic import quantize_dynamic_graph
+    The runtime layer has no quantizers: `chattts_forge.quantize.fast_gpt.fast_gpt_quantizer` makes
+    these with the quantize stage's own onnxruntime quantizers.
+    """
 
-        return quantize_dynamic_graph(src, dst, per_channel=per_channel)
-    if method == "int4":
-        from chattts_forge.quantize.int4 import quantize_int4_graph
-
-        return quantize_int4_graph(src, dst, block_size=block_size, accuracy_level=accuracy_level)
-    raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    method: str  # recorded as quantization.method: "dynamic" | "int4"
+    precision: str  # the graph's precision label: "int8-dynamic" | "int4"
+    pack_projections: bool  # packing shares one scale across q/k/v (gate/up): wrong for per-tensor INT8
+    quantize: Callable[[Path, Path], dict[str, Any]]  # (fp32 graph, quantized graph) -> options record
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,11 +508,8 @@ def optimize_gpt(
     source: str | os.PathLike[str],
     out: str | os.PathLike[str] | None = None,
     *,
-    quantize: str | None = None,
+    quantizer: GraphQuantizer | None = None,
     weights_from: str | os.PathLike[str] | None = None,
-    block_size: int = 128,
-    accuracy_level: int = 4,
-    per_channel: bool = False,
     pack_projections: bool | None = None,
     check_parity: bool = True,
     tolerance: float = 1e-4,
@@ -514,13 +519,11 @@ def optimize_gpt(
 
     `source`: an FP32 artifact folder or its `gpt.onnx`. `weights_from`: where the FP32 weights
     come from when `source` is a quantized artifact (its FP32 source artifact folder, a plain FP32
-    gpt.onnx, or a checkpoint's `gpt/model.safetensors`). `quantize`: None (FP32), "dynamic" (INT8
-    MatMulInteger, per tensor unless `per_channel`) or "int4" (MatMulNBits, `block_size`,
-    `accuracy_level`) - the same onnxruntime quantizers the quantize stage uses. `out` defaults to
-    `<artifact>/gpt_fast.onnx`. Projections are packed (QKV, gate/up) except for per-tensor dynamic
-    INT8, where packing would share one scale across matrices. FP32 graphs whose hidden states
-    differ from the plain graph's by more than `tolerance` raise ForgeError (nothing is written);
-    quantized ones record their difference. Returns the `components.gpt_fast` record.
+    gpt.onnx, or a checkpoint's `gpt/model.safetensors`). `quantizer`: None (FP32) or how to
+    quantize the projections (`GraphQuantizer`). `out` defaults to `<artifact>/gpt_fast.onnx`.
+    Projections are packed (QKV, gate/up) unless the quantizer says not to. FP32 graphs whose
+    hidden states differ from the plain graph's by more than `tolerance` raise ForgeError (nothing
+    is written); quantized ones record their difference. Returns the `components.gpt_fast` record.
     """
     src = Path(source).expanduser()
     gpt_path = src / "gpt.onnx" if src.is_dir() else src
@@ -531,8 +534,8 @@ def optimize_gpt(
             raise ForgeError("give `out` when the source is a gpt.onnx file")
         out = src / FAST_GPT_FILE
     out = Path(out).expanduser()
-    if quantize is not None and quantize not in QUANTIZE_METHODS:
-        raise ForgeError(f"unknown quantization method '{quantize}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    method = quantizer.method if quantizer is not None else None
+    precision = quantizer.precision if quantizer is not None else "fp32"
 
     # weights
     w_src = Path(weights_from).expanduser() if weights_from is not None else gpt_path
@@ -551,9 +554,9 @@ def optimize_gpt(
     eps = float(dims.get("rms_norm_eps", 1e-6))
     theta = float(dims.get("rope_theta", 10000.0))
     max_pos = int(dims.get("max_position_embeddings", 4096))
-    pack = pack_projections if pack_projections is not None else not (quantize == "dynamic" and not per_channel)
+    pack = pack_projections if pack_projections is not None else (quantizer.pack_projections if quantizer else True)
 
-    log.info("building the fast GPT graph (%d layers, hidden %d, packed=%s, quantize=%s)", hp["num_hidden_layers"], hp["hidden_size"], pack, quantize)
+    log.info("building the fast GPT graph (%d layers, hidden %d, packed=%s, quantize=%s)", hp["num_hidden_layers"], hp["hidden_size"], pack, method)
     model = build_fast_gpt(
         weights,
         num_attention_heads=hp["num_attention_heads"],
@@ -566,7 +569,7 @@ def optimize_gpt(
     model.metadata_props.extend(
         [
             onnx.StringStringEntryProto(key="component", value=FAST_GPT_COMPONENT),
-            onnx.StringStringEntryProto(key="precision", value={None: "fp32", "dynamic": "int8-dynamic", "int4": "int4"}[quantize]),
+            onnx.StringStringEntryProto(key="precision", value=precision),
             onnx.StringStringEntryProto(key="hidden_size", value=str(hp["hidden_size"])),
             onnx.StringStringEntryProto(key="num_hidden_layers", value=str(hp["num_hidden_layers"])),
             onnx.StringStringEntryProto(key="converter", value=FAST_GPT_CONVERTER),
@@ -585,14 +588,14 @@ def optimize_gpt(
         del model
         quant_info: dict[str, Any] | None = None
         final_tmp = fp32_path
-        if quantize is not None:
+        if quantizer is not None:
             final_tmp = tmp_dir / "quant.onnx"
-            quant_info = {"method": quantize, **_quantize_fast(fp32_path, final_tmp, quantize, block_size, accuracy_level, per_channel)}
+            quant_info = {"method": quantizer.method, **quantizer.quantize(fp32_path, final_tmp)}
         parity = None
         if check_parity:
             parity = compare_with_plain(w_src if w_src.suffix == ".onnx" else gpt_path, final_tmp, hp, threads=threads)
-            parity["tolerance_abs"] = tolerance if quantize is None else None
-            if quantize is None and parity["max_abs"] > tolerance:
+            parity["tolerance_abs"] = tolerance if quantizer is None else None
+            if quantizer is None and parity["max_abs"] > tolerance:
                 raise ForgeError(
                     f"fast GPT graph differs from the plain graph by {parity['max_abs']:.3g} > {tolerance:g}; nothing written"
                 )
@@ -601,7 +604,7 @@ def optimize_gpt(
     inputs, outputs = _io_record(out)
     record: dict[str, Any] = {
         "file": out.name,
-        "precision": {None: "fp32", "dynamic": "int8-dynamic", "int4": "int4"}[quantize],
+        "precision": precision,
         "opset": 17,
         "converter": FAST_GPT_CONVERTER,
         "inputs": inputs,
@@ -628,32 +631,20 @@ def optimize_artifact(
     artifact_dir: str | os.PathLike[str],
     *,
     weights_from: str | os.PathLike[str] | None = None,
-    quantize: str | None = "auto",
+    quantizer: GraphQuantizer | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Add `gpt_fast.onnx` to an artifact folder and record it in its artifact.json.
 
-    `quantize="auto"` follows the artifact's variant: fp32/fp16 -> FP32 fast graph, int8-dynamic ->
-    "dynamic", int4 -> "int4" (quantized artifacts need `weights_from`, their FP32 source). Options
-    recorded under the artifact's `quantization` block (block_size, accuracy_level, per_channel) are
-    reused unless given. Returns the component record.
+    FP32 fast graph unless a `quantizer` is given (quantized artifacts: see
+    `chattts_forge.quantize.fast_gpt.optimize_artifact`, which picks it from the variant).
+    `kwargs` go to `optimize_gpt`. Returns the component record.
     """
     from chattts_forge.fsutil import atomic_write_json
 
     folder = Path(artifact_dir).expanduser()
     meta = _artifact_meta(folder)
-    variant = str(meta.get("variant", "fp32"))
-    if quantize == "auto":
-        quantize = {"int8-dynamic": "dynamic", "int4": "int4"}.get(variant)
-        if quantize is None and variant not in ("fp32", "fp16"):
-            raise ForgeError(f"artifact variant '{variant}' has no fast GPT variant (fp32, int8-dynamic, int4)")
-    q = meta.get("quantization") or {}
-    for key in ("block_size", "accuracy_level", "per_channel"):
-        if key in q and key not in kwargs:
-            kwargs[key] = q[key]
-    if quantize is not None and weights_from is None and variant != "fp32":
-        raise ForgeError(f"artifact {folder} is {variant}: pass weights_from=<its FP32 artifact folder>")
-    record = optimize_gpt(folder, folder / FAST_GPT_FILE, quantize=quantize, weights_from=weights_from, **kwargs)
+    record = optimize_gpt(folder, folder / FAST_GPT_FILE, quantizer=quantizer, weights_from=weights_from, **kwargs)
     meta.setdefault("components", {})[FAST_GPT_COMPONENT] = record
     atomic_write_json(folder / "artifact.json", meta)
     return record

@@ -1,0 +1,97 @@
+"""Quantized fused GPT graphs: the runtime's fast-graph builder with this stage's quantizers.
+
+The graph itself is built and checked by `chattts_forge.runtime.fast_gpt_graph` (torch-free, in the
+runtime layer so that convert and quantize both use it); this module gives it the quantize stage's
+onnxruntime quantizers (`dynamic.py`, `int4.py`), the same ones the plain graphs get.
+
+Library use::
+
+    from chattts_forge.quantize.fast_gpt import optimize_artifact, optimize_gpt
+    optimize_gpt("artifacts/fp32", "x/gpt_fast.onnx", quantize="int4", block_size=128)
+    optimize_artifact("artifacts/int4", weights_from="artifacts/fp32")   # follows the variant
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.quantize.artifact import read_artifact_json
+from chattts_forge.quantize.dynamic import quantize_dynamic_graph
+from chattts_forge.quantize.int4 import quantize_int4_graph
+from chattts_forge.runtime import fast_gpt_graph
+from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
+
+QUANTIZE_METHODS = ("dynamic", "int4")
+# artifact variant -> quantization of its fast graph (None: FP32 graph)
+VARIANT_METHODS: dict[str, str | None] = {"fp32": None, "fp16": None, "int8-dynamic": "dynamic", "int4": "int4"}
+
+
+def fast_gpt_quantizer(
+    method: str, *, block_size: int = 128, accuracy_level: int = 4, per_channel: bool = False
+) -> GraphQuantizer:
+    """"dynamic" (INT8 MatMulInteger, per tensor unless `per_channel`) or "int4" (MatMulNBits,
+    `block_size`, `accuracy_level`). Per-tensor INT8 keeps the projections unpacked: packing would
+    share one scale across matrices."""
+    if method == "dynamic":
+        return GraphQuantizer(
+            "dynamic", "int8-dynamic", pack_projections=per_channel,
+            quantize=functools.partial(quantize_dynamic_graph, per_channel=per_channel),
+        )
+    if method == "int4":
+        return GraphQuantizer(
+            "int4", "int4", pack_projections=True,
+            quantize=functools.partial(quantize_int4_graph, block_size=block_size, accuracy_level=accuracy_level),
+        )
+    raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+
+
+def optimize_gpt(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    quantize: str | None = None,
+    block_size: int = 128,
+    accuracy_level: int = 4,
+    per_channel: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """`runtime.fast_gpt_graph.optimize_gpt` with `quantize`: None (FP32), "dynamic" or "int4"."""
+    quantizer = None
+    if quantize is not None:
+        quantizer = fast_gpt_quantizer(quantize, block_size=block_size, accuracy_level=accuracy_level,
+                                       per_channel=per_channel)
+    return fast_gpt_graph.optimize_gpt(source, out, quantizer=quantizer, **kwargs)
+
+
+def optimize_artifact(
+    artifact_dir: str | os.PathLike[str],
+    *,
+    weights_from: str | os.PathLike[str] | None = None,
+    quantize: str | None = "auto",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Add `gpt_fast.onnx` to an artifact folder and record it in its artifact.json.
+
+    `quantize="auto"` follows the artifact's variant: fp32/fp16 -> FP32 fast graph, int8-dynamic ->
+    "dynamic", int4 -> "int4" (quantized artifacts need `weights_from`, their FP32 source). Options
+    recorded under the artifact's `quantization` block (block_size, accuracy_level, per_channel) are
+    reused unless given. Returns the component record.
+    """
+    folder = Path(artifact_dir).expanduser()
+    meta = read_artifact_json(folder)
+    variant = str(meta.get("variant", "fp32"))
+    if quantize == "auto":
+        if variant not in VARIANT_METHODS:
+            raise ForgeError(f"artifact variant '{variant}' has no fast GPT variant (fp32, int8-dynamic, int4)")
+        quantize = VARIANT_METHODS[variant]
+    q = meta.get("quantization") or {}
+    options = {key: q[key] for key in ("block_size", "accuracy_level", "per_channel") if key in q}
+    options.update({key: kwargs.pop(key) for key in ("block_size", "accuracy_level", "per_channel") if key in kwargs})
+    if quantize is not None and weights_from is None and variant != "fp32":
+        raise ForgeError(f"artifact {folder} is {variant}: pass weights_from=<its FP32 artifact folder>")
+    quantizer = None if quantize is None else fast_gpt_quantizer(quantize, **options)
+    return fast_gpt_graph.optimize_artifact(folder, weights_from=weights_from, quantizer=quantizer, **kwargs)

@@ -1,0 +1,177 @@
+"""Imports run one way (docs/architecture.md): no module of an installed package imports a layer above it.
+
+Every module of every package the project installs (pyproject.toml `[tool.setuptools] packages`,
+located through the installed import system) is parsed, never imported: `import x`, `from x import y`
+and relative imports anywhere in the file (function-local ones too) and `importlib.import_module("x")`
+with a literal name. A failure names the file and line of each upward import.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli is a dependency of pytest there
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# layer -> (the packages in it, the layers it may import besides itself). Keep in step with
+# docs/architecture.md. `chattts_forge` itself holds the core's top-level modules; `chattts_forge.cli`
+# is the command line, which loads every stage (lazily, by name), so it sits with the build driver.
+LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "core": (("chattts_forge", "chattts_forge.checkpoint", "chattts_forge.torch_ref"), frozenset()),
+    "runtime": (("chattts_forge.runtime",), frozenset({"core"})),
+    # the torch export side: uses the runtime's fused-graph builder and parity driver; only the
+    # command line and the build driver import it, so no torch-free stage depends on it.
+    "convert": (("chattts_forge.convert",), frozenset({"core", "runtime"})),
+    "calibration": (("chattts_forge.calibration_data",), frozenset({"core", "runtime"})),
+    "quantize": (("chattts_forge.quantize",), frozenset({"core", "runtime", "calibration"})),
+    "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "calibration", "quantize"})),
+    "publish": (("chattts_forge.publish",), frozenset({"core", "runtime", "calibration", "quantize", "evaluate"})),
+    "build": (
+        ("chattts_forge.cli",),
+        frozenset({"core", "runtime", "convert", "calibration", "quantize", "evaluate", "publish"}),
+    ),
+}
+PACKAGE_LAYER = {pkg: layer for layer, (pkgs, _) in LAYERS.items() for pkg in pkgs}
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+
+
+@dataclass(frozen=True)
+class Upward:
+    path: Path
+    line: int
+    module: str
+    layer: str
+    target: str
+    target_layer: str
+
+    def __str__(self) -> str:
+        allowed = ", ".join(sorted(LAYERS[self.layer][1]))
+        rule = f"{self.layer} may import only {allowed}" if allowed else f"{self.layer} may import no other layer"
+        return f"{self.path}:{self.line}: {self.module} (layer {self.layer}) imports {self.target} (layer {self.target_layer}); {rule}"
+
+
+def installed_packages() -> list[str]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["tool"]["setuptools"]["packages"])
+
+
+def installed_modules() -> dict[str, Module]:
+    """Every module of the installed packages, by name (located by the import system, not imported)."""
+    modules: dict[str, Module] = {}
+    for pkg in installed_packages():
+        spec = importlib.util.find_spec(pkg)  # imports the parent package only, never `pkg` itself
+        assert spec is not None and spec.submodule_search_locations, f"package {pkg} is not installed"
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        for path in sorted(folder.glob("*.py")):
+            is_package = path.stem == "__init__"
+            name = pkg if is_package else f"{pkg}.{path.stem}"
+            modules[name] = Module(name, path, is_package)
+    return modules
+
+
+def layer_of(name: str) -> str | None:
+    """The layer of a dotted module name (its longest listed package prefix); None outside the project."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in PACKAGE_LAYER:
+            return PACKAGE_LAYER[prefix]
+    return None
+
+
+def imported_names(module: Module, source: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module name) of every import in `source`, relative ones resolved."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename=str(module.path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.name.split(".") if module.is_package else module.name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                parent = ".".join(base + ([node.module] if node.module else []))
+            else:
+                parent = node.module or ""
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                child = f"{parent}.{alias.name}"
+                out.append((node.lineno, child if child in known else parent))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def upward_imports(module: Module, source: str, known: set[str]) -> list[Upward]:
+    layer = layer_of(module.name)
+    assert layer is not None, f"{module.name} has no layer: add its package to LAYERS (and docs/architecture.md)"
+    found = []
+    for line, target in dict.fromkeys(imported_names(module, source, known)):  # `from x import a, b`: once
+        target_layer = layer_of(target)
+        if target_layer is None or target_layer == layer or target_layer in LAYERS[layer][1]:
+            continue
+        found.append(Upward(module.path, line, module.name, layer, target, target_layer))
+    return found
+
+
+def test_every_installed_package_has_a_layer() -> None:
+    missing = [pkg for pkg in installed_packages() if pkg not in PACKAGE_LAYER]
+    assert not missing, f"packages without a layer: {missing}; add them to LAYERS and docs/architecture.md"
+
+
+def test_imports_run_one_way() -> None:
+    modules = installed_modules()
+    assert "chattts_forge.runtime.session" in modules and "chattts_forge.quantize.fidelity" in modules
+    known = set(modules)
+    found = [
+        str(up)
+        for m in modules.values()
+        for up in upward_imports(m, m.path.read_text(encoding="utf-8"), known)
+    ]
+    assert not found, "upward imports:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        # a function-local absolute import from the runtime into quantize
+        ("chattts_forge.runtime.session", "def f():\n    from chattts_forge.quantize import dynamic\n",
+         [(2, "chattts_forge.quantize.dynamic", "quantize")]),
+        # the old cycle: quantize importing convert
+        ("chattts_forge.quantize.x", "import chattts_forge.convert.export\n",
+         [(1, "chattts_forge.convert.export", "convert")]),
+        # a relative import climbing out of the package, and import_module with a literal
+        ("chattts_forge.calibration_data.recorder",
+         "from ..evaluate import gate\nimport importlib\nimportlib.import_module('chattts_forge.publish.cli')\n",
+         [(1, "chattts_forge.evaluate.gate", "evaluate"), (3, "chattts_forge.publish.cli", "publish")]),
+        # core may not import a stage, not even the command line
+        ("chattts_forge.fsutil", "from chattts_forge import cli\n", [(1, "chattts_forge.cli", "build")]),
+        # downward and same-layer imports, and third-party ones, are fine
+        ("chattts_forge.evaluate.gate", "from chattts_forge.runtime import Pipeline\nfrom . import report\nimport numpy\n", []),
+    ],
+)
+def test_checker_finds_upward_imports(module: str, source: str, expected: list[tuple[int, str, str]]) -> None:
+    known = set(installed_modules()) | {"chattts_forge.quantize.dynamic", "chattts_forge.evaluate.gate"}
+    mod = Module(module, Path(module.replace(".", "/") + ".py"), is_package=False)
+    got = [(up.line, up.target, up.target_layer) for up in upward_imports(mod, source, known)]
+    assert got == expected
