@@ -134,6 +134,40 @@ def upward_imports(module: Module, source: str, known: set[str]) -> list[Upward]
     return found
 
 
+# torch and the chattts package: only the export side (core's torch_ref, convert) imports them at import time.
+TORCH_MODULES = ("torch", "torchaudio", "ChatTTS", "transformers", "vocos", "chattts_forge.torch_ref")
+TORCH_FREE_LAYERS = ("runtime", "calibration", "quantize", "evaluate", "publish")
+
+
+def import_time_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of the absolute imports that run when the module is imported (not inside a function)."""
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.Import):
+                out.extend((child.lineno, alias.name) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and not child.level and child.module:
+                out.append((child.lineno, child.module))
+            visit(child)
+
+    visit(ast.parse(source))
+    return out
+
+
+def test_torch_free_layers_import_torch_only_lazily() -> None:
+    found = [
+        f"{m.path}:{line}: {m.name} imports {name} at import time (import it inside the function that needs it)"
+        for m in installed_modules().values()
+        if layer_of(m.name) in TORCH_FREE_LAYERS
+        for line, name in import_time_imports(m.path.read_text(encoding="utf-8"))
+        if any(name == t or name.startswith(t + ".") for t in TORCH_MODULES)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_every_installed_package_has_a_layer() -> None:
     missing = [pkg for pkg in installed_packages() if pkg not in PACKAGE_LAYER]
     assert not missing, f"packages without a layer: {missing}; add them to LAYERS and docs/architecture.md"
@@ -175,3 +209,8 @@ def test_checker_finds_upward_imports(module: str, source: str, expected: list[t
     mod = Module(module, Path(module.replace(".", "/") + ".py"), is_package=False)
     got = [(up.line, up.target, up.target_layer) for up in upward_imports(mod, source, known)]
     assert got == expected
+
+
+def test_import_time_imports_skip_function_bodies() -> None:
+    source = "import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\ndef f():\n    import torchaudio\n"
+    assert import_time_imports(source) == [(1, "numpy"), (3, "torch")]
