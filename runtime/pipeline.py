@@ -56,6 +56,8 @@ log = get_logger(__name__)
 # cache (runtime.fast_gpt, graph built by runtime.fast_gpt_graph); `auto` takes fast when the artifact
 # has it. The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph
 # when it exists.
+# On CUDA `auto` takes the plain graph with the cache kept on the device (runtime.device_gpt): the
+# fused graph's GroupQueryAttention has no float32 CUDA kernel.
 ENGINES = ("auto", "fast", "plain")
 FAST_GPT_COMPONENT = "gpt_fast"
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
@@ -182,7 +184,10 @@ def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
     check_engine(engine)
     if engine == "fast" and not artifact.has_component(FAST_GPT_COMPONENT):
         raise ForgeError(f"artifact {artifact.path} has no {FAST_GPT_COMPONENT} component (engine 'fast')")
-    return "fast" if engine == "fast" or (engine == "auto" and artifact.has_component(FAST_GPT_COMPONENT)) else "plain"
+    if engine == "fast":
+        return "fast"
+    on_cpu = artifact.provider == "cpu"
+    return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT_COMPONENT) else "plain"
 
 
 def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
@@ -191,6 +196,10 @@ def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
         from chattts_forge.runtime.fast_gpt import FastGptStep
 
         return FastGptStep.from_artifact(artifact)
+    if artifact.provider == "cuda":
+        from chattts_forge.runtime.device_gpt import DeviceGptStep
+
+        return DeviceGptStep(artifact.session("gpt"), artifact.dims, device="cuda")
     return GptStep(artifact.session("gpt"), artifact.dims)
 
 

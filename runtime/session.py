@@ -30,6 +30,7 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.providers import resolve_provider, session_providers
 
 log = get_logger(__name__)
 
@@ -40,7 +41,6 @@ DEFAULT_FILES = {
     "speaker_stats": "speaker_stats.npy",
     "homophones": "homophones_map.json",
 }
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # Thread policy per component (CPU). Every session has its own intra-op pool whose workers spin for
 # a while after each run; on a 2-core machine a pool still spinning steals the core the next
 # session needs. Measured on the full dynamic-INT8 artifact, 2 threads, batch 1: GPT step 30 ms with
@@ -66,21 +66,6 @@ def _read_json(path: Path) -> Any:
         raise ForgeError(f"{path} is missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ForgeError(f"{path} is unreadable: {e}") from None
-
-
-def provider_list(provider: str) -> list[str]:
-    """onnxruntime providers for `cpu` or `cuda` (CUDA falls back to CPU for unsupported nodes)."""
-    import onnxruntime as ort
-
-    if provider not in PROVIDERS:
-        raise ForgeError(f"unknown provider '{provider}' (choose from: {', '.join(PROVIDERS)})")
-    name = PROVIDERS[provider]
-    if name not in ort.get_available_providers():
-        raise ForgeError(
-            f"provider '{provider}' is not available in this onnxruntime "
-            f"(available: {', '.join(ort.get_available_providers())}); for cuda install onnxruntime-gpu"
-        )
-    return [name, "CPUExecutionProvider"] if provider != "cpu" else [name]
 
 
 class ObservedSession:
@@ -124,8 +109,9 @@ class Artifact:
             raise ForgeError(f"unknown verify mode '{verify}' (none, cheap, full)")
         if threads is not None and threads < 1:
             raise ForgeError(f"threads must be >= 1, got {threads}")
-        self.providers = provider_list(provider)
-        self.provider = provider
+        # `provider` may be cpu, cuda or auto; `self.provider` is what it resolved to (cpu or cuda).
+        self.provider = resolve_provider(provider)
+        self.providers = session_providers(self.provider)
         self.threads = threads
         self.meta: dict[str, Any] = _read_json(self.path / "artifact.json")
         if not isinstance(self.meta, dict) or self.meta.get("schema") != SCHEMA:
@@ -225,6 +211,9 @@ class Artifact:
                 session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
             except Exception as e:  # onnxruntime raises its own exception types
                 raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+            got = session.get_providers()
+            if got[0] != self.providers[0]:  # onnxruntime's silent fallback (see runtime.providers)
+                raise ForgeError(f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})")
             self._sessions[name] = ObservedSession(session, name, self._observers)
             log.debug("loaded %s on %s", path.name, self.providers[0])
         return self._sessions[name]
