@@ -60,12 +60,18 @@ def cuda_status() -> tuple[bool, str]:
                 preload()
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # the CPU-fallback error is reported by the check below instead
+    # A failed CUDA provider load is logged by onnxruntime's process-wide logger (several lines with
+    # colour codes); the outcome is reported by the check below instead, in one line. Severity 2
+    # (warnings) is onnxruntime's default, restored afterwards.
+    ort.set_default_logger_severity(4)
     try:
         with warnings.catch_warnings():  # "not in available provider names": judged below instead
             warnings.simplefilter("ignore")
             session = ort.InferenceSession(_probe_model(), sess_options=opts, providers=[EXECUTION_PROVIDERS["cuda"]])
     except Exception as e:  # onnxruntime raises its own exception types
         return False, f"a CUDA session cannot be created: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    finally:
+        ort.set_default_logger_severity(2)
     got = session.get_providers()
     if not got or got[0] != EXECUTION_PROVIDERS["cuda"]:
         return False, f"onnxruntime fell back to {', '.join(got)} (no CUDA device, driver or libraries)"
