@@ -1,11 +1,10 @@
-"""Reading the FP32 source artifact, copying what is not quantized, describing quantized graphs.
+"""Checking the FP32 source artifact, copying what is not quantized, describing quantized graphs.
 
 Nothing here imports torch: only onnx, onnxruntime's quantization tools and numpy.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -13,10 +12,10 @@ from typing import Any
 
 import onnx
 
+from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
 
-SCHEMA = "chattts-forge/artifact/1"
 # Op types that carry integer / low-bit math once a graph is quantized.
 INT8_OPS = {
     "MatMulInteger",
@@ -37,51 +36,14 @@ QUANTIZED_OPS = INT8_OPS | INT4_OPS
 QUANTIZABLE_FLOAT_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"}
 
 
-def read_artifact_json(artifact_dir: Path) -> dict[str, Any]:
-    path = artifact_dir / "artifact.json"
-    if not artifact_dir.is_dir():
-        raise ForgeError(f"artifact folder {artifact_dir} does not exist")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ForgeError(f"{path} is missing: {artifact_dir} is not an artifact folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path} is unreadable: {e}") from None
-    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise ForgeError(f"{path}: schema is not {SCHEMA!r}")
-    if not isinstance(meta.get("components"), dict) or "gpt" not in meta["components"]:
-        raise ForgeError(f"{path} lists no 'gpt' component")
-    return meta
-
-
-def require_fp32_source(meta: dict[str, Any], artifact_dir: Path) -> None:
+def require_fp32_source(meta: ArtifactMeta, artifact_dir: Path) -> None:
     """Quantizing starts from FP32 only (quantizing FP16 or INT8 graphs again loses accuracy twice)."""
-    gpt_precision = meta["components"]["gpt"].get("precision", "fp32")
-    if meta.get("quantization") or gpt_precision != "fp32":
+    gpt_precision = meta.component("gpt").get("precision", "fp32")
+    if meta.quantization or gpt_precision != "fp32":
         raise ForgeError(
-            f"{artifact_dir} is a '{meta.get('variant')}' artifact (gpt precision {gpt_precision}); "
+            f"{artifact_dir} is a '{meta.variant}' artifact (gpt precision {gpt_precision}); "
             "quantize needs the FP32 artifact from `convert`"
         )
-
-
-def component_file(artifact_dir: Path, meta: dict[str, Any], name: str) -> Path:
-    info = meta["components"].get(name)
-    if info is None:
-        raise ForgeError(f"{artifact_dir / 'artifact.json'} lists no component '{name}'")
-    path = artifact_dir / info.get("file", f"{name}.onnx")
-    if not path.is_file():
-        raise ForgeError(f"component '{name}' file {path} is missing")
-    return path
-
-
-def component_files(artifact_dir: Path, meta: dict[str, Any], name: str) -> list[Path]:
-    """The component's ONNX file plus its external-data file(s), if any."""
-    main = component_file(artifact_dir, meta, name)
-    files = [main]
-    data = main.with_name(main.name + ".data")
-    if data.is_file():
-        files.append(data)
-    return files
 
 
 def copy_unchanged(src_dir: Path, dst_dir: Path, skip: set[str]) -> list[str]:
@@ -89,7 +51,7 @@ def copy_unchanged(src_dir: Path, dst_dir: Path, skip: set[str]) -> list[str]:
     copied = []
     for path in sorted(src_dir.rglob("*")):
         rel = path.relative_to(src_dir).as_posix()
-        if not path.is_file() or rel in skip or rel == "artifact.json":
+        if not path.is_file() or rel in skip or rel == ARTIFACT_JSON:
             continue
         target = dst_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
+from chattts_forge.artifact import QUANTIZE_METHODS
+
 
 @click.command("quantize")
 @click.option("--artifact", "artifact_dir", required=True, type=click.Path(path_type=Path),
               help="FP32 artifact folder (output of `convert`).")
-@click.option("--method", required=True, type=click.Choice(["dynamic", "static", "int4"]))
+@click.option("--method", required=True, type=click.Choice(QUANTIZE_METHODS))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact folder to write.")
 @click.option("--calibration", type=click.Path(path_type=Path), default=None,
               help="Calibration folder from `chattts-forge calibrate` (static only).")

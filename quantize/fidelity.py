@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -38,7 +39,7 @@ from chattts_forge.calibration_data.recorder import (
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
-from chattts_forge.quantize.artifact import component_file, matmul_nodes_with_const_weight, read_artifact_json
+from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 from chattts_forge.runtime import Artifact, GptStep, GptStepLike, open_gpt_step
 
 log = get_logger(__name__)
@@ -136,10 +137,11 @@ def plain_step(gpt: Any, dims: Dims) -> GptStep:
     return GptStep(gpt, dims)
 
 
-def fast_step(quant_dir: Path, threads: int | None) -> GptStepLike:
+def fast_step(quant_dir: Path, threads: int | None, quant_meta: ArtifactMeta | None = None) -> GptStepLike:
     """The artifact's fused `gpt_fast` graph driven by the runtime's own fast step (its in-place KV
-    cache), so the graph the runtime prefers is measured too."""
-    return open_gpt_step(Artifact(quant_dir, threads=threads, verify="none"), "fast")
+    cache), so the graph the runtime prefers is measured too. `quant_meta`: the folder's
+    artifact.json when it is not written yet (the quantize stage)."""
+    return open_gpt_step(Artifact(quant_dir, threads=threads, verify="none", meta=quant_meta), "fast")
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -272,22 +274,26 @@ def measure_fidelity(
     trajectories: list[Trajectory] | None = None,
     progress: bool | None = None,
     keep_all_tensors: bool = False,
+    quant_meta: ArtifactMeta | None = None,
 ) -> dict[str, Any]:
-    """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`."""
+    """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`.
+
+    `quant_meta`: the artifact.json of `quant_dir` when it is not written yet (the quantize stage
+    measures before it writes the description once)."""
     fp32_dir, quant_dir = Path(fp32_dir), Path(quant_dir)
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-    fmeta, qmeta = read_artifact_json(fp32_dir), read_artifact_json(quant_dir)
-    dims = fmeta["dims"]
+    fmeta = ArtifactMeta.load(fp32_dir)
+    qmeta = quant_meta if quant_meta is not None else ArtifactMeta.load(quant_dir)
     if trajectories is None:
         trajectories = record_trajectories(fp32_dir, corp, max_sentences, max_new_token, seed, threads,
                                            progress=progress)
-    q_gpt_path = component_file(quant_dir, qmeta, "gpt")
-    q_head_path = component_file(quant_dir, qmeta, "head_code")
+    q_gpt_path = qmeta.component_file(quant_dir, "gpt")
+    q_head_path = qmeta.component_file(quant_dir, "head_code")
     q_gpt, q_head = make_session(q_gpt_path, threads), make_session(q_head_path, threads)
-    f_dec = make_session(component_file(fp32_dir, fmeta, "decoder"), threads)
-    q_dec = make_session(component_file(quant_dir, qmeta, "decoder"), threads)
+    f_dec = make_session(fmeta.component_file(fp32_dir, "decoder"), threads)
+    q_dec = make_session(qmeta.component_file(quant_dir, "decoder"), threads)
     ref_logits, q_logits, cosines, ref_mels, q_mels = [], [], [], [], []
-    q_step = plain_step(q_gpt, Dims.from_dict(dims))
+    q_step = plain_step(q_gpt, fmeta.require_dims())
     for t in trajectories:
         hidden, logits = replay(q_step, q_head, t)
         ref_logits += t.logits
@@ -306,21 +312,21 @@ def measure_fidelity(
         "hidden_cosine": {"mean": float(cos.mean()), "min": float(cos.min())},
         "mel": mel_metrics(ref_mels, q_mels),
     }
-    if "gpt_fast" in qmeta["components"]:
+    if qmeta.has_component(FAST_GPT):
         try:
             f_logits, f_cos = [], []
             for t in trajectories:
-                hidden, logits = replay(fast_step(quant_dir, threads), q_head, t)
+                hidden, logits = replay(fast_step(quant_dir, threads, quant_meta), q_head, t)
                 f_logits += logits
                 f_cos.append(cosine_rows(np.stack(t.hidden, 1), np.stack(hidden, 1)))
             fast = code_metrics(ref_logits, f_logits)
-            result["gpt_fast"] = {"teacher_forced": fast, "hidden_cosine": {
+            result[FAST_GPT] = {"teacher_forced": fast, "hidden_cosine": {
                 "mean": float(np.concatenate(f_cos).mean()), "min": float(np.concatenate(f_cos).min())}}
         except (ImportError, ForgeError) as e:
-            result["gpt_fast"] = {"error": f"could not replay gpt_fast: {e}"}
+            result[FAST_GPT] = {"error": f"could not replay {FAST_GPT}: {e}"}
     if per_tensor:
         samples = [s for t in trajectories for s in t.full_samples][:4]
-        rows = tensor_errors(component_file(fp32_dir, fmeta, "gpt"), q_gpt_path, samples, threads)
+        rows = tensor_errors(fmeta.component_file(fp32_dir, "gpt"), q_gpt_path, samples, threads)
         worst_abs = sorted(rows, key=lambda r: r["rel_error"], reverse=True)
         result["per_tensor"] = {
             "graph": "gpt",
@@ -329,7 +335,7 @@ def measure_fidelity(
             "worst_local": rows[:top_tensors],
             "worst_output": [{k: r[k] for k in ("node", "rel_error", "cosine")} for r in worst_abs[:top_tensors]],
             "all_local": rows if keep_all_tensors else None,
-            "head_code_rel_error": head_error(component_file(fp32_dir, fmeta, "head_code"), q_head_path,
+            "head_code_rel_error": head_error(fmeta.component_file(fp32_dir, "head_code"), q_head_path,
                                               trajectories, threads),
         }
     return result

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.quantize.artifact import component_file, read_artifact_json
+from chattts_forge.artifact import ArtifactMeta
 
 
 def decode_feeds(dims: dict[str, Any], past: int, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
@@ -38,11 +38,11 @@ def decode_feeds(dims: dict[str, Any], past: int, batch: int = 1, seed: int = 0)
     return feeds
 
 
-def open_gpt(artifact_dir: Path, threads: int) -> tuple[Any, dict[str, Any], Path]:
+def open_gpt(artifact_dir: Path, threads: int) -> tuple[Any, ArtifactMeta, Path]:
     import onnxruntime as ort
 
-    meta = read_artifact_json(artifact_dir)
-    path = component_file(artifact_dir, meta, "gpt")
+    meta = ArtifactMeta.load(artifact_dir)
+    path = meta.component_file(artifact_dir, "gpt")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -56,7 +56,7 @@ def time_gpt_steps(
     """Median decode-step latency of each artifact's gpt.onnx, runs interleaved round by round so
     that background load hits every artifact alike."""
     opened = [open_gpt(a, threads) for a in artifacts]
-    feeds = [decode_feeds(meta["dims"], past, batch) for _, meta, _ in opened]
+    feeds = [decode_feeds(meta.dims, past, batch) for _, meta, _ in opened]
     for (sess, _, _), f in zip(opened, feeds, strict=True):
         for _ in range(3):
             sess.run(None, f)
@@ -71,7 +71,7 @@ def time_gpt_steps(
         q = statistics.quantiles(t, n=4)
         rows.append({
             "artifact": str(art),
-            "variant": meta.get("variant"),
+            "variant": meta.variant,
             "gpt_bytes": path.stat().st_size,
             "step_ms_median": round(statistics.median(t), 2),
             "step_ms_q1": round(q[0], 2),

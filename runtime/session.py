@@ -17,7 +17,6 @@ engine) are not observed: they feed the fused graph, whose inputs are not `gpt.o
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
@@ -26,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -34,13 +34,8 @@ from chattts_forge.runtime.providers import resolve_provider, session_providers
 
 log = get_logger(__name__)
 
-SCHEMA = "chattts-forge/artifact/1"
-COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
-DEFAULT_FILES = {
-    "tokenizer": "tokenizer.json",
-    "speaker_stats": "speaker_stats.npy",
-    "homophones": "homophones_map.json",
-}
+# The support files synthesis needs (artifact.json `files` keys).
+RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 # Thread policy per component (CPU). Every session has its own intra-op pool whose workers spin for
 # a while after each run; on a 2-core machine a pool still spinning steals the core the next
 # session needs. Measured on the full dynamic-INT8 artifact, 2 threads, batch 1: GPT step 30 ms with
@@ -57,15 +52,6 @@ CHEAP_HASH_BYTES = 8 << 20
 
 RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], None]
 """Called after a session's `run`: (component, feeds, output names, outputs)."""
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ForgeError(f"{path} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path} is unreadable: {e}") from None
 
 
 class ObservedSession:
@@ -101,7 +87,9 @@ class Artifact:
         provider: str = "cpu",
         threads: int | None = None,
         verify: str = "cheap",
+        meta: ArtifactMeta | None = None,
     ) -> None:
+        """`meta`: the folder's artifact.json when it is not written yet (read from the folder otherwise)."""
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise ForgeError(f"artifact folder {self.path} does not exist")
@@ -113,31 +101,24 @@ class Artifact:
         self.provider = resolve_provider(provider)
         self.providers = session_providers(self.provider)
         self.threads = threads
-        self.meta: dict[str, Any] = _read_json(self.path / "artifact.json")
-        if not isinstance(self.meta, dict) or self.meta.get("schema") != SCHEMA:
-            found = self.meta.get("schema") if isinstance(self.meta, dict) else None
-            raise ForgeError(f"{self.path / 'artifact.json'}: schema {found!r} is not {SCHEMA!r}")
-        try:
-            self.dims = Dims.from_dict(self.meta["dims"])
-        except (KeyError, TypeError) as e:
-            raise ForgeError(f"{self.path / 'artifact.json'}: bad or missing 'dims' ({e})") from None
-        self.components: dict[str, dict[str, Any]] = self.meta.get("components") or {}
-        self.files: dict[str, str] = {**DEFAULT_FILES, **(self.meta.get("files") or {})}
+        self.meta = meta if meta is not None else ArtifactMeta.load(self.path)
+        self.dims = self.meta.require_dims()
+        self.components: dict[str, dict[str, Any]] = self.meta.components
         self._sessions: dict[str, Any] = {}
         self._observers: list[tuple[frozenset[str] | None, RunObserver]] = []
         self._verified: set[str] = set()
         self.verify_mode = verify
-        for key in ("tokenizer", "speaker_stats", "homophones"):
-            self._check_plain_file(self.files[key])
+        for key in RUNTIME_FILES:
+            self._check_plain_file(self.meta.support_file(key))
         for name in ("embed", "gpt", "head_code", "vocos"):
             self.check_component(name)
 
     @property
     def variant(self) -> str:
-        return str(self.meta.get("variant", "?"))
+        return self.meta.variant
 
     def file(self, key: str) -> Path:
-        return self.path / self.files[key]
+        return self.path / self.meta.support_file(key)
 
     def _check_plain_file(self, rel: str) -> None:
         p = self.path / rel
@@ -145,10 +126,7 @@ class Artifact:
             raise ForgeError(f"artifact file {p} is missing")
 
     def component_path(self, name: str) -> Path:
-        info = self.components.get(name)
-        if info is None:
-            raise ForgeError(f"{self.path / 'artifact.json'} lists no component '{name}'")
-        return self.path / info.get("file", f"{name}.onnx")
+        return self.meta.component_path(self.path, name)
 
     def check_component(self, name: str) -> Path:
         """The component's file, checked against artifact.json (size; sha256 where cheap)."""
@@ -162,13 +140,13 @@ class Artifact:
         want_size = info.get("bytes")
         if self.verify_mode != "none" and want_size is not None and int(want_size) != size:
             raise ForgeError(
-                f"artifact file {p} has {size} bytes, artifact.json says {want_size}: "
+                f"artifact file {p} has {size} bytes, {ARTIFACT_JSON} says {want_size}: "
                 "the folder is mismatched or damaged"
             )
         want_sha = info.get("sha256")
         hash_it = self.verify_mode == "full" or (self.verify_mode == "cheap" and size <= CHEAP_HASH_BYTES)
         if want_sha and hash_it and sha256_file(p) != want_sha:
-            raise ForgeError(f"artifact file {p} does not match its sha256 in artifact.json (mismatched or damaged)")
+            raise ForgeError(f"artifact file {p} does not match its sha256 in {ARTIFACT_JSON} (mismatched or damaged)")
         self._verified.add(name)
         return p
 
@@ -230,7 +208,7 @@ class Artifact:
         return stats.astype(np.float16)
 
     def token_ids(self) -> dict[str, int]:
-        return dict(self.meta.get("tokens") or {})
+        return dict(self.meta.tokens or {})
 
 
 class GptStepLike(Protocol):

@@ -1,0 +1,245 @@
+"""The artifact contract: file names, components, variants, `artifact.json` as a typed object, hashing.
+
+Every stage that reads or writes an artifact folder (docs/artifact-format.md) goes through this
+module, so the layout is defined once. It belongs to the core: it imports nothing above
+`chattts_forge` itself (no runtime, convert, quantize; no torch, no onnx).
+
+Library::
+
+    from chattts_forge.artifact import ArtifactMeta, hash_tree
+    meta = ArtifactMeta.load("build/convert/fp32")    # validated; one-line ForgeError when broken
+    meta.variant, meta.components["gpt"]["precision"], meta.component_file(folder, "gpt")
+    meta.variant = "int4"; meta.write(folder)          # atomic; unchanged keys keep their bytes
+    hash_tree(folder)                                  # {relative path: FileEntry(path, bytes, sha256)}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.checkpoint.layout import Dims
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_json, sha256_file
+
+# ---- file names ------------------------------------------------------------------------------
+
+ARTIFACT_JSON = "artifact.json"
+SCHEMA = "chattts-forge/artifact/1"
+# The graphs of an artifact, in the order convert writes them; each is `<name>.onnx` unless its
+# artifact.json entry names another file.
+COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
+VOCODER = "vocos"  # always FP32, byte-identical across variants
+# The optional fused GPT graph (convert.optimize); the runtime prefers it when present.
+FAST_GPT = "gpt_fast"
+FAST_GPT_FILE = f"{FAST_GPT}.onnx"
+# A graph's weights may live beside it in `<file>.data` (ONNX external data).
+EXTERNAL_DATA_SUFFIX = ".data"
+# Support files: artifact.json `files` key -> file name (the default when `files` omits the key).
+SUPPORT_FILES = {
+    "tokenizer": "tokenizer.json",
+    "speaker_stats": "speaker_stats.npy",
+    "homophones": "homophones_map.json",
+    "dvae_coef": "dvae_coef.json",
+}
+
+# ---- variants, quantization methods, precisions ----------------------------------------------
+
+FLOAT_VARIANTS = ("fp32", "fp16")
+QUANTIZE_METHODS = ("dynamic", "static", "int4")
+METHOD_VARIANT = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}
+VARIANT_METHOD = {variant: method for method, variant in METHOD_VARIANT.items()}
+# The `precision` a quantized component records (also its ONNX metadata_props `precision`).
+METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4"}
+VARIANTS = FLOAT_VARIANTS + tuple(METHOD_VARIANT.values())
+
+
+def component_file_name(component: str) -> str:
+    """The default file of a component (artifact.json may name another)."""
+    return f"{component}.onnx"
+
+
+# ---- artifact.json ---------------------------------------------------------------------------
+
+# Top-level keys a fresh artifact.json has, in the order they are written (convert's document).
+BASE_KEYS = (
+    "schema", "name", "variant", "dims", "audio", "tokens", "components", "files", "source", "fp16",
+    "quantization", "versions", "toolchain", "created_at",
+)  # fmt: skip
+# Written by quantize after the base keys (null when fidelity was not measured).
+QUANTIZED_KEYS = ("fidelity",)
+
+
+@dataclass(kw_only=True)
+class ArtifactMeta:
+    """`artifact.json`, typed. Sections stay JSON objects (their keys are documented in
+    docs/artifact-format.md); component entries are {"file", "precision", "sha256", "bytes", ...}.
+
+    `to_dict()` writes the keys a loaded document had, in its order, then any newly set ones, so a
+    load -> write round trip gives the same bytes; unknown top-level keys are kept in `extra`.
+    """
+
+    schema: str = SCHEMA
+    name: str = "chattts"
+    variant: str
+    dims: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    tokens: dict[str, int] | None = None
+    components: dict[str, dict[str, Any]]
+    files: dict[str, str] | None = None
+    source: dict[str, Any] | None = None
+    fp16: dict[str, Any] | None = None
+    quantization: dict[str, Any] | None = None
+    versions: dict[str, Any] | None = None
+    toolchain: dict[str, Any] | None = None
+    created_at: str | None = None
+    fidelity: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Key order of the loaded document (empty for a fresh one); where: the file, for messages.
+    key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    where: str = field(default=ARTIFACT_JSON, repr=False, compare=False)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike[str]) -> ArtifactMeta:
+        """Read and validate `<folder>/artifact.json`; a missing or broken one is a one-line ForgeError."""
+        folder = Path(folder).expanduser()
+        path = folder / ARTIFACT_JSON
+        if not folder.is_dir():
+            raise ForgeError(f"artifact folder {folder} does not exist")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ForgeError(f"{folder} is not an artifact folder ({ARTIFACT_JSON} is missing)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ForgeError(f"{path} is unreadable: {e}") from None
+        return cls.from_dict(doc, where=str(path))
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = ARTIFACT_JSON) -> ArtifactMeta:
+        """Validate a parsed artifact.json (schema, variant, components; types of the sections)."""
+        if not isinstance(doc, dict):
+            raise ForgeError(f"{where}: not a JSON object")
+        if doc.get("schema") != SCHEMA:
+            raise ForgeError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
+        if not isinstance(doc.get("variant"), str):
+            raise ForgeError(f"{where}: 'variant' is missing or not a string")
+        comps = doc.get("components")
+        if not isinstance(comps, dict) or not all(isinstance(c, dict) for c in comps.values()):
+            raise ForgeError(f"{where}: 'components' is missing or not a mapping of component entries")
+        known = {f.name for f in fields(cls) if f.name not in ("extra", "key_order", "where")}
+        for key in known - {"schema", "name", "variant", "created_at"}:
+            if doc.get(key) is not None and not isinstance(doc[key], dict):
+                raise ForgeError(f"{where}: '{key}' is not a JSON object")
+        values = {k: v for k, v in doc.items() if k in known}
+        extra = {k: v for k, v in doc.items() if k not in known}
+        return cls(**values, extra=extra, key_order=tuple(doc), where=where)
+
+    def component(self, name: str) -> dict[str, Any]:
+        """The artifact.json entry of a component."""
+        info = self.components.get(name)
+        if info is None:
+            raise ForgeError(f"{self.where} lists no component '{name}'")
+        return info
+
+    def has_component(self, name: str) -> bool:
+        return name in self.components
+
+    def component_path(self, folder: str | os.PathLike[str], name: str) -> Path:
+        """Where a component's graph is (it may be missing: see `component_file`)."""
+        return Path(folder) / self.component(name).get("file", component_file_name(name))
+
+    def component_file(self, folder: str | os.PathLike[str], name: str) -> Path:
+        """A component's graph file, which must exist."""
+        path = self.component_path(folder, name)
+        if not path.is_file():
+            raise ForgeError(f"component '{name}' file {path} is missing")
+        return path
+
+    def component_files(self, folder: str | os.PathLike[str], name: str) -> list[Path]:
+        """A component's graph file plus its external-data file, if any."""
+        main = self.component_file(folder, name)
+        data = main.with_name(main.name + EXTERNAL_DATA_SUFFIX)
+        return [main, data] if data.is_file() else [main]
+
+    def precision(self, name: str) -> str | None:
+        return self.component(name).get("precision")
+
+    def support_file(self, key: str) -> str:
+        """The file name of a support file (`SUPPORT_FILES` keys), as recorded or by default."""
+        return (self.files or {}).get(key, SUPPORT_FILES[key])
+
+    def require_dims(self) -> Dims:
+        """The checkpoint dimensions (`dims`), which the runtime needs."""
+        try:
+            return Dims.from_dict(self.dims)  # type: ignore[arg-type]
+        except (KeyError, TypeError, AttributeError, ForgeError) as e:
+            raise ForgeError(f"{self.where}: bad or missing 'dims' ({e})") from None
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (the sections themselves, not copies)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "key_order", "where")}
+        values.update(self.extra)
+        keys = list(self.key_order or BASE_KEYS)
+        wanted = [k for k in values if values[k] is not None or k in self.extra]
+        if self.quantization is not None:
+            wanted += QUANTIZED_KEYS
+        keys += [k for k in dict.fromkeys(wanted) if k not in keys]
+        return {k: values.get(k) for k in keys}
+
+    def write(self, folder: str | os.PathLike[str]) -> Path:
+        """Write `<folder>/artifact.json` atomically (temp file + rename); returns its path."""
+        path = Path(folder) / ARTIFACT_JSON
+        atomic_write_json(path, self.to_dict())
+        return path
+
+
+# ---- hashing an artifact's files -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative, '/'-separated
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+
+
+def list_files(root: str | os.PathLike[str]) -> list[str]:
+    """Every regular file under root as sorted relative posix paths; symlinks and odd files refused."""
+    root = Path(root)
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                raise ForgeError(f"{p}: symbolic links are not allowed in an artifact")
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_file():
+                raise ForgeError(f"{p}: not a regular file")
+            out.append(p.relative_to(root).as_posix())
+    return sorted(out)
+
+
+def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
+    """Hash every file of a folder, recursively: {relative path: FileEntry}.
+
+    The one definition of "an artifact's files": evaluate records it in its report, publish checks
+    the report against it and copies exactly these files.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ForgeError(f"{root} is not a folder")
+    return {
+        rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
+    }

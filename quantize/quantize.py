@@ -1,0 +1,495 @@
+"""`quantize_artifact`: the quantize stage as small steps, each with one job.
+
+1. `check_request`: the method, the FP32 source, the output folder and the fidelity targets.
+2. `open_calibration`: static only, the calibration store, checked against the source GPT.
+3. `SourceGraphs.prepare`: the graphs to quantize, linked into a scratch folder (static: pre-processed).
+4. `GraphQuantizer`: runs the method's onnxruntime quantizer on the GPT and the code head, and
+   remembers per graph its options record and the nodes kept in FP32.
+5. `quantize_and_measure`: quantizes once (and rebuilds the fused fast GPT) or runs the
+   accuracy-driven fallback loop, measuring fidelity against the FP32 source.
+6. `finish_meta`: the quantized artifact.json, written once at the end through `ArtifactMeta`.
+
+The record layout is documented in `chattts_forge.quantize` (the package docstring).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.artifact import (
+    ARTIFACT_JSON,
+    FAST_GPT,
+    FAST_GPT_FILE,
+    METHOD_PRECISION,
+    METHOD_VARIANT,
+    QUANTIZE_METHODS,
+    VOCODER,
+    ArtifactMeta,
+)
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path, sha256_file
+from chattts_forge.log import get_logger
+from chattts_forge.quantize.artifact import (
+    component_record,
+    copy_metadata_props,
+    copy_unchanged,
+    graph_summary,
+    require_fp32_source,
+)
+from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
+from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
+
+log = get_logger(__name__)
+
+NOT_QUANTIZED = {
+    "embed": "fp32 (Gather lookups; no integer kernel gain)",
+    "head_text": "fp32 (text head: only used by text refinement)",
+    "decoder": "fp32 (convolutions: dynamic ConvInteger is a slow onnxruntime CPU path)",
+    "dvae": "fp32 (convolutions)",
+    "vocos": "fp32, copied byte for byte",
+}
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """How the graphs are quantized (the CLI's options, checked)."""
+
+    method: str
+    per_channel: bool
+    calibrate_method: str = "minmax"
+    symmetric_activations: bool = False
+    activation_type: str = "uint8"
+    exclude: tuple[str, ...] = ()
+    block_size: int = 128
+    accuracy_level: int = 4
+    quantize_head: bool = True
+    seed: int = 0
+
+    @property
+    def components(self) -> list[str]:
+        """The graphs quantized: the GPT, and the code head unless --no-head."""
+        return ["gpt"] + (["head_code"] if self.quantize_head else [])
+
+    @property
+    def precision(self) -> str:
+        return METHOD_PRECISION[self.method]
+
+    @property
+    def variant(self) -> str:
+        return METHOD_VARIANT[self.method]
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """How fidelity against the FP32 source is measured, and the fallback's targets."""
+
+    enabled: bool = True
+    corpus: str = "builtin:evaluation"
+    sentences: int = 8
+    steps: int = 48
+    seed: int = 0
+    threads: int | None = None
+    progress: bool | None = None
+    targets: Targets = field(default_factory=lambda: Targets(None, None, None))
+    step_nodes: int | None = None
+
+
+# ---- 1. the request ----------------------------------------------------------------------------
+
+
+def check_request(src: Path, out: Path, method: str, targets: Targets) -> ArtifactMeta:
+    """The FP32 source's artifact.json, once method, folders and targets are known to be usable."""
+    if method not in QUANTIZE_METHODS:
+        raise ForgeError(f"unknown method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    meta = ArtifactMeta.load(src)
+    require_fp32_source(meta, src)
+    if out.resolve() == src.resolve():
+        raise ForgeError("--out must differ from --artifact (the FP32 source is never modified)")
+    check_method(method, targets)
+    for name, value in (("min-agreement", targets.min_agreement), ("min-cosine", targets.min_cosine)):
+        if value is not None and not (0.0 <= value <= 1.0):
+            raise ForgeError(f"--{name} must lie in [0, 1], got {value}")
+    return meta
+
+
+# ---- 2. calibration ----------------------------------------------------------------------------
+
+
+def open_calibration(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | None, src: Path,
+                     meta: ArtifactMeta) -> Any:
+    """The `CalibrationStore` static quantization reads (None for the other methods)."""
+    if cfg.method != "static":
+        if calibration is not None:
+            log.info("--calibration is only used by --method static; ignoring it for %s", cfg.method)
+        return None
+    if calibration is None:
+        raise ForgeError("--method static needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
+    from chattts_forge.calibration_data.store import CalibrationStore
+
+    store = CalibrationStore(calibration)
+    recorded = (store.manifest.get("artifact") or {}).get("gpt_sha256")
+    current = meta.component("gpt").get("sha256") or sha256_file(meta.component_file(src, "gpt"))
+    if recorded and current and recorded != current:
+        raise ForgeError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
+    if cfg.quantize_head and store.count("head_code") == 0:
+        raise ForgeError(f"calibration {calibration} has no head_code samples; re-run calibrate or use --no-head")
+    return store
+
+
+# ---- 3. the source graphs ----------------------------------------------------------------------
+
+
+@dataclass
+class SourceGraphs:
+    """The FP32 graphs of the source and the graphs each component is quantized from."""
+
+    files: dict[str, Path]  # component -> its FP32 graph in the source artifact
+    base: dict[str, Path]  # component -> the graph handed to the quantizer (in the scratch folder)
+    preprocess: dict[str, dict[str, Any]]  # static: what quant_pre_process did, per component
+
+    @classmethod
+    def prepare(cls, src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, work: Path) -> SourceGraphs:
+        """Link the source graphs into `work` (static: pre-process them once).
+
+        onnxruntime's quantizers write temporary "-inferred" models next to their input, and the
+        source artifact must stay untouched (it may be read-only), hence the scratch folder.
+        """
+        files = {c: meta.component_file(src, c) for c in ("gpt", "head_code")}
+        base = {}
+        for c, path in files.items():
+            base[c] = work / path.name
+            for f in meta.component_files(src, c):  # the graph and its external data, if any
+                os.symlink(f.resolve(), work / f.name)
+        pre: dict[str, dict[str, Any]] = {}
+        if cfg.method == "static":
+            from chattts_forge.quantize.static import preprocess
+
+            for c in cfg.components:
+                base[c] = work / f"{c}.pre.onnx"
+                pre[c] = preprocess(files[c], base[c])
+        return cls(files, base, pre)
+
+
+def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str]:
+    """Source files not copied as they are: the graphs quantized and any fused fast GPT graph.
+
+    The fast graph of the source (runtime.fast_gpt_graph) is FP32, and the runtime would prefer it over
+    the quantized gpt.onnx; dynamic/int4 rebuild it quantized (`rebuild_fast_gpt`).
+    """
+    names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
+    return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)}
+
+
+# ---- 4. quantizing the graphs ------------------------------------------------------------------
+
+
+class GraphQuantizer:
+    """Writes the quantized GPT (and code head) into the output folder; keeps, per component, the
+    quantizer's options record and the nodes it left in FP32 (both go into artifact.json)."""
+
+    def __init__(self, cfg: QuantizeConfig, graphs: SourceGraphs, out_dir: Path, work: Path, store: Any) -> None:
+        from chattts_forge.quantize.static import resolve_excludes
+
+        self.cfg, self.graphs, self.out_dir, self.work, self.store = cfg, graphs, out_dir, work, store
+        self.user_nodes = {c: resolve_excludes(graphs.base[c], list(cfg.exclude)) for c in cfg.components}
+        self.options: dict[str, dict[str, Any]] = {}
+        self.excluded_nodes: dict[str, list[str]] = {}
+
+    def output(self, component: str) -> Path:
+        return self.out_dir / self.graphs.files[component].name
+
+    def quantize_graph(self, c: str, nodes: list[str]) -> None:
+        """Quantize component `c` with the method, keeping `nodes` in FP32."""
+        cfg, base, dst = self.cfg, self.graphs.base[c], self.output(c)
+        if cfg.method == "dynamic":
+            from chattts_forge.quantize.dynamic import quantize_dynamic_graph
+
+            self.options[c] = quantize_dynamic_graph(base, dst, per_channel=cfg.per_channel, exclude_nodes=nodes)
+        elif cfg.method == "static":
+            from chattts_forge.quantize.static import quantize_static_graph
+
+            self.options[c] = quantize_static_graph(
+                self.graphs.files[c], dst, self.store, c, calibrate_method=cfg.calibrate_method,
+                per_channel=cfg.per_channel, symmetric_activations=cfg.symmetric_activations,
+                activation_type=cfg.activation_type, exclude_nodes=nodes,
+                cache_path=self.work / f"{c}.calib-cache.json", preprocessed=base,
+            )
+            self.options[c].update(self.graphs.preprocess[c])
+        else:
+            from chattts_forge.quantize.int4 import quantize_int4_graph
+
+            self.options[c] = quantize_int4_graph(base, dst, block_size=cfg.block_size,
+                                                  accuracy_level=cfg.accuracy_level, exclude_nodes=nodes)
+        copy_metadata_props(self.graphs.files[c], dst, cfg.precision)
+        self.excluded_nodes[c] = nodes
+
+    def __call__(self, excluded_tensors: list[str], keep_head_fp32: bool) -> None:
+        """Quantize every component, keeping the producers of `excluded_tensors` (and, if asked, the
+        whole code head) in FP32: the fallback loop's callback."""
+        nodes = sorted(set(self.user_nodes["gpt"]) | set(producers_of(self.graphs.base["gpt"], excluded_tensors)))
+        self.quantize_graph("gpt", nodes)
+        if "head_code" not in self.cfg.components:
+            return
+        if keep_head_fp32:
+            shutil.copyfile(self.graphs.files["head_code"], self.output("head_code"))
+            self.options["head_code"] = {"kept": "fp32 (fallback)"}
+            self.excluded_nodes["head_code"] = ["<whole graph>"]
+        else:
+            self.quantize_graph("head_code", self.user_nodes["head_code"])
+
+
+def rebuild_fast_gpt(src: Path, out_dir: Path, cfg: QuantizeConfig, qmeta: ArtifactMeta) -> str:
+    """Quantized `gpt_fast.onnx` for dynamic/int4 (same onnxruntime quantizers), dropped for static;
+    returns the note artifact.json records."""
+    if cfg.method == "static":
+        return "dropped: no QDQ fast graph (its inputs differ from the calibrated plain graph); runtime uses gpt.onnx"
+    from chattts_forge.quantize.fast_gpt import optimize_gpt
+
+    try:
+        record = optimize_gpt(src, out_dir / FAST_GPT_FILE, quantize=cfg.method, weights_from=src,
+                              block_size=cfg.block_size, accuracy_level=cfg.accuracy_level,
+                              per_channel=cfg.per_channel)
+    except ForgeError as e:
+        log.warning("could not rebuild the fast GPT graph quantized (%s); the artifact uses gpt.onnx", e)
+        return f"dropped: rebuild failed ({e})"
+    qmeta.components[FAST_GPT] = record
+    # Recorded in artifact.json: the wording predates the builder's move out of convert and is kept
+    # so that published artifacts stay byte-identical.
+    return f"rebuilt with convert.optimize.optimize_gpt(quantize='{cfg.method}') from the FP32 weights"
+
+
+# ---- 5. quantize, measure, fall back -----------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What `quantize_and_measure` found: fidelity, the fallback record, the fast-GPT note."""
+
+    fidelity: dict[str, Any] | None = None
+    fallback: dict[str, Any] | None = None
+    fast_gpt_note: str | None = None
+
+
+def record_fp32_runs(src: Path, fid: FidelityConfig) -> list[Trajectory] | None:
+    """The FP32 trajectories fidelity replays (None when neither fidelity nor a target is asked)."""
+    if not (fid.enabled or fid.targets.any()):
+        return None
+    log.info("fidelity: running the FP32 artifact on %s (%d sentences)", fid.corpus, fid.sentences)
+    from chattts_forge.calibration_data.corpus import load_corpus
+
+    return record_trajectories(src, load_corpus(fid.corpus), fid.sentences, fid.steps, fid.seed, fid.threads,
+                               progress=fid.progress)
+
+
+def quantize_and_measure(quantizer: GraphQuantizer, src: Path, out_dir: Path, qmeta: ArtifactMeta,
+                         fid: FidelityConfig, has_fast: bool) -> Outcome:
+    """Quantize (with the fallback loop when targets are set) and measure fidelity on `qmeta`,
+    the output's artifact.json as it will be written (fidelity reads it in memory)."""
+    trajs = record_fp32_runs(src, fid)
+
+    def measure(keep_all: bool = False) -> dict[str, Any]:
+        return measure_fidelity(src, out_dir, fid.corpus, max_sentences=fid.sentences, max_new_token=fid.steps,
+                                seed=fid.seed, threads=fid.threads, trajectories=trajs,
+                                keep_all_tensors=keep_all, quant_meta=qmeta)
+
+    outcome = Outcome()
+    if fid.targets.any():
+        if has_fast:
+            outcome.fast_gpt_note = "dropped: fallback exclusions apply to gpt.onnx only; the runtime uses gpt.onnx"
+        bench = next((s for t in trajs or [] for s in t.full_samples[1:]), None)
+        outcome.fallback = run_fallback(quantizer, lambda: measure(True), quantizer.output("gpt"), bench,
+                                        fid.targets, head_quantized="head_code" in quantizer.cfg.components,
+                                        step_nodes=fid.step_nodes)
+        outcome.fidelity = outcome.fallback.pop("final_fidelity")
+    else:
+        quantizer([], False)
+        if has_fast:  # before measuring: fidelity also replays the fast graph the runtime prefers
+            outcome.fast_gpt_note = rebuild_fast_gpt(src, out_dir, quantizer.cfg, qmeta)
+        if fid.enabled:
+            outcome.fidelity = measure()
+    if outcome.fidelity is not None and "per_tensor" in outcome.fidelity:
+        outcome.fidelity["per_tensor"].pop("all_local", None)
+    return outcome
+
+
+# ---- 6. artifact.json --------------------------------------------------------------------------
+
+
+def start_meta(meta: ArtifactMeta, src: Path, out: Path) -> ArtifactMeta:
+    """The output's artifact.json before quantizing: the source's, without its fast GPT graph."""
+    qmeta = copy.deepcopy(meta)
+    qmeta.components.pop(FAST_GPT, None)
+    if (qmeta.source or {}).get("asset_dir"):  # recorded relative to the FP32 folder: rebase
+        qmeta.source["asset_dir"] = portable_path(recorded_path(meta.source["asset_dir"], src), out)
+    return qmeta
+
+
+def per_op_precision(summary: dict[str, Any], method: str) -> dict[str, str]:
+    """Which op types ended up in which precision in one quantized graph."""
+    out: dict[str, str] = {}
+    q = summary["quantized_ops"]
+    if "MatMulNBits" in q:
+        out["MatMulNBits"] = "int4 weights, int8 compute (accuracy_level 4)" if method == "int4" else "int4"
+    if "MatMulInteger" in q:
+        out["MatMulInteger"] = "int8 weights x uint8 activations (dynamic)"
+    if "QuantizeLinear" in q or "DequantizeLinear" in q:
+        out["QDQ MatMul"] = "int8 weights, calibrated activations (QDQ, fused by onnxruntime)"
+    left = summary["float_ops_left"]
+    if left:
+        out.update({f"{k} (remaining {v})": "fp32" for k, v in left.items()})
+    return out
+
+
+def check_vocoder_copied(src: Path, out_dir: Path, meta: ArtifactMeta) -> bool | None:
+    """The vocoder is copied byte for byte (None when the artifact has none)."""
+    if not meta.has_component(VOCODER):
+        return None
+    a = meta.component_file(src, VOCODER)
+    if sha256_file(a) != sha256_file(out_dir / a.name):
+        raise ForgeError("internal error: vocos.onnx changed while copying")
+    return True
+
+
+def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, out_dir: Path,
+                quantizer: GraphQuantizer, store: Any, outcome: Outcome, copied: list[str]) -> None:
+    """Fill the output's artifact.json: component records, `quantization`, `fidelity`, stamps.
+
+    `out` is the final folder (recorded paths are relative to it), `out_dir` the temporary one
+    being written.
+    """
+    from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
+
+    cfg = quantizer.cfg
+    summaries = {}
+    for c in cfg.components:
+        path = quantizer.output(c)
+        precision = "fp32" if quantizer.options[c].get("kept") else cfg.precision
+        qmeta.components[c] = component_record(path, meta.components[c], precision)
+        summaries[c] = graph_summary(path)
+    vocos_equal = check_vocoder_copied(src, out_dir, meta)
+    fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
+    gpt_bytes = quantizer.output("gpt").stat().st_size
+    excluded_nodes = quantizer.excluded_nodes
+    qmeta.variant = cfg.variant
+    qmeta.quantization = {
+        "method": cfg.method,
+        "variant": cfg.variant,
+        "tool": "onnxruntime.quantization",
+        "source_artifact": {
+            "path": portable_path(src, out),
+            "variant": meta.variant,
+            "artifact_json_sha256": sha256_file(src / ARTIFACT_JSON),
+            "gpt_sha256": meta.components["gpt"].get("sha256"),
+        },
+        "options": {
+            "per_channel": cfg.per_channel,
+            "calibrate_method": cfg.calibrate_method if cfg.method == "static" else None,
+            "activation_type": cfg.activation_type if cfg.method == "static" else None,
+            "symmetric_activations": cfg.symmetric_activations if cfg.method == "static" else None,
+            "block_size": cfg.block_size if cfg.method == "int4" else None,
+            "accuracy_level": cfg.accuracy_level if cfg.method == "int4" else None,
+            "quantize_head": cfg.quantize_head,
+            "exclude_patterns": list(cfg.exclude),
+            "seed": cfg.seed,
+        },
+        "components": {
+            c: {**quantizer.options[c], "excluded_nodes": excluded_nodes.get(c, []), "ops": summaries[c],
+                "per_op_precision": per_op_precision(summaries[c], cfg.method)}
+            for c in cfg.components
+        },
+        "not_quantized": {k: v for k, v in NOT_QUANTIZED.items() if k in meta.components}
+        | ({} if cfg.quantize_head else {"head_code": "fp32 (--no-head)"}),
+        "gpt_fast": outcome.fast_gpt_note,
+        # Top-level copies for quantize.fast_gpt.optimize_artifact(quantize="auto").
+        "per_channel": cfg.per_channel,
+        "block_size": cfg.block_size if cfg.method == "int4" else None,
+        "accuracy_level": cfg.accuracy_level if cfg.method == "int4" else None,
+        "excluded_nodes": sorted({n for v in excluded_nodes.values() for n in v}),
+        "calibration": store.describe(relative_to=out) if store else None,
+        "fallback": outcome.fallback,
+        "sizes": {
+            "gpt_fp32_bytes": fp32_gpt_bytes,
+            "gpt_bytes": gpt_bytes,
+            "gpt_ratio": round(gpt_bytes / fp32_gpt_bytes, 4),
+        },
+        "vocos_sha256_equal": vocos_equal,
+        "copied_files": copied,
+    }
+    fid = outcome.fidelity
+    if fid is not None and fid.get("reference"):
+        fid["reference"] = portable_path(fid["reference"], out)
+    qmeta.fidelity = fid
+    qmeta.versions = library_versions()
+    qmeta.toolchain = toolchain_info()
+    qmeta.created_at = build_timestamp()
+
+
+# ---- the stage ---------------------------------------------------------------------------------
+
+
+def quantize_artifact(
+    artifact_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    method: str,
+    *,
+    calibration: str | os.PathLike[str] | None = None,
+    per_channel: bool | None = None,
+    calibrate_method: str = "minmax",
+    symmetric_activations: bool = False,
+    activation_type: str = "uint8",
+    exclude: tuple[str, ...] | list[str] = (),
+    block_size: int = 128,
+    accuracy_level: int = 4,
+    quantize_head: bool = True,
+    min_agreement: float | None = None,
+    min_cosine: float | None = None,
+    max_kl: float | None = None,
+    step_nodes: int | None = None,
+    fidelity: bool = True,
+    fidelity_corpus: str = "builtin:evaluation",
+    fidelity_sentences: int = 8,
+    fidelity_steps: int = 48,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Path:
+    """Write a quantized copy of the FP32 artifact at `artifact_dir` to `out_dir` (see `chattts_forge.quantize`)."""
+    src, out = Path(artifact_dir), Path(out_dir)
+    targets = Targets(min_agreement, min_cosine, max_kl)
+    meta = check_request(src, out, method, targets)
+    cfg = QuantizeConfig(
+        method=method,
+        per_channel=method == "static" if per_channel is None else per_channel,  # dynamic: per tensor measured faster (18 vs 23 ms)
+        calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
+        activation_type=activation_type, exclude=tuple(exclude), block_size=block_size,
+        accuracy_level=accuracy_level, quantize_head=quantize_head, seed=seed,
+    )
+    fid = FidelityConfig(enabled=fidelity, corpus=fidelity_corpus, sentences=fidelity_sentences,
+                         steps=fidelity_steps, seed=seed, threads=threads, progress=progress,
+                         targets=targets, step_nodes=step_nodes)
+    store = open_calibration(cfg, calibration, src, meta)
+    skip = files_to_skip(src, meta, cfg)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="forge-quant-") as work_s, atomic_output_dir(out) as tmp:
+        work = Path(work_s)
+        copied = copy_unchanged(src, tmp, skip)
+        qmeta = start_meta(meta, src, out)
+        quantizer = GraphQuantizer(cfg, SourceGraphs.prepare(src, meta, cfg, work), tmp, work, store)
+        outcome = quantize_and_measure(quantizer, src, tmp, qmeta, fid, meta.has_component(FAST_GPT))
+        finish_meta(qmeta, meta, src, out, tmp, quantizer, store, outcome, copied)
+        qmeta.write(tmp)
+    sizes = qmeta.quantization["sizes"]
+    log.info("%s artifact written to %s in %.0f s (gpt %.1f MB = %.0f%% of FP32)", cfg.variant, out,
+             time.time() - started, sizes["gpt_bytes"] / 1e6, 100 * sizes["gpt_bytes"] / sizes["gpt_fp32_bytes"])
+    if outcome.fidelity is not None:
+        log.info("fidelity vs FP32: %s", summary_line(outcome.fidelity))
+    if outcome.fallback is not None:
+        log.info("fallback: %s", outcome.fallback["message"])
+    return out
