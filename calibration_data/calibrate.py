@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -42,14 +43,13 @@ from chattts_forge.versions import build_timestamp, library_versions, toolchain_
 log = get_logger(__name__)
 
 
-def _artifact_identity(artifact_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    gpt = meta.get("components", {}).get("gpt", {})
-    gpt_file = artifact_dir / gpt.get("file", "gpt.onnx")
+def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta) -> dict[str, Any]:
+    gpt_file = meta.component_path(artifact_dir, "gpt")
     return {
         "path": str(artifact_dir.resolve()),
-        "variant": meta.get("variant"),
-        "gpt_sha256": gpt.get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
-        "source": meta.get("source"),
+        "variant": meta.variant,
+        "gpt_sha256": meta.component("gpt").get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
+        "source": meta.source,
     }
 
 
@@ -84,7 +84,7 @@ def calibrate(
     sentences = [corp.sentences[i] for i in sorted(order.tolist())]
     pipe = new_pipeline(artifact_dir, threads)
     meta = pipe.artifact.meta
-    if meta.get("quantization") or meta.get("components", {}).get("gpt", {}).get("precision", "fp32") != "fp32":
+    if meta.quantization or meta.component("gpt").get("precision", "fp32") != "fp32":
         raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
     budget = int(disk_budget_mb * (1 << 20))
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 
-FAST_GPT_COMPONENT = "gpt_fast"
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
 MASK_BIAS = np.float32(np.finfo(np.float32).min)
 _CAPACITY_QUANTUM = 256
@@ -76,7 +76,7 @@ class FastGptStep:
         """Open the artifact's `gpt_fast` component (a `runtime.session.Artifact`)."""
         dims = artifact.dims
         return cls(
-            artifact.session(FAST_GPT_COMPONENT),
+            artifact.session(FAST_GPT),
             dims.num_hidden_layers,
             dims.num_key_value_heads,
             dims.head_dim,

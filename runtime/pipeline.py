@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -59,7 +60,6 @@ log = get_logger(__name__)
 # On CUDA `auto` takes the plain graph with the cache kept on the device (runtime.device_gpt): the
 # fused graph's GroupQueryAttention has no float32 CUDA kernel.
 ENGINES = ("auto", "fast", "plain")
-FAST_GPT_COMPONENT = "gpt_fast"
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
 _DVAE_KERNEL = 7
 _DVAE_DILATION = 2
@@ -182,12 +182,12 @@ def check_engine(engine: str) -> None:
 def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
     """The GPT engine ("fast" or "plain") the runtime runs for `engine` (one of ENGINES) on `artifact`."""
     check_engine(engine)
-    if engine == "fast" and not artifact.has_component(FAST_GPT_COMPONENT):
-        raise ForgeError(f"artifact {artifact.path} has no {FAST_GPT_COMPONENT} component (engine 'fast')")
+    if engine == "fast" and not artifact.has_component(FAST_GPT):
+        raise ForgeError(f"artifact {artifact.path} has no {FAST_GPT} component (engine 'fast')")
     if engine == "fast":
         return "fast"
     on_cpu = artifact.provider == "cpu"
-    return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT_COMPONENT) else "plain"
+    return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT) else "plain"
 
 
 def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
