@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 
 from chattts_forge import __version__
+from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_json, portable_path, sha256_file
+from chattts_forge.fsutil import portable_path, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
-
-SCHEMA = "chattts-forge/artifact/1"
 
 # Special tokens recorded for the runtime (ChatTTS's tokenizer and Speaker use them).
 SPECIAL_TOKENS = {
@@ -88,23 +87,18 @@ def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, 
     """tokenizer.json, speaker_stats.npy, dvae_coef.json, homophones_map.json; returns the `files` map."""
     import ChatTTS
 
-    shutil.copyfile(asset_dir / "tokenizer" / "tokenizer.json", out_dir / "tokenizer.json")
+    shutil.copyfile(asset_dir / "tokenizer" / "tokenizer.json", out_dir / SUPPORT_FILES["tokenizer"])
     std = chat.speaker.std.detach().cpu().numpy().astype(np.float16)
     mean = chat.speaker.mean.detach().cpu().numpy().astype(np.float16)
-    np.save(out_dir / "speaker_stats.npy", np.stack([std, mean]))
+    np.save(out_dir / SUPPORT_FILES["speaker_stats"], np.stack([std, mean]))
     coef = {
         "decoder": [float(x) for x in chat.decoder.coef.detach().cpu().numpy().reshape(-1)],
         "dvae": [float(x) for x in chat.dvae.coef.detach().cpu().numpy().reshape(-1)],
     }
-    (out_dir / "dvae_coef.json").write_text(json.dumps(coef) + "\n", encoding="utf-8")
+    (out_dir / SUPPORT_FILES["dvae_coef"]).write_text(json.dumps(coef) + "\n", encoding="utf-8")
     homophones = Path(ChatTTS.__file__).parent / "res" / "homophones_map.json"
-    shutil.copyfile(homophones, out_dir / "homophones_map.json")
-    return {
-        "tokenizer": "tokenizer.json",
-        "speaker_stats": "speaker_stats.npy",
-        "homophones": "homophones_map.json",
-        "dvae_coef": "dvae_coef.json",
-    }
+    shutil.copyfile(homophones, out_dir / SUPPORT_FILES["homophones"])
+    return dict(SUPPORT_FILES)
 
 
 def write_artifact_json(
@@ -117,27 +111,26 @@ def write_artifact_json(
     files: dict[str, str],
     source: dict[str, Any],
     fp16: dict[str, Any] | None,
-) -> dict[str, Any]:
-    doc = {
-        "schema": SCHEMA,
-        "name": "chattts",
-        "variant": variant,
-        "dims": dims.to_dict(),
-        "audio": {
+) -> ArtifactMeta:
+    meta = ArtifactMeta(
+        name="chattts",
+        variant=variant,
+        dims=dims.to_dict(),
+        audio={
             "sample_rate": dims.sample_rate,
             "hop_length": dims.hop_length,
             "n_mels": dims.n_mels,
             "num_vq": dims.num_vq,
         },
-        "tokens": tokens,
-        "components": components,
-        "files": files,
-        "source": source,
-        "fp16": fp16,
-        "quantization": None,
-        "versions": library_versions(),
-        "toolchain": toolchain_info(),
-        "created_at": build_timestamp(),
-    }
-    atomic_write_json(out_dir / "artifact.json", doc)
-    return doc
+        tokens=tokens,
+        components=components,
+        files=files,
+        source=source,
+        fp16=fp16,
+        quantization=None,
+        versions=library_versions(),
+        toolchain=toolchain_info(),
+        created_at=build_timestamp(),
+    )
+    meta.write(out_dir)
+    return meta

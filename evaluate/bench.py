@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.latency import peak_rss_bytes
 from chattts_forge.log import get_logger, quiet_logger
@@ -433,13 +434,11 @@ def _goals(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _default_checkpoint(artifact: Path) -> Path | None:
-    import json
-
     try:
-        meta = json.loads((artifact / "artifact.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = ArtifactMeta.load(artifact)
+    except ForgeError:
         return None
-    src = (meta.get("source") or {}).get("asset_dir")
+    src = (meta.source or {}).get("asset_dir")
     if not src:
         return None
     from chattts_forge.fsutil import recorded_path
@@ -478,8 +477,7 @@ def run_bench(
     from chattts_forge.versions import library_versions, toolchain_info
 
     art = Path(artifact).expanduser()
-    if not (art / "artifact.json").is_file():
-        raise ForgeError(f"{art} is not an artifact folder (no artifact.json)")
+    ArtifactMeta.load(art)  # a folder that is not an artifact fails here, before anything is timed
     if baseline not in (None, "none", "pytorch"):
         raise ForgeError(f"unknown baseline '{baseline}' (pytorch or none)")
     if baseline == "none":
@@ -572,9 +570,9 @@ def run_bench(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "artifact": {
             "path": str(art),
-            "variant": meta.get("variant"),
+            "variant": meta.variant,
             "gpt_engine": onnx_engine.gpt_engine,
-            "gpt_precision": ((meta.get("components") or {}).get("gpt_fast" if onnx_engine.gpt_engine == "fast" else "gpt") or {}).get("precision"),
+            "gpt_precision": meta.components.get(FAST_GPT if onnx_engine.gpt_engine == "fast" else "gpt", {}).get("precision"),
         },
         "baseline": None if ckpt is None else {"kind": "pytorch", "engine": "ChatTTS Chat (PyTorch FP32)", "checkpoint": str(ckpt)},
         "settings": {

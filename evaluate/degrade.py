@@ -83,14 +83,14 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
     scaled; artifact.json's per-component sha256/bytes are updated so the copy is a consistent
     (but badly built) artifact, which only the quality gate can catch. Returns the damaged files.
     """
-    import json
     import shutil
 
     import onnx
     from onnx import numpy_helper
 
+    from chattts_forge.artifact import ArtifactMeta
     from chattts_forge.errors import ForgeError
-    from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
+    from chattts_forge.fsutil import atomic_output_dir, sha256_file
 
     src, out = Path(src_dir), Path(out_dir)
     damaged: list[str] = []
@@ -118,12 +118,11 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
                 damaged.append(path.name)
         if not damaged:
             raise ForgeError(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
-        meta_path = tmp / "artifact.json"
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        for comp in (meta.get("components") or {}).values():
-            if isinstance(comp, dict) and comp.get("file") in damaged:
+        meta = ArtifactMeta.load(tmp)
+        for comp in meta.components.values():
+            if comp.get("file") in damaged:
                 comp["sha256"] = sha256_file(tmp / comp["file"])
                 comp["bytes"] = (tmp / comp["file"]).stat().st_size
-        meta["variant"] = f"{meta.get('variant', 'quantized')}-damaged-x{factor:g}"
-        atomic_write_json(meta_path, meta)
+        meta.variant = f"{meta.variant}-damaged-x{factor:g}"
+        meta.write(tmp)
     return damaged

@@ -31,7 +31,6 @@ live in `report_schema`; `report.write_reports` writes it with its Markdown and 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import datetime, timezone
@@ -40,11 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
-from chattts_forge.fsutil import recorded_path, sha256_file
+from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
@@ -66,46 +66,30 @@ SYNTHETIC_NOTE = (
 
 def describe_artifact(path: Path) -> dict[str, Any]:
     """Identity of an artifact folder: every file's sha256/bytes and its artifact.json summary."""
-    meta_path = path / "artifact.json"
-    if not meta_path.is_file():
-        raise ForgeError(f"{path} is not an artifact folder (no artifact.json)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ForgeError(f"{meta_path} is not valid JSON: {e}") from None
-    files = {
-        f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-        for f in sorted(path.iterdir())
-        if f.is_file() and not f.name.startswith(".")
-    }
+    meta = ArtifactMeta.load(path)
+    files = {rel: {"sha256": e.sha256, "bytes": e.bytes} for rel, e in hash_tree(path).items()}
     mismatches = []
-    for name, comp in (meta.get("components") or {}).items():
-        if not isinstance(comp, dict) or not comp.get("file"):
+    for name, comp in meta.components.items():
+        if not comp.get("file"):
             continue
         actual = files.get(comp["file"])
         if actual is None:
             mismatches.append(f"{name}: {comp['file']} missing")
         elif comp.get("sha256") and comp["sha256"] != actual["sha256"]:
-            mismatches.append(f"{name}: {comp['file']} sha256 differs from artifact.json")
-    source = dict(meta.get("source") or {})
+            mismatches.append(f"{name}: {comp['file']} sha256 differs from {ARTIFACT_JSON}")
+    source = dict(meta.source or {})
     if source.get("asset_dir"):  # recorded relative to the artifact folder
         source["asset_dir"] = str(recorded_path(source["asset_dir"], path))
     return {
         "dir": str(path.resolve()),
-        "name": meta.get("name"),
-        "variant": meta.get("variant"),
+        "name": meta.name,
+        "variant": meta.variant,
         "files": files,
         "bytes_total": sum(f["bytes"] for f in files.values()),
         "manifest_mismatches": mismatches,
         "source": {k: source.get(k) for k in ("kind", "preset", "seed", "asset_dir") if k in source},
-        "precisions": {
-            name: comp.get("precision")
-            for name, comp in (meta.get("components") or {}).items()
-            if isinstance(comp, dict)
-        },
-        "quantization_method": (meta.get("quantization") or {}).get("method")
-        if isinstance(meta.get("quantization"), dict)
-        else None,
+        "precisions": {name: comp.get("precision") for name, comp in meta.components.items()},
+        "quantization_method": (meta.quantization or {}).get("method"),
     }
 
 

@@ -16,14 +16,13 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chattts_forge import __version__
+from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta, FileEntry
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
-from chattts_forge.fsutil import sha256_file
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
 MANIFEST_NAME = "manifest.json"
@@ -32,7 +31,6 @@ CARD_NAME = "README.md"
 REPORT_COPY_NAME = REPORT_NAME
 # Names publish adds to a variant folder; an artifact carrying one of them is refused.
 RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME})
-ARTIFACT_META = "artifact.json"
 
 LICENSES: dict[str, dict[str, str]] = {
     "chattts_code": {
@@ -65,92 +63,39 @@ def check_safe_name(kind: str, name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative, '/'-separated
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
-
-
-def list_files(root: Path) -> list[str]:
-    """Every regular file under root as sorted relative posix paths; symlinks and odd files refused."""
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                raise ForgeError(f"{p}: symbolic links are not allowed in an artifact")
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_file():
-                raise ForgeError(f"{p}: not a regular file")
-            out.append(p.relative_to(root).as_posix())
-    return sorted(out)
-
-
-def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
-    """Re-hash every file of a folder: {relative path: FileEntry}."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ForgeError(f"{root} is not a folder")
-    return {
-        rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
-    }
-
-
-def load_artifact_meta(artifact_dir: Path) -> dict[str, Any]:
-    path = artifact_dir / ARTIFACT_META
-    if not path.is_file():
-        raise ForgeError(f"{artifact_dir} is not an artifact folder: {ARTIFACT_META} is missing")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("components"), dict):
-        raise ForgeError(f"{path}: has no 'components' section")
-    return meta
-
-
-def component_precisions(meta: dict[str, Any]) -> dict[str, str]:
+def component_precisions(meta: ArtifactMeta) -> dict[str, str]:
     """{component: precision}; the vocoder must be FP32 (the artifact contract)."""
     out: dict[str, str] = {}
-    for name, comp in sorted(meta["components"].items()):
-        precision = comp.get("precision") if isinstance(comp, dict) else None
+    for name, comp in sorted(meta.components.items()):
+        precision = comp.get("precision")
         if not isinstance(precision, str):
-            raise ForgeError(f"{ARTIFACT_META}: component {name!r} has no precision")
+            raise ForgeError(f"{ARTIFACT_JSON}: component {name!r} has no precision")
         out[name] = precision
-    vocoders = [n for n in out if n.startswith("vocos")]
+    vocoders = [n for n in out if n.startswith(VOCODER)]
     if not vocoders:
-        raise ForgeError(f"{ARTIFACT_META}: no vocos component")
+        raise ForgeError(f"{ARTIFACT_JSON}: no vocos component")
     for name in vocoders:
         if out[name].lower() not in {"fp32", "float32"}:
-            raise ForgeError(f"{ARTIFACT_META}: vocoder {name!r} is {out[name]}, it must stay fp32")
+            raise ForgeError(f"{ARTIFACT_JSON}: vocoder {name!r} is {out[name]}, it must stay fp32")
     return out
 
 
-def component_opsets(meta: dict[str, Any]) -> dict[str, int | None]:
-    return {
-        name: (comp.get("opset") if isinstance(comp, dict) else None)
-        for name, comp in sorted(meta["components"].items())
-    }
+def component_opsets(meta: ArtifactMeta) -> dict[str, int | None]:
+    return {name: comp.get("opset") for name, comp in sorted(meta.components.items())}
 
 
-def source_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
-    src = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+def source_checkpoint(meta: ArtifactMeta) -> dict[str, Any]:
+    src = meta.source or {}
     kind = src.get("kind")
     if kind not in {"real", "synthetic"}:
-        raise ForgeError(f"{ARTIFACT_META}: source.kind must be 'real' or 'synthetic', not {kind!r}")
+        raise ForgeError(f"{ARTIFACT_JSON}: source.kind must be 'real' or 'synthetic', not {kind!r}")
     out: dict[str, Any] = {"kind": kind}
     for key in ("preset", "seed"):
         if src.get(key) is not None:
             out[key] = src[key]
     hashes = src.get("hashes")
     if not isinstance(hashes, dict) or not hashes:
-        raise ForgeError(f"{ARTIFACT_META}: source.hashes (the checkpoint file hashes) is missing")
+        raise ForgeError(f"{ARTIFACT_JSON}: source.hashes (the checkpoint file hashes) is missing")
     out["hashes"] = dict(sorted(hashes.items()))
     return out
 
@@ -161,9 +106,9 @@ def source_fingerprint(source: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
-def default_model_name(meta: dict[str, Any], source: dict[str, Any]) -> str:
+def default_model_name(meta: ArtifactMeta, source: dict[str, Any]) -> str:
     """`chattts` for a real checkpoint; synthetic ones say so in their name, so no one mistakes them."""
-    base = str(meta.get("name") or "chattts")
+    base = str(meta.name or "chattts")
     if source["kind"] == "synthetic":
         tag = "synthetic"
         if "preset" in source:
@@ -200,11 +145,11 @@ def calibration_corpus(quant: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def library_versions_of(meta: dict[str, Any]) -> dict[str, str | None]:
+def library_versions_of(meta: ArtifactMeta) -> dict[str, str | None]:
     """Versions the artifact was built with (its own record); publish-time versions fill any gap."""
     from chattts_forge.versions import library_versions
 
-    recorded = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    recorded = meta.versions or {}
     now = library_versions(MANIFEST_VERSIONS)
     out: dict[str, str | None] = {}
     for name in MANIFEST_VERSIONS:
@@ -237,13 +182,13 @@ def build_manifest_core(
     model: str,
     version: str,
     variant: str,
-    meta: dict[str, Any],
+    meta: ArtifactMeta,
     report: SealedReport,
 ) -> dict[str, Any]:
     """The manifest without its `files` list (which needs the card written first)."""
     source = source_checkpoint(meta)
-    quant = meta.get("quantization") if isinstance(meta.get("quantization"), dict) else None
-    toolchain = meta.get("toolchain") if isinstance(meta.get("toolchain"), dict) else {}
+    quant = meta.quantization
+    toolchain = meta.toolchain or {}
     return {
         "schema": MANIFEST_SCHEMA,
         "model": model,
@@ -256,7 +201,7 @@ def build_manifest_core(
         "source_checkpoint": source,
         "quantization": quant,
         "calibration_corpus": calibration_corpus(quant),
-        "fp16": meta.get("fp16"),
+        "fp16": meta.fp16,
         "gate": gate_section(report),
         "versions": library_versions_of(meta),
         "toolchain": {

@@ -39,14 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_METHOD, VARIANTS
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger, setup_logging
 
 log = get_logger("chattts_forge.pipeline")
 
-VARIANTS = ("fp32", "fp16", "int8-dynamic", "int8-static", "int4")
-QUANTIZE_METHODS = {"int8-dynamic": "dynamic", "int8-static": "static", "int4": "int4"}
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 # Code each step runs (packages whose source changes make the step run again).
@@ -203,7 +202,7 @@ class Pipeline:
         return self.checkpoint if self.checkpoint is not None else self.work / "checkpoint"
 
     def artifact_dir(self, variant: str) -> Path:
-        if variant in ("fp32", "fp16"):
+        if variant in FLOAT_VARIANTS:
             return self.work / "convert" / variant
         return self.work / "quantized" / variant
 
@@ -306,7 +305,7 @@ class Pipeline:
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
         )
         fp32 = self.artifact_dir("fp32")
-        quantized = [v for v in self.variants if v in QUANTIZE_METHODS]
+        quantized = [v for v in self.variants if v in VARIANT_METHOD]
         if "int8-static" in quantized:
             yield Step(
                 "calibrate",
@@ -319,7 +318,7 @@ class Pipeline:
         for variant in quantized:
             if variant in self.broken:
                 continue
-            argv = ["quantize", "--artifact", str(fp32), "--method", QUANTIZE_METHODS[variant], "--out", str(self.artifact_dir(variant))]
+            argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
             inputs = {"fp32": self.cache.tree(fp32)}
             if variant == "int8-static":
                 argv += ["--calibration", str(self.work / "calibration")]

@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from chattts_forge.artifact import ArtifactMeta, FileEntry, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
 from chattts_forge.fsutil import sha256_file
@@ -45,13 +46,10 @@ from chattts_forge.publish.manifest import (
     REPORT_COPY_NAME,
     RESERVED_NAMES,
     SUMS_NAME,
-    FileEntry,
     build_manifest_core,
     check_safe_name,
     default_model_name,
     finish_manifest,
-    hash_tree,
-    load_artifact_meta,
     load_manifest,
     manifest_bytes,
     manifest_files,
@@ -203,7 +201,7 @@ def publish_artifact(
     """Publish `artifact` (an artifact folder) judged by `report` (its evaluation report folder)."""
     artifact_dir = Path(artifact)
     root = Path(to)
-    meta = load_artifact_meta(artifact_dir)
+    meta = ArtifactMeta.load(artifact_dir)
     gate = read_report(report)
     if not gate.passed:
         failed = ", ".join(c["metric"] for c in gate.failed_checks()) or "see report"
@@ -214,7 +212,7 @@ def publish_artifact(
     clash = sorted(set(files) & RESERVED_NAMES)
     if clash:
         raise ForgeError(f"{artifact_dir} contains {clash[0]}, a name publish reserves for itself")
-    variant = check_safe_name("variant", str(meta.get("variant")))
+    variant = check_safe_name("variant", meta.variant)
     source = source_checkpoint(meta)
     model = check_safe_name("model", model) if model else default_model_name(meta, source)
     payload = {p: e.sha256 for p, e in files.items()}
@@ -259,7 +257,7 @@ def _assemble(
     artifact_dir: Path,
     files: dict[str, FileEntry],
     gate: SealedReport,
-    meta: dict,
+    meta: ArtifactMeta,
     *,
     model: str,
     version: str,

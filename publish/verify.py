@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chattts_forge.artifact import list_files
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
 from chattts_forge.publish.index import (
@@ -26,7 +27,6 @@ from chattts_forge.publish.index import (
 from chattts_forge.publish.manifest import (
     MANIFEST_NAME,
     SUMS_NAME,
-    list_files,
     load_manifest,
     manifest_files,
     parse_sha256sums,

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.quantize.artifact import read_artifact_json
 from chattts_forge.quantize.dynamic import quantize_dynamic_graph
 from chattts_forge.quantize.int4 import quantize_int4_graph
 from chattts_forge.runtime import fast_gpt_graph
@@ -27,7 +27,9 @@ from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
 QUANTIZE_METHODS = ("dynamic", "int4")
 # artifact variant -> quantization of its fast graph (None: FP32 graph)
-VARIANT_METHODS: dict[str, str | None] = {"fp32": None, "fp16": None, "int8-dynamic": "dynamic", "int4": "int4"}
+VARIANT_METHODS: dict[str, str | None] = {
+    **dict.fromkeys(FLOAT_VARIANTS), **{METHOD_VARIANT[m]: m for m in QUANTIZE_METHODS}
+}
 
 
 def fast_gpt_quantizer(
@@ -38,12 +40,12 @@ def fast_gpt_quantizer(
     share one scale across matrices."""
     if method == "dynamic":
         return GraphQuantizer(
-            "dynamic", "int8-dynamic", pack_projections=per_channel,
+            "dynamic", METHOD_VARIANT["dynamic"], pack_projections=per_channel,
             quantize=functools.partial(quantize_dynamic_graph, per_channel=per_channel),
         )
     if method == "int4":
         return GraphQuantizer(
-            "int4", "int4", pack_projections=True,
+            "int4", METHOD_VARIANT["int4"], pack_projections=True,
             quantize=functools.partial(quantize_int4_graph, block_size=block_size, accuracy_level=accuracy_level),
         )
     raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
@@ -82,13 +84,13 @@ def optimize_artifact(
     reused unless given. Returns the component record.
     """
     folder = Path(artifact_dir).expanduser()
-    meta = read_artifact_json(folder)
-    variant = str(meta.get("variant", "fp32"))
+    meta = ArtifactMeta.load(folder)
+    variant = meta.variant
     if quantize == "auto":
         if variant not in VARIANT_METHODS:
             raise ForgeError(f"artifact variant '{variant}' has no fast GPT variant (fp32, int8-dynamic, int4)")
         quantize = VARIANT_METHODS[variant]
-    q = meta.get("quantization") or {}
+    q = meta.quantization or {}
     options = {key: q[key] for key in ("block_size", "accuracy_level", "per_channel") if key in q}
     options.update({key: kwargs.pop(key) for key in ("block_size", "accuracy_level", "per_channel") if key in kwargs})
     if quantize is not None and weights_from is None and variant != "fp32":

@@ -406,7 +406,7 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
         },
         "not_quantized": {k: v for k, v in NOT_QUANTIZED.items() if k in meta.components}
         | ({} if cfg.quantize_head else {"head_code": "fp32 (--no-head)"}),
-        "gpt_fast": outcome.fast_gpt_note,
+        FAST_GPT: outcome.fast_gpt_note,
         # Top-level copies for quantize.fast_gpt.optimize_artifact(quantize="auto").
         "per_channel": cfg.per_channel,
         "block_size": cfg.block_size if cfg.method == "int4" else None,

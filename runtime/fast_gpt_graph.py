@@ -54,14 +54,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge import __version__
+from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path, sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
-FAST_GPT_FILE = "gpt_fast.onnx"
-FAST_GPT_COMPONENT = "gpt_fast"
 # Recorded in every gpt_fast.onnx and artifact.json: the label keeps the module's former name so that
 # published artifacts stay byte-identical across the move (it names the converter, not an import path).
 FAST_GPT_CONVERTER = "chattts_forge.convert.optimize (onnx.helper, com.microsoft fused ops)"
@@ -480,18 +479,6 @@ def compare_with_plain(
 # --------------------------------------------------------------------------------------------
 
 
-def _artifact_meta(folder: Path) -> dict[str, Any]:
-    import json
-
-    p = folder / "artifact.json"
-    if not p.is_file():
-        raise ForgeError(f"{folder} is not an artifact folder (no artifact.json)")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{p}: unreadable ({e})") from None
-
-
 def _io_record(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     m = onnx.load(str(model_path), load_external_data=False)
     names = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64", TensorProto.INT32: "int32"}
@@ -527,8 +514,7 @@ def optimize_gpt(
     """
     src = Path(source).expanduser()
     gpt_path = src / "gpt.onnx" if src.is_dir() else src
-    meta = _artifact_meta(src) if src.is_dir() else {}
-    dims = meta.get("dims") or {}
+    dims = (ArtifactMeta.load(src).dims or {}) if src.is_dir() else {}
     if out is None:
         if not src.is_dir():
             raise ForgeError("give `out` when the source is a gpt.onnx file")
@@ -568,7 +554,7 @@ def optimize_gpt(
     )
     model.metadata_props.extend(
         [
-            onnx.StringStringEntryProto(key="component", value=FAST_GPT_COMPONENT),
+            onnx.StringStringEntryProto(key="component", value=FAST_GPT),
             onnx.StringStringEntryProto(key="precision", value=precision),
             onnx.StringStringEntryProto(key="hidden_size", value=str(hp["hidden_size"])),
             onnx.StringStringEntryProto(key="num_hidden_layers", value=str(hp["num_hidden_layers"])),
@@ -640,11 +626,9 @@ def optimize_artifact(
     `chattts_forge.quantize.fast_gpt.optimize_artifact`, which picks it from the variant).
     `kwargs` go to `optimize_gpt`. Returns the component record.
     """
-    from chattts_forge.fsutil import atomic_write_json
-
     folder = Path(artifact_dir).expanduser()
-    meta = _artifact_meta(folder)
+    meta = ArtifactMeta.load(folder)
     record = optimize_gpt(folder, folder / FAST_GPT_FILE, quantizer=quantizer, weights_from=weights_from, **kwargs)
-    meta.setdefault("components", {})[FAST_GPT_COMPONENT] = record
-    atomic_write_json(folder / "artifact.json", meta)
+    meta.components[FAST_GPT] = record
+    meta.write(folder)
     return record

@@ -11,11 +11,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.fast_gpt import optimize_gpt
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.fast_gpt_graph import (
-    FAST_GPT_COMPONENT,
     extract_llama_weights,
     optimize_artifact,
 )
@@ -108,7 +108,7 @@ def test_cache_grows_and_keeps_its_contents(fast_artifact: Path) -> None:
 
 def test_fast_graph_is_fused_and_recorded(fast_artifact: Path) -> None:
     meta = json.loads((fast_artifact / "artifact.json").read_text())
-    rec = meta["components"][FAST_GPT_COMPONENT]
+    rec = meta["components"][FAST_GPT]
     assert rec["file"] == "gpt_fast.onnx"
     assert rec["parity"]["max_abs"] < 1e-4
     assert rec["quantization"] is None
