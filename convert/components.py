@@ -28,8 +28,6 @@ from chattts_forge.convert.modules import (
 )
 from chattts_forge.convert.parity import ParityCase
 
-COMPONENT_ORDER = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
-
 
 @dataclass
 class SourceModules:

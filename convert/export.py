@@ -37,8 +37,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from chattts_forge.artifact import COMPONENTS
 from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
-from chattts_forge.convert.components import COMPONENT_ORDER, SPEC_BUILDERS, ComponentSpec, SourceModules
+from chattts_forge.convert.components import SPEC_BUILDERS, ComponentSpec, SourceModules
 from chattts_forge.convert.fp16 import convert_to_fp16
 from chattts_forge.convert.metadata import (
     io_description,
@@ -141,7 +142,7 @@ def _export_all(
     comps32: dict[str, Any] = {}
     comps16: dict[str, Any] = {}
     fp16_info: dict[str, Any] = {"converter": "", "converters": {}, "op_block_list": [], "error_vs_fp32": {}}
-    bar = tqdm(COMPONENT_ORDER, desc="convert", unit="graph", leave=False)
+    bar = tqdm(COMPONENTS, desc="convert", unit="graph", leave=False)
     for name in bar:
         bar.set_postfix_str(name)
         t0 = time.perf_counter()
