@@ -7,9 +7,10 @@ report.json (schema ``chattts-forge/report/1``); every top-level key is required
 accepted (`TOP_LEVEL`):
 
 - ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
-- ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {file name:
+- ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {relative path:
   {"sha256", "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...},
-  "precisions", "quantization_method"}``: the exact bytes judged (every file in the folder);
+  "precisions", "quantization_method"}``: the exact bytes judged (every file under the folder, as
+  `chattts_forge.artifact.hash_tree` lists them);
 - ``gate`` (`GATE_KEYS`): ``{"passed", "path", "sha256", "schema", "thresholds": {"min_code_agreement":
   x, ...}, "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
   "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}}`` (see gate.py);
