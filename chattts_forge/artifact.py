@@ -83,7 +83,7 @@ class ArtifactMeta:
     """
 
     schema: str = SCHEMA
-    name: str = "chattts"
+    name: str | None = "chattts"
     variant: str
     dims: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
@@ -131,11 +131,12 @@ class ArtifactMeta:
         comps = doc.get("components")
         if not isinstance(comps, dict) or not all(isinstance(c, dict) for c in comps.values()):
             raise ForgeError(f"{where}: 'components' is missing or not a mapping of component entries")
-        known = {f.name for f in fields(cls) if f.name not in ("extra", "key_order", "where")}
-        for key in known - {"schema", "name", "variant", "created_at"}:
+        known = _document_keys()
+        for key in set(known) - {"schema", "name", "variant", "created_at"}:
             if doc.get(key) is not None and not isinstance(doc[key], dict):
                 raise ForgeError(f"{where}: '{key}' is not a JSON object")
-        values = {k: v for k, v in doc.items() if k in known}
+        # A key the document lacks stays absent when it is written again (name has a default).
+        values = {"name": None} | {k: v for k, v in doc.items() if k in known}
         extra = {k: v for k, v in doc.items() if k not in known}
         return cls(**values, extra=extra, key_order=tuple(doc), where=where)
 
@@ -166,9 +167,6 @@ class ArtifactMeta:
         data = main.with_name(main.name + EXTERNAL_DATA_SUFFIX)
         return [main, data] if data.is_file() else [main]
 
-    def precision(self, name: str) -> str | None:
-        return self.component(name).get("precision")
-
     def support_file(self, key: str) -> str:
         """The file name of a support file (`SUPPORT_FILES` keys), as recorded or by default."""
         return (self.files or {}).get(key, SUPPORT_FILES[key])
@@ -184,7 +182,7 @@ class ArtifactMeta:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (the sections themselves, not copies)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "key_order", "where")}
+        values = {key: getattr(self, key) for key in _document_keys()}
         values.update(self.extra)
         keys = list(self.key_order or BASE_KEYS)
         wanted = [k for k in values if values[k] is not None or k in self.extra]
@@ -198,6 +196,11 @@ class ArtifactMeta:
         path = Path(folder) / ARTIFACT_JSON
         atomic_write_json(path, self.to_dict())
         return path
+
+
+def _document_keys() -> tuple[str, ...]:
+    """The ArtifactMeta fields that are artifact.json keys (not its bookkeeping), in field order."""
+    return tuple(f.name for f in fields(ArtifactMeta) if f.name not in ("extra", "key_order", "where"))
 
 
 # ---- hashing an artifact's files -------------------------------------------------------------

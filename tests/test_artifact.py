@@ -168,3 +168,37 @@ def test_artifact_names_are_spelled_only_in_the_contract() -> None:
                 if isinstance(node, ast.Constant) and node.value in names:
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     assert offenders == []
+
+
+def test_a_description_without_a_name_stays_without_one(tmp_path: Path) -> None:
+    doc = _minimal()
+    del doc["name"]
+    meta = ArtifactMeta.load(_write(tmp_path / "a", doc))
+    assert meta.name is None and "name" not in meta.to_dict()
+    assert _document_bytes(meta) == (tmp_path / "a" / ARTIFACT_JSON).read_bytes()
+
+
+def test_quantize_writes_its_description_once(tiny_artifacts: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fidelity (including the rebuilt fast GPT graph) reads the description in memory; artifact.json
+    is written once, at the end, and then loads as the runtime reads it."""
+    import chattts_forge.fsutil as fsutil
+    from chattts_forge.quantize import quantize_artifact
+
+    written: list[Path] = []
+    real_write = fsutil.atomic_write_bytes
+
+    def counting_write(path: Path, data: bytes) -> None:  # every atomic_write_* ends here
+        written.append(Path(path))
+        real_write(path, data)
+
+    monkeypatch.setattr(fsutil, "atomic_write_bytes", counting_write)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "int8", method="dynamic", fidelity_sentences=1,
+                            fidelity_steps=8, threads=1, progress=False)
+    assert [p.name for p in written if p.name == ARTIFACT_JSON] == [ARTIFACT_JSON]
+    meta = ArtifactMeta.load(out)
+    assert meta.variant == METHOD_VARIANT["dynamic"] and meta.has_component(FAST_GPT)
+    assert meta.fidelity is not None and FAST_GPT in meta.fidelity
+    for name in ("gpt", "head_code", FAST_GPT):
+        entry = meta.component(name)
+        assert entry["sha256"] == sha256_file(meta.component_file(out, name))
