@@ -74,9 +74,9 @@ lint: env
 	$(VENV)/bin/ruff check .
 
 # ---- the pipeline -------------------------------------------------------------------------
-# One driver runs every stage (chattts_forge/publish/pipeline.py): each step is keyed by the content
-# of its inputs and code, so a second run with nothing changed redoes nothing, and a run killed at
-# any point resumes cleanly. Outputs: $(BUILD)/<run>/ (intermediate), $(ARTIFACTS)/ (published).
+# One driver runs every stage (driver/pipeline.py, chattts_forge.driver): each step is keyed by the
+# content of its inputs and of the code it runs (its computed import closure), so a second run with
+# nothing changed redoes nothing, and a run killed at any point resumes cleanly. Outputs: $(BUILD)/<run>/ (intermediate), $(ARTIFACTS)/ (published).
 #   make artifacts                                  full synthetic checkpoint, seed 0
 #   make artifacts PRESET=tiny                      small synthetic checkpoint (a minute or two)
 #   make artifacts CHECKPOINT=/path/to/ChatTTS/asset  a real checkpoint
@@ -92,7 +92,7 @@ CALIBRATE_ARGS ?=
 QUANTIZE_ARGS ?=
 EVALUATE_ARGS ?=
 
-PIPELINE := $(PY) -m chattts_forge.publish.pipeline --preset $(PRESET) --seed $(SEED) \
+PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
 	--build $(BUILD) --to $(ARTIFACTS) \
 	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)')
 

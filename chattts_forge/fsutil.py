@@ -132,3 +132,23 @@ def recorded_path(value: str | os.PathLike[str], base: str | os.PathLike[str]) -
     """A path an artifact folder `base` recorded: relative to it (absolute in older artifacts)."""
     p = Path(value)
     return p if p.is_absolute() else Path(os.path.normpath(Path(base).resolve() / p))
+
+
+def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any]:
+    """Parse a TOML file; `what` names it in the one-line errors ("gate file", ...)."""
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ForgeError(
+                f"reading {Path(path).name} on Python 3.10 needs the 'tomli' package: pip install tomli"
+            ) from None
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ForgeError(f"{what} {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ForgeError(f"{what} {path} is not valid TOML: {e}") from None

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import read_toml, sha256_file
 
 GATE_SCHEMA = "chattts-forge/gate/1"
 DEFAULT_GATE = Path(__file__).resolve().parent / "default_gate.toml"
@@ -67,27 +67,10 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def _toml_load(path: Path) -> dict[str, Any]:
-    try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise ForgeError("reading GATE.toml on Python 3.10 needs the 'tomli' package: pip install tomli") from None
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ForgeError(f"gate file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ForgeError(f"gate file {path} is not valid TOML: {e}") from None
-
-
 def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)]}."""
     path = Path(path) if path is not None else DEFAULT_GATE
-    raw = _toml_load(path)
+    raw = read_toml(path, "gate file")
     schema = raw.pop("schema", GATE_SCHEMA)
     if schema != GATE_SCHEMA:
         raise ForgeError(f"gate file {path} has schema {schema!r}; this tool reads {GATE_SCHEMA!r}")

@@ -7,7 +7,8 @@ Library:
   through a staging folder and one rename; never overwrites a published version.
 - `verify_path(path)` -> `VerifyResult` (chattts_forge.publish.verify): re-hashes a variant or a tree.
 - `rewrite_index(root)` / `publish_lock(root)` (chattts_forge.publish.index): `index.json` under a lock.
-- `python -m chattts_forge.publish.pipeline` (`make artifacts`): the whole pipeline, incremental.
+
+The driver that runs every stage and then publishes (`make artifacts`) is chattts_forge.driver.
 
 The manifest schema is documented in docs/manifest.md.
 """

@@ -1,4 +1,4 @@
-"""The `make artifacts` driver (chattts_forge.publish.pipeline) with stand-in stage commands.
+"""The `make artifacts` driver (chattts_forge.driver) with stand-in stage commands.
 
 The stand-in (`FAKE_FORGE`) answers the same command lines as `chattts-forge`, writes outputs
 atomically like the real stages, logs each call, and can fail a gate or SIGKILL the driver mid-step.
@@ -131,7 +131,7 @@ class Runner:
 
     def run(self, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
         cmd = [
-            sys.executable, "-m", "chattts_forge.publish.pipeline", "--preset", "tiny",
+            sys.executable, "-m", "chattts_forge.driver", "--preset", "tiny",
             "--build", str(self.build), "--to", str(self.to),
             "--calib-corpus", str(self.calib), "--eval-corpus", "builtin:evaluation",
             "--forge-cmd", f"{sys.executable} {self.fake}", *extra,

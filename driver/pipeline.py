@@ -1,6 +1,6 @@
 """The whole pipeline, incremental and kill-safe: what `make artifacts` runs.
 
-    python -m chattts_forge.publish.pipeline [--preset full|tiny] [--seed 0] [--checkpoint DIR]
+    python -m chattts_forge.driver [--preset full|tiny] [--seed 0] [--checkpoint DIR]
         [--build build] [--to artifacts] [--calib-corpus SPEC] [--eval-corpus SPEC] [--gate GATE.toml]
 
 Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
@@ -10,7 +10,13 @@ checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp1
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
 of its inputs (upstream outputs, corpus and gate files), the fingerprint of the toolchain code it
-runs, and the library versions. After a step succeeds its record (`BUILD/<run>/.steps/<step>.json`:
+runs, and the library versions. The code is the step's import closure, computed from the source
+(chattts_forge.codegraph): the `chattts-forge` CLI module and the subcommand's module, every
+`chattts_forge` module they import transitively (function-local imports included) and the package
+data of the packages involved (corpora, gate toml, release json). So a change to
+runtime/fast_gpt.py re-runs convert (its parity check runs the fast GPT) and everything downstream,
+and a change to publish code re-runs no stage: publishing itself runs on every invocation, in this
+process, and is idempotent (identical bytes are "already-published"). After a step succeeds its record (`BUILD/<run>/.steps/<step>.json`:
 key + fingerprint of its output) is written atomically; a step whose record matches and whose
 output still has the recorded fingerprint is skipped. A step without a valid record (never run,
 killed, inputs changed, output touched) has its output removed and is run again. Stages write
@@ -26,7 +32,6 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import shlex
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_METHOD, VARIANTS
+from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger, setup_logging
@@ -48,29 +54,10 @@ log = get_logger("chattts_forge.pipeline")
 
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
-# Code each step runs (packages whose source changes make the step run again).
 STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
-_CORE = ("chattts_forge",)
-STEP_CODE: dict[str, tuple[str, ...]] = {
-    "checkpoint": _CORE,
-    "convert": (*_CORE, "chattts_forge.convert"),
-    "calibrate": (*_CORE, "chattts_forge.runtime", "chattts_forge.calibration_data"),
-    "quantize": (
-        *_CORE,
-        "chattts_forge.runtime",
-        "chattts_forge.calibration_data",
-        "chattts_forge.quantize",
-        "chattts_forge.evaluate",
-    ),
-    "evaluate": (
-        *_CORE,
-        "chattts_forge.runtime",
-        "chattts_forge.calibration_data",
-        "chattts_forge.quantize",
-        "chattts_forge.evaluate",
-    ),
-}
-_CODE_SUFFIXES = (".py", ".json", ".toml", ".txt", ".tsv")
+# A stage runs as `python -m chattts_forge.cli SUBCOMMAND ...`; the CLI imports the subcommand's
+# module by name (chattts_forge.cli.SUBCOMMANDS), so both are the entries of the step's closure.
+CLI_MODULE = "chattts_forge.cli"
 DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 # A `tiny` synthetic run is a smoke run of the whole chain: lighter calibration and fidelity settings
 # keep it to a minute or two. User --stage-args come after these, so they win.
@@ -131,20 +118,20 @@ class HashCache:
             self.dirty = False
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ForgeError(f"package {name} is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
+def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
+    """The files a `chattts-forge SUBCOMMAND` run executes or reads as package data, by stable name."""
+    from chattts_forge.cli import SUBCOMMANDS
+
+    if subcommand not in SUBCOMMANDS:
+        raise ForgeError(f"no chattts-forge subcommand {subcommand!r}")
+    return graph.files(graph.closure([CLI_MODULE, SUBCOMMANDS[subcommand][0]]))
 
 
-def code_fingerprint(packages: tuple[str, ...], cache: HashCache) -> str:
+def code_fingerprint(files: dict[str, Path], cache: HashCache) -> str:
+    """Fingerprint of a set of named files: each name and the sha256 of its content."""
     h = hashlib.sha256()
-    for name in packages:
-        root = _package_dir(name)
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and p.suffix in _CODE_SUFFIXES and "__pycache__" not in p.parts:
-                h.update(f"{name}/{p.relative_to(root).as_posix()}\0{cache.sha256(p)}\n".encode())
+    for name, path in sorted(files.items()):
+        h.update(f"{name}\0{cache.sha256(path)}\n".encode())
     return h.hexdigest()
 
 
@@ -187,7 +174,10 @@ class Pipeline:
     pytorch_baseline: bool = True
     # How a stage is run; tests substitute a stand-in.
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
+    # Where step closures are read from: the running toolchain; tests pass a copy of the source tree.
+    code: CodeGraph = field(default_factory=CodeGraph)
     cache: HashCache = field(init=False)
+    code_keys: dict[str, str] = field(default_factory=dict)  # subcommand -> code fingerprint, per run
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
@@ -222,31 +212,45 @@ class Pipeline:
             "step": step.name,
             "argv": [*step.argv, *self.extra.get(step.kind, [])],
             "inputs": step.inputs,
-            "code": self.code_key(step.kind),
+            "code": self.code_key(step.argv[0]),
             "versions": self.versions,
         }
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
-    def code_key(self, kind: str) -> str:
-        """Fingerprint of the code a step runs: the stage's packages, or a substituted command's files."""
+    def code_key(self, subcommand: str) -> str:
+        """Fingerprint of the code a step runs: its import closure, or a substituted command's files."""
         if self.forge == DEFAULT_FORGE:
-            return code_fingerprint(STEP_CODE[kind], self.cache)
+            if subcommand not in self.code_keys:
+                self.code_keys[subcommand] = code_fingerprint(step_code_files(subcommand, self.code), self.cache)
+            return self.code_keys[subcommand]
         files = [Path(a) for a in self.forge if Path(a).is_file()]
         return hashlib.sha256(" ".join([*self.forge, *(self.cache.sha256(f) for f in files)]).encode()).hexdigest()
 
-    def up_to_date(self, step: Step, key: str) -> bool:
-        try:
+    def _read_record(self, step: Step) -> dict[str, Any] | None:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             record = json.loads(self._record_path(step).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-            return False
-        if record.get("key") != key or not step.out.exists():
-            return False
-        return record.get("output") == self.cache.tree(step.out)
+            return record if isinstance(record, dict) else None
+        return None
+
+    def stale_reason(self, step: Step, key: str) -> str | None:
+        """Why `step` must run (None: it is up to date)."""
+        record = self._read_record(step)
+        if record is None:
+            return "no record of a finished run"
+        if record.get("key") != key:
+            # The record keeps the code fingerprint so the log can tell a code change from the rest.
+            if record.get("code") != self.code_key(step.argv[0]):
+                return "its code changed"
+            return "its command, inputs or library versions changed"
+        if not step.out.exists() or record.get("output") != self.cache.tree(step.out):
+            return "its output is missing or was changed"
+        return None
 
     def run(self, step: Step) -> bool:
         """Run `step` unless up to date; True when it ran."""
         key = self._key(step)
-        if self.up_to_date(step, key):
+        reason = self.stale_reason(step, key)
+        if reason is None:
             log.info("%-22s up to date (%s)", step.name, step.out)
             return False
         record = self._record_path(step)
@@ -256,7 +260,7 @@ class Pipeline:
         step.out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [*self.forge, *step.argv, *self.extra.get(step.kind, [])]
         shown = "chattts-forge " + shlex.join(cmd[len(self.forge) :])
-        log.info("%-22s running: %s", step.name, shown)
+        log.info("%-22s running (%s): %s", step.name, reason, shown)
         start = time.perf_counter()
         proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None, env=stage_env())
         took = time.perf_counter() - start
@@ -272,7 +276,13 @@ class Pipeline:
             raise ForgeError(f"step {step.name} finished but wrote nothing at {step.out}")
         atomic_write_json(
             record,
-            {"step": step.name, "key": key, "output": self.cache.tree(step.out), "seconds": round(took, 2)},
+            {
+                "step": step.name,
+                "key": key,
+                "code": self.code_key(step.argv[0]),
+                "output": self.cache.tree(step.out),
+                "seconds": round(took, 2),
+            },
         )
         self.cache.save()
         self.ran.append(step.name)
@@ -443,12 +453,15 @@ def run_pipeline(
     until: str | None = None,
     forge_cmd: list[str] | None = None,
     pytorch_baseline: bool | None = None,
+    code_root: str | os.PathLike[str] | None = None,
 ) -> list[VariantOutcome]:
     """Run (or resume) the pipeline; returns what happened to each variant.
 
     `pytorch_baseline`: time ChatTTS's PyTorch pipeline in every evaluation (ratios in the reports).
     None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
     which should stay a quick smoke run of the chain (loading torch in every evaluation doubles it).
+    `code_root`: key steps on the closures read from this source tree (its pyproject.toml layout)
+    instead of the running toolchain's (tests edit a copy, never the real tree).
     """
     from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.publish.publish import publish_artifact
@@ -475,6 +488,8 @@ def run_pipeline(
     pipe.pytorch_baseline = pytorch_baseline
     if forge_cmd:
         pipe.forge = list(forge_cmd)
+    if code_root is not None:
+        pipe.code = CodeGraph(Layout.from_pyproject(code_root))
     started = time.perf_counter()
     with run_lock(work):
         sweep_leftovers(work)
@@ -538,14 +553,14 @@ def _parse_extra(values: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in values:
         stage, _, args = item.partition("=")
-        if stage not in STEP_CODE:
-            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STEP_CODE)})")
+        if stage not in STAGES:
+            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STAGES)})")
         out.setdefault(stage, []).extend(shlex.split(args))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chattts_forge.publish.pipeline", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m chattts_forge.driver", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="full", choices=["full", "tiny"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default=None, help="a real (or any) ChatTTS checkpoint instead of a synthetic one")
@@ -564,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)",
     )
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
+    ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
     setup_logging(-1 if args.quiet else 0)
@@ -582,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             until=args.until,
             forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
             pytorch_baseline=args.pytorch_baseline,
+            code_root=args.code_root,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)
