@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +89,8 @@ class Layout:
         while pending:
             folder = pending.pop()
             for p in sorted(folder.iterdir()):
+                if p.name.startswith("."):  # editor and OS leftovers are never package data
+                    continue
                 if p.is_dir():
                     if p.name not in _NOT_DATA_DIRS and not (p / "__init__.py").is_file():
                         pending.append(p)
@@ -103,9 +105,17 @@ class CodeGraph:
     def __init__(self, layout: Layout | None = None) -> None:
         self.layout = layout if layout is not None else Layout.installed()
         self._edges: dict[str, frozenset[str]] = {}
+        self._module_files: dict[str, Path | None] = {}
+        self._package_data: dict[Path, list[Path]] = {}
+
+    def module_file(self, module: str) -> Path | None:
+        """Layout.module_file, memoized (the graph asks for the same names many times)."""
+        if module not in self._module_files:
+            self._module_files[module] = self.layout.module_file(module)
+        return self._module_files[module]
 
     def _file(self, module: str) -> Path:
-        path = self.layout.module_file(module)
+        path = self.module_file(module)
         if path is None:
             raise ForgeError(f"module {module} has no source file in the layout ({self.layout.package_dirs})")
         return path
@@ -125,7 +135,7 @@ class CodeGraph:
             raise ForgeError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
         is_package = path.name == "__init__.py"
         found: set[str] = set()
-        for node in ast.walk(tree):
+        for node in _statements(tree):
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -140,7 +150,7 @@ class CodeGraph:
             parts = name.split(".")
             for n in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:n])
-                if self.layout.module_file(prefix) is not None:
+                if self.module_file(prefix) is not None:
                     edges.add(prefix)
         edges.discard(module)
         return frozenset(edges)
@@ -165,7 +175,7 @@ class CodeGraph:
             pending += [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
         while pending:
             module = pending.pop()
-            if module in seen or self.layout.module_file(module) is None:
+            if module in seen or self.module_file(module) is None:
                 continue
             seen.add(module)
             pending.extend(self.imports_of(module) - seen)
@@ -179,8 +189,22 @@ class CodeGraph:
             path = self._file(module)
             package = module if path.name == "__init__.py" else module.rpartition(".")[0]
             out[f"{package}:{path.name}"] = path
-            init = self.layout.module_file(package)
+            init = self.module_file(package)
             if init is not None:
-                for data in self.layout.package_data(init):
+                if init not in self._package_data:
+                    self._package_data[init] = self.layout.package_data(init)
+                for data in self._package_data[init]:
                     out[f"{package}:{data.relative_to(init.parent).as_posix()}"] = data
         return dict(sorted(out.items()))
+
+
+def _statements(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every statement in the tree, nested ones included (function bodies, if/try/with blocks).
+    Imports are statements, so expressions need not be visited: ~10x fewer nodes than ast.walk."""
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                pending.extend(v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case)))
