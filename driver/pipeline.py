@@ -16,8 +16,10 @@ runs, and the library versions. The code is the step's import closure, computed 
 data of the packages involved (corpora, gate toml, release json). So a change to
 runtime/fast_gpt.py re-runs convert (its parity check runs the fast GPT) and everything downstream,
 and a change to publish code re-runs no stage: publishing itself runs on every invocation, in this
-process, and is idempotent (identical bytes are "already-published"). After a step succeeds its record (`BUILD/<run>/.steps/<step>.json`:
-key + fingerprint of its output) is written atomically; a step whose record matches and whose
+process, and is idempotent (identical bytes are "already-published").
+
+After a step succeeds its record (`BUILD/<run>/.steps/<step>.json`: key, code fingerprint (so the
+log can say why a step re-runs), fingerprint of its output) is written atomically; a step whose record matches and whose
 output still has the recorded fingerprint is skipped. A step without a valid record (never run,
 killed, inputs changed, output touched) has its output removed and is run again. Stages write
 their outputs atomically themselves; the driver sweeps `.*.partial`, `.*.old` and `.*.tmp`
