@@ -36,7 +36,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "calibration", "quantize"})),
     "publish": (("chattts_forge.publish",), frozenset({"core", "runtime", "calibration", "quantize", "evaluate"})),
     "build": (
-        ("chattts_forge.cli",),
+        ("chattts_forge.cli", "chattts_forge.driver"),
         frozenset({"core", "runtime", "convert", "calibration", "quantize", "evaluate", "publish"}),
     ),
 }
