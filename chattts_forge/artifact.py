@@ -31,8 +31,12 @@ ARTIFACT_JSON = "artifact.json"
 SCHEMA = "chattts-forge/artifact/1"
 # The graphs of an artifact, in the order convert writes them; each is `<name>.onnx` unless its
 # artifact.json entry names another file.
-COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
+COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
 VOCODER = "vocos"  # always FP32, byte-identical across variants
+# ChatTTS's DVAE encode path (voice cloning: a recording -> spk_smp codes). Always FP32 and
+# byte-identical across variants (its codes must equal ChatTTS's); optional: artifacts converted
+# before it existed lack it, and only voice cloning then fails.
+DVAE_ENCODER = "dvae_encoder"
 # The optional fused GPT graph (convert.optimize); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"

@@ -9,16 +9,17 @@ Library use::
 What happens (see docs/artifact-format.md for the folder layout and graph interfaces):
 
 1. ChatTTS's own `Chat` is loaded from the checkpoint (`chattts_forge.torch_ref.chat.load_chat`).
-2. Every component (embed, gpt, head_code, head_text, decoder, dvae, vocos) is exported with the
+2. Every component (embed, gpt, head_code, head_text, decoder, dvae, dvae_encoder, vocos) is exported with the
    TorchScript exporter (opset 17, dynamic batch/sequence/past axes) from an export-friendly
    wrapper around ChatTTS's modules (`chattts_forge.convert.modules`).
 3. Parity, as Optimum validates exports: each graph runs in onnxruntime (CPU) against ChatTTS's
    PyTorch code path on several shapes (batch 1 and 3, past 0 and > 0, short and long); max
    abs/rel errors go into artifact.json; outside 1e-4 abs the conversion fails and writes nothing.
-4. FP16 (`chattts_forge.convert.fp16`): every component but the vocoder is converted with float32
+4. FP16 (`chattts_forge.convert.fp16`): every component but the vocoder and the DVAE encoder
+   (voice cloning must give ChatTTS's exact codes) is converted with float32
    kept at the graph boundary; its error against the FP32 graph is measured and recorded (and must
-   stay within `FP16_TOLERANCE_REL` of the output's scale); the FP16 folder's `vocos.onnx` is a
-   byte copy of the FP32 one.
+   stay within `FP16_TOLERANCE_REL` of the output's scale); the FP16 folder's `vocos.onnx` and
+   `dvae_encoder.onnx` are byte copies of the FP32 ones.
 5. Support files (tokenizer, speaker statistics, DVAE coefficients, homophone map) and
    artifact.json; every folder is written through `fsutil.atomic_output_dir`, so a failed or
    killed conversion leaves no partial artifact folder.
@@ -67,6 +68,8 @@ PRECISIONS = ("fp32", "fp16", "all")
 FP32_TOLERANCE_ABS = 1e-4
 # FP16 graphs are checked against the FP32 graph: worst error relative to the output's scale.
 FP16_TOLERANCE_REL = 5e-2
+# fp16.converters entry of a component kept FP32 in the FP16 folder (vocos, dvae_encoder).
+KEPT_FP32 = "none (kept FP32"
 
 
 def _check_output_parent(out: Path) -> None:
@@ -201,15 +204,16 @@ def _export_all(
                 for f in files:
                     shutil.copyfile(dir32 / f, dir16 / f)
                 comps16[name] = dict(rec)
-                fp16_info["converters"][name] = "none (kept FP32, byte-identical to fp32/)"
+                fp16_info["converters"][name] = f"{KEPT_FP32}, byte-identical to fp32/)"
         # Free the graph and the cases now (the full GPT is ~0.8 GB in each form).
         del model, cases, outputs32, spec
     bar.close()
     if dir16 is not None:
         # One line for readers of the contract's `fp16.converter`; per component in `converters`.
-        used = [c for n, c in fp16_info["converters"].items() if n != "vocos"]
+        converted = {n: c for n, c in fp16_info["converters"].items() if not c.startswith(KEPT_FP32)}
+        used = list(converted.values())
         main = max(set(used), key=used.count)
-        others = [f"{n}: {c}" for n, c in fp16_info["converters"].items() if n != "vocos" and c != main]
+        others = [f"{n}: {c}" for n, c in converted.items() if c != main]
         fp16_info["converter"] = main + (f" ({'; '.join(others)})" if others else "")
     return comps32, comps16, fp16_info
 

@@ -11,6 +11,11 @@ form the TorchScript ONNX exporter traces into a graph with dynamic shapes:
   heads are one MatMul.
 - `MelDecoderForExport`: ChatTTS `DVAE.forward` decode path (for both the `Decoder` and the
   `DVAE`), without the `torch.mul(..., out=)` that the TorchScript exporter rejects.
+- `DvaeEncoderForExport`: ChatTTS `DVAE.forward(wav, "encode")` (what `Chat.sample_audio_speaker`
+  runs): the log-mel front end with `torch.stft` replaced by one Conv1d whose kernel is the windowed
+  real DFT (reflect padding, Hann window, magnitude, torchaudio's mel filterbank), the
+  downsampling convs, the encoder stack and the grouped residual FSQ, computed with the quantizer
+  library's own `quantize`/`codes_to_indices` but without its einops pack/unpack.
 - `VocosForExport`: `vocos.decode` with the ISTFT (`torch.istft`, center=True, Hann window)
   replaced by one ConvTranspose1d whose kernel is the windowed inverse real DFT (it does the
   inverse DFT and the overlap-add at once), then the window-envelope normalisation and the
@@ -273,3 +278,90 @@ class VocosForExport(nn.Module):
         total = frames_sum.shape[-1]
         y = frames_sum[:, 0, pad : total - pad] / envelope[:, 0, pad : total - pad]
         return y
+
+
+def _stft_kernel(n_fft: int, window: torch.Tensor) -> torch.Tensor:
+    """Conv1d weight [2K, 1, n_fft]: windowed forward real DFT (K = n_fft/2 + 1 real rows, then K
+    imaginary rows), as `torch.stft(..., onesided=True, normalized=False)`. Built in float64."""
+    k_bins = n_fft // 2 + 1
+    n = torch.arange(n_fft, dtype=torch.float64)
+    k = torch.arange(k_bins, dtype=torch.float64)
+    angle = 2.0 * math.pi * torch.outer(k, n) / n_fft  # [K, N]
+    w = window.to(torch.float64).unsqueeze(0)
+    kernel = torch.cat([torch.cos(angle) * w, -torch.sin(angle) * w], 0)
+    return kernel.unsqueeze(1).float()
+
+
+class LogMelForExport(nn.Module):
+    """ChatTTS `MelSpectrogramFeatures` (torchaudio MelSpectrogram, center=True, power=1, then
+    log(clip(mel, 1e-5))): wav [B, samples] -> log-mel [B, n_mels, samples // hop + 1]."""
+
+    def __init__(self, features: nn.Module) -> None:
+        super().__init__()
+        spec = features.mel_spec.spectrogram
+        if not spec.center or spec.pad_mode != "reflect" or spec.power != 1.0 or spec.normalized:
+            raise ValueError("only ChatTTS's mel front end (center, reflect, power 1, unnormalized) is supported")
+        self.n_fft = int(spec.n_fft)
+        self.hop_length = int(spec.hop_length)
+        window = spec.window.detach().float()
+        if window.shape[0] != self.n_fft:
+            raise ValueError("win_length != n_fft is not supported")
+        self.register_buffer("kernel", _stft_kernel(self.n_fft, window))
+        self.register_buffer("fb", features.mel_spec.mel_scale.fb.detach().float().clone())  # [K, n_mels]
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        pad = self.n_fft // 2
+        x = nn.functional.pad(wav.unsqueeze(1), (pad, pad), mode="reflect")
+        spec = nn.functional.conv1d(x, self.kernel, stride=self.hop_length)  # [B, 2K, F]
+        re, im = spec.chunk(2, dim=1)
+        mag = torch.sqrt(re * re + im * im)
+        mel = torch.matmul(mag.transpose(1, 2), self.fb).transpose(1, 2)
+        return torch.log(torch.clip(mel, min=1e-5))
+
+
+class GfsqIndices(nn.Module):
+    """ChatTTS `GFSQ.forward` (GroupedResidualFSQ -> indices): features [B, dim, T] -> codes
+    [B, G*R, T] int64, code row g*R + r = group g, residual level r (ChatTTS's layout)."""
+
+    def __init__(self, gfsq: nn.Module) -> None:
+        super().__init__()
+        self.groups = int(gfsq.G)
+        self.rvqs = gfsq.quantizer.rvqs
+        for rvq in self.rvqs:
+            if any(getattr(layer, "orthogonal_rotation", False) for layer in rvq.layers):
+                raise ValueError("FSQ with orthogonal rotation is not supported")
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        x = feats.transpose(1, 2)  # [B, T, dim]
+        codes = []
+        for g, chunk in enumerate(x.chunk(self.groups, dim=-1)):
+            rvq = self.rvqs[g]
+            z = rvq.project_in(chunk)
+            if rvq.soft_clamp_input_value is not None:
+                z = (z / rvq.soft_clamp_input_value).tanh() * rvq.soft_clamp_input_value
+            residual = z
+            for layer, scale in zip(rvq.layers, rvq.scales, strict=True):
+                quantized = layer.quantize(layer.project_in(residual / scale))
+                codes.append(layer.codes_to_indices(quantized).long())
+                residual = residual - quantized * scale
+        return torch.stack(codes, 1)  # [B, G*R, T]
+
+
+class DvaeEncoderForExport(nn.Module):
+    """ChatTTS `DVAE.forward(wav, "encode")`: wav [B, samples] float -> codes [B, num_vq, T] int64
+    (T = (samples // hop + 1) // 2), plus the encoder's features [B, vq_dim, T] before the quantizer."""
+
+    def __init__(self, dvae: nn.Module) -> None:
+        super().__init__()
+        if getattr(dvae, "encoder", None) is None or dvae.vq_layer is None:
+            raise ValueError("this DVAE has no encoder/quantizer (ChatTTS's Chat.dvae has both)")
+        self.mel = LogMelForExport(dvae.preprocessor_mel)
+        self.downsample_conv = dvae.downsample_conv
+        self.encoder = dvae.encoder
+        self.quantizer = GfsqIndices(dvae.vq_layer)
+        self.register_buffer("coef", dvae.coef.detach().clone())  # [1, n_mels, 1]
+
+    def forward(self, wav: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mel = self.mel(wav)
+        feats = self.encoder(self.downsample_conv(mel / self.coef))
+        return self.quantizer(feats), feats

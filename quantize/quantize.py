@@ -53,6 +53,7 @@ NOT_QUANTIZED = {
     "head_text": "fp32 (text head: only used by text refinement)",
     "decoder": "fp32 (convolutions: dynamic ConvInteger is a slow onnxruntime CPU path)",
     "dvae": "fp32 (convolutions)",
+    "dvae_encoder": "fp32, copied byte for byte (voice cloning: its codes must equal ChatTTS's exactly)",
     "vocos": "fp32, copied byte for byte",
 }
 

@@ -12,6 +12,7 @@ like it (the tests compare them against ChatTTS itself):
 - `decorate_code_prompts` / `decorate_text_prompts` <- `Speaker.decorate_*`.
 - `decode_speaker` / `encode_speaker` / `speaker_vector` / `apply_speaker` / `sample_random_speaker`
   <- `Speaker._decode` / `_encode` / `apply` / `sample_random`.
+- `encode_prompt` / `decode_prompt` <- `Speaker.encode_prompt` / `decode_prompt` (`spk_smp` strings).
 """
 
 from __future__ import annotations
@@ -296,6 +297,19 @@ def apply_speaker(emb: np.ndarray, input_ids: np.ndarray, spk_emb_id: int, vec: 
     """Replace the embedding rows of `[spk_emb]` positions by `vec` (in place, also returned)."""
     emb[input_ids[..., 0] == spk_emb_id] = vec
     return emb
+
+
+def encode_prompt(codes: np.ndarray) -> str:
+    """Audio codes [num_vq, T] -> a speaker sample string (`spk_smp`, `Speaker.encode_prompt`):
+    base16384 of the uint16 shape, then the LZMA2-compressed little-endian uint16 codes."""
+    arr = np.asarray(codes)
+    if arr.ndim != 2:
+        raise ForgeError(f"speaker sample codes must be 2-D [num_vq, T], got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
+        raise ForgeError("speaker sample codes must fit in uint16")
+    head = np.array(arr.shape, dtype="<u2").tobytes()
+    body = lzma.compress(arr.astype("<u2").tobytes(), format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+    return b14.encode_to_string(head + body)
 
 
 def decode_prompt(prompt: str) -> np.ndarray:

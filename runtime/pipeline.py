@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT
+from chattts_forge.artifact import DVAE_ENCODER, FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -43,6 +43,7 @@ from chattts_forge.runtime.frontend import (
     decode_prompt,
     decorate_code_prompts,
     decorate_text_prompts,
+    encode_prompt,
     is_speakable,
     sample_random_speaker,
     speaker_vector,
@@ -280,11 +281,70 @@ class Pipeline:
         """A random speaker string from the artifact's speaker statistics (`Chat.sample_random_speaker`)."""
         return sample_random_speaker(self.artifact.speaker_stats, np.random.default_rng(seed))
 
+    # ---- voice cloning ---------------------------------------------------------------------
+
+    def check_recording(self, wav: object, what: str = "wav") -> np.ndarray:
+        """A recording as ChatTTS's `sample_audio_speaker` takes it: 1-D float samples at the model's
+        rate (24 kHz), at least n_fft/2 + 1 long. float64/float16 are cast to float32 (ChatTTS needs
+        float32); anything else is a one-line ForgeError naming `what`."""
+        try:
+            arr = np.asarray(wav)
+        except Exception as e:  # e.g. a CUDA tensor: numpy cannot read it
+            raise ForgeError(f"{what} must be a numpy array (or CPU tensor) of samples: {e}") from None
+        if arr.ndim != 1:
+            raise ForgeError(
+                f"{what} must be 1-D [samples] (one mono {self.sample_rate} Hz recording), got shape {arr.shape}"
+            )
+        if not np.issubdtype(arr.dtype, np.floating):
+            hint = " (divide int16 PCM by 32768)" if np.issubdtype(arr.dtype, np.integer) else ""
+            raise ForgeError(f"{what} must hold float samples in [-1, 1], got dtype {arr.dtype}{hint}")
+        if arr.size == 0:
+            raise ForgeError(f"{what} is empty")
+        shortest = self.dims.n_fft // 2 + 1
+        if arr.size < shortest:
+            raise ForgeError(f"{what} has {arr.size} samples; the encoder needs at least {shortest}")
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not np.all(np.isfinite(arr)):
+            raise ForgeError(f"{what} holds NaN or infinite samples")
+        return arr
+
+    def encode_audio(self, wav: object) -> np.ndarray:
+        """ChatTTS's `DVAE.sample_audio`: a recording [samples] -> audio codes int64 [num_vq, T]."""
+        arr = self.check_recording(wav)
+        if not self.artifact.has_component(DVAE_ENCODER):
+            raise ForgeError(
+                f"artifact {self.artifact.path} has no {DVAE_ENCODER}.onnx (converted before voice "
+                "cloning existed): convert the checkpoint again to make speakers from recordings"
+            )
+        return self.artifact.session(DVAE_ENCODER).run(["codes"], {"wav": arr[None]})[0][0]
+
+    def sample_audio_speaker(self, wav: object) -> str:
+        """`Chat.sample_audio_speaker`: a 24 kHz recording -> the `spk_smp` string ChatTTS makes of it."""
+        return encode_prompt(self.encode_audio(wav))
+
+    def speaker_sample_codes(self, spk_smp: str) -> np.ndarray:
+        """A `spk_smp` string -> codes [num_vq, T], checked against this model (ForgeError naming spk_smp)."""
+        try:
+            codes = decode_prompt(spk_smp)
+        except ForgeError as e:
+            raise ForgeError(f"spk_smp: {e}") from None
+        if codes.shape[0] != self.num_vq or codes.shape[1] == 0:
+            raise ForgeError(
+                f"spk_smp holds codes of shape {codes.shape}, this model takes [{self.num_vq}, T > 0] "
+                "(a sample string from another model?)"
+            )
+        if codes.max() >= self.eos_code:
+            raise ForgeError(
+                f"spk_smp holds code {int(codes.max())}, this model's codes are < {self.eos_code} "
+                "(a sample string from another model?)"
+            )
+        return codes
+
     def prepare_code_inputs(
         self, texts: Sequence[str], params: InferCodeParams
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(inputs_embeds [B, L, hidden], input_ids [B, L, num_vq], attention_mask [B, L]) of `_infer_code`."""
-        prompt = decode_prompt(params.spk_smp) if params.spk_smp is not None else None
+        prompt = self.speaker_sample_codes(params.spk_smp) if params.spk_smp is not None else None
         decorated = decorate_code_prompts(list(texts), params.prompt, params.txt_smp, params.spk_emb)
         input_ids, attention_mask, text_mask = self.tokenizer.encode(decorated, self.num_vq, prompt)
         self._check_length(input_ids.shape[1], params.max_new_token)
@@ -579,13 +639,15 @@ class Pipeline:
         stream_batch: int | None = None,
         on_done: Callable[[Generation], None] | None = None,
         lookahead_frames: int | None = None,
+        progress: Callable[[StepState], None] | None = None,
     ) -> Iterator[list[np.ndarray]]:
         """Yield one float32 chunk per input text (possibly empty): a first chunk as soon as any
         row has final audio, then every `stream_batch` steps (default params.code.stream_batch = 24).
         Concatenating a text's chunks gives its waveform. `lookahead_frames` (default: the exact
         right context, `decoder_radius + vocos_radius`) lowers first-audio latency at the cost of
         exactness near chunk boundaries. `on_done(generation)` receives the codes and hidden states
-        after the last chunk."""
+        after the last chunk; `progress(state)` is called after every step, before that step's chunk
+        (if any) is yielded, so it sees which rows have ended (`state.finish`)."""
         params = params or SynthParams()
         every = stream_batch or params.code.stream_batch
         if every < 1:
@@ -598,6 +660,8 @@ class Pipeline:
         first_sent = False  # no chunk with audio yet: check every step (arithmetic only)
         for state in self.iter_infer_code(norm, params.code):
             live_steps += 1
+            if progress is not None:
+                progress(state)
             due = live_steps % every == 0 or state.done
             if not due and not first_sent:
                 due = any(

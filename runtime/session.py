@@ -45,7 +45,7 @@ RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 #   so their workers go to sleep instead of competing with the next GPT steps;
 # - the GPT graphs run back to back: all threads, spinning (the default).
 SINGLE_THREAD_COMPONENTS = frozenset({"embed", "head_code", "head_text"})
-NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "vocos"})
+NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
 # Files at most this large are hashed on every open ("cheap" verification); larger ones are
 # checked by size only unless verify="full".
 CHEAP_HASH_BYTES = 8 << 20

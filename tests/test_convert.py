@@ -12,7 +12,7 @@ import pytest
 
 from chattts_forge.fsutil import sha256_file
 
-COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos")
+COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
 META_KEYS = (
     "component",
     "precision",
@@ -110,9 +110,13 @@ def test_artifact_json_and_metadata_complete(tiny_artifacts, tiny_ckpt):
 
 def test_fp16_artifact(tiny_artifacts):
     fp32, fp16 = tiny_artifacts["fp32"], tiny_artifacts["fp16"]
-    assert sha256_file(fp16 / "vocos.onnx") == sha256_file(fp32 / "vocos.onnx")
     doc = _artifact(fp16)
-    assert doc["components"]["vocos"]["precision"] == "fp32"
+    # The vocoder and the DVAE encoder (voice cloning: exact codes) stay FP32, the same bytes.
+    for name in ("vocos", "dvae_encoder"):
+        assert sha256_file(fp16 / f"{name}.onnx") == sha256_file(fp32 / f"{name}.onnx")
+        assert doc["components"][name]["precision"] == "fp32"
+        assert doc["fp16"]["converters"][name].startswith("none (kept FP32")
+    assert "none" not in doc["fp16"]["converter"]
     for name in ("embed", "gpt", "head_code", "head_text", "decoder", "dvae"):
         comp = doc["components"][name]
         assert comp["precision"] == "fp16"

@@ -1,0 +1,545 @@
+"""A drop-in for ChatTTS 0.2.5's `ChatTTS.Chat` on a converted artifact (torch-free).
+
+Existing ChatTTS code runs with one import and the `load` call changed::
+
+    import chattts_forge.compat as ChatTTS          # was: import ChatTTS
+
+    chat = ChatTTS.Chat()
+    chat.load(source="custom", custom_path="artifacts/chattts/v1")    # an artifact or version folder
+    spk = chat.sample_random_speaker()
+    params = ChatTTS.Chat.InferCodeParams(spk_emb=spk, temperature=0.3, top_P=0.7, top_K=20)
+    wavs = chat.infer(["你好。", "Hello."], params_infer_code=params)   # list of float32 [samples]
+
+Everything runs on the runtime's public `Pipeline` (normalise -> refine with the text head ->
+code generation -> Decoder/DVAE -> Vocos), with ChatTTS's names, defaults, return types and
+shapes (see `Chat.infer`). `sample_audio_speaker(wav)` runs the artifact's `dvae_encoder.onnx`
+(ChatTTS's DVAE encode path) and gives the same `spk_smp` string ChatTTS makes of the recording.
+
+`load(custom_path=...)` takes an artifact folder (it holds `artifact.json`) or a published version
+folder `artifacts/<model>/<version>/` holding variant folders; from a version folder the variant
+is `variant=` if given, else the first present of `VARIANT_PREFERENCE[provider]` (CPU: int8-dynamic,
+fp32, int8-static, int4, fp16; CUDA: fp16, fp32, int8-dynamic, int8-static, int4).
+
+What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` naming the argument):
+- sources other than `custom`, `force_redownload`, `compile`, `use_flash_attn`, `use_vllm`,
+  `experimental`, `enable_cache=False`, a `coef` other than the artifact's, devices other than
+  cpu/cuda, unknown keyword arguments, and wavs that are not 1-D float samples are refused;
+- `load` raises instead of logging and returning False;
+- sampling draws from numpy generators seeded by `manual_seed` (torch's RNG stream is not
+  reproduced; at temperature ~0 both are argmax); `sample_random_speaker()` ignores
+  `torch.manual_seed` (pass `seed=` here);
+- `split_text=True` drops empty lines of a text (ChatTTS feeds them to the model as empty prompts);
+- streaming emits audio that is final (the runtime's exact streaming: concatenated chunks equal the
+  whole waveform) as [batch, samples] arrays, honouring `pass_first_n_batches` (chunks held back) and
+  `stream_speed` (most samples per chunk); chunks come every `stream_batch` steps plus an early first
+  one, so the count of held-back chunks may cover fewer steps than in ChatTTS;
+- `params_infer_code` is not modified: ChatTTS writes the `spk_smp`/`txt_smp` of its
+  split-text reference sentence into the caller's (or the shared default) object.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.artifact import DVAE_ENCODER
+from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
+from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams
+from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
+from chattts_forge.runtime.pipeline import RefineTextParams as _RuntimeRefineParams
+
+__all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "Normalizer"]
+
+# ChatTTS's silence threshold: `Chat.infer` drops samples with |x| <= 1e-5 from non-streamed audio.
+_SILENCE = np.float32(1e-5)
+VARIANT_PREFERENCE = {
+    "cpu": ("int8-dynamic", "fp32", "int8-static", "int4", "fp16"),
+    "cuda": ("fp16", "fp32", "int8-dynamic", "int8-static", "int4"),
+}
+_SOURCE_HINT = (
+    "chattts_forge.compat runs a converted artifact: call load(source='custom', custom_path=DIR) with DIR "
+    "an artifact folder (holding artifact.json) or a published version folder artifacts/<model>/<version>/"
+)
+
+
+class CompatArgumentError(ForgeError, TypeError):
+    """An argument ChatTTS's API has but this runtime cannot honour, or one neither has.
+
+    Also a TypeError, as Python raises for an unknown keyword argument."""
+
+
+def _strict(cls: type) -> type:
+    """Make a params dataclass refuse unknown keyword arguments with a one-line ForgeError."""
+    init = cls.__init__
+    names = [f.name for f in fields(cls)]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise CompatArgumentError(
+                f"Chat.{cls.__name__} has no parameter '{unknown[0]}' (ChatTTS 0.2.5's: {', '.join(names)})"
+            )
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+@_strict
+@dataclass(repr=False, eq=False)
+class RefineTextParams:
+    """ChatTTS 0.2.5 `Chat.RefineTextParams` (same names and defaults)."""
+
+    prompt: str = ""
+    top_P: float = 0.7
+    top_K: int = 20
+    temperature: float = 0.7
+    repetition_penalty: float = 1.0
+    max_new_token: int = 384
+    min_new_token: int = 0
+    show_tqdm: bool = True
+    ensure_non_empty: bool = True
+    manual_seed: int | None = None
+
+
+@_strict
+@dataclass(repr=False, eq=False)
+class InferCodeParams(RefineTextParams):
+    """ChatTTS 0.2.5 `Chat.InferCodeParams` (same names and defaults)."""
+
+    prompt: str = "[speed_5]"
+    spk_emb: str | None = None
+    spk_smp: str | None = None
+    txt_smp: str | None = None
+    temperature: float = 0.3
+    repetition_penalty: float = 1.05
+    max_new_token: int = 2048
+    stream_batch: int = 24
+    stream_speed: int = 12000
+    pass_first_n_batches: int = 2
+
+
+def _runtime_refine(p: RefineTextParams) -> _RuntimeRefineParams:
+    return _RuntimeRefineParams(
+        prompt=p.prompt, top_p=p.top_P, top_k=p.top_K, temperature=p.temperature,
+        repetition_penalty=p.repetition_penalty, max_new_token=p.max_new_token,
+        min_new_token=p.min_new_token, ensure_non_empty=p.ensure_non_empty, seed=p.manual_seed,
+    )  # fmt: skip
+
+
+def _runtime_code(p: InferCodeParams) -> _RuntimeCodeParams:
+    return _RuntimeCodeParams(
+        prompt=p.prompt, spk_emb=p.spk_emb, spk_smp=p.spk_smp, txt_smp=p.txt_smp,
+        temperature=p.temperature, top_p=p.top_P, top_k=p.top_K,
+        repetition_penalty=p.repetition_penalty, max_new_token=p.max_new_token,
+        min_new_token=p.min_new_token, stream_batch=p.stream_batch,
+        ensure_non_empty=p.ensure_non_empty, seed=p.manual_seed,
+    )  # fmt: skip
+
+
+class Normalizer:
+    """`chat.normalizer`: ChatTTS's Normalizer with `register(lang, fn)` / `unregister(lang)`.
+
+    A registered function runs on the tag-free runs of a text detected (or given) as `lang`, before
+    the built-in steps, as in ChatTTS. Registering works before `load`; normalising needs it (the
+    homophone map is the artifact's)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.normalizers: dict[str, Callable[[str], str]] = {}
+        self.base: Any = None  # the runtime's Normalizer, set by Chat.load
+
+    def register(self, name: str, normalizer: Callable[[str], str]) -> bool:
+        """As ChatTTS: False (with a warning) if taken or if `normalizer` is not str -> str."""
+        if name in self.normalizers:
+            self.logger.warning(f"name {name} has been registered")
+            return False
+        try:
+            val = normalizer("test string 测试字符串")
+        except Exception as e:  # ChatTTS logs whatever the user's function raised
+            self.logger.warning(e)
+            return False
+        if not isinstance(val, str):
+            self.logger.warning("normalizer must have caller type (str) -> str")
+            return False
+        self.normalizers[name] = normalizer
+        return True
+
+    def unregister(self, name: str) -> None:
+        self.normalizers.pop(name, None)
+
+    def destroy(self) -> None:
+        self.normalizers.clear()
+
+    def __call__(
+        self, text: str, do_text_normalization: bool = True, do_homophone_replacement: bool = True,
+        lang: str | None = None,
+    ) -> str:
+        if self.base is None:
+            raise ForgeError("the normalizer needs a loaded artifact (call chat.load(...) first)")
+        if do_text_normalization:
+            lang = self.base.detect_language(text) if lang is None else lang
+            if lang in self.normalizers:
+                texts, tags = split_tags(text)
+                texts = [self.normalizers[lang](t) for t in texts]
+                text = combine_tags(texts, tags) if tags else texts[0]
+        return self.base(text, do_text_normalization, do_homophone_replacement, lang)
+
+
+class Chat:
+    """ChatTTS 0.2.5's `Chat` on an ONNX artifact. See the module docstring."""
+
+    RefineTextParams = RefineTextParams
+    InferCodeParams = InferCodeParams
+
+    def __init__(self, logger: logging.Logger = logging.getLogger(__name__)) -> None:  # noqa: B008 - as ChatTTS
+        self.logger = logger
+        self.normalizer = Normalizer(logger)
+        self.pipe: Pipeline | None = None
+        self._interrupted = False
+
+    # ---- loading --------------------------------------------------------------------------
+
+    def has_loaded(self, use_decoder: bool = False) -> bool:
+        """True once an artifact is loaded (with the Decoder, or the DVAE when use_decoder=False)."""
+        if self.pipe is None:
+            self.logger.warning("artifact not loaded.")
+            return False
+        name = "decoder" if use_decoder else "dvae"
+        if not self.pipe.artifact.has_component(name):
+            self.logger.warning(f"{name} not initialized.")
+            return False
+        return True
+
+    def download_models(self, source: str = "local", force_redownload: bool = False,
+                        custom_path: str | None = None) -> str | None:
+        if source != "custom" or force_redownload:
+            raise CompatArgumentError(f"download_models: nothing is downloaded here; {_SOURCE_HINT}")
+        return None if custom_path is None else str(custom_path)
+
+    def load(
+        self,
+        source: str = "local",
+        force_redownload: bool = False,
+        compile: bool = False,  # noqa: A002 - ChatTTS's name
+        custom_path: str | Path | None = None,
+        device: Any = None,
+        coef: str | None = None,
+        use_flash_attn: bool = False,
+        use_vllm: bool = False,
+        experimental: bool = False,
+        enable_cache: bool = True,
+        *,
+        variant: str | None = None,
+        threads: int | None = None,
+        engine: str = "auto",
+        **unknown: Any,
+    ) -> bool:
+        """Open an artifact (`source="custom"`, `custom_path=` an artifact or version folder).
+
+        Extra keyword-only arguments of ours: `variant` (pick from a version folder), `threads`
+        (onnxruntime intra-op threads), `engine` (GPT engine, see Pipeline). Returns True."""
+        _refuse_unknown("load", unknown)
+        if source != "custom":
+            raise CompatArgumentError(f"load: source={source!r} is not supported; {_SOURCE_HINT}")
+        if custom_path is None:
+            raise CompatArgumentError(f"load: custom_path is required; {_SOURCE_HINT}")
+        refused = {"force_redownload": force_redownload, "compile": compile, "use_flash_attn": use_flash_attn,
+                   "use_vllm": use_vllm, "experimental": experimental}
+        for name, value in refused.items():
+            if value:
+                raise CompatArgumentError(f"load: {name}=True is a PyTorch/download option; the artifact runs "
+                                          "on onnxruntime (leave it False)")
+        if not enable_cache:
+            raise CompatArgumentError("load: enable_cache=False is not supported (the runtime always keeps a KV cache)")
+        provider = _provider(device)
+        folder = resolve_artifact(custom_path, variant, provider)
+        pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine)
+        if coef is not None and coef != artifact_coef(pipe):
+            raise CompatArgumentError("load: coef differs from the artifact's DVAE coefficients (baked into its "
+                                      "graphs at convert time); leave coef=None")
+        self.pipe = pipe
+        self.normalizer.base = pipe.normalizer
+        self.logger.info("loaded artifact %s (variant %s, %s)", folder, pipe.artifact.variant, provider)
+        return True
+
+    def unload(self) -> None:
+        """Drop the artifact and the registered normalizers (ChatTTS re-initialises the Chat)."""
+        self.__init__(self.logger)  # type: ignore[misc]
+
+    @property
+    def sample_rate(self) -> int:
+        return self._pipe().sample_rate
+
+    def _pipe(self) -> Pipeline:
+        if self.pipe is None:
+            raise ForgeError("no artifact loaded: call chat.load(source='custom', custom_path=DIR) first")
+        return self.pipe
+
+    # ---- speakers -------------------------------------------------------------------------
+
+    def sample_random_speaker(self, seed: int | None = None) -> str:
+        """A random speaker string from the artifact's speaker statistics (`seed`: ours, optional)."""
+        return self._pipe().random_speaker(seed)
+
+    def sample_audio_speaker(self, wav: Any) -> str:
+        """The `spk_smp` string of a 24 kHz mono recording (1-D float samples), as ChatTTS makes it."""
+        return self._pipe().sample_audio_speaker(wav)
+
+    def interrupt(self) -> None:
+        """Stop the running `infer` after its current step (what was generated so far is decoded)."""
+        self._interrupted = True
+
+    # ---- inference ------------------------------------------------------------------------
+
+    def infer(
+        self,
+        text: str | Sequence[str],
+        stream: bool = False,
+        lang: str | None = None,
+        skip_refine_text: bool = False,
+        refine_text_only: bool = False,
+        use_decoder: bool = True,
+        do_text_normalization: bool = True,
+        do_homophone_replacement: bool = True,
+        split_text: bool = True,
+        max_split_batch: int = 4,
+        params_refine_text: RefineTextParams | None = None,
+        params_infer_code: InferCodeParams | None = None,
+        **unknown: Any,
+    ) -> Any:
+        """ChatTTS's `Chat.infer`. Returns, as ChatTTS does:
+
+        - `refine_text_only=True`: the refined text, a str joined by newlines if `split_text`, else a
+          list of str (one per text);
+        - `stream=False`: a list of float32 waveforms [samples] at 24 kHz with samples |x| <= 1e-5
+          removed; one per text, or a single joined one when `split_text` is True;
+        - `stream=True`: a generator of float32 arrays [texts in the batch, samples];
+        - `[]` for an empty list of texts.
+        """
+        _refuse_unknown("infer", unknown)
+        pipe = self._pipe()
+        params_refine_text = params_refine_text or RefineTextParams()
+        params_infer_code = params_infer_code or InferCodeParams()
+        _check_type("params_refine_text", params_refine_text, RefineTextParams)
+        _check_type("params_infer_code", params_infer_code, InferCodeParams)
+        if max_split_batch < 1:
+            raise CompatArgumentError(f"infer: max_split_batch must be >= 1, got {max_split_batch}")
+        if lang not in (None, "zh", "en"):
+            raise CompatArgumentError(f"infer: lang must be None, 'zh' or 'en', got {lang!r}")
+        self._check_speakers(params_infer_code)
+        self._interrupted = False
+
+        texts = self._split(text, split_text)
+        if not texts:
+            return []
+        texts = [self._normalize(t, do_text_normalization, do_homophone_replacement, lang) for t in texts]
+        if not skip_refine_text:
+            texts = self._refine(texts, params_refine_text)
+            if refine_text_only:
+                return "\n".join(texts) if split_text else texts
+        code_params = _runtime_code(params_infer_code)
+        if split_text and len(texts) > 1 and code_params.spk_smp is None:
+            code_params = self._reference_speaker(texts[0], code_params, use_decoder, params_infer_code.show_tqdm)
+        batch = max_split_batch if split_text else len(texts)
+        groups = [texts[i : i + batch] for i in range(0, len(texts), batch)]
+        if stream:
+            return self._stream(groups, code_params, params_infer_code, use_decoder)
+        wavs: list[np.ndarray] = []
+        for group in groups:
+            gen = self._generate_codes(group, code_params, params_infer_code.show_tqdm)
+            batch_wavs = pipe.decode_to_wavs(gen.hiddens if use_decoder else gen.ids, use_decoder)
+            wavs += [w[np.abs(w) > _SILENCE] for w in batch_wavs]
+        return [np.concatenate(wavs)] if split_text else wavs
+
+    # ---- the steps of infer ---------------------------------------------------------------
+
+    @staticmethod
+    def _split(text: str | Sequence[str], split_text: bool) -> list[str]:
+        if isinstance(text, str):
+            return split_sentences(text) if split_text else [text]
+        if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
+            raise CompatArgumentError("infer: text must be a str or a list of str")
+        return list(text)
+
+    def _normalize(self, text: str, do_text_normalization: bool, do_homophone_replacement: bool,
+                   lang: str | None) -> str:
+        out = self.normalizer(text, do_text_normalization, do_homophone_replacement, lang)
+        # The runtime's checks (empty / nothing speakable) on the normalised text.
+        return self._pipe().normalize(out, SynthParams(normalize=False, homophones=False))
+
+    def _refine(self, texts: list[str], params: RefineTextParams) -> list[str]:
+        return self._pipe().refine_text(texts, _runtime_refine(params))
+
+    def _check_speakers(self, params: InferCodeParams) -> None:
+        pipe = self._pipe()
+        if params.spk_emb is not None:
+            try:
+                speaker_vector(params.spk_emb, pipe.dims.hidden_size)
+            except ForgeError as e:
+                raise ForgeError(f"spk_emb: {e} (a speaker string from another model?)") from None
+        if params.spk_smp is not None:
+            pipe.speaker_sample_codes(params.spk_smp)
+
+    def _generate_codes(self, texts: list[str], params: _RuntimeCodeParams, show_tqdm: bool) -> Generation:
+        """One batch of code generation (interruptible); the seam tests compare with ChatTTS."""
+        state: StepState | None = None
+        with _progress_bar(show_tqdm, params.max_new_token) as bar:
+            for state in self._pipe().iter_infer_code(texts, params):  # noqa: B007 - the last state is the result
+                bar.update(1)
+                if self._interrupted:
+                    break
+        assert state is not None  # iter_infer_code yields at least one step
+        return state.result()
+
+    def _reference_speaker(self, text: str, params: _RuntimeCodeParams, use_decoder: bool,
+                           show_tqdm: bool) -> _RuntimeCodeParams:
+        """ChatTTS's split-text step: speak the first sentence, encode that audio as spk_smp."""
+        pipe = self._pipe()
+        if not pipe.artifact.has_component(DVAE_ENCODER):
+            raise ForgeError(
+                f"split_text on a text of several sentences makes a reference speaker from audio, and artifact "
+                f"{pipe.artifact.path} has no dvae_encoder.onnx: pass split_text=False or a spk_smp, or convert again"
+            )
+        gen = self._generate_codes([text], params, show_tqdm)
+        wav = pipe.decode_to_wavs(gen.hiddens if use_decoder else gen.ids, use_decoder)[0]
+        return replace(params, spk_smp=pipe.sample_audio_speaker(wav), txt_smp=text)
+
+    def _stream(self, groups: list[list[str]], params: _RuntimeCodeParams, compat: InferCodeParams,
+                use_decoder: bool) -> Iterator[np.ndarray]:
+        synth = SynthParams(code=params, refine=None, use_decoder=use_decoder, normalize=False, homophones=False)
+        for group in groups:
+            yield from self._stream_group(group, synth, compat)
+
+    def _stream_group(self, group: list[str], synth: SynthParams, compat: InferCodeParams) -> Iterator[np.ndarray]:
+        """One batch streamed as ChatTTS shapes it: [rows, samples] chunks of final audio; a row
+        that has ended is zero-padded while the others go on."""
+        rows = len(group)
+        pending = [np.zeros(0, np.float32) for _ in range(rows)]
+        ended = np.zeros(rows, dtype=bool)
+        chunks = 0
+
+        def progress(state: StepState) -> None:
+            ended[:] = state.finish | state.done
+            if self._interrupted:
+                raise _Interrupted
+
+        stream = self._pipe().stream(group, synth, progress=progress)
+        while True:
+            try:
+                chunk = next(stream)
+            except (StopIteration, _Interrupted):
+                break
+            chunks += 1
+            pending = [np.concatenate([p, c]) for p, c in zip(pending, chunk, strict=True)]
+            if chunks <= compat.pass_first_n_batches:
+                continue
+            live = [len(p) for p, e in zip(pending, ended, strict=True) if not e]
+            n = min(min(live) if live else max(len(p) for p in pending), compat.stream_speed)
+            if n > 0:
+                out, pending = _take(pending, n)
+                yield out
+        # ChatTTS's last chunk of a batch: the rest, without the columns silent in every row.
+        width = max(len(p) for p in pending)
+        if width:
+            out, _ = _take(pending, width)
+            yield out[:, (np.abs(out) > _SILENCE).any(axis=0)]
+
+
+class _Interrupted(Exception):
+    """Raised inside the stream's progress hook to stop generation after `Chat.interrupt()`."""
+
+
+def _take(pending: list[np.ndarray], n: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The first n samples of every row as [rows, n] (rows that have less are zero-padded), and the rest."""
+    out = np.zeros((len(pending), n), dtype=np.float32)
+    for b, p in enumerate(pending):
+        out[b, : min(n, len(p))] = p[:n]
+    return out, [p[n:] for p in pending]
+
+
+class _progress_bar:  # noqa: N801 - used as a context manager like tqdm
+    """tqdm over generation steps when ChatTTS's `show_tqdm` asks for it, else a no-op."""
+
+    def __init__(self, show: bool, total: int) -> None:
+        self.bar = None
+        if show:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="code", unit="step", leave=False)
+
+    def __enter__(self) -> _progress_bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+
+def _refuse_unknown(where: str, unknown: dict[str, Any]) -> None:
+    if unknown:
+        raise CompatArgumentError(f"Chat.{where}() has no parameter '{next(iter(unknown))}' (ChatTTS 0.2.5 API)")
+
+
+def _check_type(name: str, value: object, cls: type) -> None:
+    if not isinstance(value, cls):
+        raise CompatArgumentError(
+            f"infer: {name} must be a chattts_forge.compat.Chat.{cls.__name__}, got {type(value).__name__}"
+        )
+
+
+def _provider(device: Any) -> str:
+    """ChatTTS's `device` (None, a string or a torch.device) -> onnxruntime provider name."""
+    if device is None:
+        return "cpu"
+    kind = re.split(r"[:\s]", str(device).strip().lower())[0]
+    if kind not in VARIANT_PREFERENCE:
+        raise CompatArgumentError(f"load: device={str(device)!r} is not supported (cpu or cuda)")
+    return kind
+
+
+def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu") -> Path:
+    """An artifact folder, or the chosen variant folder of a version folder (see the module docstring)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ForgeError(f"load: custom_path {folder} is not a folder")
+    if (folder / "artifact.json").is_file():
+        if variant is not None and variant != folder.name:
+            raise CompatArgumentError(f"load: variant={variant!r} given, but {folder} is one artifact")
+        return folder
+    present = sorted(p.name for p in folder.iterdir() if (p / "artifact.json").is_file())
+    if not present:
+        raise ForgeError(f"load: {folder} holds no artifact (no artifact.json in it or in its subfolders)")
+    if variant is not None:
+        if variant not in present:
+            raise CompatArgumentError(f"load: variant={variant!r} is not in {folder} (it has: {', '.join(present)})")
+        return folder / variant
+    for name in VARIANT_PREFERENCE[provider]:
+        if name in present:
+            return folder / name
+    return folder / present[0]
+
+
+def artifact_coef(pipe: Pipeline) -> str | None:
+    """The artifact's DVAE coefficients as ChatTTS's `coef` string (pybase16384 of float32), if recorded."""
+    import json
+
+    import pybase16384 as b14
+
+    path = pipe.artifact.path / pipe.artifact.files.get("dvae_coef", "dvae_coef.json")
+    try:
+        coef = json.loads(path.read_text(encoding="utf-8"))["dvae"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return b14.encode_to_string(np.asarray(coef, dtype=np.float32).tobytes())
