@@ -8,6 +8,7 @@ position ids, a `DynamicCache`, `cache_position`), the weight-normed heads under
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from torch import nn
 
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.convert.modules import (
+    DvaeEncoderForExport,
     EmbedForExport,
     GptStepForExport,
     HeadCodeForExport,
@@ -356,6 +358,64 @@ def dvae_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
     )
 
 
+def speech_like_recording(samples: int, sample_rate: int, g: torch.Generator) -> torch.Tensor:
+    """A speech-like float32 recording [samples] in [-1, 1]: a few harmonics with a drifting pitch,
+    an amplitude envelope and a little noise (the encoder's parity inputs, and the tests')."""
+    t = torch.arange(samples, dtype=torch.float64) / sample_rate
+    f0 = 110.0 + 60.0 * torch.rand((), generator=g, dtype=torch.float64)
+    pitch = f0 * (1.0 + 0.1 * torch.sin(2 * math.pi * 0.7 * t))
+    phase = 2 * math.pi * torch.cumsum(pitch, 0) / sample_rate
+    wav = sum(torch.sin(h * phase) / h for h in range(1, 6))
+    envelope = 0.5 + 0.5 * torch.sin(2 * math.pi * 2.3 * t).abs()
+    noise = 0.02 * torch.randn(samples, generator=g, dtype=torch.float64)
+    return (0.3 * envelope * wav + noise).clamp(-1, 1).float()
+
+
+def dvae_encoder_reference(dvae: nn.Module, wav: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ChatTTS's encode path on one recording [samples]: (codes [num_vq, T], features [vq_dim, T]).
+
+    Codes come from `DVAE.forward(wav, "encode")` itself (what `Chat.sample_audio_speaker` runs);
+    the features are the same steps stopped before the quantizer (its submodules, in its order)."""
+    with torch.inference_mode():
+        codes = dvae(wav.clone(), "encode")[0]
+        mel = dvae.preprocessor_mel(wav.clone())
+        feats = dvae.encoder(dvae.downsample_conv(mel / dvae.coef.view(-1, 1)).unsqueeze(0))[0]
+    return codes, feats
+
+
+def dvae_encoder_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
+    def make(b: int, samples: int, seed: int) -> torch.Tensor:
+        g = _gen(seed)
+        return torch.stack([speech_like_recording(samples, dims.sample_rate, g) for _ in range(b)])
+
+    def cases() -> list[ParityCase]:
+        out = []
+        # 513 samples: the shortest recording (reflect padding needs more than n_fft / 2).
+        plan = (("b1_s513_short", 1, dims.n_fft // 2 + 1, 61), ("b3_s12000", 3, 12000, 62),
+                ("b1_s72000_long", 1, 72000, 63))
+        for name, b, n, seed in plan:
+            wav = make(b, n, seed)
+            refs = [dvae_encoder_reference(src.dvae, row) for row in wav]
+            expected = {"codes": _np(torch.stack([c for c, _ in refs]).long()),
+                        "features": _np(torch.stack([f for _, f in refs]))}
+            out.append(ParityCase(name, {"wav": _np(wav)}, expected))
+        return out
+
+    return ComponentSpec(
+        name="dvae_encoder",
+        file="dvae_encoder.onnx",
+        wrapper=DvaeEncoderForExport(src.dvae),
+        example=(make(2, 4000, 0),),
+        inputs=[IOSpec("wav", ["batch", "samples"], "float32")],
+        outputs=[
+            IOSpec("codes", ["batch", dims.num_vq, "frames"], "int64"),
+            IOSpec("features", ["batch", dims.vq_dim, "frames"], "float32"),
+        ],
+        cases=cases,
+        fp16=False,  # codes must equal ChatTTS's exactly (spk_smp strings): FP16 would move roundings
+    )
+
+
 # ---------------------------------------------------------------------------------- vocos
 def vocos_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
     def make(b: int, f: int, seed: int) -> torch.Tensor:
@@ -390,5 +450,6 @@ SPEC_BUILDERS: dict[str, Callable[[SourceModules, Dims], ComponentSpec]] = {
     "head_text": head_text_spec,
     "decoder": decoder_spec,
     "dvae": dvae_spec,
+    "dvae_encoder": dvae_encoder_spec,
     "vocos": vocos_spec,
 }

@@ -27,3 +27,21 @@ def write_wav(path: str | os.PathLike[str], wav: np.ndarray, sample_rate: int = 
     except OSError as e:
         raise ForgeError(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str = "recording") -> np.ndarray:
+    """A mono recording at `sample_rate` as float32 samples in [-1, 1] (any format soundfile reads).
+
+    No resampling: a file at another rate, or with several channels, is a one-line ForgeError."""
+    path = Path(path)
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except FileNotFoundError:
+        raise ForgeError(f"{what} {path} does not exist") from None
+    except (OSError, RuntimeError, sf.LibsndfileError) as e:
+        raise ForgeError(f"{what} {path} is not a readable audio file: {str(e).splitlines()[0]}") from None
+    if rate != sample_rate:
+        raise ForgeError(f"{what} {path} is sampled at {rate} Hz; resample it to {sample_rate} Hz first")
+    if data.shape[1] != 1:
+        raise ForgeError(f"{what} {path} has {data.shape[1]} channels; give a mono recording")
+    return data[:, 0]

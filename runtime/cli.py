@@ -112,7 +112,22 @@ class _StreamingWav:
     "when OUT is a folder (existing, or ending in '/').",
 )
 @click.option("--seed", type=int, default=None, help="Seed of sampling (and of --speaker random).")
-@click.option("--speaker-out", type=click.Path(path_type=Path), default=None, help="Write the speaker string used.")
+@click.option(
+    "--speaker-out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the speaker string used (--speaker's, else the spk_smp string made from --speaker-audio).",
+)
+@click.option(
+    "--speaker-audio",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Clone the voice of a recording (mono, 24 kHz, any format soundfile reads): ChatTTS's "
+    "sample_audio_speaker, run by the artifact's dvae_encoder.onnx, gives the spk_smp prompt.",
+)
+@click.option(
+    "--speaker-text", default=None, help="Transcript of --speaker-audio (ChatTTS's txt_smp; recommended)."
+)
 @sampling_options
 @click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
 @click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
@@ -157,6 +172,8 @@ def synth(
     seed: int | None,
     speaker: str | None,
     speaker_out: Path | None,
+    speaker_audio: Path | None,
+    speaker_text: str | None,
     temperature: float,
     top_p: float,
     top_k: int,
@@ -190,6 +207,7 @@ def synth(
       chattts-forge synth --artifact A --text "Hi." --seed 0 --no-refine --temperature 1e-9 \\
           --codes-out codes.npy --out a.wav
       chattts-forge synth --artifact A --batch-file lines.txt --out out/ --stream
+      chattts-forge synth --artifact A --text "Hi." --speaker-audio me.wav --speaker-text "what I said" --out a.wav
     """
     if (text is None) == (batch_file is None):
         raise ForgeError("give exactly one of --text or --batch-file")
@@ -198,8 +216,10 @@ def synth(
     texts = [text] if text is not None else _read_batch_file(batch_file)
     if batch_size < 1:
         raise ForgeError(f"--batch-size must be >= 1, got {batch_size}")
-    if speaker_out is not None and speaker is None:
-        raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random')")
+    if speaker_out is not None and speaker is None and speaker_audio is None:
+        raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random') or --speaker-audio")
+    if speaker_text is not None and speaker_audio is None:
+        raise ForgeError("--speaker-text is the transcript of --speaker-audio: give --speaker-audio too")
 
     from chattts_forge.runtime.audio import write_wav
     from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
@@ -207,10 +227,18 @@ def synth(
     t0 = time.perf_counter()
     pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine)
     spk = _resolve_speaker(speaker, seed, pipe)
+    spk_smp = None
+    if speaker_audio is not None:
+        from chattts_forge.runtime.audio import read_wav
+
+        spk_smp = pipe.sample_audio_speaker(read_wav(speaker_audio, pipe.sample_rate, "--speaker-audio"))
+        log.info("speaker sample from %s (%d characters)", speaker_audio, len(spk_smp))
     params = SynthParams(
         code=InferCodeParams(
             prompt=prompt,
             spk_emb=spk,
+            spk_smp=spk_smp,
+            txt_smp=speaker_text,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -282,6 +310,7 @@ def synth(
             t1 - t0, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
         )
     if speaker_out is not None:
-        assert spk is not None
-        atomic_write_text(speaker_out, spk + "\n")
+        used = spk if spk is not None else spk_smp  # --speaker's string, else --speaker-audio's spk_smp
+        assert used is not None
+        atomic_write_text(speaker_out, used + "\n")
         log.info("wrote speaker string %s", speaker_out)
