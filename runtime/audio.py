@@ -34,10 +34,10 @@ def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str =
 
     No resampling: a file at another rate, or with several channels, is a one-line ForgeError."""
     path = Path(path)
+    if not path.is_file():
+        raise ForgeError(f"{what} {path} does not exist")
     try:
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except FileNotFoundError:
-        raise ForgeError(f"{what} {path} does not exist") from None
     except (OSError, RuntimeError, sf.LibsndfileError) as e:
         raise ForgeError(f"{what} {path} is not a readable audio file: {str(e).splitlines()[0]}") from None
     if rate != sample_rate:

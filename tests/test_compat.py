@@ -321,3 +321,44 @@ def test_unknown_and_unsupported_arguments(chat, tiny_artifacts) -> None:
         fresh.infer("hello.")
     with pytest.raises(ForgeError, match="params_infer_code must be"):
         chat.infer("hello.", params_infer_code={"temperature": 0.3})
+
+
+# ---- synth --speaker-audio ------------------------------------------------------------------------
+
+
+def test_synth_speaker_audio_clones_like_chattts(tiny_chat, tiny_artifacts, tmp_path: Path) -> None:
+    import soundfile as sf
+    from click.testing import CliRunner
+
+    from chattts_forge.cli import main
+
+    wav = _recording(1.5, 9)
+    sample = tmp_path / "me.wav"
+    sf.write(sample, wav, 24000, subtype="FLOAT")
+    transcript = "今天天气很好"
+    args = ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", TEXTS["mixed"], "--out",
+            str(tmp_path / "a.wav"), "--seed", "0", "--temperature", "1e-9", "--no-refine", "--threads", "1",
+            "--max-new-token", "24", "--min-new-token", "12", "--speaker-audio", str(sample),
+            "--speaker-text", transcript, "--speaker-out", str(tmp_path / "spk.txt"),
+            "--codes-out", str(tmp_path / "codes.npy")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    spk_smp = (tmp_path / "spk.txt").read_text().strip()
+    assert spk_smp == tiny_chat.sample_audio_speaker(wav.copy())
+    calls, undo = _record_chattts(tiny_chat)
+    try:
+        tiny_chat.infer(TEXTS["mixed"], skip_refine_text=True, split_text=False, params_infer_code=(
+            tiny_chat.InferCodeParams(**GREEDY, spk_smp=spk_smp, txt_smp=transcript)))
+    finally:
+        undo()
+    assert np.array_equal(np.load(tmp_path / "codes.npy"), calls[0][0])
+
+    stereo = tmp_path / "stereo.wav"
+    sf.write(stereo, np.stack([wav, wav], 1), 24000)
+    slow = tmp_path / "16k.wav"
+    sf.write(slow, wav, 16000)
+    for path, message in ((stereo, "has 2 channels; give a mono recording"),
+                          (slow, "is sampled at 16000 Hz; resample it to 24000 Hz first"),
+                          (tmp_path / "missing.wav", "does not exist")):
+        res = CliRunner().invoke(main, args[:-6] + ["--speaker-audio", str(path)])
+        assert res.exit_code == 2 and message in res.output, res.output
