@@ -60,8 +60,15 @@ Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`,
   <= 8 MiB on open, all with `Pipeline(..., verify="full")`), unknown or unavailable provider.
 - ChatTTS details kept on purpose: top_k/top_p keep at least 3 tokens; the repetition penalty's
   row-zeroing beyond `max_input_ids` rows; EOS in any stream ends the row; the EOS step is not
-  part of the codes. Not reproduced: torch's RNG stream, the speaker-from-audio step ChatTTS runs
-  when it splits a text into several sentences (`spk_smp` strings are accepted as input).
+  part of the codes. Not reproduced: torch's RNG stream; the speaker-from-audio step ChatTTS runs
+  when it splits a text into several sentences is done by `chattts_forge.compat` (not by
+  `SynthParams(split_sentences=True)`).
+- Voice cloning: `pipe.sample_audio_speaker(wav)` (a 1-D float 24 kHz recording -> the `spk_smp`
+  string ChatTTS makes of it, through the artifact's `dvae_encoder.onnx`), `pipe.encode_audio(wav)`
+  (its codes [num_vq, T]); `InferCodeParams(spk_smp=..., txt_smp=...)` uses it.
+
+ChatTTS's own API (`Chat`, `Chat.InferCodeParams`, `infer`, ...) on an artifact:
+`chattts_forge.runtime.compat`, also importable as `chattts_forge.compat`.
 
 GPT engine: `Pipeline(..., engine="auto")` (default: fast when the artifact has gpt_fast.onnx, as
 `synth --engine auto`), "fast" (gpt_fast.onnx through `fast_gpt.FastGptStep`, in-place KV cache)
