@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # is the command line, which loads every stage (lazily, by name), so it sits with the build driver.
 LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "core": (("chattts_forge", "chattts_forge.checkpoint", "chattts_forge.torch_ref"), frozenset()),
-    "runtime": (("chattts_forge.runtime",), frozenset({"core"})),
+    # chattts_forge.compat: the drop-in ChatTTS API, a re-export of chattts_forge.runtime.compat
+    "runtime": (("chattts_forge.runtime", "chattts_forge.compat"), frozenset({"core"})),
     # the torch export side: uses the runtime's fused-graph builder and parity driver; only the
     # command line and the build driver import it, so no torch-free stage depends on it.
     "convert": (("chattts_forge.convert",), frozenset({"core", "runtime"})),
