@@ -33,6 +33,7 @@ What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` n
   whole waveform) as [batch, samples] arrays, honouring `pass_first_n_batches` (chunks held back) and
   `stream_speed` (most samples per chunk); chunks come every `stream_batch` steps plus an early first
   one, so the count of held-back chunks may cover fewer steps than in ChatTTS;
+- `show_tqdm` shows a progress bar over the code steps; the refinement step shows none;
 - `params_infer_code` is not modified: ChatTTS writes the `spk_smp`/`txt_smp` of its
   split-text reference sentence into the caller's (or the shared default) object.
 """

@@ -49,7 +49,7 @@ def test_graphs_are_quantized_and_vocos_is_untouched(quantized, tiny_artifacts, 
     assert EXPECTED_OPS[method] <= _ops(out / "gpt.onnx")
     assert EXPECTED_OPS[method] <= _ops(out / "head_code.onnx")
     assert sha256_file(out / "vocos.onnx") == sha256_file(fp32 / "vocos.onnx")
-    for name in ("decoder.onnx", "dvae.onnx", "embed.onnx", "tokenizer.json", "speaker_stats.npy"):
+    for name in ("decoder.onnx", "dvae.onnx", "dvae_encoder.onnx", "embed.onnx", "tokenizer.json", "speaker_stats.npy"):
         assert sha256_file(out / name) == sha256_file(fp32 / name), name
     props = {p.key: p.value for p in onnx.load(str(out / "gpt.onnx"), load_external_data=False).metadata_props}
     assert props["component"] == "gpt" and props["precision"] == ("int4" if method == "int4" else "int8")
