@@ -24,7 +24,8 @@ What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` n
 - sources other than `custom`, `force_redownload`, `compile`, `use_flash_attn`, `use_vllm`,
   `experimental`, `enable_cache=False`, a `coef` other than the artifact's, devices other than
   cpu/cuda, unknown keyword arguments, and wavs that are not 1-D float samples are refused;
-- `load` raises instead of logging and returning False;
+- `load` raises instead of logging and returning False; `device=None` runs on CUDA when this
+  onnxruntime can (as ChatTTS picks a GPU), else on the CPU;
 - sampling draws from numpy generators seeded by `manual_seed` (torch's RNG stream is not
   reproduced; at temperature ~0 both are argmax); `sample_random_speaker()` ignores
   `torch.manual_seed` (pass `seed=` here);
@@ -55,6 +56,7 @@ from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_s
 from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams
 from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.pipeline import RefineTextParams as _RuntimeRefineParams
+from chattts_forge.runtime.providers import resolve_provider
 
 __all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "Normalizer"]
 
@@ -501,13 +503,15 @@ def _check_type(name: str, value: object, cls: type) -> None:
 
 
 def _provider(device: Any) -> str:
-    """ChatTTS's `device` (None, a string or a torch.device) -> onnxruntime provider name."""
+    """ChatTTS's `device` (None, a string or a torch.device) -> the onnxruntime provider (cpu or cuda).
+
+    None picks CUDA when this onnxruntime can use it, as ChatTTS's `select_device` picks a GPU."""
     if device is None:
-        return "cpu"
+        return resolve_provider("auto")
     kind = re.split(r"[:\s]", str(device).strip().lower())[0]
     if kind not in VARIANT_PREFERENCE:
         raise CompatArgumentError(f"load: device={str(device)!r} is not supported (cpu or cuda)")
-    return kind
+    return resolve_provider(kind)
 
 
 def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu") -> Path:

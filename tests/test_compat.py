@@ -40,7 +40,7 @@ def _recording(seconds: float, seed: int) -> np.ndarray:
 def chat(tiny_artifacts: dict[str, Path]) -> ChatTTS.Chat:
     c = ChatTTS.Chat()
     assert not c.has_loaded()
-    assert c.load(source="custom", custom_path=tiny_artifacts["fp32"], threads=1) is True
+    assert c.load(source="custom", custom_path=tiny_artifacts["fp32"], device="cpu", threads=1) is True
     assert c.has_loaded() and c.has_loaded(use_decoder=True)
     return c
 
@@ -221,11 +221,11 @@ def test_load_version_folder_picks_a_variant(tiny_artifacts, tmp_path: Path) -> 
     for v in ("fp32", "fp16"):
         (version / v).symlink_to(tiny_artifacts[v], target_is_directory=True)
     c = ChatTTS.Chat()
-    c.load(source="custom", custom_path=version, threads=1)
+    c.load(source="custom", custom_path=version, device="cpu", threads=1)
     assert c.pipe.artifact.variant == "fp32"  # CPU: int8-dynamic first, then fp32
     c.unload()
     assert not c.has_loaded()
-    c.load(source="custom", custom_path=version, variant="fp16", threads=1)
+    c.load(source="custom", custom_path=version, variant="fp16", device="cpu", threads=1)
     assert c.pipe.artifact.variant == "fp16"
     with pytest.raises(ForgeError, match="variant='int4' is not in .*fp16, fp32"):
         c.load(source="custom", custom_path=version, variant="int4")
@@ -239,7 +239,7 @@ def test_artifact_without_encoder(tiny_artifacts, tmp_path: Path) -> None:
     (old / "artifact.json").write_text(json.dumps(doc))
     (old / "dvae_encoder.onnx").unlink()
     c = ChatTTS.Chat()
-    c.load(source="custom", custom_path=old, threads=1)
+    c.load(source="custom", custom_path=old, device="cpu", threads=1)
     with pytest.raises(ForgeError, match="no dvae_encoder.onnx .*convert the checkpoint again"):
         c.sample_audio_speaker(_recording(1.0, 1))
     with pytest.raises(ForgeError, match="split_text=False or a spk_smp"):
