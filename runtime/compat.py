@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import DVAE_ENCODER
+from chattts_forge.artifact import ARTIFACT_JSON, DVAE_ENCODER
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
 from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams
@@ -519,13 +519,13 @@ def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ForgeError(f"load: custom_path {folder} is not a folder")
-    if (folder / "artifact.json").is_file():
+    if (folder / ARTIFACT_JSON).is_file():
         if variant is not None and variant != folder.name:
             raise CompatArgumentError(f"load: variant={variant!r} given, but {folder} is one artifact")
         return folder
-    present = sorted(p.name for p in folder.iterdir() if (p / "artifact.json").is_file())
+    present = sorted(p.name for p in folder.iterdir() if (p / ARTIFACT_JSON).is_file())
     if not present:
-        raise ForgeError(f"load: {folder} holds no artifact (no artifact.json in it or in its subfolders)")
+        raise ForgeError(f"load: {folder} holds no artifact (no {ARTIFACT_JSON} in it or in its subfolders)")
     if variant is not None:
         if variant not in present:
             raise CompatArgumentError(f"load: variant={variant!r} is not in {folder} (it has: {', '.join(present)})")
@@ -542,7 +542,7 @@ def artifact_coef(pipe: Pipeline) -> str | None:
 
     import pybase16384 as b14
 
-    path = pipe.artifact.path / pipe.artifact.files.get("dvae_coef", "dvae_coef.json")
+    path = pipe.artifact.file("dvae_coef")
     try:
         coef = json.loads(path.read_text(encoding="utf-8"))["dvae"]
     except (OSError, ValueError, KeyError, TypeError):
