@@ -46,9 +46,10 @@ def sampling_options(f: F) -> F:
 
 def provider_option(f: F) -> F:
     """Add --provider cpu|cuda|auto (resolved by chattts_forge.runtime.providers)."""
+    # A plain string checked by the runtime (not click.Choice): a bad value is the project's one-line
+    # `error:` like every other bad input, not click's usage block.
     return click.option(
         "--provider",
-        type=click.Choice(["cpu", "cuda", "auto"]),
         default="cpu",
         show_default=True,
         help="onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU).",
