@@ -6,7 +6,8 @@ and context 400 that is ~400 MB of memory traffic per step, more than the weight
 `optimize_gpt` rebuilds the same network as a graph of onnxruntime's fused contrib operators, in
 the layout onnxruntime-genai's model builder uses for Llama:
 
-- `SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` (RMSNorm + residual add),
+- the standard `RMSNormalization` (ONNX opset 23) for the first norm, then
+  `com.microsoft.SkipSimplifiedLayerNormalization` (RMSNorm + residual add),
 - one packed QKV `MatMul` and one packed gate/up `MatMul` per layer (fewer, wider GEMVs),
 - `com.microsoft.GroupQueryAttention` with rotary embedding inside (explicit `position_ids`),
   an additive `attention_bias` for ChatTTS's left-padding mask, and past/present key/value
@@ -65,6 +66,9 @@ log = get_logger(__name__)
 # published artifacts stay byte-identical across the move (it names the converter, not an import path).
 FAST_GPT_CONVERTER = "chattts_forge.convert.optimize (onnx.helper, com.microsoft fused ops)"
 MS_DOMAIN = "com.microsoft"
+# Opset 23 brings the standard RMSNormalization; onnxruntime's own SimplifiedLayerNormalization sits in
+# the standard domain without a standard schema, so onnx.checker rejects a graph that uses it.
+FAST_GPT_OPSET = 23
 # Additive bias for masked keys: finite so that a fully masked (padding) query row stays finite
 # instead of NaN, exactly like transformers' finfo(float32).min mask.
 MASK_BIAS = float(np.finfo(np.float32).min)
@@ -258,6 +262,10 @@ def build_fast_gpt(
     cos, sin = rotary_cache(head_dim, max_positions, rope_theta)
     init("cos_cache", cos)
     init("sin_cache", sin)
+    if pack_projections:
+        # Explicit widths: q is num_heads wide, k and v num_kv_heads (an equal split is wrong under GQA).
+        kv_width = num_key_value_heads * head_dim
+        init("qkv_split_sizes", np.array([hidden, kv_width, kv_width], dtype=np.int64))
 
     inputs = [
         helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch", "seq", hidden]),
@@ -282,7 +290,7 @@ def build_fast_gpt(
         if residual_in is None:
             normed = f"{p}/input_layernorm/output_0"
             nodes.append(
-                helper.make_node("SimplifiedLayerNormalization", [x, ln_w], [normed], name=f"{p}/input_layernorm/SimplifiedLayerNorm", epsilon=rms_norm_eps, axis=-1, stash_type=1)
+                helper.make_node("RMSNormalization", [x, ln_w], [normed], name=f"{p}/input_layernorm/RMSNormalization", epsilon=rms_norm_eps, axis=-1, stash_type=1)
             )
             resid = x
         else:
@@ -299,7 +307,7 @@ def build_fast_gpt(
             qkv = f"{p}/self_attn/qkv_proj/MatMul_output_0"
             nodes.append(helper.make_node("MatMul", [normed, qkv_w], [qkv], name=f"{p}/self_attn/qkv_proj/MatMul"))
             attn_in = [f"{p}/self_attn/{n}_output_0" for n in ("q", "k", "v")]
-            nodes.append(helper.make_node("Split", [qkv], attn_in, name=f"{p}/self_attn/qkv_proj/Split", axis=-1))
+            nodes.append(helper.make_node("Split", [qkv, "qkv_split_sizes"], attn_in, name=f"{p}/self_attn/qkv_proj/Split", axis=-1))
         else:
             attn_in = []
             for k, n in zip(qkv_keys, ("q_proj", "k_proj", "v_proj"), strict=True):
@@ -348,7 +356,7 @@ def build_fast_gpt(
             gu = f"{p}/mlp/gate_up_proj/MatMul_output_0"
             nodes.append(helper.make_node("MatMul", [mlp_in, gu_w], [gu], name=f"{p}/mlp/gate_up_proj/MatMul"))
             gate, up = f"{p}/mlp/gate_output_0", f"{p}/mlp/up_output_0"
-            nodes.append(helper.make_node("Split", [gu], [gate, up], name=f"{p}/mlp/Split", axis=-1))
+            nodes.append(helper.make_node("Split", [gu], [gate, up], name=f"{p}/mlp/Split", axis=-1, num_outputs=2))
         else:
             gate, up = f"{p}/mlp/gate_proj/MatMul_output_0", f"{p}/mlp/up_proj/MatMul_output_0"
             for n, out in (("gate_proj", gate), ("up_proj", up)):
@@ -378,8 +386,12 @@ def build_fast_gpt(
         if t and t not in declared
     ]
     graph = helper.make_graph(nodes, "chattts_gpt_fast", inputs, outputs, inits, value_info=value_info)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)], producer_name="chattts-forge")
-    model.ir_version = 9
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", FAST_GPT_OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+        producer_name="chattts-forge",
+    )
+    model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", FAST_GPT_OPSET)])
     return model
 
 
@@ -591,7 +603,7 @@ def optimize_gpt(
     record: dict[str, Any] = {
         "file": out.name,
         "precision": precision,
-        "opset": 17,
+        "opset": FAST_GPT_OPSET,
         "converter": FAST_GPT_CONVERTER,
         "inputs": inputs,
         "outputs": outputs,
@@ -600,7 +612,7 @@ def optimize_gpt(
         "optimization": {
             "attention": "com.microsoft.GroupQueryAttention, past/present buffer shared (IO binding), attention_bias mask",
             "rotary": "com.microsoft.RotaryEmbedding with explicit position_ids",
-            "norms": "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization",
+            "norms": "RMSNormalization (opset 23) / com.microsoft.SkipSimplifiedLayerNormalization",
             "packed_projections": pack,
             # Relative to the artifact folder, so the record holds no temp or checkout path.
             "weights_from": portable_path(w_src, out.parent),

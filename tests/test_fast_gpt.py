@@ -113,8 +113,12 @@ def test_fast_graph_is_fused_and_recorded(fast_artifact: Path) -> None:
     assert rec["parity"]["max_abs"] < 1e-4
     assert rec["quantization"] is None
     ops = {n.op_type for n in onnx.load(str(fast_artifact / "gpt_fast.onnx")).graph.node}
-    assert {"GroupQueryAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization"} <= ops
+    assert {"GroupQueryAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization", "RMSNormalization"} <= ops
     assert "Concat" not in ops  # no cache copy
+    # onnxruntime's internal SimplifiedLayerNormalization has no standard schema: the checker rejects it
+    assert "SimplifiedLayerNormalization" not in ops
+    assert rec["opset"] == 23
+    onnx.checker.check_model(str(fast_artifact / "gpt_fast.onnx"), full_check=True)
     # the runtime opens it with its own checks (size + sha256 of artifact.json)
     from chattts_forge.runtime.session import Artifact
 
@@ -133,6 +137,40 @@ def test_quantized_fast_graphs(fast_artifact: Path, tmp_path: Path, method: str,
     assert ops & op and "GroupQueryAttention" in ops
     # quantized: recorded error against the plain FP32 graph, finite and not gated
     assert np.isfinite(rec["parity"]["max_abs"]) and rec["parity"]["tolerance_abs"] is None
+
+
+def test_packed_projections_split_grouped_query_heads(tmp_path: Path) -> None:
+    """Under grouped-query attention q is wider than k and v: the packed QKV Split must use their widths."""
+    from chattts_forge.runtime.fast_gpt_graph import build_fast_gpt
+
+    hidden, heads, kv_heads, inter = 32, 4, 2, 48
+    kv_width = kv_heads * hidden // heads
+    rng = np.random.default_rng(0)
+    shapes = {"q_proj": (hidden, hidden), "k_proj": (kv_width, hidden), "v_proj": (kv_width, hidden),
+              "o_proj": (hidden, hidden), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+              "down_proj": (hidden, inter)}
+    weights = {"norm.weight": rng.uniform(0.5, 1.5, hidden).astype(np.float32)}
+    for i in range(2):
+        for n, shape in shapes.items():
+            block = "mlp" if n in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            weights[f"layers.{i}.{block}.{n}.weight"] = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            weights[f"layers.{i}.{n}.weight"] = rng.uniform(0.5, 1.5, hidden).astype(np.float32)
+    steps = {}
+    for packed in (True, False):
+        path = tmp_path / f"packed_{packed}.onnx"
+        onnx.save(build_fast_gpt(weights, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                 max_positions=64, pack_projections=packed), str(path))
+        onnx.checker.check_model(str(path), full_check=True)
+        steps[packed] = FastGptStep(_session(path), 2, kv_heads, hidden // heads, hidden, 64, capacity=16)
+        steps[packed].reset(2)
+    mask = np.ones((2, 5), np.int64)
+    mask[1, :2] = 0
+    pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    emb = rng.standard_normal((2, 5, hidden), dtype=np.float32)
+    got, want = steps[True](emb, mask, pos), steps[False](emb, mask, pos)
+    assert got.shape == (2, 5, hidden)
+    np.testing.assert_allclose(got[mask.astype(bool)], want[mask.astype(bool)], atol=1e-5, rtol=0)
 
 
 def test_extracted_weights_equal_the_checkpoint(tiny_artifacts: dict[str, Path], tiny_ckpt: Path) -> None:
