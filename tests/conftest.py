@@ -49,3 +49,28 @@ def tiny_chat(tiny_ckpt: Path):
     from chattts_forge.torch_ref.chat import load_chat
 
     return load_chat(tiny_ckpt)
+
+
+@pytest.fixture(scope="session")
+def tiny_calib(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small calibration set recorded on the tiny FP32 artifact (for static quantization)."""
+    from chattts_forge.calibration_data.calibrate import calibrate
+
+    return calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path_factory.mktemp("qc") / "calib",
+                     max_samples=3, max_new_token=12, decode_positions=3, head_steps=4, threads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_quantized(tiny_artifacts: dict[str, Path], tiny_calib: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny FP32 artifact quantized by every method: {"dynamic", "static", "int4": dir}."""
+    from chattts_forge.quantize import quantize_artifact
+
+    root = tmp_path_factory.mktemp("quant")
+    fp32 = tiny_artifacts["fp32"]
+    fidelity = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
+    return {
+        "dynamic": quantize_artifact(fp32, root / "dyn", "dynamic", **fidelity),
+        "static": quantize_artifact(fp32, root / "static", "static", calibration=tiny_calib, **fidelity),
+        "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **fidelity),
+    }

@@ -11,7 +11,6 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from chattts_forge.calibration_data.calibrate import calibrate
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -22,21 +21,16 @@ EXPECTED_OPS = {"dynamic": {"MatMulInteger"}, "static": {"QuantizeLinear", "Dequ
                 "int4": {"MatMulNBits"}}
 
 
+# The calibration set and the quantized artifacts are session fixtures (tests/conftest.py), shared
+# with the ONNX validity test.
 @pytest.fixture(scope="module")
-def calib(tiny_artifacts, tmp_path_factory) -> Path:
-    return calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path_factory.mktemp("qc") / "calib",
-                     max_samples=3, max_new_token=12, decode_positions=3, head_steps=4, threads=1)
+def calib(tiny_calib: Path) -> Path:
+    return tiny_calib
 
 
 @pytest.fixture(scope="module")
-def quantized(tiny_artifacts, calib, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("quant")
-    fp32 = tiny_artifacts["fp32"]
-    return {
-        "dynamic": quantize_artifact(fp32, root / "dyn", "dynamic", **FID),
-        "static": quantize_artifact(fp32, root / "static", "static", calibration=calib, **FID),
-        "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **FID),
-    }
+def quantized(tiny_quantized: dict[str, Path]) -> dict[str, Path]:
+    return tiny_quantized
 
 
 def _ops(path: Path) -> set[str]:
