@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-# The read-only reference data lies beside the project root (CI lays a copy there too).
-SHARED = Path(os.environ.get("CHATTTS_FORGE_SHARED", REPO.parent / "shared"))
+# The tests' reference data (released tokenizer and config, real speech): inside the repository,
+# next to the tests, so a clone tests on its own. Provenance and licences: tests/data/README.md.
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 # Tests run on 2 cores next to other work: keep every library single-threaded unless a test asks.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -21,10 +21,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"reference data folder {SHARED} is missing (it lies beside the project root)")
-    return SHARED
+def data_dir() -> Path:
+    """tests/data: `chattts-tokenizer/`, `chattts-release/`, `speech/{en,zh}/`."""
+    if not DATA_DIR.is_dir():
+        pytest.fail(f"reference data folder {DATA_DIR} is missing (it is part of the repository)")
+    return DATA_DIR
 
 
 @pytest.fixture(scope="session")

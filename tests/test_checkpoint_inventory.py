@@ -59,8 +59,8 @@ def test_full_inventory_facts_of_the_release() -> None:
     assert 1.15e9 < total < 1.3e9
 
 
-def test_full_gpt_config_equals_release(shared_dir) -> None:
-    released = json.loads((shared_dir / "chattts-release" / "gpt-config.json").read_text())
+def test_full_gpt_config_equals_release(data_dir) -> None:
+    released = json.loads((data_dir / "chattts-release" / "gpt-config.json").read_text())
     ours = FULL.gpt_config_json()
     assert ours == released
     assert set(ours) == set(released)

@@ -106,10 +106,10 @@ def test_is_speakable():
 
 
 @pytest.fixture(scope="module")
-def tokenizer_pair(shared_dir):
+def tokenizer_pair(data_dir):
     from ChatTTS.model.tokenizer import Tokenizer
 
-    tok_dir = shared_dir / "chattts-tokenizer"
+    tok_dir = data_dir / "chattts-tokenizer"
     return fe.TextTokenizer(tok_dir / "tokenizer.json"), Tokenizer(str(tok_dir))
 
 

@@ -1,4 +1,4 @@
-"""`score` on real speech (../shared/speech): clean speech scores well, damaged speech measurably worse.
+"""`score` on real speech (tests/data/speech): clean speech scores well, damaged speech measurably worse.
 
 The clean sets are scored in full once per language (module fixtures); the degraded comparisons use a
 few clips each, because Whisper base on Mandarin costs about 1-2 s per clip on two cores.
@@ -38,12 +38,12 @@ def backends():
 
 
 @pytest.fixture(scope="module")
-def clean_scores(shared_dir: Path, backends):
+def clean_scores(data_dir: Path, backends):
     cache: dict[str, dict] = {}
 
     def get(lang: str) -> dict:
         if lang not in cache:
-            folder = shared_dir / "speech" / f"{lang}_shared"
+            folder = data_dir / "speech" / lang
             cache[lang] = score_audio_dir(folder, folder / "transcripts.tsv", lang=lang, backend=backends(lang))
         return cache[lang]
 
@@ -66,8 +66,8 @@ def test_clean_speech_scores_near_the_measured_figures(clean_scores, lang: str, 
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_degraded_speech_scores_measurably_worse(shared_dir: Path, backends, clean_scores, lang: str) -> None:
-    folder = shared_dir / "speech" / f"{lang}_shared"
+def test_degraded_speech_scores_measurably_worse(data_dir: Path, backends, clean_scores, lang: str) -> None:
+    folder = data_dir / "speech" / lang
     ids = DEGRADED_IDS[lang]
     references = {k: v for k, v in read_transcripts(folder / "transcripts.tsv").items() if k in ids}
     clean_hyp = {u["id"]: u["hypothesis"] for u in clean_scores(lang)["utterances"] if u["id"] in ids}
@@ -79,9 +79,9 @@ def test_degraded_speech_scores_measurably_worse(shared_dir: Path, backends, cle
         assert rate > clean_rate + 0.1, f"{lang}/{name}: {rate:.3f} is not clearly worse than clean {clean_rate:.3f}"
 
 
-def test_score_cli_on_unseen_ids_and_a_wrong_transcript(shared_dir: Path, tmp_path: Path) -> None:
+def test_score_cli_on_unseen_ids_and_a_wrong_transcript(data_dir: Path, tmp_path: Path) -> None:
     """New file names and ids, one transcript that does not match its audio: only that one scores badly."""
-    src = shared_dir / "speech" / "en_shared"
+    src = data_dir / "speech" / "en"
     refs = read_transcripts(src / "transcripts.tsv")
     audio_dir = tmp_path / "clips"
     audio_dir.mkdir()
@@ -115,8 +115,8 @@ def test_score_cli_on_unseen_ids_and_a_wrong_transcript(shared_dir: Path, tmp_pa
     assert data["corpus"]["wer"] > 0.1  # the wrong sentence drags the pooled figure up
 
 
-def test_pocketsphinx_fallback_transcribes_english(shared_dir: Path) -> None:
-    folder = shared_dir / "speech" / "en_shared"
+def test_pocketsphinx_fallback_transcribes_english(data_dir: Path) -> None:
+    folder = data_dir / "speech" / "en"
     refs = {k: v for k, v in read_transcripts(folder / "transcripts.tsv").items() if k in {"001", "030"}}
     result = score_audio_dir(folder, refs, asr="pocketsphinx", lang="en", progress=False)
     assert result["asr"]["backend"] == "pocketsphinx"
@@ -164,12 +164,12 @@ def test_resample_and_time_stretch_lengths() -> None:
     assert abs(len(stretched) - 8000) <= 256
 
 
-def test_intelligibility_delta_against_the_reference_audio(shared_dir: Path) -> None:
+def test_intelligibility_delta_against_the_reference_audio(data_dir: Path) -> None:
     """The evaluate stage's WER delta: an 'artifact' whose audio is noisier than the reference's."""
     from chattts_forge.evaluate.degrade import white_noise
     from chattts_forge.evaluate.evaluate import score_intelligibility
 
-    folder = shared_dir / "speech" / "en_shared"
+    folder = data_dir / "speech" / "en"
     refs = read_transcripts(folder / "transcripts.tsv")
     chosen = ["003", "030"]
     sentences = [refs[k] for k in chosen]

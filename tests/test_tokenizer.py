@@ -1,4 +1,4 @@
-"""The synthesized tokenizer gives the released ChatTTS tokenizer's ids (../shared/chattts-tokenizer)."""
+"""The synthesized tokenizer gives the released ChatTTS tokenizer's ids (tests/data/chattts-tokenizer)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def released(shared_dir: Path) -> Path:
-    d = shared_dir / "chattts-tokenizer"
+def released(data_dir: Path) -> Path:
+    d = data_dir / "chattts-tokenizer"
     assert (d / "tokenizer.json").is_file()
     return d
 
