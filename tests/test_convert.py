@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from chattts_forge.fsutil import sha256_file
+from chattts_forge.runtime.fast_gpt_graph import FAST_GPT_OPSET
 
 COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
 META_KEYS = (
@@ -91,8 +92,11 @@ def test_artifact_json_and_metadata_complete(tiny_artifacts, tiny_ckpt):
             path = folder / comp["file"]
             assert comp["sha256"] == sha256_file(path)
             assert comp["bytes"] == path.stat().st_size
-            assert comp["opset"] == 17 and comp["converter"]
+            assert comp["converter"]
             model = onnx.load(str(path))
+            # the recorded opset is the graph's standard-domain import (the fused GPT needs 23 for RMSNormalization)
+            assert comp["opset"] == (FAST_GPT_OPSET if name == "gpt_fast" else 17)
+            assert {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")} == {comp["opset"]}
             props = {p.key: p.value for p in model.metadata_props}
             assert set(META_KEYS) <= set(props), name
             assert props["component"] == name
