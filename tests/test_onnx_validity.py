@@ -14,35 +14,27 @@ from pathlib import Path
 import onnx
 import pytest
 
-# variant -> the components that variant must ship (gpt_fast: the fused graph, FP32 and its
-# dynamic/int4 rebuilds; static QDQ and FP16 have none).
-PLAIN = {"embed", "gpt", "head_code", "head_text", "decoder", "dvae", "vocos"}
-EXPECTED_COMPONENTS = {
-    "fp32": PLAIN | {"gpt_fast"},
-    "fp16": PLAIN,
-    "int8-dynamic": PLAIN | {"gpt_fast"},
-    "int8-static": PLAIN,
-    "int4": PLAIN | {"gpt_fast"},
-}
+from chattts_forge.artifact import COMPONENTS, FAST_GPT, METHOD_VARIANT, VARIANTS
+
+# Every variant ships every component; the fused GPT comes with FP32 and its dynamic/int4 rebuilds
+# (static QDQ and FP16 have none).
+WITH_FAST_GPT = {"fp32", "int8-dynamic", "int4"}
 
 
 @pytest.fixture(scope="module")
 def variant_dirs(tiny_artifacts: dict[str, Path], tiny_quantized: dict[str, Path]) -> dict[str, Path]:
-    return {
-        "fp32": tiny_artifacts["fp32"],
-        "fp16": tiny_artifacts["fp16"],
-        "int8-dynamic": tiny_quantized["dynamic"],
-        "int8-static": tiny_quantized["static"],
-        "int4": tiny_quantized["int4"],
-    }
+    dirs = {"fp32": tiny_artifacts["fp32"], "fp16": tiny_artifacts["fp16"]}
+    dirs.update({METHOD_VARIANT[method]: folder for method, folder in tiny_quantized.items()})
+    assert set(dirs) == set(VARIANTS)
+    return dirs
 
 
-@pytest.mark.parametrize("variant", sorted(EXPECTED_COMPONENTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_every_graph_passes_the_onnx_checker(variant_dirs: dict[str, Path], variant: str) -> None:
     folder = variant_dirs[variant]
     meta = json.loads((folder / "artifact.json").read_text(encoding="utf-8"))
     assert meta["variant"] == variant
-    assert set(meta["components"]) == EXPECTED_COMPONENTS[variant]
+    assert set(meta["components"]) == set(COMPONENTS) | ({FAST_GPT} if variant in WITH_FAST_GPT else set())
     listed = {comp["file"] for comp in meta["components"].values()}
     graphs = sorted(folder.rglob("*.onnx"))
     assert {g.name for g in graphs} == listed  # no graph shipped unlisted, none listed missing
