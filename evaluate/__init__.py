@@ -17,7 +17,8 @@ Library (torch is never imported, except by `latency.measure_pytorch` when a bas
   from the asr wheels, or any faster-whisper folder) and pocketsphinx; `asr.load_audio`, `asr.resample`.
 - `textnorm.normalize(text, lang)`: Seed-TTS-eval style scoring normalisation (numbers as words).
 - `gate.load_gate(path)`, `gate.judge(gate, metrics, waived)`; shipped thresholds in default_gate.toml.
-- `latency.measure_artifact(...)`, `latency.measure_pytorch(...)`, `latency.machine_info(threads)`.
+- `latency.measure_artifact(...)`, `latency.measure_pytorch(...)`: the gate's latency workload on the
+  engines of `chattts_forge.runtime.timing` (shared with `bench` and `quantize.stepbench`).
 - `degrade`: white noise, hard clipping, bit-crushing, time-stretch (numpy), and
   `damage_quantization_scales(src, dst, factor)` to build a deliberately broken quantized artifact.
 """

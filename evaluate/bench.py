@@ -1,25 +1,12 @@
 """`bench`: the artifact's runtime against ChatTTS's own PyTorch FP32 pipeline, in one process.
 
-Both engines synthesize the same text with the same number of GPT steps (EOS masked with
-`min_new_token = max_new_token = steps`, so every row has exactly `steps` codes), after a warm-up,
-for several repetitions, interleaved (onnx, pytorch, onnx, pytorch, ...) so that the load of a
-shared machine hits both alike. Every figure is a median with its p10/p90 spread, and every ONNX
-figure also appears as a ratio to the PyTorch figure of the same run. JSON keys: docs/bench.md.
-
-What is timed (per engine, per batch size):
-- `gpt_step_ms`: one decode forward of the GPT alone (ONNX: the runtime's GPT step incl. its
-  cache handling; PyTorch: `LlamaModel.forward` via hooks), at every context; `gpt_step_ms_ctx400`
-  only the steps whose context is <= 400 positions;
-- `full_step_ms`: one whole generation step: embedding, GPT, code heads, logits processing and
-  sampling (ONNX: between two steps of the runtime's loop; PyTorch: between two GPT calls of
-  ChatTTS's `GPT.generate`);
-- `code_stage_s` / `code_rtf`: the code stage (prompt, prefill, `steps` steps) per audio second of
-  one row, `steps / 46.875` s (9 s for the default 422 steps);
-- `e2e_s` / `e2e_rtf`: normalisation + code stage + Decoder + Vocos (ChatTTS `_infer` without
-  refinement; the runtime's `synthesize` path);
-- `streams`: rows * audio seconds / e2e seconds - concurrent real-time streams at that batch;
-- `first_audio_s` (batch 1): from the call to the first non-empty audio chunk when streaming,
-  each engine with its own default streaming schedule.
+Both engines (`chattts_forge.runtime.timing.OnnxEngine` / `TorchEngine`, the ones the evaluate
+stage's latency metrics use) synthesize the same text with the same number of GPT steps (EOS masked
+with `min_new_token = max_new_token = steps`, so every row has exactly `steps` codes), after a
+warm-up, for several repetitions, interleaved (onnx, pytorch, onnx, pytorch, ...) so that the load
+of a shared machine hits both alike. Every figure is a median with its p10/p90 spread, and every
+ONNX figure also appears as a ratio to the PyTorch figure of the same run. What each figure times
+and the definitions of RTF, streams and first audio: `runtime.timing` and docs/bench.md.
 
 Library use::
 
@@ -34,12 +21,8 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,320 +30,26 @@ import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.latency import peak_rss_bytes
-from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.pipeline import check_engine
+from chattts_forge.runtime.timing import (
+    CONTEXT_LIMIT,
+    OnnxEngine,
+    Request,
+    RssSampler,
+    RunFigures,
+    TorchEngine,
+    audio_seconds,
+    codes_per_audio_second,
+    machine_info,
+    spread,
+)
 
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/bench/1"
-STEPS_PER_AUDIO_SECOND = 46.875  # 24000 Hz / 256 hop / 2 mel frames per code step
-DEFAULT_STEPS = 422  # 9 s of audio
+DEFAULT_STEPS = 422  # 9 s of audio at 24 kHz, hop 256
 DEFAULT_TEXT = "你好，欢迎使用语音合成服务。今天天气很好，我们一起去公园散步吧。"
-CONTEXT_LIMIT = 400
-
-
-# ------------------------------------------------------------------------------------------------
-# Measurement helpers
-# ------------------------------------------------------------------------------------------------
-
-
-def spread(values: Sequence[float]) -> dict[str, float | int | None]:
-    """Median, p10, p90, min and count of a sample (None figures for an empty sample)."""
-    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
-    if v.size == 0:
-        return {"median": None, "p10": None, "p90": None, "min": None, "n": 0}
-    return {
-        "median": float(np.median(v)),
-        "p10": float(np.percentile(v, 10)),
-        "p90": float(np.percentile(v, 90)),
-        "min": float(v.min()),
-        "n": int(v.size),
-    }
-
-
-class RssSampler:
-    """Peak resident memory of this process per phase.
-
-    On Linux the kernel's own high-water mark is used: writing "5" to /proc/self/clear_refs resets
-    VmHWM to the current RSS at the start of a phase, and VmHWM is read at its end - exact, and with
-    no sampling thread to steal a core (or the GIL) from the timed engines. Elsewhere a thread samples
-    RSS every `interval` s.
-    """
-
-    def __init__(self, interval: float = 0.02) -> None:
-        import psutil
-
-        self._proc = psutil.Process()
-        self.interval = interval
-        self.phase: str | None = None
-        self.peaks: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.process_peak = peak_rss_bytes()  # before any reset: the peak of the process so far
-        self.kernel_hwm = self._reset_hwm()
-        self.method = "kernel VmHWM (reset per phase)" if self.kernel_hwm else f"sampled every {interval * 1e3:g} ms"
-
-    @staticmethod
-    def _reset_hwm() -> bool:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            return RssSampler._hwm() is not None
-        except OSError:
-            return False
-
-    @staticmethod
-    def _hwm() -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    def rss(self) -> int:
-        return int(self._proc.memory_info().rss)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.note()
-
-    def note(self) -> None:
-        if self.phase is not None:
-            r = (self._hwm() or 0) if self.kernel_hwm else self.rss()
-            r = max(r, self.rss())
-            if r > self.peaks.get(self.phase, 0):
-                self.peaks[self.phase] = r
-            self.process_peak = max(self.process_peak, r)
-
-    def __enter__(self) -> RssSampler:
-        if not self.kernel_hwm:
-            self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    @contextmanager
-    def during(self, phase: str) -> Iterator[None]:
-        prev, self.phase = self.phase, phase
-        if self.kernel_hwm:
-            self._reset_hwm()
-        self.note()
-        try:
-            yield
-        finally:
-            self.note()
-            self.phase = prev
-
-
-@dataclass
-class RunFigures:
-    """One timed synthesis of one engine at one batch size."""
-
-    gpt_step_ms: list[float] = field(default_factory=list)
-    gpt_step_ms_ctx400: list[float] = field(default_factory=list)
-    full_step_ms: list[float] = field(default_factory=list)
-    prefill_ms: float | None = None
-    code_stage_s: float = 0.0
-    e2e_s: float = 0.0
-    steps: int = 0
-
-
-class _TimedGpt:
-    """Wraps the runtime's GPT step object (plain or fast) and times every call."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: list[tuple[int, int, float]] = []  # (new positions, context, seconds)
-
-    def reset(self, batch: int) -> None:
-        self.inner.reset(batch)
-
-    @property
-    def past_length(self) -> int:
-        return self.inner.past_length
-
-    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = self.inner(inputs_embeds, attention_mask, position_ids)
-        self.calls.append((inputs_embeds.shape[1], attention_mask.shape[1], time.perf_counter() - t0))
-        return out
-
-
-def _split_calls(calls: list[tuple[int, int, float]], run: RunFigures) -> None:
-    for new, ctx, dt in calls:
-        if new > 1:
-            run.prefill_ms = dt * 1e3 if run.prefill_ms is None else run.prefill_ms + dt * 1e3
-        else:
-            run.gpt_step_ms.append(dt * 1e3)
-            if ctx <= CONTEXT_LIMIT:
-                run.gpt_step_ms_ctx400.append(dt * 1e3)
-
-
-# ------------------------------------------------------------------------------------------------
-# The ONNX engine (chattts_forge.runtime)
-# ------------------------------------------------------------------------------------------------
-
-
-
-
-class OnnxEngine:
-    name = "onnx"
-
-    def __init__(
-        self, artifact: str | os.PathLike[str], threads: int, engine: str = "auto", stream_lookahead: int | None = None
-    ) -> None:
-        from chattts_forge.runtime import Pipeline
-
-        # The runtime chooses the GPT engine (runtime.choose_engine), as for `synth`.
-        self.pipe = Pipeline(artifact, provider="cpu", threads=threads, engine=engine)
-        self.stream_lookahead = stream_lookahead  # None: the exact stream
-        self.gpt_engine = self.pipe.engine
-        self.timed = _TimedGpt(self.pipe.gpt)
-        self.pipe.gpt = self.timed
-
-    def _params(self, steps: int, seed: int = 0) -> Any:
-        from chattts_forge.runtime import InferCodeParams, SynthParams
-
-        return SynthParams(code=InferCodeParams(max_new_token=steps, min_new_token=steps, seed=seed))
-
-    def run(self, texts: list[str], steps: int) -> RunFigures:
-        with quiet_logger("chattts_forge.runtime.pipeline"):
-            return self._run(texts, steps)
-
-    def _run(self, texts: list[str], steps: int) -> RunFigures:
-        params = self._params(steps)
-        fig = RunFigures()
-        self.timed.calls.clear()
-        t0 = time.perf_counter()
-        norm, _ = self.pipe.prepare_texts(texts, params)
-        t_code = time.perf_counter()
-        state = None
-        last = None
-        for step_state in self.pipe.iter_infer_code(norm, params.code):
-            now = time.perf_counter()
-            if last is not None:
-                fig.full_step_ms.append((now - last) * 1e3)
-            last, state = now, step_state
-        if state is None:
-            raise ForgeError("the runtime produced no generation step")
-        gen = state.result()
-        t_dec = time.perf_counter()
-        wavs = self.pipe.decode(gen.hiddens, True)
-        t_end = time.perf_counter()
-        fig.code_stage_s = t_dec - t_code
-        fig.e2e_s = t_end - t0
-        fig.steps = int(state.steps)
-        _split_calls(self.timed.calls, fig)
-        if any(len(w) == 0 for w in wavs):
-            raise ForgeError("the runtime produced an empty waveform")
-        return fig
-
-    def first_audio(self, text: str, steps: int) -> float:
-        params = self._params(steps)
-        with quiet_logger("chattts_forge.runtime.pipeline"):
-            t0 = time.perf_counter()
-            for chunk in self.pipe.stream([text], params, lookahead_frames=self.stream_lookahead):
-                if len(chunk[0]):
-                    return time.perf_counter() - t0
-        return float("nan")
-
-
-# ------------------------------------------------------------------------------------------------
-# The PyTorch baseline (ChatTTS's own code)
-# ------------------------------------------------------------------------------------------------
-
-
-class TorchEngine:
-    name = "pytorch"
-
-    def __init__(self, checkpoint: str | os.PathLike[str] | None, threads: int, chat: Any = None) -> None:
-        import torch
-
-        from chattts_forge.torch_ref.chat import load_chat
-
-        torch.set_num_threads(threads)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:  # already set in this process
-            pass
-        self.torch = torch
-        self.chat = chat if chat is not None else load_chat(checkpoint)
-        self.calls: list[tuple[int, int, float, float]] = []  # (new, context, start, seconds)
-        llama = self.chat.gpt.gpt
-        self._t0 = 0.0
-
-        def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-            self._t0 = time.perf_counter()
-
-        def post(module: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
-            emb = kwargs.get("inputs_embeds")
-            mask = kwargs.get("attention_mask")
-            new = int(emb.shape[1]) if emb is not None else 1
-            ctx = int(mask.shape[1]) if mask is not None else new
-            self.calls.append((new, ctx, self._t0, time.perf_counter() - self._t0))
-
-        self._hooks = [
-            llama.register_forward_pre_hook(pre, with_kwargs=True),
-            llama.register_forward_hook(post, with_kwargs=True),
-        ]
-
-    def close(self) -> None:
-        """Remove the timing hooks (the Chat may be shared with the caller)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _params(self, steps: int) -> Any:
-        from ChatTTS.core import Chat
-
-        return Chat.InferCodeParams(max_new_token=steps, min_new_token=steps, manual_seed=0, show_tqdm=False)
-
-    def run(self, texts: list[str], steps: int) -> RunFigures:
-        from chattts_forge.torch_ref.chat import quiet_chattts
-
-        chat = self.chat
-        params = self._params(steps)
-        fig = RunFigures()
-        self.calls.clear()
-        with quiet_chattts(), self.torch.inference_mode():
-            t0 = time.perf_counter()
-            norm = [chat.normalizer(t, True, True, None) for t in texts]
-            t_code = time.perf_counter()
-            result = next(chat._infer_code(norm, False, chat.device, True, params))
-            t_dec = time.perf_counter()
-            wavs = chat._decode_to_wavs(result.hiddens, True)
-            t_end = time.perf_counter()
-        fig.code_stage_s = t_dec - t_code
-        fig.e2e_s = t_end - t0
-        fig.steps = int(result.ids[0].shape[0]) if result.ids else 0
-        starts = [c[2] for c in self.calls]
-        fig.full_step_ms = [(b - a) * 1e3 for a, b in zip(starts[1:], starts[2:], strict=False)]
-        _split_calls([(n, c, dt) for n, c, _, dt in self.calls], fig)
-        if np.asarray(wavs).size == 0:
-            raise ForgeError("ChatTTS produced no waveform")
-        return fig
-
-    def first_audio(self, text: str, steps: int) -> float:
-        from chattts_forge.torch_ref.chat import quiet_chattts
-
-        params = self._params(steps)
-        with quiet_chattts():
-            t0 = time.perf_counter()
-            gen = self.chat.infer(text, stream=True, skip_refine_text=True, split_text=False, params_infer_code=params)
-            try:
-                for chunk in gen:
-                    if np.asarray(chunk).size and np.abs(chunk).max() > 0:
-                        return time.perf_counter() - t0
-            finally:
-                gen.close()
-        return float("nan")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,8 +57,7 @@ class TorchEngine:
 # ------------------------------------------------------------------------------------------------
 
 
-def _summarize(runs: list[RunFigures], batch: int, steps: int, first_audio: list[float]) -> dict[str, Any]:
-    audio_s = steps / STEPS_PER_AUDIO_SECOND
+def _summarize(runs: list[RunFigures], batch: int, first_audio: list[float]) -> dict[str, Any]:
     pooled = lambda f: [x for r in runs for x in f(r)]  # noqa: E731 - tiny local helper
     out: dict[str, Any] = {
         "batch": batch,
@@ -379,12 +67,12 @@ def _summarize(runs: list[RunFigures], batch: int, steps: int, first_audio: list
         "full_step_ms": spread(pooled(lambda r: r.full_step_ms)),
         "prefill_ms": spread([r.prefill_ms for r in runs]),
         "code_stage_s": spread([r.code_stage_s for r in runs]),
-        "code_rtf": spread([r.code_stage_s / audio_s for r in runs]),
+        "code_rtf": spread([r.code_rtf for r in runs]),
         "e2e_s": spread([r.e2e_s for r in runs]),
-        "e2e_rtf": spread([r.e2e_s / audio_s for r in runs]),
-        "aggregate_rtf_per_stream": spread([r.e2e_s / (batch * audio_s) for r in runs]),
-        "streams": spread([batch * audio_s / r.e2e_s for r in runs]),
-        "code_streams": spread([batch * audio_s / r.code_stage_s for r in runs]),
+        "e2e_rtf": spread([r.e2e_rtf for r in runs]),
+        "aggregate_rtf_per_stream": spread([r.aggregate_rtf for r in runs]),
+        "streams": spread([r.streams for r in runs]),
+        "code_streams": spread([r.code_streams for r in runs]),
     }
     if first_audio:
         out["first_audio_s"] = spread(first_audio)
@@ -473,7 +161,6 @@ def run_bench(
     dict (documented in docs/bench.md) and writes it to `json_out` if given.
     """
     from chattts_forge.fsutil import atomic_write_json
-    from chattts_forge.runtime import check_engine
     from chattts_forge.versions import library_versions, toolchain_info
 
     art = Path(artifact).expanduser()
@@ -502,6 +189,8 @@ def run_bench(
         if ckpt is None:
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
     say = progress or (lambda msg: log.info("%s", msg))
+    timed = Request.fixed_steps(steps)
+    warm = Request.fixed_steps(min(warmup_steps, steps))
 
     engines: list[Any] = []
     try:
@@ -510,14 +199,14 @@ def run_bench(
             with rss.during("onnx_load"):
                 onnx_engine = OnnxEngine(art, threads, engine, stream_lookahead)
                 engines.append(onnx_engine)
-                onnx_engine.run([text], min(warmup_steps, steps))
+                onnx_engine.run([text], warm)
             onnx_loaded = rss.rss()
             torch_loaded = None
             if ckpt is not None:
                 with rss.during("pytorch_load"):
                     torch_engine = TorchEngine(ckpt, threads, chat=chat)
                     engines.append(torch_engine)
-                    torch_engine.run([text], min(warmup_steps, steps))
+                    torch_engine.run([text], warm)
                 torch_loaded = rss.rss()
             runs: dict[str, dict[int, list[RunFigures]]] = {e.name: {b: [] for b in batches} for e in engines}
             firsts: dict[str, list[float]] = {e.name: [] for e in engines}
@@ -527,14 +216,14 @@ def run_bench(
                         say(f"rep {rep + 1}/{reps}: {eng.name} batch {b}, {steps} steps")
                         gc.collect()
                         with rss.during(eng.name):
-                            runs[eng.name][b].append(eng.run([text] * b, steps))
+                            runs[eng.name][b].append(eng.run([text] * b, timed))
                 if first_audio and 1 in batches:
                     for eng in engines:
                         say(f"rep {rep + 1}/{reps}: {eng.name} first audio (streaming)")
                         with rss.during(eng.name):
-                            firsts[eng.name].append(eng.first_audio(text, steps))
+                            firsts[eng.name].append(eng.first_audio(text, timed))
             peaks = dict(rss.peaks)
-            process_peak = rss.process_peak if rss.kernel_hwm else peak_rss_bytes()  # resets lower ru_maxrss
+            process_peak = rss.peak_process()
     finally:
         for eng in engines:
             if isinstance(eng, TorchEngine):
@@ -543,7 +232,7 @@ def run_bench(
     results: dict[str, dict[str, Any]] = {}
     for name, per_batch in runs.items():
         results[name] = {
-            str(b): _summarize(rs, b, steps, firsts[name] if b == 1 else []) for b, rs in per_batch.items()
+            str(b): _summarize(rs, b, firsts[name] if b == 1 else []) for b, rs in per_batch.items()
         }
     ratios = None
     if "pytorch" in results:
@@ -577,8 +266,8 @@ def run_bench(
         "baseline": None if ckpt is None else {"kind": "pytorch", "engine": "ChatTTS Chat (PyTorch FP32)", "checkpoint": str(ckpt)},
         "settings": {
             "steps": steps,
-            "audio_seconds": steps / STEPS_PER_AUDIO_SECOND,
-            "steps_per_audio_second": STEPS_PER_AUDIO_SECOND,
+            "audio_seconds": audio_seconds(steps, onnx_engine.sample_rate, onnx_engine.hop_length),
+            "steps_per_audio_second": codes_per_audio_second(onnx_engine.sample_rate, onnx_engine.hop_length),
             "batches": batches,
             "threads": threads,
             "inter_op_threads": 1,
@@ -590,12 +279,7 @@ def run_bench(
             "stream_exact_lookahead_frames": onnx_engine.pipe.decoder_radius + onnx_engine.pipe.vocos_radius,
             "order": "interleaved per repetition and batch: onnx then pytorch",
         },
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        },
+        "machine": machine_info(threads),
         "results": results,
         "ratios": ratios,
         "memory": memory,

@@ -14,7 +14,9 @@ What one run measures (all on the same machine, in the same process):
 2. latency with the runtime (`latency.measure_artifact`) for the artifact *and* the FP32 reference:
    load time, warm-up, per-utterance time, RTF p50/p95/p99, steps/s, first-audio latency when
    streaming, throughput at batch 1/4/8, memory, bytes on disk; with `baseline_checkpoint`, ChatTTS's
-   PyTorch FP32 pipeline too (`latency.measure_pytorch`), so every speed figure is also a ratio;
+   PyTorch FP32 pipeline too (`latency.measure_pytorch`), so every speed figure is also a ratio.
+   Both measure with bench's engines (`chattts_forge.runtime.timing`): the gate's RTF is bench's
+   end-to-end RTF at batch 1, on the corpus sentences with EOS free (docs/bench.md "Definitions");
 3. intelligibility: the utterances of both are transcribed by the ASR (`score.score_waveforms`),
    WER (English) / CER (Mandarin) absolute and as a delta against the reference's own audio.
    On a synthetic checkpoint (artifact.json ``source.kind == "synthetic"``) random weights make
@@ -300,8 +302,9 @@ def evaluate_artifact(
             "vs_pytorch": _ratios(art_lat, pt_lat) if pt_lat else None,
             "reference_vs_pytorch": _ratios(ref_lat, pt_lat) if pt_lat else None,
         },
-        "method": f"runtime Pipeline.synthesize per sentence after {art_lat['warmup_runs']} warm-up run(s); "
-        f"{threads} threads; max_new_token {max_new_token}; RTF = wall seconds / audio seconds",
+        "method": f"runtime.timing engines, one sentence per run (synthesize's path) after {art_lat['warmup_runs']} "
+        f"warm-up run(s); {threads} threads; max_new_token {max_new_token}; RTF = end-to-end seconds / audio "
+        "seconds of the generated codes (docs/bench.md)",
     }
 
     log.info("latency done: RTF p50 %.3f (artifact) vs %.3f (fp32 reference)", art_lat["rtf"]["p50"] or 0,

@@ -19,7 +19,6 @@ depth. Every step records what it excluded, the fidelity reached, the GPT's byte
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import onnx
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.fidelity import make_session
+from chattts_forge.runtime.timing import time_calls
 
 log = get_logger(__name__)
 
@@ -69,14 +69,8 @@ def gpt_step_ms(gpt_path: Path, feeds: dict[str, np.ndarray], threads: int = 2, 
     """Median latency (ms) of one GPT run on `feeds` (a recorded decode step), after 3 warm-ups."""
     sess = make_session(gpt_path, threads)
     names = [o.name for o in sess.get_outputs()]
-    for _ in range(3):
-        sess.run(names, feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(names, feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 3)
+    seconds = time_calls(lambda: sess.run(names, feeds), runs, warmup=3)
+    return round(float(np.median(seconds)) * 1e3, 3)
 
 
 def producers_of(model_path: Path, tensors: list[str]) -> list[str]:
