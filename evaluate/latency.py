@@ -23,7 +23,7 @@ per sentence the same way; torch is imported only there.
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from chattts_forge.runtime.timing import (
     peak_rss_bytes,
     per_second,
     percentiles,
+    time_calls,
 )
 
 log = get_logger(__name__)
@@ -67,17 +68,21 @@ def _summary(utterances: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _utterances(
-    engine: Any, sentences: list[str], request_of: Any, warmup: int, progress: bool, desc: str, keep_audio: bool
+def measure_utterances(
+    engine: Any,
+    sentences: list[str],
+    request_of: Callable[[int], Request],
+    warmup: int = 1,
+    progress: bool = False,
+    desc: str = "synth",
+    keep_audio: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, tuple[np.ndarray, int]], float]:
     """(per-utterance records, {id: (waveform, sample_rate)} if kept, warm-up seconds): `warmup`
-    untimed runs of the first sentence, then every sentence alone."""
+    untimed runs of the first sentence, then every sentence alone (batch 1) with `request_of(i)`.
+    An utterance's `rtf` is the engine run's end-to-end RTF: bench's `e2e_rtf` at batch 1."""
     from tqdm import tqdm
 
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        engine.run([sentences[0]], request_of(0))
-    warmup_seconds = time.perf_counter() - t0
+    warmup_seconds = sum(time_calls(lambda: engine.run([sentences[0]], request_of(0)), warmup))
     utterances: list[dict[str, Any]] = []
     waves: dict[str, tuple[np.ndarray, int]] = {}
     for i, text in enumerate(tqdm(sentences, desc=desc, unit="utt", disable=not progress, leave=False)):
@@ -118,7 +123,7 @@ def measure_artifact(
     def request(i: int) -> Request:
         return Request(max_new_token=max_new_token, seed=seed + i, speaker_seed=seed + i, stream_batch=stream_batch)
 
-    utterances, waves, warmup_seconds = _utterances(engine, sentences, request, warmup, progress, desc, True)
+    utterances, waves, warmup_seconds = measure_utterances(engine, sentences, request, warmup, progress, desc, True)
     first_audio = [engine.first_audio(sentences[i], request(i)) for i in range(min(first_audio_runs, len(sentences)))]
     first_audio = [s for s in first_audio if not np.isnan(s)]  # runs that streamed no audio measured nothing
 
@@ -172,7 +177,7 @@ def measure_pytorch(
         def request(i: int) -> Request:
             return Request(max_new_token=max_new_token, seed=seed + i, speaker_seed=seed + i)
 
-        utterances, _, _ = _utterances(engine, sentences, request, warmup, progress, "pytorch", False)
+        utterances, _, _ = measure_utterances(engine, sentences, request, warmup, progress, "pytorch", False)
     finally:
         engine.close()
     return {

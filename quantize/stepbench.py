@@ -17,10 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from chattts_forge.fsutil import atomic_write_json
-from chattts_forge.runtime.timing import OnnxEngine, decode_step_call, time_interleaved
+from chattts_forge.runtime.timing import OnnxEngine, decode_step_call, quantiles, time_interleaved
 
 
 def time_gpt_steps(
@@ -33,7 +31,7 @@ def time_gpt_steps(
     times = time_interleaved(calls, runs, warmup=3)
     rows = []
     for art, eng, t in zip(artifacts, engines, times, strict=True):
-        q1, median, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
+        q1, median, q3 = quantiles([x * 1e3 for x in t], [25, 50, 75]) or []
         rows.append({
             "artifact": str(art),
             "variant": eng.pipe.artifact.variant,

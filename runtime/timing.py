@@ -108,12 +108,18 @@ def _measured(values: Iterable[float | None]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
 
 
+def quantiles(values: Iterable[float | None], percents: Sequence[float]) -> list[float] | None:
+    """The given percentiles (0-100, linear interpolation) of the measured values; None if none was."""
+    v = _measured(values)
+    return [float(q) for q in np.percentile(v, percents)] if v.size else None
+
+
 def spread(values: Iterable[float | None]) -> dict[str, float | int | None]:
     """Median, p10, p90, min and count of a sample (None figures for an empty sample)."""
     v = _measured(values)
     if v.size == 0:
         return {"median": None, "p10": None, "p90": None, "min": None, "n": 0}
-    p10, p50, p90 = np.percentile(v, [10, 50, 90])
+    p10, p50, p90 = quantiles(v, [10, 50, 90]) or []
     return {"median": float(p50), "p10": float(p10), "p90": float(p90), "min": float(v.min()), "n": int(v.size)}
 
 
@@ -122,7 +128,7 @@ def percentiles(values: Iterable[float | None]) -> dict[str, float | None]:
     v = _measured(values)
     if v.size == 0:
         return {"p50": None, "p95": None, "p99": None, "mean": None, "min": None, "max": None}
-    p50, p95, p99 = np.percentile(v, [50, 95, 99])
+    p50, p95, p99 = quantiles(v, [50, 95, 99]) or []
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(v.mean()),
             "min": float(v.min()), "max": float(v.max())}
 
