@@ -48,6 +48,9 @@ Pieces for parity tests (all on a `Pipeline`):
   `apply_repetition_penalty` (numpy ports of ChatTTS's processors and transformers' warpers).
 - `chattts_forge.runtime.frontend`: `Normalizer`, `TextTokenizer`, `split_sentences`,
   `decorate_code_prompts`, `decorate_text_prompts`, speaker string helpers.
+- `chattts_forge.runtime.timing`: the one timing module (bench, evaluate, quantize): the timed
+  engines (`OnnxEngine`; `TorchEngine`, which imports torch when built), RTF / streams / first audio
+  / peak RSS definitions, statistics, machine info (docs/bench.md "Definitions").
 
 Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`, exit 2):
 - empty text; text that normalises to nothing speakable (only punctuation/spaces left);
