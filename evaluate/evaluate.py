@@ -48,6 +48,7 @@ from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.timing import machine_info
 
 log = get_logger(__name__)
 
@@ -341,7 +342,7 @@ def evaluate_artifact(
             "reference_bytes": ref_desc["bytes_total"],
             "ratio_vs_reference": art_desc["bytes_total"] / ref_desc["bytes_total"],
         },
-        "machine": latency_mod.machine_info(threads),
+        "machine": machine_info(threads),
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }

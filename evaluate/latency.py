@@ -17,7 +17,7 @@ what ran before); bytes on disk. The waveforms are returned too (the evaluate st
 (`timing.TorchEngine`: normalizer, code stage, Decoder + Vocos; no refinement, no sentence split)
 per sentence the same way; torch is imported only there.
 
-`machine_info(threads)` (from `timing`) describes where it ran.
+The report's `machine` section is `timing.machine_info(threads)`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from chattts_forge.runtime.timing import (
     Request,
     RunFigures,
     current_rss_bytes,
-    machine_info,
     measure_memory,
     peak_rss_bytes,
     per_second,
@@ -44,8 +43,6 @@ from chattts_forge.runtime.timing import (
 )
 
 log = get_logger(__name__)
-
-__all__ = ["dir_bytes", "machine_info", "measure_artifact", "measure_memory", "measure_pytorch", "percentiles"]
 
 MB = 1 / 2**20
 
