@@ -32,6 +32,7 @@ from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.pipeline import check_engine
+from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.timing import (
     CONTEXT_LIMIT,
     OnnxEngine,
@@ -152,13 +153,17 @@ def run_bench(
     json_out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
     chat: Any = None,
+    provider: str = "cpu",
+    baseline_device: str = "cpu",
 ) -> dict[str, Any]:
     """Benchmark `artifact` (and ChatTTS's PyTorch FP32 on `checkpoint` when `baseline="pytorch"`).
 
     `chat`: an already loaded ChatTTS `Chat` of that checkpoint to use as the baseline (library
     use; it is left as it was). `stream_lookahead`: mel frames of right context the runtime's stream
     waits for before emitting (None: the exact stream; see `Pipeline.stream`). Returns the report
-    dict (documented in docs/bench.md) and writes it to `json_out` if given.
+    dict (documented in docs/bench.md) and writes it to `json_out` if given. `provider`: the
+    runtime's onnxruntime provider (cpu, cuda, auto: see runtime.providers); `baseline_device`: the
+    torch device of the PyTorch baseline (cpu, cuda).
     """
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.versions import library_versions, toolchain_info
@@ -170,6 +175,9 @@ def run_bench(
     if baseline == "none":
         baseline = None
     check_engine(engine)
+    if baseline_device not in ("cpu", "cuda"):
+        raise ForgeError(f"unknown baseline device '{baseline_device}' (cpu or cuda)")
+    provider = resolve_provider(provider)  # `cuda` without a usable GPU fails here, before any work
     batches = sorted({int(b) for b in batches})
     if not batches or batches[0] < 1:
         raise ForgeError("batch sizes must be >= 1")
@@ -197,14 +205,14 @@ def run_bench(
         with RssSampler() as rss:
             base_rss = rss.rss()
             with rss.during("onnx_load"):
-                onnx_engine = OnnxEngine(art, threads, engine, stream_lookahead)
+                onnx_engine = OnnxEngine(art, threads, engine, stream_lookahead, provider=provider)
                 engines.append(onnx_engine)
                 onnx_engine.run([text], warm)
             onnx_loaded = rss.rss()
             torch_loaded = None
             if ckpt is not None:
                 with rss.during("pytorch_load"):
-                    torch_engine = TorchEngine(ckpt, threads, chat=chat)
+                    torch_engine = TorchEngine(ckpt, threads, chat=chat, device=baseline_device)
                     engines.append(torch_engine)
                     torch_engine.run([text], warm)
                 torch_loaded = rss.rss()
@@ -271,6 +279,8 @@ def run_bench(
             "batches": batches,
             "threads": threads,
             "inter_op_threads": 1,
+            "provider": provider,
+            "baseline_device": baseline_device if ckpt is not None else None,
             "reps": reps,
             "warmup_steps": min(warmup_steps, steps),
             "text": text,
@@ -279,7 +289,7 @@ def run_bench(
             "stream_exact_lookahead_frames": onnx_engine.pipe.decoder_radius + onnx_engine.pipe.vocos_radius,
             "order": "interleaved per repetition and batch: onnx then pytorch",
         },
-        "machine": machine_info(threads),
+        "machine": machine_info(threads, provider),
         "results": results,
         "ratios": ratios,
         "memory": memory,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
 
 
@@ -50,6 +51,13 @@ def _batches(value: str) -> list[int]:
     default=None,
     help="Mel frames of right context the runtime's stream waits for (default: exact streaming).",
 )
+@click.option(
+    "--baseline-device",
+    default="cpu",
+    show_default=True,
+    help="torch device of the PyTorch baseline: cpu or cuda.",
+)
+@provider_option
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -64,6 +72,8 @@ def bench(
     text: str | None,
     no_first_audio: bool,
     stream_lookahead: int | None,
+    baseline_device: str,
+    provider: str,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -89,6 +99,8 @@ def bench(
         first_audio=not no_first_audio,
         stream_lookahead=stream_lookahead,
         json_out=json_out,
+        provider=provider,
+        baseline_device=baseline_device,
         progress=lambda msg: click.echo(msg, err=True),
     )
     click.echo(format_table(report))

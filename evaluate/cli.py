@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from chattts_forge.cli_options import provider_option
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -82,6 +83,7 @@ def score(
     "the artifact was converted from, when present and torch is installed).",
 )
 @click.option("--no-baseline", is_flag=True, help="Skip the PyTorch FP32 baseline.")
+@provider_option
 def evaluate(
     artifact: Path,
     reference: Path,
@@ -99,6 +101,7 @@ def evaluate(
     asr_model: Path | None,
     baseline_checkpoint: Path | None,
     no_baseline: bool,
+    provider: str,
 ) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -130,6 +133,7 @@ def evaluate(
         asr=asr,
         asr_model=asr_model,
         baseline_checkpoint=None if no_baseline else (baseline_checkpoint or "auto"),
+        provider=provider,
     )
     for c in report["gate"]["checks"]:
         click.echo(f"{c['status']:>12}  {c['message']}")

@@ -48,6 +48,7 @@ from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.timing import machine_info
 
 log = get_logger(__name__)
@@ -242,8 +243,12 @@ def evaluate_artifact(
     asr_model: str | os.PathLike[str] | None = None,
     baseline_checkpoint: str | os.PathLike[str] | None = "auto",
     progress: bool | None = None,
+    provider: str = "cpu",
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
+
+    `provider` (cpu, cuda, auto) is where the artifacts are synthesized and timed (latency, and the
+    audio for ASR); fidelity is a numeric comparison of graphs and always runs on the CPU.
 
     Returns the sealed report dict (see report_schema.py); ``report["passed"]`` is the gate's verdict.
     `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
@@ -265,6 +270,7 @@ def evaluate_artifact(
     if max_sentences < 1 or max_new_token < 1:
         raise ForgeError("max_sentences and max_new_token must be >= 1")
     gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file
+    provider = resolve_provider(provider)  # likewise a `cuda` without a usable GPU
     corp = load_corpus(corpus, max_sentences=max_sentences)
     sentences = corp.sentences
     art_desc, ref_desc = describe_artifact(artifact), describe_artifact(reference)
@@ -277,7 +283,7 @@ def evaluate_artifact(
 
     # Latency (and the audio for ASR): reference first, then the artifact, same settings.
     lat_kwargs = dict(threads=threads, max_new_token=max_new_token, seed=seed, batch_sizes=batch_sizes,
-                      progress=show)
+                      progress=show, provider=provider)
     # The FP32 artifact judged against itself (the pipeline's fp32 step) is timed once, not twice.
     self_reference = artifact.resolve() == reference.resolve()
     with quiet_logger(enabled=synthetic):
@@ -342,7 +348,7 @@ def evaluate_artifact(
             "reference_bytes": ref_desc["bytes_total"],
             "ratio_vs_reference": art_desc["bytes_total"] / ref_desc["bytes_total"],
         },
-        "machine": machine_info(threads),
+        "machine": machine_info(threads, provider),
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }

@@ -111,10 +111,12 @@ def measure_artifact(
     progress: bool = True,
     desc: str = "synth",
     isolate_memory: bool = True,
+    provider: str = "cpu",
 ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
-    """(latency record, {utterance id: (waveform, sample_rate)}) of the artifact; see module doc."""
+    """(latency record, {utterance id: (waveform, sample_rate)}) of the artifact; see module doc.
+    `provider`: the runtime's onnxruntime provider, resolved (cpu or cuda)."""
     rss_before = current_rss_bytes()
-    engine = OnnxEngine(artifact_dir, threads)
+    engine = OnnxEngine(artifact_dir, threads, provider=provider)
     rss_loaded = current_rss_bytes()
 
     def request(i: int) -> Request:
@@ -151,7 +153,7 @@ def measure_artifact(
         "throughput": throughput,
         "rss_mb": {"before_load": rss_before * MB, "after_load": rss_loaded * MB, "after_run": current_rss_bytes() * MB},
         "peak_rss_process_mb": peak_rss_bytes() * MB,  # of the whole evaluating process, for reference
-        "memory": measure_memory(artifact_dir, sentences[0], threads) if isolate_memory else None,
+        "memory": measure_memory(artifact_dir, sentences[0], threads, provider=provider) if isolate_memory else None,
         "bytes_on_disk": dir_bytes(Path(artifact_dir)),
     }
     return record, waves

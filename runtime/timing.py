@@ -386,7 +386,9 @@ class TorchEngine:
 
     name = "pytorch"
 
-    def __init__(self, checkpoint: str | os.PathLike[str] | None, threads: int | None, chat: Any = None) -> None:
+    def __init__(
+        self, checkpoint: str | os.PathLike[str] | None, threads: int | None, chat: Any = None, device: str = "cpu"
+    ) -> None:
         try:
             import torch
 
@@ -400,9 +402,14 @@ class TorchEngine:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set in this process
             pass
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ForgeError(f"the PyTorch baseline on {device}: CUDA is not available to torch here")
         self.torch = torch
+        # CUDA kernels run asynchronously: the hooks synchronize so a timed forward is its own work.
+        self._sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        self.device = device
         t0 = time.perf_counter()
-        self.chat = chat if chat is not None else load_chat(checkpoint)
+        self.chat = chat if chat is not None else load_chat(checkpoint, device=device)
         self.load_seconds = time.perf_counter() - t0
         extractor = self.chat.config.vocos.feature_extractor.init_args
         self.sample_rate = int(extractor.sample_rate)
@@ -412,9 +419,11 @@ class TorchEngine:
         self._t0 = 0.0
 
         def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+            self._sync()
             self._t0 = time.perf_counter()
 
         def post(module: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+            self._sync()
             emb = kwargs.get("inputs_embeds")
             mask = kwargs.get("attention_mask")
             new = int(emb.shape[1]) if emb is not None else 1
@@ -590,9 +599,9 @@ class RssSampler:
 _RSS_PROBE = """
 import json, sys
 from chattts_forge.runtime.timing import OnnxEngine, Request, current_rss_bytes, peak_rss_bytes
-art, text, threads, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+art, text, threads, steps, provider = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 base = current_rss_bytes()
-engine = OnnxEngine(art, threads or None)
+engine = OnnxEngine(art, threads or None, provider=provider)
 loaded = current_rss_bytes()
 engine.run([text], Request(max_new_token=steps, speaker_seed=0))
 peak = peak_rss_bytes()
@@ -601,8 +610,8 @@ print(json.dumps({"python_baseline_mb": base / 2**20, "after_load_mb": loaded / 
 
 
 def measure_memory(artifact_dir: str | os.PathLike[str], text: str, threads: int | None = 2,
-                   max_new_token: int = 24) -> dict[str, Any]:
-    """Peak RSS of a fresh process that loads the artifact and synthesizes `text` once.
+                   max_new_token: int = 24, provider: str = "cpu") -> dict[str, Any]:
+    """Peak RSS (host memory) of a fresh process that loads the artifact and synthesizes `text` once.
 
     In-process figures are confounded by whatever ran before (allocators keep freed memory), so each
     artifact gets its own short-lived interpreter; the result is what a server would need.
@@ -611,7 +620,7 @@ def measure_memory(artifact_dir: str | os.PathLike[str], text: str, threads: int
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads or 1)}
     proc = subprocess.run(
-        [sys.executable, "-c", _RSS_PROBE, str(artifact_dir), text, str(threads or 0), str(max_new_token)],
+        [sys.executable, "-c", _RSS_PROBE, str(artifact_dir), text, str(threads or 0), str(max_new_token), provider],
         capture_output=True, text=True, env=env, timeout=1800,
     )
     if proc.returncode != 0:
@@ -637,12 +646,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(threads: int | None) -> dict[str, Any]:
-    """Where a measurement ran: CPU, cores, memory, threads, onnxruntime providers, platform, load,
-    library versions and the toolchain's commit."""
+def machine_info(threads: int | None, provider: str = "cpu") -> dict[str, Any]:
+    """Where a measurement ran: CPU, cores, memory, threads, the onnxruntime provider the runtime used
+    (`cpu` or `cuda`, resolved) and those available, platform, load, library versions and the
+    toolchain's commit."""
     import onnxruntime as ort
     import psutil
 
+    from chattts_forge.runtime.providers import EXECUTION_PROVIDERS
     from chattts_forge.versions import library_versions, toolchain_info
 
     return {
@@ -653,7 +664,7 @@ def machine_info(threads: int | None) -> dict[str, Any]:
         "physical_cores": psutil.cpu_count(logical=False),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "threads": threads,
-        "provider": "CPUExecutionProvider",
+        "provider": EXECUTION_PROVIDERS[provider],
         "available_providers": ort.get_available_providers(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -166,3 +166,31 @@ def test_pipeline_auto_engine_is_fast_on_cpu(tiny_artifacts: dict[str, Path]) ->
     assert pipe.artifact.provider == "cpu" and pipe.engine == "fast"
     res = pipe.synthesize(TEXTS[1], SynthParams(code=InferCodeParams(seed=0, max_new_token=6, min_new_token=6)))
     assert res[0].codes.shape == (6, pipe.num_vq)
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this onnxruntime has CUDA")
+@pytest.mark.parametrize("command", ["bench", "evaluate"])
+def test_bench_and_evaluate_refuse_cuda_without_gpu(tiny_artifacts: dict[str, Path], tmp_path: Path, command: str) -> None:
+    from chattts_forge.cli import main
+
+    art = str(tiny_artifacts["fp32"])
+    args = {
+        "bench": ["bench", "--artifact", art, "--batch", "1", "--steps", "4", "--reps", "1", "--json", str(tmp_path / "b.json")],
+        "evaluate": ["evaluate", "--artifact", art, "--reference", art, "--corpus", "builtin:evaluation",
+                     "--out", str(tmp_path / "report"), "--no-baseline"],
+    }[command]  # fmt: skip
+    result = CliRunner().invoke(main, [*args, "--provider", "cuda"])
+    assert result.exit_code != 0
+    error_lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "--provider cuda" in error_lines[0], result.output
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_bench_records_the_resolved_provider(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
+    from chattts_forge.evaluate.bench import run_bench
+
+    report = run_bench(tiny_artifacts["fp32"], batches=(1,), steps=4, reps=1, warmup_steps=2, threads=1,
+                       first_audio=False, provider="auto")  # fmt: skip
+    expected = "cuda" if providers.cuda_status()[0] else "cpu"
+    assert report["settings"]["provider"] == expected
+    assert report["machine"]["provider"] == providers.EXECUTION_PROVIDERS[expected]
