@@ -43,12 +43,15 @@ from chattts_forge.artifact import QUANTIZE_METHODS
 @click.option("--fidelity-steps", default=48, show_default=True, type=int, help="GPT steps per sentence at most.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads for fidelity runs.")
+@click.option("--kv-cache", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
+              help="KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales "
+                   "calibrated from --calibration; its fidelity is measured like the weights'.")
 def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
              calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
              block_size: int, accuracy_level: int, quantize_head: bool, min_agreement: float | None,
              min_cosine: float | None, max_kl: float | None, step_nodes: int | None, fidelity: bool,
              fidelity_corpus: str, fidelity_sentences: int, fidelity_steps: int, seed: int,
-             threads: int | None) -> None:
+             threads: int | None, kv_cache: str) -> None:
     """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
 
     \b
@@ -66,6 +69,6 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
         activation_type=activation_type, exclude=exclude, block_size=block_size, accuracy_level=accuracy_level,
         quantize_head=quantize_head, min_agreement=min_agreement, min_cosine=min_cosine, max_kl=max_kl,
         step_nodes=step_nodes, fidelity=fidelity, fidelity_corpus=fidelity_corpus,
-        fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads,
+        fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads, kv_cache=kv_cache,
     )
     click.echo(str(out))

@@ -1,7 +1,8 @@
 """`quantize_artifact`: the quantize stage as small steps, each with one job.
 
 1. `check_request`: the method, the FP32 source, the output folder and the fidelity targets.
-2. `open_calibration`: static only, the calibration store, checked against the source GPT.
+2. `open_calibration`: static only, the calibration store, checked against the source GPT;
+   `calibrate_kv_cache`: `--kv-cache int8` only, the cache scales from that store.
 3. `SourceGraphs.prepare`: the graphs to quantize, linked into a scratch folder (static: pre-processed).
 4. `GraphQuantizer`: runs the method's onnxruntime quantizer on the GPT and the code head, and
    remembers per graph its options record and the nodes kept in FP32.
@@ -48,6 +49,8 @@ from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record
 
 log = get_logger(__name__)
 
+KV_CACHES = ("fp32", "int8")  # the fused GPT graph's key/value cache (runtime.fast_gpt_graph.KV_CACHE_TYPES)
+
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
     "head_text": "fp32 (text head: only used by text refinement)",
@@ -72,6 +75,7 @@ class QuantizeConfig:
     accuracy_level: int = 4
     quantize_head: bool = True
     seed: int = 0
+    kv_cache: str = "fp32"  # the fused GPT's KV cache: fp32 or int8 (calibrated scales)
 
     @property
     def components(self) -> list[str]:
@@ -127,11 +131,19 @@ def open_calibration(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | 
                      meta: ArtifactMeta) -> Any:
     """The `CalibrationStore` static quantization reads (None for the other methods)."""
     if cfg.method != "static":
-        if calibration is not None:
-            log.info("--calibration is only used by --method static; ignoring it for %s", cfg.method)
+        if calibration is not None and cfg.kv_cache == "fp32":
+            log.info("--calibration is only used by --method static and --kv-cache int8; ignoring it for %s", cfg.method)
         return None
     if calibration is None:
         raise ForgeError("--method static needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
+    store = _calibration_of(calibration, src, meta)
+    if cfg.quantize_head and store.count("head_code") == 0:
+        raise ForgeError(f"calibration {calibration} has no head_code samples; re-run calibrate or use --no-head")
+    return store
+
+
+def _calibration_of(calibration: str | os.PathLike[str], src: Path, meta: ArtifactMeta) -> Any:
+    """The calibration store, refused when it was recorded from another artifact's GPT."""
     from chattts_forge.calibration_data.store import CalibrationStore
 
     store = CalibrationStore(calibration)
@@ -139,9 +151,35 @@ def open_calibration(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | 
     current = meta.component("gpt").get("sha256") or sha256_file(meta.component_file(src, "gpt"))
     if recorded and current and recorded != current:
         raise ForgeError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
-    if cfg.quantize_head and store.count("head_code") == 0:
-        raise ForgeError(f"calibration {calibration} has no head_code samples; re-run calibrate or use --no-head")
     return store
+
+
+def calibrate_kv_cache(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | None, src: Path,
+                       meta: ArtifactMeta, targets: Targets, out: Path) -> dict[str, Any] | None:
+    """`--kv-cache int8`: the per-channel cache scales from the calibration set and their record
+    ({"scales", "record"}); None for a float32 cache."""
+    if cfg.kv_cache not in KV_CACHES:
+        raise ForgeError(f"unknown KV cache '{cfg.kv_cache}' (choose from: {', '.join(KV_CACHES)})")
+    if cfg.kv_cache == "fp32":
+        return None
+    if cfg.method == "static":
+        raise ForgeError("--kv-cache int8 needs the fused GPT graph, which --method static drops (use dynamic or int4)")
+    if targets.any():
+        raise ForgeError("--kv-cache int8 cannot be combined with fallback targets (they drop the fused GPT graph)")
+    if not meta.has_component(FAST_GPT):
+        raise ForgeError(f"--kv-cache int8: artifact {src} has no gpt_fast.onnx (convert with --fast-gpt)")
+    if calibration is None:
+        raise ForgeError("--kv-cache int8 needs --calibration CALIB_DIR: its scales are calibrated from it")
+    from chattts_forge.quantize.kv_cache import kv_cache_scales
+
+    store = _calibration_of(calibration, src, meta)
+    scales, record = kv_cache_scales(calibration, meta.require_dims().num_hidden_layers)
+    corpus = store.manifest.get("corpus") or {}
+    record["calibration"] = {"path": portable_path(store.path, out), "corpus": corpus.get("name"),
+                             "corpus_sha256": corpus.get("sha256")}
+    log.info("int8 KV cache: scales calibrated from %s (%d decode steps, max |key| %.3g, max |value| %.3g)",
+             calibration, record["calibration_samples"], record["max_abs"]["key"], record["max_abs"]["value"])
+    return {"scales": scales, "record": record}
 
 
 # ---- 3. the source graphs ----------------------------------------------------------------------
@@ -246,24 +284,31 @@ class GraphQuantizer:
             self.quantize_graph("head_code", self.user_nodes["head_code"])
 
 
-def rebuild_fast_gpt(src: Path, out_dir: Path, cfg: QuantizeConfig, qmeta: ArtifactMeta) -> str:
+def rebuild_fast_gpt(src: Path, out_dir: Path, cfg: QuantizeConfig, qmeta: ArtifactMeta,
+                     kv: dict[str, Any] | None = None) -> str:
     """Quantized `gpt_fast.onnx` for dynamic/int4 (same onnxruntime quantizers), dropped for static;
-    returns the note artifact.json records."""
+    `kv`: an int8 KV cache (`calibrate_kv_cache`). Returns the note artifact.json records."""
     if cfg.method == "static":
         return "dropped: no QDQ fast graph (its inputs differ from the calibrated plain graph); runtime uses gpt.onnx"
     from chattts_forge.quantize.fast_gpt import optimize_gpt
 
+    kv_args: dict[str, Any] = {}
+    if kv is not None:
+        kv_args = {"kv_cache": "int8", "kv_scales": kv["scales"], "kv_record": kv["record"]}
     try:
         record = optimize_gpt(src, out_dir / FAST_GPT_FILE, quantize=cfg.method, weights_from=src,
                               block_size=cfg.block_size, accuracy_level=cfg.accuracy_level,
-                              per_channel=cfg.per_channel)
+                              per_channel=cfg.per_channel, **kv_args)
     except ForgeError as e:
+        if kv is not None:  # the asked-for cache cannot silently become "no fast graph"
+            raise ForgeError(f"could not build the fast GPT graph with an int8 KV cache: {e}") from None
         log.warning("could not rebuild the fast GPT graph quantized (%s); the artifact uses gpt.onnx", e)
         return f"dropped: rebuild failed ({e})"
     qmeta.components[FAST_GPT] = record
     # Recorded in artifact.json: the wording predates the builder's move out of convert and is kept
     # so that published artifacts stay byte-identical.
-    return f"rebuilt with convert.optimize.optimize_gpt(quantize='{cfg.method}') from the FP32 weights"
+    cache = " with an int8 KV cache" if kv is not None else ""
+    return f"rebuilt with convert.optimize.optimize_gpt(quantize='{cfg.method}') from the FP32 weights{cache}"
 
 
 # ---- 5. quantize, measure, fall back -----------------------------------------------------------
@@ -290,7 +335,7 @@ def record_fp32_runs(src: Path, fid: FidelityConfig) -> list[Trajectory] | None:
 
 
 def quantize_and_measure(quantizer: GraphQuantizer, src: Path, out_dir: Path, qmeta: ArtifactMeta,
-                         fid: FidelityConfig, has_fast: bool) -> Outcome:
+                         fid: FidelityConfig, has_fast: bool, kv: dict[str, Any] | None = None) -> Outcome:
     """Quantize (with the fallback loop when targets are set) and measure fidelity on `qmeta`,
     the output's artifact.json as it will be written (fidelity reads it in memory)."""
     trajs = record_fp32_runs(src, fid)
@@ -312,7 +357,7 @@ def quantize_and_measure(quantizer: GraphQuantizer, src: Path, out_dir: Path, qm
     else:
         quantizer([], False)
         if has_fast:  # before measuring: fidelity also replays the fast graph the runtime prefers
-            outcome.fast_gpt_note = rebuild_fast_gpt(src, out_dir, quantizer.cfg, qmeta)
+            outcome.fast_gpt_note = rebuild_fast_gpt(src, out_dir, quantizer.cfg, qmeta, kv)
         if fid.enabled:
             outcome.fidelity = measure()
     if outcome.fidelity is not None and "per_tensor" in outcome.fidelity:
@@ -423,6 +468,9 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
         "vocos_sha256_equal": vocos_equal,
         "copied_files": copied,
     }
+    kv_record = (qmeta.components.get(FAST_GPT) or {}).get("kv_cache")
+    if kv_record is not None:  # absent: a float32 cache (fp32-cache artifacts keep their bytes)
+        qmeta.quantization["kv_cache"] = kv_record
     fid = outcome.fidelity
     if fid is not None and fid.get("reference"):
         fid["reference"] = portable_path(fid["reference"], out)
@@ -460,8 +508,13 @@ def quantize_artifact(
     seed: int = 0,
     threads: int | None = None,
     progress: bool | None = None,
+    kv_cache: str = "fp32",
 ) -> Path:
-    """Write a quantized copy of the FP32 artifact at `artifact_dir` to `out_dir` (see `chattts_forge.quantize`)."""
+    """Write a quantized copy of the FP32 artifact at `artifact_dir` to `out_dir` (see `chattts_forge.quantize`).
+
+    `kv_cache="int8"` (dynamic/int4, needs `calibration`): the rebuilt `gpt_fast.onnx` keeps its KV
+    cache in int8 with per-channel scales calibrated from the calibration set (`kv_cache.py`); its
+    fidelity is measured with the rest (`fidelity.gpt_fast`, the graph the runtime runs)."""
     src, out = Path(artifact_dir), Path(out_dir)
     targets = Targets(min_agreement, min_cosine, max_kl)
     meta = check_request(src, out, method, targets)
@@ -470,12 +523,13 @@ def quantize_artifact(
         per_channel=method == "static" if per_channel is None else per_channel,  # dynamic: per tensor measured faster (18 vs 23 ms)
         calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
         activation_type=activation_type, exclude=tuple(exclude), block_size=block_size,
-        accuracy_level=accuracy_level, quantize_head=quantize_head, seed=seed,
+        accuracy_level=accuracy_level, quantize_head=quantize_head, seed=seed, kv_cache=kv_cache,
     )
     fid = FidelityConfig(enabled=fidelity, corpus=fidelity_corpus, sentences=fidelity_sentences,
                          steps=fidelity_steps, seed=seed, threads=threads, progress=progress,
                          targets=targets, step_nodes=step_nodes)
     store = open_calibration(cfg, calibration, src, meta)
+    kv = calibrate_kv_cache(cfg, calibration, src, meta, targets, out)
     skip = files_to_skip(src, meta, cfg)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="forge-quant-") as work_s, atomic_output_dir(out) as tmp:
@@ -483,7 +537,7 @@ def quantize_artifact(
         copied = copy_unchanged(src, tmp, skip)
         qmeta = start_meta(meta, src, out)
         quantizer = GraphQuantizer(cfg, SourceGraphs.prepare(src, meta, cfg, work), tmp, work, store)
-        outcome = quantize_and_measure(quantizer, src, tmp, qmeta, fid, meta.has_component(FAST_GPT))
+        outcome = quantize_and_measure(quantizer, src, tmp, qmeta, fid, meta.has_component(FAST_GPT), kv)
         finish_meta(qmeta, meta, src, out, tmp, quantizer, store, outcome, copied)
         qmeta.write(tmp)
     sizes = qmeta.quantization["sizes"]

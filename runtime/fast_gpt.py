@@ -4,9 +4,15 @@
 contract: `reset(batch)`, `past_length`, `step(inputs_embeds, attention_mask, position_ids)` ->
 hidden states [B, S, hidden]). The graph (built by `chattts_forge.runtime.fast_gpt_graph`) uses
 onnxruntime's GroupQueryAttention with past/present buffer sharing: every layer's key and value
-cache is one preallocated float32 buffer [B, kv_heads, capacity, head_dim], bound with IO binding
-as both the past input and the present output, so each step writes only its new position instead
-of copying the whole cache (the plain graph's `Concat` copies ~2 * L * B * H * T * D floats a step).
+cache is one preallocated buffer [B, kv_heads, capacity, head_dim] (float32, or int8 when the
+graph was built with `kv_cache="int8"`: the op quantizes on write with the graph's calibrated
+scales), bound with IO binding as both the past input and the present output, so each step writes
+only its new position instead of copying the whole cache (the plain graph's `Concat` copies
+~2 * L * B * H * T * D floats a step).
+
+Memory follows need: the cache is allocated for what the caller `reserve`s (the pipeline reserves
+prompt + max_new_token positions, see `reserve`) and grows geometrically beyond it, never to the
+model's 4096 positions up front. `cache_bytes(batch, capacity)` is the formula.
 
 ChatTTS's left padding is kept exactly: cache slot t holds mask column t; padded keys are masked by
 an additive bias (the finite float32 minimum, as transformers does) and rotary positions come from
@@ -33,7 +39,14 @@ from chattts_forge.errors import ForgeError
 
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
 MASK_BIAS = np.float32(np.finfo(np.float32).min)
-_CAPACITY_QUANTUM = 256
+# Capacities are rounded up to this many positions (fewer reallocations, aligned rows).
+_CAPACITY_QUANTUM = 64
+# Capacity before anything was reserved (a caller that never reserves still starts small).
+DEFAULT_CAPACITY = 256
+# Positions reserved at most up front: longer requests grow into the rest only if they get there
+# (ChatTTS's max_new_token is 2048, while most sentences end within a few hundred steps).
+MAX_RESERVE = 1024
+_CACHE_DTYPES = {"tensor(float)": np.float32, "tensor(int8)": np.int8}
 
 
 class FastGptStep:
@@ -47,7 +60,7 @@ class FastGptStep:
         head_dim: int,
         hidden_size: int,
         max_positions: int = 4096,
-        capacity: int = 512,
+        capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         import onnxruntime as ort
 
@@ -64,6 +77,11 @@ class FastGptStep:
         if not need <= names:
             raise ForgeError(f"not a fast GPT graph: inputs {sorted(need - names)} are missing")
         self.past_names = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+        cache_type = {i.name: i.type for i in session.get_inputs()}.get(self.past_names[0])
+        if cache_type not in _CACHE_DTYPES:
+            raise ForgeError(f"fast GPT graph: unsupported KV cache type {cache_type} (float32 or int8)")
+        self.cache_dtype = np.dtype(_CACHE_DTYPES[cache_type])
+        self._reserved = 0  # positions the next reset allocates for (0: initial_capacity)
         self.present_names = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
         self.batch = 0
         self.capacity = 0
@@ -72,7 +90,7 @@ class FastGptStep:
         self._binding: Any = None
 
     @classmethod
-    def from_artifact(cls, artifact: Any, capacity: int = 512) -> FastGptStep:
+    def from_artifact(cls, artifact: Any, capacity: int = DEFAULT_CAPACITY) -> FastGptStep:
         """Open the artifact's `gpt_fast` component (a `runtime.session.Artifact`)."""
         dims = artifact.dims
         return cls(
@@ -87,12 +105,24 @@ class FastGptStep:
 
     # ---- cache management --------------------------------------------------------------------
 
+    def cache_bytes(self, batch: int, capacity: int) -> int:
+        """Bytes of the key/value buffers for `batch` rows of `capacity` positions."""
+        return len(self.past_names) * batch * self.kv_heads * capacity * self.head_dim * self.cache_dtype.itemsize
+
+    def reserve(self, positions: int) -> None:
+        """Size the cache of the next `reset` for `positions` (prompt + max_new_token), capped at
+        `MAX_RESERVE`: a request that runs longer grows the cache when it gets there."""
+        self._reserved = max(1, min(positions, MAX_RESERVE, self.max_positions))
+
     def reset(self, batch: int) -> None:
-        """Start a new sequence batch: an empty cache (buffers reused when the batch size is the same)."""
+        """Start a new sequence batch: an empty cache sized by the last `reserve` (buffers reused
+        when the batch size is the same and they are no more than twice that size)."""
         if batch < 1:
             raise ForgeError(f"batch must be >= 1, got {batch}")
-        if batch != self.batch or not self._buffers:
-            self._allocate(batch, self.initial_capacity, keep=0)
+        want = _round_up(self._reserved or self.initial_capacity, self.max_positions)
+        if batch != self.batch or not self._buffers or not (want <= self.capacity <= 2 * want):
+            self._buffers = []  # free the old cache before allocating the new one (peak memory)
+            self._allocate(batch, want, keep=0)
         self._past = 0
 
     @property
@@ -103,7 +133,7 @@ class FastGptStep:
         """(Re)allocate the cache buffers with `capacity` slots, keeping the first `keep` positions."""
         old = self._buffers
         self._buffers = [
-            np.zeros((batch, self.kv_heads, capacity, self.head_dim), dtype=np.float32) for _ in self.past_names
+            np.zeros((batch, self.kv_heads, capacity, self.head_dim), dtype=self.cache_dtype) for _ in self.past_names
         ]
         if keep:
             for new, prev in zip(self._buffers, old, strict=True):
@@ -122,7 +152,7 @@ class FastGptStep:
             return
         if total > self.max_positions:
             raise ForgeError(f"sequence of {total} positions exceeds the model's {self.max_positions}")
-        grown = max(2 * self.capacity, -(-total // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM)
+        grown = max(2 * self.capacity, _round_up(total, self.max_positions))
         self._allocate(self.batch, min(grown, self.max_positions), keep=self._past)
 
     # ---- the step -----------------------------------------------------------------------------
@@ -155,3 +185,7 @@ class FastGptStep:
 
     # The plain GptStep is called as a function; keep a named alias for readability in loops.
     step = __call__
+
+
+def _round_up(positions: int, limit: int) -> int:
+    return min(-(-positions // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM, limit)

@@ -38,6 +38,8 @@ inputs `inputs_embeds` f32 [B,S,hidden], `position_ids` int64 [B,S], `attention_
 [B,1,S,T] (0 or -inf-like for masked keys), `seqlens_k` int32 [B] (= T - 1), `total_sequence_length`
 int32 [] (= T), `past_key_values.{i}.key|value` f32 [B,kv_heads,C,head_dim]; outputs
 `last_hidden_state` f32 [B,S,hidden], `present.{i}.key|value` (the same buffers as the past ones).
+With `kv_cache="int8"` the past/present buffers are int8 (per-channel scales are constants of the
+graph, calibrated by `chattts_forge.quantize.kv_cache`) and the record carries a `kv_cache` block.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ FAST_GPT_OPSET = 23
 # Additive bias for masked keys: finite so that a fully masked (padding) query row stays finite
 # instead of NaN, exactly like transformers' finfo(float32).min mask.
 MASK_BIAS = float(np.finfo(np.float32).min)
+
+# KV cache element types of the fast graph: fp32, or int8 with calibrated per-channel scales
+# (onnxruntime's CPU GroupQueryAttention quantizes on write and dequantizes on read).
+KV_CACHE_TYPES = ("fp32", "int8")
 
 _PROJ_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -244,8 +250,17 @@ def build_fast_gpt(
     rope_theta: float = 10000.0,
     max_positions: int = 4096,
     pack_projections: bool = True,
+    kv_cache: str = "fp32",
+    kv_scales: Mapping[str, np.ndarray] | None = None,
 ) -> onnx.ModelProto:
-    """An ONNX model of the Llama step with fused contrib ops and an in-place KV cache (see module doc)."""
+    """An ONNX model of the Llama step with fused contrib ops and an in-place KV cache (see module doc).
+
+    `kv_cache="int8"`: the past/present buffers are int8 and GroupQueryAttention quantizes each new
+    key/value on write (`kv_cache_bit_width=8`, PER_CHANNEL) with the constant scales
+    `kv_scales["{i}.key"|"{i}.value"]` [1, kv_heads, 1, head_dim] (see `kv_cache_scales`).
+    """
+    if kv_cache not in KV_CACHE_TYPES:
+        raise ForgeError(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
     hidden = int(weights["layers.0.self_attn.q_proj.weight"].shape[1])
     head_dim = hidden // num_attention_heads
     num_layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
@@ -276,10 +291,20 @@ def build_fast_gpt(
     ]
     outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden])]
     kv_shape = ["batch", num_key_value_heads, "capacity", head_dim]
+    kv_type = TensorProto.INT8 if kv_cache == "int8" else TensorProto.FLOAT
+    scale_shape = (1, num_key_value_heads, 1, head_dim)
     for i in range(num_layers):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, kv_shape))
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", kv_type, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", kv_type, kv_shape))
+            if kv_cache == "int8":
+                scale = (kv_scales or {}).get(f"{i}.{kind}")
+                if scale is None:
+                    raise ForgeError(f"an int8 KV cache needs the scale of layer {i}'s {kind}s (kv_scales['{i}.{kind}'])")
+                scale = np.asarray(scale, dtype=np.float32).reshape(scale_shape)
+                if not (np.isfinite(scale).all() and (scale > 0).all()):
+                    raise ForgeError(f"KV cache scale of layer {i}'s {kind}s must be finite and > 0")
+                init(f"kv_cache.{i}.{kind}_scale", scale)
 
     x = "inputs_embeds"
     residual_in: str | None = None  # the pending residual branch to add before the next norm
@@ -324,10 +349,16 @@ def build_fast_gpt(
             )
             attn_in[j] = rot
         attn_out = f"{p}/self_attn/GroupQueryAttention_output_0"
+        gqa_inputs = [*attn_in, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length", "", "", "", "attention_bias"]
+        quant_attrs: dict[str, Any] = {}
+        if kv_cache == "int8":
+            # inputs 11 (head_sink) unused, 12/13 the per-channel cache scales
+            gqa_inputs += ["", f"kv_cache.{i}.key_scale", f"kv_cache.{i}.value_scale"]
+            quant_attrs = {"kv_cache_bit_width": 8, "k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL"}
         nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [*attn_in, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length", "", "", "", "attention_bias"],
+                gqa_inputs,
                 [attn_out, f"present.{i}.key", f"present.{i}.value"],
                 name=f"{p}/self_attn/GroupQueryAttention",
                 domain=MS_DOMAIN,
@@ -335,6 +366,7 @@ def build_fast_gpt(
                 kv_num_heads=num_key_value_heads,
                 do_rotary=0,
                 scale=float(1.0 / np.sqrt(head_dim)),
+                **quant_attrs,
             )
         )
         o_w = init(f"layers.{i}.self_attn.o_proj.weight_t", w_t(f"layers.{i}.self_attn.o_proj.weight"))
@@ -513,6 +545,9 @@ def optimize_gpt(
     check_parity: bool = True,
     tolerance: float = 1e-4,
     threads: int = 1,
+    kv_cache: str = "fp32",
+    kv_scales: Mapping[str, np.ndarray] | None = None,
+    kv_record: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the fast GPT graph of an artifact (or of a plain `gpt.onnx`) and write it to `out`.
 
@@ -522,8 +557,12 @@ def optimize_gpt(
     quantize the projections (`GraphQuantizer`). `out` defaults to `<artifact>/gpt_fast.onnx`.
     Projections are packed (QKV, gate/up) unless the quantizer says not to. FP32 graphs whose
     hidden states differ from the plain graph's by more than `tolerance` raise ForgeError (nothing
-    is written); quantized ones record their difference. Returns the `components.gpt_fast` record.
+    is written); quantized ones record their difference. `kv_cache="int8"` stores the KV
+    cache in int8 with `kv_scales` (from `quantize.kv_cache.kv_cache_scales`; `kv_record` says where
+    they came from and is recorded under `kv_cache`). Returns the `components.gpt_fast` record.
     """
+    if kv_cache not in KV_CACHE_TYPES:
+        raise ForgeError(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
     src = Path(source).expanduser()
     gpt_path = src / "gpt.onnx" if src.is_dir() else src
     dims = (ArtifactMeta.load(src).dims or {}) if src.is_dir() else {}
@@ -563,6 +602,8 @@ def optimize_gpt(
         rope_theta=theta,
         max_positions=max_pos,
         pack_projections=pack,
+        kv_cache=kv_cache,
+        kv_scales=kv_scales,
     )
     model.metadata_props.extend(
         [
@@ -574,6 +615,8 @@ def optimize_gpt(
             onnx.StringStringEntryProto(key="chattts_forge_version", value=__version__),
         ]
     )
+    if kv_cache != "fp32":  # only then: FP32-cache graphs keep their bytes
+        model.metadata_props.append(onnx.StringStringEntryProto(key="kv_cache", value=kv_cache))
     # The artifact-wide facts every component carries (see docs/artifact-format.md), when known.
     for key in ("sample_rate", "hop_length", "num_vq", "n_mels", "num_audio_tokens", "num_text_tokens"):
         if key in dims:
@@ -592,8 +635,9 @@ def optimize_gpt(
         parity = None
         if check_parity:
             parity = compare_with_plain(w_src if w_src.suffix == ".onnx" else gpt_path, final_tmp, hp, threads=threads)
-            parity["tolerance_abs"] = tolerance if quantizer is None else None
-            if quantizer is None and parity["max_abs"] > tolerance:
+            exact = quantizer is None and kv_cache == "fp32"  # anything quantized records its difference
+            parity["tolerance_abs"] = tolerance if exact else None
+            if exact and parity["max_abs"] > tolerance:
                 raise ForgeError(
                     f"fast GPT graph differs from the plain graph by {parity['max_abs']:.3g} > {tolerance:g}; nothing written"
                 )
@@ -621,6 +665,8 @@ def optimize_gpt(
         "quantization": quant_info,
         "parity": parity,
     }
+    if kv_cache != "fp32":  # absent: a float32 cache (earlier records keep their bytes)
+        record["kv_cache"] = {**(kv_record or {}), "dtype": kv_cache}
     log.info("wrote %s (%.1f MB)", out, record["bytes"] / 1e6)
     return record
 
