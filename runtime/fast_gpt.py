@@ -40,7 +40,7 @@ from chattts_forge.errors import ForgeError
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
 MASK_BIAS = np.float32(np.finfo(np.float32).min)
 # Capacities are rounded up to this many positions (fewer reallocations, aligned rows).
-_CAPACITY_QUANTUM = 64
+CAPACITY_QUANTUM = 64
 # Capacity before anything was reserved (a caller that never reserves still starts small).
 DEFAULT_CAPACITY = 256
 # Positions reserved at most up front: longer requests grow into the rest only if they get there
@@ -188,4 +188,4 @@ class FastGptStep:
 
 
 def _round_up(positions: int, limit: int) -> int:
-    return min(-(-positions // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM, limit)
+    return min(-(-positions // CAPACITY_QUANTUM) * CAPACITY_QUANTUM, limit)

@@ -409,6 +409,9 @@ class Pipeline:
             forced_lengths=None if forced is None else [len(f) for f in forced],
         )
         mask = attention_mask.astype(np.int64)
+        reserve = getattr(self.gpt, "reserve", None)  # engines with a preallocated cache (FastGptStep)
+        if reserve is not None:  # size the cache by the request, not by the model's positions
+            reserve(mask.shape[1] + max_new_token)
         self.gpt.reset(batch)
         hidden = self.gpt(emb, mask, _position_ids(mask))[:, -1]
         for step in range(max_new_token):

@@ -1,0 +1,82 @@
+"""Memory that follows need: the cache is sized by the request, only the engine's graphs are loaded,
+and the resident memory of a batch-8 run on the tiny checkpoint stays within the bound computed from
+its dimensions (runtime.memory), the same formula that gives the full-size figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from chattts_forge.checkpoint.layout import PRESETS
+from chattts_forge.runtime.memory import cache_capacity, memory_bound, weight_bytes_from_dims
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+
+STEPS = 160
+TEXT = "Hello there, this is a test of the runtime memory at several batch sizes."
+
+# Runs in a fresh process (no torch, no pytest fixtures): RSS before the pipeline, after loading
+# it (one warm-up request), and the kernel's high-water mark during each batch size's request.
+_PROBE = r"""
+import json, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+import numpy, onnxruntime  # the libraries: part of the base, not of the runtime's need
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+art, steps, text = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+base = status("VmRSS:")
+pipe = Pipeline(art, threads=1)
+pipe.synthesize([text], SynthParams(code=InferCodeParams(max_new_token=8, min_new_token=8, seed=0)))
+out = {"base": base, "loaded": status("VmRSS:"), "sessions": sorted(pipe.artifact._sessions),
+       "prompt": int(pipe.prepare_code_inputs([pipe.normalize(text)], InferCodeParams())[2].shape[1])}
+params = SynthParams(code=InferCodeParams(temperature=1e-9, max_new_token=steps, min_new_token=steps, seed=0))
+for b in (1, 8):
+    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := current RSS
+    pipe.synthesize([text] * b, params)
+    out[f"peak_b{b}"] = status("VmHWM:")
+    out[f"capacity_b{b}"] = pipe.gpt.capacity
+    out[f"cache_nbytes_b{b}"] = sum(buf.nbytes for buf in pipe.gpt._buffers)
+print(json.dumps(out))
+"""
+
+
+def test_cache_capacity_follows_the_request(tiny_artifacts):
+    pipe = Pipeline(tiny_artifacts["fp32"], threads=1, engine="fast")
+    params = SynthParams(code=InferCodeParams(temperature=1e-9, max_new_token=20, min_new_token=20, seed=0))
+    pipe.synthesize([TEXT, TEXT + " And a second row."], params)
+    step = pipe.gpt
+    prompt = step.past_length - 20 + 1  # the last step's token is sampled, not fed back
+    assert step.capacity == cache_capacity(prompt, 20) < 512  # not the old 512 nor the model's 4096
+    assert sum(b.nbytes for b in step._buffers) == step.cache_bytes(2, step.capacity)
+    # only the graphs the fast engine runs: no plain gpt.onnx, no text head, no DVAE
+    assert sorted(pipe.artifact._sessions) == ["decoder", "embed", "gpt_fast", "head_code", "vocos"]
+
+
+def test_batch8_memory_within_the_bound_and_scaled_to_full(tiny_artifacts):
+    art = tiny_artifacts["fp32"]
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(art), str(STEPS), TEXT], capture_output=True,
+                          text=True, timeout=600, check=True)
+    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    dims = Pipeline(art, verify="none").dims
+    assert m["sessions"] == ["decoder", "embed", "gpt_fast", "head_code", "vocos"]
+    weights = sum((art / f"{c}.onnx").stat().st_size for c in m["sessions"])
+    for b in (1, 8):
+        bound = memory_bound(dims, batch=b, prompt=m["prompt"], max_new_token=STEPS, kv_itemsize=4, weights=weights)
+        assert m[f"capacity_b{b}"] == cache_capacity(m["prompt"], STEPS)
+        assert m[f"cache_nbytes_b{b}"] == bound.kv_cache
+        # what the request adds to the loaded pipeline stays within the computed per-request bound
+        assert m[f"peak_b{b}"] - m["loaded"] <= bound.per_request(), (b, m, bound)
+    # Scaled to full size by the same formula: the constant part (interpreter, libraries, sessions'
+    # own overhead beyond their weights) is what the tiny run measured; the rest follows the dims.
+    constant = m["loaded"] - weights
+    full = PRESETS["full"]
+    b8 = memory_bound(full, batch=8, prompt=m["prompt"], max_new_token=422, kv_itemsize=1,
+                      weights=weight_bytes_from_dims(full, gpt_bytes_per_weight=1))
+    assert constant + b8.total() <= 0.8e9  # issue 13's goal for an INT8 GPT with an INT8 cache
+    fp32_cache = memory_bound(full, batch=8, prompt=m["prompt"], max_new_token=422, kv_itemsize=4,
+                              weights=weight_bytes_from_dims(full, gpt_bytes_per_weight=1))
+    assert np.isclose(fp32_cache.kv_cache, 4 * b8.kv_cache)  # the int8 cache quarters the cache
