@@ -186,6 +186,70 @@ class FastGptStep:
     # The plain GptStep is called as a function; keep a named alias for readability in loops.
     step = __call__
 
+    # ---- ragged rows (continuous batching, runtime.scheduler) ---------------------------------
+    # Each row holds its own sequence from slot 0 (no left padding), so rows of different lengths
+    # share one decode step: GroupQueryAttention reads row b's first seqlens_k[b] + 1 slots. The
+    # first `rows` batch slots are live; the caller keeps them compact (`move_row`).
+
+    def open_rows(self, slots: int, capacity: int) -> None:
+        """Allocate `slots` empty rows of `capacity` positions for ragged stepping."""
+        self._buffers = []
+        self._allocate(slots, _round_up(max(1, capacity), self.max_positions), keep=0)
+        self._ragged_bindings: dict[int, Any] = {}
+        self._past = 0
+
+    def load_row(self, slot: int, source: FastGptStep, length: int) -> None:
+        """Copy the first `length` positions of batch-1 `source`'s cache into row `slot`."""
+        self.ensure_rows_capacity(length)
+        for dst, src in zip(self._buffers, source._buffers, strict=True):
+            dst[slot, :, :length] = src[0, :, :length]
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy row `src`'s first `length` positions into row `dst` (compaction after a row retires)."""
+        for buf in self._buffers:
+            buf[dst, :, :length] = buf[src, :, :length]
+
+    def ensure_rows_capacity(self, total: int) -> None:
+        """Grow every row to hold `total` positions (all positions kept)."""
+        if total > self.capacity:
+            if total > self.max_positions:
+                raise ForgeError(f"sequence of {total} positions exceeds the model's {self.max_positions}")
+            grown = min(max(2 * self.capacity, _round_up(total, self.max_positions)), self.max_positions)
+            self._allocate(self.batch, grown, keep=self.capacity)
+            self._ragged_bindings = {}
+
+    def _rows_binding(self, rows: int) -> Any:
+        binding = self._ragged_bindings.get(rows)
+        if binding is None:  # views of the first `rows` slots: C-contiguous, so bindable in place
+            binding = self.session.io_binding()
+            binding.bind_output("last_hidden_state")  # output 0 (rebound by name every call)
+            for buf, past_name, present_name in zip(self._buffers, self.past_names, self.present_names, strict=True):
+                value = self._ort.OrtValue.ortvalue_from_numpy(buf[:rows])
+                binding.bind_ortvalue_input(past_name, value)
+                binding.bind_ortvalue_output(present_name, value)
+            self._ragged_bindings[rows] = binding
+        return binding
+
+    def step_rows(self, inputs_embeds: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """One new position for each of the first `len(lengths)` rows; `lengths[b]`: row b's
+        positions after this step (its new token sits at position lengths[b] - 1). Returns the
+        hidden states [rows, hidden]."""
+        rows = len(lengths)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        total = int(lengths.max())
+        self.ensure_rows_capacity(total)
+        keep = np.arange(total)[None, :] < lengths[:, None]
+        bias = np.where(keep, np.float32(0), MASK_BIAS)[:, None, None, :]
+        b = self._rows_binding(rows)
+        b.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=np.float32).reshape(rows, 1, -1))
+        b.bind_cpu_input("position_ids", (lengths - 1)[:, None])
+        b.bind_cpu_input("attention_bias", np.ascontiguousarray(bias, dtype=np.float32))
+        b.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
+        b.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        b.bind_output("last_hidden_state")
+        self.session.run_with_iobinding(b)
+        return b.get_outputs()[0].numpy()[:, -1]
+
 
 def _round_up(positions: int, limit: int) -> int:
     return min(-(-positions // CAPACITY_QUANTUM) * CAPACITY_QUANTUM, limit)

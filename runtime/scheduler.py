@@ -1,0 +1,394 @@
+"""Continuous batching: requests join the running GPT batch between steps and leave when they end.
+
+A TTS service receives requests at random times with different lengths. `Scheduler` keeps one
+GPT batch running (the fused `gpt_fast` graph, whose rows may have different lengths: each row
+holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between two steps:
+
+1. text stage: normalises and tokenises waiting requests (a bad text fails that request alone,
+   with its one-line ForgeError) and prefills each one alone (batch 1, exactly as a lone
+   `Pipeline.synthesize` does), then copies its cache into a free row of the running batch;
+2. code stage: one GPT step for every running row, then each request's own logits processing and
+   seeded sampler (a row's codes never depend on the other rows);
+3. audio stage: each request's `StreamDecoder` turns its hidden states into final audio chunks
+   (first chunk as soon as exact audio exists, then every `stream_batch` steps); a finished or
+   cancelled request leaves the batch and its row is reused by the next waiting request.
+
+So a request's codes under the scheduler equal its codes alone (temperature 1e-9, same seed),
+whatever else runs. The waiting queue is bounded: `submit` refuses with a ForgeError when
+`max_queue` requests wait. Memory is bounded by `max_batch` rows of `capacity` positions (grown
+only when a request gets longer; see runtime.memory).
+
+Library use (a worker thread drives the steps; handles are thread-safe and asyncio-friendly)::
+
+    from chattts_forge.runtime.scheduler import Scheduler
+    with Scheduler(pipe, max_batch=8, max_queue=64) as sched:
+        h = sched.submit("Hello there.", SynthParams(code=InferCodeParams(seed=1)))
+        for chunk in h.chunks():          # float32 audio, as it becomes final
+            ...
+        res = h.result()                  # runtime.pipeline.Result (codes, hiddens, wav)
+        async for chunk in h: ...         # the same stream from asyncio
+        h.cancel()                        # frees its row at the next step
+
+Without a thread, `sched.step()` runs one scheduling round and `sched.run_until_idle()` all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.fast_gpt import FastGptStep
+from chattts_forge.runtime.pipeline import Pipeline, Result, StreamDecoder, SynthParams, _position_ids
+from chattts_forge.runtime.sampling import Sampler, process_logits, softmax
+
+log = get_logger(__name__)
+
+_END = object()  # the end of a handle's chunk queue
+
+
+class Handle:
+    """One request: its audio chunks as they become final, its result, its cancellation."""
+
+    def __init__(self, request_id: int, text: str) -> None:
+        self.id = request_id
+        self.text = text
+        self.submitted = time.perf_counter()
+        self.first_audio: float | None = None  # seconds from submit to the first non-empty chunk
+        self.finished: float | None = None  # seconds from submit to the end
+        self._chunks: queue.Queue[Any] = queue.Queue()
+        self._done = threading.Event()
+        self._result: Result | None = None
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    # ---- producer side (the scheduler) ----
+    def _emit(self, chunk: np.ndarray) -> None:
+        if len(chunk) and self.first_audio is None:
+            self.first_audio = time.perf_counter() - self.submitted
+        self._chunks.put(chunk)
+
+    def _finish(self, result: Result | None = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self.finished = time.perf_counter() - self.submitted
+        self._chunks.put(_END)
+        self._done.set()
+
+    # ---- consumer side ----
+    def cancel(self) -> None:
+        """Stop this request: its row is freed before the next GPT step; `result()` raises."""
+        self.cancelled = True
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Result:
+        """The whole result once the request ended; its ForgeError if it failed or was cancelled."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def chunks(self, timeout: float | None = None) -> Iterator[np.ndarray]:
+        """Audio chunks (float32) as they become final; raises the request's error at the end."""
+        while True:
+            item = self._chunks.get(timeout=timeout)
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await loop.run_in_executor(None, self._chunks.get)
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+
+@dataclass
+class _Active:
+    """A request in the running batch."""
+
+    handle: Handle
+    params: SynthParams
+    text: str
+    sampler: Sampler
+    cfg: Any
+    tokens: np.ndarray  # int64 [max_new_token, num_vq]
+    hiddens: np.ndarray  # float32 [max_new_token, hidden]
+    decoder: StreamDecoder
+    length: int  # cache positions of its row
+    steps: int = 0
+    end: int = 0  # kept steps (EOS excluded)
+    finished: bool = False
+    pieces: list[np.ndarray] = field(default_factory=list)
+    since_chunk: int = 0
+
+
+class Scheduler:
+    """Continuous batching over a `Pipeline` with the fast GPT engine (see the module docstring)."""
+
+    def __init__(self, pipe: Pipeline, max_batch: int = 8, max_queue: int = 64,
+                 lookahead_frames: int | None = None) -> None:
+        if pipe.engine != "fast":
+            raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
+        if max_batch < 1 or max_queue < 0:
+            raise ForgeError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
+        self.pipe = pipe
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.lookahead_frames = lookahead_frames
+        self._prefill = pipe.gpt  # batch 1, left-padding-free: the same path as a lone request
+        if not isinstance(self._prefill, FastGptStep):
+            raise ForgeError("continuous batching needs the pipeline's FastGptStep (a replaced GPT step cannot be batched)")
+        # the running batch: its own cache on the same session
+        self._rows = FastGptStep(self._prefill.session, self._prefill.num_layers, self._prefill.kv_heads,
+                                 self._prefill.head_dim, self._prefill.hidden_size, self._prefill.max_positions)
+        self._rows.open_rows(max_batch, 256)
+        self._head = pipe.artifact.session("head_code")
+        self._head_out = self._head.get_outputs()[0].name
+        self._waiting: deque[tuple[Handle, SynthParams]] = deque()
+        self._active: list[_Active] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._next_id = 0
+        self.steps = 0  # GPT steps run (batched)
+
+    # ---- submission -------------------------------------------------------------------------
+
+    def submit(self, text: str, params: SynthParams | None = None) -> Handle:
+        """Queue a request; ForgeError when the scheduler is closed or `max_queue` requests wait."""
+        params = params or SynthParams()
+        if params.refine is not None or params.split_sentences:
+            raise ForgeError("the scheduler takes one sentence without text refinement per request")
+        with self._lock:
+            if self._closed:
+                raise ForgeError("the scheduler is closed")
+            if len(self._waiting) >= self.max_queue:
+                raise ForgeError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
+            handle = Handle(self._next_id, text)
+            self._next_id += 1
+            self._waiting.append((handle, params))
+            self._wake.notify()
+        return handle
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One scheduling round: admit, one GPT step, audio. False when there was nothing to do."""
+        self._retire_cancelled()
+        self._admit()
+        if not self._active:
+            return False
+        self._gpt_step()
+        self._audio_and_retire()
+        return True
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def start(self) -> Scheduler:
+        """Drive the steps in a worker thread (until `close`)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._worker, name="forge-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting requests, fail the waiting ones, finish the worker thread."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._wake.notify_all()
+        for handle, _ in waiting:
+            handle._finish(error=ForgeError(f"request {handle.id}: the scheduler closed before it ran"))
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for act in self._active:
+            act.handle._finish(error=ForgeError(f"request {act.handle.id}: the scheduler closed while it ran"))
+        self._active = []
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _worker(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._waiting and not self._active:
+                    self._wake.wait()
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - a failed GPT step fails the running requests, not the thread
+                log.error("scheduler step failed: %s", e)
+                for act in self._active:
+                    act.handle._finish(error=ForgeError(f"request {act.handle.id}: generation failed ({e})"))
+                self._active = []
+
+    # ---- stages -------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        while len(self._active) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    return
+                handle, params = self._waiting.popleft()
+            if handle.cancelled:
+                handle._finish(error=ForgeError(f"request {handle.id} was cancelled"))
+                continue
+            try:
+                act = self._prefill_request(handle, params)
+            except ForgeError as e:  # unspeakable, overlong, bad parameters: this request alone
+                handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+                continue
+            self._sample(act, act.hiddens[0:1])  # step 0 from the prefill's last hidden state
+            self._active.append(act)
+
+    def _prefill_request(self, handle: Handle, params: SynthParams) -> _Active:
+        pipe = self.pipe
+        text = pipe.normalize(handle.text, params)
+        code = params.code
+        cfg = pipe.code_sampling(code)
+        emb, _, mask = pipe.prepare_code_inputs([text], code)
+        mask = mask.astype(np.int64)
+        prompt = mask.shape[1]
+        self._prefill.reserve(prompt + code.max_new_token)
+        self._prefill.reset(1)
+        hidden = self._prefill(emb, mask, _position_ids(mask))[:, -1]
+        slot = len(self._active)
+        self._rows.load_row(slot, self._prefill, prompt)
+        act = _Active(
+            handle=handle, params=params, text=text, sampler=Sampler(cfg, pipe.num_vq, 1, code.seed), cfg=cfg,
+            tokens=np.zeros((code.max_new_token, pipe.num_vq), dtype=np.int64),
+            hiddens=np.zeros((code.max_new_token, pipe.dims.hidden_size), dtype=np.float32),
+            decoder=StreamDecoder(pipe, params.use_decoder, self.lookahead_frames), length=prompt,
+        )
+        act.hiddens[0] = hidden[0]
+        return act
+
+    def _gpt_step(self) -> None:
+        """One GPT step for every running request (finished ones left the batch after their last step)."""
+        rows = self._active
+        feed = np.stack([a.tokens[a.steps - 1] for a in rows])[:, None, :]  # [n, 1, num_vq]
+        emb = self.pipe.embed(feed, np.zeros((len(rows), 1), dtype=bool))
+        lengths = np.array([a.length + 1 for a in rows], dtype=np.int64)
+        hidden = self._rows.step_rows(emb, lengths)
+        self.steps += 1
+        logits = self._head.run([self._head_out], {"hidden_states": hidden})[0]
+        for i, act in enumerate(rows):
+            act.length += 1
+            act.hiddens[act.steps] = hidden[i]
+            self._sample(act, None, logits[i : i + 1])
+
+    def _sample(self, act: _Active, hidden: np.ndarray | None, logits: np.ndarray | None = None) -> None:
+        """Process and sample the request's current step (as `Pipeline.iter_generate` does for a row)."""
+        vq = self.pipe.num_vq
+        if logits is None:
+            logits = self._head.run([self._head_out], {"hidden_states": hidden})[0]
+        step = act.steps
+        logits = logits.reshape(vq, -1)
+        history = act.tokens[:step].T  # [streams, step]
+        scores = process_logits(logits, history, step, act.cfg, vq)
+        probs = softmax(scores)
+        idx = act.sampler.draw(probs).reshape(1, vq)
+        if step == 0 and act.params.code.ensure_non_empty:
+            for _ in range(16):  # as iter_generate: redraw a row that ends at once
+                ended = (idx == act.cfg.eos_token).any(axis=1)
+                if not ended.any():
+                    break
+                idx = np.where(ended[:, None], act.sampler.draw(probs).reshape(1, vq), idx)
+        act.tokens[step] = idx[0]
+        act.finished = bool((idx == act.cfg.eos_token).any())
+        act.end += 0 if act.finished else 1
+        act.steps = step + 1
+        act.since_chunk += 1
+        if not act.finished and act.steps == len(act.tokens):
+            log.warning("request %d hit max_new_token %d", act.handle.id, len(act.tokens))
+            act.finished = True
+
+    def _audio_and_retire(self) -> None:
+        keep: list[_Active] = []
+        for act in self._active:
+            if act.handle.cancelled:
+                act.handle._finish(error=ForgeError(f"request {act.handle.id} was cancelled"))
+                continue
+            try:
+                self._push_audio(act)
+            except ForgeError as e:
+                act.handle._finish(error=ForgeError(f"request {act.handle.id}: {e}"))
+                continue
+            if act.finished:
+                act.handle._finish(result=self._result(act))
+                continue
+            keep.append(act)
+        self._compact(keep)
+
+    def _push_audio(self, act: _Active) -> None:
+        dec = act.decoder
+        due = act.finished or act.since_chunk >= act.params.code.stream_batch
+        if not due and not act.pieces:  # no audio yet: emit as soon as any is final
+            due = dec.ready_samples(act.end) > dec.emitted
+        if not due:
+            return
+        src = act.hiddens[: act.end] if act.params.use_decoder else act.tokens[: act.end]
+        chunk = dec.push(src, final=act.finished)
+        act.since_chunk = 0
+        if len(chunk):
+            act.pieces.append(chunk)
+            act.handle._emit(chunk)
+
+    def _result(self, act: _Active) -> Result:
+        wav = np.concatenate(act.pieces).astype(np.float32) if act.pieces else np.zeros(0, np.float32)
+        return Result(text=act.text, codes=act.tokens[: act.end].copy(), hiddens=act.hiddens[: act.end].copy(),
+                      wav=wav, sample_rate=self.pipe.sample_rate)
+
+    def _retire_cancelled(self) -> None:
+        keep = []
+        for act in self._active:
+            if act.handle.cancelled:
+                act.handle._finish(error=ForgeError(f"request {act.handle.id} was cancelled"))
+            else:
+                keep.append(act)
+        if len(keep) != len(self._active):
+            self._compact(keep)
+
+    def _compact(self, keep: list[_Active]) -> None:
+        """Keep the running rows in the first slots of the cache, in order (freed rows are reused)."""
+        slots = {id(a): i for i, a in enumerate(self._active)}
+        for new, act in enumerate(keep):
+            old = slots[id(act)]
+            if old != new:
+                self._rows.move_row(old, new, act.length)
+        self._active = keep
