@@ -11,13 +11,13 @@ from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
 
 
-def _batches(value: str) -> list[int]:
+def _batches(value: str, option: str = "--batch") -> list[int]:
     try:
         out = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
-        raise ForgeError(f"--batch takes comma-separated integers, got '{value}'") from None
+        raise ForgeError(f"{option} takes comma-separated integers, got '{value}'") from None
     if not out or min(out) < 1:
-        raise ForgeError(f"--batch takes batch sizes >= 1, got '{value}'")
+        raise ForgeError(f"{option} takes values >= 1, got '{value}'")
     return out
 
 
@@ -58,6 +58,15 @@ def _batches(value: str) -> list[int]:
     help="torch device of the PyTorch baseline: cpu or cuda.",
 )
 @provider_option
+@click.option("--load", is_flag=True,
+              help="Load benchmark instead: mixed-length sentences through the continuous-batching scheduler.")
+@click.option("--concurrency", default="1,4,8", show_default=True, help="--load: comma-separated concurrency levels.")
+@click.option("--requests", default=16, show_default=True, type=int, help="--load: requests per concurrency level.")
+@click.option("--arrival", type=click.Choice(["closed", "poisson"]), default="closed", show_default=True,
+              help="--load: closed loop (concurrency requests in flight) or Poisson arrivals at --rate.")
+@click.option("--rate", type=float, default=None, help="--load --arrival poisson: requests per second.")
+@click.option("--baseline-requests", default=4, show_default=True, type=int,
+              help="--load --baseline pytorch: requests ChatTTS serves one after another.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -74,6 +83,12 @@ def bench(
     stream_lookahead: int | None,
     baseline_device: str,
     provider: str,
+    load: bool,
+    concurrency: str,
+    requests: int,
+    arrival: str,
+    rate: float | None,
+    baseline_requests: int,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -83,6 +98,19 @@ def bench(
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
+    if load:
+        from chattts_forge.evaluate.load_bench import format_load_table, run_load_bench
+
+        report = run_load_bench(
+            artifact, concurrency=_batches(concurrency, "--concurrency"), requests=requests, arrival=arrival,
+            rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
+            baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
+            json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
+        )
+        click.echo(format_load_table(report))
+        if json_out:
+            click.echo(f"wrote {json_out}")
+        return
     from chattts_forge.evaluate.bench import DEFAULT_TEXT, format_table, run_bench
 
     report = run_bench(

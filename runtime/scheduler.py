@@ -91,6 +91,10 @@ class Handle:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request ended (True) or `timeout` passed (False)."""
+        return self._done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> Result:
         """The whole result once the request ended; its ForgeError if it failed or was cancelled."""
         if not self._done.wait(timeout):
@@ -154,12 +158,10 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.lookahead_frames = lookahead_frames
-        self._prefill = pipe.gpt  # batch 1, left-padding-free: the same path as a lone request
-        if not isinstance(self._prefill, FastGptStep):
-            raise ForgeError("continuous batching needs the pipeline's FastGptStep (a replaced GPT step cannot be batched)")
-        # the running batch: its own cache on the same session
-        self._rows = FastGptStep(self._prefill.session, self._prefill.num_layers, self._prefill.kv_heads,
-                                 self._prefill.head_dim, self._prefill.hidden_size, self._prefill.max_positions)
+        # Two caches on the artifact's one gpt_fast session: batch-1 prefills (the same path as a
+        # lone request) and the running batch's rows.
+        self._prefill = FastGptStep.from_artifact(pipe.artifact)
+        self._rows = FastGptStep.from_artifact(pipe.artifact)
         self._rows.open_rows(max_batch, 256)
         self._head = pipe.artifact.session("head_code")
         self._head_out = self._head.get_outputs()[0].name
