@@ -211,6 +211,13 @@ def run_bench(
             onnx_loaded = rss.rss()
             torch_loaded = None
             if ckpt is not None:
+                # The runtime's own peak per batch size, before torch shares the process (RSS is
+                # per process: once the PyTorch model is loaded, every figure would include it).
+                for b in batches:
+                    say(f"runtime memory alone: batch {b}, {steps} steps")
+                    gc.collect()
+                    with rss.during(f"onnx:{b}"):
+                        onnx_engine.run([text] * b, timed)
                 with rss.during("pytorch_load"):
                     torch_engine = TorchEngine(ckpt, threads, chat=chat, device=baseline_device)
                     engines.append(torch_engine)
@@ -223,7 +230,9 @@ def run_bench(
                     for eng in engines:  # interleaved: both engines see the same machine load
                         say(f"rep {rep + 1}/{reps}: {eng.name} batch {b}, {steps} steps")
                         gc.collect()
-                        with rss.during(eng.name):
+                        # without a baseline the timed runs give the runtime's per-batch peaks
+                        phase = f"onnx:{b}" if eng.name == "onnx" and ckpt is None else eng.name
+                        with rss.during(phase):
                             runs[eng.name][b].append(eng.run([text] * b, timed))
                 if first_audio and 1 in batches:
                     for eng in engines:
@@ -252,7 +261,10 @@ def run_bench(
         "process_peak_rss_mb": process_peak * mb if process_peak else None,
         "onnx": {
             "load_rss_mb": (onnx_loaded - base_rss) * mb,
-            "peak_rss_mb": max(peaks.get("onnx", 0), peaks.get("onnx_load", 0)) * mb,
+            "peak_rss_mb": max(peaks.get("onnx", 0), peaks.get("onnx_load", 0),
+                               *(peaks.get(f"onnx:{b}", 0) for b in batches)) * mb,
+            # per batch size, measured before any PyTorch model shared the process
+            "peak_rss_mb_by_batch": {str(b): peaks.get(f"onnx:{b}", 0) * mb for b in batches},
         },
     }
     if torch_loaded is not None:
