@@ -87,7 +87,15 @@ Hooks for the stages built on the runtime (they need none of its private names):
   with it); it returns a function that removes the observer.
 
 The fused GPT graph itself is built by `chattts_forge.runtime.fast_gpt_graph` (torch-free; convert
-and quantize both call it).
+and quantize both call it). Its KV cache is float32 or int8 (`quantize --kv-cache int8`); the
+pipeline sizes it by the request (`FastGptStep.reserve(prompt + max_new_token)`), and
+`runtime.memory` computes the memory a request batch needs from the dimensions.
+
+Serving: `runtime.scheduler.Scheduler(pipe, max_batch=8, max_queue=64)` batches requests
+continuously (they join the running GPT batch between steps and leave when they end; each
+request's codes equal its codes alone), streams audio per request (`handle.chunks()`,
+`async for chunk in handle`), cancels (`handle.cancel()` frees the row) and refuses when its
+bounded queue is full.
 
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).
 """
