@@ -204,11 +204,12 @@ def run_load_bench(
     for r in results:
         r["sentences_per_s_vs_pytorch"] = r["sentences_per_s"] / base["sentences_per_s"] if base else None
     mb = 1 / (1 << 20)
+    meta = pipe.artifact.meta
     report = {
         "schema": SCHEMA,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "artifact": {"path": str(art), "variant": pipe.artifact.meta.get("variant"),
-                     "kv_cache": ((pipe.artifact.meta.get("components") or {}).get("gpt_fast") or {}).get("kv_cache", {}).get("dtype", "float32")},
+        "artifact": {"path": str(art), "variant": meta.variant,
+                     "kv_cache": (meta.components.get("gpt_fast") or {}).get("kv_cache", {}).get("dtype", "float32")},
         "settings": {"concurrency": levels, "requests": requests, "arrival": arrival, "rate": rate, "corpus": corpus,
                      "seed": seed, "threads": threads, "stream_lookahead_frames": stream_lookahead,
                      "lengths": "EOS masked up to speech_steps(text), then ended",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -10,6 +12,8 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.load_bench import run_load_bench, speech_steps
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "bench-load.md"
 
 
 def test_speech_steps_follow_the_text():
@@ -43,6 +47,16 @@ def test_load_bench_reports_every_concurrency_with_baseline(tiny_artifacts, tiny
     assert report["results"]["1"]["batched_gpt_steps"] == sum(steps) - 4  # step 0 of each comes from its prefill
     assert report["baseline"]["requests"] == 2 and report["runtime_peak_rss_mb"] > 0
     assert "PyTorch sequential" in result.output
+    # every key docs/bench-load.md documents is in the report ("a/b" leaves: each of them)
+    keys = re.findall(r"^\| `([^`]+)` \|", DOC.read_text(encoding="utf-8"), flags=re.M)
+    assert len(keys) >= 10
+    for path in keys:
+        node = report
+        *parents, leaves = path.split(".")
+        for part in parents:
+            node = node["1" if part == "<c>" else part]
+        for leaf in leaves.split("/"):
+            assert leaf in node, f"documented key {path} missing"
 
 
 def test_load_bench_refusals(tiny_artifacts):
