@@ -36,13 +36,14 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.bench import STEPS_PER_AUDIO_SECOND
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
 
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/bench-load/1"
 ARRIVALS = ("closed", "poisson")
+CODES_PER_AUDIO_SECOND = codes_per_audio_second(24000, 256)  # ChatTTS's audio: 24 kHz, hop 256
 _MIN_STEPS, _MAX_STEPS = 24, 430
 
 
@@ -50,11 +51,12 @@ def speech_steps(text: str) -> int:
     """Code steps a voice would take for `text` (Latin ~14 chars/s, CJK ~4.5 chars/s)."""
     cjk = sum(1 for ch in text if "\u3400" <= ch <= "\u9fff")
     seconds = cjk / 4.5 + (len(text.strip()) - cjk) / 14.0
-    return int(min(_MAX_STEPS, max(_MIN_STEPS, round(seconds * STEPS_PER_AUDIO_SECOND))))
+    return int(min(_MAX_STEPS, max(_MIN_STEPS, round(seconds * CODES_PER_AUDIO_SECOND))))
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
+    got = quantiles(values, [q])
+    return got[0] if got else None
 
 
 def _requests(corpus: str, n: int, seed: int) -> list[tuple[str, int]]:
@@ -121,17 +123,17 @@ def _run_concurrency(pipe: Any, requests: list[tuple[str, int]], concurrency: in
 
 
 def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threads: int) -> dict[str, Any]:
-    from chattts_forge.evaluate.bench import TorchEngine
+    from chattts_forge.runtime.timing import Request, TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
     try:
-        engine.run([requests[0][0]], 8)  # warm-up
+        engine.run([requests[0][0]], Request.fixed_steps(8))  # warm-up
         lat, audio_s = [], 0.0
         t0 = time.perf_counter()
-        for text, steps in requests:
-            fig = engine.run([text], steps)
+        for i, (text, steps) in enumerate(requests):
+            fig = engine.run([text], Request.fixed_steps(steps, seed=i))
             lat.append(fig.e2e_s)
-            audio_s += steps / STEPS_PER_AUDIO_SECOND
+            audio_s += fig.total_audio_s
         wall = time.perf_counter() - t0
     finally:
         engine.close()
@@ -162,9 +164,9 @@ def run_load_bench(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the load benchmark (see the module docstring); returns the report, written to `json_out`."""
-    from chattts_forge.evaluate.latency import peak_rss_bytes
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.runtime.pipeline import Pipeline
+    from chattts_forge.runtime.timing import peak_rss_bytes
 
     say = progress or (lambda msg: log.info("%s", msg))
     art = Path(artifact).expanduser()
