@@ -36,6 +36,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "synth",
         "Synthesize speech from an ONNX artifact (torch-free runtime).",
     ),
+    "warm": (
+        "chattts_forge.runtime.cli",
+        "warm",
+        "Pre-synthesize a phrase list into a phrase cache (synth --cache).",
+    ),
     "calibrate": (
         "chattts_forge.calibration_data.cli",
         "calibrate",

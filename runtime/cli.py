@@ -95,7 +95,22 @@ class _StreamingWav:
 
 
 @click.command("synth")
-@click.option("--artifact", "artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder.")
+@click.option(
+    "--artifact",
+    "artifact",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Artifact folder, or a published version folder (artifacts/<model>/<version>) whose routing.json "
+    "sends each text to its length bucket's variant.",
+)
+@click.option("--variant", default=None, help="With a version folder: send every text to this published variant.")
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Phrase cache (chattts-forge warm): cached texts skip the code stage and the Decoder.",
+)
 @click.option("--text", "text", default=None, help="Text to speak (one utterance).")
 @click.option(
     "--batch-file",
@@ -166,6 +181,8 @@ class _StreamingWav:
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 def synth(
     artifact: Path,
+    variant: str | None,
+    cache_path: Path | None,
     text: str | None,
     batch_file: Path | None,
     out: Path,
@@ -208,6 +225,8 @@ def synth(
           --codes-out codes.npy --out a.wav
       chattts-forge synth --artifact A --batch-file lines.txt --out out/ --stream
       chattts-forge synth --artifact A --text "Hi." --speaker-audio me.wav --speaker-text "what I said" --out a.wav
+      chattts-forge synth --artifact artifacts/M/v1 --text "请稍等" --seed 0 --no-refine \\
+          --cache artifacts/M/v1/phrase_cache.bin --out a.wav
     """
     if (text is None) == (batch_file is None):
         raise ForgeError("give exactly one of --text or --batch-file")
@@ -223,9 +242,21 @@ def synth(
 
     from chattts_forge.runtime.audio import write_wav
     from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
 
+    if cache_path is not None and stream:
+        raise ForgeError("--cache serves whole waveforms; it cannot be combined with --stream")
     t0 = time.perf_counter()
-    pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine)
+    router: Router | None = None
+    if (artifact / ROUTING_NAME).is_file():
+        router = Router(artifact, variant=variant, cache=cache_path, provider=provider, threads=threads, engine=engine)
+        if stream and variant is None:
+            raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
+        pipe = router.pipeline(variant) if variant is not None else router.front
+    else:
+        if variant is not None:
+            raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {artifact} has none")
+        pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine, cache=cache_path)
     spk = _resolve_speaker(speaker, seed, pipe)
     spk_smp = None
     if speaker_audio is not None:
@@ -293,8 +324,11 @@ def synth(
     else:
         results = []
         for start in range(0, len(texts), batch_size):
-            results += pipe.synthesize(texts[start : start + batch_size], params)
+            results += (router or pipe).synthesize(texts[start : start + batch_size], params)
         t2 = time.perf_counter()
+        if cache_path is not None:
+            log.info("phrase cache %s: %d of %d text(s) served from it", cache_path, sum(r.cached for r in results),
+                     len(results))
         steps = max(len(r.codes) for r in results)
         for i, r in enumerate(results):
             if len(r.wav) == 0:
@@ -314,3 +348,70 @@ def synth(
         assert used is not None
         atomic_write_text(speaker_out, used + "\n")
         log.info("wrote speaker string %s", speaker_out)
+
+
+@click.command("warm")
+@click.option(
+    "--artifact",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Artifact folder, or a published version folder (each phrase goes to the variant its routing.json names).",
+)
+@click.option("--phrases", required=True, type=click.Path(path_type=Path), help="UTF-8 phrase list, one per line.")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Cache file to write.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampling (and of --speaker random).")
+@sampling_options
+@click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
+@click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
+@click.option("--engine", type=click.Choice(["auto", "fast", "plain"]), default="auto", show_default=True)
+@provider_option
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+def warm(
+    artifact: Path,
+    phrases: Path,
+    out: Path,
+    seed: int,
+    speaker: str | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    repetition_penalty: float,
+    min_new_token: int,
+    use_decoder: bool,
+    max_new_token: int,
+    prompt: str,
+    engine: str,
+    provider: str,
+    threads: int | None,
+) -> None:
+    """Pre-synthesize a phrase list into a phrase cache (for `synth --cache`, `Pipeline(cache=...)`).
+
+    Each phrase's mel is stored, keyed by its normalised text, the knobs (speaker, prompt, sampling,
+    seed, Decoder/DVAE) and the artifact's payload hash; a request served from the cache must use
+    the same knobs and --no-refine. Blank and duplicate lines are skipped with a warning naming the
+    line; a line with nothing speakable is an error naming the line.
+
+    \b
+    Example:
+      chattts-forge warm --artifact artifacts/M/v1 --phrases phrases.txt --out phrases.cache --seed 0
+    """
+    from chattts_forge.runtime.phrase_cache import build_phrase_cache
+    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
+
+    t0 = time.perf_counter()
+    kwargs = {"provider": provider, "threads": threads, "engine": engine}
+    front = Router(artifact, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
+    spk = _resolve_speaker(speaker, seed, front)
+    params = SynthParams(
+        code=InferCodeParams(
+            prompt=prompt, spk_emb=spk, temperature=temperature, top_p=top_p, top_k=top_k,
+            repetition_penalty=repetition_penalty, max_new_token=max_new_token, min_new_token=min_new_token, seed=seed,
+        ),
+        refine=None,
+        use_decoder=use_decoder,
+    )
+    summary = build_phrase_cache(artifact, phrases, out, params, **kwargs)
+    per_variant = ", ".join(f"{v}: {n}" for v, n in summary["variants"].items())
+    log.info("wrote phrase cache %s: %d phrases (%s), %.1f MB in %.1f s", summary["path"], summary["phrases"],
+             per_variant, summary["bytes"] / 1e6, time.perf_counter() - t0)

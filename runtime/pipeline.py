@@ -30,6 +30,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,7 @@ from chattts_forge.runtime.frontend import (
     speaker_vector,
     split_sentences,
 )
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
@@ -125,6 +127,16 @@ class Result:
     hiddens: np.ndarray
     wav: np.ndarray  # float32 [samples] at `sample_rate`
     sample_rate: int = 24000
+    cached: bool = False  # served from a phrase cache (Vocos only; `hiddens` is then empty)
+
+
+class Row(NamedTuple):
+    """One normalised text's output inside `synthesize` (before texts split into sentences are joined)."""
+
+    codes: np.ndarray  # int64 [T, num_vq]
+    hiddens: np.ndarray  # float32 [T, hidden]; [0, hidden] when served from a phrase cache
+    wav: np.ndarray
+    cached: bool = False
 
 
 @dataclass
@@ -237,6 +249,7 @@ class Pipeline:
         threads: int | None = None,
         verify: str = "cheap",
         engine: str = "auto",
+        cache: PhraseCache | str | os.PathLike[str] | None = None,
     ) -> None:
         check_engine(engine)  # before opening the artifact: a typo is reported first
         self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify)
@@ -249,6 +262,8 @@ class Pipeline:
         self.tokenizer = TextTokenizer(self.artifact.file("tokenizer"))
         self.normalizer = Normalizer(self.artifact.file("homophones"))
         self._gpt: GptStepLike | None = None
+        # A warm phrase cache (runtime.phrase_cache): refused here unless built for this artifact.
+        self.cache: PipelineCache | None = open_cache(cache, self) if cache is not None else None
 
     @property
     def gpt(self) -> GptStepLike:
@@ -611,29 +626,39 @@ class Pipeline:
         return out, owner
 
     def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
-        """One Result per input text; all texts share the GPT steps (one batch)."""
+        """One Result per input text; all texts share the GPT steps (one batch). With a phrase cache
+        (`cache=`), cached texts skip the code stage and the Decoder (`Result.cached`)."""
         params = params or SynthParams()
         norm, owner = self.prepare_texts(texts, params)
-        gen = self.infer_code(norm, params.code)
-        items = gen.hiddens if params.use_decoder else gen.ids
-        wavs = self.decode(items, params.use_decoder)
+        if self.cache is not None:
+            rows = self.cache.synthesize_rows(self, norm, params)
+        else:
+            rows = self.synthesize_rows(norm, params)
         n_inputs = 1 if isinstance(texts, str) else len(texts)
         results = []
         for i in range(n_inputs):
-            rows = [r for r, o in enumerate(owner) if o == i]
+            mine = [r for r, o in enumerate(owner) if o == i]
             results.append(
                 Result(
-                    text=" ".join(norm[r] for r in rows),
-                    codes=np.concatenate([gen.ids[r] for r in rows]).reshape(-1, self.num_vq),
-                    hiddens=np.concatenate([gen.hiddens[r] for r in rows]).reshape(-1, self.dims.hidden_size),
-                    wav=np.concatenate([wavs[r] for r in rows]).astype(np.float32),
+                    text=" ".join(norm[r] for r in mine),
+                    codes=np.concatenate([rows[r].codes for r in mine]).reshape(-1, self.num_vq),
+                    hiddens=np.concatenate([rows[r].hiddens for r in mine]).reshape(-1, self.dims.hidden_size),
+                    wav=np.concatenate([rows[r].wav for r in mine]).astype(np.float32),
                     sample_rate=self.sample_rate,
+                    cached=all(rows[r].cached for r in mine),
                 )
             )
+        return results
+
+    def synthesize_rows(self, norm: Sequence[str], params: SynthParams) -> list[Row]:
+        """(codes [T, num_vq], hiddens [T, hidden], wav) per normalised text, generated as one batch."""
+        gen = self.infer_code(norm, params.code)
+        items = gen.hiddens if params.use_decoder else gen.ids
+        wavs = self.decode(items, params.use_decoder)
         for r, g in enumerate(gen.ids):
             if len(g) == 0:
                 log.warning("row %d ended at its first step: no audio", r)
-        return results
+        return [Row(c, h, w) for c, h, w in zip(gen.ids, gen.hiddens, wavs, strict=True)]
 
     def stream(
         self,

@@ -1,0 +1,415 @@
+"""A warm phrase cache: pre-synthesized mels of frequent phrases, so a hit costs only the vocoder.
+
+A service's frequent phrases ("你好，很高兴为您服务", "请稍等", "Please hold on a moment") are
+synthesized once, offline (`chattts-forge warm`, `build_phrase_cache`), and their Decoder output
+(the mel, float32 [n_mels, 2T]) and codes are stored. At run time (`Pipeline(..., cache=...)`,
+`synth --cache FILE`) a text whose normalised form, knobs and artifact match an entry skips the
+code stage (GPT steps, heads, sampling) and the Decoder: Vocos turns the stored mel into the same
+waveform a miss computes (the miss runs Vocos on the very same mel).
+
+Why the mel: it is exactly what the vocoder needs (a hit is one Vocos run), it is 2T x n_mels
+floats (at full size 800 bytes a code step, against 3 KB of GPT hidden states or ~96 KB of 24 kHz
+float32 audio), and it keeps the cache independent of the waveform length arithmetic.
+
+An entry's key is the sha256 of (the artifact's payload hash, the normalised text, the knobs): the
+code prompt (speed), speaker string, speaker/text prompt samples, temperature(s), top-p, top-k,
+repetition penalty, max/min new tokens, ensure-non-empty, seed and Decoder-or-DVAE. One cache holds
+one set of knobs (recorded in its header) and may hold entries of several artifacts (the variants a
+routing table sends phrases to). What is refused, each with a one-line ForgeError:
+
+- a cache built for other artifacts: `check_artifact` (payload hash not among the cache's);
+- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE):
+  `check_knobs` names the first knob that differs; never served;
+- a damaged or tampered file: the trailing sha256 of the file is checked on open and each entry's
+  own sha256 when it is read, naming the file.
+
+File format (one file, deterministic bytes: same artifact, phrases and knobs -> same file)::
+
+    MAGIC (28 bytes) | header length (8 bytes, little-endian) | header JSON (UTF-8, sorted keys) |
+    entry data (per entry: float32 mel [n_mels, frames] then int16 codes [steps, num_vq], C order) |
+    sha256 of everything before (32 bytes)
+
+Header: ``{"schema", "knobs", "artifacts": [{"variant", "payload_sha256"}], "entries": [{"key",
+"text", "payload_sha256", "variant", "offset", "n_mels", "frames", "steps", "num_vq", "sha256"}]}``.
+
+In memory, entries are read through a memory map into an LRU of decoded mels bounded by
+`max_bytes` (default 64 MiB), so a large cache costs only the entries in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.session import DEFAULT_FILES
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.pipeline import Pipeline, Row, SynthParams
+
+log = get_logger(__name__)
+
+CACHE_SCHEMA = "chattts-forge/phrase-cache/1"
+MAGIC = b"CHATTTS-FORGE-PHRASE-CACHE/1"
+_LEN = struct.Struct("<Q")
+_DIGEST = 32
+DEFAULT_MAX_BYTES = 64 << 20
+# Files an artifact's payload hash covers besides artifact.json (which records every graph's sha256).
+PAYLOAD_SUPPORT_KEYS = ("tokenizer", "speaker_stats", "homophones")
+
+
+def payload_sha256(artifact_dir: str | os.PathLike[str]) -> str:
+    """The artifact's payload hash: sha256 over artifact.json (every graph's sha256 and size is in it)
+    and the support files the runtime reads (tokenizer, speaker statistics, homophones)."""
+    root = Path(artifact_dir)
+    meta_path = root / "artifact.json"
+    if not meta_path.is_file():
+        raise ForgeError(f"{root} is not an artifact folder (no artifact.json)")
+    raw = meta_path.read_bytes()
+    try:
+        files = json.loads(raw).get("files") or {}
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise ForgeError(f"{meta_path}: not valid JSON ({e})") from None
+    h = hashlib.sha256(b"artifact.json\0" + hashlib.sha256(raw).digest())
+    for key in PAYLOAD_SUPPORT_KEYS:
+        p = root / str(files.get(key) or DEFAULT_FILES[key])
+        if p.is_file():
+            h.update(f"\n{key}\0{sha256_file(p)}".encode())
+    return h.hexdigest()
+
+
+def _sha(value: str | None) -> str | None:
+    return None if value is None else hashlib.sha256(value.encode("utf-8")).hexdigest()
+
+
+def cache_knobs(params: SynthParams, num_vq: int) -> dict[str, Any]:
+    """What, besides the text and the artifact, decides a phrase's audio (JSON-ready, canonical)."""
+    code = params.code
+    temps = code.temperature
+    temps = [float(t) for t in temps] if isinstance(temps, (list, tuple)) else [float(temps)] * num_vq
+    return {
+        "prompt": code.prompt,
+        "speaker_sha256": _sha(code.spk_emb),
+        "spk_smp_sha256": _sha(code.spk_smp),
+        "txt_smp_sha256": _sha(code.txt_smp),
+        "temperature": temps,
+        "top_p": code.top_p,
+        "top_k": code.top_k,
+        "repetition_penalty": code.repetition_penalty,
+        "max_new_token": code.max_new_token,
+        "min_new_token": code.min_new_token,
+        "ensure_non_empty": code.ensure_non_empty,
+        "seed": code.seed,
+        "use_decoder": params.use_decoder,
+        "refine": params.refine is not None,
+    }
+
+
+def entry_key(payload: str, text: str, knobs: dict[str, Any]) -> str:
+    ident = {"payload_sha256": payload, "text": text, "knobs": knobs}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def check_cacheable(params: SynthParams) -> None:
+    """Only a reproducible request can be cached: seeded, unrefined."""
+    if params.code.seed is None:
+        raise ForgeError("a phrase cache needs a seed (unseeded sampling gives different audio every time)")
+    if params.refine is not None:
+        raise ForgeError("a phrase cache holds unrefined audio: synthesize with refinement off (--no-refine)")
+
+
+@dataclass(frozen=True)
+class CachedPhrase:
+    """What the vocoder needs for one phrase (and its codes, for the Result)."""
+
+    mel: np.ndarray  # float32 [n_mels, frames]
+    codes: np.ndarray  # int64 [steps, num_vq]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.mel.nbytes + self.codes.nbytes)
+
+
+# ---- writing -----------------------------------------------------------------------------------
+
+
+def encode_cache(knobs: dict[str, Any], artifacts: dict[str, str], phrases: Sequence[tuple[str, str, str, CachedPhrase]]) -> bytes:
+    """The file's bytes. `artifacts`: {variant: payload}; `phrases`: (text, variant, payload, phrase)."""
+    entries, blobs, offset = [], [], 0
+    for text, variant, payload, phrase in phrases:
+        mel = np.ascontiguousarray(phrase.mel, dtype="<f4")
+        codes = np.asarray(phrase.codes)
+        if codes.size and (codes.min() < np.iinfo(np.int16).min or codes.max() > np.iinfo(np.int16).max):
+            raise ForgeError(f"codes of phrase {text!r} do not fit int16")
+        codes16 = np.ascontiguousarray(codes, dtype="<i2")
+        blob = mel.tobytes() + codes16.tobytes()
+        entries.append({
+            "key": entry_key(payload, text, knobs), "text": text, "variant": variant, "payload_sha256": payload,
+            "offset": offset, "n_mels": int(mel.shape[0]), "frames": int(mel.shape[1]),
+            "steps": int(codes16.shape[0]), "num_vq": int(codes16.shape[1]) if codes16.ndim == 2 else 0,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        })
+        blobs.append(blob)
+        offset += len(blob)
+    header = {
+        "schema": CACHE_SCHEMA,
+        "knobs": knobs,
+        "artifacts": [{"variant": v, "payload_sha256": p} for v, p in sorted(artifacts.items())],
+        "entries": entries,
+    }
+    head = json.dumps(header, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    body = MAGIC + _LEN.pack(len(head)) + head + b"".join(blobs)
+    return body + hashlib.sha256(body).digest()
+
+
+def write_cache(path: str | os.PathLike[str], knobs: dict[str, Any], artifacts: dict[str, str],
+                phrases: Sequence[tuple[str, str, str, CachedPhrase]]) -> Path:
+    """Write a cache file atomically (temp + rename)."""
+    path = Path(path)
+    atomic_write_bytes(path, encode_cache(knobs, artifacts, phrases))
+    return path
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+
+class PhraseCache:
+    """A cache file opened for serving: checked on open, entries read into a byte-bounded LRU."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.path = Path(path)
+        if max_bytes < 0:
+            raise ForgeError(f"phrase cache byte limit must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        if not self.path.is_file():
+            raise ForgeError(f"phrase cache {self.path} does not exist")
+        size = self.path.stat().st_size
+        if size < len(MAGIC) + _LEN.size + _DIGEST:
+            raise ForgeError(f"phrase cache {self.path} is truncated or not a phrase cache ({size} bytes)")
+        with open(self.path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                raise ForgeError(f"phrase cache {self.path} is not a chattts-forge phrase cache (bad magic)")
+            f.seek(0)
+            remaining = size - _DIGEST
+            h = hashlib.sha256()
+            while remaining:
+                chunk = f.read(min(1 << 20, remaining))
+                h.update(chunk)
+                remaining -= len(chunk)
+            if h.digest() != f.read(_DIGEST):
+                raise ForgeError(f"phrase cache {self.path} is damaged or was changed (its sha256 does not match); "
+                                 "rebuild it with chattts-forge warm")
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        (head_len,) = _LEN.unpack_from(self._map, len(MAGIC))
+        start = len(MAGIC) + _LEN.size
+        try:
+            header = json.loads(bytes(self._map[start : start + head_len]).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:  # only a writer bug can get here
+            raise ForgeError(f"phrase cache {self.path}: unreadable header ({e})") from None
+        if header.get("schema") != CACHE_SCHEMA:
+            raise ForgeError(f"phrase cache {self.path}: schema {header.get('schema')!r} is not {CACHE_SCHEMA!r}")
+        self._data_start = start + head_len
+        self.knobs: dict[str, Any] = header["knobs"]
+        self.artifacts: dict[str, str] = {a["variant"]: a["payload_sha256"] for a in header["artifacts"]}
+        self.entries: dict[str, dict[str, Any]] = {e["key"]: e for e in header["entries"]}
+        self._lru: OrderedDict[str, CachedPhrase] = OrderedDict()
+        self.lru_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def texts(self, payload: str | None = None) -> list[str]:
+        return [e["text"] for e in self.entries.values() if payload is None or e["payload_sha256"] == payload]
+
+    def check_artifact(self, payload: str, where: str | os.PathLike[str]) -> None:
+        """ForgeError unless this cache was built for the artifact with that payload hash."""
+        if payload not in self.artifacts.values():
+            made_for = ", ".join(f"{v} {p[:12]}" for v, p in sorted(self.artifacts.items())) or "nothing"
+            raise ForgeError(f"phrase cache {self.path} was built for other artifacts ({made_for}), not {where} "
+                             f"(payload {payload[:12]}); rebuild it with chattts-forge warm")
+
+    def check_knobs(self, knobs: dict[str, Any]) -> None:
+        """ForgeError naming the first knob that differs from the ones the cache was built with."""
+        for name in sorted(set(self.knobs) | set(knobs)):
+            if self.knobs.get(name) != knobs.get(name):
+                raise ForgeError(f"phrase cache {self.path} was built with {name}={self.knobs.get(name)!r}, this "
+                                 f"request has {name}={knobs.get(name)!r}; it is not served for other knobs")
+
+    def get(self, payload: str, text: str, knobs: dict[str, Any]) -> CachedPhrase | None:
+        """The phrase of (artifact payload, normalised text, knobs), or None (a miss)."""
+        key = entry_key(payload, text, knobs)
+        hit = self._lru.get(key)
+        if hit is not None:
+            self._lru.move_to_end(key)
+            self.hits += 1
+            return hit
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        phrase = self._read(entry)
+        self.hits += 1
+        if phrase.nbytes <= self.max_bytes:
+            self._lru[key] = phrase
+            self.lru_bytes += phrase.nbytes
+            while self.lru_bytes > self.max_bytes:
+                _, old = self._lru.popitem(last=False)
+                self.lru_bytes -= old.nbytes
+        return phrase
+
+    def _read(self, entry: dict[str, Any]) -> CachedPhrase:
+        mel_bytes = 4 * entry["n_mels"] * entry["frames"]
+        code_bytes = 2 * entry["steps"] * entry["num_vq"]
+        a = self._data_start + entry["offset"]
+        blob = self._map[a : a + mel_bytes + code_bytes]
+        if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+            raise ForgeError(f"phrase cache {self.path}: the entry of {entry['text']!r} is damaged (sha256 mismatch)")
+        mel = np.frombuffer(blob, dtype="<f4", count=entry["n_mels"] * entry["frames"]).reshape(entry["n_mels"], entry["frames"])
+        codes = np.frombuffer(blob, dtype="<i2", offset=mel_bytes).reshape(entry["steps"], entry["num_vq"])
+        return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64))
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class PipelineCache:
+    """A `PhraseCache` attached to one `Pipeline` (its artifact checked once): what `Pipeline(cache=)` holds."""
+
+    def __init__(self, cache: PhraseCache, pipe: Pipeline) -> None:
+        self.cache = cache
+        self.payload = payload_sha256(pipe.artifact.path)
+        cache.check_artifact(self.payload, pipe.artifact.path)
+
+    def synthesize_rows(self, pipe: Pipeline, norm: Sequence[str], params: SynthParams) -> list[Row]:
+        """A `Row` per normalised text: hits from the cache (Vocos only), misses synthesized together
+        as one batch. A hit's hiddens are empty [0, hidden]: the code stage did not run."""
+        from chattts_forge.runtime.pipeline import Row
+
+        check_cacheable(params)
+        knobs = cache_knobs(params, pipe.num_vq)
+        self.cache.check_knobs(knobs)
+        found = [self.cache.get(self.payload, t, knobs) for t in norm]
+        missing = [r for r, f in enumerate(found) if f is None]
+        synthesized = pipe.synthesize_rows([norm[r] for r in missing], params) if missing else []
+        out: list[Row] = []
+        done = iter(synthesized)
+        empty = np.zeros((0, pipe.dims.hidden_size), dtype=np.float32)
+        for phrase in found:
+            if phrase is None:
+                out.append(next(done))
+            else:
+                wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
+                out.append(Row(phrase.codes, empty, wav, cached=True))
+        log.debug("phrase cache %s: %d hit(s), %d miss(es)", self.cache.path, len(norm) - len(missing), len(missing))
+        return out
+
+
+def open_cache(cache: PhraseCache | str | os.PathLike[str], pipe: Pipeline) -> PipelineCache:
+    """`Pipeline(cache=...)`: a path or an open PhraseCache, checked against the pipeline's artifact."""
+    return PipelineCache(cache if isinstance(cache, PhraseCache) else PhraseCache(cache), pipe)
+
+
+# ---- building a cache (`chattts-forge warm`) -----------------------------------------------------
+
+
+def read_phrase_list(path: str | os.PathLike[str], normalize: Callable[[str], str]) -> list[tuple[int, str]]:
+    """(line number, normalised text) of each phrase of a UTF-8 file, one phrase per line.
+
+    Skipped with a warning naming the line: blank lines, and duplicates (a line whose normalised text
+    an earlier line already has). Refused (ForgeError naming the line): a line that normalises to
+    nothing speakable (only punctuation or characters ChatTTS cannot say); a file that is missing,
+    not UTF-8 or holds no phrase.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ForgeError(f"phrase list {path} does not exist") from None
+    except OSError as e:
+        raise ForgeError(f"phrase list {path} is unreadable: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ForgeError(f"phrase list {path} is not UTF-8 (line {line})") from None
+    out: list[tuple[int, str]] = []
+    first_line: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        phrase = line.strip()
+        if not phrase:
+            log.warning("phrase list %s line %d is empty: skipped", path, n)
+            continue
+        try:
+            norm = normalize(phrase)
+        except ForgeError as e:
+            raise ForgeError(f"phrase list {path} line {n} ({phrase!r}) cannot be spoken: {e}") from None
+        if norm in first_line:
+            log.warning("phrase list %s line %d repeats line %d (%r): skipped", path, n, first_line[norm], norm)
+            continue
+        first_line[norm] = n
+        out.append((n, norm))
+    if not out:
+        raise ForgeError(f"phrase list {path} holds no phrase")
+    return out
+
+
+def build_phrase_cache(
+    target: str | os.PathLike[str],
+    phrases: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    params: SynthParams,
+    **pipeline_kwargs: Any,
+) -> dict[str, Any]:
+    """Pre-synthesize every phrase of the list on `target` and write the cache file `out`.
+
+    `target`: an artifact folder, or a published version folder with a routing.json (each phrase is
+    then synthesized by the variant its length bucket routes to, as `Router` will serve it). Each
+    phrase is synthesized alone, exactly as a miss of `synthesize([phrase])` would be. Returns a summary.
+    """
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
+
+    check_cacheable(params)
+    target = Path(target)
+    router = Router(target, **pipeline_kwargs) if (target / ROUTING_NAME).is_file() else None
+    if router is None:
+        from chattts_forge.runtime.pipeline import Pipeline
+
+        single = Pipeline(target, **pipeline_kwargs)
+    front = router.front if router is not None else single
+    listed = read_phrase_list(phrases, lambda t: front.normalize(t, params))
+    knobs = cache_knobs(params, front.num_vq)
+    artifacts: dict[str, str] = {}
+    entries: list[tuple[str, str, str, CachedPhrase]] = []
+    for _, norm in listed:
+        if router is not None:
+            variant = router.route(norm, params)[0]
+            pipe = router.pipeline(variant)
+        else:
+            pipe, variant = single, str(single.artifact.meta.get("variant") or target.name)
+        payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
+        gen = pipe.infer_code([norm], params.code)
+        src = gen.hiddens[0] if params.use_decoder else gen.ids[0]
+        if len(src) == 0:
+            log.warning("phrase %r ended at its first step (no audio); cached as empty", norm)
+            mel = np.zeros((pipe.dims.n_mels, 0), dtype=np.float32)
+        else:
+            mel = pipe.decode_mel(src, params.use_decoder)
+        entries.append((norm, variant, payload, CachedPhrase(mel=np.asarray(mel, np.float32), codes=gen.ids[0])))
+    path = write_cache(out, knobs, artifacts, entries)
+    per_variant = {v: sum(1 for e in entries if e[1] == v) for v in sorted(artifacts)}
+    return {"path": str(path), "phrases": len(entries), "bytes": path.stat().st_size, "variants": per_variant}

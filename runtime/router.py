@@ -1,0 +1,246 @@
+"""Precision routing by text length: a published version's `routing.json` and the `Router` that serves it.
+
+Quantization error grows with the length of what is spoken, so a version does not serve one
+precision: the build measures every variant per length bucket of the held-out corpus (evaluate's
+`buckets` section) and writes `artifacts/<model>/<version>/routing.json`, naming for each bucket the
+fastest variant that passes the gate in that bucket (FP32 as the fallback). The `Router` reads it,
+opens variants lazily (a variant's sessions load on its first text) and sends each text to its
+bucket's variant; `variant=` overrides the table.
+
+Length: characters of the ChatTTS-normalised text, whitespace excluded (`text_length`). Buckets
+are inclusive ranges `[min_chars, max_chars]` (`max_chars` None: no upper end); the default
+buckets are <= 10, 11-40 and > 40 characters (`DEFAULT_BUCKETS`; a gate file may set others).
+
+routing.json (schema ``chattts-forge/routing/1``, sorted keys, no wall clock: the same reports give
+the same bytes)::
+
+    {"schema", "model", "version", "length": "...", "fallback": "fp32",
+     "buckets": [{"name", "min_chars", "max_chars", "variant", "reason",
+                  "figures": {variant: {"passed", "rtf_p50", "seconds_p50", "code_agreement", ...}}}],
+     "variants": {variant: {"manifest_sha256", "payload_sha256", "report_sha256"}}}
+
+A table naming a variant that is not published in the version folder (or whose payload differs from
+the one it was measured on) is refused with a one-line ForgeError naming it; `verify` says the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.phrase_cache import PhraseCache
+    from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
+
+log = get_logger(__name__)
+
+ROUTING_NAME = "routing.json"
+ROUTING_SCHEMA = "chattts-forge/routing/1"
+FALLBACK_VARIANT = "fp32"
+LENGTH_DEFINITION = "characters of the ChatTTS-normalised text, whitespace excluded"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Texts of `min_chars` to `max_chars` normalised characters (both inclusive; None: no upper end)."""
+
+    name: str
+    min_chars: int
+    max_chars: int | None
+
+    def holds(self, length: int) -> bool:
+        return length >= self.min_chars and (self.max_chars is None or length <= self.max_chars)
+
+    def describe(self) -> str:
+        if self.max_chars is None:
+            return f"> {self.min_chars - 1} chars"
+        return f"<= {self.max_chars} chars" if self.min_chars <= 1 else f"{self.min_chars}-{self.max_chars} chars"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "min_chars": self.min_chars, "max_chars": self.max_chars}
+
+
+def buckets_from_edges(edges: Sequence[int], names: Sequence[str] | None = None) -> tuple[Bucket, ...]:
+    """Buckets split at `edges` (the inclusive upper ends, increasing): [10, 40] -> <=10, 11-40, >40."""
+    edges = list(edges)
+    if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges) or edges != sorted(set(edges)):
+        raise ForgeError(f"bucket edges must be increasing whole numbers >= 1, got {edges}")
+    if names is None:
+        names = ("short", "medium", "long") if len(edges) == 2 else [f"b{i}" for i in range(len(edges) + 1)]
+    names = list(names)
+    if len(names) != len(edges) + 1 or len(set(names)) != len(names):
+        raise ForgeError(f"give {len(edges) + 1} distinct bucket names for edges {edges}, got {names}")
+    lows = [1, *(e + 1 for e in edges)]
+    highs: list[int | None] = [*edges, None]
+    return tuple(Bucket(n, lo, hi) for n, lo, hi in zip(names, lows, highs, strict=True))
+
+
+DEFAULT_BUCKETS = buckets_from_edges([10, 40])
+
+
+def text_length(normalised: str) -> int:
+    """The routing length of a normalised text (see module docstring)."""
+    return sum(1 for ch in normalised if not ch.isspace())
+
+
+def bucket_of(length: int, buckets: Sequence[Bucket]) -> Bucket:
+    for b in buckets:
+        if b.holds(length):
+            return b
+    raise ForgeError(f"no bucket holds a text of {length} characters (buckets: {', '.join(b.describe() for b in buckets)})")
+
+
+# ---- routing.json ------------------------------------------------------------------------------
+
+
+def routing_bytes(table: dict[str, Any]) -> bytes:
+    """The canonical bytes of a routing table (sorted keys, indented, trailing newline)."""
+    return (json.dumps(table, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check `version_dir/routing.json` (schema, buckets, every routed variant published)."""
+    version_dir = Path(version_dir)
+    path = version_dir / ROUTING_NAME
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForgeError(f"{version_dir} has no {ROUTING_NAME}: not a published version folder with a routing table") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path}: not valid JSON ({e})") from None
+    problems = routing_problems(table, version_dir)
+    if problems:
+        raise ForgeError(problems[0])
+    return table
+
+
+def table_buckets(table: dict[str, Any]) -> tuple[Bucket, ...]:
+    return tuple(Bucket(b["name"], int(b["min_chars"]), b["max_chars"]) for b in table["buckets"])
+
+
+def routing_problems(table: Any, version_dir: Path) -> list[str]:
+    """What is wrong with a routing table in its version folder (each names routing.json)."""
+    path = version_dir / ROUTING_NAME
+    if not isinstance(table, dict) or table.get("schema") != ROUTING_SCHEMA:
+        got = table.get("schema") if isinstance(table, dict) else None
+        return [f"{path}: schema {got!r} is not {ROUTING_SCHEMA!r}"]
+    try:
+        buckets = table_buckets(table)
+        routed = {b["name"]: b["variant"] for b in table["buckets"]}
+        recorded = table["variants"]
+        fallback = table["fallback"]
+    except (KeyError, TypeError, ValueError) as e:
+        return [f"{path}: malformed ({e})"]
+    problems = []
+    expect = 1
+    for b in buckets:
+        if b.min_chars != expect:
+            problems.append(f"{path}: bucket {b.name!r} starts at {b.min_chars} chars, expected {expect} (gap or overlap)")
+            break
+        expect = (b.max_chars or 0) + 1
+    if buckets and buckets[-1].max_chars is not None:
+        problems.append(f"{path}: the last bucket must have no upper end")
+    from chattts_forge.runtime.phrase_cache import payload_sha256
+
+    for name, variant in [*routed.items(), ("fallback", fallback)]:
+        folder = version_dir / str(variant)
+        where = f"bucket {name!r}" if name != "fallback" else "the fallback"
+        if not (folder / "artifact.json").is_file() or not (folder / "manifest.json").is_file():
+            problems.append(f"{path}: {where} routes to variant {variant!r}, which is not published in {version_dir}")
+        elif variant not in recorded:
+            problems.append(f"{path}: {where} routes to variant {variant!r}, which its 'variants' section does not record")
+        elif recorded[variant].get("payload_sha256") != payload_sha256(folder):
+            problems.append(f"{path}: variant {variant!r} in {folder} is not the artifact the table was measured on "
+                            "(payload hash differs)")
+    return problems
+
+
+# ---- the router ------------------------------------------------------------------------------
+
+
+class Router:
+    """Serve a published version: each text goes to the variant its length bucket names.
+
+    `Router(version_dir, variant=None, cache=None, **pipeline_kwargs)`; `variant` sends every text to
+    that published variant instead. `cache` (a phrase cache file or `PhraseCache`) is attached to
+    every variant it was built for (a cache covering none of them is refused).
+    """
+
+    def __init__(
+        self,
+        version_dir: str | os.PathLike[str],
+        variant: str | None = None,
+        cache: PhraseCache | str | os.PathLike[str] | None = None,
+        **pipeline_kwargs: Any,
+    ) -> None:
+        from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
+
+        self.path = Path(version_dir)
+        if not self.path.is_dir():
+            raise ForgeError(f"version folder {self.path} does not exist")
+        self.table = load_routing(self.path)
+        self.buckets = table_buckets(self.table)
+        self.routes = {b["name"]: b["variant"] for b in self.table["buckets"]}
+        self.override = variant
+        if variant is not None and not (self.path / variant / "artifact.json").is_file():
+            published = sorted(p.name for p in self.path.iterdir() if (p / "artifact.json").is_file())
+            raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
+        self.pipeline_kwargs = pipeline_kwargs
+        self.cache = cache if cache is None or isinstance(cache, PhraseCache) else PhraseCache(cache)
+        self._cached_variants: set[str] = set()
+        if self.cache is not None:
+            served = self.variants_in_use()
+            self._cached_variants = {v for v in served if payload_sha256(self.path / v) in self.cache.artifacts.values()}
+            if not self._cached_variants:
+                self.cache.check_artifact(payload_sha256(self.path / sorted(served)[0]), self.path)
+        self._pipes: dict[str, Pipeline] = {}
+
+    def variants_in_use(self) -> set[str]:
+        return {self.override} if self.override else set(self.routes.values())
+
+    def pipeline(self, variant: str) -> Pipeline:
+        """The variant's Pipeline, opened on first use."""
+        if variant not in self._pipes:
+            from chattts_forge.runtime.pipeline import Pipeline
+
+            cache = self.cache if variant in self._cached_variants else None
+            log.info("router: opening variant %s (%s)", variant, self.path / variant)
+            self._pipes[variant] = Pipeline(self.path / variant, cache=cache, **self.pipeline_kwargs)
+        return self._pipes[variant]
+
+    @property
+    def front(self) -> Pipeline:
+        """The pipeline whose normaliser measures lengths (every variant of a version shares it)."""
+        return self.pipeline(self.override or self.table["fallback"])
+
+    def route(self, text: str, params: SynthParams | None = None) -> tuple[str, Bucket, int]:
+        """(variant, bucket, length) for one input text."""
+        from chattts_forge.runtime.pipeline import SynthParams
+
+        length = text_length(self.front.normalize(text, params or SynthParams()))
+        bucket = bucket_of(length, self.buckets)
+        return self.override or self.routes[bucket.name], bucket, length
+
+    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
+        """One Result per text, in order; texts of the same variant are synthesized together."""
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        if not items:
+            raise ForgeError("no text to synthesize")
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(items):
+            variant, bucket, length = self.route(t, params)
+            log.info("router: text %d (%d chars, bucket %s) -> %s", i, length, bucket.name, variant)
+            groups.setdefault(variant, []).append(i)
+        results: list[Result | None] = [None] * len(items)
+        for variant, idx in groups.items():
+            for i, r in zip(idx, self.pipeline(variant).synthesize([items[i] for i in idx], params), strict=True):
+                results[i] = r
+        return [r for r in results if r is not None]
