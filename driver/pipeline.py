@@ -70,9 +70,14 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
         "evaluate": [
             "--max-sentences", "3", "--max-new-token", "48",
             "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
+            "--bucket-sentences", "2", "--cache-phrases", "4",
         ],  # fmt: skip
+        "warm": ["--max-new-token", "48"],
     },
 }
+# The phrase cache a build publishes with each version (shipped customer-service list, seed 0,
+# no speaker, ChatTTS's default knobs; a request must use the same knobs to be served from it).
+WARM_ARGS = ["--seed", "0", "--max-new-token", "384"]
 
 
 # ---- content fingerprints --------------------------------------------------------------------
@@ -525,6 +530,8 @@ def run_pipeline(
                 if problems:
                     raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
             outcomes.append(outcome)
+        for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
+            publish_serving_files(pipe, version_dir)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
     if pipe.broken:
@@ -535,6 +542,30 @@ def run_pipeline(
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
     return outcomes
+
+
+def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
+    """A published version's routing.json, then its phrase cache (warmed through that routing table,
+    an incremental step like the others) and the version manifest (publish.version_files)."""
+    from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
+    from chattts_forge.publish.version_files import publish_version_files
+    from chattts_forge.runtime.router import ROUTING_NAME
+
+    publish_version_files(version_dir)
+    phrases = shipped_phrase_file()
+    model, version = version_dir.parent.name, version_dir.name
+    out = pipe.work / "phrase_cache" / f"{model}-{version}.bin"
+    step = Step(
+        f"warm-{model}-{version}",
+        "warm",
+        ["warm", "--artifact", str(version_dir), "--phrases", str(phrases), "--out", str(out), *WARM_ARGS],
+        out,
+        # routing.json records every variant's manifest and payload hash: it names what the cache is for.
+        {"routing": pipe.cache.sha256(version_dir / ROUTING_NAME), "phrases": pipe.cache.sha256(phrases)},
+    )
+    pipe.run(step)
+    listing = {"name": phrases.stem, "version": latest_version(), "sha256": pipe.cache.sha256(phrases)}
+    publish_version_files(version_dir, cache_file=out, phrase_list=listing)
 
 
 def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: float) -> None:
@@ -555,8 +586,8 @@ def _parse_extra(values: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in values:
         stage, _, args = item.partition("=")
-        if stage not in STAGES:
-            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STAGES)})")
+        if stage not in (*STAGES, "warm"):
+            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STAGES)}, warm)")
         out.setdefault(stage, []).extend(shlex.split(args))
     return out
 

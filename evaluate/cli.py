@@ -84,6 +84,10 @@ def score(
 )
 @click.option("--no-baseline", is_flag=True, help="Skip the PyTorch FP32 baseline.")
 @provider_option
+@click.option("--bucket-sentences", type=int, default=4, show_default=True,
+              help="Held-out sentences per length bucket (the report's buckets section, the routing table's input).")
+@click.option("--cache-phrases", type=int, default=8, show_default=True,
+              help="Shipped customer-service phrases timed with and without a phrase cache (0: skip).")
 def evaluate(
     artifact: Path,
     reference: Path,
@@ -102,6 +106,8 @@ def evaluate(
     baseline_checkpoint: Path | None,
     no_baseline: bool,
     provider: str,
+    bucket_sentences: int,
+    cache_phrases: int,
 ) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -134,6 +140,8 @@ def evaluate(
         asr_model=asr_model,
         baseline_checkpoint=None if no_baseline else (baseline_checkpoint or "auto"),
         provider=provider,
+        bucket_sentences=bucket_sentences,
+        cache_phrases=cache_phrases,
     )
     for c in report["gate"]["checks"]:
         click.echo(f"{c['status']:>12}  {c['message']}")

@@ -46,6 +46,8 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.buckets import measure_buckets
+from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.providers import resolve_provider
@@ -248,6 +250,8 @@ def evaluate_artifact(
     baseline_checkpoint: str | os.PathLike[str] | None = "auto",
     progress: bool | None = None,
     provider: str = "cpu",
+    bucket_sentences: int = 4,
+    cache_phrases: int = 8,
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
 
@@ -258,6 +262,9 @@ def evaluate_artifact(
     `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
     same run; "auto" (default) uses the checkpoint the artifact was converted from (artifact.json
     ``source.asset_dir``) when it still exists and torch is installed; None skips it.
+    `bucket_sentences`: held-out sentences per length bucket (the ``buckets`` section, evaluate.buckets);
+    `cache_phrases`: phrases of the shipped customer-service list timed with and without a phrase cache
+    (the ``phrase_cache`` section, evaluate.serving; 0 skips it).
     """
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.report import write_reports
@@ -273,6 +280,8 @@ def evaluate_artifact(
             raise ForgeError(f"{what} folder {p} does not exist")
     if max_sentences < 1 or max_new_token < 1:
         raise ForgeError("max_sentences and max_new_token must be >= 1")
+    if bucket_sentences < 1 or cache_phrases < 0:
+        raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
     gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file
     provider = resolve_provider(provider)  # likewise a `cuda` without a usable GPU
     corp = load_corpus(corpus, max_sentences=max_sentences)
@@ -341,6 +350,7 @@ def evaluate_artifact(
         "corpus": {**corp.describe(), "files": [str(f) for f in corp.files], "sentences_used": len(sentences),
                    "spec": str(corpus)},
         "settings": {"max_sentences": max_sentences, "max_new_token": max_new_token, "threads": threads,
+                     "bucket_sentences": bucket_sentences, "cache_phrases": cache_phrases,
                      "seed": seed, "batch_sizes": list(batch_sizes), "fidelity_sentences": fidelity_sentences,
                      "fidelity_steps": fidelity_steps, "asr": asr, "asr_model": str(asr_model) if asr_model else None,
                      "baseline_checkpoint": str(baseline_checkpoint) if baseline_checkpoint else None},
@@ -395,6 +405,21 @@ def evaluate_artifact(
             "value": None, "unit": "", "status": "fail", "margin": None, "passed": False,
             "message": "; ".join(art_desc["manifest_mismatches"]),
         })
+    log.info("measuring per length bucket (%d sentences each) against %s", bucket_sentences, reference)
+    with quiet_logger(enabled=synthetic):
+        report["buckets"] = measure_buckets(
+            artifact, reference, load_corpus(corpus).sentences, gate_cfg, metrics, waived=waived,
+            per_bucket=bucket_sentences, max_new_token=max_new_token, fidelity_steps=fidelity_steps, seed=seed,
+            threads=threads, provider=provider, synthetic=synthetic,
+            score=lambda texts, waves: score_intelligibility(texts, waves, asr, asr_model, threads, False),
+        )
+        report["phrase_cache"] = None
+        if cache_phrases:
+            from chattts_forge.calibration_data.phrases import shipped_phrases
+
+            report["phrase_cache"] = measure_cache_effect(artifact, shipped_phrases()[:cache_phrases],
+                                                          max_new_token=max_new_token, seed=seed, threads=threads,
+                                                          provider=provider)
     report["metrics"] = metrics
     report["gate"] = {
         **verdict,

@@ -68,31 +68,68 @@ METRICS: dict[str, tuple[str, str]] = {
 
 
 def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)]}."""
+    """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)],
+    "buckets": [{"name", "min_chars", "max_chars", "rules"}]}."""
     path = Path(path) if path is not None else DEFAULT_GATE
     raw = read_toml(path, "gate file")
     schema = raw.pop("schema", GATE_SCHEMA)
     if schema != GATE_SCHEMA:
         raise ForgeError(f"gate file {path} has schema {schema!r}; this tool reads {GATE_SCHEMA!r}")
+    bucket_table = raw.pop("buckets", None)
     rules: list[tuple[str, str, str, float]] = []
-    seen: set[tuple[str, str]] = set()
     for section, table in raw.items():
         if not isinstance(table, dict):
             raise ForgeError(f"gate file {path}: '{section}' must be a [section] of min_/max_ thresholds")
-        for key, value in table.items():
-            rule, _, metric = key.partition("_")
-            if rule not in ("min", "max") or metric not in METRICS:
-                known = ", ".join(f"min_/max_{m}" for m in METRICS)
-                raise ForgeError(f"gate file {path}: unknown threshold '{section}.{key}' (known: {known})")
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ForgeError(f"gate file {path}: '{section}.{key}' must be a finite number, got {value!r}")
-            if (rule, metric) in seen:
-                raise ForgeError(f"gate file {path}: '{key}' is given twice")
-            seen.add((rule, metric))
-            rules.append((section, rule, metric, float(value)))
+        rules += _thresholds(path, section, table, {(r[1], r[2]) for r in rules})
     if not rules:
         raise ForgeError(f"gate file {path} has no thresholds")
-    return {"path": str(path), "sha256": sha256_file(path), "schema": schema, "rules": rules}
+    return {"path": str(path), "sha256": sha256_file(path), "schema": schema, "rules": rules,
+            "buckets": _buckets(path, bucket_table, rules)}
+
+
+def _thresholds(path: Path, section: str, table: dict[str, Any], seen: set[tuple[str, str]]) -> list[tuple[str, str, str, float]]:
+    """The (section, rule, metric, threshold) rules of one [section] (ForgeError on an unknown key)."""
+    rules = []
+    seen = set(seen)
+    for key, value in table.items():
+        rule, _, metric = key.partition("_")
+        if rule not in ("min", "max") or metric not in METRICS:
+            known = ", ".join(f"min_/max_{m}" for m in METRICS)
+            raise ForgeError(f"gate file {path}: unknown threshold '{section}.{key}' (known: {known})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ForgeError(f"gate file {path}: '{section}.{key}' must be a finite number, got {value!r}")
+        if (rule, metric) in seen:
+            raise ForgeError(f"gate file {path}: '{key}' is given twice")
+        seen.add((rule, metric))
+        rules.append((section, rule, metric, float(value)))
+    return rules
+
+
+def _buckets(path: Path, table: Any, rules: list[tuple[str, str, str, float]]) -> list[dict[str, Any]]:
+    """The length buckets ([buckets] edges/names, default <= 10, 11-40, > 40 characters), each with its
+    rules: the gate's rules, a threshold in [buckets.NAME] replacing the same min_/max_ metric."""
+    from chattts_forge.runtime.router import DEFAULT_BUCKETS, buckets_from_edges
+
+    table = dict(table or {})
+    if not isinstance(table, dict):
+        raise ForgeError(f"gate file {path}: 'buckets' must be a [buckets] section")
+    edges, names = table.pop("edges", None), table.pop("names", None)
+    try:
+        buckets = DEFAULT_BUCKETS if edges is None else buckets_from_edges(edges, names)
+    except ForgeError as e:
+        raise ForgeError(f"gate file {path}: [buckets] {e}") from None
+    if edges is None and names is not None:
+        raise ForgeError(f"gate file {path}: [buckets] names need edges")
+    known = {b.name for b in buckets}
+    out = []
+    for name in table:
+        if name not in known or not isinstance(table[name], dict):
+            raise ForgeError(f"gate file {path}: unknown bucket '{name}' in [buckets] (buckets: {', '.join(sorted(known))})")
+    for b in buckets:
+        own = _thresholds(path, f"buckets.{b.name}", table.get(b.name, {}), set())
+        replaced = {(r[1], r[2]) for r in own}
+        out.append({**b.to_dict(), "rules": [r for r in rules if (r[1], r[2]) not in replaced] + own})
+    return out
 
 
 def _fmt(x: float | None) -> str:

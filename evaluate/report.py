@@ -105,6 +105,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "| batch | aggregate RTF | real-time streams | steps/s |", "| ---: | ---: | ---: | ---: |"]
         for b, rec in tp.items():
             lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
+    lines += _bucket_lines(report.get("buckets") or {}) + _cache_lines(report.get("phrase_cache"))
     m = report["machine"]
     lines += [
         "",
@@ -116,6 +117,30 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _bucket_lines(section: dict[str, Any]) -> list[str]:
+    from chattts_forge.evaluate.buckets import bucket_table_rows
+
+    rows = bucket_table_rows(section)
+    if not rows:
+        return []
+    lines = ["", f"#### Per length bucket ({section.get('length')}; not part of the verdict above, the routing table's input)",
+             "", "| bucket | chars | sentences | code agreement | hidden cosine | mel SNR dB | RTF p50 | RTF vs FP32 | gate |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def _cache_lines(cache: dict[str, Any] | None) -> list[str]:
+    if not cache:
+        return []
+    return ["", "#### Warm phrase cache", "",
+            f"{cache['phrases']} phrases: a hit takes {_f(1e3 * cache['hit_seconds']['mean'])} ms, a miss "
+            f"{_f(1e3 * cache['miss_seconds']['mean'])} ms ({_f(100 * (cache['hit_over_miss'] or 0))}%); at a "
+            f"{_f(100 * cache['hit_ratio'])}% hit ratio the mean latency is {_f(1e3 * cache['mean_seconds_at_hit_ratio'])} ms "
+            f"against {_f(1e3 * cache['mean_seconds_no_cache'])} ms without a cache ({_f(cache['speedup_at_hit_ratio'])}x); "
+            f"hit vs miss waveform max |diff| {_f(cache['max_abs_diff'])}."]
 
 
 # ---------------------------------------------------------------- plots

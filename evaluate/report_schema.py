@@ -23,6 +23,10 @@ accepted (`TOP_LEVEL`):
 - ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
   "vs_pytorch", "reference_vs_pytorch"}, "method"}`` (records of `latency.measure_artifact`);
 - ``size`` (`SIZE_KEYS`), ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
+- ``buckets``: per length bucket of the held-out corpus, fidelity/intelligibility/latency and the
+  bucket's gate verdict (`evaluate.buckets`; the routing table is made from it);
+- ``phrase_cache``: latency with and without a warm phrase cache at a stated hit ratio
+  (`evaluate.serving`), or null when not measured;
 - ``integrity``: sha256 (hex) of the canonical JSON of every *other* top-level field:
   ``json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")``
   (`canonical_json_bytes`, `report_integrity`). Any edit after evaluation breaks it and `read_report`
@@ -133,6 +137,8 @@ TOP_LEVEL: dict[str, Any] = {
     "headline": HEADLINE_KEYS,
     "notes": ListOf(str),
     "timing": dict,
+    "buckets": dict,
+    "phrase_cache": (dict, type(None)),
     INTEGRITY_KEY: str,
 }
 

@@ -88,8 +88,16 @@ def index_entry(root: Path, variant_dir: Path) -> dict[str, Any]:
 
 
 def build_index(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The index: every published variant, and (when any version has its own manifest: routing.json,
+    phrase cache; publish.version_files) a `versions` list."""
+    from chattts_forge.publish.version_files import version_index_entries
+
     root = Path(root)
-    return {"schema": INDEX_SCHEMA, "variants": [index_entry(root, d) for d in iter_variant_dirs(root)]}
+    index: dict[str, Any] = {"schema": INDEX_SCHEMA, "variants": [index_entry(root, d) for d in iter_variant_dirs(root)]}
+    versions = version_index_entries(root)
+    if versions:  # absent otherwise, so trees without version files keep their index bytes
+        index["versions"] = versions
+    return index
 
 
 def index_bytes(index: dict[str, Any]) -> bytes:

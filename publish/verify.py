@@ -3,8 +3,9 @@
 For a variant folder: every file the manifest lists must exist with its size and sha256; no other
 file may be there (besides manifest.json and SHA256SUMS); SHA256SUMS must agree with the manifest
 and with manifest.json's own bytes. For a tree: every variant folder is checked, every file must
-belong to a variant (or be index.json / README.md / .gitkeep / the lock), and index.json must be
-exactly what the manifests say. Each problem names the file; an empty problem list means verified.
+belong to a variant (or be index.json / README.md / .gitkeep / the lock, or be listed in its version
+folder's manifest: routing.json, the phrase cache; publish.version_files), and index.json must be
+exactly what the manifests say. A version folder (with its version manifest) can be verified alone. Each problem names the file; an empty problem list means verified.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from chattts_forge.publish.manifest import (
     parse_sha256sums,
     sha256sums_text,
 )
+from chattts_forge.publish.version_files import is_version_manifest, verify_version
 
 # Files allowed at the top of an artifacts tree besides the published variants.
 ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitignore"})
@@ -109,6 +111,10 @@ def verify_tree(root: Path) -> VerifyResult:
     variant_set = set(variants)
     for vdir in variants:
         result.problems += verify_variant(vdir, check_location=True)
+    # A version folder's own files (routing.json, phrase cache) are listed in its version manifest.
+    version_dirs = sorted({v.parent for v in variants if is_version_manifest(v.parent / MANIFEST_NAME)})
+    for version_dir in version_dirs:
+        result.problems += verify_version(version_dir)
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         rel_parts = here.relative_to(root).parts
@@ -124,6 +130,8 @@ def verify_tree(root: Path) -> VerifyResult:
             path = here / name
             if len(rel_parts) == 0 and name in ROOT_FILES:
                 continue
+            if len(rel_parts) == 2 and here in version_dirs:
+                continue  # checked by verify_version
             if len(rel_parts) >= 3:
                 result.problems.append(f"{root.joinpath(*rel_parts[:3]) / MANIFEST_NAME}: missing ({path} is unverifiable)")
             else:
@@ -148,6 +156,10 @@ def verify_path(path: str | os.PathLike[str]) -> VerifyResult:
     path = Path(path)
     if not path.is_dir():
         raise ForgeError(f"{path} is not a folder")
+    if (path / MANIFEST_NAME).is_file() and is_version_manifest(path / MANIFEST_NAME):
+        variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
+        problems = [q for v in variants for q in verify_variant(v, check_location=True)] + verify_version(path)
+        return VerifyResult(variants=variants, problems=problems)
     if (path / MANIFEST_NAME).is_file():
         return VerifyResult(variants=[path], problems=verify_variant(path))
     result = verify_tree(path)

@@ -1,0 +1,184 @@
+"""Per-length evaluation: fidelity, intelligibility and latency per length bucket of the held-out corpus.
+
+Quantization error grows with what is spoken, so one verdict over the whole corpus hides where a
+variant is good enough. `measure_buckets` sorts the held-out corpus into the gate's length buckets
+(`gate["buckets"]`: default <= 10, 11-40, > 40 normalised characters, see runtime.router), takes the
+first `per_bucket` sentences of each, and measures on them:
+
+- latency of the artifact and of the FP32 reference (each sentence synthesized alone after one
+  warm-up run; same speakers, seeds and token budget as the whole-corpus latency);
+- teacher-forced fidelity against the reference (`measure_fidelity` on the bucket's sentences);
+- intelligibility through the ASR when it can be measured (not on synthetic checkpoints);
+- the gate's verdict with the bucket's rules (the gate's rules, [buckets.NAME] overriding), under the
+  same waivers as the whole-corpus gate. Metrics a bucket does not measure on its own (size, memory,
+  first audio, the PyTorch ratio) are the whole corpus's.
+
+The bucket verdicts do not change the report's own `passed` (a variant fit for short texts only is
+still published); the build's routing table (publish.routing) is made from them.
+
+Report section ``buckets``::
+
+    {"length": str, "per_bucket": int, "definition": [{"name", "min_chars", "max_chars"}],
+     "results": {name: {"name", "min_chars", "max_chars", "sentences": [str], "chars": [int],
+                        "latency": {"artifact", "reference", "ratio_vs_reference"} | None,
+                        "fidelity": {...} | None, "intelligibility": {...}, "metrics": {...},
+                        "gate": {"passed", "checks", "failed", "waived"} | None, "passed": bool | None,
+                        "note": str | None}}}
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.evaluate import gate as gate_mod
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.router import LENGTH_DEFINITION, Bucket, text_length
+from chattts_forge.runtime.timing import percentiles, rtf
+
+log = get_logger(__name__)
+
+# Metrics measured per bucket; every other metric of the gate is the whole corpus's.
+BUCKET_METRICS = ("wer", "cer", "wer_delta", "cer_delta", "code_agreement", "code_agreement_stream", "code_kl",
+                  "code_kl_stream", "hidden_cosine", "hidden_cosine_min", "mel_snr_db", "mel_lsd_db", "rtf_p50",
+                  "rtf_p95", "rtf_p99", "rtf_ratio_vs_reference")
+
+
+def assign_buckets(sentences: list[str], buckets: list[Bucket], normalize: Any, per_bucket: int) -> dict[str, list[tuple[str, int]]]:
+    """The first `per_bucket` (sentence, length) of each bucket, in corpus order."""
+    chosen: dict[str, list[tuple[str, int]]] = {b.name: [] for b in buckets}
+    for s in sentences:
+        try:
+            length = text_length(normalize(s))
+        except Exception:  # noqa: BLE001 - an unspeakable corpus line belongs to no bucket
+            continue
+        for b in buckets:
+            if b.holds(length) and len(chosen[b.name]) < per_bucket:
+                chosen[b.name].append((s, length))
+        if all(len(v) >= per_bucket for v in chosen.values()):
+            break
+    return chosen
+
+
+def time_sentences(pipe: Any, sentences: list[str], max_new_token: int, seed: int) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
+    """Each sentence synthesized alone (after one warm-up run): per-utterance seconds and RTF."""
+    from chattts_forge.runtime import InferCodeParams, SynthParams
+
+    def params(i: int) -> SynthParams:
+        return SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(seed + i), seed=seed + i,
+                                                max_new_token=max_new_token))
+
+    pipe.synthesize(sentences[0], params(0))
+    utterances, waves = [], {}
+    for i, text in enumerate(sentences):
+        t0 = time.perf_counter()
+        [res] = pipe.synthesize(text, params(i))
+        dt = time.perf_counter() - t0
+        audio = res.wav.shape[-1] / res.sample_rate
+        waves[f"{i + 1:03d}"] = (res.wav, res.sample_rate)
+        utterances.append({"text": text, "seconds": dt, "audio_seconds": audio, "steps": int(res.codes.shape[0]),
+                           "rtf": rtf(dt, audio)})
+    rtfs = [u["rtf"] for u in utterances if u["rtf"] is not None]
+    return {"utterances": utterances, "rtf": percentiles(rtfs),
+            "seconds": percentiles([u["seconds"] for u in utterances])}, waves
+
+
+def measure_buckets(
+    artifact: Path,
+    reference: Path,
+    sentences: list[str],
+    gate: dict[str, Any],
+    overall_metrics: dict[str, float | None],
+    *,
+    waived: dict[str, str],
+    per_bucket: int = 4,
+    max_new_token: int = 96,
+    fidelity_steps: int = 48,
+    seed: int = 0,
+    threads: int | None = 2,
+    provider: str = "cpu",
+    synthetic: bool = True,
+    score: Any = None,
+) -> dict[str, Any]:
+    """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
+    `score(sentences, waves)`: the ASR scorer of evaluate (None or synthetic: not measured)."""
+    from chattts_forge.calibration_data.corpus import Corpus
+    from chattts_forge.quantize.fidelity import measure_fidelity
+    from chattts_forge.runtime import Pipeline
+
+    buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]
+    ref_pipe = Pipeline(reference, threads=threads, provider=provider)
+    same = artifact.resolve() == reference.resolve()
+    art_pipe = ref_pipe if same else Pipeline(artifact, threads=threads, provider=provider)
+    chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, per_bucket)
+    results: dict[str, Any] = {}
+    for b, spec in zip(buckets, gate["buckets"], strict=True):
+        picked = chosen[b.name]
+        record: dict[str, Any] = {**b.to_dict(), "sentences": [s for s, _ in picked], "chars": [n for _, n in picked],
+                                  "latency": None, "fidelity": None, "intelligibility": {"measured": False},
+                                  "metrics": {}, "gate": None, "passed": None, "note": None}
+        if not picked:
+            record["note"] = f"no held-out sentence of {b.describe()}: nothing to judge (routing falls back)"
+            results[b.name] = record
+            continue
+        texts = record["sentences"]
+        log.info("bucket %s (%s): %d sentences", b.name, b.describe(), len(texts))
+        ref_lat, ref_waves = time_sentences(ref_pipe, texts, max_new_token, seed)
+        art_lat, art_waves = (ref_lat, ref_waves) if same else time_sentences(art_pipe, texts, max_new_token, seed)
+        ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
+        record["latency"] = {"artifact": art_lat, "reference": ref_lat, "ratio_vs_reference": ratio}
+        fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
+                               max_sentences=len(texts), max_new_token=fidelity_steps, seed=seed, threads=threads,
+                               per_tensor=False, progress=False)
+        record["fidelity"] = fid
+        if score is not None and not synthetic:
+            record["intelligibility"] = score(texts, {"artifact": art_waves, "reference": ref_waves})
+        else:
+            record["intelligibility"] = {"measured": False, "reason": "synthetic checkpoint (random weights)"}
+        tf = fid["teacher_forced"]
+        measured: dict[str, float | None] = {
+            "code_agreement": tf["top1_agreement"]["mean"], "code_agreement_stream": tf["top1_agreement"]["min_stream"],
+            "code_kl": tf["kl"]["mean"], "code_kl_stream": tf["kl"]["max_stream"],
+            "hidden_cosine": fid["hidden_cosine"]["mean"], "hidden_cosine_min": fid["hidden_cosine"]["min"],
+            "mel_snr_db": fid["mel"]["snr_db"], "mel_lsd_db": fid["mel"]["lsd_db"],
+            "rtf_p50": art_lat["rtf"]["p50"], "rtf_p95": art_lat["rtf"]["p95"], "rtf_p99": art_lat["rtf"]["p99"],
+            "rtf_ratio_vs_reference": ratio,
+        }
+        intel = record["intelligibility"]
+        for key in ("wer", "cer", "wer_delta", "cer_delta"):
+            measured[key] = intel.get(key) if intel.get("measured") else None
+        metrics = {**{k: v for k, v in overall_metrics.items() if k not in BUCKET_METRICS}, **measured}
+        bucket_waived = dict(waived)
+        if not synthetic:  # a bucket in one language leaves the other language's metric unmeasured
+            for key in ("wer", "wer_delta", "cer", "cer_delta"):
+                if metrics.get(key) is None:
+                    bucket_waived[key] = "no sentence of that language in this bucket"
+        verdict = gate_mod.judge({**gate, "rules": spec["rules"]}, metrics, waived=bucket_waived)
+        record["metrics"] = metrics
+        record["gate"] = {k: verdict[k] for k in ("passed", "checks", "failed", "waived")}
+        record["passed"] = verdict["passed"]
+        log.info("bucket %s: gate %s (agreement %.3f, RTF p50 %.3f)", b.name, "PASSED" if verdict["passed"] else "FAILED",
+                 measured["code_agreement"] or 0.0, measured["rtf_p50"] or 0.0)
+        results[b.name] = record
+    return {"length": LENGTH_DEFINITION, "per_bucket": per_bucket,
+            "definition": [b.to_dict() for b in buckets], "results": results}
+
+
+def bucket_table_rows(section: dict[str, Any]) -> list[list[str]]:
+    """Rows of the per-bucket table of the Markdown report."""
+    rows = []
+    for name, r in (section.get("results") or {}).items():
+        m = r.get("metrics") or {}
+
+        def fmt(key: str, spec: str = ".3f", m: dict[str, Any] = m) -> str:
+            v = m.get(key)
+            return "-" if v is None else format(v, spec)
+
+        verdict = "n/a" if r.get("passed") is None else ("pass" if r["passed"] else "FAIL")
+        rng = f"{r['min_chars']}-{r['max_chars']}" if r.get("max_chars") is not None else f">= {r['min_chars']}"
+        rows.append([name, rng, str(len(r.get("sentences") or [])), fmt("code_agreement"), fmt("hidden_cosine", ".4f"),
+                     fmt("mel_snr_db", ".1f"), fmt("rtf_p50"), fmt("rtf_ratio_vs_reference", ".2f"), verdict])
+    return rows

@@ -1,0 +1,276 @@
+"""A published version's own files: `routing.json`, the warm phrase cache and the version manifest.
+
+After the variants of one version are published, the build writes beside them::
+
+    artifacts/<model>/<version>/
+      routing.json        per length bucket, the fastest variant that passes the gate in it (runtime.router)
+      phrase_cache.bin    the warm phrase cache of the shipped phrase list (runtime.phrase_cache), optional
+      manifest.json       this version's manifest (schema chattts-forge/version-manifest/1)
+      <variant>/...       the published variants (their own manifests)
+
+`routing_table(version_dir)` is a pure function of the published variants (their reports' ``buckets``
+sections, manifests and payloads): the same reports give the same bytes (sorted keys, no wall clock).
+For each bucket it takes the variants whose bucket verdict passed, the fastest by the bucket's median
+RTF (ties by name), FP32 when none passed or the reports hold no per-bucket results.
+
+The version manifest (`manifest.json` in the version folder; keys sorted)::
+
+    {"schema": "chattts-forge/version-manifest/1", "model", "version",
+     "variants": {variant: manifest sha256}, "routing": {bucket: variant},
+     "phrase_cache": {"file", "phrases", "variants": {variant: payload sha256}, "knobs", "phrase_list"} | null,
+     "files": [{"path", "bytes", "sha256"}]}
+
+`verify` (publish.verify) checks every listed file (size, sha256), refuses unlisted files in the
+version folder, re-checks routing.json against the published variants (a routed variant that is not
+published, or whose payload changed, is named) and opens the phrase cache (its own sha256 trailer;
+built for published variants of this version only). Writes go through temp + rename, the data files
+first and the manifest last, all under the publish lock; a kill in between leaves a version that
+fails `verify` until the next build rewrites it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.log import get_logger
+from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
+from chattts_forge.publish.manifest import MANIFEST_NAME, REPORT_COPY_NAME, FileEntry
+from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
+from chattts_forge.runtime.router import (
+    DEFAULT_BUCKETS,
+    FALLBACK_VARIANT,
+    LENGTH_DEFINITION,
+    ROUTING_NAME,
+    ROUTING_SCHEMA,
+    routing_bytes,
+    routing_problems,
+)
+
+log = get_logger(__name__)
+
+VERSION_MANIFEST_SCHEMA = "chattts-forge/version-manifest/1"
+PHRASE_CACHE_NAME = "phrase_cache.bin"
+# Figures routing.json quotes per bucket and variant (from the report's buckets section).
+ROUTING_FIGURES = ("rtf_p50", "rtf_ratio_vs_reference", "code_agreement", "code_agreement_stream", "hidden_cosine",
+                   "mel_snr_db", "wer", "cer")
+
+
+def published_variants(version_dir: Path) -> dict[str, Path]:
+    """{variant: folder} of the variants published in a version folder."""
+    return {p.name: p for p in sorted(version_dir.iterdir()) if p.is_dir() and (p / MANIFEST_NAME).is_file()
+            and not p.name.startswith(".")}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"{path}: unreadable ({e})") from None
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def routing_table(version_dir: Path) -> dict[str, Any]:
+    """The routing table of a published version (see module docstring)."""
+    variants = published_variants(version_dir)
+    if FALLBACK_VARIANT not in variants:
+        raise ForgeError(f"{version_dir}: no {FALLBACK_VARIANT} variant published; routing needs it as the fallback")
+    reports = {v: _read_json(d / REPORT_COPY_NAME) for v, d in variants.items()}
+    definitions = {v: json.dumps((r.get("buckets") or {}).get("definition"), sort_keys=True) for v, r in reports.items()
+                   if (r.get("buckets") or {}).get("results")}
+    if len(set(definitions.values())) > 1:
+        raise ForgeError(f"{version_dir}: the variants' reports use different length buckets "
+                         f"({', '.join(sorted(definitions))}); evaluate them with the same gate")
+    if definitions:
+        first = next(iter(definitions))
+        bucket_defs = reports[first]["buckets"]["definition"]
+    else:
+        bucket_defs = [b.to_dict() for b in DEFAULT_BUCKETS]
+    buckets = []
+    for b in bucket_defs:
+        figures: dict[str, Any] = {}
+        for v, report in reports.items():
+            res = ((report.get("buckets") or {}).get("results") or {}).get(b["name"])
+            if not res:
+                figures[v] = {"passed": None, "sentences": 0, "note": "no per-bucket evaluation in its report"}
+                continue
+            m = res.get("metrics") or {}
+            figures[v] = {"passed": res.get("passed"), "sentences": len(res.get("sentences") or []),
+                          **{k: _finite(m.get(k)) for k in ROUTING_FIGURES}}
+        passing = [v for v, f in figures.items() if f["passed"] is True]
+        if passing:
+            choice = min(passing, key=lambda v: (figures[v]["rtf_p50"] if figures[v]["rtf_p50"] is not None else math.inf, v))
+            rtf = figures[choice]["rtf_p50"]
+            reason = (f"fastest of the variants that pass the gate in this bucket ({', '.join(sorted(passing))}): "
+                      f"median RTF {rtf:.4g}" if rtf is not None else "passes the gate in this bucket")
+        else:
+            choice = FALLBACK_VARIANT
+            reason = "no variant was judged in this bucket: the fallback" if not any(
+                f["passed"] is not None for f in figures.values()) else "no variant passes in this bucket: the fallback"
+        buckets.append({**{k: b[k] for k in ("name", "min_chars", "max_chars")}, "variant": choice, "reason": reason,
+                        "figures": figures})
+    return {
+        "schema": ROUTING_SCHEMA,
+        "model": version_dir.parent.name,
+        "version": version_dir.name,
+        "length": LENGTH_DEFINITION,
+        "fallback": FALLBACK_VARIANT,
+        "buckets": buckets,
+        "variants": {v: {"manifest_sha256": sha256_file(d / MANIFEST_NAME), "payload_sha256": payload_sha256(d),
+                         "report_sha256": sha256_file(d / REPORT_COPY_NAME),
+                         "evaluated_at": reports[v].get("created_at")} for v, d in variants.items()},
+    }
+
+
+def _entry(path: Path) -> FileEntry:
+    return FileEntry(path.name, path.stat().st_size, sha256_file(path))
+
+
+def version_manifest(version_dir: Path, table: dict[str, Any], cache: dict[str, Any] | None) -> dict[str, Any]:
+    files = [_entry(version_dir / ROUTING_NAME)]
+    if cache is not None:
+        files.append(_entry(version_dir / PHRASE_CACHE_NAME))
+    return {
+        "schema": VERSION_MANIFEST_SCHEMA,
+        "model": version_dir.parent.name,
+        "version": version_dir.name,
+        "variants": {v: rec["manifest_sha256"] for v, rec in table["variants"].items()},
+        "routing": {b["name"]: b["variant"] for b in table["buckets"]},
+        "phrase_cache": cache,
+        "files": [f.to_dict() for f in sorted(files, key=lambda f: f.path)],
+    }
+
+
+def version_manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    atomic_write_bytes(path, data)
+    return True
+
+
+def cache_record(cache_file: Path, version_dir: Path, phrase_list: dict[str, Any] | None) -> dict[str, Any]:
+    """What the version manifest says about a phrase cache; ForgeError unless it was built for
+    published variants of this version."""
+    cache = PhraseCache(cache_file)
+    try:
+        published = {v: payload_sha256(d) for v, d in published_variants(version_dir).items()}
+        for variant, payload in sorted(cache.artifacts.items()):
+            if published.get(variant) != payload:
+                raise ForgeError(f"phrase cache {cache_file} was built for variant {variant!r} (payload {payload[:12]}), "
+                                 f"which is not published in {version_dir}")
+        return {"file": PHRASE_CACHE_NAME, "phrases": len(cache), "variants": dict(sorted(cache.artifacts.items())),
+                "knobs": cache.knobs, "phrase_list": phrase_list}
+    finally:
+        cache.close()
+
+
+def publish_version_files(
+    version_dir: str | Path,
+    cache_file: str | Path | None = None,
+    phrase_list: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write routing.json (and the phrase cache, when given) and the version manifest of a published
+    version, under the publish lock; files already holding these bytes are left alone. Returns the
+    version manifest."""
+    version_dir = Path(version_dir).resolve()
+    root = version_dir.parent.parent
+    if not version_dir.is_dir():
+        raise ForgeError(f"version folder {version_dir} does not exist")
+    with publish_lock(root):
+        table = routing_table(version_dir)
+        changed = _write_if_changed(version_dir / ROUTING_NAME, routing_bytes(table))
+        cache = None
+        if cache_file is not None:
+            cache = cache_record(Path(cache_file), version_dir, phrase_list)
+            changed |= _write_if_changed(version_dir / PHRASE_CACHE_NAME, Path(cache_file).read_bytes())
+        elif (version_dir / PHRASE_CACHE_NAME).exists():
+            (version_dir / PHRASE_CACHE_NAME).unlink()  # a cache no longer built is no longer listed
+            changed = True
+        manifest = version_manifest(version_dir, table, cache)
+        changed |= _write_if_changed(version_dir / MANIFEST_NAME, version_manifest_bytes(manifest))
+        rewrite_index(root)
+    routes = ", ".join(f"{b['name']} -> {b['variant']}" for b in table["buckets"])
+    log.info("%s %s (%s)%s", "wrote" if changed else "up to date:", version_dir / ROUTING_NAME, routes,
+             f"; phrase cache {version_dir / PHRASE_CACHE_NAME} ({cache['phrases']} phrases)" if cache else "")
+    return manifest
+
+
+def is_version_manifest(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("schema") == VERSION_MANIFEST_SCHEMA
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def verify_version(version_dir: Path) -> list[str]:
+    """Problems of a version folder's own files, each naming the file."""
+    path = version_dir / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        listed = {f["path"]: FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in manifest["files"]}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        return [f"{path}: unreadable version manifest ({e})"]
+    if manifest.get("schema") != VERSION_MANIFEST_SCHEMA:
+        return [f"{path}: schema {manifest.get('schema')!r} is not {VERSION_MANIFEST_SCHEMA!r}"]
+    problems = []
+    if (manifest.get("model"), manifest.get("version")) != (version_dir.parent.name, version_dir.name):
+        problems.append(f"{path}: names {manifest.get('model')}/{manifest.get('version')}, not this folder")
+    present = {p.name for p in version_dir.iterdir() if p.is_file()}
+    for rel, entry in sorted(listed.items()):
+        p = version_dir / rel
+        if rel not in present:
+            problems.append(f"{p}: missing")
+        elif p.stat().st_size != entry.bytes or sha256_file(p) != entry.sha256:
+            problems.append(f"{p}: changed (sha256/size differ from {MANIFEST_NAME})")
+    for name in sorted(present - set(listed) - {MANIFEST_NAME}):
+        problems.append(f"{version_dir / name}: extra file not in {MANIFEST_NAME}")
+    published = published_variants(version_dir)
+    for variant, sha in sorted((manifest.get("variants") or {}).items()):
+        if variant not in published:
+            problems.append(f"{path}: lists variant {variant!r}, which is not published in {version_dir}")
+        elif sha256_file(published[variant] / MANIFEST_NAME) != sha:
+            problems.append(f"{path}: variant {variant!r} has another manifest than the one routing was made from")
+    if ROUTING_NAME in listed and ROUTING_NAME in present:
+        try:
+            problems += routing_problems(json.loads((version_dir / ROUTING_NAME).read_text(encoding="utf-8")), version_dir)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            problems.append(f"{version_dir / ROUTING_NAME}: not valid JSON ({e})")
+    if PHRASE_CACHE_NAME in listed and PHRASE_CACHE_NAME in present:
+        try:
+            cache_record(version_dir / PHRASE_CACHE_NAME, version_dir, None)
+        except ForgeError as e:
+            problems.append(str(e))
+    return problems
+
+
+def version_index_entries(root: Path) -> list[dict[str, Any]]:
+    """index.json's `versions` entries: every version folder with a version manifest."""
+    seen: list[Path] = []
+    for vdir in iter_variant_dirs(root):
+        version_dir = vdir.parent
+        if version_dir not in seen and is_version_manifest(version_dir / MANIFEST_NAME):
+            seen.append(version_dir)
+    out = []
+    for version_dir in seen:
+        manifest = _read_json(version_dir / MANIFEST_NAME)
+        cache = manifest.get("phrase_cache")
+        out.append({
+            "model": manifest["model"], "version": manifest["version"],
+            "path": version_dir.relative_to(root).as_posix(),
+            "manifest_sha256": sha256_file(version_dir / MANIFEST_NAME),
+            "routing": manifest["routing"],
+            "phrase_cache": None if cache is None else {"file": cache["file"], "phrases": cache["phrases"],
+                                                        "variants": sorted(cache["variants"])},
+        })
+    return out
