@@ -24,8 +24,12 @@ from chattts_forge.evaluate.report_schema import REPORT_SCHEMA, headline, seal, 
 def stand_in_report(
     artifact: Path, *, passed: bool = True, corpus: dict[str, Any] | None = None,
     created_at: str = "2026-11-30T02:00:00Z",
+    buckets: dict[str, tuple[bool, float]] | None = None,
 ) -> dict[str, Any]:
-    """A sealed report judging `artifact` (against itself), passing or failing on code_agreement."""
+    """A sealed report judging `artifact` (against itself), passing or failing on code_agreement.
+
+    `buckets`: {bucket name: (passed, median RTF)} of the default length buckets; the ``buckets``
+    section then holds those verdicts and figures (what the routing table is made from)."""
     gate = load_gate(None)
     metrics: dict[str, float | None] = {metric: threshold for _, _, metric, threshold in gate["rules"]}
     if not passed:
@@ -53,8 +57,23 @@ def stand_in_report(
         "headline": headline(described["variant"], verdict["passed"], metrics),
         "notes": ["stand-in report written by the test suite"],
         "timing": {},
+        "buckets": _buckets_section(buckets or {}),
+        "phrase_cache": None,
     }
     return seal(report)
+
+
+def _buckets_section(verdicts: dict[str, tuple[bool, float]]) -> dict[str, Any]:
+    from chattts_forge.runtime.router import DEFAULT_BUCKETS, LENGTH_DEFINITION
+
+    results = {}
+    for b in DEFAULT_BUCKETS:
+        if b.name in verdicts:
+            passed, rtf = verdicts[b.name]
+            results[b.name] = {**b.to_dict(), "sentences": ["stand-in"], "passed": passed,
+                               "metrics": {"rtf_p50": rtf, "code_agreement": 1.0 if passed else 0.0}}
+    return {"length": LENGTH_DEFINITION, "per_bucket": 1, "definition": [b.to_dict() for b in DEFAULT_BUCKETS],
+            "results": results}
 
 
 def write_stand_in_report(report_dir: Path, artifact: Path, **kwargs: Any) -> Path:
