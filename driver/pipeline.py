@@ -549,8 +549,13 @@ def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
     an incremental step like the others) and the version manifest (publish.version_files)."""
     from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
     from chattts_forge.publish.version_files import publish_version_files
-    from chattts_forge.runtime.router import ROUTING_NAME
+    from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
 
+    if not (version_dir / FALLBACK_VARIANT / "manifest.json").is_file():
+        # e.g. a version opened by one re-quantized variant: nothing to fall back to, so no routing
+        log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
+                 FALLBACK_VARIANT)
+        return
     publish_version_files(version_dir)
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
