@@ -74,6 +74,8 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
         ],  # fmt: skip
         "warm": ["--max-new-token", "48"],
     },
+    # Random weights rarely emit EOS: every phrase would run to WARM_ARGS' token budget.
+    "full": {"warm": ["--max-new-token", "96"]},
 }
 # The phrase cache a build publishes with each version (shipped customer-service list, seed 0,
 # no speaker, ChatTTS's default knobs; a request must use the same knobs to be served from it).

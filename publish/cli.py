@@ -73,4 +73,6 @@ def verify(path: Path) -> None:
         raise ForgeError(f"verification failed: {first}{more}")
     for vdir in result.variants:
         click.echo(f"OK {vdir}")
+    for version_dir in result.versions:
+        click.echo(f"OK {version_dir} (version manifest: routing.json, phrase cache)")
     click.echo(f"verified {len(result.variants)} published variant(s) under {path}")

@@ -43,6 +43,7 @@ ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitign
 class VerifyResult:
     variants: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    versions: list[Path] = field(default_factory=list)  # version folders whose own files were checked
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -115,6 +116,7 @@ def verify_tree(root: Path) -> VerifyResult:
     version_dirs = sorted({v.parent for v in variants if is_version_manifest(v.parent / MANIFEST_NAME)})
     for version_dir in version_dirs:
         result.problems += verify_version(version_dir)
+    result.versions = version_dirs
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         rel_parts = here.relative_to(root).parts
@@ -159,7 +161,7 @@ def verify_path(path: str | os.PathLike[str]) -> VerifyResult:
     if (path / MANIFEST_NAME).is_file() and is_version_manifest(path / MANIFEST_NAME):
         variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
         problems = [q for v in variants for q in verify_variant(v, check_location=True)] + verify_version(path)
-        return VerifyResult(variants=variants, problems=problems)
+        return VerifyResult(variants=variants, problems=problems, versions=[path])
     if (path / MANIFEST_NAME).is_file():
         return VerifyResult(variants=[path], problems=verify_variant(path))
     result = verify_tree(path)

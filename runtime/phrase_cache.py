@@ -53,7 +53,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, sha256_file
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.session import DEFAULT_FILES
 
 if TYPE_CHECKING:
@@ -395,6 +395,7 @@ def build_phrase_cache(
     knobs = cache_knobs(params, front.num_vq)
     artifacts: dict[str, str] = {}
     entries: list[tuple[str, str, str, CachedPhrase]] = []
+    unfinished = 0
     for _, norm in listed:
         if router is not None:
             variant = router.route(norm, params)[0]
@@ -402,7 +403,9 @@ def build_phrase_cache(
         else:
             pipe, variant = single, str(single.artifact.meta.get("variant") or target.name)
         payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
-        gen = pipe.infer_code([norm], params.code)
+        with quiet_logger("chattts_forge.runtime.pipeline"):  # one summary line below instead of one per phrase
+            gen = pipe.infer_code([norm], params.code)
+        unfinished += int(not bool(gen.finished[0]))
         src = gen.hiddens[0] if params.use_decoder else gen.ids[0]
         if len(src) == 0:
             log.warning("phrase %r ended at its first step (no audio); cached as empty", norm)
@@ -410,6 +413,9 @@ def build_phrase_cache(
         else:
             mel = pipe.decode_mel(src, params.use_decoder)
         entries.append((norm, variant, payload, CachedPhrase(mel=np.asarray(mel, np.float32), codes=gen.ids[0])))
+    if unfinished:
+        log.warning("%d of %d phrases hit max_new_token %d before EOS (cached as generated)", unfinished, len(entries),
+                    params.code.max_new_token)
     path = write_cache(out, knobs, artifacts, entries)
     per_variant = {v: sum(1 for e in entries if e[1] == v) for v in sorted(artifacts)}
     return {"path": str(path), "phrases": len(entries), "bytes": path.stat().st_size, "variants": per_variant}
