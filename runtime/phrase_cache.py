@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, sha256_file
 from chattts_forge.log import get_logger, quiet_logger
-from chattts_forge.runtime.session import DEFAULT_FILES
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, Row, SynthParams
@@ -74,17 +74,10 @@ def payload_sha256(artifact_dir: str | os.PathLike[str]) -> str:
     """The artifact's payload hash: sha256 over artifact.json (every graph's sha256 and size is in it)
     and the support files the runtime reads (tokenizer, speaker statistics, homophones)."""
     root = Path(artifact_dir)
-    meta_path = root / "artifact.json"
-    if not meta_path.is_file():
-        raise ForgeError(f"{root} is not an artifact folder (no artifact.json)")
-    raw = meta_path.read_bytes()
-    try:
-        files = json.loads(raw).get("files") or {}
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-        raise ForgeError(f"{meta_path}: not valid JSON ({e})") from None
-    h = hashlib.sha256(b"artifact.json\0" + hashlib.sha256(raw).digest())
+    meta = ArtifactMeta.load(root)  # one-line ForgeError for a missing or broken artifact.json
+    h = hashlib.sha256(ARTIFACT_JSON.encode() + b"\0" + hashlib.sha256((root / ARTIFACT_JSON).read_bytes()).digest())
     for key in PAYLOAD_SUPPORT_KEYS:
-        p = root / str(files.get(key) or DEFAULT_FILES[key])
+        p = root / meta.support_file(key)
         if p.is_file():
             h.update(f"\n{key}\0{sha256_file(p)}".encode())
     return h.hexdigest()

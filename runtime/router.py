@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 
@@ -152,7 +153,7 @@ def routing_problems(table: Any, version_dir: Path) -> list[str]:
     for name, variant in [*routed.items(), ("fallback", fallback)]:
         folder = version_dir / str(variant)
         where = f"bucket {name!r}" if name != "fallback" else "the fallback"
-        if not (folder / "artifact.json").is_file() or not (folder / "manifest.json").is_file():
+        if not (folder / ARTIFACT_JSON).is_file() or not (folder / "manifest.json").is_file():
             problems.append(f"{path}: {where} routes to variant {variant!r}, which is not published in {version_dir}")
         elif variant not in recorded:
             problems.append(f"{path}: {where} routes to variant {variant!r}, which its 'variants' section does not record")
@@ -189,8 +190,8 @@ class Router:
         self.buckets = table_buckets(self.table)
         self.routes = {b["name"]: b["variant"] for b in self.table["buckets"]}
         self.override = variant
-        if variant is not None and not (self.path / variant / "artifact.json").is_file():
-            published = sorted(p.name for p in self.path.iterdir() if (p / "artifact.json").is_file())
+        if variant is not None and not (self.path / variant / ARTIFACT_JSON).is_file():
+            published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
             raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
         self.pipeline_kwargs = pipeline_kwargs
         self.cache = cache if cache is None or isinstance(cache, PhraseCache) else PhraseCache(cache)
