@@ -97,7 +97,15 @@ request's codes equal its codes alone), streams audio per request (`handle.chunk
 `async for chunk in handle`), cancels (`handle.cancel()` frees the row) and refuses when its
 bounded queue is full.
 
-Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`).
+Serving a published version (docs/serving.md):
+- `router.Router(version_dir, variant=None, cache=None, **pipeline_kwargs)`: each text goes to the
+  variant its length bucket names in the version's routing.json (variants open lazily);
+- a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
+  skips the code stage and the Decoder (`Result.cached`), same waveform; other knobs, another
+  artifact or a tampered file are refused. `phrase_cache.build_phrase_cache` builds one (`warm`).
+
+Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`), and
+`chattts-forge warm --artifact DIR --phrases FILE --out CACHE`.
 """
 
 from chattts_forge.runtime.audio import write_wav
