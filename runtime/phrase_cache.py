@@ -394,7 +394,7 @@ def build_phrase_cache(
             variant = router.route(norm, params)[0]
             pipe = router.pipeline(variant)
         else:
-            pipe, variant = single, str(single.artifact.meta.get("variant") or target.name)
+            pipe, variant = single, single.artifact.variant
         payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
         with quiet_logger("chattts_forge.runtime.pipeline"):  # one summary line below instead of one per phrase
             gen = pipe.infer_code([norm], params.code)
