@@ -88,6 +88,9 @@ def score(
               help="Held-out sentences per length bucket (the report's buckets section, the routing table's input).")
 @click.option("--cache-phrases", type=int, default=8, show_default=True,
               help="Shipped customer-service phrases timed with and without a phrase cache (0: skip).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
+              help="Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here).")
+@click.option("--ray-workers", type=int, default=2, show_default=True, help="Ray actors (one corpus shard each).")
 def evaluate(
     artifact: Path,
     reference: Path,
@@ -108,6 +111,8 @@ def evaluate(
     provider: str,
     bucket_sentences: int,
     cache_phrases: int,
+    ray_address: str | None,
+    ray_workers: int,
 ) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -142,6 +147,8 @@ def evaluate(
         provider=provider,
         bucket_sentences=bucket_sentences,
         cache_phrases=cache_phrases,
+        ray=ray_address,
+        ray_workers=ray_workers,
     )
     for c in report["gate"]["checks"]:
         click.echo(f"{c['status']:>12}  {c['message']}")

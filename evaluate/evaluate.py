@@ -33,8 +33,10 @@ live in `report_schema`; `report.write_reports` writes it with its Markdown and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -106,14 +108,17 @@ def score_intelligibility(
     asr_model: str | os.PathLike[str] | None,
     threads: int | None,
     progress: bool,
+    transcriber: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """ASR scores of each variant's audio, per language of the sentences, and the deltas.
 
     `waves` is {"artifact": {id: (wav, sr)}, "reference": {...}} with ids "001", "002", ... in
     sentence order; each sentence is scored in its own language (`textnorm.detect_lang`).
+    `transcriber(lang, waves, ids) -> (hypotheses, timing, asr description)` transcribes elsewhere
+    (`RayShards.transcriber`); the scores are computed here from the hypotheses either way.
     """
     from chattts_forge.evaluate.asr import get_backend
-    from chattts_forge.evaluate.score import score_waveforms
+    from chattts_forge.evaluate.score import score_hypotheses, score_waveforms
 
     ids = [f"{i + 1:03d}" for i in range(len(sentences))]
     by_lang: dict[str, dict[str, str]] = {}
@@ -121,12 +126,18 @@ def score_intelligibility(
         by_lang.setdefault(textnorm.detect_lang([text]), {})[utt_id] = text
     out: dict[str, Any] = {"measured": True, "languages": {}}
     for lang, refs in sorted(by_lang.items()):
-        backend = get_backend(asr, lang, asr_model, threads)
+        backend = get_backend(asr, lang, asr_model, threads) if transcriber is None else None
         per_variant = {}
         for variant, wv in waves.items():
-            res = score_waveforms(wv, refs, backend, lang, progress=progress, desc=f"ASR {variant} {lang}")
+            if backend is not None:
+                res = score_waveforms(wv, refs, backend, lang, progress=progress, desc=f"ASR {variant} {lang}")
+                asr_desc = backend.describe()
+            else:
+                t0 = time.perf_counter()
+                hyps, timing, asr_desc = transcriber(lang, wv, list(refs))
+                res = score_hypotheses(refs, hyps, timing, asr_desc, lang, time.perf_counter() - t0)
             per_variant[variant] = {"corpus": res["corpus"], "utterances": res["utterances"]}
-        out["languages"][lang] = {"asr": backend.describe(), "variants": per_variant}
+        out["languages"][lang] = {"asr": asr_desc, "variants": per_variant}
         art, ref = per_variant["artifact"]["corpus"], per_variant["reference"]["corpus"]
         key = "cer" if lang == "zh" else "wer"
         out[key] = art[key]
@@ -252,6 +263,10 @@ def evaluate_artifact(
     provider: str = "cpu",
     bucket_sentences: int = 4,
     cache_phrases: int = 8,
+    ray: str | None = None,
+    ray_workers: int = 2,
+    ray_retries: int = 1,
+    ray_shard_hook: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
 
@@ -265,6 +280,9 @@ def evaluate_artifact(
     `bucket_sentences`: held-out sentences per length bucket (the ``buckets`` section, evaluate.buckets);
     `cache_phrases`: phrases of the shipped customer-service list timed with and without a phrase cache
     (the ``phrase_cache`` section, evaluate.serving; 0 skips it).
+    `ray`: a Ray cluster address or "local": fidelity and ASR run sharded over `ray_workers` actors
+    (`ray_shards`; same figures), latency still here; a dead worker's shard is retried `ray_retries`
+    times. `ray_shard_hook(kind, shard)` runs in the worker before each shard (tests kill it there).
     """
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.report import write_reports
@@ -282,6 +300,10 @@ def evaluate_artifact(
         raise ForgeError("max_sentences and max_new_token must be >= 1")
     if bucket_sentences < 1 or cache_phrases < 0:
         raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
+    if ray is not None:
+        from chattts_forge.evaluate.ray_shards import import_ray
+
+        import_ray()  # fail before any work when the extra is missing
     gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file
     provider = resolve_provider(provider)  # likewise a `cuda` without a usable GPU
     corp = load_corpus(corpus, max_sentences=max_sentences)
@@ -329,18 +351,31 @@ def evaluate_artifact(
 
     log.info("latency done: RTF p50 %.3f (artifact) vs %.3f (fp32 reference)", art_lat["rtf"]["p50"] or 0,
              ref_lat["rtf"]["p50"] or 0)
-    if synthetic:
-        intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
-                                           "note": SYNTHETIC_NOTE}
-    else:
-        intelligibility = score_intelligibility(
-            sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show
-        )
+    # The corpus-level work, here or (ray) on a pool of Ray actors started only now, after latency.
+    with contextlib.ExitStack() as stack:
+        shards = None
+        if ray is not None:
+            from chattts_forge.evaluate.ray_shards import RayShards
 
-    log.info("measuring teacher-forced fidelity against %s", reference)
-    with quiet_logger(enabled=synthetic):
-        fidelity = _fidelity(reference, artifact, corp, min(fidelity_sentences, len(sentences)), fidelity_steps,
-                             seed, threads, show)
+            shards = stack.enter_context(RayShards(ray, ray_workers, reference, artifact, threads,
+                                                   retries=ray_retries, hook=ray_shard_hook))
+        if synthetic:
+            intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
+                                               "note": SYNTHETIC_NOTE}
+        else:
+            intelligibility = score_intelligibility(
+                sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show,
+                transcriber=shards.transcriber(asr, asr_model) if shards else None,
+            )
+
+        log.info("measuring teacher-forced fidelity against %s", reference)
+        fid_sentences = min(fidelity_sentences, len(sentences))
+        with quiet_logger(enabled=synthetic):
+            if shards is None:
+                fidelity = _fidelity(reference, artifact, corp, fid_sentences, fidelity_steps, seed, threads, show)
+            else:
+                fidelity = shards.fidelity(corp, fid_sentences, fidelity_steps, seed)
+        distributed = shards.describe() if shards else None
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
@@ -362,7 +397,7 @@ def evaluate_artifact(
             "reference_bytes": ref_desc["bytes_total"],
             "ratio_vs_reference": art_desc["bytes_total"] / ref_desc["bytes_total"],
         },
-        "machine": machine_info(threads, provider),
+        "machine": {**machine_info(threads, provider), **({"ray": distributed} if distributed else {})},
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }
@@ -391,6 +426,11 @@ def evaluate_artifact(
         notes.append(baseline_note)
     if tiny:
         notes.append(f"Latency is measured and reported but not gated: {TINY_LATENCY_REASON}.")
+    if distributed:
+        notes.append(f"Fidelity and ASR ran on {len(distributed['workers'])} Ray worker(s) at {ray} ("
+                     + ", ".join(f"{w['name']}: {w['hostname']} pid {w['pid']}" for w in distributed["workers"])
+                     + f"); latency was measured in the evaluating process on {distributed['latency_measured_on']['hostname']}"
+                     " before the workers started.")
     if self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "

@@ -165,23 +165,21 @@ def error_rates(
     return corpus, utterances
 
 
-def score_waveforms(
+def transcribe_waveforms(
     waveforms: dict[str, tuple[np.ndarray, int]],
-    references: dict[str, str],
+    ids: list[str],
     backend: Any,
-    lang: str,
     progress: bool = True,
     desc: str = "ASR",
-) -> dict[str, Any]:
-    """Transcribe in-memory audio {id: (waveform, sample_rate)} and score it against `references`."""
+) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+    """({id: hypothesis}, {id: asr/audio seconds}) of the utterances `ids` of in-memory audio."""
     from tqdm import tqdm
 
     from chattts_forge.evaluate.asr import ASR_SAMPLE_RATE, resample
 
     hypotheses: dict[str, str] = {}
     timing: dict[str, dict[str, float]] = {}
-    t_all = time.perf_counter()
-    for utt_id in tqdm(list(references), desc=desc, unit="utt", disable=not progress, leave=False):
+    for utt_id in tqdm(ids, desc=desc, unit="utt", disable=not progress, leave=False):
         if utt_id not in waveforms:
             raise ForgeError(f"no audio for utterance '{utt_id}'")
         audio, sr = waveforms[utt_id]
@@ -192,6 +190,19 @@ def score_waveforms(
             "asr_seconds": time.perf_counter() - t0,
             "audio_seconds": audio16.shape[-1] / ASR_SAMPLE_RATE,
         }
+    return hypotheses, timing
+
+
+def score_hypotheses(
+    references: dict[str, str],
+    hypotheses: dict[str, str],
+    timing: dict[str, dict[str, float]],
+    asr: dict[str, Any],
+    lang: str,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """The score record of transcribed utterances (`asr`: the backend's description); the corpus
+    figures depend only on the references and hypotheses, not on where they were transcribed."""
     corpus, utterances = error_rates(references, hypotheses, lang)
     for u in utterances:
         u.update(timing[u["id"]])
@@ -201,17 +212,31 @@ def score_waveforms(
         "schema": SCORE_SCHEMA,
         "corpus": corpus,
         "utterances": utterances,
-        "asr": backend.describe(),
+        "asr": asr,
         "lang": lang,
         "normalization": "seed-tts-eval style: NFKC, zh-cn folding, numbers as words, no punctuation, "
         "lower case; zh scored per character",
         "timing": {
-            "wall_seconds": time.perf_counter() - t_all,
+            "wall_seconds": wall_seconds,
             "asr_seconds": total_asr,
             "audio_seconds": total_audio,
             "asr_rtf": total_asr / total_audio if total_audio else None,
         },
     }
+
+
+def score_waveforms(
+    waveforms: dict[str, tuple[np.ndarray, int]],
+    references: dict[str, str],
+    backend: Any,
+    lang: str,
+    progress: bool = True,
+    desc: str = "ASR",
+) -> dict[str, Any]:
+    """Transcribe in-memory audio {id: (waveform, sample_rate)} and score it against `references`."""
+    t_all = time.perf_counter()
+    hypotheses, timing = transcribe_waveforms(waveforms, list(references), backend, progress, desc)
+    return score_hypotheses(references, hypotheses, timing, backend.describe(), lang, time.perf_counter() - t_all)
 
 
 def score_audio_dir(

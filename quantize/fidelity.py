@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,12 @@ def record_trajectories(
     threads: int | None,
     full_sample_steps: tuple[int, ...] = (0, 12),
     progress: bool | None = None,
+    indices: Sequence[int] | None = None,
 ) -> list[Trajectory]:
-    """Synthesize up to `max_sentences` corpus sentences with the FP32 artifact and record them."""
+    """Synthesize up to `max_sentences` corpus sentences with the FP32 artifact and record them.
+
+    `indices`: only these sentences of the first `max_sentences` (a shard of a distributed run);
+    sentence i is seeded `seed + i` either way, so a shard records what the whole run records."""
     pipe = new_pipeline(fp32_dir, threads)
     trajs: list[Trajectory] = []
     current: dict[str, Any] = {}
@@ -86,7 +91,9 @@ def record_trajectories(
 
     recording = instrument(pipe, on_run, ("gpt", "head_code"))
     sentences = corpus.sentences[:max_sentences]
-    for i, text in enumerate(tqdm(sentences, desc="fidelity: fp32 run", unit="sent", disable=not progress)):
+    chosen = list(range(len(sentences))) if indices is None else [i for i in indices if i < len(sentences)]
+    for i in tqdm(chosen, desc="fidelity: fp32 run", unit="sent", disable=not progress):
+        text = sentences[i]
         current["traj"] = Trajectory(text)
         try:
             with quiet_logger():
@@ -99,7 +106,7 @@ def record_trajectories(
             raise ForgeError("the runtime's gpt and head_code calls do not pair up; cannot teacher-force")
         trajs.append(t)
     check_recorded(recording, "gpt")
-    if not trajs:
+    if not trajs and indices is None:
         raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
     return trajs
 
@@ -261,6 +268,99 @@ def head_error(ref_head: Path, q_head: Path, trajs: list[Trajectory], threads: i
     return float(np.linalg.norm(r - q) / max(np.linalg.norm(r), 1e-30))
 
 
+@dataclass
+class SentenceComparison:
+    """One trajectory replayed through the quantized graphs: what the corpus-level figures are made of."""
+
+    ref_logits: list[np.ndarray]
+    q_logits: list[np.ndarray]
+    cosine: np.ndarray  # hidden-state cosine per (row, step)
+    ref_mel: np.ndarray
+    q_mel: np.ndarray
+    fast_logits: list[np.ndarray] | None = None  # the fused gpt_fast graph, when the artifact has one
+    fast_cosine: np.ndarray | None = None
+    fast_error: str | None = None
+
+
+class ReplaySessions:
+    """The quantized GPT/head/decoder and the FP32 decoder, loaded once, to compare trajectories with."""
+
+    def __init__(self, fp32_dir: str | os.PathLike[str], quant_dir: str | os.PathLike[str],
+                 threads: int | None = None, quant_meta: ArtifactMeta | None = None) -> None:
+        self.fp32_dir, self.quant_dir = Path(fp32_dir), Path(quant_dir)
+        self.threads, self.quant_meta = threads, quant_meta
+        self.fmeta = ArtifactMeta.load(self.fp32_dir)
+        self.qmeta = quant_meta if quant_meta is not None else ArtifactMeta.load(self.quant_dir)
+        self.q_gpt_path = self.qmeta.component_file(self.quant_dir, "gpt")
+        self.q_head_path = self.qmeta.component_file(self.quant_dir, "head_code")
+        q_gpt, self.q_head = make_session(self.q_gpt_path, threads), make_session(self.q_head_path, threads)
+        self.f_dec = make_session(self.fmeta.component_file(self.fp32_dir, "decoder"), threads)
+        self.q_dec = make_session(self.qmeta.component_file(self.quant_dir, "decoder"), threads)
+        self.q_step = plain_step(q_gpt, self.fmeta.require_dims())
+        self.has_fast = self.qmeta.has_component(FAST_GPT)
+
+    def compare(self, t: Trajectory) -> SentenceComparison:
+        hidden, logits = replay(self.q_step, self.q_head, t)
+        ref_h, q_h = np.stack(t.hidden, axis=-1), np.stack(hidden, axis=-1)  # [B, H, T]
+        cmp = SentenceComparison(
+            ref_logits=list(t.logits), q_logits=logits,
+            cosine=cosine_rows(np.moveaxis(ref_h, -1, 1), np.moveaxis(q_h, -1, 1)),
+            ref_mel=self.f_dec.run(["mel"], {"hidden_states": ref_h.astype(np.float32)})[0],
+            q_mel=self.q_dec.run(["mel"], {"hidden_states": q_h.astype(np.float32)})[0],
+        )
+        if self.has_fast:
+            try:
+                f_hidden, cmp.fast_logits = replay(fast_step(self.quant_dir, self.threads, self.quant_meta),
+                                                   self.q_head, t)
+                cmp.fast_cosine = cosine_rows(np.stack(t.hidden, 1), np.stack(f_hidden, 1))
+            except (ImportError, ForgeError) as e:
+                cmp.fast_error = f"could not replay {FAST_GPT}: {e}"
+        return cmp
+
+    def tensor_table(self, trajectories: list[Trajectory], top_tensors: int,
+                     keep_all_tensors: bool) -> dict[str, Any]:
+        """The per-tensor error table on the first recorded whole-graph samples (see tensor_errors)."""
+        samples = [s for t in trajectories for s in t.full_samples][:4]
+        rows = tensor_errors(self.fmeta.component_file(self.fp32_dir, "gpt"), self.q_gpt_path, samples, self.threads)
+        worst_abs = sorted(rows, key=lambda r: r["rel_error"], reverse=True)
+        return {
+            "graph": "gpt",
+            "samples": len(samples),
+            "tensors_compared": len(rows),
+            "worst_local": rows[:top_tensors],
+            "worst_output": [{k: r[k] for k in ("node", "rel_error", "cosine")} for r in worst_abs[:top_tensors]],
+            "all_local": rows if keep_all_tensors else None,
+            "head_code_rel_error": head_error(self.fmeta.component_file(self.fp32_dir, "head_code"),
+                                              self.q_head_path, trajectories, self.threads),
+        }
+
+
+def summarize_fidelity(fp32_dir: Path, corp: Corpus, comparisons: list[SentenceComparison],
+                       settings: dict[str, Any]) -> dict[str, Any]:
+    """The corpus-level fidelity record from per-sentence comparisons, in corpus order (a distributed
+    run merges its shards' comparisons in corpus order and gets the same figures)."""
+    ref_logits = [x for c in comparisons for x in c.ref_logits]
+    cos = np.concatenate([c.cosine for c in comparisons])
+    result: dict[str, Any] = {
+        "reference": str(fp32_dir),
+        "corpus": {"name": corp.name, "sha256": corp.sha256, "sentences_used": len(comparisons)},
+        "method": "teacher-forced replay of FP32 runtime trajectories (raw code logits)",
+        "settings": settings,
+        "teacher_forced": code_metrics(ref_logits, [x for c in comparisons for x in c.q_logits]),
+        "hidden_cosine": {"mean": float(cos.mean()), "min": float(cos.min())},
+        "mel": mel_metrics([c.ref_mel for c in comparisons], [c.q_mel for c in comparisons]),
+    }
+    errors = [c.fast_error for c in comparisons if c.fast_error]
+    if errors:
+        result[FAST_GPT] = {"error": errors[0]}
+    elif comparisons and comparisons[0].fast_logits is not None:
+        f_cos = np.concatenate([c.fast_cosine for c in comparisons if c.fast_cosine is not None])
+        result[FAST_GPT] = {
+            "teacher_forced": code_metrics(ref_logits, [x for c in comparisons for x in c.fast_logits or []]),
+            "hidden_cosine": {"mean": float(f_cos.mean()), "min": float(f_cos.min())}}
+    return result
+
+
 def measure_fidelity(
     fp32_dir: str | os.PathLike[str],
     quant_dir: str | os.PathLike[str],
@@ -282,62 +382,14 @@ def measure_fidelity(
     measures before it writes the description once)."""
     fp32_dir, quant_dir = Path(fp32_dir), Path(quant_dir)
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-    fmeta = ArtifactMeta.load(fp32_dir)
-    qmeta = quant_meta if quant_meta is not None else ArtifactMeta.load(quant_dir)
+    sessions = ReplaySessions(fp32_dir, quant_dir, threads, quant_meta)
     if trajectories is None:
         trajectories = record_trajectories(fp32_dir, corp, max_sentences, max_new_token, seed, threads,
                                            progress=progress)
-    q_gpt_path = qmeta.component_file(quant_dir, "gpt")
-    q_head_path = qmeta.component_file(quant_dir, "head_code")
-    q_gpt, q_head = make_session(q_gpt_path, threads), make_session(q_head_path, threads)
-    f_dec = make_session(fmeta.component_file(fp32_dir, "decoder"), threads)
-    q_dec = make_session(qmeta.component_file(quant_dir, "decoder"), threads)
-    ref_logits, q_logits, cosines, ref_mels, q_mels = [], [], [], [], []
-    q_step = plain_step(q_gpt, fmeta.require_dims())
-    for t in trajectories:
-        hidden, logits = replay(q_step, q_head, t)
-        ref_logits += t.logits
-        q_logits += logits
-        ref_h, q_h = np.stack(t.hidden, axis=-1), np.stack(hidden, axis=-1)  # [B, H, T]
-        cosines.append(cosine_rows(np.moveaxis(ref_h, -1, 1), np.moveaxis(q_h, -1, 1)))
-        ref_mels.append(f_dec.run(["mel"], {"hidden_states": ref_h.astype(np.float32)})[0])
-        q_mels.append(q_dec.run(["mel"], {"hidden_states": q_h.astype(np.float32)})[0])
-    cos = np.concatenate(cosines)
-    result: dict[str, Any] = {
-        "reference": str(fp32_dir),
-        "corpus": {"name": corp.name, "sha256": corp.sha256, "sentences_used": len(trajectories)},
-        "method": "teacher-forced replay of FP32 runtime trajectories (raw code logits)",
-        "settings": {"max_sentences": max_sentences, "max_new_token": max_new_token, "seed": seed},
-        "teacher_forced": code_metrics(ref_logits, q_logits),
-        "hidden_cosine": {"mean": float(cos.mean()), "min": float(cos.min())},
-        "mel": mel_metrics(ref_mels, q_mels),
-    }
-    if qmeta.has_component(FAST_GPT):
-        try:
-            f_logits, f_cos = [], []
-            for t in trajectories:
-                hidden, logits = replay(fast_step(quant_dir, threads, quant_meta), q_head, t)
-                f_logits += logits
-                f_cos.append(cosine_rows(np.stack(t.hidden, 1), np.stack(hidden, 1)))
-            fast = code_metrics(ref_logits, f_logits)
-            result[FAST_GPT] = {"teacher_forced": fast, "hidden_cosine": {
-                "mean": float(np.concatenate(f_cos).mean()), "min": float(np.concatenate(f_cos).min())}}
-        except (ImportError, ForgeError) as e:
-            result[FAST_GPT] = {"error": f"could not replay {FAST_GPT}: {e}"}
+    result = summarize_fidelity(fp32_dir, corp, [sessions.compare(t) for t in trajectories],
+                                {"max_sentences": max_sentences, "max_new_token": max_new_token, "seed": seed})
     if per_tensor:
-        samples = [s for t in trajectories for s in t.full_samples][:4]
-        rows = tensor_errors(fmeta.component_file(fp32_dir, "gpt"), q_gpt_path, samples, threads)
-        worst_abs = sorted(rows, key=lambda r: r["rel_error"], reverse=True)
-        result["per_tensor"] = {
-            "graph": "gpt",
-            "samples": len(samples),
-            "tensors_compared": len(rows),
-            "worst_local": rows[:top_tensors],
-            "worst_output": [{k: r[k] for k in ("node", "rel_error", "cosine")} for r in worst_abs[:top_tensors]],
-            "all_local": rows if keep_all_tensors else None,
-            "head_code_rel_error": head_error(fmeta.component_file(fp32_dir, "head_code"), q_head_path,
-                                              trajectories, threads),
-        }
+        result["per_tensor"] = sessions.tensor_table(trajectories, top_tensors, keep_all_tensors)
     return result
 
 
