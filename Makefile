@@ -92,9 +92,14 @@ CALIBRATE_ARGS ?=
 QUANTIZE_ARGS ?=
 EVALUATE_ARGS ?=
 
+# RAY=ADDRESS|local: the variants' quantize/evaluate steps as Ray tasks (BUILD must be a path every
+# node sees; see README "Scaling out with Ray"). RAY_STEP_CPUS: CPUs reserved per step (default 2).
+RAY ?=
+RAY_STEP_CPUS ?= 2
 PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
 	--build $(BUILD) --to $(ARTIFACTS) \
-	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)')
+	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)') \
+	$(if $(strip $(RAY)),--ray '$(RAY)' --ray-step-cpus $(RAY_STEP_CPUS))
 
 artifacts: env
 	$(PIPELINE) --variants '$(VARIANTS)' --calib-corpus '$(CALIB_CORPUS)' --eval-corpus '$(EVAL_CORPUS)' \

@@ -257,34 +257,55 @@ class Pipeline:
 
     def run(self, step: Step) -> bool:
         """Run `step` unless up to date; True when it ran."""
+        prepared = self.prepare(step)
+        if prepared is None:
+            return False
+        key, cmd, shown = prepared
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None, env=stage_env())
+        self.finish(step, key, shown, proc.returncode, proc.stdout, time.perf_counter() - start)
+        return True
+
+    def set_aside(self, step: Step, error: ForgeError) -> None:
+        """A failed step: the variants it feeds are set aside (the others are still built, judged and
+        published); a step every variant needs (checkpoint, convert) stops the run."""
+        if not step.feeds:
+            raise error
+        for variant in step.feeds:
+            self.broken[variant] = str(error)
+        log.error("%s; going on without %s", error, ", ".join(step.feeds))
+
+    def prepare(self, step: Step) -> tuple[str, list[str], str] | None:
+        """None when `step` is up to date; else remove its record and output and return (key, command,
+        the command as logged)."""
         key = self._key(step)
         reason = self.stale_reason(step, key)
         if reason is None:
             log.info("%-22s up to date (%s)", step.name, step.out)
-            return False
-        record = self._record_path(step)
-        record.unlink(missing_ok=True)
+            return None
+        self._record_path(step).unlink(missing_ok=True)
         if step.out.exists() and step.out != self.checkpoint:
             shutil.rmtree(step.out) if step.out.is_dir() else step.out.unlink()
         step.out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [*self.forge, *step.argv, *self.extra.get(step.kind, [])]
         shown = "chattts-forge " + shlex.join(cmd[len(self.forge) :])
         log.info("%-22s running (%s): %s", step.name, reason, shown)
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None, env=stage_env())
-        took = time.perf_counter() - start
+        return key, cmd, shown
+
+    def finish(self, step: Step, key: str, shown: str, returncode: int, stdout: bytes | None, took: float) -> None:
+        """Judge a finished command (wherever it ran) and write the step's record."""
         self.timings[step.name] = took
-        if step.capture_stdout and proc.returncode == 0:
-            atomic_write_bytes(step.out, proc.stdout)
-        if proc.returncode != 0:
+        if step.capture_stdout and returncode == 0:
+            atomic_write_bytes(step.out, stdout or b"")
+        if returncode != 0:
             report = step.out / "report.json"
             if not (step.gate_may_fail and report.is_file()):
-                raise ForgeError(f"step {step.name} failed (exit {proc.returncode}): {shown}")
+                raise ForgeError(f"step {step.name} failed (exit {returncode}): {shown}")
             log.info("%-22s gate FAILED (report written: %s)", step.name, step.out)
         if not step.out.exists():
             raise ForgeError(f"step {step.name} finished but wrote nothing at {step.out}")
         atomic_write_json(
-            record,
+            self._record_path(step),
             {
                 "step": step.name,
                 "key": key,
@@ -296,11 +317,23 @@ class Pipeline:
         self.cache.save()
         self.ran.append(step.name)
         log.info("%-22s done in %.1f s", step.name, took)
-        return True
 
     # the plan
     def steps(self) -> Iterator[Step]:
         """Yield steps in order; inputs are computed when each step is reached (after its upstream ran)."""
+        yield from self.shared_steps()
+        for variant in self.quantized_variants():
+            if variant not in self.broken:
+                yield self.quantize_step(variant)
+        for variant in self.variants:
+            if variant not in self.broken:
+                yield self.evaluate_step(variant)
+
+    def quantized_variants(self) -> list[str]:
+        return [v for v in self.variants if v in VARIANT_METHOD]
+
+    def shared_steps(self) -> Iterator[Step]:
+        """The steps every variant needs: checkpoint, its verification, convert, calibrate."""
         if self.checkpoint is None:
             yield Step(
                 "checkpoint",
@@ -324,8 +357,7 @@ class Pipeline:
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
         )
         fp32 = self.artifact_dir("fp32")
-        quantized = [v for v in self.variants if v in VARIANT_METHOD]
-        if "int8-static" in quantized:
+        if "int8-static" in self.quantized_variants():
             yield Step(
                 "calibrate",
                 "calibrate",
@@ -334,45 +366,45 @@ class Pipeline:
                 {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
                 feeds=("int8-static",),
             )
-        for variant in quantized:
-            if variant in self.broken:
-                continue
-            argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
-            inputs = {"fp32": self.cache.tree(fp32)}
-            if variant == "int8-static":
-                argv += ["--calibration", str(self.work / "calibration")]
-                inputs["calibration"] = self.cache.tree(self.work / "calibration")
-            yield Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
-        for variant in self.variants:
-            if variant in self.broken:
-                continue
-            argv = [
-                "evaluate",
-                "--artifact",
-                str(self.artifact_dir(variant)),
-                "--reference",
-                str(fp32),
-                "--corpus",
-                self.eval_corpus,
-                "--out",
-                str(self.report_dir(variant)),
-            ]
-            inputs = {
-                "artifact": self.cache.tree(self.artifact_dir(variant)),
-                "reference": self.cache.tree(fp32),
-                "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
-            }
-            if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
-                argv += ["--baseline-checkpoint", str(self.ckpt_dir)]
-                inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
-            else:  # evaluate would otherwise find the artifact's source checkpoint by itself
-                argv += ["--no-baseline"]
-            if self.gate:
-                argv += ["--gate", self.gate]
-                inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
-            yield Step(
-                f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
-            )
+
+    def quantize_step(self, variant: str) -> Step:
+        fp32 = self.artifact_dir("fp32")
+        argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
+        inputs = {"fp32": self.cache.tree(fp32)}
+        if variant == "int8-static":
+            argv += ["--calibration", str(self.work / "calibration")]
+            inputs["calibration"] = self.cache.tree(self.work / "calibration")
+        return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
+
+    def evaluate_step(self, variant: str) -> Step:
+        fp32 = self.artifact_dir("fp32")
+        argv = [
+            "evaluate",
+            "--artifact",
+            str(self.artifact_dir(variant)),
+            "--reference",
+            str(fp32),
+            "--corpus",
+            self.eval_corpus,
+            "--out",
+            str(self.report_dir(variant)),
+        ]
+        inputs = {
+            "artifact": self.cache.tree(self.artifact_dir(variant)),
+            "reference": self.cache.tree(fp32),
+            "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
+        }
+        if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
+            argv += ["--baseline-checkpoint", str(self.ckpt_dir)]
+            inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
+        else:  # evaluate would otherwise find the artifact's source checkpoint by itself
+            argv += ["--no-baseline"]
+        if self.gate:
+            argv += ["--gate", self.gate]
+            inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+        return Step(
+            f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
+        )
 
 
 def stage_env() -> dict[str, str]:
@@ -463,6 +495,8 @@ def run_pipeline(
     forge_cmd: list[str] | None = None,
     pytorch_baseline: bool | None = None,
     code_root: str | os.PathLike[str] | None = None,
+    ray: str | None = None,
+    ray_step_cpus: float = 2,
 ) -> list[VariantOutcome]:
     """Run (or resume) the pipeline; returns what happened to each variant.
 
@@ -471,6 +505,8 @@ def run_pipeline(
     which should stay a quick smoke run of the chain (loading torch in every evaluation doubles it).
     `code_root`: key steps on the closures read from this source tree (its pyproject.toml layout)
     instead of the running toolchain's (tests edit a copy, never the real tree).
+    `ray`: a Ray cluster address or "local": the variants' quantize and evaluate steps run as Ray
+    tasks of `ray_step_cpus` CPUs each, through the shared BUILD path (driver/ray_steps.py).
     """
     from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.publish.publish import publish_artifact
@@ -502,17 +538,18 @@ def run_pipeline(
     started = time.perf_counter()
     with run_lock(work):
         sweep_leftovers(work)
-        for step in pipe.steps():
+        # With Ray, only the shared steps run here; the variants' steps run as Ray tasks below.
+        for step in pipe.shared_steps() if ray is not None else pipe.steps():
             if until and STAGES.index(step.kind) > STAGES.index(until):
                 break
             try:
                 pipe.run(step)
             except ForgeError as e:
-                if not step.feeds:  # checkpoint or convert: nothing can be built without it
-                    raise
-                for variant in step.feeds:  # set these variants aside; build, judge and publish the others
-                    pipe.broken[variant] = str(e)
-                log.error("%s; going on without %s", e, ", ".join(step.feeds))
+                pipe.set_aside(step, e)
+        if ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
+            from chattts_forge.driver.ray_steps import run_variant_steps
+
+            run_variant_steps(pipe, ray, ray_step_cpus, until or "evaluate")
         if until:
             pipe.cache.save()
             print(f"stopped after {until}: {pipe.work}")
@@ -618,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)",
     )
+    ap.add_argument("--ray", default=None, metavar="ADDRESS|local",
+                    help="run the variants' quantize/evaluate steps as Ray tasks (BUILD must be a shared path)")
+    ap.add_argument("--ray-step-cpus", type=float, default=2, help="CPUs reserved per Ray step (default 2)")
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -639,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
             forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
             pytorch_baseline=args.pytorch_baseline,
             code_root=args.code_root,
+            ray=args.ray or None,
+            ray_step_cpus=args.ray_step_cpus,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -301,7 +301,7 @@ def evaluate_artifact(
     if bucket_sentences < 1 or cache_phrases < 0:
         raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
     if ray is not None:
-        from chattts_forge.evaluate.ray_shards import import_ray
+        from chattts_forge.raycluster import import_ray
 
         import_ray()  # fail before any work when the extra is missing
     gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file

@@ -19,7 +19,7 @@ store but the per-sentence results (logits, hidden states, mels: ~10 KB per GPT 
 A worker that dies mid-shard is restarted and its shard retried (`retries`, default 1); a shard that
 still fails is a one-line `ForgeError` naming it, raised before any report is written.
 
-Ray is the optional `scale` extra; it is imported only here, inside functions.
+Ray is the optional `scale` extra; it is imported only inside functions (`chattts_forge.raycluster`).
 """
 
 from __future__ import annotations
@@ -36,39 +36,13 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.raycluster import connect
 
 log = get_logger(__name__)
 
-SCALE_HINT = "pip install 'chattts-forge[scale]'"
 # Called in the worker at the start of every shard as hook(kind, shard_index): tests use it to kill
 # a worker's process mid-evaluation.
 ShardHook = Callable[[str, int], None]
-
-
-def import_ray() -> Any:
-    """The `ray` module, or a one-line error saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise ForgeError(f"--ray needs Ray, which is not installed ({SCALE_HINT})") from None
-    return ray
-
-
-def connect(address: str) -> Any:
-    """Join the Ray cluster at `address` ("local": start one on this machine; reuse an initialized one)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    try:
-        if address == "local":
-            ray.init(address="local", include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ForgeError(f"cannot connect to the Ray cluster at {address}: {first}") from None
-    log.info("joined Ray cluster at %s (%s CPUs)", address, ray.cluster_resources().get("CPU"))
-    return ray
 
 
 def shard_indices(count: int, shards: int) -> list[list[int]]:

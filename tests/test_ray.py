@@ -136,7 +136,29 @@ def test_nothing_imports_ray_unless_asked() -> None:
     code = (
         "import sys\n"
         "import chattts_forge.cli, chattts_forge.evaluate.evaluate, chattts_forge.evaluate.cli\n"
-        "import chattts_forge.evaluate.ray_shards, chattts_forge.driver.pipeline\n"
+        "import chattts_forge.evaluate.ray_shards, chattts_forge.driver.pipeline, chattts_forge.raycluster\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_driver_runs_variant_steps_as_ray_tasks_with_unchanged_keys(ray_cluster, tmp_path) -> None:
+    """`make artifacts RAY=local` on tiny: the variants' steps run as Ray tasks (side by side, 1 CPU each
+    here), the same records are written, so a run without Ray finds everything up to date."""
+    from chattts_forge.driver.pipeline import _parse_extra, run_pipeline
+    from chattts_forge.publish import verify_path
+
+    kwargs = dict(build=tmp_path / "build", to=tmp_path / "artifacts", preset="tiny", variants=("fp32", "int8-dynamic"),
+                  extra=_parse_extra([
+                      "quantize=--fidelity-sentences 1 --fidelity-steps 16",
+                      "evaluate=--max-sentences 1 --max-new-token 24 --fidelity-sentences 1 --fidelity-steps 16 --batch 1",
+                  ]))
+    outcomes = run_pipeline(**kwargs, ray="local", ray_step_cpus=1)
+    assert {o.variant: o.status for o in outcomes} == {"fp32": "published", "int8-dynamic": "published"}
+    records = sorted((tmp_path / "build").glob("*/.steps/*-*.json"))
+    assert {r.stem for r in records} >= {"quantize-int8-dynamic", "evaluate-fp32", "evaluate-int8-dynamic"}
+    before = {r: (r.read_bytes(), r.stat().st_mtime_ns) for r in records}
+    again = run_pipeline(**kwargs)  # no Ray: the keys are the same, nothing re-runs
+    assert {o.variant: o.status for o in again} == {"fp32": "already-published", "int8-dynamic": "already-published"}
+    assert {r: (r.read_bytes(), r.stat().st_mtime_ns) for r in records} == before
+    assert verify_path(tmp_path / "artifacts").ok
