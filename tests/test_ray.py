@@ -162,3 +162,37 @@ def test_driver_runs_variant_steps_as_ray_tasks_with_unchanged_keys(ray_cluster,
     assert {o.variant: o.status for o in again} == {"fp32": "already-published", "int8-dynamic": "already-published"}
     assert {r: (r.read_bytes(), r.stat().st_mtime_ns) for r in records} == before
     assert verify_path(tmp_path / "artifacts").ok
+
+
+def test_asr_sharded_over_ray_scores_like_one_process(ray_cluster, shared_dir, tiny_artifacts) -> None:
+    """Intelligibility (real speech, real ASR): transcribed on 2 Ray workers, merged in corpus order, the
+    WER figures equal the single-process ones (only the timings differ)."""
+    from chattts_forge.evaluate.asr import load_audio
+    from chattts_forge.evaluate.degrade import white_noise
+    from chattts_forge.evaluate.evaluate import score_intelligibility
+    from chattts_forge.evaluate.ray_shards import RayShards
+    from chattts_forge.evaluate.score import read_transcripts
+
+    folder = shared_dir / "speech" / "en_shared"
+    refs = read_transcripts(folder / "transcripts.tsv")
+    chosen = ["003", "030", "011"]
+    sentences = [refs[k] for k in chosen]
+    clean = {f"{i + 1:03d}": (load_audio(folder / f"{k}.wav"), 16000) for i, k in enumerate(chosen)}
+    noisy = {k: (white_noise(a, snr_db=0.0), sr) for k, (a, sr) in clean.items()}
+    waves = {"artifact": noisy, "reference": clean}
+    local = score_intelligibility(sentences, waves, "faster-whisper", None, 1, False)
+    with RayShards("local", 2, tiny_artifacts["fp32"], tiny_artifacts["fp32"], threads=1) as shards:
+        sharded = score_intelligibility(sentences, waves, "faster-whisper", None, 1, False,
+                                        transcriber=shards.transcriber("faster-whisper", None))
+
+    def without_timings(result: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in result.items() if k != "languages"}
+        for lang, entry in result["languages"].items():
+            for variant, scored in entry["variants"].items():
+                out[(lang, variant)] = (scored["corpus"], [
+                    {k: v for k, v in u.items() if k not in ("asr_seconds", "audio_seconds")} for u in scored["utterances"]])
+            out[(lang, "asr")] = entry["asr"]
+        return out
+
+    assert local["measured"] and local["wer_delta"] > 0
+    assert without_timings(sharded) == without_timings(local)
