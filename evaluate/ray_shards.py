@@ -72,8 +72,10 @@ class CorpusWorker:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {**where(), "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "actor_id": ctx.get_actor_id()}
+        node_id = ctx.get_node_id()
+        # The address the node joined the cluster with (get_node_ip_address guesses a routable one).
+        node_ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
+        return {**where(), "node_id": node_id, "node_ip": node_ip, "actor_id": ctx.get_actor_id()}
 
     def fidelity_shard(self, shard: int, corpus: Any, indices: list[int], max_sentences: int, steps: int,
                        seed: int) -> tuple[list[Any], list[Any]]:
