@@ -7,7 +7,9 @@ Library::
                                gate=None, out="reports/int8-dynamic")
     report["passed"]    # the gate's verdict; report.json / report.md / report.html are in `out`
 
-What one run measures (all on the same machine, in the same process):
+What one run measures (all on the same machine, in the same process; with `ray=ADDRESS|local`,
+fidelity and the ASR transcription run sharded over Ray actors instead, with the same figures:
+`ray_shards`):
 
 1. the exact files judged: sha256 and bytes of every file of the artifact and of the reference,
    and whether they match the hashes their artifact.json records;
