@@ -137,7 +137,11 @@ class RayShards:
         self.actors = [remote.remote(str(self.reference), str(self.artifact), self.threads,
                                                         self.hook) for _ in range(self.workers)]
         self.names = [f"ray-worker-{i}" for i in range(self.workers)]
-        self.placement = self._gather("describe", [(a, ()) for a in self.actors], "start")
+        try:
+            self.placement = self._gather("describe", [(a, ()) for a in self.actors], "start")
+        except BaseException:
+            self.__exit__()  # no actor outlives a pool that failed to start
+            raise
         for name, place in zip(self.names, self.placement, strict=True):
             place["name"] = name
             log.info("%s: %s pid %s (node %s)", name, place["hostname"], place["pid"], place["node_ip"])

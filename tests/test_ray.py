@@ -137,6 +137,7 @@ def test_nothing_imports_ray_unless_asked() -> None:
         "import sys\n"
         "import chattts_forge.cli, chattts_forge.evaluate.evaluate, chattts_forge.evaluate.cli\n"
         "import chattts_forge.evaluate.ray_shards, chattts_forge.driver.pipeline, chattts_forge.raycluster\n"
+        "import chattts_forge.driver.ray_steps\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
