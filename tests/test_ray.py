@@ -165,7 +165,7 @@ def test_driver_runs_variant_steps_as_ray_tasks_with_unchanged_keys(ray_cluster,
     assert verify_path(tmp_path / "artifacts").ok
 
 
-def test_asr_sharded_over_ray_scores_like_one_process(ray_cluster, shared_dir, tiny_artifacts) -> None:
+def test_asr_sharded_over_ray_scores_like_one_process(ray_cluster, data_dir, tiny_artifacts) -> None:
     """Intelligibility (real speech, real ASR): transcribed on 2 Ray workers, merged in corpus order, the
     WER figures equal the single-process ones (only the timings differ)."""
     from chattts_forge.evaluate.asr import load_audio
@@ -174,7 +174,7 @@ def test_asr_sharded_over_ray_scores_like_one_process(ray_cluster, shared_dir, t
     from chattts_forge.evaluate.ray_shards import RayShards
     from chattts_forge.evaluate.score import read_transcripts
 
-    folder = shared_dir / "speech" / "en_shared"
+    folder = data_dir / "speech" / "en"
     refs = read_transcripts(folder / "transcripts.tsv")
     chosen = ["003", "030", "011"]
     sentences = [refs[k] for k in chosen]
