@@ -32,7 +32,7 @@ def connect(address: str) -> Any:
         return ray
     try:
         if address == "local":
-            # A single-node cluster for this process only, bound to the loopback interface.
+            # A single-node cluster for this process only; it stops when the process ends.
             ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
         else:
             ray.init(address=address, log_to_driver=False)
