@@ -53,11 +53,12 @@ SUPPORT_FILES = {
 # ---- variants, quantization methods, precisions ----------------------------------------------
 
 FLOAT_VARIANTS = ("fp32", "fp16")
-QUANTIZE_METHODS = ("dynamic", "static", "int4")
-METHOD_VARIANT = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}
+# auto: a per-MatMul FP32 / INT8 / INT4 assignment searched against a gate (quantize/auto.py).
+QUANTIZE_METHODS = ("dynamic", "static", "int4", "auto")
+METHOD_VARIANT = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4", "auto": "auto"}
 VARIANT_METHOD = {variant: method for method, variant in METHOD_VARIANT.items()}
 # The `precision` a quantized component records (also its ONNX metadata_props `precision`).
-METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4"}
+METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4", "auto": "mixed"}
 VARIANTS = FLOAT_VARIANTS + tuple(METHOD_VARIANT.values())
 
 

@@ -5,7 +5,7 @@
 
 Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
 checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp16) -> calibrate
-(calibration split) -> quantize dynamic / static / int4 -> evaluate every variant against fp32
+(calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto -> evaluate every variant against fp32
 (held-out split) -> publish the variants whose gate passed -> print where the reports are.
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_METHOD, VARIANTS
+from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, VARIANT_METHOD, VARIANTS
 from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
@@ -54,6 +54,8 @@ from chattts_forge.log import get_logger, setup_logging
 
 log = get_logger("chattts_forge.pipeline")
 
+# Variants quantized from the calibration set (int4: GPTQ; auto: its search meets the gate).
+CALIBRATED = (METHOD_VARIANT["static"], METHOD_VARIANT["int4"], METHOD_VARIANT["auto"])
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
@@ -357,23 +359,27 @@ class Pipeline:
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
         )
         fp32 = self.artifact_dir("fp32")
-        if "int8-static" in self.quantized_variants():
+        calibrated = tuple(v for v in self.quantized_variants() if v in CALIBRATED)
+        if calibrated:
             yield Step(
                 "calibrate",
                 "calibrate",
                 ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
                 self.work / "calibration",
                 {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
-                feeds=("int8-static",),
+                feeds=calibrated,
             )
 
     def quantize_step(self, variant: str) -> Step:
         fp32 = self.artifact_dir("fp32")
         argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
         inputs = {"fp32": self.cache.tree(fp32)}
-        if variant == "int8-static":
+        if variant in CALIBRATED:
             argv += ["--calibration", str(self.work / "calibration")]
             inputs["calibration"] = self.cache.tree(self.work / "calibration")
+        if VARIANT_METHOD[variant] == "auto" and self.gate:  # the search meets the gate evaluate applies
+            argv += ["--gate", self.gate]
+            inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
 
     def evaluate_step(self, variant: str) -> Step:

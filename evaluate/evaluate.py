@@ -51,6 +51,7 @@ from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.buckets import measure_buckets
+from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
@@ -100,6 +101,8 @@ def describe_artifact(path: Path) -> dict[str, Any]:
         "source": {k: source.get(k) for k in ("kind", "preset", "seed", "asset_dir") if k in source},
         "precisions": {name: comp.get("precision") for name, comp in meta.components.items()},
         "quantization_method": (meta.quantization or {}).get("method"),
+        # `quantize --method auto`'s candidates (the report shows them as a Pareto table).
+        "quantization_search": auto_search_summary(meta.quantization),
     }
 
 

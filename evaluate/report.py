@@ -18,6 +18,7 @@ from typing import Any
 
 from chattts_forge.evaluate.markdown_html import to_html
 from chattts_forge.evaluate.report_schema import INTEGRITY_KEY, write_report
+from chattts_forge.evaluate.search_report import render_auto_search_markdown
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -106,6 +107,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         for b, rec in tp.items():
             lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
     lines += _bucket_lines(report.get("buckets") or {}) + _cache_lines(report.get("phrase_cache"))
+    lines += render_auto_search_markdown(report)
     m = report["machine"]
     lines += [
         "",

@@ -9,7 +9,7 @@ accepted (`TOP_LEVEL`):
 - ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
 - ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {relative path:
   {"sha256", "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...},
-  "precisions", "quantization_method"}``: the exact bytes judged (every file under the folder, as
+  "precisions", "quantization_method", "quantization_search"}``: the exact bytes judged (every file under the folder, as
   `chattts_forge.artifact.hash_tree` lists them);
 - ``gate`` (`GATE_KEYS`): ``{"passed", "path", "sha256", "schema", "thresholds": {"min_code_agreement":
   x, ...}, "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
@@ -88,6 +88,7 @@ ARTIFACT_KEYS: dict[str, Any] = {
     "source": dict,
     "precisions": dict,
     "quantization_method": _OPT_STR,
+    "quantization_search": (dict, type(None)),  # quantize --method auto's candidates (search_report.py)
 }
 CHECK_STATUSES = ("pass", "fail", "waived", "not_measured")
 CHECK_KEYS: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""`chattts-forge quantize`: dynamic INT8, static INT8 (QDQ) or INT4 weight-only artifacts."""
+"""`chattts-forge quantize`: dynamic INT8, static INT8 (QDQ), INT4 weight-only or auto (mixed) artifacts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from chattts_forge.artifact import QUANTIZE_METHODS
 @click.option("--method", required=True, type=click.Choice(QUANTIZE_METHODS))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact folder to write.")
 @click.option("--calibration", type=click.Path(path_type=Path), default=None,
-              help="Calibration folder from `chattts-forge calibrate` (static only).")
+              help="Calibration folder from `chattts-forge calibrate` (static, auto, int4 gptq).")
 @click.option("--per-channel/--per-tensor", default=None,
               help="Weight scales per output channel (default: per tensor for dynamic, per channel for static).")
 @click.option("--calibrate-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
@@ -25,7 +25,12 @@ from chattts_forge.artifact import QUANTIZE_METHODS
 @click.option("--symmetric-activations", is_flag=True, help="Static: symmetric activation ranges.")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep nodes whose name matches this glob in FP32 (repeatable).")
-@click.option("--block-size", default=128, show_default=True, type=int, help="INT4: weights per quantization block.")
+@click.option("--block-size", default=128, show_default=True, type=int,
+              help="INT4 (and auto's INT4 MatMuls): weights per quantization block (16..256).")
+@click.option("--algorithm", type=click.Choice(["rtn", "k_quant", "gptq"]), default=None,
+              help="INT4: rtn, k_quant or gptq (default: gptq with --calibration, else rtn).")
+@click.option("--gate", type=click.Path(path_type=Path), default=None,
+              help="auto: GATE.toml whose fidelity thresholds the chosen assignment must meet (default: the shipped gate).")
 @click.option("--accuracy-level", default=4, show_default=True, type=int,
               help="INT4: MatMulNBits accuracy_level (4: int8 compute, fastest on CPU).")
 @click.option("--head/--no-head", "quantize_head", default=True, show_default=True,
@@ -48,7 +53,8 @@ from chattts_forge.artifact import QUANTIZE_METHODS
                    "calibrated from --calibration; its fidelity is measured like the weights'.")
 def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
              calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
-             block_size: int, accuracy_level: int, quantize_head: bool, min_agreement: float | None,
+             block_size: int, algorithm: str | None, gate: Path | None, accuracy_level: int, quantize_head: bool,
+             min_agreement: float | None,
              min_cosine: float | None, max_kl: float | None, step_nodes: int | None, fidelity: bool,
              fidelity_corpus: str, fidelity_sentences: int, fidelity_steps: int, seed: int,
              threads: int | None, kv_cache: str) -> None:
@@ -56,8 +62,9 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
 
     \b
     dynamic  onnxruntime dynamic INT8 (GPT + code head), signed weights, per tensor
-    static   QDQ INT8 from `calibrate` data (quant_pre_process, per-channel weights, uint8 activations)
-    int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4)
+    static   INT8 from `calibrate` data on gpt.onnx and the fused gpt_fast.onnx (per-channel weights, uint8 activations)
+    int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4; rtn, k_quant or calibrated gptq)
+    auto     per-MatMul FP32/INT8/INT4 from sensitivity + search: the fastest that meets --gate's fidelity
     With --min-agreement/--min-cosine/--max-kl, static and dynamic keep the most harmful nodes in FP32,
     step by step, until the targets hold on the held-out split (or say that they cannot).
     """
@@ -67,6 +74,7 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
         artifact_dir, out_dir, method, calibration=calibration, per_channel=per_channel,
         calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
         activation_type=activation_type, exclude=exclude, block_size=block_size, accuracy_level=accuracy_level,
+        algorithm=algorithm, gate=gate,
         quantize_head=quantize_head, min_agreement=min_agreement, min_cosine=min_cosine, max_kl=max_kl,
         step_nodes=step_nodes, fidelity=fidelity, fidelity_corpus=fidelity_corpus,
         fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads, kv_cache=kv_cache,

@@ -1,13 +1,14 @@
 """`quantize_artifact`: the quantize stage as small steps, each with one job.
 
 1. `check_request`: the method, the FP32 source, the output folder and the fidelity targets.
-2. `open_calibration`: static only, the calibration store, checked against the source GPT;
-   `calibrate_kv_cache`: `--kv-cache int8` only, the cache scales from that store.
-3. `SourceGraphs.prepare`: the graphs to quantize, linked into a scratch folder (static: pre-processed).
+2. `calibrated.plan_request`: every input checked up front (the source's files against their sizes
+   and sha256, the calibration folder, INT4/auto options, the gate) -> the calibrated methods' `Plan`;
+   `calibrate_kv_cache`: `--kv-cache int8` only, the cache scales from that calibration folder.
+3. `SourceGraphs.prepare`: the graphs to quantize, linked into a scratch folder (legacy static: pre-processed).
 4. `GraphQuantizer`: runs the method's onnxruntime quantizer on the GPT and the code head, and
    remembers per graph its options record and the nodes kept in FP32.
-5. `quantize_and_measure`: quantizes once (and rebuilds the fused fast GPT) or runs the
-   accuracy-driven fallback loop, measuring fidelity against the FP32 source.
+5. `quantize_and_measure`: quantizes once (auto: after its search; and rebuilds or quantizes the
+   fused fast GPT) or runs the accuracy-driven fallback loop, measuring fidelity against the FP32 source.
 6. `finish_meta`: the quantized artifact.json, written once at the end through `ArtifactMeta`.
 
 The record layout is documented in `chattts_forge.quantize` (the package docstring).
@@ -44,6 +45,7 @@ from chattts_forge.quantize.artifact import (
     graph_summary,
     require_fp32_source,
 )
+from chattts_forge.quantize.calibrated import Plan, plan_request
 from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
 from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
 
@@ -124,55 +126,31 @@ def check_request(src: Path, out: Path, method: str, targets: Targets) -> Artifa
     return meta
 
 
-# ---- 2. calibration ----------------------------------------------------------------------------
-
-
-def open_calibration(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | None, src: Path,
-                     meta: ArtifactMeta) -> Any:
-    """The `CalibrationStore` static quantization reads (None for the other methods)."""
-    if cfg.method != "static":
-        if calibration is not None and cfg.kv_cache == "fp32":
-            log.info("--calibration is only used by --method static and --kv-cache int8; ignoring it for %s", cfg.method)
-        return None
-    if calibration is None:
-        raise ForgeError("--method static needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
-    store = _calibration_of(calibration, src, meta)
-    if cfg.quantize_head and store.count("head_code") == 0:
-        raise ForgeError(f"calibration {calibration} has no head_code samples; re-run calibrate or use --no-head")
-    return store
-
-
-def _calibration_of(calibration: str | os.PathLike[str], src: Path, meta: ArtifactMeta) -> Any:
-    """The calibration store, refused when it was recorded from another artifact's GPT."""
-    from chattts_forge.calibration_data.store import CalibrationStore
-
-    store = CalibrationStore(calibration)
-    recorded = (store.manifest.get("artifact") or {}).get("gpt_sha256")
-    current = meta.component("gpt").get("sha256") or sha256_file(meta.component_file(src, "gpt"))
-    if recorded and current and recorded != current:
-        raise ForgeError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
-    return store
+# ---- 2. the KV cache's calibration ----------------------------------------------------------
 
 
 def calibrate_kv_cache(cfg: QuantizeConfig, calibration: str | os.PathLike[str] | None, src: Path,
-                       meta: ArtifactMeta, targets: Targets, out: Path) -> dict[str, Any] | None:
+                       meta: ArtifactMeta, targets: Targets, out: Path, plan: Plan) -> dict[str, Any] | None:
     """`--kv-cache int8`: the per-channel cache scales from the calibration set and their record
     ({"scales", "record"}); None for a float32 cache."""
     if cfg.kv_cache not in KV_CACHES:
         raise ForgeError(f"unknown KV cache '{cfg.kv_cache}' (choose from: {', '.join(KV_CACHES)})")
     if cfg.kv_cache == "fp32":
         return None
-    if cfg.method == "static":
-        raise ForgeError("--kv-cache int8 needs the fused GPT graph, which --method static drops (use dynamic or int4)")
+    if cfg.method in plan.handles or plan.legacy_static:
+        raise ForgeError("--kv-cache int8 applies to the fused graph dynamic and rtn int4 rebuild; static, auto and "
+                         "calibrated int4 quantize theirs with calibrated activations and a float cache, legacy "
+                         "static drops it (use dynamic or int4 --algorithm rtn)")
     if targets.any():
         raise ForgeError("--kv-cache int8 cannot be combined with fallback targets (they drop the fused GPT graph)")
     if not meta.has_component(FAST_GPT):
-        raise ForgeError(f"--kv-cache int8: artifact {src} has no gpt_fast.onnx (convert with --fast-gpt)")
+        raise ForgeError(f"--kv-cache int8: artifact {src} has no {FAST_GPT_FILE} (convert with --fast-gpt)")
     if calibration is None:
         raise ForgeError("--kv-cache int8 needs --calibration CALIB_DIR: its scales are calibrated from it")
+    from chattts_forge.quantize.inputs import open_calibration
     from chattts_forge.quantize.kv_cache import kv_cache_scales
 
-    store = _calibration_of(calibration, src, meta)
+    store = open_calibration(calibration, src, meta)
     scales, record = kv_cache_scales(calibration, meta.require_dims().num_hidden_layers)
     corpus = store.manifest.get("corpus") or {}
     record["calibration"] = {"path": portable_path(store.path, out), "corpus": corpus.get("name"),
@@ -194,8 +172,9 @@ class SourceGraphs:
     preprocess: dict[str, dict[str, Any]]  # static: what quant_pre_process did, per component
 
     @classmethod
-    def prepare(cls, src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, work: Path) -> SourceGraphs:
-        """Link the source graphs into `work` (static: pre-process them once).
+    def prepare(cls, src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, work: Path,
+                preprocess: bool = False) -> SourceGraphs:
+        """Link the source graphs into `work` (`preprocess`: legacy static, pre-process them once).
 
         onnxruntime's quantizers write temporary "-inferred" models next to their input, and the
         source artifact must stay untouched (it may be read-only), hence the scratch folder.
@@ -207,12 +186,12 @@ class SourceGraphs:
             for f in meta.component_files(src, c):  # the graph and its external data, if any
                 os.symlink(f.resolve(), work / f.name)
         pre: dict[str, dict[str, Any]] = {}
-        if cfg.method == "static":
-            from chattts_forge.quantize.static import preprocess
+        if preprocess:
+            from chattts_forge.quantize.static import preprocess as quant_pre_process
 
             for c in cfg.components:
                 base[c] = work / f"{c}.pre.onnx"
-                pre[c] = preprocess(files[c], base[c])
+                pre[c] = quant_pre_process(files[c], base[c])
         return cls(files, base, pre)
 
 
@@ -220,7 +199,8 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     """Source files not copied as they are: the graphs quantized and any fused fast GPT graph.
 
     The fast graph of the source (runtime.fast_gpt_graph) is FP32, and the runtime would prefer it over
-    the quantized gpt.onnx; dynamic/int4 rebuild it quantized (`rebuild_fast_gpt`).
+    the quantized gpt.onnx; dynamic/RTN int4 rebuild it quantized (`rebuild_fast_gpt`), static/calibrated
+    int4/auto quantize it with the same choices as gpt.onnx (`calibrated.Plan.write_fast_graph`).
     """
     names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
     return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)}
@@ -233,10 +213,11 @@ class GraphQuantizer:
     """Writes the quantized GPT (and code head) into the output folder; keeps, per component, the
     quantizer's options record and the nodes it left in FP32 (both go into artifact.json)."""
 
-    def __init__(self, cfg: QuantizeConfig, graphs: SourceGraphs, out_dir: Path, work: Path, store: Any) -> None:
+    def __init__(self, cfg: QuantizeConfig, graphs: SourceGraphs, out_dir: Path, work: Path, plan: Plan) -> None:
         from chattts_forge.quantize.static import resolve_excludes
 
-        self.cfg, self.graphs, self.out_dir, self.work, self.store = cfg, graphs, out_dir, work, store
+        self.cfg, self.graphs, self.out_dir, self.work, self.plan = cfg, graphs, out_dir, work, plan
+        self.store = plan.store
         self.user_nodes = {c: resolve_excludes(graphs.base[c], list(cfg.exclude)) for c in cfg.components}
         self.options: dict[str, dict[str, Any]] = {}
         self.excluded_nodes: dict[str, list[str]] = {}
@@ -251,7 +232,9 @@ class GraphQuantizer:
             from chattts_forge.quantize.dynamic import quantize_dynamic_graph
 
             self.options[c] = quantize_dynamic_graph(base, dst, per_channel=cfg.per_channel, exclude_nodes=nodes)
-        elif cfg.method == "static":
+        elif cfg.method in self.plan.handles:  # static (minmax), calibrated int4, auto
+            self.options[c] = self.plan.quantize_graph(c, base, dst, nodes, self.work)
+        elif cfg.method == "static":  # legacy: onnxruntime's quantize_static
             from chattts_forge.quantize.static import quantize_static_graph
 
             self.options[c] = quantize_static_graph(
@@ -261,7 +244,7 @@ class GraphQuantizer:
                 cache_path=self.work / f"{c}.calib-cache.json", preprocessed=base,
             )
             self.options[c].update(self.graphs.preprocess[c])
-        else:
+        else:  # int4, round to nearest
             from chattts_forge.quantize.int4 import quantize_int4_graph
 
             self.options[c] = quantize_int4_graph(base, dst, block_size=cfg.block_size,
@@ -323,9 +306,9 @@ class Outcome:
     fast_gpt_note: str | None = None
 
 
-def record_fp32_runs(src: Path, fid: FidelityConfig) -> list[Trajectory] | None:
-    """The FP32 trajectories fidelity replays (None when neither fidelity nor a target is asked)."""
-    if not (fid.enabled or fid.targets.any()):
+def record_fp32_runs(src: Path, fid: FidelityConfig, needed: bool = False) -> list[Trajectory] | None:
+    """The FP32 trajectories fidelity (and auto's search, `needed`) replays; None when nothing asks."""
+    if not (fid.enabled or fid.targets.any() or needed):
         return None
     log.info("fidelity: running the FP32 artifact on %s (%d sentences)", fid.corpus, fid.sentences)
     from chattts_forge.calibration_data.corpus import load_corpus
@@ -338,7 +321,8 @@ def quantize_and_measure(quantizer: GraphQuantizer, src: Path, out_dir: Path, qm
                          fid: FidelityConfig, has_fast: bool, kv: dict[str, Any] | None = None) -> Outcome:
     """Quantize (with the fallback loop when targets are set) and measure fidelity on `qmeta`,
     the output's artifact.json as it will be written (fidelity reads it in memory)."""
-    trajs = record_fp32_runs(src, fid)
+    plan = quantizer.plan
+    trajs = record_fp32_runs(src, fid, plan.needs_trajectories)
 
     def measure(keep_all: bool = False) -> dict[str, Any]:
         return measure_fidelity(src, out_dir, fid.corpus, max_sentences=fid.sentences, max_new_token=fid.steps,
@@ -355,8 +339,11 @@ def quantize_and_measure(quantizer: GraphQuantizer, src: Path, out_dir: Path, qm
                                         step_nodes=fid.step_nodes)
         outcome.fidelity = outcome.fallback.pop("final_fidelity")
     else:
+        plan.before_quantizing(quantizer.work, trajs)  # auto: the search
         quantizer([], False)
-        if has_fast:  # before measuring: fidelity also replays the fast graph the runtime prefers
+        if has_fast and quantizer.cfg.method in plan.handles:  # the same choices on the fused graph
+            outcome.fast_gpt_note = plan.write_fast_graph(out_dir, qmeta)
+        elif has_fast:  # before measuring: fidelity also replays the fast graph the runtime prefers
             outcome.fast_gpt_note = rebuild_fast_gpt(src, out_dir, quantizer.cfg, qmeta, kv)
         if fid.enabled:
             outcome.fidelity = measure()
@@ -382,7 +369,7 @@ def per_op_precision(summary: dict[str, Any], method: str) -> dict[str, str]:
     out: dict[str, str] = {}
     q = summary["quantized_ops"]
     if "MatMulNBits" in q:
-        out["MatMulNBits"] = "int4 weights, int8 compute (accuracy_level 4)" if method == "int4" else "int4"
+        out["MatMulNBits"] = "int4 weights, int8 compute (accuracy_level 4)" if method in ("int4", "auto") else "int4"
     if "MatMulInteger" in q:
         out["MatMulInteger"] = "int8 weights x uint8 activations (dynamic)"
     if "QuantizeLinear" in q or "DequantizeLinear" in q:
@@ -404,7 +391,7 @@ def check_vocoder_copied(src: Path, out_dir: Path, meta: ArtifactMeta) -> bool |
 
 
 def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, out_dir: Path,
-                quantizer: GraphQuantizer, store: Any, outcome: Outcome, copied: list[str]) -> None:
+                quantizer: GraphQuantizer, outcome: Outcome, copied: list[str]) -> None:
     """Fill the output's artifact.json: component records, `quantization`, `fidelity`, stamps.
 
     `out` is the final folder (recorded paths are relative to it), `out_dir` the temporary one
@@ -412,7 +399,8 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
     """
     from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
-    cfg = quantizer.cfg
+    cfg, plan, store = quantizer.cfg, quantizer.plan, quantizer.store
+    int4_blocks = cfg.method in ("int4", "auto")  # auto's INT4 MatMuls use the block size too
     summaries = {}
     for c in cfg.components:
         path = quantizer.output(c)
@@ -439,8 +427,9 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
             "calibrate_method": cfg.calibrate_method if cfg.method == "static" else None,
             "activation_type": cfg.activation_type if cfg.method == "static" else None,
             "symmetric_activations": cfg.symmetric_activations if cfg.method == "static" else None,
-            "block_size": cfg.block_size if cfg.method == "int4" else None,
-            "accuracy_level": cfg.accuracy_level if cfg.method == "int4" else None,
+            "block_size": cfg.block_size if int4_blocks else None,
+            "accuracy_level": cfg.accuracy_level if int4_blocks else None,
+            **({"algorithm": plan.algorithm} if cfg.method == "int4" else {}),
             "quantize_head": cfg.quantize_head,
             "exclude_patterns": list(cfg.exclude),
             "seed": cfg.seed,
@@ -459,6 +448,7 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
         "accuracy_level": cfg.accuracy_level if cfg.method == "int4" else None,
         "excluded_nodes": sorted({n for v in excluded_nodes.values() for n in v}),
         "calibration": store.describe(relative_to=out) if store else None,
+        **plan.record(out),  # int4: algorithm; auto: its search
         "fallback": outcome.fallback,
         "sizes": {
             "gpt_fp32_bytes": fp32_gpt_bytes,
@@ -509,6 +499,8 @@ def quantize_artifact(
     threads: int | None = None,
     progress: bool | None = None,
     kv_cache: str = "fp32",
+    algorithm: str | None = None,
+    gate: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write a quantized copy of the FP32 artifact at `artifact_dir` to `out_dir` (see `chattts_forge.quantize`).
 
@@ -528,17 +520,18 @@ def quantize_artifact(
     fid = FidelityConfig(enabled=fidelity, corpus=fidelity_corpus, sentences=fidelity_sentences,
                          steps=fidelity_steps, seed=seed, threads=threads, progress=progress,
                          targets=targets, step_nodes=step_nodes)
-    store = open_calibration(cfg, calibration, src, meta)
-    kv = calibrate_kv_cache(cfg, calibration, src, meta, targets, out)
+    plan = plan_request(src, meta, cfg, calibration, algorithm, gate, threads)
+    kv = calibrate_kv_cache(cfg, calibration, src, meta, targets, out, plan)
     skip = files_to_skip(src, meta, cfg)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="forge-quant-") as work_s, atomic_output_dir(out) as tmp:
         work = Path(work_s)
         copied = copy_unchanged(src, tmp, skip)
         qmeta = start_meta(meta, src, out)
-        quantizer = GraphQuantizer(cfg, SourceGraphs.prepare(src, meta, cfg, work), tmp, work, store)
+        graphs = SourceGraphs.prepare(src, meta, cfg, work, preprocess=plan.legacy_static)
+        quantizer = GraphQuantizer(cfg, graphs, tmp, work, plan)
         outcome = quantize_and_measure(quantizer, src, tmp, qmeta, fid, meta.has_component(FAST_GPT), kv)
-        finish_meta(qmeta, meta, src, out, tmp, quantizer, store, outcome, copied)
+        finish_meta(qmeta, meta, src, out, tmp, quantizer, outcome, copied)
         qmeta.write(tmp)
     sizes = qmeta.quantization["sizes"]
     log.info("%s artifact written to %s in %.0f s (gpt %.1f MB = %.0f%% of FP32)", cfg.variant, out,

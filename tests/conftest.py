@@ -64,7 +64,7 @@ def tiny_calib(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPat
 @pytest.fixture(scope="session")
 def tiny_quantized(tiny_artifacts: dict[str, Path], tiny_calib: Path,
                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny FP32 artifact quantized by every method: {"dynamic", "static", "int4": dir}."""
+    """The tiny FP32 artifact quantized by every method: {"dynamic", "static", "int4", "auto": dir}."""
     from chattts_forge.quantize import quantize_artifact
 
     root = tmp_path_factory.mktemp("quant")
@@ -74,4 +74,5 @@ def tiny_quantized(tiny_artifacts: dict[str, Path], tiny_calib: Path,
         "dynamic": quantize_artifact(fp32, root / "dyn", "dynamic", **fidelity),
         "static": quantize_artifact(fp32, root / "static", "static", calibration=tiny_calib, **fidelity),
         "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **fidelity),
+        "auto": quantize_artifact(fp32, root / "auto", "auto", calibration=tiny_calib, **fidelity),
     }

@@ -16,9 +16,9 @@ import pytest
 
 from chattts_forge.artifact import COMPONENTS, FAST_GPT, METHOD_VARIANT, VARIANTS
 
-# Every variant ships every component; the fused GPT comes with FP32 and its dynamic/int4 rebuilds
-# (static QDQ and FP16 have none).
-WITH_FAST_GPT = {"fp32", "int8-dynamic", "int4"}
+# Every variant ships every component; the fused GPT comes with FP32 and every quantized variant
+# (dynamic/int4 rebuild it, static and auto quantize it with gpt.onnx's choices); FP16 has none.
+WITH_FAST_GPT = {"fp32", "int8-dynamic", "int8-static", "int4", "auto"}
 
 
 @pytest.fixture(scope="module")

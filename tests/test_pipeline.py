@@ -90,7 +90,7 @@ elif argv[0] == "calibrate":
 elif argv[0] == "quantize":
     src = Path(opt("--artifact"))
     method = opt("--method")
-    variant = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}[method]
+    variant = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4", "auto": "auto"}[method]
     calib = opt("--calibration")
     extra = (Path(calib) / "shard0.bin").read_bytes() if calib else b""
     hashes = json.loads((src / "artifact.json").read_text())["source"]["hashes"]
@@ -116,7 +116,7 @@ else:
     sys.exit(0 if passed else 1)
 '''
 
-VARIANTS = ["fp32", "fp16", "int8-dynamic", "int8-static", "int4"]
+VARIANTS = ["fp32", "fp16", "int8-dynamic", "int8-static", "int4", "auto"]
 
 
 class Runner:
@@ -192,7 +192,9 @@ def test_changed_corpus_reruns_only_what_depends_on_it(tmp_path: Path) -> None:
     r.calib.write_text("另一句话。\n", encoding="utf-8")
     proc = r.run()
     assert proc.returncode == 0, proc.stderr
-    assert r.calls()[before:] == ["calibrate", "quantize:static", "evaluate:int8-static"]
+    # Every calibrated variant (static, GPTQ int4, auto) is rebuilt from the new calibration set.
+    assert r.calls()[before:] == ["calibrate", "quantize:static", "quantize:int4", "quantize:auto",
+                                  "evaluate:int8-static", "evaluate:int4", "evaluate:auto"]
     # The new static artifact is a new version; the old one stays published.
     index = json.loads((r.to / "index.json").read_text())
     assert [(e["version"], e["variant"]) for e in index["variants"] if e["variant"] == "int8-static"] == [

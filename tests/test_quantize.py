@@ -176,8 +176,14 @@ def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, t
     assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
     static = quantize_artifact(src, tmp_path / "static", "static", calibration=calib, fidelity=False)
     smeta = json.loads((static / "artifact.json").read_text())
-    assert "gpt_fast" not in smeta["components"] and not (static / "gpt_fast.onnx").exists()
-    assert smeta["quantization"]["gpt_fast"].startswith("dropped")
+    assert smeta["components"]["gpt_fast"]["precision"] == "int8-static"
+    assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(static / "gpt_fast.onnx")
+    # Symmetric activations take onnxruntime's quantize_static (plain graph only): the fast graph is dropped.
+    legacy = quantize_artifact(src, tmp_path / "legacy", "static", calibration=calib, symmetric_activations=True,
+                               fidelity=False)
+    lmeta = json.loads((legacy / "artifact.json").read_text())
+    assert "gpt_fast" not in lmeta["components"] and not (legacy / "gpt_fast.onnx").exists()
+    assert lmeta["quantization"]["gpt_fast"].startswith("dropped")
 
 
 def _recorded_paths(meta: dict) -> list[str]:

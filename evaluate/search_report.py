@@ -1,0 +1,61 @@
+"""The report section of `quantize --method auto`: the candidates its search tried, as a Pareto table.
+
+`auto_search_summary(artifact.json's quantization block)` is what evaluate copies into report.json (`artifact.
+quantization_search`); `render_auto_search_markdown(report)` is the Markdown section (the HTML page
+shows the Markdown summary too). Artifacts of other methods have no section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COLUMNS = ("candidate", "head_code", "fp32", "int8", "int4", "bytes", "step_ms", "code_agreement",
+            "hidden_cosine", "mel_snr_db", "passed", "pareto")
+
+
+def auto_search_summary(quantization: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The search record of an `auto` artifact (None for other artifacts)."""
+    auto = quantization.get("auto") if isinstance(quantization, dict) else None
+    if not isinstance(auto, dict):
+        return None
+    sens = auto.get("sensitivity") or []
+    return {
+        "gate": (auto.get("gate") or {}).get("path"),
+        "ranked_by": auto.get("ranked_by"),
+        "block_size": auto.get("block_size"),
+        "chosen": auto.get("chosen"),
+        "head_code": auto.get("head_code"),
+        "candidates": [{k: r.get(k) for k in _COLUMNS} for r in auto.get("candidates") or []],
+        "most_sensitive": [r.get("node") for r in sens[-3:]][::-1],
+        "least_sensitive": [r.get("node") for r in sens[:3]],
+    }
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def render_auto_search_markdown(report: dict[str, Any]) -> list[str]:
+    """Markdown lines of the auto search's table (empty when the artifact is not `auto`)."""
+    s = (report.get("artifact") or {}).get("quantization_search")
+    if not s:
+        return []
+    lines = [
+        "",
+        "#### Mixed-precision search (quantize --method auto)",
+        "",
+        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (held-out split), ranked by "
+        f"{s['ranked_by']}; INT4 block {s['block_size']}. Chosen: candidate {s['chosen']} (code head "
+        f"{s['head_code']}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s['most_sensitive'])}.",
+        "",
+        "| " + " | ".join(_COLUMNS) + " |",
+        "| " + " | ".join("---:" if c not in ("head_code", "passed", "pareto") else "---" for c in _COLUMNS) + " |",
+    ]
+    for row in s["candidates"]:
+        mark = " **(chosen)**" if (row["candidate"], row["head_code"]) == (s["chosen"], s["head_code"]) else ""
+        lines.append("| " + " | ".join(_cell(row[c]) + (mark if c == "candidate" else "") for c in _COLUMNS) + " |")
+    return lines

@@ -1,0 +1,355 @@
+"""`quantize --method auto`: per-MatMul FP32 / INT8 / INT4 assignment, the fastest that meets a gate.
+
+1. Sensitivity (calibration split): each projection MatMul of the fused graph is quantized alone to
+   INT4 (round to nearest at the chosen block size, simulated in FP32 through an initializer
+   override, so no graph is rewritten per node); the loss is 1 - cosine of the GPT's last hidden
+   state against FP32 on (up to `SENSITIVITY_SAMPLES` of) the recorded calibration samples, plus the
+   top-1 agreement of the FP32 code head on those states. INT8 error is ~16x smaller per weight and
+   follows the same order, so one ranking serves both ends of the ladder.
+2. Ladder: nodes ordered by INT4 loss. Candidate i (-N..N) of N nodes: i < 0 keeps the |i| most
+   sensitive nodes FP32 and the rest INT8; i = 0 is all INT8; i > 0 puts the i least sensitive
+   nodes in INT4 and the rest in INT8. Precision falls and speed rises with i.
+3. Search: each candidate tried is built for real (static INT8 QDQ on calibrated ranges + INT4
+   MatMulNBits) and measured on the held-out split (teacher-forced replay through the runtime's
+   `FastGptStep`: code agreement/KL, hidden cosine, mel after the FP32 Decoder: the gate's fidelity
+   metrics), for its bytes and its decode-step time. The ends and the middle are tried, then the
+   boundary between passing and failing candidates is bisected. The choice is the passing
+   candidate with the lowest step time (tiny synthetic checkpoints: the smallest bytes, since
+   their step time is call overhead and ranking by it would be noise).
+
+Everything tried is recorded (artifact.json -> quantization.auto): the sensitivity table, every
+candidate (fidelity, bytes, step ms, pass/fail, Pareto-optimal) and the per-MatMul choice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import read_toml, sha256_file
+from chattts_forge.log import get_logger
+from chattts_forge.quantize.int4 import evenly_spaced
+from chattts_forge.quantize.static_fused import (
+    const_weight_matmuls,
+    fused_feed,
+    insert_qdq,
+    record_ranges,
+)
+
+log = get_logger(__name__)
+
+CHOICES = ("fp32", "int8", "int4")
+SENSITIVITY_SAMPLES = 8
+# The gate's fidelity metrics (evaluate.gate.METRICS) and where measure_fidelity keeps them.
+FIDELITY_METRICS: dict[str, Callable[[dict[str, Any]], float]] = {
+    "code_agreement": lambda f: f["teacher_forced"]["top1_agreement"]["mean"],
+    "code_agreement_stream": lambda f: f["teacher_forced"]["top1_agreement"]["min_stream"],
+    "code_kl": lambda f: f["teacher_forced"]["kl"]["mean"],
+    "code_kl_stream": lambda f: f["teacher_forced"]["kl"]["max_stream"],
+    "hidden_cosine": lambda f: f["hidden_cosine"]["mean"],
+    "hidden_cosine_min": lambda f: f["hidden_cosine"]["min"],
+    "mel_snr_db": lambda f: f["mel"]["snr_db"],
+    "mel_lsd_db": lambda f: f["mel"]["lsd_db"],
+}
+# The shipped gate (a data file of the evaluate stage; read as a file, evaluate is not imported).
+DEFAULT_GATE = Path(__file__).resolve().parent.parent / "evaluate" / "default_gate.toml"
+_PROJ = re.compile(r"layers\.(\d+)/(self_attn|mlp)/(\w+?)_proj/MatMul$")
+_UNPACKED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+# ---- the gate's fidelity thresholds ------------------------------------------------------------
+
+
+def fidelity_targets(gate: str | Path | None) -> dict[str, Any]:
+    """The fidelity rules of a gate file: {"path", "sha256", "rules": [[rule, metric, threshold]]}."""
+    path = Path(gate) if gate is not None else DEFAULT_GATE
+    raw = read_toml(path, "gate file")
+    rules = []
+    for table in raw.values():
+        if isinstance(table, dict):
+            for key, value in table.items():
+                rule, _, metric = key.partition("_")
+                if rule in ("min", "max") and metric in FIDELITY_METRICS and isinstance(value, int | float):
+                    rules.append([rule, metric, float(value)])
+    if not rules:
+        raise ForgeError(f"gate file {path} has no fidelity thresholds ({', '.join(FIDELITY_METRICS)}) to search for")
+    return {"path": str(path), "sha256": sha256_file(path), "rules": rules}
+
+
+def judge_fidelity(rules: Sequence[Sequence[Any]], fid: dict[str, Any]) -> tuple[bool, list[str]]:
+    failed = []
+    for rule, metric, threshold in rules:
+        value = FIDELITY_METRICS[metric](fid)
+        ok = (value >= threshold) if rule == "min" else (value <= threshold)
+        if not ok or (isinstance(value, float) and math.isnan(value)):
+            failed.append(metric)
+    return not failed, failed
+
+
+# ---- graphs --------------------------------------------------------------------------------------
+
+
+def plain_nodes(fused_node: str, plain_names: Sequence[str]) -> list[str]:
+    """The plain gpt.onnx MatMuls a fused projection stands for (packed QKV -> q, k, v; gate/up)."""
+    m = _PROJ.search(fused_node)
+    if not m:
+        return []
+    layer, block, proj = m.groups()
+    wanted = {f"layers.{layer}/{block}/{p}_proj/MatMul" for p in _UNPACKED.get(proj, (proj,))}
+    return [n for n in plain_names if any(n.endswith(w) for w in wanted)]
+
+
+def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], ranges: dict[str, tuple[float, float]],
+                   work: Path, *, block_size: int, accuracy_level: int, algorithm: str = "rtn",
+                   feeds: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32)."""
+    from chattts_forge.quantize.int4 import quantize_int4_graph
+
+    model = onnx.load(str(src))
+    int8 = [n for n, c in assignment.items() if c == "int8"]
+    int4 = [n for n, c in assignment.items() if c == "int4"]
+    insert_qdq(model, ranges, int8)
+    if not int4:
+        onnx.save(model, str(dst))
+        return {"int8": len(int8), "int4": 0}
+    mid = work / f"{dst.stem}.int8.onnx"
+    onnx.save(model, str(mid))
+    keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in set(int4)]
+    del model
+    rec = quantize_int4_graph(mid, dst, block_size=block_size, accuracy_level=accuracy_level,
+                              exclude_nodes=keep, algorithm=algorithm, feeds=feeds)
+    mid.unlink()
+    return {"int8": len(int8), "int4": len(int4), "int4_options": rec}
+
+
+# ---- measurements -------------------------------------------------------------------------------
+
+
+def _simulated_int4(w: np.ndarray, block: int) -> np.ndarray:
+    """Symmetric round-to-nearest INT4 of B [K, N] in blocks of `block` along K, dequantized."""
+    k = w.shape[0]
+    pad = (-k) % block
+    wp = np.pad(w, ((0, pad), (0, 0))).reshape(-1, block, w.shape[1])
+    scale = np.abs(wp).max(axis=1, keepdims=True) / 7.0
+    scale = np.where(scale > 0, scale, 1.0)
+    return (np.clip(np.rint(wp / scale), -8, 7) * scale).reshape(-1, w.shape[1])[:k].astype(np.float32)
+
+
+def sensitivity(fast: Path, head: Path, feeds: Sequence[dict[str, np.ndarray]], block_size: int,
+                threads: int = 1) -> list[dict[str, Any]]:
+    """Per projection MatMul: the loss when it alone is INT4 (see module doc), least sensitive first."""
+    import onnxruntime as ort
+
+    from chattts_forge.quantize.fidelity import cosine_rows, make_session
+
+    model = onnx.load(str(fast))
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes = [(n.name, n.input[1]) for n in const_weight_matmuls(model)]
+    weights = {w: onnx.numpy_helper.to_array(inits[w]) for _, w in nodes}
+    del model, inits
+    head_sess = make_session(head, threads)
+
+    def run(overrides: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.log_severity_level = 3
+        values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in overrides.items()}
+        for k, v in values.items():
+            opts.add_initializer(k, v)
+        sess = ort.InferenceSession(str(fast), opts, providers=["CPUExecutionProvider"])
+        hidden = np.concatenate([sess.run(["last_hidden_state"], f)[0].reshape(-1, f["inputs_embeds"].shape[-1])
+                                 for f in feeds])
+        return hidden, head_sess.run(["logits"], {"hidden_states": hidden})[0].argmax(-1)
+
+    ref_h, ref_codes = run({})
+    rows = []
+    for name, w in nodes:
+        h, codes = run({w: _simulated_int4(weights[w], block_size)})
+        rows.append({"node": name, "weights": int(weights[w].size),
+                     "int4_cosine_loss": float(1.0 - cosine_rows(ref_h, h).mean()),
+                     "int4_agreement": float((codes == ref_codes).mean())})
+    rows.sort(key=lambda r: (r["int4_cosine_loss"], r["node"]))
+    return rows
+
+
+def _fast_step(fast: Path, dims: dict[str, Any], threads: int | None, capacity: int | None = None) -> Any:
+    """The runtime's `FastGptStep` on a fused graph file (a candidate, not yet in an artifact folder)."""
+    from chattts_forge.quantize.fidelity import make_session
+    from chattts_forge.runtime.fast_gpt import FastGptStep
+
+    hidden = int(dims["hidden_size"])
+    return FastGptStep(make_session(fast, threads), int(dims["num_hidden_layers"]), int(dims["num_key_value_heads"]),
+                       hidden // int(dims["num_attention_heads"]), hidden, int(dims.get("max_position_embeddings", 4096)),
+                       **({"capacity": capacity} if capacity else {}))
+
+
+def fast_fidelity(fp32_dir: Path, fast: Path, trajectories: Sequence[Any], dims: dict[str, Any],
+                  threads: int | None, head: Path | None = None) -> dict[str, Any]:
+    """The gate's fidelity metrics of a fused graph with code head `head` (default: the FP32 one) and
+    the FP32 Decoder, teacher-forced on the held-out trajectories."""
+    from chattts_forge.quantize.fidelity import code_metrics, cosine_rows, make_session, mel_metrics, replay
+
+    meta = ArtifactMeta.load(fp32_dir)
+    head_sess = make_session(head or meta.component_file(fp32_dir, "head_code"), threads)
+    dec = make_session(meta.component_file(fp32_dir, "decoder"), threads)
+    step = _fast_step(fast, dims, threads)
+    ref_logits, q_logits, cos, ref_mels, q_mels = [], [], [], [], []
+    for t in trajectories:
+        hidden, logits = replay(step, head_sess, t)
+        q_logits += logits
+        ref_logits += t.logits
+        ref_h, q_h = np.stack(t.hidden, axis=-1), np.stack(hidden, axis=-1)
+        cos.append(cosine_rows(np.moveaxis(ref_h, -1, 1), np.moveaxis(q_h, -1, 1)))
+        ref_mels.append(dec.run(["mel"], {"hidden_states": ref_h.astype(np.float32)})[0])
+        q_mels.append(dec.run(["mel"], {"hidden_states": q_h.astype(np.float32)})[0])
+    c = np.concatenate(cos)
+    return {"teacher_forced": code_metrics(ref_logits, q_logits),
+            "hidden_cosine": {"mean": float(c.mean()), "min": float(c.min())},
+            "mel": mel_metrics(ref_mels, q_mels)}
+
+
+def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200, steps: int = 40) -> float:
+    """Median decode-step time of a fused graph through FastGptStep at context `past`, batch 1
+    (timed by `runtime.timing`; the first quarter of the steps warms caches and threads)."""
+    from chattts_forge.runtime.timing import quantiles, time_calls
+
+    hidden = int(dims["hidden_size"])
+    step = _fast_step(fast, dims, threads, capacity=past + steps + 8)
+    rng = np.random.default_rng(0)
+    step.reset(1)
+    step(rng.standard_normal((1, past, hidden), dtype=np.float32), np.ones((1, past), np.int64),
+         np.arange(past, dtype=np.int64)[None])
+    inputs = [rng.standard_normal((1, 1, hidden), dtype=np.float32) for _ in range(steps)]
+    done = iter(range(steps))
+
+    def one_step() -> object:  # each call appends one position to the cache
+        i = next(done)
+        return step(inputs[i], np.ones((1, past + i + 1), np.int64), np.array([[past + i]], np.int64))
+
+    times = time_calls(one_step, steps - steps // 4, warmup=steps // 4)
+    return 1000.0 * (quantiles(times, [50]) or [math.nan])[0]
+
+
+# ---- the search ------------------------------------------------------------------------------------
+
+
+def ladder_assignment(order: Sequence[str], i: int) -> dict[str, str]:
+    """Candidate i of the ladder (module doc): `order` is least to most INT4-sensitive."""
+    n = len(order)
+    if i < 0:
+        return {node: "fp32" if rank >= n + i else "int8" for rank, node in enumerate(order)}
+    return {node: "int4" if rank < i else "int8" for rank, node in enumerate(order)}
+
+
+def pareto(rows: list[dict[str, Any]], cost: str) -> None:
+    """Mark the candidates no other candidate beats on both cost and hidden cosine."""
+    for r in rows:
+        r["pareto"] = not any(
+            o is not r and o[cost] <= r[cost] and o["hidden_cosine"] >= r["hidden_cosine"]
+            and (o[cost] < r[cost] or o["hidden_cosine"] > r["hidden_cosine"]) for o in rows
+        )
+
+
+def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[str, np.ndarray]],
+           trajectories: Sequence[Any], gate: str | Path | None, *, head: Path | None = None, block_size: int = 128,
+           accuracy_level: int = 4, threads: int = 1, rank_by: str | None = None,
+           max_candidates: int = 8) -> dict[str, Any]:
+    """Find the per-MatMul assignment (fused-graph node names) for `quantize --method auto`."""
+    targets = fidelity_targets(gate)
+    fast = meta.component_file(fp32_dir, FAST_GPT)
+    fp32_head = meta.component_file(fp32_dir, "head_code")
+    dims = meta.dims or {}
+    tiny = (meta.source or {}).get("preset") == "tiny"
+    rank_by = rank_by or ("bytes" if tiny else "step_ms")
+    if rank_by not in ("bytes", "step_ms"):
+        raise ForgeError(f"rank_by must be 'bytes' or 'step_ms', got {rank_by!r}")
+    feeds = [fused_feed(s) for s in samples]
+    started = time.time()
+    subset = [feeds[i] for i in evenly_spaced(len(feeds), SENSITIVITY_SAMPLES)]
+    log.info("auto: sensitivity of each projection MatMul on %d calibration samples", len(subset))
+    sens = sensitivity(fast, fp32_head, subset, block_size, threads)
+    order = [r["node"] for r in sens]
+    n = len(order)
+    log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, n)
+    model = onnx.load(str(fast), load_external_data=False)
+    inputs_of = {nd.name: nd.input[0] for nd in model.graph.node}
+    del model
+    ranges, _ = record_ranges(fast, sorted({inputs_of[x] for x in order}), feeds, threads=threads)
+
+    def ladder(head_path: Path | None, head_label: str) -> list[dict[str, Any]]:
+        tried: dict[int, dict[str, Any]] = {}
+
+        def trial(i: int) -> bool:
+            if i in tried:
+                return tried[i]["passed"]
+            assignment = ladder_assignment(order, i)
+            path = work / f"auto-candidate-{i + n}.onnx"
+            quantize_mixed(fast, path, assignment, ranges, work, block_size=block_size, accuracy_level=accuracy_level)
+            fid = fast_fidelity(fp32_dir, path, trajectories, dims, threads, head=head_path)
+            ok, failed = judge_fidelity(targets["rules"], fid)
+            counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
+            row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
+                   "step_ms": round(fast_step_ms(path, dims, max(threads, 1)), 3),
+                   "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
+                   "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
+                   "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
+            tried[i] = row
+            path.unlink()
+            log.info("auto: candidate %+d (fp32 %d / int8 %d / int4 %d, head %s): agreement %.4f, cosine %.5f, "
+                     "%.2f ms, %.1f MB: %s", i, counts["fp32"], counts["int8"], counts["int4"], head_label,
+                     row["code_agreement"], row["hidden_cosine"], row["step_ms"], row["bytes"] / 1e6,
+                     "pass" if ok else f"fail ({', '.join(failed)})")
+            return ok
+
+        # The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder).
+        for i in (n, 0, -n):
+            trial(i)
+        lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
+        if tried[hi]["passed"]:
+            lo = hi
+        while hi - lo > 1 and len(tried) < max_candidates:
+            mid = (lo + hi) // 2
+            if trial(mid):
+                lo = mid
+            else:
+                hi = mid
+        return sorted(tried.values(), key=lambda r: r["candidate"])
+
+    rows = ladder(head, "int8" if head is not None else "fp32")
+    if head is not None and not any(r["passed"] for r in rows):
+        log.info("auto: no candidate passes with the INT8 code head; searching again with the FP32 head")
+        rows += ladder(None, "fp32")
+    pareto(rows, rank_by)
+    passing = [r for r in rows if r["passed"]]
+    if not passing:
+        raise ForgeError("auto: no candidate, not even all-FP32, meets the gate's fidelity thresholds")
+    best = min(passing, key=lambda r: (r[rank_by], -r["candidate"]))
+    assignment = ladder_assignment(order, best["candidate"])
+    log.info("auto: chose candidate %+d (fp32 %d / int8 %d / int4 %d, head %s) of %d tried in %.0f s",
+             best["candidate"], best["fp32"], best["int8"], best["int4"], best["head_code"], len(rows),
+             time.time() - started)
+    return {
+        "gate": targets,
+        "ranked_by": rank_by if not tiny else "bytes (tiny synthetic checkpoint: step time is call overhead)",
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "int4_algorithm": "rtn",
+        "ladder": "candidate i<0: |i| most INT4-sensitive MatMuls FP32, rest INT8; 0: all INT8; "
+                  "i>0: i least sensitive INT4, rest INT8",
+        "sensitivity": [{k: (round(v, 7) if isinstance(v, float) else v) for k, v in r.items()} for r in sens],
+        "candidates": rows,
+        "chosen": best["candidate"],
+        "head_code": best["head_code"],
+        "assignment": assignment,
+        "ranges": ranges,
+        "seconds": round(time.time() - started, 1),
+    }

@@ -1,0 +1,54 @@
+"""Up-front checks of what `quantize` reads: the FP32 source artifact and the calibration folder.
+
+Both run before any work, so a damaged input is named in one line instead of being discovered by
+onnxruntime (or the fidelity step) minutes later, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.calibration_data.store import CalibrationStore
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+
+
+def check_input_artifact(src: Path, meta: ArtifactMeta) -> None:
+    """Every component file recorded in artifact.json exists with its recorded size and sha256."""
+    for name, rec in meta.components.items():
+        path = meta.component_file(src, name)  # a missing file is a one-line error here
+        size = path.stat().st_size
+        if rec.get("bytes") is not None and size != rec["bytes"]:
+            raise ForgeError(f"input artifact {src}: {path.name} has {size} bytes, artifact.json records "
+                             f"{rec['bytes']} (damaged or replaced; re-run convert)")
+        if rec.get("sha256") and sha256_file(path) != rec["sha256"]:
+            raise ForgeError(f"input artifact {src}: {path.name} does not match its sha256 in artifact.json "
+                             "(damaged or replaced; re-run convert)")
+
+
+def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,
+                     components: tuple[str, ...] = ("gpt",)) -> CalibrationStore:
+    """The calibration folder, checked: recorded from this artifact, samples for `components`, and
+    every shard readable to its end (a truncated .npz fails its zip check here, not mid-run)."""
+    store = CalibrationStore(calibration)
+    recorded = (store.manifest.get("artifact") or {}).get("gpt_sha256")
+    current = meta.component("gpt").get("sha256") or sha256_file(meta.component_file(src, "gpt"))
+    if not recorded:
+        raise ForgeError(f"calibration {calibration}: its manifest names no source artifact (gpt sha256); "
+                         "re-run `chattts-forge calibrate`")
+    if recorded != current:
+        raise ForgeError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
+    for c in components:
+        if store.count(c) == 0:
+            raise ForgeError(f"calibration {calibration} has no {c} samples (empty; re-run `calibrate`)")
+        for rel in store.manifest["components"][c].get("shards", []):
+            try:
+                with zipfile.ZipFile(store.path / rel) as z:
+                    bad = z.testzip()
+            except (OSError, zipfile.BadZipFile) as e:
+                raise ForgeError(f"calibration shard {store.path / rel} is unreadable ({e}); re-run `calibrate`") from None
+            if bad is not None:
+                raise ForgeError(f"calibration shard {store.path / rel} is corrupt ({bad}); re-run `calibrate`")
+    return store

@@ -1,0 +1,210 @@
+"""Calibrated quantization: static INT8 on both GPT graphs, INT4 algorithms, auto's search, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.store import CalibrationStore
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import sha256_file
+from chattts_forge.quantize import quantize_artifact
+
+FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_calib: Path) -> Path:
+    # The session's set: 3 prefills + 9 decode steps, enough for GPTQ's minimum of 8 samples.
+    return tiny_calib
+
+
+@pytest.fixture(scope="module")
+def static(tiny_quantized: dict[str, Path]) -> Path:
+    # The session's static artifact (same fidelity settings as FID).
+    return tiny_quantized["static"]
+
+
+def _ops(path: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def _meta(folder: Path) -> dict:
+    return json.loads((folder / "artifact.json").read_text())
+
+
+def test_static_quantizes_the_fused_graph_into_integer_kernels(static, tmp_path: Path):
+    import onnxruntime as ort
+
+    meta = _meta(static)
+    assert meta["components"]["gpt_fast"]["precision"] == "int8-static"
+    assert meta["components"]["gpt_fast"]["sha256"] == sha256_file(static / "gpt_fast.onnx")
+    rec = meta["components"]["gpt_fast"]["quantization"]
+    assert rec["calibration_samples"] > 0 and rec["activation_type"] == "uint8"
+    assert len(rec["activation_ranges"]) == rec["matmuls_quantized"] // 2 * 2  # qkv+o, gate_up+down per layer
+    # Only MatMul inputs are quantized (no output requantization): onnxruntime fuses each into one kernel.
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(static / "gpt_fast.onnx"), opts, providers=["CPUExecutionProvider"])
+    optimized = _ops(tmp_path / "opt.onnx")
+    assert "MatMulIntegerToFloat" in optimized and "QLinearMatMul" not in optimized
+    assert "MatMul" not in optimized  # every projection runs as an integer kernel
+
+
+def test_static_fused_and_plain_graphs_agree(static, calib):
+    """Same recorded inputs through the quantized gpt.onnx and gpt_fast.onnx: the same numbers."""
+    from chattts_forge.quantize.fused import parity_on_samples
+
+    samples = list(CalibrationStore(calib).iter_samples("gpt"))
+    parity = parity_on_samples(static / "gpt.onnx", static / "gpt_fast.onnx", samples)
+    assert parity["samples"] == len(samples) > 0
+    assert parity["max_rel"] < 1e-4 and parity["min_cosine"] > 0.99999
+    recorded = _meta(static)["components"]["gpt_fast"]["parity"]
+    assert recorded["max_rel"] < 1e-4
+    fid = _meta(static)["fidelity"]
+    plain, fast = fid["teacher_forced"]["top1_agreement"]["mean"], fid["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"]
+    assert abs(plain - fast) < 0.02
+
+
+@pytest.mark.parametrize("algorithm", ["rtn", "k_quant", "gptq"])
+def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_path: Path, algorithm: str):
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / algorithm, "int4", calibration=calib,
+                            algorithm=algorithm, block_size=32, **FID)
+    meta = _meta(out)
+    assert meta["quantization"]["algorithm"] == algorithm
+    assert meta["quantization"]["options"]["algorithm"] == algorithm
+    assert meta["quantization"]["components"]["gpt"]["algorithm"] == algorithm
+    assert meta["quantization"]["components"]["gpt"]["block_size"] == 32
+    for graph in ("gpt.onnx", "gpt_fast.onnx", "head_code.onnx"):
+        assert "MatMulNBits" in _ops(out / graph), graph
+    assert meta["components"]["gpt_fast"]["precision"] == "int4"
+    assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
+    if algorithm == "gptq":
+        assert meta["quantization"]["components"]["gpt"]["calibration_samples"] >= 8
+
+
+def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path: Path):
+    from chattts_forge.quantize.int4 import quantize_int4_graph
+
+    src = tiny_artifacts["fp32"] / "gpt.onnx"
+    samples = list(CalibrationStore(calib).iter_samples("gpt"))
+    hashes = set()
+    for algorithm in ("rtn", "k_quant", "gptq"):
+        dst = tmp_path / f"{algorithm}.onnx"
+        quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm, feeds=samples)
+        hashes.add(sha256_file(dst))
+    assert len(hashes) == 3
+
+
+def _gate(path: Path, agreement: float, cosine: float) -> Path:
+    path.write_text(f'schema = "chattts-forge/gate/1"\n[fidelity]\nmin_code_agreement = {agreement}\n'
+                    f"min_hidden_cosine = {cosine}\n")
+    return path
+
+
+def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
+    strict_gate = _gate(tmp_path / "strict.toml", 0.97, 0.9995)
+    loose_gate = _gate(tmp_path / "loose.toml", 0.3, 0.8)
+    fp32 = tiny_artifacts["fp32"]
+    strict = quantize_artifact(fp32, tmp_path / "strict", "auto", calibration=calib, gate=strict_gate, **FID)
+    loose = quantize_artifact(fp32, tmp_path / "loose", "auto", calibration=calib, gate=loose_gate, **FID)
+    s, lo = _meta(strict)["quantization"]["auto"], _meta(loose)["quantization"]["auto"]
+    assert s["assignment"] != lo["assignment"]
+    count = {k: {c: sum(v == c for v in a["assignment"].values()) for c in ("fp32", "int8", "int4")}
+             for k, a in (("strict", s), ("loose", lo))}
+    assert count["loose"]["int4"] > count["strict"]["int4"]
+    assert count["strict"]["fp32"] + count["strict"]["int8"] > count["loose"]["fp32"] + count["loose"]["int8"]
+    for a in (s, lo):
+        chosen = next(r for r in a["candidates"] if (r["candidate"], r["head_code"]) == (a["chosen"], a["head_code"]))
+        assert chosen["passed"] and isinstance(chosen["pareto"], bool)
+        assert all({"bytes", "step_ms", "code_agreement", "hidden_cosine", "passed"} <= set(r) for r in a["candidates"])
+        assert len(a["sensitivity"]) == len(a["assignment"])
+        assert all(r["int4_cosine_loss"] >= 0 for r in a["sensitivity"])
+    assert any(not r["passed"] for r in s["candidates"])  # the strict gate rejected something
+    # The artifact as the gate will judge it (plain gpt.onnx, quantized head) meets the strict gate.
+    fid = _meta(strict)["fidelity"]
+    assert fid["teacher_forced"]["top1_agreement"]["mean"] >= 0.97 and fid["hidden_cosine"]["mean"] >= 0.9995
+    for folder in (strict, loose):
+        meta = _meta(folder)
+        assert meta["variant"] == "auto" and meta["components"]["gpt_fast"]["precision"] == "mixed"
+        assert meta["components"]["gpt_fast"]["parity"]["max_rel"] < 1e-4
+    assert "MatMulNBits" in _ops(loose / "gpt.onnx") and "MatMulNBits" in _ops(loose / "gpt_fast.onnx")
+    # The evaluate report shows the search as a table: one row per candidate tried, the choice marked.
+    from chattts_forge.evaluate.search_report import auto_search_summary, render_auto_search_markdown
+
+    summary = auto_search_summary(_meta(strict)["quantization"])
+    lines = render_auto_search_markdown({"artifact": {"quantization_search": summary}})
+    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith(("| candidate", "| ---"))]
+    assert len(rows) == len(s["candidates"]) and sum("(chosen)" in ln for ln in rows) == 1
+    assert render_auto_search_markdown({"artifact": {"quantization_search": auto_search_summary(_meta(loose)["quantization"])}})
+    assert auto_search_summary({"method": "dynamic"}) is None and auto_search_summary(None) is None
+
+
+# ---- bad input: one line, before any work, nothing written ---------------------------------------------
+
+
+def _copy_calib(calib: Path, dst: Path) -> Path:
+    shutil.copytree(calib, dst)
+    return dst
+
+
+def _edit_manifest(calib: Path, edit) -> None:
+    path = calib / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Path):
+    fp32 = tiny_artifacts["fp32"]
+    other = _copy_calib(calib, tmp_path / "other")
+    _edit_manifest(other, lambda m: m["artifact"].update(gpt_sha256="0" * 64))
+    empty = _copy_calib(calib, tmp_path / "empty")
+    _edit_manifest(empty, lambda m: m["components"]["gpt"].update(samples=0, shards=[]))
+    truncated = _copy_calib(calib, tmp_path / "truncated")
+    shard = truncated / json.loads((truncated / "manifest.json").read_text())["components"]["gpt"]["shards"][0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    few = calibrate(fp32, "builtin:calibration", tmp_path / "few", max_samples=1, max_new_token=4,
+                    decode_positions=1, head_steps=2, threads=1)
+    cases = [
+        (other, "static", {}, "different artifact"),
+        (empty, "auto", {}, "no gpt samples"),
+        (truncated, "static", {}, "unreadable|corrupt"),
+        (few, "int4", {"algorithm": "gptq"}, "GPTQ needs at least 8"),
+    ]
+    for folder, method, extra, message in cases:
+        with pytest.raises(ForgeError, match=message) as err:
+            quantize_artifact(fp32, tmp_path / "out", method, calibration=folder, **extra, **FID)
+        assert "\n" not in str(err.value)
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ForgeError, match="needs --calibration"):
+        quantize_artifact(fp32, tmp_path / "out", "int4", algorithm="gptq", **FID)
+    with pytest.raises(ForgeError, match="needs --calibration"):
+        quantize_artifact(fp32, tmp_path / "out", "auto", **FID)
+    with pytest.raises(ForgeError, match="block-size"):
+        quantize_artifact(fp32, tmp_path / "out", "int4", block_size=48, **FID)
+    with pytest.raises(ForgeError, match="gate file"):
+        quantize_artifact(fp32, tmp_path / "out", "auto", calibration=calib, gate=tmp_path / "none.toml", **FID)
+    assert not (tmp_path / "out").exists()
+
+
+def test_damaged_input_artifact_is_named_up_front(tiny_artifacts, tmp_path: Path):
+    src = tmp_path / "fp32"
+    shutil.copytree(tiny_artifacts["fp32"], src)
+    original = (src / "head_code.onnx").read_bytes()
+    data = bytearray(original)
+    data[-1] ^= 0xFF  # same size, different bytes
+    (src / "head_code.onnx").write_bytes(bytes(data))
+    with pytest.raises(ForgeError, match="head_code.onnx does not match its sha256"):
+        quantize_artifact(src, tmp_path / "out", "dynamic", **FID)
+    (src / "head_code.onnx").write_bytes(original)
+    (src / "decoder.onnx").write_bytes(b"short")
+    with pytest.raises(ForgeError, match="decoder.onnx has 5 bytes"):
+        quantize_artifact(src, tmp_path / "out", "dynamic", **FID)
+    assert not (tmp_path / "out").exists()
