@@ -1,4 +1,4 @@
-"""quantize stage: FP32 artifact -> dynamic INT8, static INT8 (QDQ) or INT4 weight-only artifact.
+"""quantize stage: FP32 artifact -> dynamic INT8, static INT8 (QDQ), INT4 weight-only or auto (mixed) artifact.
 
 Library::
 
@@ -7,6 +7,10 @@ Library::
     quantize_artifact("artifacts/fp32", "artifacts/int8-static", method="static",
                       calibration="build/calib", min_agreement=0.99)       # accuracy-driven fallback
     quantize_artifact("artifacts/fp32", "artifacts/int4", method="int4", block_size=128)
+    quantize_artifact("artifacts/fp32", "artifacts/int4", method="int4", calibration="build/calib",
+                      algorithm="gptq", block_size=32)                      # rtn | k_quant | gptq
+    quantize_artifact("artifacts/fp32", "artifacts/auto", method="auto", calibration="build/calib",
+                      gate="GATE.toml")       # fastest per-MatMul FP32/INT8/INT4 meeting the gate
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
 
 What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and the code head
@@ -15,14 +19,19 @@ activations), the embeddings (Gathers), the text head (unused by the code stage)
 components (decoder, dvae: dynamic ConvInteger is a slow CPU path) stay FP32; vocos.onnx is copied
 byte for byte and its sha256 is checked. The stage's steps: `quantize.py`; method details:
 `dynamic.py`, `static.py`, `int4.py`.
-A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: dynamic/int4
-rebuild it with the same quantizer (`quantize.fast_gpt.optimize_gpt`), static and fallback runs drop
-it so the runtime uses the quantized `gpt.onnx`. Calibration: `chattts-forge calibrate`
+A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: dynamic and RTN
+int4 rebuild it with the same quantizer (`quantize.fast_gpt.optimize_gpt`); static (minmax), calibrated
+int4 (k_quant, gptq) and auto quantize the source's own gpt_fast.onnx with the same per-MatMul choices
+as gpt.onnx (`calibrated.py`, `fused.py`, `static_fused.py`, `auto.py`; parity of the two graphs on the
+recorded samples is recorded); fallback runs and legacy static (entropy/percentile/symmetric, via
+onnxruntime's quantize_static) drop it so the runtime uses the quantized `gpt.onnx`. Before any work
+the input artifact's files are checked against their recorded sizes and sha256, and the calibration
+folder against the artifact (`inputs.py`). Calibration: `chattts-forge calibrate`
 (`chattts_forge.calibration_data`). Decode-step timing of the results:
 `python -m chattts_forge.quantize.stepbench FP32_DIR QUANT_DIR...`.
 
 The output is a complete artifact folder (written atomically) that `chattts-forge synth` runs. Its
-artifact.json gets: `variant` (int8-dynamic | int8-static | int4), per-component `precision`/
+artifact.json gets: `variant` (int8-dynamic | int8-static | int4 | auto), per-component `precision`/
 `sha256`/`bytes`, `"quantization"` (method, options, per-graph op summary and per-op precision,
 excluded nodes, calibration corpus hash and sample counts, fallback steps, sizes, library versions;
 like Optimum's ort_config.json) and `"fidelity"`.

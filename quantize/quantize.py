@@ -269,8 +269,9 @@ class GraphQuantizer:
 
 def rebuild_fast_gpt(src: Path, out_dir: Path, cfg: QuantizeConfig, qmeta: ArtifactMeta,
                      kv: dict[str, Any] | None = None) -> str:
-    """Quantized `gpt_fast.onnx` for dynamic/int4 (same onnxruntime quantizers), dropped for static;
-    `kv`: an int8 KV cache (`calibrate_kv_cache`). Returns the note artifact.json records."""
+    """Quantized `gpt_fast.onnx` for dynamic/RTN int4 (same onnxruntime quantizers), dropped for legacy
+    static (the calibrated methods quantize it themselves: `Plan.write_fast_graph`); `kv`: an int8 KV
+    cache (`calibrate_kv_cache`). Returns the note artifact.json records."""
     if cfg.method == "static":
         return "dropped: no QDQ fast graph (its inputs differ from the calibrated plain graph); runtime uses gpt.onnx"
     from chattts_forge.quantize.fast_gpt import optimize_gpt
