@@ -68,7 +68,8 @@ DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
         "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
-        "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32"],
+        # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
+        "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32", "--block-size", "32"],
         "evaluate": [
             "--max-sentences", "3", "--max-new-token", "48",
             "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",

@@ -21,6 +21,7 @@ def auto_search_summary(quantization: dict[str, Any] | None) -> dict[str, Any] |
     sens = auto.get("sensitivity") or []
     return {
         "gate": (auto.get("gate") or {}).get("path"),
+        "headroom": (auto.get("gate") or {}).get("headroom"),
         "ranked_by": auto.get("ranked_by"),
         "block_size": auto.get("block_size"),
         "chosen": auto.get("chosen"),
@@ -48,7 +49,8 @@ def render_auto_search_markdown(report: dict[str, Any]) -> list[str]:
         "",
         "#### Mixed-precision search (quantize --method auto)",
         "",
-        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (held-out split), ranked by "
+        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (held-out split; agreement and "
+        f"cosine thresholds tightened by {_cell(s.get('headroom'))} of their distance to 1), ranked by "
         f"{s['ranked_by']}; INT4 block {s['block_size']}. Chosen: candidate {s['chosen']} (code head "
         f"{s['head_code']}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s['most_sensitive'])}.",
         "",

@@ -165,7 +165,7 @@ def plan_request(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, calibration
                  gate: Any, threads: int | None) -> Plan:
     """Validate the request before any work; returns the plan `quantize_artifact` follows."""
     from chattts_forge.quantize.inputs import check_input_artifact, open_calibration
-    from chattts_forge.quantize.int4 import MIN_GPTQ_SAMPLES, check_int4_options
+    from chattts_forge.quantize.int4 import MIN_GPTQ_SAMPLES, check_gptq_block, check_int4_options
 
     method, block_size, accuracy_level = cfg.method, cfg.block_size, cfg.accuracy_level
     check_input_artifact(src, meta)
@@ -205,6 +205,7 @@ def plan_request(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, calibration
                 if plan.store.count(c) < MIN_GPTQ_SAMPLES:
                     raise ForgeError(f"calibration {calibration} has {plan.store.count(c)} {c} samples; GPTQ needs at "
                                      f"least {MIN_GPTQ_SAMPLES} (record more with `calibrate --max-samples`)")
+                check_gptq_block(meta.component_file(src, c), block_size)
     if method == "static":
         plan.legacy_static = cfg.calibrate_method != "minmax" or cfg.symmetric_activations
         if not plan.legacy_static:

@@ -65,6 +65,19 @@ def evenly_spaced(total: int, count: int) -> list[int]:
     return sorted({round(i * (total - 1) / (count - 1)) for i in range(count)})
 
 
+def check_gptq_block(src: Path, block_size: int, exclude_nodes: Iterable[str] = ()) -> None:
+    """onnxruntime's GPTQ cannot pad a block: every quantized MatMul's input width K (of its [K, N]
+    constant weight) must be at least the block size."""
+    excluded = set(exclude_nodes)
+    model = onnx.load(str(src), load_external_data=False)
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    widths = [shapes[n.input[1]][0] for n in model.graph.node
+              if n.op_type == "MatMul" and n.name not in excluded and len(shapes.get(n.input[1], [])) == 2]
+    if widths and min(widths) < block_size:
+        raise ForgeError(f"GPTQ needs --block-size <= the narrowest MatMul input of {src.name} "
+                         f"({min(widths)}), got {block_size}")
+
+
 def check_int4_options(block_size: int, accuracy_level: int, algorithm: str) -> None:
     """Validate INT4 options up front (before any work)."""
     if block_size not in BLOCK_SIZES:
@@ -104,8 +117,9 @@ def quantize_int4_graph(
         config = KQuantWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
     else:
         symmetric = False
+        check_gptq_block(src, block_size, exclude_nodes or [])
         used = [feeds[i] for i in evenly_spaced(len(feeds or []), MAX_GPTQ_SAMPLES)] if feeds else []
-        config = GPTQWeightOnlyQuantConfig(calibration_data_reader=FeedListReader(used),
+        config = GPTQWeightOnlyQuantConfig(calibration_data_reader=FeedListReader(used), block_size=block_size,
                                            op_types_to_quantize=("MatMul",))
         extra = {"calibration_samples": len(used), "percdamp": config.percdamp,
                  "actorder": config.actorder, "mse": config.mse}

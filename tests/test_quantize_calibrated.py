@@ -177,6 +177,8 @@ def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Pa
         (empty, "auto", {}, "no gpt samples"),
         (truncated, "static", {}, "unreadable|corrupt"),
         (few, "int4", {"algorithm": "gptq"}, "GPTQ needs at least 8"),
+        # The tiny GPT's projections are 64 wide: GPTQ cannot use the default 128 block.
+        (calib, "int4", {"algorithm": "gptq"}, "GPTQ needs --block-size <= the narrowest MatMul input"),
     ]
     for folder, method, extra, message in cases:
         with pytest.raises(ForgeError, match=message) as err:
