@@ -7,6 +7,7 @@ shows the Markdown summary too). Artifacts of other methods have no section.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 _COLUMNS = ("candidate", "head_code", "fp32", "int8", "int4", "bytes", "step_ms", "code_agreement",
@@ -20,7 +21,9 @@ def auto_search_summary(quantization: dict[str, Any] | None) -> dict[str, Any] |
         return None
     sens = auto.get("sensitivity") or []
     return {
-        "gate": (auto.get("gate") or {}).get("path"),
+        # The gate file by name and content (its recorded path is relative to the artifact folder).
+        "gate": Path((auto.get("gate") or {}).get("path") or "?").name,
+        "gate_sha256": (auto.get("gate") or {}).get("sha256"),
         "headroom": (auto.get("gate") or {}).get("headroom"),
         "ranked_by": auto.get("ranked_by"),
         "block_size": auto.get("block_size"),
@@ -49,7 +52,8 @@ def render_auto_search_markdown(report: dict[str, Any]) -> list[str]:
         "",
         "#### Mixed-precision search (quantize --method auto)",
         "",
-        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (held-out split; agreement and "
+        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (sha256 "
+        f"{(s.get('gate_sha256') or '')[:12]}; held-out split; agreement and "
         f"cosine thresholds tightened by {_cell(s.get('headroom'))} of their distance to 1), ranked by "
         f"{s['ranked_by']}; INT4 block {s['block_size']}. Chosen: candidate {s['chosen']} (code head "
         f"{s['head_code']}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s['most_sensitive'])}.",
