@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta, hash_tree
+from chattts_forge.artifact import ARTIFACT_JSON, FAST_GPT, ArtifactMeta, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import latency as latency_mod
@@ -183,7 +183,7 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     if fid:
         # The runtime runs the fused gpt_fast graph when the artifact has one (with its own KV cache
         # precision), gpt.onnx otherwise: the gate judges the worse of the GPT graphs measured.
-        graphs = [fid] + ([fid["gpt_fast"]] if "teacher_forced" in (fid.get("gpt_fast") or {}) else [])
+        graphs = [fid] + ([fid[FAST_GPT]] if "teacher_forced" in (fid.get(FAST_GPT) or {}) else [])
         tfs = [g["teacher_forced"] for g in graphs]
         coss = [g["hidden_cosine"] for g in graphs]
         m.update(

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
@@ -211,7 +212,7 @@ def run_load_bench(
         "schema": SCHEMA,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "artifact": {"path": str(art), "variant": meta.variant,
-                     "kv_cache": (meta.components.get("gpt_fast") or {}).get("kv_cache", {}).get("dtype", "float32")},
+                     "kv_cache": (meta.components.get(FAST_GPT) or {}).get("kv_cache", {}).get("dtype", "float32")},
         "settings": {"concurrency": levels, "requests": requests, "arrival": arrival, "rate": rate, "corpus": corpus,
                      "seed": seed, "threads": threads, "stream_lookahead_frames": stream_lookahead,
                      "lengths": "EOS masked up to speech_steps(text), then ended",
