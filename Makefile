@@ -85,7 +85,7 @@ lint: env
 CALIB_CORPUS ?= builtin:calibration
 EVAL_CORPUS ?= builtin:evaluation
 GATE ?=
-VARIANTS ?= fp32,fp16,int8-dynamic,int8-static,int4,auto
+VARIANTS ?= fp32,fp16,int8-dynamic,int8-static,int4,auto,int8-dynamic-kv8
 # Extra options per stage, e.g. EVALUATE_ARGS='--max-utterances 4'
 CONVERT_ARGS ?=
 CALIBRATE_ARGS ?=

@@ -56,10 +56,33 @@ FLOAT_VARIANTS = ("fp32", "fp16")
 # auto: a per-MatMul FP32 / INT8 / INT4 assignment searched against a gate (quantize/auto.py).
 QUANTIZE_METHODS = ("dynamic", "static", "int4", "auto")
 METHOD_VARIANT = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4", "auto": "auto"}
-VARIANT_METHOD = {variant: method for method, variant in METHOD_VARIANT.items()}
 # The `precision` a quantized component records (also its ONNX metadata_props `precision`).
 METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4", "auto": "mixed"}
-VARIANTS = FLOAT_VARIANTS + tuple(METHOD_VARIANT.values())
+# The fused GPT graph's key/value cache (`quantize --kv-cache`). An INT8 cache makes its own variant,
+# the method's variant plus a suffix, so it is published beside the float-cache one, never over it.
+KV_CACHES = ("fp32", "int8")
+KV_CACHE_SUFFIX = {"fp32": "", "int8": "-kv8"}
+
+
+def quantized_variant(method: str, kv_cache: str = "fp32") -> str:
+    """The variant `quantize --method METHOD --kv-cache KV_CACHE` writes (e.g. int8-dynamic-kv8)."""
+    if method not in METHOD_VARIANT:
+        raise ForgeError(f"unknown method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    if kv_cache not in KV_CACHE_SUFFIX:
+        raise ForgeError(f"unknown KV cache '{kv_cache}' (choose from: {', '.join(KV_CACHES)})")
+    return METHOD_VARIANT[method] + KV_CACHE_SUFFIX[kv_cache]
+
+
+# The INT8-cache variants the build makes: variant -> (method, kv cache). Dynamic INT8 only: static
+# and auto quantize the fused graph with calibrated activations and keep a float cache, and the
+# build's int4 is GPTQ, whose fused graph keeps one too (only an rtn int4 rebuild takes an int8 cache).
+KV_CACHE_VARIANTS = {quantized_variant("dynamic", "int8"): ("dynamic", "int8")}
+VARIANT_METHOD = {variant: method for method, variant in METHOD_VARIANT.items()} | {
+    variant: method for variant, (method, _) in KV_CACHE_VARIANTS.items()
+}
+# A variant's KV cache, for the variants the build makes (every other one: fp32).
+VARIANT_KV_CACHE = {variant: kv for variant, (_, kv) in KV_CACHE_VARIANTS.items()}
+VARIANTS = FLOAT_VARIANTS + tuple(METHOD_VARIANT.values()) + tuple(KV_CACHE_VARIANTS)
 
 
 def component_file_name(component: str) -> str:

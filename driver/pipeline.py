@@ -5,7 +5,8 @@
 
 Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
 checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp16) -> calibrate
-(calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto -> evaluate every variant against fp32
+(calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto / dynamic with an INT8 KV cache
+(int8-dynamic-kv8, cache scales from the calibration split) -> evaluate every variant against fp32
 (held-out split) -> publish the variants whose gate passed -> print where the reports are.
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
@@ -46,7 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, VARIANT_METHOD, VARIANTS
+from chattts_forge.artifact import (
+    FLOAT_VARIANTS,
+    KV_CACHE_VARIANTS,
+    METHOD_VARIANT,
+    VARIANT_KV_CACHE,
+    VARIANT_METHOD,
+    VARIANTS,
+)
 from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
@@ -54,8 +62,9 @@ from chattts_forge.log import get_logger, setup_logging
 
 log = get_logger("chattts_forge.pipeline")
 
-# Variants quantized from the calibration set (int4: GPTQ; auto: its search meets the gate).
-CALIBRATED = (METHOD_VARIANT["static"], METHOD_VARIANT["int4"], METHOD_VARIANT["auto"])
+# Variants quantized from the calibration set (int4: GPTQ; auto: its search meets the gate; an INT8
+# KV cache: its scales).
+CALIBRATED = (METHOD_VARIANT["static"], METHOD_VARIANT["int4"], METHOD_VARIANT["auto"], *KV_CACHE_VARIANTS)
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
@@ -378,6 +387,9 @@ class Pipeline:
         if variant in CALIBRATED:
             argv += ["--calibration", str(self.work / "calibration")]
             inputs["calibration"] = self.cache.tree(self.work / "calibration")
+        kv_cache = VARIANT_KV_CACHE.get(variant)
+        if kv_cache is not None:  # appended, so the float-cache variants keep their command (and step key)
+            argv += ["--kv-cache", kv_cache]
         if VARIANT_METHOD[variant] == "auto" and self.gate:  # the search meets the gate evaluate applies
             argv += ["--gate", self.gate]
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""

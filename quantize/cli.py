@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from chattts_forge.artifact import QUANTIZE_METHODS
+from chattts_forge.artifact import KV_CACHES, QUANTIZE_METHODS, quantized_variant
 
 
 @click.command("quantize")
@@ -48,9 +48,10 @@ from chattts_forge.artifact import QUANTIZE_METHODS
 @click.option("--fidelity-steps", default=48, show_default=True, type=int, help="GPT steps per sentence at most.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads for fidelity runs.")
-@click.option("--kv-cache", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
+@click.option("--kv-cache", type=click.Choice(KV_CACHES), default="fp32", show_default=True,
               help="KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales "
-                   "calibrated from --calibration; its fidelity is measured like the weights'.")
+                   "calibrated from --calibration; its fidelity is measured like the weights'. It names its "
+                   f"own variant ({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).")
 def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
              calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
              block_size: int, algorithm: str | None, gate: Path | None, accuracy_level: int, quantize_head: bool,

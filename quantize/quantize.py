@@ -29,11 +29,12 @@ from chattts_forge.artifact import (
     ARTIFACT_JSON,
     FAST_GPT,
     FAST_GPT_FILE,
+    KV_CACHES,
     METHOD_PRECISION,
-    METHOD_VARIANT,
     QUANTIZE_METHODS,
     VOCODER,
     ArtifactMeta,
+    quantized_variant,
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path, sha256_file
@@ -50,8 +51,6 @@ from chattts_forge.quantize.fallback import Targets, check_method, producers_of,
 from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
 
 log = get_logger(__name__)
-
-KV_CACHES = ("fp32", "int8")  # the fused GPT graph's key/value cache (runtime.fast_gpt_graph.KV_CACHE_TYPES)
 
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
@@ -90,7 +89,8 @@ class QuantizeConfig:
 
     @property
     def variant(self) -> str:
-        return METHOD_VARIANT[self.method]
+        """An INT8 KV cache names its own variant (int8-dynamic-kv8), published beside the float one."""
+        return quantized_variant(self.method, self.kv_cache)
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,13 @@ def tiny_quantized(tiny_artifacts: dict[str, Path], tiny_calib: Path,
         "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **fidelity),
         "auto": quantize_artifact(fp32, root / "auto", "auto", calibration=tiny_calib, **fidelity),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_kv8(tiny_artifacts: dict[str, Path], tiny_calib: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny FP32 artifact as dynamic INT8 with an INT8 KV cache (int8-dynamic-kv8), scales from `tiny_calib`."""
+    from chattts_forge.quantize import quantize_artifact
+
+    return quantize_artifact(tiny_artifacts["fp32"], tmp_path_factory.mktemp("quant-kv8") / "dyn-kv8", "dynamic",
+                             calibration=tiny_calib, kv_cache="int8", fidelity_sentences=2, fidelity_steps=16,
+                             threads=1)

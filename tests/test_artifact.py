@@ -16,14 +16,19 @@ from chattts_forge.artifact import (
     FAST_GPT,
     FAST_GPT_FILE,
     FLOAT_VARIANTS,
+    KV_CACHE_SUFFIX,
+    KV_CACHE_VARIANTS,
+    KV_CACHES,
     METHOD_PRECISION,
     METHOD_VARIANT,
     QUANTIZE_METHODS,
     SCHEMA,
+    VARIANT_KV_CACHE,
     VARIANT_METHOD,
     VARIANTS,
     ArtifactMeta,
     hash_tree,
+    quantized_variant,
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -150,8 +155,19 @@ def test_evaluate_and_publish_hash_the_same_files(tiny_artifacts: dict[str, Path
 
 
 def test_variant_tables_agree() -> None:
-    assert VARIANTS == (*FLOAT_VARIANTS, *(METHOD_VARIANT[m] for m in QUANTIZE_METHODS))
+    assert VARIANTS == (*FLOAT_VARIANTS, *(METHOD_VARIANT[m] for m in QUANTIZE_METHODS), *KV_CACHE_VARIANTS)
+    assert len(set(VARIANTS)) == len(VARIANTS)
     assert {VARIANT_METHOD[METHOD_VARIANT[m]] for m in QUANTIZE_METHODS} == set(QUANTIZE_METHODS)
+    assert set(VARIANT_METHOD) == set(VARIANTS) - set(FLOAT_VARIANTS)
+    # An INT8-cache variant is named from its method and cache, and maps back to both.
+    for variant, (method, kv) in KV_CACHE_VARIANTS.items():
+        assert variant == quantized_variant(method, kv) != quantized_variant(method)
+        assert VARIANT_METHOD[variant] == method and VARIANT_KV_CACHE[variant] == kv != "fp32"
+    assert quantized_variant("dynamic", "int8") in VARIANTS
+    assert set(KV_CACHE_SUFFIX) == set(KV_CACHES) and KV_CACHE_SUFFIX["fp32"] == ""
+    for bad in (("dynamic", "fp16"), ("int2", "fp32")):
+        with pytest.raises(ForgeError, match="unknown"):
+            quantized_variant(*bad)
     assert set(METHOD_PRECISION) == set(QUANTIZE_METHODS)
     assert FAST_GPT_FILE == f"{FAST_GPT}.onnx"
 

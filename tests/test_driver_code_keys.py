@@ -1,12 +1,14 @@
 """The build driver with the real stages on `tiny`: a step re-runs when code in its import closure changes.
 
 The driver keys steps on closures read from a COPY of the source tree (`--code-root`), and the
-tests edit only that copy; the stages that run are the installed ones. Two variants (fp32 and
-int8-dynamic) keep the chain short while covering convert -> quantize -> evaluate -> publish.
+tests edit only that copy; the stages that run are the installed ones. Three variants (fp32,
+int8-dynamic and int8-dynamic-kv8, which needs the calibration step for its KV cache's scales) keep the
+chain short while covering convert -> calibrate -> quantize -> evaluate -> publish.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,10 +22,11 @@ from chattts_forge.codegraph import Layout
 from chattts_forge.publish import verify_path
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "int8-dynamic")
+VARIANTS = ("fp32", "int8-dynamic", "int8-dynamic-kv8")
 # Lighter than the tiny preset's settings (these come after them, so they win): the test is about
 # which steps run, not about what they measure.
 LIGHTER = (
+    "--stage-args", "calibrate=--max-samples 3 --max-new-token 16",
     "--stage-args", "quantize=--fidelity-sentences 1 --fidelity-steps 16",
     "--stage-args", "evaluate=--max-sentences 1 --max-new-token 24 --fidelity-sentences 1 --fidelity-steps 16 --batch 1"
     " --bucket-sentences 1 --cache-phrases 1",
@@ -80,8 +83,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> DriverRun:
     driver = DriverRun(tmp_path_factory.mktemp("driver"))
     proc = driver.run()
     assert steps_ran(proc) == [
-        "checkpoint", "checkpoint-verify", "convert", "quantize-int8-dynamic",
-        "evaluate-fp32", "evaluate-int8-dynamic", WARM,
+        "checkpoint", "checkpoint-verify", "convert", "calibrate", "quantize-int8-dynamic",
+        "quantize-int8-dynamic-kv8", "evaluate-fp32", "evaluate-int8-dynamic", "evaluate-int8-dynamic-kv8", WARM,
     ]  # fmt: skip
     assert published_status(proc) == {v: "published" for v in VARIANTS}
     return driver
@@ -90,7 +93,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> DriverRun:
 def test_a_runtime_change_reruns_convert_and_everything_downstream(built: DriverRun) -> None:
     built.append_comment("runtime/fast_gpt.py")
     proc = built.run()
-    assert steps_ran(proc) == ["convert", "quantize-int8-dynamic", "evaluate-fp32", "evaluate-int8-dynamic", WARM]
+    assert steps_ran(proc) == ["convert", "calibrate", "quantize-int8-dynamic", "quantize-int8-dynamic-kv8",
+                               "evaluate-fp32", "evaluate-int8-dynamic", "evaluate-int8-dynamic-kv8", WARM]
     assert re.search(r"convert\s+running \(its code changed\)", proc.stderr), proc.stderr[-3000:]
     # The stages themselves did not change, so the re-built artifacts are the bytes already published.
     assert published_status(proc) == {v: "already-published" for v in VARIANTS}
@@ -103,3 +107,22 @@ def test_a_comment_in_publish_code_redoes_only_publish(built: DriverRun) -> None
     assert steps_ran(proc) == []
     assert published_status(proc) == {v: "already-published" for v in VARIANTS}
     assert verify_path(built.to).ok
+
+
+def test_the_build_publishes_an_int8_kv_cache_variant(built: DriverRun) -> None:
+    """The default build's int8-dynamic-kv8: dynamic INT8 weights, the fused GPT's cache in int8 with
+    scales calibrated from the build's calibration folder, gated and published like the others."""
+    version = built.to / "chattts-synthetic-tiny-seed0" / "v1"
+    meta = json.loads((version / "int8-dynamic-kv8" / "artifact.json").read_text(encoding="utf-8"))
+    assert meta["variant"] == "int8-dynamic-kv8" and meta["quantization"]["method"] == "dynamic"
+    kv = meta["quantization"]["kv_cache"]
+    assert kv["dtype"] == "int8" and kv["calibration_samples"] > 0
+    assert meta["components"]["gpt_fast"]["kv_cache"] == kv
+    assert kv["calibration"]["corpus"] == "v1:calibration"
+    # Its gate judged the graph the runtime runs (the int8-cache fused graph) as well as gpt.onnx.
+    assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["steps"] > 0
+    plain = json.loads((version / "int8-dynamic" / "artifact.json").read_text(encoding="utf-8"))
+    assert "kv_cache" not in plain["quantization"] and "kv_cache" not in plain["components"]["gpt_fast"]
+    # The version's routing table knows it (whether a bucket routes to it depends on measured speed).
+    routing = json.loads((version / "routing.json").read_text(encoding="utf-8"))
+    assert "int8-dynamic-kv8" in routing["variants"]

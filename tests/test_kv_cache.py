@@ -10,7 +10,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from chattts_forge.calibration_data.calibrate import calibrate
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.evaluate import flat_metrics
 from chattts_forge.quantize import quantize_artifact
@@ -22,9 +21,8 @@ FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
 
 
 @pytest.fixture(scope="module")
-def calib(tiny_artifacts, tmp_path_factory) -> Path:
-    return calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path_factory.mktemp("kvc") / "calib",
-                     max_samples=3, max_new_token=12, decode_positions=3, head_steps=4, threads=1)
+def calib(tiny_calib) -> Path:
+    return tiny_calib  # recorded with decode steps (decode_positions=3): the cache scales need a past
 
 
 def _dims(artifact: Path) -> dict:
@@ -82,10 +80,13 @@ def test_int8_cache_holds_quantized_keys_and_tracks_fp32(tiny_artifacts, calib, 
     assert diff.max() <= 1  # rounding of values computed by slightly different kernels
 
 
-def test_quantize_records_int8_cache_and_its_fidelity(tiny_artifacts, calib, tmp_path):
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "dyn-kv8", "dynamic", calibration=calib,
-                            kv_cache="int8", **FID)
+def test_quantize_records_int8_cache_and_its_fidelity(tiny_kv8):
+    # tiny_kv8 (conftest): quantize_artifact(fp32, method="dynamic", calibration=tiny_calib, kv_cache="int8")
+    out = tiny_kv8
     meta = json.loads((out / "artifact.json").read_text())
+    # Its own variant, so it is published beside int8-dynamic rather than over it.
+    assert meta["variant"] == meta["quantization"]["variant"] == "int8-dynamic-kv8"
+    assert meta["quantization"]["method"] == "dynamic"
     kv = meta["components"]["gpt_fast"]["kv_cache"]
     assert kv["dtype"] == "int8" and kv["calibration_samples"] > 0
     assert kv["calibration"]["corpus"] == "v1:calibration"

@@ -14,17 +14,18 @@ from pathlib import Path
 import onnx
 import pytest
 
-from chattts_forge.artifact import COMPONENTS, FAST_GPT, METHOD_VARIANT, VARIANTS
+from chattts_forge.artifact import COMPONENTS, FAST_GPT, METHOD_VARIANT, VARIANTS, quantized_variant
 
 # Every variant ships every component; the fused GPT comes with FP32 and every quantized variant
 # (dynamic/int4 rebuild it, static and auto quantize it with gpt.onnx's choices); FP16 has none.
-WITH_FAST_GPT = {"fp32", "int8-dynamic", "int8-static", "int4", "auto"}
+WITH_FAST_GPT = {"fp32", "int8-dynamic", "int8-static", "int4", "auto", "int8-dynamic-kv8"}
 
 
 @pytest.fixture(scope="module")
-def variant_dirs(tiny_artifacts: dict[str, Path], tiny_quantized: dict[str, Path]) -> dict[str, Path]:
+def variant_dirs(tiny_artifacts: dict[str, Path], tiny_quantized: dict[str, Path], tiny_kv8: Path) -> dict[str, Path]:
     dirs = {"fp32": tiny_artifacts["fp32"], "fp16": tiny_artifacts["fp16"]}
     dirs.update({METHOD_VARIANT[method]: folder for method, folder in tiny_quantized.items()})
+    dirs[quantized_variant("dynamic", "int8")] = tiny_kv8
     assert set(dirs) == set(VARIANTS)
     return dirs
 

@@ -35,7 +35,7 @@ def content(spec):
 
 call = argv[0] + (":" + argv[1] if argv[0] == "checkpoint" else "")
 if argv[0] == "quantize":
-    call += ":" + opt("--method")
+    call += ":" + opt("--method") + ("-kv8" if opt("--kv-cache") == "int8" else "")
 if argv[0] == "evaluate":
     call += ":" + Path(opt("--artifact")).name
 with open(os.environ["FAKE_LOG"], "a") as f:
@@ -91,11 +91,12 @@ elif argv[0] == "quantize":
     src = Path(opt("--artifact"))
     method = opt("--method")
     variant = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4", "auto": "auto"}[method]
+    variant += "-kv8" if opt("--kv-cache") == "int8" else ""
     calib = opt("--calibration")
     extra = (Path(calib) / "shard0.bin").read_bytes() if calib else b""
     hashes = json.loads((src / "artifact.json").read_text())["source"]["hashes"]
     quant = {"method": method, "calibration": {"corpus": "calib.txt", "sha256": sha(extra), "samples": 3} if calib else None}
-    atomic_dir(opt("--out"), lambda d: artifact(d, variant, sha((src / "gpt.onnx").read_bytes() + method.encode() + extra).encode(), hashes, quant))
+    atomic_dir(opt("--out"), lambda d: artifact(d, variant, sha((src / "gpt.onnx").read_bytes() + variant.encode() + extra).encode(), hashes, quant))
 elif argv[0] == "warm":  # a real (empty) phrase cache made for the variants routing.json routes to
     from chattts_forge.fsutil import atomic_write_bytes
     from chattts_forge.runtime.phrase_cache import encode_cache, payload_sha256
@@ -116,7 +117,7 @@ else:
     sys.exit(0 if passed else 1)
 '''
 
-VARIANTS = ["fp32", "fp16", "int8-dynamic", "int8-static", "int4", "auto"]
+VARIANTS = ["fp32", "fp16", "int8-dynamic", "int8-static", "int4", "auto", "int8-dynamic-kv8"]
 
 
 class Runner:
@@ -192,9 +193,11 @@ def test_changed_corpus_reruns_only_what_depends_on_it(tmp_path: Path) -> None:
     r.calib.write_text("另一句话。\n", encoding="utf-8")
     proc = r.run()
     assert proc.returncode == 0, proc.stderr
-    # Every calibrated variant (static, GPTQ int4, auto) is rebuilt from the new calibration set.
+    # Every calibrated variant (static, GPTQ int4, auto, the INT8 KV cache's scales) is rebuilt from
+    # the new calibration set; int8-dynamic (no calibration) is not.
     assert r.calls()[before:] == ["calibrate", "quantize:static", "quantize:int4", "quantize:auto",
-                                  "evaluate:int8-static", "evaluate:int4", "evaluate:auto"]
+                                  "quantize:dynamic-kv8", "evaluate:int8-static", "evaluate:int4", "evaluate:auto",
+                                  "evaluate:int8-dynamic-kv8"]
     # The new static artifact is a new version; the old one stays published.
     index = json.loads((r.to / "index.json").read_text())
     assert [(e["version"], e["variant"]) for e in index["variants"] if e["variant"] == "int8-static"] == [
@@ -251,3 +254,20 @@ def test_tiny_runs_skip_the_pytorch_baseline_unless_asked(tmp_path: Path, flag: 
     assert len(evaluations) == len(VARIANTS)
     for argv in evaluations:
         assert expected in argv and not ({"--no-baseline", "--baseline-checkpoint"} - {expected}) & set(argv)
+
+
+def test_the_int8_kv_cache_variant_is_quantized_from_the_calibration_set(tmp_path: Path) -> None:
+    """int8-dynamic-kv8: dynamic weights plus `--kv-cache int8` with the calibration folder (its cache
+    scales); int8-dynamic keeps its command (so its step key, and its published bytes, stay)."""
+    r = Runner(tmp_path)
+    argv_log = tmp_path / "argv.log"
+    proc = r.run(FAKE_ARGV_LOG=str(argv_log))
+    assert proc.returncode == 0, proc.stderr
+    quantize = {Path(a[a.index("--out") + 1]).name: a for a in map(json.loads, argv_log.read_text().splitlines())
+                if a[0] == "quantize"}
+    kv8, plain = quantize["int8-dynamic-kv8"], quantize["int8-dynamic"]
+    assert kv8[kv8.index("--method") + 1] == "dynamic" and kv8[kv8.index("--kv-cache") + 1] == "int8"
+    assert Path(kv8[kv8.index("--calibration") + 1]) == r.build / "synthetic-tiny-seed0" / "calibration"
+    assert "--kv-cache" not in plain and "--calibration" not in plain
+    index = json.loads((r.to / "index.json").read_text())
+    assert "int8-dynamic-kv8" in {e["variant"] for e in index["variants"]}
