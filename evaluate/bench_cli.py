@@ -67,6 +67,12 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--rate", type=float, default=None, help="--load --arrival poisson: requests per second.")
 @click.option("--baseline-requests", default=4, show_default=True, type=int,
               help="--load --baseline pytorch: requests ChatTTS serves one after another.")
+@click.option("--phrase-cache-hit-ratio", type=float, default=None, metavar="R",
+              help="--load: this share (0..1) of the requests are phrases of a warm phrase cache, served from it "
+                   "(no GPT work); the report splits latency and first audio by hit and miss.")
+@click.option("--phrase-cache", "phrase_cache", default=None, type=click.Path(dir_okay=False),
+              help="--load --phrase-cache-hit-ratio: this cache (e.g. a version's phrase_cache.bin) instead of one "
+                   "built from the hit requests' sentences.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -89,6 +95,8 @@ def bench(
     arrival: str,
     rate: float | None,
     baseline_requests: int,
+    phrase_cache_hit_ratio: float | None,
+    phrase_cache: str | None,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -98,6 +106,8 @@ def bench(
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
+    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None):
+        raise ForgeError("--phrase-cache-hit-ratio and --phrase-cache belong to the load benchmark (--load)")
     if load:
         from chattts_forge.evaluate.load_bench import format_load_table, run_load_bench
 
@@ -105,6 +115,7 @@ def bench(
             artifact, concurrency=_batches(concurrency, "--concurrency"), requests=requests, arrival=arrival,
             rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
             baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
+            phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache,
             json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
         )
         click.echo(format_load_table(report))

@@ -43,6 +43,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,32 @@ def cache_knobs(params: SynthParams, num_vq: int) -> dict[str, Any]:
 def entry_key(payload: str, text: str, knobs: dict[str, Any]) -> str:
     ident = {"payload_sha256": payload, "text": text, "knobs": knobs}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
+    """The SynthParams of a request that a cache built with `knobs` serves (e.g. to replay its phrases
+    under load). Refused with a one-line ForgeError: knobs that name a speaker, a sample or a refinement
+    only by hash or flag (they cannot be rebuilt from the header), or knobs this runtime cannot rebuild."""
+    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
+
+    for name in ("speaker_sha256", "spk_smp_sha256", "txt_smp_sha256"):
+        if knobs.get(name) is not None:
+            raise ForgeError(f"the cache's requests used a {name.removesuffix('_sha256')} known only by its hash: "
+                             "they cannot be replayed from the cache's header")
+    try:
+        temps = [float(t) for t in knobs["temperature"]]
+        code = InferCodeParams(
+            prompt=knobs["prompt"], temperature=temps[0] if len(set(temps)) == 1 else temps, top_p=knobs["top_p"],
+            top_k=knobs["top_k"], repetition_penalty=knobs["repetition_penalty"],
+            max_new_token=int(knobs["max_new_token"]), min_new_token=int(knobs["min_new_token"]),
+            ensure_non_empty=bool(knobs["ensure_non_empty"]), seed=knobs["seed"],
+        )
+        params = SynthParams(code=code, use_decoder=bool(knobs["use_decoder"]))
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ForgeError(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
+    if knobs.get("refine") or cache_knobs(params, num_vq) != knobs:  # e.g. a knob a newer writer added
+        raise ForgeError("the cache's knobs cannot be replayed: they hold a knob this runtime does not rebuild")
+    return params
 
 
 def check_cacheable(params: SynthParams) -> None:
@@ -219,6 +246,7 @@ class PhraseCache:
         self.artifacts: dict[str, str] = {a["variant"]: a["payload_sha256"] for a in header["artifacts"]}
         self.entries: dict[str, dict[str, Any]] = {e["key"]: e for e in header["entries"]}
         self._lru: OrderedDict[str, CachedPhrase] = OrderedDict()
+        self._lock = threading.Lock()  # get() may be called from several serving threads
         self.lru_bytes = 0
         self.hits = 0
         self.misses = 0
@@ -244,8 +272,12 @@ class PhraseCache:
                                  f"request has {name}={knobs.get(name)!r}; it is not served for other knobs")
 
     def get(self, payload: str, text: str, knobs: dict[str, Any]) -> CachedPhrase | None:
-        """The phrase of (artifact payload, normalised text, knobs), or None (a miss)."""
+        """The phrase of (artifact payload, normalised text, knobs), or None (a miss). Thread-safe."""
         key = entry_key(payload, text, knobs)
+        with self._lock:
+            return self._get(key)
+
+    def _get(self, key: str) -> CachedPhrase | None:
         hit = self._lru.get(key)
         if hit is not None:
             self._lru.move_to_end(key)
@@ -291,8 +323,6 @@ class PipelineCache:
     def synthesize_rows(self, pipe: Pipeline, norm: Sequence[str], params: SynthParams) -> list[Row]:
         """A `Row` per normalised text: hits from the cache (Vocos only), misses synthesized together
         as one batch. A hit's hiddens are empty [0, hidden]: the code stage did not run."""
-        from chattts_forge.runtime.pipeline import Row
-
         check_cacheable(params)
         knobs = cache_knobs(params, pipe.num_vq)
         self.cache.check_knobs(knobs)
@@ -301,15 +331,27 @@ class PipelineCache:
         synthesized = pipe.synthesize_rows([norm[r] for r in missing], params) if missing else []
         out: list[Row] = []
         done = iter(synthesized)
-        empty = np.zeros((0, pipe.dims.hidden_size), dtype=np.float32)
         for phrase in found:
-            if phrase is None:
-                out.append(next(done))
-            else:
-                wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
-                out.append(Row(phrase.codes, empty, wav, cached=True))
+            out.append(next(done) if phrase is None else self._row(pipe, phrase))
         log.debug("phrase cache %s: %d hit(s), %d miss(es)", self.cache.path, len(norm) - len(missing), len(missing))
         return out
+
+    def lookup(self, pipe: Pipeline, norm: str, params: SynthParams) -> Row | None:
+        """One normalised text served from the cache (Vocos only), or None on a miss: what a service
+        does before handing a miss to the scheduler. Thread-safe (Vocos runs outside the cache's lock)."""
+        check_cacheable(params)
+        knobs = cache_knobs(params, pipe.num_vq)
+        self.cache.check_knobs(knobs)
+        phrase = self.cache.get(self.payload, norm, knobs)
+        return None if phrase is None else self._row(pipe, phrase)
+
+    @staticmethod
+    def _row(pipe: Pipeline, phrase: CachedPhrase) -> Row:
+        """A hit's Row: the stored codes, no hidden states (the code stage did not run), Vocos on the mel."""
+        from chattts_forge.runtime.pipeline import Row
+
+        wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
+        return Row(phrase.codes, np.zeros((0, pipe.dims.hidden_size), dtype=np.float32), wav, cached=True)
 
 
 def open_cache(cache: PhraseCache | str | os.PathLike[str], pipe: Pipeline) -> PipelineCache:
@@ -366,20 +408,27 @@ def build_phrase_cache(
     phrases: str | os.PathLike[str],
     out: str | os.PathLike[str],
     params: SynthParams,
+    pipeline: Pipeline | None = None,
     **pipeline_kwargs: Any,
 ) -> dict[str, Any]:
     """Pre-synthesize every phrase of the list on `target` and write the cache file `out`.
 
     `target`: an artifact folder, or a published version folder with a routing.json (each phrase is
     then synthesized by the variant its length bucket routes to, as `Router` will serve it). Each
-    phrase is synthesized alone, exactly as a miss of `synthesize([phrase])` would be. Returns a summary.
+    phrase is synthesized alone, exactly as a miss of `synthesize([phrase])` would be. `pipeline`: an
+    open Pipeline of the artifact folder `target` to synthesize with (no second copy of its sessions).
+    Returns a summary.
     """
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
     check_cacheable(params)
     target = Path(target)
     router = Router(target, **pipeline_kwargs) if (target / ROUTING_NAME).is_file() else None
-    if router is None:
+    if router is None and pipeline is not None:
+        if Path(pipeline.artifact.path).resolve() != target.resolve():
+            raise ForgeError(f"the pipeline given runs {pipeline.artifact.path}, not {target}")
+        single = pipeline
+    elif router is None:
         from chattts_forge.runtime.pipeline import Pipeline
 
         single = Pipeline(target, **pipeline_kwargs)
