@@ -73,6 +73,9 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--phrase-cache", "phrase_cache", default=None, type=click.Path(dir_okay=False),
               help="--load --phrase-cache-hit-ratio: this cache (e.g. a version's phrase_cache.bin) instead of one "
                    "built from the hit requests' sentences.")
+@click.option("--decode-overlap/--no-decode-overlap", default=None,
+              help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
+                   "(default: on when --threads leaves a core free).")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -97,6 +100,7 @@ def bench(
     baseline_requests: int,
     phrase_cache_hit_ratio: float | None,
     phrase_cache: str | None,
+    decode_overlap: bool | None,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -106,8 +110,9 @@ def bench(
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
-    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None):
-        raise ForgeError("--phrase-cache-hit-ratio and --phrase-cache belong to the load benchmark (--load)")
+    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None or decode_overlap is not None):
+        raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache and --decode-overlap belong to the load "
+                         "benchmark (--load)")
     if load:
         from chattts_forge.evaluate.load_bench import format_load_table, run_load_bench
 
@@ -115,7 +120,7 @@ def bench(
             artifact, concurrency=_batches(concurrency, "--concurrency"), requests=requests, arrival=arrival,
             rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
             baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
-            phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache,
+            phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache, decode_overlap=decode_overlap,
             json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
         )
         click.echo(format_load_table(report))

@@ -153,10 +153,11 @@ class Outcome:
 
 def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arrival: str = "closed",
            rate: float | None = None, seed: int = 0, lookahead: int | None = None,
-           cache: PipelineCache | None = None) -> tuple[list[Outcome], float, int]:
+           cache: PipelineCache | None = None, decode_overlap: bool | None = None) -> tuple[list[Outcome], float, int]:
     """Replay `plan` at one concurrency: (an Outcome per request in plan order, wall seconds, batched
-    GPT steps). Scheduled requests run through a `Scheduler(max_batch=concurrency)`; hits are looked up
-    in `cache` on a thread of their own (a service's request handler) and go to the scheduler if absent."""
+    GPT steps). Scheduled requests run through a `Scheduler(max_batch=concurrency,
+    decode_worker=decode_overlap)`; hits are looked up in `cache` on a thread of their own (a service's
+    request handler) and go to the scheduler if absent."""
     from chattts_forge.runtime.scheduler import Handle, Scheduler
 
     if any(r.hit for r in plan) and cache is None:
@@ -164,7 +165,8 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     outcomes: list[Outcome | None] = [None] * len(plan)
     rng = np.random.default_rng(seed)
 
-    with Scheduler(pipe, max_batch=concurrency, max_queue=len(plan), lookahead_frames=lookahead) as sched:
+    with Scheduler(pipe, max_batch=concurrency, max_queue=len(plan), lookahead_frames=lookahead,
+                   decode_worker=decode_overlap) as sched:
 
         def scheduled(req: LoadRequest, handle: Handle, asked: float) -> None:
             handle.wait()
@@ -312,15 +314,18 @@ def run_load_bench(
     stream_lookahead: int | None = None,
     phrase_cache_hit_ratio: float | None = None,
     phrase_cache: str | os.PathLike[str] | None = None,
+    decode_overlap: bool | None = None,
     json_out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the load benchmark (see the module docstring); returns the report, written to `json_out`.
 
     `phrase_cache_hit_ratio` (0..1): that share of the requests are served from a warm phrase cache,
-    `phrase_cache` (a file) or one built from their sentences."""
+    `phrase_cache` (a file) or one built from their sentences. `decode_overlap`: the scheduler's
+    Decoder + Vocos on its worker thread, overlapping the GPT steps (None: the scheduler's default)."""
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.runtime.pipeline import Pipeline
+    from chattts_forge.runtime.scheduler import default_decode_worker
     from chattts_forge.runtime.timing import peak_rss_bytes
 
     say = progress or (lambda msg: log.info("%s", msg))
@@ -348,6 +353,7 @@ def run_load_bench(
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
     reqs = corpus_requests(corpus, requests, seed)
     pipe = Pipeline(art, threads=threads, engine="fast")
+    overlap = default_decode_worker(pipe) if decode_overlap is None else decode_overlap
     with tempfile.TemporaryDirectory(prefix="forge-load-cache-") as scratch:
         plan, pcache, cache_info = plan_with_cache(pipe, art, reqs, seed, phrase_cache_hit_ratio,
                                                     phrase_cache, Path(scratch), say)
@@ -358,7 +364,8 @@ def run_load_bench(
             for c in levels:
                 say(f"concurrency {c}: {requests} requests ({arrival} arrival)")
                 with quiet_logger():  # every request ends at its max_new_token on purpose
-                    outcomes, wall, steps = replay(pipe, plan, c, arrival, rate, seed, stream_lookahead, pcache)
+                    outcomes, wall, steps = replay(pipe, plan, c, arrival, rate, seed, stream_lookahead, pcache,
+                                                   overlap)
                 results.append(summarize(outcomes, wall, steps, c, pipe.sample_rate, phrase_cache_hit_ratio))
         finally:
             if pcache is not None:
@@ -382,7 +389,10 @@ def run_load_bench(
                      "seed": seed, "threads": threads, "stream_lookahead_frames": stream_lookahead,
                      "lengths": "EOS masked up to speech_steps(text), then ended",
                      "request_steps": [r.steps for r in plan],
-                     "phrase_cache_hit_ratio": phrase_cache_hit_ratio},
+                     "phrase_cache_hit_ratio": phrase_cache_hit_ratio,
+                     "decode_overlap": overlap,
+                     "decode_overlap_asked": "default (on when intra-op threads < usable cores)"
+                     if decode_overlap is None else decode_overlap},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
         "results": {str(r["concurrency"]): r for r in results},

@@ -95,7 +95,8 @@ Serving: `runtime.scheduler.Scheduler(pipe, max_batch=8, max_queue=64)` batches 
 continuously (they join the running GPT batch between steps and leave when they end; each
 request's codes equal its codes alone), streams audio per request (`handle.chunks()`,
 `async for chunk in handle`), cancels (`handle.cancel()` frees the row) and refuses when its
-bounded queue is full.
+bounded queue is full; `decode_worker=True` (default: when the intra-op threads leave a core free)
+runs Decoder + Vocos on a worker thread that overlaps the next GPT steps.
 
 Serving a published version (docs/serving.md):
 - `router.Router(version_dir, variant=None, cache=None, **pipeline_kwargs)`: each text goes to the

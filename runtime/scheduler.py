@@ -18,6 +18,19 @@ whatever else runs. The waiting queue is bounded: `submit` refuses with a ForgeE
 `max_queue` requests wait. Memory is bounded by `max_batch` rows of `capacity` positions (grown
 only when a request gets longer; see runtime.memory).
 
+Decode overlap (`decode_worker=True`): the audio stage's Decoder + Vocos runs (stream chunks, and the
+last chunk of a finished row, whose GPT row is freed at once) go to one background thread through a
+bounded queue (`2 x max_batch` tasks; the scheduler waits when it is full), so they overlap the next
+GPT steps: onnxruntime releases the GIL while a session runs. The scheduler decides every chunk from
+its own bookkeeping (what it has asked to emit), so the chunks, and the audio, are those of the
+synchronous path; one thread keeps each request's chunks in order. An error while decoding fails
+that request alone (its one-line ForgeError; its GPT row is freed at the next step); a cancelled
+request's queued decodes are skipped. Default (`decode_worker=None`): on when the session's
+intra-op threads leave a core free (`threads < usable cores`), off otherwise: with no spare core the
+two onnxruntime thread pools would share the same cores and slow the GPT step, which every running
+request waits for. `close()` (and `run_until_idle()`, for a scheduler driven by `step()`) lets the
+queued decodes finish and stops the thread.
+
 Library use (a worker thread drives the steps; handles are thread-safe and asyncio-friendly)::
 
     from chattts_forge.runtime.scheduler import Scheduler
@@ -29,12 +42,14 @@ Library use (a worker thread drives the steps; handles are thread-safe and async
         async for chunk in h: ...         # the same stream from asyncio
         h.cancel()                        # frees its row at the next step
 
-Without a thread, `sched.step()` runs one scheduling round and `sched.run_until_idle()` all of them.
+Without a thread, `sched.step()` runs one scheduling round and `sched.run_until_idle()` all of them
+(and waits for the decode worker's queue).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import time
@@ -67,21 +82,31 @@ class Handle:
         self.finished: float | None = None  # seconds from submit to the end
         self._chunks: queue.Queue[Any] = queue.Queue()
         self._done = threading.Event()
+        # The scheduler and its decode worker may both end a request (cancelled vs decoded): the first wins.
+        self._end_lock = threading.Lock()
         self._result: Result | None = None
         self._error: BaseException | None = None
         self.cancelled = False
 
     # ---- producer side (the scheduler) ----
     def _emit(self, chunk: np.ndarray) -> None:
-        if len(chunk) and self.first_audio is None:
-            self.first_audio = time.perf_counter() - self.submitted
-        self._chunks.put(chunk)
+        with self._end_lock:
+            if self._done.is_set():  # ended (cancelled, failed): nothing after its end
+                return
+            if len(chunk) and self.first_audio is None:
+                self.first_audio = time.perf_counter() - self.submitted
+            self._chunks.put(chunk)
 
-    def _finish(self, result: Result | None = None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self.finished = time.perf_counter() - self.submitted
-        self._chunks.put(_END)
-        self._done.set()
+    def _finish(self, result: Result | None = None, error: BaseException | None = None) -> bool:
+        """End the request once; False when it had already ended (the later end is dropped)."""
+        with self._end_lock:
+            if self._done.is_set():
+                return False
+            self._result, self._error = result, error
+            self.finished = time.perf_counter() - self.submitted
+            self._chunks.put(_END)
+            self._done.set()
+        return True
 
     # ---- consumer side ----
     def cancel(self) -> None:
@@ -141,15 +166,45 @@ class _Active:
     steps: int = 0
     end: int = 0  # kept steps (EOS excluded)
     finished: bool = False
-    pieces: list[np.ndarray] = field(default_factory=list)
+    pieces: list[np.ndarray] = field(default_factory=list)  # written by whoever decodes (worker or scheduler)
     since_chunk: int = 0
+    # Samples the decodes asked so far will have emitted (the scheduler's own view of
+    # decoder.emitted, which the worker may not have reached yet): chunks are decided from it.
+    asked: int = 0
+
+
+@dataclass(frozen=True)
+class _Decode:
+    """One audio-stage task: push the request's steps so far (`src`, final ones only) to its decoder."""
+
+    act: _Active
+    src: np.ndarray
+    final: bool
+
+
+_STOP = object()  # the decode worker's end
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_decode_worker(pipe: Pipeline) -> bool:
+    """Overlap Decoder + Vocos with the GPT steps only when the sessions' intra-op threads leave a core
+    free (see the module docstring); unset threads mean one per core, so no core is free."""
+    threads = pipe.artifact.threads
+    return threads is not None and threads < usable_cores()
 
 
 class Scheduler:
     """Continuous batching over a `Pipeline` with the fast GPT engine (see the module docstring)."""
 
     def __init__(self, pipe: Pipeline, max_batch: int = 8, max_queue: int = 64,
-                 lookahead_frames: int | None = None) -> None:
+                 lookahead_frames: int | None = None, decode_worker: bool | None = None) -> None:
         if pipe.engine != "fast":
             raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
         if max_batch < 1 or max_queue < 0:
@@ -158,6 +213,10 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.lookahead_frames = lookahead_frames
+        self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
+        # Bounded: a slow decoder holds the GPT loop back instead of queueing work without end.
+        self._decodes: queue.Queue[Any] = queue.Queue(maxsize=2 * max_batch)
+        self._decoder_thread: threading.Thread | None = None
         # Two caches on the artifact's one gpt_fast session: batch-1 prefills (the same path as a
         # lone request) and the running batch's rows.
         self._prefill = FastGptStep.from_artifact(pipe.artifact)
@@ -213,8 +272,10 @@ class Scheduler:
         return True
 
     def run_until_idle(self) -> None:
+        """Run steps until no request waits or runs, then let the queued decodes finish."""
         while self.step():
             pass
+        self._stop_decoder()
 
     def start(self) -> Scheduler:
         """Drive the steps in a worker thread (until `close`)."""
@@ -237,6 +298,7 @@ class Scheduler:
         for act in self._active:
             act.handle._finish(error=ForgeError(f"request {act.handle.id}: the scheduler closed while it ran"))
         self._active = []
+        self._stop_decoder()  # requests that finished generating still get their audio
 
     def __enter__(self) -> Scheduler:
         return self.start()
@@ -346,30 +408,81 @@ class Scheduler:
             if act.handle.cancelled:
                 act.handle._finish(error=ForgeError(f"request {act.handle.id} was cancelled"))
                 continue
-            try:
-                self._push_audio(act)
-            except ForgeError as e:
-                act.handle._finish(error=ForgeError(f"request {act.handle.id}: {e}"))
+            if act.handle.done():  # its decode failed on the worker: the request is over
                 continue
-            if act.finished:
-                act.handle._finish(result=self._result(act))
+            task = self._audio_task(act)
+            if task is not None:
+                self._dispatch(task)
+            # A finished row is free now (its last audio may still be decoding on the worker); a request
+            # whose decode failed here has ended.
+            if act.finished or act.handle.done():
                 continue
             keep.append(act)
         self._compact(keep)
 
-    def _push_audio(self, act: _Active) -> None:
+    def _audio_task(self, act: _Active) -> _Decode | None:
+        """The audio due after this step, decided from the scheduler's own bookkeeping (`act.asked`), so
+        the chunks are the same whether they are decoded here or on the worker."""
         dec = act.decoder
         due = act.finished or act.since_chunk >= act.params.code.stream_batch
-        if not due and not act.pieces:  # no audio yet: emit as soon as any is final
-            due = dec.ready_samples(act.end) > dec.emitted
+        if not due and act.asked == 0:  # no audio yet: emit as soon as any is final
+            due = dec.ready_samples(act.end) > 0
         if not due:
-            return
-        src = act.hiddens[: act.end] if act.params.use_decoder else act.tokens[: act.end]
-        chunk = dec.push(src, final=act.finished)
+            return None
         act.since_chunk = 0
-        if len(chunk):
-            act.pieces.append(chunk)
-            act.handle._emit(chunk)
+        act.asked = max(act.asked, dec.ready_samples(act.end, act.finished))
+        # Rows [0, end) of hiddens/tokens are final (the next steps write beyond them): a view suffices.
+        src = act.hiddens[: act.end] if act.params.use_decoder else act.tokens[: act.end]
+        return _Decode(act, src, act.finished)
+
+    def _dispatch(self, task: _Decode) -> None:
+        if not self.decode_worker:
+            self._decode(task)
+            return
+        if self._decoder_thread is None:
+            self._decoder_thread = threading.Thread(target=self._decode_loop, name="forge-decode", daemon=True)
+            self._decoder_thread.start()
+        self._decodes.put(task)  # blocks while the queue is full
+
+    def _decode(self, task: _Decode) -> None:
+        """Decoder + Vocos of one task; the request's end after its last one. An error ends that request alone."""
+        act, handle = task.act, task.act.handle
+        if handle.done():  # cancelled or failed meanwhile: its queued decodes are skipped
+            return
+        if handle.cancelled:
+            handle._finish(error=ForgeError(f"request {handle.id} was cancelled"))
+            return
+        try:
+            chunk = act.decoder.push(task.src, final=task.final)
+            if len(chunk):
+                act.pieces.append(chunk)
+                handle._emit(chunk)
+            if task.final:
+                handle._finish(result=self._result(act))
+        except ForgeError as e:
+            handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+        except Exception as e:  # noqa: BLE001 - one request's audio failing must not end the others
+            log.error("request %d: audio decoding failed: %s", handle.id, e)
+            handle._finish(error=ForgeError(f"request {handle.id}: audio decoding failed ({type(e).__name__}: {e})"))
+
+    def _decode_loop(self) -> None:
+        while True:
+            task = self._decodes.get()
+            try:
+                if task is _STOP:
+                    return
+                self._decode(task)
+            finally:
+                self._decodes.task_done()
+
+    def _stop_decoder(self) -> None:
+        """Let the queued decodes finish, then end the worker thread (started again by the next task)."""
+        thread = self._decoder_thread
+        if thread is None:
+            return
+        self._decodes.put(_STOP)
+        thread.join()
+        self._decoder_thread = None
 
     def _result(self, act: _Active) -> Result:
         wav = np.concatenate(act.pieces).astype(np.float32) if act.pieces else np.zeros(0, np.float32)
@@ -377,11 +490,12 @@ class Scheduler:
                       wav=wav, sample_rate=self.pipe.sample_rate)
 
     def _retire_cancelled(self) -> None:
+        """Free the rows of cancelled requests and of requests whose audio failed on the decode worker."""
         keep = []
         for act in self._active:
             if act.handle.cancelled:
                 act.handle._finish(error=ForgeError(f"request {act.handle.id} was cancelled"))
-            else:
+            elif not act.handle.done():
                 keep.append(act)
         if len(keep) != len(self._active):
             self._compact(keep)

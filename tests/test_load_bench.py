@@ -195,4 +195,21 @@ def test_phrase_cache_hit_ratio_refusals(tiny_artifacts, tmp_path):
     with pytest.raises(ForgeError, match="--phrase-cache needs --phrase-cache-hit-ratio"):
         run_load_bench(art, requests=1, phrase_cache=tmp_path / "c.bin")
     result = CliRunner().invoke(main, ["bench", "--artifact", art, "--phrase-cache-hit-ratio", "0.5"])
-    assert result.exit_code == 2 and "belong to the load benchmark" in result.output
+    assert result.exit_code == 2 and "belong to the load benchmark (--load)" in result.output
+
+
+@pytest.mark.parametrize("flag", ["--decode-overlap", "--no-decode-overlap"])
+def test_load_bench_decode_overlap_option(tiny_artifacts, tmp_path, flag):
+    out = tmp_path / "load.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--artifact", str(tiny_artifacts["fp32"]), "--load", "--concurrency", "2", "--requests", "3",
+        "--threads", "1", flag, "--json", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    on = flag == "--decode-overlap"
+    assert report["settings"]["decode_overlap"] is on and report["settings"]["decode_overlap_asked"] is on
+    r = report["results"]["2"]
+    assert r["completed"] == 3 and not r["failed"] and r["audio_s"] > 0
+    refused = CliRunner().invoke(main, ["bench", "--artifact", str(tiny_artifacts["fp32"]), flag])
+    assert refused.exit_code == 2 and "belong to the load benchmark" in refused.output

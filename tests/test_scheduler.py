@@ -1,16 +1,18 @@
 """Continuous batching (runtime.scheduler): parity with lone runs, cancellation, error isolation,
-the bounded queue, streaming per request (threaded and asyncio)."""
+the bounded queue, streaming per request (threaded and asyncio), Decoder + Vocos on the decode worker."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
 
+import chattts_forge.runtime.scheduler as scheduler_mod
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
-from chattts_forge.runtime.scheduler import Scheduler
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, StreamDecoder, SynthParams
+from chattts_forge.runtime.scheduler import Scheduler, default_decode_worker
 
 TEXTS = [
     "Hello there, how are you today?",
@@ -34,8 +36,9 @@ def alone(pipe):
     return [pipe.synthesize([t], _params(i))[0] for i, t in enumerate(TEXTS)]
 
 
-def test_codes_equal_lone_runs_whatever_else_runs(pipe, alone):
-    sched = Scheduler(pipe, max_batch=3, max_queue=8)
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline-decode", "decode-worker"])
+def test_codes_equal_lone_runs_whatever_else_runs(pipe, alone, overlap):
+    sched = Scheduler(pipe, max_batch=3, max_queue=8, decode_worker=overlap)
     handles = [sched.submit(TEXTS[0], _params(0)), sched.submit(TEXTS[1], _params(1))]
     for _ in range(5):  # the first two run alone for a while; the others join a running batch
         sched.step()
@@ -54,8 +57,9 @@ def test_codes_equal_lone_runs_whatever_else_runs(pipe, alone):
     assert len(lengths) > 1  # mixed lengths: rows really left the batch at different steps
 
 
-def test_cancel_frees_the_row(pipe, alone):
-    sched = Scheduler(pipe, max_batch=1, max_queue=4)
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline-decode", "decode-worker"])
+def test_cancel_frees_the_row(pipe, alone, overlap):
+    sched = Scheduler(pipe, max_batch=1, max_queue=4, decode_worker=overlap)
     victim = sched.submit(TEXTS[1], _params(1, max_new_token=400))
     waiting = sched.submit(TEXTS[0], _params(0))
     for _ in range(3):
@@ -112,3 +116,154 @@ def test_worker_thread_streams_and_asyncio(pipe, alone):
         np.testing.assert_allclose(np.concatenate(chunks_i), ref.wav, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(chunks), alone[3].wav, atol=1e-5)
     assert threaded.first_audio is not None and threaded.first_audio <= threaded.finished
+
+
+# ---- Decoder + Vocos on the decode worker ------------------------------------------------------------
+
+
+def _forge_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name in ("forge-decode", "forge-scheduler") and t.is_alive()]
+
+
+def _chunks_of(pipe, overlap: bool) -> list[list[np.ndarray]]:
+    with Scheduler(pipe, max_batch=3, max_queue=8, decode_worker=overlap) as sched:
+        assert sched.decode_worker is overlap
+        handles = [sched.submit(t, _params(i)) for i, t in enumerate(TEXTS)]
+        return [list(h.chunks(timeout=120)) for h in handles]
+
+
+def test_decode_worker_gives_the_chunks_of_the_inline_path(pipe, alone):
+    """The chunks are decided by the scheduler, so the worker decodes the very same windows: same bytes."""
+    inline, overlapped = _chunks_of(pipe, False), _chunks_of(pipe, True)
+    for a, b, ref in zip(inline, overlapped, alone, strict=True):
+        assert len(a) == len(b) >= 1
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_allclose(np.concatenate(b), ref.wav, atol=1e-5)
+    assert _forge_threads() == []
+
+
+def test_a_decode_error_on_the_worker_fails_that_request_alone(pipe, alone, monkeypatch):
+    real_push = StreamDecoder.push
+
+    def push(self, steps, final=False):
+        if not self.use_decoder:  # the victim decodes codes with the DVAE; the others hidden states
+            raise RuntimeError("boom")
+        return real_push(self, steps, final)
+
+    monkeypatch.setattr(StreamDecoder, "push", push)
+    sched = Scheduler(pipe, max_batch=3, max_queue=8, decode_worker=True)
+    victim_params = _params(9, max_new_token=400)
+    victim_params.use_decoder = False
+    victim = sched.submit(TEXTS[1], victim_params)
+    good = [sched.submit(TEXTS[i], _params(i)) for i in (0, 3)]
+    sched.run_until_idle()
+    with pytest.raises(ForgeError) as e:
+        victim.result()
+    assert str(e.value) == f"request {victim.id}: audio decoding failed (RuntimeError: boom)"
+    assert sched.running == 0 and sched.steps < 400  # its row was freed long before its 400 steps
+    for h, i in zip(good, (0, 3), strict=True):
+        np.testing.assert_array_equal(h.result().codes, alone[i].codes)
+        np.testing.assert_allclose(h.result().wav, alone[i].wav, atol=1e-5)
+    # the worker lives on: a later request is served
+    later = sched.submit(TEXTS[2], _params(2))
+    sched.run_until_idle()
+    np.testing.assert_array_equal(later.result().codes, alone[2].codes)
+    assert _forge_threads() == []
+
+
+def test_cancel_while_its_decode_is_queued_skips_it(pipe, monkeypatch):
+    """A request whose GPT rows are done but whose audio still waits in the decode queue can be
+    cancelled: its queued decode is skipped, its result is the cancellation, the others are unharmed."""
+    gate, entered = threading.Event(), threading.Event()
+    pushed: list[bool] = []  # use_decoder of each push that ran
+    real_push = StreamDecoder.push
+
+    def push(self, steps, final=False):
+        if self.use_decoder and not entered.is_set():  # hold the worker on the blocker's audio
+            entered.set()
+            assert gate.wait(60), "test gate never opened"
+        pushed.append(self.use_decoder)
+        return real_push(self, steps, final)
+
+    def fixed(seed: int, steps: int, use_decoder: bool = True) -> SynthParams:
+        return SynthParams(code=InferCodeParams(temperature=1e-9, seed=seed, max_new_token=steps, min_new_token=steps),
+                           use_decoder=use_decoder)
+
+    monkeypatch.setattr(StreamDecoder, "push", push)
+    sched = Scheduler(pipe, max_batch=3, max_queue=4, decode_worker=True)
+    blocker = sched.submit(TEXTS[2], fixed(2, 3))  # ends first: the worker is held on its audio
+    victim = sched.submit(TEXTS[3], fixed(1, 6, use_decoder=False))  # ends next: its audio queues behind
+    keeper = sched.submit(TEXTS[0], fixed(0, 40))
+    for _ in range(10):  # until the victim's 6 steps are done and its row is free
+        sched.step()
+        if sched.running < 2:
+            break
+    assert entered.wait(60)
+    assert sched.running == 1 and not victim.done()  # generated; its audio queued behind the held task
+    victim.cancel()
+    gate.set()
+    sched.run_until_idle()
+    with pytest.raises(ForgeError, match=f"request {victim.id} was cancelled"):
+        victim.result()
+    assert False not in pushed  # the victim's (DVAE) decode never ran
+    got = []
+    with pytest.raises(ForgeError, match="cancelled"):
+        for chunk in victim.chunks(timeout=5):
+            got.append(chunk)
+    assert got == []  # no audio after (or instead of) its cancellation
+    assert sched.running == 0 and _forge_threads() == []
+    monkeypatch.undo()  # the references decode without the gate
+    for h, params, text in ((blocker, fixed(2, 3), TEXTS[2]), (keeper, fixed(0, 40), TEXTS[0])):
+        ref = pipe.synthesize([text], params)[0]
+        np.testing.assert_array_equal(h.result().codes, ref.codes)
+        np.testing.assert_allclose(h.result().wav, ref.wav, atol=1e-5)
+
+
+def test_close_finishes_queued_audio_and_leaves_no_thread(pipe, monkeypatch):
+    """close(): requests that finished generating get their queued audio, the others fail with a
+    one-line error, and neither the scheduler's thread nor the decode worker is left running."""
+    gate = threading.Event()
+    real_push = StreamDecoder.push
+
+    def push(self, steps, final=False):
+        assert gate.wait(60), "test gate never opened"  # the decodes queue up until the close
+        return real_push(self, steps, final)
+
+    monkeypatch.setattr(StreamDecoder, "push", push)
+    sched = Scheduler(pipe, max_batch=2, max_queue=4, decode_worker=True)
+    short = [sched.submit(TEXTS[i], SynthParams(code=InferCodeParams(temperature=1e-9, seed=i, max_new_token=6,
+                                                                     min_new_token=6))) for i in (0, 3)]
+    for _ in range(10):
+        sched.step()
+        if sched.running == 0:
+            break
+    assert sched.steps >= 5 and sched.running == 0 and not any(h.done() for h in short)  # generated; audio queued behind the gate
+    unstarted = sched.submit(TEXTS[1], _params(1))
+    sched.start()
+    threading.Timer(0.5, gate.set).start()
+    sched.close()
+    assert _forge_threads() == []
+    monkeypatch.undo()  # the references below decode without the gate
+    for h, i in zip(short, (0, 3), strict=True):
+        res = h.result(timeout=0)
+        ref = pipe.synthesize([TEXTS[i]], SynthParams(code=InferCodeParams(temperature=1e-9, seed=i, max_new_token=6,
+                                                                           min_new_token=6)))[0]
+        np.testing.assert_array_equal(res.codes, ref.codes)
+        np.testing.assert_allclose(res.wav, ref.wav, atol=1e-5)
+    assert unstarted.done()
+    try:
+        unstarted.result(timeout=0)  # it may have run to its end before the close...
+    except ForgeError as e:  # ...or been ended by it
+        assert "closed" in str(e) and "\n" not in str(e)
+
+
+def test_default_decode_worker_needs_a_free_core(tiny_artifacts, monkeypatch):
+    one = Pipeline(tiny_artifacts["fp32"], threads=1, engine="fast")
+    unset = Pipeline(tiny_artifacts["fp32"], threads=None, engine="fast")
+    monkeypatch.setattr(scheduler_mod, "usable_cores", lambda: 4)
+    assert default_decode_worker(one) is True
+    assert default_decode_worker(unset) is False  # onnxruntime's default: a thread per core
+    monkeypatch.setattr(scheduler_mod, "usable_cores", lambda: 1)
+    assert default_decode_worker(one) is False
+    assert Scheduler(one).decode_worker is False and Scheduler(one, decode_worker=True).decode_worker is True
