@@ -9,7 +9,7 @@
 2. Ladder: nodes ordered by INT4 loss. Candidate i (-N..N) of N nodes: i < 0 keeps the |i| most
    sensitive nodes FP32 and the rest INT8; i = 0 is all INT8; i > 0 puts the i least sensitive
    nodes in INT4 and the rest in INT8. Precision falls and speed rises with i.
-3. Search: each candidate tried is built for real (static INT8 QDQ on calibrated ranges + INT4
+3. Search: each candidate tried is built for real (dynamic INT8, see `dynamic_fused`, + INT4
    MatMulNBits) and measured on the held-out split (teacher-forced replay through the runtime's
    `FastGptStep`: code agreement/KL, hidden cosine, mel after the FP32 Decoder: the gate's fidelity
    metrics), for its bytes and its decode-step time. The ends and the middle are tried, then the
@@ -38,13 +38,9 @@ from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import read_toml, sha256_file
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
 from chattts_forge.quantize.int4 import evenly_spaced
-from chattts_forge.quantize.static_fused import (
-    const_weight_matmuls,
-    fused_feed,
-    insert_qdq,
-    record_ranges,
-)
+from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
 
 log = get_logger(__name__)
 
@@ -124,16 +120,17 @@ def plain_nodes(fused_node: str, plain_names: Sequence[str]) -> list[str]:
     return [n for n in plain_names if any(n.endswith(w) for w in wanted)]
 
 
-def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], ranges: dict[str, tuple[float, float]],
-                   work: Path, *, block_size: int, accuracy_level: int, algorithm: str = "rtn",
+def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path, *, block_size: int,
+                   accuracy_level: int, algorithm: str = "rtn",
                    feeds: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-    """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32)."""
+    """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32): INT8 as
+    dynamic INT8 (`dynamic_fused`), INT4 as MatMulNBits."""
     from chattts_forge.quantize.int4 import quantize_int4_graph
 
     model = onnx.load(str(src))
     int8 = [n for n, c in assignment.items() if c == "int8"]
     int4 = [n for n, c in assignment.items() if c == "int4"]
-    insert_qdq(model, ranges, int8)
+    insert_dynamic_int8(model, int8)
     if not int4:
         onnx.save(model, str(dst))
         return {"int8": len(int8), "int4": 0}
@@ -298,10 +295,6 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
     order = [r["node"] for r in sens]
     n = len(order)
     log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, n)
-    model = onnx.load(str(fast), load_external_data=False)
-    inputs_of = {nd.name: nd.input[0] for nd in model.graph.node}
-    del model
-    ranges, _ = record_ranges(fast, sorted({inputs_of[x] for x in order}), feeds, threads=threads)
 
     def ladder(head_path: Path | None, head_label: str) -> list[dict[str, Any]]:
         tried: dict[int, dict[str, Any]] = {}
@@ -311,7 +304,7 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
                 return tried[i]["passed"]
             assignment = ladder_assignment(order, i)
             path = work / f"auto-candidate-{i + n}.onnx"
-            quantize_mixed(fast, path, assignment, ranges, work, block_size=block_size, accuracy_level=accuracy_level)
+            quantize_mixed(fast, path, assignment, work, block_size=block_size, accuracy_level=accuracy_level)
             fid = fast_fidelity(fp32_dir, path, trajectories, dims, threads, head=head_path)
             ok, failed = judge_fidelity(targets["search_rules"], fid)
             counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
@@ -367,7 +360,8 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
         "candidates": rows,
         "chosen": best["candidate"],
         "head_code": best["head_code"],
+        "int8": "dynamic: DynamicQuantizeMatMul, run-time uint8 activations, int8 weights with one scale per "
+                "projection (quantize/dynamic_fused.py)",
         "assignment": assignment,
-        "ranges": ranges,
         "seconds": round(time.time() - started, 1),
     }

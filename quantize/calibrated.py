@@ -102,12 +102,11 @@ class Plan:
         import onnx
 
         from chattts_forge.quantize.auto import plain_nodes, quantize_mixed
-        from chattts_forge.quantize.static_fused import const_weight_matmuls, record_ranges
+        from chattts_forge.quantize.static_fused import const_weight_matmuls
 
         assert self.auto is not None
         assignment = self.auto["assignment"]
-        ranges = self.auto["ranges"]
-        if plain:  # map the fused graph's (packed) projections onto gpt.onnx's MatMuls; record its ranges
+        if plain:  # map the fused graph's (packed) projections onto gpt.onnx's MatMuls
             model = onnx.load(str(src), load_external_data=False)
             names = [n.name for n in model.graph.node]
             assignment = {p: choice for node, choice in assignment.items() for p in plain_nodes(node, names)}
@@ -117,11 +116,10 @@ class Plan:
             if unmapped:
                 raise ForgeError(f"auto: {len(unmapped)} MatMul(s) of {src.name} have no fused counterpart "
                                  f"(first: {unmapped[0]})")
-            int8_inputs = sorted({inputs[n] for n, c in assignment.items() if c == "int8"})
-            ranges, _ = record_ranges(src, int8_inputs, self.samples("gpt"), threads=self.threads)
-        rec = quantize_mixed(src, dst, assignment, ranges, work, block_size=self.block_size,
+        rec = quantize_mixed(src, dst, assignment, work, block_size=self.block_size,
                              accuracy_level=self.accuracy_level)
-        return {"format": "mixed: static INT8 QDQ (activation inputs) + INT4 MatMulNBits (rtn) + FP32",
+        return {"format": "mixed: dynamic INT8 (DynamicQuantizeMatMul, per-projection weight scales) + "
+                          "INT4 MatMulNBits (rtn) + FP32",
                 "assignment": {c: sum(1 for v in assignment.values() if v == c) for c in ("fp32", "int8", "int4")},
                 **rec}
 
@@ -155,7 +153,7 @@ class Plan:
         if self.method == "int4":
             out["algorithm"] = self.algorithm
         if self.auto is not None:
-            out["auto"] = {k: v for k, v in self.auto.items() if k != "ranges"}
+            out["auto"] = dict(self.auto)
             gate = dict(out["auto"]["gate"])  # recorded relative to the artifact, as every path is
             out["auto"]["gate"] = gate | {"path": portable_path(gate["path"], out_dir)}
         return out

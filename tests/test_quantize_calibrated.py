@@ -72,6 +72,38 @@ def test_static_fused_and_plain_graphs_agree(static, calib):
     assert abs(plain - fast) < 0.02
 
 
+def test_packed_dynamic_int8_equals_onnxruntime_dynamic_on_the_unpacked_graph(tiny_artifacts, tiny_quantized, calib,
+                                                                               tmp_path: Path):
+    """auto's INT8 (quantize/dynamic_fused.py) on the packed fused graph computes what onnxruntime's
+    quantize_dynamic computes on the unpacked projections: one weight scale per projection."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
+    from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
+
+    model = onnx.load(str(tiny_artifacts["fp32"] / "gpt_fast.onnx"))
+    names = [n.name for n in const_weight_matmuls(model)]
+    assert insert_dynamic_int8(model, names) == len(names)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    qkv = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul" and "qkv" in n.name)
+    assert len(np.unique(inits[qkv.input[2]])) == 3  # q, k and v columns: a scale each
+    assert not any(n.op_type == "MatMul" and n.name in names for n in model.graph.node)
+    onnx.save(model, str(tmp_path / "packed.onnx"))
+
+    def session(path: Path):
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    ours, theirs = session(tmp_path / "packed.onnx"), session(tiny_quantized["dynamic"] / "gpt_fast.onnx")
+    for sample in list(CalibrationStore(calib).iter_samples("gpt"))[:4]:
+        feed = fused_feed(sample)
+        a = ours.run(["last_hidden_state"], feed)[0]
+        b = theirs.run(["last_hidden_state"], feed)[0]
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
 @pytest.mark.parametrize("algorithm", ["rtn", "k_quant", "gptq"])
 def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_path: Path, algorithm: str):
     out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / algorithm, "int4", calibration=calib,
@@ -135,6 +167,8 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
         assert meta["variant"] == "auto" and meta["components"]["gpt_fast"]["precision"] == "mixed"
         assert meta["components"]["gpt_fast"]["parity"]["max_rel"] < 1e-4
     assert "MatMulNBits" in _ops(loose / "gpt.onnx") and "MatMulNBits" in _ops(loose / "gpt_fast.onnx")
+    # INT8 MatMuls run dynamic INT8 (run-time activation ranges), in both graphs.
+    assert "DynamicQuantizeMatMul" in _ops(strict / "gpt.onnx") and "DynamicQuantizeMatMul" in _ops(strict / "gpt_fast.onnx")
     # The evaluate report shows the search as a table: one row per candidate tried, the choice marked.
     from chattts_forge.evaluate.search_report import auto_search_summary, render_auto_search_markdown
 
