@@ -58,16 +58,22 @@ def insert_dynamic_int8(model: onnx.ModelProto, nodes: Iterable[str]) -> int:
     many were replaced."""
     chosen = set(nodes)
     inits = {i.name: i for i in model.graph.initializer}
+    targets = [n for n in model.graph.node if n.name in chosen]
+    # Every check before the first change: a refused request leaves the model as it was.
+    missing = chosen - {n.name for n in targets}
+    if missing:
+        raise ForgeError(f"{len(missing)} MatMul(s) to quantize are not in the graph (first: {sorted(missing)[0]})")
+    sizes: dict[str, list[int]] = {}
+    for node in targets:
+        if node.op_type != "MatMul" or node.input[1] not in inits or len(inits[node.input[1]].dims) != 2:
+            raise ForgeError(f"{node.name} is not a MatMul with a constant weight")
+        sizes[node.name] = projection_sizes(model, node, int(inits[node.input[1]].dims[1]))
     replaced: dict[str, onnx.NodeProto] = {}
     dropped: set[str] = set()
-    for node in model.graph.node:
-        if node.name not in chosen:
-            continue
-        if node.op_type != "MatMul" or node.input[1] not in inits:
-            raise ForgeError(f"{node.name} is not a MatMul with a constant weight")
+    for node in targets:
         wname = node.input[1]
         w = numpy_helper.to_array(inits[wname])
-        qw, scale = weight_int8_per_projection(w, projection_sizes(model, node, w.shape[1]))
+        qw, scale = weight_int8_per_projection(w, sizes[node.name])
         base = f"{wname}_dynamic_int8"
         model.graph.initializer.extend([
             numpy_helper.from_array(qw, f"{base}_quantized"),
@@ -78,9 +84,6 @@ def insert_dynamic_int8(model: onnx.ModelProto, nodes: Iterable[str]) -> int:
         replaced[node.name] = helper.make_node(
             "DynamicQuantizeMatMul", [node.input[0], f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
             list(node.output), name=node.name, domain="com.microsoft")
-    missing = chosen - set(replaced)
-    if missing:
-        raise ForgeError(f"{len(missing)} MatMul(s) to quantize are not in the graph (first: {sorted(missing)[0]})")
     new_nodes = [replaced.get(n.name, n) for n in model.graph.node]
     still_used = {i for n in new_nodes for i in n.input}
     keep = [i for i in model.graph.initializer if i.name not in dropped or i.name in still_used]

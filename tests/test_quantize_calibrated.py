@@ -89,6 +89,10 @@ def test_packed_dynamic_int8_equals_onnxruntime_dynamic_on_the_unpacked_graph(ti
     qkv = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul" and "qkv" in n.name)
     assert len(np.unique(inits[qkv.input[2]])) == 3  # q, k and v columns: a scale each
     assert not any(n.op_type == "MatMul" and n.name in names for n in model.graph.node)
+    with pytest.raises(ForgeError, match="not a MatMul with a constant weight"):
+        insert_dynamic_int8(model, names[:1])  # already quantized: refused by name, nothing half-done
+    with pytest.raises(ForgeError, match="not in the graph"):
+        insert_dynamic_int8(model, ["no/such/MatMul"])
     onnx.save(model, str(tmp_path / "packed.onnx"))
 
     def session(path: Path):
