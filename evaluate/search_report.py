@@ -29,7 +29,9 @@ def auto_search_summary(quantization: dict[str, Any] | None) -> dict[str, Any] |
         "block_size": auto.get("block_size"),
         "chosen": auto.get("chosen"),
         "head_code": auto.get("head_code"),
-        "candidates": [{k: r.get(k) for k in _COLUMNS} for r in auto.get("candidates") or []],
+        "candidates": [{k: r.get(k) for k in _COLUMNS} | {"step_ms_search": r.get("step_ms_search")}
+                       for r in auto.get("candidates") or []],
+        "final_timing": auto.get("final_timing"),
         "most_sensitive": [r.get("node") for r in sens[-3:]][::-1],
         "least_sensitive": [r.get("node") for r in sens[:3]],
     }
@@ -57,11 +59,24 @@ def render_auto_search_markdown(report: dict[str, Any]) -> list[str]:
         f"cosine thresholds tightened by {_cell(s.get('headroom'))} of their distance to 1), ranked by "
         f"{s['ranked_by']}; INT4 block {s['block_size']}. Chosen: candidate {s['chosen']} (code head "
         f"{s['head_code']}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s['most_sensitive'])}.",
+    ]
+    timing = s.get("final_timing")
+    if timing:
+        ratio = timing.get("chosen_vs_reference")
+        lines += ["", (
+            f"step_ms of the finalists and of all-INT8 (candidate 0, the fixed dynamic INT8 recipe) timed again "
+            f"{timing.get('method')} (marked *; their first timing in brackets)"
+            + (f": the chosen step is {ratio:.3f}x all-INT8's." if isinstance(ratio, (int, float)) else ".")
+        )]
+    lines += [
         "",
         "| " + " | ".join(_COLUMNS) + " |",
         "| " + " | ".join("---:" if c not in ("head_code", "passed", "pareto") else "---" for c in _COLUMNS) + " |",
     ]
     for row in s["candidates"]:
         mark = " **(chosen)**" if (row["candidate"], row["head_code"]) == (s["chosen"], s["head_code"]) else ""
-        lines.append("| " + " | ".join(_cell(row[c]) + (mark if c == "candidate" else "") for c in _COLUMNS) + " |")
+        cells = [_cell(row[c]) + (mark if c == "candidate" else "") for c in _COLUMNS]
+        if row.get("step_ms_search") is not None:
+            cells[_COLUMNS.index("step_ms")] += f"* ({_cell(row['step_ms_search'])})"
+        lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -31,6 +31,9 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
 )
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 ALGORITHMS = ("rtn", "k_quant", "gptq")
@@ -56,6 +59,20 @@ class FeedListReader(CalibrationDataReader):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FeedListReader:
         return FeedListReader(self.feeds)  # the arrays are read only: share them
+
+
+def initializers_in_use_order(model: onnx.ModelProto) -> None:
+    """Put the initializers in the order the nodes first use them (then the unused ones, by name).
+    onnxruntime's GPTQ path appends them in the order of a Python set, which changes with the
+    hash seed: without this, the same GPTQ saved twice differs in bytes, not in numbers."""
+    first_use: dict[str, int] = {}
+    for i, node in enumerate(model.graph.node):
+        for name in node.input:
+            first_use.setdefault(name, i)
+    ordered = sorted(model.graph.initializer, key=lambda t: (first_use.get(t.name, len(model.graph.node)), t.name))
+    copies = [onnx.TensorProto.FromString(t.SerializeToString()) for t in ordered]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(copies)
 
 
 def evenly_spaced(total: int, count: int) -> list[int]:
@@ -121,6 +138,10 @@ def quantize_int4_graph(
         used = [feeds[i] for i in evenly_spaced(len(feeds or []), MAX_GPTQ_SAMPLES)] if feeds else []
         config = GPTQWeightOnlyQuantConfig(calibration_data_reader=FeedListReader(used), block_size=block_size,
                                            op_types_to_quantize=("MatMul",))
+        # onnxruntime's GPTQ prints its own progress bar to stdout, which is silenced below (the INC
+        # path also prints per node): say up front how long this is.
+        log.info("GPTQ on %s: the whole graph runs once per MatMul input and sample (%d samples); "
+                 "tens of minutes on the full-size GPT with 2 cores", src.name, len(used))
         extra = {"calibration_samples": len(used), "percdamp": config.percdamp,
                  "actorder": config.actorder, "mse": config.mse}
     root = logging.getLogger()
@@ -135,6 +156,8 @@ def quantize_int4_graph(
             )
             quantizer.process()
         out = quantizer.model
+        if algorithm == "gptq":
+            initializers_in_use_order(getattr(out, "model", out))
         if hasattr(out, "save_model_to_file"):  # onnxruntime's ONNXModel (rtn path: as before)
             out.save_model_to_file(str(dst), use_external_data_format=False)
         else:

@@ -138,7 +138,7 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
     chosen = set(nodes)
     new_nodes: list[onnx.NodeProto] = []
     quantized_inputs: dict[str, str] = {}  # activation -> its dequantized copy (shared by consumers)
-    dropped: set[str] = set()
+    dropped: dict[str, None] = {}  # in node order (a set's order changes with the hash seed: bytes would too)
     for node in model.graph.node:
         if node.name not in chosen:
             new_nodes.append(node)
@@ -162,7 +162,7 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
             numpy_helper.from_array(wscale, f"{wname}_scale"),
             numpy_helper.from_array(np.zeros(wscale.shape, np.int8), f"{wname}_zero_point"),
         ])
-        dropped.add(wname)
+        dropped[wname] = None
         new_nodes.append(helper.make_node("DequantizeLinear", [f"{wname}_quantized", f"{wname}_scale",
                                                               f"{wname}_zero_point"], [f"{wname}_dequantized"],
                                           name=f"{node.name}_weight_DQ", axis=1))

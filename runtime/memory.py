@@ -12,9 +12,13 @@ The runtime's resident memory is the graphs it loads plus what one request batch
   [B, max_new_token, hidden], and their per-row copies in the result;
 - step activations: logits and their processing (float64 top-p) of B * num_vq rows, the MLP's
   intermediate, attention scores; and the Decoder + Vocos of one row (rows are decoded one at a
-  time): their widest activations over 2 * steps mel frames.
+  time): their widest activations over 2 * steps mel frames;
+- results: every row's mel and waveform, held until the batch returns;
+- allocator slack: the C heap and onnxruntime's arenas grow in chunks (`ALLOCATOR_SLACK`).
 
 `ACTIVATION_FACTOR` covers the copies and the onnxruntime arena's rounding of those activations.
+The runtime returns the free heap pages left by loading the graphs to the kernel
+(`runtime.session.release_free_heap`), so a request's allocations are not hidden in them.
 
 Library use::
 
@@ -39,6 +43,9 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.runtime.fast_gpt import CAPACITY_QUANTUM, MAX_RESERVE
 
 ACTIVATION_FACTOR = 4  # live copies of the widest activation (inputs, outputs, arena rounding)
+# Growth in chunks (onnxruntime arena regions of 1 MiB and more, glibc's heap): measured 1.5 MB beyond
+# the modeled terms on the tiny checkpoint at batch 8 once the free pages of the load are trimmed.
+ALLOCATOR_SLACK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -50,9 +57,12 @@ class MemoryBound:
     generation_state: int
     step_activations: int
     decode_activations: int
+    results: int = 0
+    allocator_slack: int = 0
 
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.generation_state + self.step_activations + self.decode_activations
+        return (self.weights + self.kv_cache + self.generation_state + self.step_activations
+                + self.decode_activations + self.results + self.allocator_slack)
 
     def per_request(self) -> int:
         """Everything but the weights: what a request batch adds to a loaded pipeline."""
@@ -113,4 +123,5 @@ def memory_bound(dims: Dims, *, batch: int, prompt: int, max_new_token: int, kv_
     frames = 2 * max_new_token
     widest = max(dims.decoder.hidden * 4, dims.vocos_intermediate_dim, dims.n_fft + 2)  # ConvNeXt MLPs, ISTFT
     decode = ACTIVATION_FACTOR * frames * widest * 4
-    return MemoryBound(weights, kv, state, step, decode)
+    results = batch * frames * (dims.hop_length + dims.n_mels) * 4  # float32 waveform and mel of every row
+    return MemoryBound(weights, kv, state, step, decode, results, ALLOCATOR_SLACK)

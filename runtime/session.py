@@ -34,6 +34,30 @@ from chattts_forge.runtime.providers import resolve_provider, session_providers
 
 log = get_logger(__name__)
 
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim() if os.name == "posix" else None
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; a no-op elsewhere).
+
+    Loading an .onnx file parses the whole protobuf; once the session holds its own copies the
+    parse is freed, but glibc keeps those pages (its mmap threshold has grown past the size of
+    the tensors, so they came from the heap): measured on the full int8-dynamic artifact, the five
+    sessions the runtime opens hold 690 MB of RSS without the trim and 492 MB with it.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
 # The support files synthesis needs (artifact.json `files` keys).
 RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 # Thread policy per component (CPU). Every session has its own intra-op pool whose workers spin for
@@ -192,6 +216,7 @@ class Artifact:
             got = session.get_providers()
             if got[0] != self.providers[0]:  # onnxruntime's silent fallback (see runtime.providers)
                 raise ForgeError(f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})")
+            release_free_heap()
             self._sessions[name] = ObservedSession(session, name, self._observers)
             log.debug("loaded %s on %s", path.name, self.providers[0])
         return self._sessions[name]

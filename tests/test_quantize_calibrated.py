@@ -169,7 +169,12 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
     for folder in (strict, loose):
         meta = _meta(folder)
         assert meta["variant"] == "auto" and meta["components"]["gpt_fast"]["precision"] == "mixed"
-        assert meta["components"]["gpt_fast"]["parity"]["max_rel"] < 1e-4
+        # INT8 MatMuls quantize their activations at run time; the two graphs order attention's float
+        # sums differently, so an activation can round to the neighbouring step in one of them: an
+        # output then moves by about one activation step, 1/127 of the scale (seen: 8.1e-3 on AVX-512
+        # VNNI, < 1e-4 on an AVX2 machine). Beyond that would be a different computation.
+        parity = meta["components"]["gpt_fast"]["parity"]
+        assert parity["max_rel"] < 2 / 127 and parity["min_cosine"] > 0.9999
     assert "MatMulNBits" in _ops(loose / "gpt.onnx") and "MatMulNBits" in _ops(loose / "gpt_fast.onnx")
     # INT8 MatMuls run dynamic INT8 (run-time activation ranges), in both graphs.
     assert "DynamicQuantizeMatMul" in _ops(strict / "gpt.onnx") and "DynamicQuantizeMatMul" in _ops(strict / "gpt_fast.onnx")
@@ -182,6 +187,65 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
     assert len(rows) == len(s["candidates"]) and sum("(chosen)" in ln for ln in rows) == 1
     assert render_auto_search_markdown({"artifact": {"quantization_search": auto_search_summary(_meta(loose)["quantization"])}})
     assert auto_search_summary({"method": "dynamic"}) is None and auto_search_summary(None) is None
+
+
+def test_auto_times_its_finalists_again_interleaved(tiny_artifacts, tmp_path: Path, monkeypatch):
+    from chattts_forge.artifact import ArtifactMeta
+    from chattts_forge.evaluate.search_report import auto_search_summary, render_auto_search_markdown
+    from chattts_forge.quantize import auto
+
+    fp32 = tiny_artifacts["fp32"]
+    meta = ArtifactMeta.load(fp32)
+    fast = meta.component_file(fp32, "gpt_fast")
+    # The real timer: two graphs' steps interleaved, one median each.
+    medians = auto.interleaved_step_ms([fast, fast], meta.dims, threads=1, past=32, steps=16)
+    assert len(medians) == 2 and all(0 < m < 1e4 for m in medians)
+    # The re-ranking: finalists (within RETIME_WITHIN of the fastest first timing) and candidate 0 are
+    # timed again; their step_ms become the new figures, the first ones kept as step_ms_search.
+    rows = [
+        {"candidate": 0, "head_code": "int8", "step_ms": 5.0, "passed": True},
+        {"candidate": 10, "head_code": "int8", "step_ms": 4.0, "passed": True},
+        {"candidate": 15, "head_code": "int8", "step_ms": 4.9, "passed": True},
+        {"candidate": 20, "head_code": "int8", "step_ms": 6.0, "passed": True},  # > 1.25 x 4.0: not a finalist
+        {"candidate": 40, "head_code": "int8", "step_ms": 3.0, "passed": False},
+    ]
+    graphs = {("int8", r["candidate"]): tmp_path / f"{r['candidate']}.onnx" for r in rows[:4]}
+    retimed = {0: 5.2, 10: 4.6, 15: 4.2}
+    monkeypatch.setattr(auto, "interleaved_step_ms", lambda paths, dims, threads: [retimed[int(p.stem)] for p in paths])
+    passing = [r for r in rows if r["passed"]]
+    timing = auto.retime(passing, rows, graphs, meta.dims, 1)
+    assert sorted(c["candidate"] for c in timing["candidates"]) == [0, 10, 15]
+    assert rows[1]["step_ms"] == 4.6 and rows[1]["step_ms_search"] == 4.0
+    assert rows[3]["step_ms"] == 6.0 and "step_ms_search" not in rows[3]
+    assert timing["reference"] == {"candidate": 0, "head_code": "int8", "step_ms": 5.2}
+    assert min(passing, key=lambda r: r["step_ms"])["candidate"] == 15  # the first timing's winner was 10
+    # The report marks the re-timed cells and states the ratio to all-INT8.
+    timing["chosen_vs_reference"] = round(4.2 / 5.2, 4)
+    quant = {"auto": {"gate": {}, "candidates": rows, "final_timing": timing, "chosen": 15, "head_code": "int8"}}
+    lines = render_auto_search_markdown({"artifact": {"quantization_search": auto_search_summary(quant)}})
+    assert any("0.808x all-INT8" in ln for ln in lines)
+    assert any(ln.startswith("| 15 **(chosen)**") and "4.2* (4.9)" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("method", [["static"], ["int4", "--algorithm", "gptq", "--block-size", "32"]])
+def test_calibrated_quantization_gives_the_same_bytes_whatever_the_hash_seed(tiny_artifacts, calib, tmp_path: Path,
+                                                                             method: list[str]):
+    """docs/manifest.md: two builds from the same calibration write the same files. onnxruntime's
+    quantizers order what they add by Python sets, so each run is a fresh interpreter with its own
+    hash seed (in one process the seed, and so the order, would never change)."""
+    import os
+    import subprocess
+    import sys
+
+    digests = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}"
+        subprocess.run([sys.executable, "-m", "chattts_forge.cli", "quantize", "--artifact", str(tiny_artifacts["fp32"]),
+                        "--method", *method, "--calibration", str(calib), "--no-fidelity", "--out", str(out)],
+                       check=True, capture_output=True, timeout=600,
+                       env={**os.environ, "PYTHONHASHSEED": seed, "SOURCE_DATE_EPOCH": "1700000000"})
+        digests.append({p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file()})
+    assert digests[0] == digests[1]
 
 
 # ---- bad input: one line, before any work, nothing written ---------------------------------------------
