@@ -5,7 +5,8 @@
 - `bit_crush(audio, bits)`: requantize to `bits` bits (a uniform mid-tread quantizer);
 - `time_stretch(audio, rate)`: phase-vocoder tempo change (pitch kept); rate > 1 is faster.
 
-`DEGRADATIONS` maps a name to a one-argument function with a harsh default setting.
+`DEGRADATIONS` maps a name to a one-argument function with a harsh default setting (not `hard_clip`:
+see there).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def time_stretch(audio: np.ndarray, rate: float, n_fft: int = 512, hop: int = 12
     return out[trim : trim + int(len(audio) / rate)].astype(np.float32)
 
 
+# Hard clipping is not among them: even infinitely clipped speech stays largely intelligible
+# (Licklider and Pollack, 1948), and Whisper base read the Mandarin set clipped at 0.5% of the peak
+# at CER 0.083 on one CPU (AVX-512 VNNI) and above 0.1 on another: not a harsh damage.
 DEGRADATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "noise": lambda a: white_noise(a, snr_db=-5.0),
-    "clip": lambda a: hard_clip(a, fraction=0.005),
     "bitcrush": lambda a: bit_crush(a, bits=2),
     "stretch": lambda a: time_stretch(a, rate=2.5),
 }
