@@ -231,6 +231,26 @@ def test_load_version_folder_picks_a_variant(tiny_artifacts, tmp_path: Path) -> 
         c.load(source="custom", custom_path=version, variant="int4")
 
 
+def test_version_folder_preference_covers_every_built_variant(tmp_path: Path) -> None:
+    from chattts_forge.artifact import VARIANTS
+    from chattts_forge.runtime.compat import VARIANT_PREFERENCE, resolve_artifact
+
+    def version_with(*variants: str) -> Path:
+        folder = tmp_path / "-".join(variants)
+        for v in variants:
+            (folder / v).mkdir(parents=True, exist_ok=True)
+            (folder / v / "artifact.json").write_text("{}")
+        return folder
+
+    assert set(VARIANT_PREFERENCE["cpu"]) == set(VARIANTS)  # every variant the build makes has a place
+    # A version where int8-dynamic failed its gate but the KV-cache and auto variants passed.
+    assert resolve_artifact(version_with("auto", "fp16", "int8-dynamic-kv8"), None, "cpu").name == "int8-dynamic-kv8"
+    assert resolve_artifact(version_with("auto", "fp16", "int4"), None, "cpu").name == "auto"
+    assert resolve_artifact(version_with("auto", "fp16", "int8-dynamic-kv8"), None, "cuda").name == "fp16"
+    # The INT8 KV cache is measured on CPU only: on CUDA it is never preferred.
+    assert resolve_artifact(version_with("int8-dynamic-kv8", "int8-static"), None, "cuda").name == "int8-static"
+
+
 def test_artifact_without_encoder(tiny_artifacts, tmp_path: Path) -> None:
     old = tmp_path / "old"
     shutil.copytree(tiny_artifacts["fp32"], old)
