@@ -141,7 +141,7 @@ def quantize_int4_graph(
         # onnxruntime's GPTQ prints its own progress bar to stdout, which is silenced below (the INC
         # path also prints per node): say up front how long this is.
         log.info("GPTQ on %s: the whole graph runs once per MatMul input and sample (%d samples); "
-                 "tens of minutes on the full-size GPT with 2 cores", src.name, len(used))
+                 "minutes on the full-size GPT (2.5-3 min a graph on 2 cores)", src.name, len(used))
         extra = {"calibration_samples": len(used), "percdamp": config.percdamp,
                  "actorder": config.actorder, "mse": config.mse}
     root = logging.getLogger()
