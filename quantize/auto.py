@@ -239,11 +239,10 @@ def fast_fidelity(fp32_dir: Path, fast: Path, trajectories: Sequence[Any], dims:
             "mel": mel_metrics(ref_mels, q_mels)}
 
 
-def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200, steps: int = 40) -> float:
-    """Median decode-step time of a fused graph through FastGptStep at context `past`, batch 1
-    (timed by `runtime.timing`; the first quarter of the steps warms caches and threads)."""
-    from chattts_forge.runtime.timing import quantiles, time_calls
-
+def _decode_stepper(fast: Path, dims: dict[str, Any], threads: int, past: int, steps: int) -> Callable[[], object]:
+    """One decode step of a fused graph per call, batch 1, after a prefill of `past` random positions
+    (random, seeded: latency does not depend on the values); each call appends one position, up to
+    `steps` calls."""
     hidden = int(dims["hidden_size"])
     step = _fast_step(fast, dims, threads, capacity=past + steps + 8)
     rng = np.random.default_rng(0)
@@ -253,11 +252,19 @@ def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200
     inputs = [rng.standard_normal((1, 1, hidden), dtype=np.float32) for _ in range(steps)]
     done = iter(range(steps))
 
-    def one_step() -> object:  # each call appends one position to the cache
+    def one_step() -> object:
         i = next(done)
         return step(inputs[i], np.ones((1, past + i + 1), np.int64), np.array([[past + i]], np.int64))
 
-    times = time_calls(one_step, steps - steps // 4, warmup=steps // 4)
+    return one_step
+
+
+def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200, steps: int = 40) -> float:
+    """Median decode-step time of a fused graph through FastGptStep at context `past`, batch 1
+    (timed by `runtime.timing`; the first quarter of the steps warms caches and threads)."""
+    from chattts_forge.runtime.timing import quantiles, time_calls
+
+    times = time_calls(_decode_stepper(fast, dims, threads, past, steps), steps - steps // 4, warmup=steps // 4)
     return 1000.0 * (quantiles(times, [50]) or [math.nan])[0]
 
 
@@ -271,25 +278,9 @@ def interleaved_step_ms(paths: Sequence[Path], dims: dict[str, Any], threads: in
     each block are not timed."""
     from chattts_forge.runtime.timing import quantiles, time_calls
 
-    hidden = int(dims["hidden_size"])
     skip = 2  # untimed steps at the start of each block: the previous session's pool may still spin
     rounds = max(1, -(-steps // block))
-    total = rounds * (block + skip)
-    rng = np.random.default_rng(0)
-    prompt = rng.standard_normal((1, past, hidden), dtype=np.float32)
-    inputs = [rng.standard_normal((1, 1, hidden), dtype=np.float32) for _ in range(total)]
-    calls = []
-    for path in paths:
-        step = _fast_step(path, dims, threads, capacity=past + total + 8)
-        step.reset(1)
-        step(prompt, np.ones((1, past), np.int64), np.arange(past, dtype=np.int64)[None])
-        done = iter(range(total))
-
-        def one_step(step: Any = step, done: Any = done) -> object:  # appends one position to its cache
-            i = next(done)
-            return step(inputs[i], np.ones((1, past + i + 1), np.int64), np.array([[past + i]], np.int64))
-
-        calls.append(one_step)
+    calls = [_decode_stepper(path, dims, threads, past, rounds * (block + skip)) for path in paths]
     times: list[list[float]] = [[] for _ in paths]
     for _ in range(rounds):
         for got, call in zip(times, calls, strict=True):
