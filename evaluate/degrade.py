@@ -1,12 +1,11 @@
 """Deliberate audio damage (numpy only), to show that the ASR scores track intelligibility.
 
 - `white_noise(audio, snr_db, seed)`: additive Gaussian white noise at a given SNR;
-- `hard_clip(audio, fraction)`: clip at `fraction` of the peak, then rescale to the old peak;
 - `bit_crush(audio, bits)`: requantize to `bits` bits (a uniform mid-tread quantizer);
 - `time_stretch(audio, rate)`: phase-vocoder tempo change (pitch kept); rate > 1 is faster.
 
-`DEGRADATIONS` maps a name to a one-argument function with a harsh default setting (not `hard_clip`:
-see there).
+`DEGRADATIONS` maps a name to a one-argument function with a harsh default setting (no hard
+clipping: see there).
 """
 
 from __future__ import annotations
@@ -22,13 +21,6 @@ def white_noise(audio: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
     power = float(np.mean(audio.astype(np.float64) ** 2)) or 1e-12
     noise = np.random.default_rng(seed).standard_normal(audio.shape) * np.sqrt(power / 10 ** (snr_db / 10))
     return (audio + noise).astype(np.float32)
-
-
-def hard_clip(audio: np.ndarray, fraction: float) -> np.ndarray:
-    audio = np.asarray(audio, dtype=np.float32)
-    peak = float(np.max(np.abs(audio))) or 1.0
-    limit = peak * fraction
-    return (np.clip(audio, -limit, limit) / fraction).astype(np.float32)
 
 
 def bit_crush(audio: np.ndarray, bits: int) -> np.ndarray:
