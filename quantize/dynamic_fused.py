@@ -53,6 +53,18 @@ def weight_int8_per_projection(w: np.ndarray, sizes: list[int]) -> tuple[np.ndar
     return np.clip(np.rint(w / scale), -WEIGHT_QMAX, WEIGHT_QMAX).astype(np.int8), scale
 
 
+def replace_nodes(model: onnx.ModelProto, new_nodes: list[onnx.NodeProto], dropped: Iterable[str]) -> None:
+    """Give the graph `new_nodes` and remove the `dropped` initializers no node reads any more (a
+    quantized MatMul's float weight), the others keeping their order."""
+    dropped = set(dropped)
+    still_used = {i for n in new_nodes for i in n.input}
+    keep = [i for i in model.graph.initializer if i.name not in dropped or i.name in still_used]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(keep)
+    model.graph.ClearField("node")
+    model.graph.node.extend(new_nodes)
+
+
 def insert_dynamic_int8(model: onnx.ModelProto, nodes: Iterable[str]) -> int:
     """Replace each named MatMul (constant 2-D float weight) by a DynamicQuantizeMatMul; returns how
     many were replaced."""
@@ -84,13 +96,7 @@ def insert_dynamic_int8(model: onnx.ModelProto, nodes: Iterable[str]) -> int:
         replaced[node.name] = helper.make_node(
             "DynamicQuantizeMatMul", [node.input[0], f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
             list(node.output), name=node.name, domain="com.microsoft")
-    new_nodes = [replaced.get(n.name, n) for n in model.graph.node]
-    still_used = {i for n in new_nodes for i in n.input}
-    keep = [i for i in model.graph.initializer if i.name not in dropped or i.name in still_used]
-    model.graph.ClearField("initializer")
-    model.graph.initializer.extend(keep)
-    model.graph.ClearField("node")
-    model.graph.node.extend(new_nodes)
+    replace_nodes(model, [replaced.get(n.name, n) for n in model.graph.node], dropped)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return len(replaced)

@@ -32,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.dynamic_fused import replace_nodes
 from chattts_forge.runtime.fast_gpt import MASK_BIAS
 
 log = get_logger(__name__)
@@ -168,12 +169,7 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
                                           name=f"{node.name}_weight_DQ", axis=1))
         new_nodes.append(helper.make_node("MatMul", [quantized_inputs[x], f"{wname}_dequantized"], list(node.output),
                                           name=node.name))
-    still_used = {i for n in new_nodes for i in n.input}
-    keep = [i for i in model.graph.initializer if i.name not in dropped or i.name in still_used]
-    model.graph.ClearField("initializer")
-    model.graph.initializer.extend(keep)
-    model.graph.ClearField("node")
-    model.graph.node.extend(new_nodes)
+    replace_nodes(model, new_nodes, dropped)
     declared = {v.name for v in model.graph.value_info}
     model.graph.value_info.extend(
         helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
