@@ -33,6 +33,7 @@ SCHEMA = "chattts-forge/artifact/1"
 # artifact.json entry names another file.
 COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
 VOCODER = "vocos"  # always FP32, byte-identical across variants
+DECODER = "decoder"  # GPT hidden states -> mel (ChatTTS's Decoder); quantized variants: weight-only INT8
 # ChatTTS's DVAE encode path (voice cloning: a recording -> spk_smp codes). Always FP32 and
 # byte-identical across variants (its codes must equal ChatTTS's); optional: artifacts converted
 # before it existed lack it, and only voice cloning then fails.
@@ -40,8 +41,14 @@ DVAE_ENCODER = "dvae_encoder"
 # The optional fused GPT graph (convert.optimize); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"
-# A graph's weights may live beside it in `<file>.data` (ONNX external data).
+# A graph's weights may live beside it in `<file>.data` (ONNX external data); its record then has
+# `external_data` = {"file", "bytes", "sha256"}, while `sha256`/`bytes` describe the graph file.
 EXTERNAL_DATA_SUFFIX = ".data"
+# The graphs the CPU runtime runs per request keep their weights there, page aligned, so that
+# onnxruntime memory-maps them instead of parsing a copy (chattts_forge.graph_storage). The other
+# graphs (the plain GPT and the heads the quantizers read, the text head, the DVAE encoder) stay
+# inline.
+EXTERNAL_DATA_COMPONENTS = ("embed", "gpt_fast", "decoder", "dvae", "vocos")
 # Support files: artifact.json `files` key -> file name (the default when `files` omits the key).
 SUPPORT_FILES = {
     "tokenizer": "tokenizer.json",

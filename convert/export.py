@@ -38,7 +38,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from chattts_forge.artifact import COMPONENTS
+from chattts_forge.artifact import COMPONENTS, ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
 from chattts_forge.convert.components import SPEC_BUILDERS, ComponentSpec, SourceModules
 from chattts_forge.convert.fp16 import convert_to_fp16
@@ -59,7 +59,8 @@ from chattts_forge.convert.onnx_export import (
 )
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, sha256_file
+from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.graph_storage import storage_record, store_components_externally
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -115,6 +116,16 @@ def _make_readable(folder: Path) -> None:
             f.chmod(0o644)
 
 
+def _store_runtime_graphs(folder: Path) -> None:
+    """The runtime's per-request graphs with their weights in external data (graph_storage), once
+    every check has run on the inline files; artifact.json records the new files."""
+    meta = ArtifactMeta.load(folder)
+    moved = store_components_externally(folder, meta)
+    meta.write(folder)
+    if moved:
+        log.info("%s: weights of %s stored as external data (memory-mapped by onnxruntime)", folder.name, ", ".join(moved))
+
+
 def _component_record(
     spec: ComponentSpec, files: list[str], folder: Path, precision: str, converter: str, opset: int
 ) -> dict[str, Any]:
@@ -126,12 +137,8 @@ def _component_record(
         "converter": converter,
         "inputs": inputs,
         "outputs": outputs,
-        "sha256": sha256_file(folder / spec.file),
-        "bytes": sum((folder / f).stat().st_size for f in files),
     }
-    if len(files) > 1:
-        rec["external_data"] = files[1:]
-    return rec
+    return storage_record(folder, rec)  # sha256 and bytes of the graph, external_data of its weights
 
 
 def _export_all(
@@ -275,10 +282,12 @@ def convert_checkpoint(
 
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
                     optimize_artifact(dir32, threads=threads)
+                _store_runtime_graphs(dir32)
                 _make_readable(dir32)
                 result["fp32"] = out / "fp32"
             if dir16 is not None:
                 write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, **common)
+                _store_runtime_graphs(dir16)
                 _make_readable(dir16)
                 result["fp16"] = out / "fp16"
     except BaseException:

@@ -64,13 +64,13 @@ def set_metadata(model: onnx.ModelProto, props: dict[str, str]) -> None:
 def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
     """Save as one file, or with external data next to it when over protobuf's 2 GB limit.
 
-    Returns the file names written (relative to `path.parent`).
+    Returns the file names written (relative to `path.parent`). `model` is left as it was (the FP16
+    conversion reads it next). The runtime's per-request graphs move their weights out afterwards
+    anyway (`graph_storage.store_components_externally`).
     """
     if model.ByteSize() < _PROTO_LIMIT:
         path.write_bytes(model.SerializeToString())
         return [path.name]
-    data_name = path.name + ".data"
-    onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name
-    )
-    return [path.name, data_name]
+    from chattts_forge.graph_storage import save_with_external_data
+
+    return save_with_external_data(model, path)

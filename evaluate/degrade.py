@@ -85,7 +85,8 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
 
     from chattts_forge.artifact import ArtifactMeta
     from chattts_forge.errors import ForgeError
-    from chattts_forge.fsutil import atomic_output_dir, sha256_file
+    from chattts_forge.fsutil import atomic_output_dir
+    from chattts_forge.graph_storage import save_with_external_data, storage_record
 
     src, out = Path(src_dir), Path(out_dir)
     damaged: list[str] = []
@@ -106,18 +107,17 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
                     init.CopyFrom(numpy_helper.from_array((arr * factor).astype(arr.dtype), init.name))
                     changed += 1
             if changed:
-                if external:
-                    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+                if external:  # the same layout as the source (graph_storage)
+                    save_with_external_data(model, path)
                 else:
                     onnx.save(model, str(path))
                 damaged.append(path.name)
         if not damaged:
             raise ForgeError(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
         meta = ArtifactMeta.load(tmp)
-        for comp in meta.components.values():
+        for name, comp in meta.components.items():
             if comp.get("file") in damaged:
-                comp["sha256"] = sha256_file(tmp / comp["file"])
-                comp["bytes"] = (tmp / comp["file"]).stat().st_size
+                meta.components[name] = storage_record(tmp, comp)
         meta.variant = f"{meta.variant}-damaged-x{factor:g}"
         meta.write(tmp)
     return damaged

@@ -14,10 +14,12 @@ Library::
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
 
 What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and the code head
-(`head_code`, one MatMul; `quantize_head=False` keeps it FP32). Attention MatMuls (both inputs are
-activations), the embeddings (Gathers), the text head (unused by the code stage) and the conv
-components (decoder, dvae: dynamic ConvInteger is a slow CPU path) stay FP32; vocos.onnx is copied
-byte for byte and its sha256 is checked. The stage's steps: `quantize.py`; method details:
+(`head_code`, one MatMul; `quantize_head=False` keeps it FP32), and, whatever the method, the
+Decoder's pointwise MatMuls as weight-only INT8 (`decoder.py`; `decoder="fp32"` keeps it). Attention
+MatMuls (both inputs are activations), the embeddings (Gathers), the text head (unused by the code
+stage) and the convolutions (Decoder, DVAE: dynamic ConvInteger is a slow CPU path) stay FP32;
+vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The fused GPT and the
+Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`). The stage's steps: `quantize.py`; method details:
 `dynamic.py`, `static.py`, `int4.py`.
 A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: dynamic and RTN
 int4 rebuild it with the same quantizer (`quantize.fast_gpt.optimize_gpt`); static (minmax), calibrated

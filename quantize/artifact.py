@@ -14,7 +14,7 @@ import onnx
 
 from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.graph_storage import storage_record
 
 # Op types that carry integer / low-bit math once a graph is quantized.
 INT8_OPS = {
@@ -103,12 +103,8 @@ def component_record(path: Path, base: dict[str, Any], precision: str) -> dict[s
     """artifact.json entry of a rewritten component: the source entry with new precision/hash/size."""
     rec = {k: v for k, v in base.items() if k not in ("parity",)}
     rec["precision"] = precision
-    rec["sha256"] = sha256_file(path)
-    rec["bytes"] = path.stat().st_size
-    data = path.with_name(path.name + ".data")
-    if data.is_file():
-        rec["external_data"] = {"file": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}
-    return rec
+    rec["file"] = path.name
+    return storage_record(path.parent, rec)  # the source's external_data does not carry over
 
 
 def matmul_nodes_with_const_weight(model: onnx.ModelProto) -> list[str]:

@@ -52,13 +52,16 @@ from chattts_forge.artifact import KV_CACHES, QUANTIZE_METHODS, quantized_varian
               help="KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales "
                    "calibrated from --calibration; its fidelity is measured like the weights'. It names its "
                    f"own variant ({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).")
+@click.option("--decoder", "decoder", type=click.Choice(("int8", "fp32")), default="int8", show_default=True,
+              help="The Decoder's pointwise MatMuls: weight-only INT8 (MatMulNBits 8-bit, convolutions FP32; "
+                   "judged by fidelity's mel) or kept FP32.")
 def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
              calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
              block_size: int, algorithm: str | None, gate: Path | None, accuracy_level: int, quantize_head: bool,
              min_agreement: float | None,
              min_cosine: float | None, max_kl: float | None, step_nodes: int | None, fidelity: bool,
              fidelity_corpus: str, fidelity_sentences: int, fidelity_steps: int, seed: int,
-             threads: int | None, kv_cache: str) -> None:
+             threads: int | None, kv_cache: str, decoder: str) -> None:
     """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
 
     \b
@@ -66,6 +69,7 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
     static   INT8 from `calibrate` data on gpt.onnx and the fused gpt_fast.onnx (per-channel weights, uint8 activations)
     int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4; rtn, k_quant or calibrated gptq)
     auto     per-MatMul FP32/INT8/INT4 from sensitivity + search: the fastest that meets --gate's fidelity
+    Every method also stores the Decoder's MatMuls as weight-only INT8 unless --decoder fp32.
     With --min-agreement/--min-cosine/--max-kl, static and dynamic keep the most harmful nodes in FP32,
     step by step, until the targets hold on the held-out split (or say that they cannot).
     """
@@ -79,5 +83,6 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
         quantize_head=quantize_head, min_agreement=min_agreement, min_cosine=min_cosine, max_kl=max_kl,
         step_nodes=step_nodes, fidelity=fidelity, fidelity_corpus=fidelity_corpus,
         fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads, kv_cache=kv_cache,
+        decoder=decoder,
     )
     click.echo(str(out))

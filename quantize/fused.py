@@ -19,7 +19,7 @@ import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.graph_storage import storage_record
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.static_fused import fused_feed
 
@@ -66,8 +66,7 @@ def write_fast_graph(src_dir: Path, meta: ArtifactMeta, tmp: Path, precision: st
     log.info("fused %s graph vs its gpt.onnx on %d samples: max abs %.3g (rel %.3g), min cosine %.6f", precision,
              parity["samples"], parity["max_abs"], parity["max_rel"], parity["min_cosine"])
     record = copy.deepcopy(meta.component(FAST_GPT))
-    record.update(precision=precision, sha256=sha256_file(dst), bytes=dst.stat().st_size,
-                  quantization=options, parity=parity)
+    record.update(precision=precision, quantization=options, parity=parity)
     record.get("optimization", {}).pop("weights_from", None)  # quantized from the FP32 gpt_fast.onnx itself
     record["quantized_from"] = f"the FP32 source's {FAST_GPT_FILE}"
-    return record
+    return storage_record(tmp, record)  # the source's external_data is not this graph's

@@ -27,6 +27,7 @@ from typing import Any
 
 from chattts_forge.artifact import (
     ARTIFACT_JSON,
+    DECODER,
     FAST_GPT,
     FAST_GPT_FILE,
     KV_CACHES,
@@ -38,6 +39,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path, sha256_file
+from chattts_forge.graph_storage import store_components_externally
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
     component_record,
@@ -47,6 +49,7 @@ from chattts_forge.quantize.artifact import (
     require_fp32_source,
 )
 from chattts_forge.quantize.calibrated import Plan, plan_request
+from chattts_forge.quantize.decoder import DECODER_WEIGHTS
 from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
 from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
 
@@ -55,7 +58,7 @@ log = get_logger(__name__)
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
     "head_text": "fp32 (text head: only used by text refinement)",
-    "decoder": "fp32 (convolutions: dynamic ConvInteger is a slow onnxruntime CPU path)",
+    "decoder": "fp32 (--decoder fp32)",
     "dvae": "fp32 (convolutions)",
     "dvae_encoder": "fp32, copied byte for byte (voice cloning: its codes must equal ChatTTS's exactly)",
     "vocos": "fp32, copied byte for byte",
@@ -77,6 +80,7 @@ class QuantizeConfig:
     quantize_head: bool = True
     seed: int = 0
     kv_cache: str = "fp32"  # the fused GPT's KV cache: fp32 or int8 (calibrated scales)
+    decoder: str = "int8"  # the Decoder's MatMuls: weight-only int8 (quantize/decoder.py) or fp32
 
     @property
     def components(self) -> list[str]:
@@ -203,6 +207,8 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     int4/auto quantize it with the same choices as gpt.onnx (`calibrated.Plan.write_fast_graph`).
     """
     names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
+    if cfg.decoder == "int8" and meta.has_component(DECODER):
+        names.append(DECODER)
     return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)}
 
 
@@ -305,6 +311,7 @@ class Outcome:
     fidelity: dict[str, Any] | None = None
     fallback: dict[str, Any] | None = None
     fast_gpt_note: str | None = None
+    decoder: dict[str, Any] | None = None  # `write_decoder`'s record (None: the Decoder kept FP32)
 
 
 def record_fp32_runs(src: Path, fid: FidelityConfig, needed: bool = False) -> list[Trajectory] | None:
@@ -382,13 +389,31 @@ def per_op_precision(summary: dict[str, Any], method: str) -> dict[str, str]:
 
 
 def check_vocoder_copied(src: Path, out_dir: Path, meta: ArtifactMeta) -> bool | None:
-    """The vocoder is copied byte for byte (None when the artifact has none)."""
+    """The vocoder is copied byte for byte, graph and weights (None when the artifact has none)."""
     if not meta.has_component(VOCODER):
         return None
-    a = meta.component_file(src, VOCODER)
-    if sha256_file(a) != sha256_file(out_dir / a.name):
-        raise ForgeError("internal error: vocos.onnx changed while copying")
+    for a in meta.component_files(src, VOCODER):
+        if sha256_file(a) != sha256_file(out_dir / a.name):
+            raise ForgeError(f"internal error: {a.name} changed while copying")
     return True
+
+
+def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: Path,
+                  qmeta: ArtifactMeta) -> dict[str, Any] | None:
+    """`--decoder int8`: the Decoder with weight-only INT8 MatMuls (quantize/decoder.py), written
+    before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
+    if cfg.decoder == "fp32" or not meta.has_component(DECODER):
+        return None
+    from chattts_forge.quantize.decoder import quantize_decoder
+
+    source = meta.component_file(src, DECODER)
+    dst = out_dir / source.name
+    record = quantize_decoder(source, dst)
+    copy_metadata_props(source, dst, "int8")
+    qmeta.components[DECODER] = component_record(dst, meta.components[DECODER], "int8")
+    log.info("decoder: %d MatMuls weight-only int8 (%.1f -> %.1f MB)", record["matmuls_quantized"],
+             sum(f.stat().st_size for f in meta.component_files(src, DECODER)) / 1e6, dst.stat().st_size / 1e6)
+    return record
 
 
 def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, out_dir: Path,
@@ -408,7 +433,12 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
         precision = "fp32" if quantizer.options[c].get("kept") else cfg.precision
         qmeta.components[c] = component_record(path, meta.components[c], precision)
         summaries[c] = graph_summary(path)
+    if outcome.decoder is not None:
+        summaries[DECODER] = graph_summary(out_dir / qmeta.components[DECODER]["file"])
     vocos_equal = check_vocoder_copied(src, out_dir, meta)
+    # The graphs this stage wrote that the runtime maps (copied ones keep the source's files).
+    written = [c for c in (FAST_GPT, DECODER) if c in qmeta.components and (c == FAST_GPT or outcome.decoder)]
+    store_components_externally(out_dir, qmeta, written)
     fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
     gpt_bytes = quantizer.output("gpt").stat().st_size
     excluded_nodes = quantizer.excluded_nodes
@@ -439,8 +469,13 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
             c: {**quantizer.options[c], "excluded_nodes": excluded_nodes.get(c, []), "ops": summaries[c],
                 "per_op_precision": per_op_precision(summaries[c], cfg.method)}
             for c in cfg.components
-        },
-        "not_quantized": {k: v for k, v in NOT_QUANTIZED.items() if k in meta.components}
+        } | ({} if outcome.decoder is None else {DECODER: {
+            **outcome.decoder, "ops": summaries[DECODER],
+            "per_op_precision": {"MatMulNBits": "int8 weights, int8 compute (accuracy_level 4)"}
+            | {f"{k} (remaining {v})": "fp32" for k, v in summaries[DECODER]["float_ops_left"].items()},
+        }}),
+        "not_quantized": {k: v for k, v in NOT_QUANTIZED.items()
+                          if k in meta.components and not (k == DECODER and outcome.decoder is not None)}
         | ({} if cfg.quantize_head else {"head_code": "fp32 (--no-head)"}),
         FAST_GPT: outcome.fast_gpt_note,
         # Top-level copies for quantize.fast_gpt.optimize_artifact(quantize="auto").
@@ -502,21 +537,27 @@ def quantize_artifact(
     kv_cache: str = "fp32",
     algorithm: str | None = None,
     gate: str | os.PathLike[str] | None = None,
+    decoder: str = "int8",
 ) -> Path:
     """Write a quantized copy of the FP32 artifact at `artifact_dir` to `out_dir` (see `chattts_forge.quantize`).
 
     `kv_cache="int8"` (dynamic/int4, needs `calibration`): the rebuilt `gpt_fast.onnx` keeps its KV
     cache in int8 with per-channel scales calibrated from the calibration set (`kv_cache.py`); its
-    fidelity is measured with the rest (`fidelity.gpt_fast`, the graph the runtime runs)."""
+    fidelity is measured with the rest (`fidelity.gpt_fast`, the graph the runtime runs).
+    `decoder="int8"` (default): the Decoder's MatMuls become weight-only INT8 (`decoder.py`);
+    "fp32" copies it as it is."""
     src, out = Path(artifact_dir), Path(out_dir)
     targets = Targets(min_agreement, min_cosine, max_kl)
     meta = check_request(src, out, method, targets)
+    if decoder not in DECODER_WEIGHTS:
+        raise ForgeError(f"unknown decoder weights '{decoder}' (choose from: {', '.join(DECODER_WEIGHTS)})")
     cfg = QuantizeConfig(
         method=method,
         per_channel=method == "static" if per_channel is None else per_channel,  # dynamic: per tensor measured faster (18 vs 23 ms)
         calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
         activation_type=activation_type, exclude=tuple(exclude), block_size=block_size,
         accuracy_level=accuracy_level, quantize_head=quantize_head, seed=seed, kv_cache=kv_cache,
+        decoder=decoder,
     )
     fid = FidelityConfig(enabled=fidelity, corpus=fidelity_corpus, sentences=fidelity_sentences,
                          steps=fidelity_steps, seed=seed, threads=threads, progress=progress,
@@ -529,9 +570,11 @@ def quantize_artifact(
         work = Path(work_s)
         copied = copy_unchanged(src, tmp, skip)
         qmeta = start_meta(meta, src, out)
+        decoder_record = write_decoder(src, meta, cfg, tmp, qmeta)
         graphs = SourceGraphs.prepare(src, meta, cfg, work, preprocess=plan.legacy_static)
         quantizer = GraphQuantizer(cfg, graphs, tmp, work, plan)
         outcome = quantize_and_measure(quantizer, src, tmp, qmeta, fid, meta.has_component(FAST_GPT), kv)
+        outcome.decoder = decoder_record
         finish_meta(qmeta, meta, src, out, tmp, quantizer, outcome, copied)
         qmeta.write(tmp)
     sizes = qmeta.quantization["sizes"]

@@ -688,5 +688,8 @@ def optimize_artifact(
     meta = ArtifactMeta.load(folder)
     record = optimize_gpt(folder, folder / FAST_GPT_FILE, quantizer=quantizer, weights_from=weights_from, **kwargs)
     meta.components[FAST_GPT] = record
+    from chattts_forge.graph_storage import store_components_externally
+
+    store_components_externally(folder, meta, [FAST_GPT])  # memory-mapped by the runtime
     meta.write(folder)
-    return record
+    return meta.components[FAST_GPT]

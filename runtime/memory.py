@@ -82,10 +82,18 @@ def kv_cache_bytes(dims: Dims, batch: int, capacity: int, itemsize: int) -> int:
     return 2 * dims.num_hidden_layers * batch * dims.num_key_value_heads * capacity * dims.head_dim * itemsize
 
 
-def weight_bytes_from_dims(dims: Dims, gpt_bytes_per_weight: float = 4, head_bytes_per_weight: float | None = None) -> int:
+# The Decoder's MatMul weights in quantized variants (quantize/decoder.py): one byte each plus a
+# float32 scale per block of 128.
+DECODER_INT8_BYTES_PER_WEIGHT = 1 + 4 / 128
+
+
+def weight_bytes_from_dims(dims: Dims, gpt_bytes_per_weight: float = 4, head_bytes_per_weight: float | None = None,
+                           decoder_bytes_per_weight: float = 4) -> int:
     """Bytes of the graphs a Decoder pipeline runs (embed, GPT, code head, Decoder, Vocos), from the
     checkpoint inventory: FP32 except the GPT's (and the code head's) projection weights at
-    `gpt_bytes_per_weight` (1 for INT8, ~0.56 for INT4 with its block scales)."""
+    `gpt_bytes_per_weight` (1 for INT8, ~0.56 for INT4 with its block scales) and the Decoder's
+    pointwise projections at `decoder_bytes_per_weight` (`DECODER_INT8_BYTES_PER_WEIGHT` in the
+    quantized variants). The embedding counts whole, although a request maps in only its rows."""
     head_b = gpt_bytes_per_weight if head_bytes_per_weight is None else head_bytes_per_weight
     gpt = 0.0
     for spec in gpt_inventory(dims):
@@ -98,7 +106,8 @@ def weight_bytes_from_dims(dims: Dims, gpt_bytes_per_weight: float = 4, head_byt
             embed += spec.numel * 4
         elif spec.name.startswith("head_code"):
             head += spec.numel * (head_b if len(spec.shape) >= 2 else 4)
-    conv = sum(s.numel * 4 for s in decoder_inventory(dims)) + sum(s.numel * 4 for s in vocos_inventory(dims))
+    decoder = sum(s.numel * (decoder_bytes_per_weight if len(s.shape) == 2 else 4) for s in decoder_inventory(dims))
+    conv = decoder + sum(s.numel * 4 for s in vocos_inventory(dims))
     return int(gpt + embed + head + conv)
 
 

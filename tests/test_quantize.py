@@ -42,9 +42,16 @@ def test_graphs_are_quantized_and_vocos_is_untouched(quantized, tiny_artifacts, 
     out, fp32 = quantized[method], tiny_artifacts["fp32"]
     assert EXPECTED_OPS[method] <= _ops(out / "gpt.onnx")
     assert EXPECTED_OPS[method] <= _ops(out / "head_code.onnx")
-    assert sha256_file(out / "vocos.onnx") == sha256_file(fp32 / "vocos.onnx")
-    for name in ("decoder.onnx", "dvae.onnx", "dvae_encoder.onnx", "embed.onnx", "tokenizer.json", "speaker_stats.npy"):
+    for name in ("vocos.onnx", "vocos.onnx.data", "dvae.onnx", "dvae.onnx.data", "dvae_encoder.onnx", "embed.onnx",
+                 "embed.onnx.data", "tokenizer.json", "speaker_stats.npy"):
         assert sha256_file(out / name) == sha256_file(fp32 / name), name
+    # The Decoder: its MatMuls weight-only INT8 (8-bit MatMulNBits), its convolutions FP32.
+    decoder = onnx.load(str(out / "decoder.onnx"), load_external_data=False)
+    nbits = [n for n in decoder.graph.node if n.op_type == "MatMulNBits"]
+    assert nbits and all(a.i == 8 for n in nbits for a in n.attribute if a.name == "bits")
+    assert "MatMul" not in _ops(out / "decoder.onnx") and "Conv" in _ops(out / "decoder.onnx")
+    assert {p.key: p.value for p in decoder.metadata_props}["precision"] == "int8"
+    assert (out / "decoder.onnx.data").stat().st_size < (fp32 / "decoder.onnx.data").stat().st_size
     props = {p.key: p.value for p in onnx.load(str(out / "gpt.onnx"), load_external_data=False).metadata_props}
     assert props["component"] == "gpt" and props["precision"] == ("int4" if method == "int4" else "int8")
     assert (out / "gpt.onnx").stat().st_size < (fp32 / "gpt.onnx").stat().st_size
@@ -58,6 +65,13 @@ def test_artifact_json_records_choices_and_fidelity(quantized, tiny_artifacts, m
     assert meta["variant"] == {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4"}[method]
     assert q["method"] == method and q["vocos_sha256_equal"] is True
     assert meta["components"]["gpt"]["sha256"] == sha256_file(out / "gpt.onnx")
+    dec = meta["components"]["decoder"]
+    assert dec["precision"] == "int8" and dec["sha256"] == sha256_file(out / "decoder.onnx")
+    assert dec["external_data"] == {"file": "decoder.onnx.data", "bytes": (out / "decoder.onnx.data").stat().st_size,
+                                    "sha256": sha256_file(out / "decoder.onnx.data")}
+    assert q["components"]["decoder"]["weights"] == "int8" and q["components"]["decoder"]["bits"] == 8
+    assert q["components"]["decoder"]["matmuls_quantized"] == q["components"]["decoder"]["ops"]["quantized_ops"]["MatMulNBits"]
+    assert "decoder" not in q["not_quantized"]
     assert meta["components"]["gpt"]["precision"] == ("int4" if method == "int4" else "int8")
     assert q["components"]["gpt"]["ops"]["quantized_ops"]
     assert q["components"]["gpt"]["per_op_precision"]
