@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,13 +70,19 @@ RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 # - the GPT graphs run back to back: all threads, spinning (the default).
 SINGLE_THREAD_COMPONENTS = frozenset({"embed", "head_code", "head_text"})
 NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
-# Components that run without onnxruntime's CPU arena. An arena keeps its largest run's buffers
-# for the session's life; the Decoder/DVAE/Vocos run once per text (or stream chunk) on the
-# longest tensors of the pipeline, so their arenas sat on ~40 MB between runs. Without one their
-# buffers go back to the allocator after each run. Measured on the full int8-dynamic-kv8 artifact,
-# batch 1, 422 steps: process RSS between requests 487 -> 412 MB (with release_free_heap after
-# each run), and the GPT step, which keeps its arena, unchanged.
-NO_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
+# Components whose onnxruntime CPU arena gives back, after a large run, what that run added. An
+# arena keeps its largest run's buffers for the session's life; the Decoder/DVAE/Vocos run once per
+# text on its whole length (a 422-step text: ~40 MB of buffers each), and kept, those buffers sat
+# under every later peak. A run over more than `SHRINK_MIN_POSITIONS` time positions (batch x the
+# last axis of its first input: steps for the Decoder and DVAE, mel frames for Vocos) ends with the
+# arena shrunk (run option memory.enable_memory_arena_shrinkage). Stream chunks stay below it and
+# keep their arena: a chunk's window is at most 24 + 77 + 31 = 132 Decoder steps and 48 + 2 x 31 =
+# 110 Vocos frames (ChatTTS's stream_batch 24; the full-size radii, runtime.pipeline.StreamDecoder).
+# Measured on the full int8-dynamic-kv8 artifact, 2 threads: batch-1 peak at 422 steps 470 -> 450
+# MB; the load benchmark at concurrency 8 (streaming) unchanged (2.01 sentences/s either way),
+# whereas running these sessions without an arena cost it 6% (1.83 against 1.95).
+SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
+SHRINK_MIN_POSITIONS = 160
 # Files at most this large are hashed on every open ("cheap" verification); larger ones are
 # checked by size only unless verify="full".
 CHEAP_HASH_BYTES = 8 << 20
@@ -85,23 +91,39 @@ RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], No
 """Called after a session's `run`: (component, feeds, output names, outputs)."""
 
 
+def _time_positions(feed: Mapping[str, Any]) -> int:
+    """Batch x last axis of a run's first input (0 when it is not an array of rank >= 2)."""
+    first = next(iter(feed.values()), None)
+    shape = getattr(first, "shape", ())
+    return int(shape[0]) * int(shape[-1]) if len(shape) >= 2 else 0
+
+
+@cache
+def _shrink_arena_options() -> Any:
+    """onnxruntime RunOptions that shrink the CPU arena at the end of the run."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
 class ObservedSession:
     """A component's onnxruntime session whose `run` reports to the artifact's observers.
 
     Every other attribute (inputs, outputs, IO binding, options) is the wrapped session's own.
     """
 
-    def __init__(self, session: Any, component: str, observers: list[tuple[frozenset[str] | None, RunObserver]],
-                 release_heap: bool = False) -> None:
+    def __init__(self, session: Any, component: str, observers: list[tuple[frozenset[str] | None, RunObserver]]) -> None:
         self.session = session
         self.component = component
         self._observers = observers  # the artifact's list, shared: observers added later apply too
-        self._release_heap = release_heap  # arena-less sessions: hand their freed buffers back after a run
+        self._shrink = component in SHRINK_ARENA_COMPONENTS
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+        if self._shrink and run_options is None and _time_positions(input_feed) > SHRINK_MIN_POSITIONS:
+            run_options = _shrink_arena_options()
         outs = self.session.run(output_names, input_feed, run_options)
-        if self._release_heap:
-            release_free_heap()
         watching = [obs for comps, obs in self._observers if comps is None or self.component in comps]
         if watching:
             names = list(output_names) if output_names else [o.name for o in self.session.get_outputs()]
@@ -228,8 +250,6 @@ class Artifact:
                 opts.intra_op_num_threads = threads
             if name in NO_SPIN_COMPONENTS:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            if name in NO_ARENA_COMPONENTS:
-                opts.enable_cpu_mem_arena = False
             opts.log_severity_level = 3
             try:
                 session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
@@ -239,7 +259,7 @@ class Artifact:
             if got[0] != self.providers[0]:  # onnxruntime's silent fallback (see runtime.providers)
                 raise ForgeError(f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})")
             release_free_heap()
-            self._sessions[name] = ObservedSession(session, name, self._observers, name in NO_ARENA_COMPONENTS)
+            self._sessions[name] = ObservedSession(session, name, self._observers)
             log.debug("loaded %s on %s", path.name, self.providers[0])
         return self._sessions[name]
 

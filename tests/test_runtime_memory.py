@@ -91,3 +91,25 @@ def test_batch8_memory_within_the_bound_and_scaled_to_full(tiny_artifacts):
     fp32_cache = memory_bound(full, batch=8, prompt=m["prompt"], max_new_token=422, kv_itemsize=4,
                               weights=weight_bytes_from_dims(full, gpt_bytes_per_weight=1))
     assert np.isclose(fp32_cache.kv_cache, 4 * b8.kv_cache)  # the int8 cache quarters the cache
+
+
+def test_whole_text_decodes_shrink_the_arena_and_stream_chunks_do_not():
+    """runtime.session: a Decoder/Vocos run over more than SHRINK_MIN_POSITIONS positions gets the
+    arena-shrinking run options; a stream chunk's window and the GPT's runs do not."""
+    from chattts_forge.runtime.session import SHRINK_MIN_POSITIONS, ObservedSession
+
+    seen = []
+
+    class Recorder:
+        def run(self, names, feed, options):
+            seen.append(options)
+            return []
+
+    vocos, gpt = ObservedSession(Recorder(), "vocos", []), ObservedSession(Recorder(), "gpt_fast", [])
+    vocos.run(None, {"mel": np.zeros((1, 100, 110), np.float32)})  # a stream chunk's window (full size)
+    vocos.run(None, {"mel": np.zeros((1, 100, 2 * 422), np.float32)})  # a whole 422-step text
+    vocos.run(None, {"mel": np.zeros((2, 100, SHRINK_MIN_POSITIONS // 2 + 1), np.float32)})  # batch counts
+    gpt.run(None, {"inputs_embeds": np.zeros((8, 1, 768), np.float32)})
+    assert seen[0] is None and seen[3] is None
+    for options in seen[1:3]:
+        assert options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
