@@ -68,6 +68,8 @@ METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4", "auto":
 # The fused GPT graph's key/value cache (`quantize --kv-cache`). An INT8 cache makes its own variant,
 # the method's variant plus a suffix, so it is published beside the float-cache one, never over it.
 KV_CACHES = ("fp32", "int8")
+# The Decoder of a quantized variant (`quantize --decoder`): its MatMuls weight-only int8, or fp32.
+DECODER_WEIGHTS = ("int8", "fp32")
 KV_CACHE_SUFFIX = {"fp32": "", "int8": "-kv8"}
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from chattts_forge.artifact import KV_CACHES, QUANTIZE_METHODS, quantized_variant
+from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS, quantized_variant
 
 
 @click.command("quantize")
@@ -52,7 +52,7 @@ from chattts_forge.artifact import KV_CACHES, QUANTIZE_METHODS, quantized_varian
               help="KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales "
                    "calibrated from --calibration; its fidelity is measured like the weights'. It names its "
                    f"own variant ({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).")
-@click.option("--decoder", "decoder", type=click.Choice(("int8", "fp32")), default="int8", show_default=True,
+@click.option("--decoder", "decoder", type=click.Choice(DECODER_WEIGHTS), default="int8", show_default=True,
               help="The Decoder's pointwise MatMuls: weight-only INT8 (MatMulNBits 8-bit, convolutions FP32; "
                    "judged by fidelity's mel) or kept FP32.")
 def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,

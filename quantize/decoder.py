@@ -30,7 +30,6 @@ from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQua
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.int4 import initializers_in_use_order
 
-DECODER_WEIGHTS = ("int8", "fp32")  # `quantize --decoder`: int8 (default) or kept FP32
 BITS = 8
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4

@@ -28,6 +28,7 @@ from typing import Any
 from chattts_forge.artifact import (
     ARTIFACT_JSON,
     DECODER,
+    DECODER_WEIGHTS,
     FAST_GPT,
     FAST_GPT_FILE,
     KV_CACHES,
@@ -49,7 +50,6 @@ from chattts_forge.quantize.artifact import (
     require_fp32_source,
 )
 from chattts_forge.quantize.calibrated import Plan, plan_request
-from chattts_forge.quantize.decoder import DECODER_WEIGHTS
 from chattts_forge.quantize.fallback import Targets, check_method, producers_of, run_fallback
 from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
 
@@ -437,7 +437,9 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
         summaries[DECODER] = graph_summary(out_dir / qmeta.components[DECODER]["file"])
     vocos_equal = check_vocoder_copied(src, out_dir, meta)
     # The graphs this stage wrote that the runtime maps (copied ones keep the source's files).
-    written = [c for c in (FAST_GPT, DECODER) if c in qmeta.components and (c == FAST_GPT or outcome.decoder)]
+    written = [FAST_GPT] if FAST_GPT in qmeta.components else []
+    if outcome.decoder is not None:
+        written.append(DECODER)
     store_components_externally(out_dir, qmeta, written)
     fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
     gpt_bytes = quantizer.output("gpt").stat().st_size
@@ -462,6 +464,7 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
             "accuracy_level": cfg.accuracy_level if int4_blocks else None,
             **({"algorithm": plan.algorithm} if cfg.method == "int4" else {}),
             "quantize_head": cfg.quantize_head,
+            "decoder": cfg.decoder,
             "exclude_patterns": list(cfg.exclude),
             "seed": cfg.seed,
         },

@@ -163,10 +163,27 @@ def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
         quantize_artifact(quantized["dynamic"], tmp_path / "x", "int4", fidelity=False)
     with pytest.raises(ForgeError, match="apply to static and dynamic"):
         quantize_artifact(fp32, tmp_path / "x", "int4", min_agreement=0.9, fidelity=False)
+    with pytest.raises(ForgeError, match="unknown decoder weights 'int4'"):
+        quantize_artifact(fp32, tmp_path / "x", "dynamic", decoder="int4", fidelity=False)
     assert not (tmp_path / "x").exists()
     res = CliRunner().invoke(main, ["quantize", "--artifact", str(tmp_path / "none"), "--method", "dynamic",
                                     "--out", str(tmp_path / "y")])
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_decoder_fp32_is_copied_as_it_is(tiny_artifacts, quantized, tmp_path: Path):
+    fp32 = tiny_artifacts["fp32"]
+    out = quantize_artifact(fp32, tmp_path / "dyn", "dynamic", decoder="fp32", fidelity=False)
+    for name in ("decoder.onnx", "decoder.onnx.data"):
+        assert sha256_file(out / name) == sha256_file(fp32 / name), name
+    q = json.loads((out / "artifact.json").read_text())
+    assert q["components"]["decoder"] == json.loads((fp32 / "artifact.json").read_text())["components"]["decoder"]
+    assert q["quantization"]["options"]["decoder"] == "fp32" and "decoder" not in q["quantization"]["components"]
+    assert q["quantization"]["not_quantized"]["decoder"] == "fp32 (--decoder fp32)"
+    # everything but the Decoder equals the default build's (same method, same source)
+    for name in ("gpt.onnx", "gpt_fast.onnx", "gpt_fast.onnx.data", "head_code.onnx"):
+        assert sha256_file(out / name) == sha256_file(quantized["dynamic"] / name), name
+    assert json.loads((quantized["dynamic"] / "artifact.json").read_text())["quantization"]["options"]["decoder"] == "int8"
 
 
 def test_source_artifact_folder_is_never_written(tiny_artifacts, tmp_path: Path):
