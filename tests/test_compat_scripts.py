@@ -66,9 +66,13 @@ SCRIPTS = {
     # argument; ChatTTS's users seed torch instead). With top_K=1 the codes then follow from the
     # speaker, and an unseeded one sometimes makes random weights end the reference sentence
     # (split_text's speaker sample) after a step or two: too short to encode, in ChatTTS as here.
+    # manual_seed: ChatTTS keeps at least 3 candidates whatever top_K says (min_tokens_to_keep), so an
+    # unseeded run samples; on random weights its split-text reference sentence can end after one
+    # step (256 samples), too short for the DVAE encoder (one CI run in many: a one-line error).
     "batch_not_none": """
         params_infer_code = ChatTTS.Chat.InferCodeParams(
-            spk_emb=chat.sample_random_speaker(seed=0), temperature=0.3, top_P=0.005, top_K=1, show_tqdm=False)
+            spk_emb=chat.sample_random_speaker(seed=0), temperature=0.3, top_P=0.005, top_K=1, show_tqdm=False,
+            manual_seed=0)
         texts = ["的 话 语 音 太 短 了 [uv_break] 会 造 成 错 误 。", "然 后 举 个 简 单 的 例 子 [uv_break] 。",
                  "我 使 用 seed id 去 生 成 音 频 。", "还 是 推 荐 使 用 [uv_break] 文 件 载 入 音 色 。"]
         wavs = chat.infer(texts, skip_refine_text=True, params_infer_code=params_infer_code)
