@@ -103,7 +103,17 @@ def is_stored_externally(path: Path) -> bool:
     if not data_file_of(path).is_file():
         return False
     model = onnx.load(str(path), load_external_data=False)
-    return all(len(t.raw_data) < SIZE_THRESHOLD for t in model.graph.initializer)
+    return not any(_inline_payload(t) >= SIZE_THRESHOLD for t in model.graph.initializer)
+
+
+def _inline_payload(tensor: Any) -> int:
+    """Bytes of a tensor's data kept in the graph (raw or typed fields; 0 when external or strings)."""
+    import onnx
+    from onnx import numpy_helper
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type == onnx.TensorProto.STRING:
+        return 0
+    return len(tensor.raw_data) if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).nbytes
 
 
 def store_externally(path: Path) -> None:

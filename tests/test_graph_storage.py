@@ -76,6 +76,23 @@ def test_external_data_keeps_the_numbers_aligns_and_leaves_the_model_alone(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ext.onnx", "ext.onnx.data", "inline.onnx"]  # no temp left
 
 
+def test_tensors_in_typed_fields_count_and_move(tmp_path: Path):
+    """Exporters may write float_data instead of raw_data: such a tensor is inline payload too."""
+    model = _model()
+    mid = numpy_helper.to_array(model.graph.initializer[0])
+    model.graph.initializer[0].CopyFrom(helper.make_tensor("mid", onnx.TensorProto.FLOAT, mid.shape, mid.tolist()))
+    assert not model.graph.initializer[0].HasField("raw_data")
+    typed = tmp_path / "typed.onnx"
+    typed.write_bytes(model.SerializeToString())
+    (tmp_path / "typed.onnx.data").write_bytes(b"stale")
+    assert not is_stored_externally(typed)  # a data file beside it is not enough
+    save_with_external_data(model, typed)
+    assert is_stored_externally(typed)
+    x = np.ones((2, 64), np.float32)
+    assert np.array_equal(_run(typed, x), ort.InferenceSession(model.SerializeToString(),
+                                                              providers=["CPUExecutionProvider"]).run(None, {"x": x})[0])
+
+
 def test_converted_artifacts_store_the_runtime_graphs_externally(tiny_artifacts):
     for variant in ("fp32", "fp16"):
         folder = tiny_artifacts[variant]
