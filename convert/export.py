@@ -127,7 +127,7 @@ def _store_runtime_graphs(folder: Path) -> None:
 
 
 def _component_record(
-    spec: ComponentSpec, files: list[str], folder: Path, precision: str, converter: str, opset: int
+    spec: ComponentSpec, folder: Path, precision: str, converter: str, opset: int
 ) -> dict[str, Any]:
     inputs, outputs = io_description(spec)
     rec: dict[str, Any] = {
@@ -165,7 +165,7 @@ def _export_all(
         session = make_session(dir32 / spec.file, threads)
         parity = check_parity(session, cases, spec.tolerance_abs, f"{name} (fp32)", collect=outputs32)
         del session
-        rec = _component_record(spec, files, dir32, "fp32", TORCHSCRIPT_CONVERTER, opset)
+        rec = _component_record(spec, dir32, "fp32", TORCHSCRIPT_CONVERTER, opset)
         rec["parity"] = {"reference": "ChatTTS PyTorch (fp32)", **parity}
         comps32[name] = rec
         log.info(
@@ -178,7 +178,7 @@ def _export_all(
                 t1 = time.perf_counter()
                 model16, conv = convert_to_fp16(model, name)
                 set_metadata(model16, metadata_props(spec, dims, "fp16", conv["converter"]))
-                files16 = save_model(model16, dir16 / spec.file)
+                save_model(model16, dir16 / spec.file)
                 del model16
                 # FP16 against the FP32 graph, on the same inputs (padding masked out as for fp32).
                 cases16 = [
@@ -189,7 +189,7 @@ def _export_all(
                     session16, cases16, None, f"{name} (fp16)", tolerance_rel=FP16_TOLERANCE_REL
                 )
                 del session16
-                rec16 = _component_record(spec, files16, dir16, "fp16", conv["converter"], opset)
+                rec16 = _component_record(spec, dir16, "fp16", conv["converter"], opset)
                 rec16["parity"] = {"reference": "FP32 ONNX graph", **parity16}
                 rec16["op_block_list"] = conv["op_block_list"]
                 if "fallback_from" in conv:
