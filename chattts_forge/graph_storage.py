@@ -116,13 +116,15 @@ def _inline_payload(tensor: Any) -> int:
     return len(tensor.raw_data) if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).nbytes
 
 
-def store_externally(path: Path) -> None:
-    """Rewrite the graph at `path` with its weights in `<path>.data` (a no-op when they already are)."""
+def store_externally(path: Path) -> bool:
+    """Rewrite the graph at `path` with its weights in `<path>.data`; False (nothing written) when
+    they already are."""
     import onnx
 
     if is_stored_externally(path):
-        return
+        return False
     save_with_external_data(onnx.load(str(path)), path)
+    return True
 
 
 def storage_record(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -147,9 +149,7 @@ def store_components_externally(
     for name in components:
         if not meta.has_component(name):
             continue
-        path = meta.component_file(folder, name)
-        if not is_stored_externally(path):
-            store_externally(path)
+        if store_externally(meta.component_file(folder, name)):
             rewritten.append(name)
         meta.components[name] = storage_record(folder, meta.components[name])
     return rewritten

@@ -40,7 +40,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path, sha256_file
-from chattts_forge.graph_storage import store_components_externally
+from chattts_forge.graph_storage import store_components_externally, store_externally
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
     component_record,
@@ -410,9 +410,11 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
     dst = out_dir / source.name
     record = quantize_decoder(source, dst)
     copy_metadata_props(source, dst, "int8")
+    store_externally(dst)  # as the runtime maps it (graph_storage); fidelity then runs the final files
     qmeta.components[DECODER] = component_record(dst, meta.components[DECODER], "int8")
     log.info("decoder: %d MatMuls weight-only int8 (%.1f -> %.1f MB)", record["matmuls_quantized"],
-             sum(f.stat().st_size for f in meta.component_files(src, DECODER)) / 1e6, dst.stat().st_size / 1e6)
+             sum(f.stat().st_size for f in meta.component_files(src, DECODER)) / 1e6,
+             sum(f.stat().st_size for f in qmeta.component_files(out_dir, DECODER)) / 1e6)
     return record
 
 
@@ -436,11 +438,9 @@ def finish_meta(qmeta: ArtifactMeta, meta: ArtifactMeta, src: Path, out: Path, o
     if outcome.decoder is not None:
         summaries[DECODER] = graph_summary(out_dir / qmeta.components[DECODER]["file"])
     vocos_equal = check_vocoder_copied(src, out_dir, meta)
-    # The graphs this stage wrote that the runtime maps (copied ones keep the source's files).
-    written = [FAST_GPT] if FAST_GPT in qmeta.components else []
-    if outcome.decoder is not None:
-        written.append(DECODER)
-    store_components_externally(out_dir, qmeta, written)
+    # The fused GPT, which several writers produce inline, as the runtime maps it (the Decoder is
+    # stored so by `write_decoder`; copied graphs keep the source's files).
+    store_components_externally(out_dir, qmeta, [FAST_GPT])
     fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
     gpt_bytes = quantizer.output("gpt").stat().st_size
     excluded_nodes = quantizer.excluded_nodes
