@@ -180,7 +180,7 @@ class Step:
 
 
 @dataclass
-class Pipeline:
+class Build:
     work: Path
     to: Path
     variants: tuple[str, ...]
@@ -546,7 +546,7 @@ def run_pipeline(
     for source in (PRESET_STAGE_ARGS.get(preset, {}) if ckpt is None else {}, extra or {}):
         for stage, args in source.items():
             stage_args.setdefault(stage, []).extend(args)
-    pipe = Pipeline(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
+    pipe = Build(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
     if pytorch_baseline is None:
         pytorch_baseline = not (ckpt is None and preset == "tiny")
     pipe.pytorch_baseline = pytorch_baseline
@@ -602,7 +602,7 @@ def run_pipeline(
     return outcomes
 
 
-def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
+def publish_serving_files(pipe: Build, version_dir: Path) -> None:
     """A published version's routing.json, then its phrase cache (warmed through that routing table,
     an incremental step like the others) and the version manifest (publish.version_files)."""
     from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
@@ -631,7 +631,7 @@ def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
     publish_version_files(version_dir, cache_file=out, phrase_list=listing)
 
 
-def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: float) -> None:
+def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) -> None:
     ran = ", ".join(pipe.ran) if pipe.ran else "nothing (everything up to date)"
     print(f"\npipeline finished in {seconds:.1f} s; ran: {ran}")
     print(f"{'variant':<14} {'gate':<7} {'published':<60} report")

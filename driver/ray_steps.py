@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from chattts_forge.driver.pipeline import STAGES, Pipeline, Step, stage_env
+from chattts_forge.driver.pipeline import STAGES, Build, Step, stage_env
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.raycluster import connect
@@ -56,7 +56,7 @@ def run_stage(cmd: list[str], env_overrides: dict[str, str], capture_stdout: boo
     return proc.returncode, proc.stdout, time.perf_counter() - start, socket.gethostname()
 
 
-def run_variant_steps(pipe: Pipeline, address: str, step_cpus: float = 2, last_stage: str = "evaluate") -> None:
+def run_variant_steps(pipe: Build, address: str, step_cpus: float = 2, last_stage: str = "evaluate") -> None:
     """Run every variant's quantize/evaluate steps as Ray tasks (see the module docstring)."""
     ray = connect(address)
     task = ray.remote(num_cpus=step_cpus, max_retries=0)(run_stage)
