@@ -283,3 +283,104 @@ def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
     return {
         rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
     }
+
+
+# ---- the quantization record (artifact.json `quantization`) ----------------------------------
+# Written once by the quantize stage's method object (chattts_forge.quantize.methods); field order
+# is key order in artifact.json. Fields marked `_OMITTED_WHEN_NONE` are absent (not null) when unset,
+# as they always were, so records written before these types existed keep their bytes.
+
+_OMITTED_WHEN_NONE = {"omit_none": True}
+
+
+def _record_dict(record: Any) -> dict[str, Any]:
+    """A record dataclass as its JSON object: fields in order, nested records converted."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.metadata.get("omit_none"):
+            continue
+        out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+    return out
+
+
+def _record_values(cls: type, doc: Any, what: str) -> dict[str, Any]:
+    """The fields of `cls` read from a JSON object; unknown or missing non-optional keys are refused."""
+    if not isinstance(doc, dict):
+        raise ForgeError(f"{what}: not a JSON object")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(doc) - names)
+    if unknown:
+        raise ForgeError(f"{what}: unknown key(s) {', '.join(unknown)}")
+    required = [f.name for f in fields(cls) if not f.metadata.get("omit_none") and f.name not in doc]
+    if required:
+        raise ForgeError(f"{what}: missing key(s) {', '.join(required)}")
+    return dict(doc)
+
+
+@dataclass(kw_only=True)
+class QuantizationOptions:
+    """`quantization.options`: the options the method ran with; the ones it does not use are null
+    (static's activation settings; the INT4 block settings, which int4 and auto's INT4 MatMuls use)."""
+
+    per_channel: bool
+    calibrate_method: str | None  # static only
+    activation_type: str | None  # static only
+    symmetric_activations: bool | None  # static only
+    block_size: int | None  # int4 and auto
+    accuracy_level: int | None  # int4 and auto
+    algorithm: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # int4 only: rtn | k_quant | gptq
+    quantize_head: bool
+    decoder: str  # DECODER_WEIGHTS
+    exclude_patterns: list[str]
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record_dict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> QuantizationOptions:
+        return cls(**_record_values(cls, doc, "quantization.options"))
+
+
+@dataclass(kw_only=True)
+class Quantization:
+    """`artifact.json` -> `quantization` of a quantized variant (docs/artifact-format.md).
+
+    `per_channel`, `block_size` and `accuracy_level` at the top level are the options a fast graph
+    rebuild takes (`quantize.fast_gpt.optimize_artifact` reads them): block settings
+    only for the method whose fused graph such a rebuild quantizes in blocks (int4), unlike
+    `options`, which records what the method itself used.
+    """
+
+    method: str  # QUANTIZE_METHODS
+    variant: str
+    tool: str
+    source_artifact: dict[str, Any]  # {"path", "variant", "artifact_json_sha256", "gpt_sha256"}
+    options: QuantizationOptions
+    components: dict[str, dict[str, Any]]  # per graph: the quantizer's record, excluded nodes, ops
+    not_quantized: dict[str, str]  # component -> why it stayed FP32
+    gpt_fast: str | None  # what became of the fused GPT graph
+    per_channel: bool
+    block_size: int | None
+    accuracy_level: int | None
+    excluded_nodes: list[str]
+    calibration: dict[str, Any] | None  # CalibrationStore.describe
+    algorithm: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # int4 only
+    auto: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # auto only: its search
+    fallback: dict[str, Any] | None  # the accuracy-driven fallback's steps (fidelity targets)
+    sizes: dict[str, Any]  # {"gpt_fp32_bytes", "gpt_bytes", "gpt_ratio"}
+    vocos_sha256_equal: bool | None
+    copied_files: list[str]
+    kv_cache: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # an int8 KV cache only
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object artifact.json stores (keys in field order)."""
+        return _record_dict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Quantization:
+        """A loaded artifact.json's `quantization` block, checked for its keys."""
+        values = _record_values(cls, doc, "quantization")
+        values["options"] = QuantizationOptions.from_dict(values["options"])
+        return cls(**values)

@@ -381,6 +381,8 @@ class Build:
             )
 
     def quantize_step(self, variant: str) -> Step:
+        from chattts_forge.quantize.methods import method_class
+
         fp32 = self.artifact_dir("fp32")
         argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
         inputs = {"fp32": self.cache.tree(fp32)}
@@ -390,7 +392,7 @@ class Build:
         kv_cache = VARIANT_KV_CACHE.get(variant)
         if kv_cache is not None:  # appended, so the float-cache variants keep their command (and step key)
             argv += ["--kv-cache", kv_cache]
-        if VARIANT_METHOD[variant] == "auto" and self.gate:  # the search meets the gate evaluate applies
+        if method_class(VARIANT_METHOD[variant]).takes_gate and self.gate:  # auto: meets the gate evaluate applies
             argv += ["--gate", self.gate]
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))

@@ -2,16 +2,20 @@
 
 Library::
 
-    from chattts_forge.quantize import quantize_artifact, measure_fidelity
-    quantize_artifact("artifacts/fp32", "artifacts/int8-dynamic", method="dynamic")
-    quantize_artifact("artifacts/fp32", "artifacts/int8-static", method="static",
-                      calibration="build/calib", min_agreement=0.99)       # accuracy-driven fallback
-    quantize_artifact("artifacts/fp32", "artifacts/int4", method="int4", block_size=128)
-    quantize_artifact("artifacts/fp32", "artifacts/int4", method="int4", calibration="build/calib",
-                      algorithm="gptq", block_size=32)                      # rtn | k_quant | gptq
-    quantize_artifact("artifacts/fp32", "artifacts/auto", method="auto", calibration="build/calib",
-                      gate="GATE.toml")       # fastest per-MatMul FP32/INT8/INT4 meeting the gate
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact, measure_fidelity
+    quantize_artifact("artifacts/fp32", "artifacts/int8-dynamic", QuantizeConfig("dynamic"))
+    quantize_artifact("artifacts/fp32", "artifacts/int8-static",
+                      QuantizeConfig("static", calibration="build/calib", min_agreement=0.99))  # fallback
+    quantize_artifact("artifacts/fp32", "artifacts/int4", QuantizeConfig("int4", block_size=128))
+    quantize_artifact("artifacts/fp32", "artifacts/int4", QuantizeConfig("int4", calibration="build/calib",
+                      algorithm="gptq", block_size=32))                     # rtn | k_quant | gptq
+    quantize_artifact("artifacts/fp32", "artifacts/auto", QuantizeConfig("auto", calibration="build/calib",
+                      gate="GATE.toml"))      # fastest per-MatMul FP32/INT8/INT4 meeting the gate
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
+
+`QuantizeConfig` (config.py) holds every option (the CLI maps its options to it one for one); each
+method is a class of the registry in `methods.py` (`METHODS`: what it needs, how it quantizes the
+plain and fused GPT graphs, its record).
 
 What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and the code head
 (`head_code`, one MatMul; `quantize_head=False` keeps it FP32), and, whatever the method, the
@@ -19,24 +23,26 @@ Decoder's pointwise MatMuls as weight-only INT8 (`decoder.py`; `decoder="fp32"` 
 MatMuls (both inputs are activations), the embeddings (Gathers), the text head (unused by the code
 stage) and the convolutions (Decoder, DVAE: dynamic ConvInteger is a slow CPU path) stay FP32;
 vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The fused GPT and the
-Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`). The stage's steps: `quantize.py`; method details:
-`dynamic.py`, `static.py`, `int4.py`.
-A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: dynamic and RTN
-int4 rebuild it with the same quantizer (`quantize.fast_gpt.optimize_gpt`); static (minmax), calibrated
-int4 (k_quant, gptq) and auto quantize the source's own gpt_fast.onnx with the same per-MatMul choices
-as gpt.onnx (`calibrated.py`, `fused.py`, `static_fused.py`, `auto.py`; parity of the two graphs on the
-recorded samples is recorded); fallback runs and legacy static (entropy/percentile/symmetric, via
-onnxruntime's quantize_static) drop it so the runtime uses the quantized `gpt.onnx`. Before any work
+Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`). The stage's steps: `quantize.py`; the methods: `methods.py`
+(quantizers: `dynamic.py`, `static.py`, `static_fused.py`, `int4.py`, `auto.py`).
+A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: each method
+says what becomes of it (`QuantizationMethod.write_fast_graph`): dynamic and RTN int4 rebuild it with
+the same quantizer (`fast_graph_quantizer`), static (minmax), calibrated int4 (k_quant, gptq) and
+auto quantize the source's own gpt_fast.onnx with the same per-MatMul choices as gpt.onnx
+(`fused.py`; parity of the two graphs on the recorded samples is recorded); fallback runs and
+legacy static (entropy/percentile/symmetric, via onnxruntime's quantize_static) drop it so the
+runtime uses the quantized `gpt.onnx`. Before any work
 the input artifact's files are checked against their recorded sizes and sha256, and the calibration
 folder against the artifact (`inputs.py`). Calibration: `chattts-forge calibrate`
 (`chattts_forge.calibration_data`). Decode-step timing of the results:
 `python -m chattts_forge.quantize.stepbench FP32_DIR QUANT_DIR...`.
 
 The output is a complete artifact folder (written atomically) that `chattts-forge synth` runs. Its
-artifact.json gets: `variant` (int8-dynamic | int8-static | int4 | auto), per-component `precision`/
-`sha256`/`bytes`, `"quantization"` (method, options, per-graph op summary and per-op precision,
-excluded nodes, calibration corpus hash and sample counts, fallback steps, sizes, library versions;
-like Optimum's ort_config.json) and `"fidelity"`.
+artifact.json gets: `variant` (int8-dynamic | int8-static | int4 | auto, `-kv8` with an int8 KV
+cache), per-component `precision`/`sha256`/`bytes`, `"quantization"` (the typed record
+`chattts_forge.artifact.Quantization`: method, options, per-graph op summary and per-op precision,
+excluded nodes, calibration corpus hash and sample counts, fallback steps, sizes; like Optimum's
+ort_config.json) and `"fidelity"`.
 
 `measure_fidelity(fp32_dir, quant_dir, corpus="builtin:evaluation", max_sentences=8,
 max_new_token=48, seed=0, threads=None, per_tensor=True, top_tensors=10)` returns (and
@@ -69,8 +75,25 @@ held-out split, so it means the same on synthetic (random) checkpoints as on the
 
 from __future__ import annotations
 
-from chattts_forge.artifact import QUANTIZE_METHODS as METHODS
-from chattts_forge.quantize.fidelity import measure_fidelity
-from chattts_forge.quantize.quantize import quantize_artifact
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["METHODS", "measure_fidelity", "quantize_artifact"]
+from chattts_forge.artifact import QUANTIZE_METHODS as METHODS
+from chattts_forge.quantize.config import FidelityConfig, QuantizeConfig, Targets
+
+if TYPE_CHECKING:
+    from chattts_forge.quantize.fidelity import measure_fidelity
+    from chattts_forge.quantize.quantize import quantize_artifact
+
+__all__ = ["METHODS", "FidelityConfig", "QuantizeConfig", "Targets", "measure_fidelity", "quantize_artifact"]
+
+# The stage's functions load onnx, onnxruntime and the runtime: imported when first used, so that
+# the CLI, the driver and the method registry import this package cheaply.
+_LAZY = {"measure_fidelity": "chattts_forge.quantize.fidelity", "quantize_artifact": "chattts_forge.quantize.quantize"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

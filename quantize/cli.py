@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,13 +56,7 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
 @click.option("--decoder", "decoder", type=click.Choice(DECODER_WEIGHTS), default="int8", show_default=True,
               help="The Decoder's pointwise MatMuls: weight-only INT8 (MatMulNBits 8-bit, convolutions FP32; "
                    "judged by fidelity's mel) or kept FP32.")
-def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path | None, per_channel: bool | None,
-             calibrate_method: str, activation_type: str, symmetric_activations: bool, exclude: tuple[str, ...],
-             block_size: int, algorithm: str | None, gate: Path | None, accuracy_level: int, quantize_head: bool,
-             min_agreement: float | None,
-             min_cosine: float | None, max_kl: float | None, step_nodes: int | None, fidelity: bool,
-             fidelity_corpus: str, fidelity_sentences: int, fidelity_steps: int, seed: int,
-             threads: int | None, kv_cache: str, decoder: str) -> None:
+def quantize(artifact_dir: Path, out_dir: Path, **options: Any) -> None:
     """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
 
     \b
@@ -73,16 +68,8 @@ def quantize(artifact_dir: Path, method: str, out_dir: Path, calibration: Path |
     With --min-agreement/--min-cosine/--max-kl, static and dynamic keep the most harmful nodes in FP32,
     step by step, until the targets hold on the held-out split (or say that they cannot).
     """
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
-    out = quantize_artifact(
-        artifact_dir, out_dir, method, calibration=calibration, per_channel=per_channel,
-        calibrate_method=calibrate_method, symmetric_activations=symmetric_activations,
-        activation_type=activation_type, exclude=exclude, block_size=block_size, accuracy_level=accuracy_level,
-        algorithm=algorithm, gate=gate,
-        quantize_head=quantize_head, min_agreement=min_agreement, min_cosine=min_cosine, max_kl=max_kl,
-        step_nodes=step_nodes, fidelity=fidelity, fidelity_corpus=fidelity_corpus,
-        fidelity_sentences=fidelity_sentences, fidelity_steps=fidelity_steps, seed=seed, threads=threads, kv_cache=kv_cache,
-        decoder=decoder,
-    )
+    # Every other option is a QuantizeConfig field of the same name (the method a registry name).
+    out = quantize_artifact(artifact_dir, out_dir, QuantizeConfig(**options))
     click.echo(str(out))

@@ -21,48 +21,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.config import Targets
 from chattts_forge.quantize.fidelity import make_session
 from chattts_forge.runtime.timing import time_calls
 
 log = get_logger(__name__)
 
 HEAD_NODE = "head_code"  # pseudo node name: the whole code head kept in FP32
-
-
-@dataclass
-class Targets:
-    min_agreement: float | None = None
-    min_cosine: float | None = None
-    max_kl: float | None = None
-
-    def any(self) -> bool:
-        return any(v is not None for v in (self.min_agreement, self.min_cosine, self.max_kl))
-
-    def check(self, fid: dict[str, Any]) -> list[str]:
-        """The targets `fid` misses, as short strings (empty: all met)."""
-        missed = []
-        agree = fid["teacher_forced"]["top1_agreement"]["mean"]
-        cos = fid["hidden_cosine"]["mean"]
-        kl = fid["teacher_forced"]["kl"]["mean"]
-        if self.min_agreement is not None and agree < self.min_agreement:
-            missed.append(f"agreement {agree:.4f} < {self.min_agreement}")
-        if self.min_cosine is not None and cos < self.min_cosine:
-            missed.append(f"cosine {cos:.6f} < {self.min_cosine}")
-        if self.max_kl is not None and kl > self.max_kl:
-            missed.append(f"KL {kl:.3e} > {self.max_kl}")
-        return missed
-
-    def to_dict(self) -> dict[str, float | None]:
-        return {"min_agreement": self.min_agreement, "min_cosine": self.min_cosine, "max_kl": self.max_kl}
 
 
 def gpt_step_ms(gpt_path: Path, feeds: dict[str, np.ndarray], threads: int = 2, runs: int = 15) -> float:
@@ -169,7 +141,3 @@ def run_fallback(
         "final_fidelity": fid,
     }
 
-
-def check_method(method: str, targets: Targets) -> None:
-    if targets.any() and method not in ("static", "dynamic"):
-        raise ForgeError(f"fidelity targets (--min-agreement/--min-cosine/--max-kl) apply to static and dynamic, not {method}")

@@ -13,19 +13,20 @@ Library use::
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.quantize.dynamic import quantize_dynamic_graph
-from chattts_forge.quantize.int4 import quantize_int4_graph
+from chattts_forge.quantize.methods import METHODS
 from chattts_forge.runtime import fast_gpt_graph
 from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
-QUANTIZE_METHODS = ("dynamic", "int4")
+# The methods whose fused graph is rebuilt from the FP32 weights (the registry says which).
+QUANTIZE_METHODS = tuple(name for name, cls in METHODS.items() if cls.can_rebuild_fast_graph)
+# `optimize_artifact(quantize=...)`'s default: the method the artifact's variant was quantized with.
+FOLLOW_VARIANT = "variant"
 # artifact variant -> quantization of its fast graph (None: FP32 graph)
 VARIANT_METHODS: dict[str, str | None] = {
     **dict.fromkeys(FLOAT_VARIANTS), **{METHOD_VARIANT[m]: m for m in QUANTIZE_METHODS}
@@ -35,20 +36,12 @@ VARIANT_METHODS: dict[str, str | None] = {
 def fast_gpt_quantizer(
     method: str, *, block_size: int = 128, accuracy_level: int = 4, per_channel: bool = False
 ) -> GraphQuantizer:
-    """"dynamic" (INT8 MatMulInteger, per tensor unless `per_channel`) or "int4" (MatMulNBits,
-    `block_size`, `accuracy_level`). Per-tensor INT8 keeps the projections unpacked: packing would
-    share one scale across matrices."""
-    if method == "dynamic":
-        return GraphQuantizer(
-            "dynamic", METHOD_VARIANT["dynamic"], pack_projections=per_channel,
-            quantize=functools.partial(quantize_dynamic_graph, per_channel=per_channel),
-        )
-    if method == "int4":
-        return GraphQuantizer(
-            "int4", METHOD_VARIANT["int4"], pack_projections=True,
-            quantize=functools.partial(quantize_int4_graph, block_size=block_size, accuracy_level=accuracy_level),
-        )
-    raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    """The fused graph's quantizer of a rebuilding method (`QUANTIZE_METHODS`: dynamic INT8
+    MatMulInteger, per tensor unless `per_channel`; int4 MatMulNBits at `block_size`, `accuracy_level`)."""
+    if method not in QUANTIZE_METHODS:
+        raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+    return METHODS[method].fast_graph_quantizer(block_size=block_size, accuracy_level=accuracy_level,
+                                                per_channel=per_channel)
 
 
 def optimize_gpt(
@@ -73,12 +66,12 @@ def optimize_artifact(
     artifact_dir: str | os.PathLike[str],
     *,
     weights_from: str | os.PathLike[str] | None = None,
-    quantize: str | None = "auto",
+    quantize: str | None = FOLLOW_VARIANT,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Add `gpt_fast.onnx` to an artifact folder and record it in its artifact.json.
 
-    `quantize="auto"` follows the artifact's variant: fp32/fp16 -> FP32 fast graph, int8-dynamic ->
+    `quantize=FOLLOW_VARIANT` (default) follows the artifact's variant: fp32/fp16 -> FP32 fast graph, int8-dynamic ->
     "dynamic", int4 -> "int4" (quantized artifacts need `weights_from`, their FP32 source). Options
     recorded under the artifact's `quantization` block (block_size, accuracy_level, per_channel) are
     reused unless given. Returns the component record.
@@ -86,7 +79,7 @@ def optimize_artifact(
     folder = Path(artifact_dir).expanduser()
     meta = ArtifactMeta.load(folder)
     variant = meta.variant
-    if quantize == "auto":
+    if quantize == FOLLOW_VARIANT:
         if variant not in VARIANT_METHODS:
             raise ForgeError(f"artifact variant '{variant}' has no fast GPT variant (fp32, int8-dynamic, int4)")
         quantize = VARIANT_METHODS[variant]

@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,23 @@ class StoreReader:
         return {n: sample[n] for n in self.input_names}
 
 
+@dataclass(frozen=True)
+class StaticOptions:
+    """onnxruntime quantize_static's choices (`quantize --method static` with non-minmax ranges)."""
+
+    calibrate_method: str = "minmax"
+    per_channel: bool = True
+    symmetric_activations: bool = False
+    activation_type: str = "uint8"
+    exclude_nodes: list[str] = field(default_factory=list)
+
+
 def quantize_static_graph(
     src: Path,
     dst: Path,
     store: CalibrationStore,
     component: str,
-    calibrate_method: str = "minmax",
-    per_channel: bool = True,
-    symmetric_activations: bool = False,
-    activation_type: str = "uint8",
-    exclude_nodes: list[str] | None = None,
+    options: StaticOptions,
     cache_path: Path | None = None,
     preprocessed: Path | None = None,
 ) -> dict[str, Any]:
@@ -113,6 +121,8 @@ def quantize_static_graph(
     redoing it); `cache_path`: calibration ranges cache (created on first use). Returns the options
     record for artifact.json.
     """
+    calibrate_method, per_channel, activation_type = options.calibrate_method, options.per_channel, options.activation_type
+    symmetric_activations, exclude_nodes = options.symmetric_activations, options.exclude_nodes
     if calibrate_method not in CALIBRATE_METHODS:
         raise ForgeError(f"unknown calibration method '{calibrate_method}' (minmax, entropy, percentile)")
     if activation_type not in ("uint8", "int8"):

@@ -65,24 +65,24 @@ def tiny_calib(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPat
 def tiny_quantized(tiny_artifacts: dict[str, Path], tiny_calib: Path,
                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny FP32 artifact quantized by every method: {"dynamic", "static", "int4", "auto": dir}."""
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
     root = tmp_path_factory.mktemp("quant")
     fp32 = tiny_artifacts["fp32"]
     fidelity = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
     return {
-        "dynamic": quantize_artifact(fp32, root / "dyn", "dynamic", **fidelity),
-        "static": quantize_artifact(fp32, root / "static", "static", calibration=tiny_calib, **fidelity),
-        "int4": quantize_artifact(fp32, root / "int4", "int4", block_size=32, **fidelity),
-        "auto": quantize_artifact(fp32, root / "auto", "auto", calibration=tiny_calib, **fidelity),
+        "dynamic": quantize_artifact(fp32, root / "dyn", QuantizeConfig("dynamic", **fidelity)),
+        "static": quantize_artifact(fp32, root / "static", QuantizeConfig("static", calibration=tiny_calib, **fidelity)),
+        "int4": quantize_artifact(fp32, root / "int4", QuantizeConfig("int4", block_size=32, **fidelity)),
+        "auto": quantize_artifact(fp32, root / "auto", QuantizeConfig("auto", calibration=tiny_calib, **fidelity)),
     }
 
 
 @pytest.fixture(scope="session")
 def tiny_kv8(tiny_artifacts: dict[str, Path], tiny_calib: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny FP32 artifact as dynamic INT8 with an INT8 KV cache (int8-dynamic-kv8), scales from `tiny_calib`."""
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
-    return quantize_artifact(tiny_artifacts["fp32"], tmp_path_factory.mktemp("quant-kv8") / "dyn-kv8", "dynamic",
+    return quantize_artifact(tiny_artifacts["fp32"], tmp_path_factory.mktemp("quant-kv8") / "dyn-kv8", QuantizeConfig("dynamic",
                              calibration=tiny_calib, kv_cache="int8", fidelity_sentences=2, fidelity_steps=16,
-                             threads=1)
+                             threads=1))

@@ -199,7 +199,7 @@ def test_quantize_writes_its_description_once(tiny_artifacts: dict[str, Path], t
     """Fidelity (including the rebuilt fast GPT graph) reads the description in memory; artifact.json
     is written once, at the end, and then loads as the runtime reads it."""
     import chattts_forge.fsutil as fsutil
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
     written: list[Path] = []
     real_write = fsutil.atomic_write_bytes
@@ -209,8 +209,8 @@ def test_quantize_writes_its_description_once(tiny_artifacts: dict[str, Path], t
         real_write(path, data)
 
     monkeypatch.setattr(fsutil, "atomic_write_bytes", counting_write)
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "int8", method="dynamic", fidelity_sentences=1,
-                            fidelity_steps=8, threads=1, progress=False)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "int8", QuantizeConfig("dynamic", fidelity_sentences=1,
+                            fidelity_steps=8, threads=1, progress=False))
     assert [p.name for p in written if p.name == ARTIFACT_JSON] == [ARTIFACT_JSON]
     meta = ArtifactMeta.load(out)
     assert meta.variant == METHOD_VARIANT["dynamic"] and meta.has_component(FAST_GPT)

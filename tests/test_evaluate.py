@@ -44,11 +44,11 @@ def gate_without_latency(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def int8_artifacts(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
     root = tmp_path_factory.mktemp("int8")
-    healthy = quantize_artifact(tiny_artifacts["fp32"], root / "int8-dynamic", method="dynamic", fidelity=False,
-                                threads=2, progress=False)
+    healthy = quantize_artifact(tiny_artifacts["fp32"], root / "int8-dynamic", QuantizeConfig("dynamic", fidelity=False,
+                                threads=2, progress=False))
     damaged = root / "int8-dynamic-x3"
     files = damage_quantization_scales(healthy, damaged, factor=3.0)
     assert "gpt.onnx" in files

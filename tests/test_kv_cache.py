@@ -12,7 +12,7 @@ import pytest
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.evaluate import flat_metrics
-from chattts_forge.quantize import quantize_artifact
+from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 from chattts_forge.quantize.kv_cache import kv_cache_scales
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.fast_gpt_graph import build_fast_gpt, extract_llama_weights
@@ -110,7 +110,7 @@ def test_quantize_records_int8_cache_and_its_fidelity(tiny_kv8):
 
 
 def test_fp32_cache_records_nothing_new(tiny_artifacts, tmp_path):
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "dyn", "dynamic", fidelity=False, threads=1)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "dyn", QuantizeConfig("dynamic", fidelity=False, threads=1))
     meta = json.loads((out / "artifact.json").read_text())
     assert "kv_cache" not in meta["components"]["gpt_fast"] and "kv_cache" not in meta["quantization"]
 
@@ -118,9 +118,9 @@ def test_fp32_cache_records_nothing_new(tiny_artifacts, tmp_path):
 def test_int8_cache_refusals(tiny_artifacts, calib, tmp_path):
     fp32 = tiny_artifacts["fp32"]
     with pytest.raises(ForgeError, match="needs --calibration"):
-        quantize_artifact(fp32, tmp_path / "a", "dynamic", kv_cache="int8", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "a", QuantizeConfig("dynamic", kv_cache="int8", fidelity=False))
     with pytest.raises(ForgeError, match="applies to the fused graph dynamic and rtn int4 rebuild"):
-        quantize_artifact(fp32, tmp_path / "b", "static", calibration=calib, kv_cache="int8", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "b", QuantizeConfig("static", calibration=calib, kv_cache="int8", fidelity=False))
     with pytest.raises(ForgeError, match="unknown KV cache"):
-        quantize_artifact(fp32, tmp_path / "c", "dynamic", kv_cache="fp16", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "c", QuantizeConfig("dynamic", kv_cache="fp16", fidelity=False))
     assert not any(tmp_path.iterdir())  # nothing half-written

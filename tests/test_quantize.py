@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
-from chattts_forge.quantize import measure_fidelity, quantize_artifact
+from chattts_forge.quantize import QuantizeConfig, measure_fidelity, quantize_artifact
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
 EXPECTED_OPS = {"dynamic": {"MatMulInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
@@ -128,8 +128,8 @@ def test_fallback_reaches_a_stricter_target_than_plain_static(quantized, tiny_ar
     plain = json.loads((quantized["static"] / "artifact.json").read_text())["fidelity"]
     cos0 = plain["hidden_cosine"]["mean"]
     target = cos0 + (1 - cos0) * 0.5
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", "static", calibration=calib,
-                            min_cosine=target, step_nodes=2, **FID)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", QuantizeConfig("static", calibration=calib,
+                            min_cosine=target, step_nodes=2, **FID))
     meta = json.loads((out / "artifact.json").read_text())
     fb = meta["quantization"]["fallback"]
     assert fb["met"] is True and "targets met" in fb["message"]
@@ -148,7 +148,7 @@ def test_fallback_reaches_a_stricter_target_than_plain_static(quantized, tiny_ar
 
 
 def test_fallback_says_when_a_target_cannot_be_met(tiny_artifacts, tmp_path: Path):
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", "dynamic", max_kl=-1.0, step_nodes=8, **FID)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "fb", QuantizeConfig("dynamic", max_kl=-1.0, step_nodes=8, **FID))
     fb = json.loads((out / "artifact.json").read_text())["quantization"]["fallback"]
     assert fb["met"] is False and "cannot be met" in fb["message"]
 
@@ -156,15 +156,15 @@ def test_fallback_says_when_a_target_cannot_be_met(tiny_artifacts, tmp_path: Pat
 def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
     fp32 = tiny_artifacts["fp32"]
     with pytest.raises(ForgeError, match="needs --calibration"):
-        quantize_artifact(fp32, tmp_path / "x", "static", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("static", fidelity=False))
     with pytest.raises(ForgeError, match="unknown method"):
-        quantize_artifact(fp32, tmp_path / "x", "int3", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("int3", fidelity=False))
     with pytest.raises(ForgeError, match="needs the FP32 artifact"):
-        quantize_artifact(quantized["dynamic"], tmp_path / "x", "int4", fidelity=False)
+        quantize_artifact(quantized["dynamic"], tmp_path / "x", QuantizeConfig("int4", fidelity=False))
     with pytest.raises(ForgeError, match="apply to static and dynamic"):
-        quantize_artifact(fp32, tmp_path / "x", "int4", min_agreement=0.9, fidelity=False)
+        quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("int4", min_agreement=0.9, fidelity=False))
     with pytest.raises(ForgeError, match="unknown decoder weights 'int4'"):
-        quantize_artifact(fp32, tmp_path / "x", "dynamic", decoder="int4", fidelity=False)
+        quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("dynamic", decoder="int4", fidelity=False))
     assert not (tmp_path / "x").exists()
     res = CliRunner().invoke(main, ["quantize", "--artifact", str(tmp_path / "none"), "--method", "dynamic",
                                     "--out", str(tmp_path / "y")])
@@ -173,7 +173,7 @@ def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
 
 def test_decoder_fp32_is_copied_as_it_is(tiny_artifacts, quantized, tmp_path: Path):
     fp32 = tiny_artifacts["fp32"]
-    out = quantize_artifact(fp32, tmp_path / "dyn", "dynamic", decoder="fp32", fidelity=False)
+    out = quantize_artifact(fp32, tmp_path / "dyn", QuantizeConfig("dynamic", decoder="fp32", fidelity=False))
     for name in ("decoder.onnx", "decoder.onnx.data"):
         assert sha256_file(out / name) == sha256_file(fp32 / name), name
     q = json.loads((out / "artifact.json").read_text())
@@ -190,7 +190,7 @@ def test_source_artifact_folder_is_never_written(tiny_artifacts, tmp_path: Path)
     src = tmp_path / "src"
     shutil.copytree(tiny_artifacts["fp32"], src)
     before = (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir()))
-    quantize_artifact(src, tmp_path / "dyn", "dynamic", fidelity=False)
+    quantize_artifact(src, tmp_path / "dyn", QuantizeConfig("dynamic", fidelity=False))
     assert (src.stat().st_mtime_ns, sorted(p.name for p in src.iterdir())) == before
 
 
@@ -200,18 +200,18 @@ def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, t
     src = tmp_path / "fp32"
     shutil.copytree(tiny_artifacts["fp32"], src)
     optimize_artifact(src)  # adds the FP32 gpt_fast.onnx the runtime prefers
-    int4 = quantize_artifact(src, tmp_path / "int4", "int4", **FID)
+    int4 = quantize_artifact(src, tmp_path / "int4", QuantizeConfig("int4", **FID))
     meta = json.loads((int4 / "artifact.json").read_text())
     assert meta["components"]["gpt_fast"]["precision"] == "int4"
     assert "MatMulNBits" in _ops(int4 / "gpt_fast.onnx")
     assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
-    static = quantize_artifact(src, tmp_path / "static", "static", calibration=calib, fidelity=False)
+    static = quantize_artifact(src, tmp_path / "static", QuantizeConfig("static", calibration=calib, fidelity=False))
     smeta = json.loads((static / "artifact.json").read_text())
     assert smeta["components"]["gpt_fast"]["precision"] == "int8-static"
     assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(static / "gpt_fast.onnx")
     # Symmetric activations take onnxruntime's quantize_static (plain graph only): the fast graph is dropped.
-    legacy = quantize_artifact(src, tmp_path / "legacy", "static", calibration=calib, symmetric_activations=True,
-                               fidelity=False)
+    legacy = quantize_artifact(src, tmp_path / "legacy", QuantizeConfig("static", calibration=calib, symmetric_activations=True,
+                               fidelity=False))
     lmeta = json.loads((legacy / "artifact.json").read_text())
     assert "gpt_fast" not in lmeta["components"] and not (legacy / "gpt_fast.onnx").exists()
     assert lmeta["quantization"]["gpt_fast"].startswith("dropped")

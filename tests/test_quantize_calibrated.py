@@ -13,7 +13,7 @@ from chattts_forge.calibration_data.calibrate import calibrate
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
-from chattts_forge.quantize import quantize_artifact
+from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
 
@@ -110,8 +110,8 @@ def test_packed_dynamic_int8_equals_onnxruntime_dynamic_on_the_unpacked_graph(ti
 
 @pytest.mark.parametrize("algorithm", ["rtn", "k_quant", "gptq"])
 def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_path: Path, algorithm: str):
-    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / algorithm, "int4", calibration=calib,
-                            algorithm=algorithm, block_size=32, **FID)
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / algorithm, QuantizeConfig("int4", calibration=calib,
+                            algorithm=algorithm, block_size=32, **FID))
     meta = _meta(out)
     assert meta["quantization"]["algorithm"] == algorithm
     assert meta["quantization"]["options"]["algorithm"] == algorithm
@@ -148,8 +148,8 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
     strict_gate = _gate(tmp_path / "strict.toml", 0.97, 0.9995)
     loose_gate = _gate(tmp_path / "loose.toml", 0.3, 0.8)
     fp32 = tiny_artifacts["fp32"]
-    strict = quantize_artifact(fp32, tmp_path / "strict", "auto", calibration=calib, gate=strict_gate, **FID)
-    loose = quantize_artifact(fp32, tmp_path / "loose", "auto", calibration=calib, gate=loose_gate, **FID)
+    strict = quantize_artifact(fp32, tmp_path / "strict", QuantizeConfig("auto", calibration=calib, gate=strict_gate, **FID))
+    loose = quantize_artifact(fp32, tmp_path / "loose", QuantizeConfig("auto", calibration=calib, gate=loose_gate, **FID))
     s, lo = _meta(strict)["quantization"]["auto"], _meta(loose)["quantization"]["auto"]
     assert s["assignment"] != lo["assignment"]
     count = {k: {c: sum(v == c for v in a["assignment"].values()) for c in ("fp32", "int8", "int4")}
@@ -284,17 +284,17 @@ def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Pa
     ]
     for folder, method, extra, message in cases:
         with pytest.raises(ForgeError, match=message) as err:
-            quantize_artifact(fp32, tmp_path / "out", method, calibration=folder, **extra, **FID)
+            quantize_artifact(fp32, tmp_path / "out", QuantizeConfig(method, calibration=folder, **extra, **FID))
         assert "\n" not in str(err.value)
         assert not (tmp_path / "out").exists()
     with pytest.raises(ForgeError, match="needs --calibration"):
-        quantize_artifact(fp32, tmp_path / "out", "int4", algorithm="gptq", **FID)
+        quantize_artifact(fp32, tmp_path / "out", QuantizeConfig("int4", algorithm="gptq", **FID))
     with pytest.raises(ForgeError, match="needs --calibration"):
-        quantize_artifact(fp32, tmp_path / "out", "auto", **FID)
+        quantize_artifact(fp32, tmp_path / "out", QuantizeConfig("auto", **FID))
     with pytest.raises(ForgeError, match="block-size"):
-        quantize_artifact(fp32, tmp_path / "out", "int4", block_size=48, **FID)
+        quantize_artifact(fp32, tmp_path / "out", QuantizeConfig("int4", block_size=48, **FID))
     with pytest.raises(ForgeError, match="gate file"):
-        quantize_artifact(fp32, tmp_path / "out", "auto", calibration=calib, gate=tmp_path / "none.toml", **FID)
+        quantize_artifact(fp32, tmp_path / "out", QuantizeConfig("auto", calibration=calib, gate=tmp_path / "none.toml", **FID))
     assert not (tmp_path / "out").exists()
 
 
@@ -306,9 +306,9 @@ def test_damaged_input_artifact_is_named_up_front(tiny_artifacts, tmp_path: Path
     data[-1] ^= 0xFF  # same size, different bytes
     (src / "head_code.onnx").write_bytes(bytes(data))
     with pytest.raises(ForgeError, match="head_code.onnx does not match its sha256"):
-        quantize_artifact(src, tmp_path / "out", "dynamic", **FID)
+        quantize_artifact(src, tmp_path / "out", QuantizeConfig("dynamic", **FID))
     (src / "head_code.onnx").write_bytes(original)
     (src / "decoder.onnx").write_bytes(b"short")
     with pytest.raises(ForgeError, match="decoder.onnx has 5 bytes"):
-        quantize_artifact(src, tmp_path / "out", "dynamic", **FID)
+        quantize_artifact(src, tmp_path / "out", QuantizeConfig("dynamic", **FID))
     assert not (tmp_path / "out").exists()

@@ -45,10 +45,9 @@ def corpus4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def int8(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Dynamic INT8 (with the fused GPT graph): fidelity figures that are not trivially perfect, and
     a per-tensor table (FP16 graphs have none)."""
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
-    return Path(quantize_artifact(tiny_artifacts["fp32"], tmp_path_factory.mktemp("int8") / "int8-dynamic",
-                                  method="dynamic", fidelity=False, threads=1, progress=False))
+    return Path(quantize_artifact(tiny_artifacts["fp32"], tmp_path_factory.mktemp("int8") / "int8-dynamic", QuantizeConfig("dynamic", fidelity=False, threads=1, progress=False)))
 
 
 @pytest.fixture(scope="module")
