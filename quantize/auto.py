@@ -48,7 +48,8 @@ from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
 
 log = get_logger(__name__)
 
-CHOICES = ("fp32", "int8", "int4")
+CHOICES = ("fp32", "int8", "int4")  # a MatMul's precision in an assignment
+FP32, INT8, INT4 = CHOICES
 SENSITIVITY_SAMPLES = 8
 # The gate's fidelity metrics (evaluate.gate.METRICS) and where measure_fidelity keeps them.
 FIDELITY_METRICS: dict[str, Callable[[dict[str, Any]], float]] = {
@@ -137,8 +138,8 @@ def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path,
     from chattts_forge.quantize.int4 import quantize_int4_graph
 
     model = onnx.load(str(src))
-    int8 = [n for n, c in assignment.items() if c == "int8"]
-    int4 = [n for n, c in assignment.items() if c == "int4"]
+    int8 = [n for n, c in assignment.items() if c == INT8]
+    int4 = [n for n, c in assignment.items() if c == INT4]
     insert_dynamic_int8(model, int8)
     if not int4:
         onnx.save(model, str(dst))

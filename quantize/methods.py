@@ -599,9 +599,11 @@ class Auto(QuantizationMethod):
                              threads=self.threads)
 
     def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+        from chattts_forge.quantize.auto import FP32
+
         assert self.search is not None
         if component == "head_code":  # quantized before the search
-            if self.search["head_code"] == "fp32":
+            if self.search["head_code"] == FP32:
                 shutil.copyfile(graphs.base[component], dst)
                 return {"kept": "fp32 (auto: no candidate met the gate with the INT8 code head)"}
             shutil.copyfile(self.work / "head_code.auto.onnx", dst)
@@ -614,7 +616,7 @@ class Auto(QuantizationMethod):
     def _mixed(self, src: Path, dst: Path, plain: bool) -> dict[str, Any]:
         import onnx
 
-        from chattts_forge.quantize.auto import plain_nodes, quantize_mixed
+        from chattts_forge.quantize.auto import CHOICES, plain_nodes, quantize_mixed
         from chattts_forge.quantize.static_fused import const_weight_matmuls
 
         assert self.search is not None
@@ -633,7 +635,7 @@ class Auto(QuantizationMethod):
                              accuracy_level=self.cfg.accuracy_level)
         return {"format": "mixed: dynamic INT8 (DynamicQuantizeMatMul, per-projection weight scales) + "
                           "INT4 MatMulNBits (rtn) + FP32",
-                "assignment": {c: sum(1 for v in assignment.values() if v == c) for c in ("fp32", "int8", "int4")},
+                "assignment": {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES},
                 **rec}
 
     def recorded_options(self) -> dict[str, Any]:

@@ -251,3 +251,21 @@ def test_artifact_json_records_paths_relative_to_its_folder(quantized, tiny_arti
         cal = meta["quantization"]["calibration"]
         assert recorded_path(cal["source_artifact"]["source"]["asset_dir"], quantized[method]) == tiny_ckpt.resolve()
         assert all(recorded_path(f, quantized[method]).is_file() for f in cal["corpus"]["files"])
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "int4", "auto"])
+def test_quantization_block_is_the_typed_record(quantized, method: str):
+    """artifact.json's `quantization` is `artifact.Quantization` as written: loading it and writing it
+    back gives the same JSON text (keys, order, values), the optional keys only where the method has them."""
+    from chattts_forge.artifact import Quantization, QuantizationOptions
+
+    q = json.loads((quantized[method] / "artifact.json").read_text())["quantization"]
+    record = Quantization.from_dict(q)
+    assert record.method == method and isinstance(record.options, QuantizationOptions)
+    assert json.dumps(record.to_dict()) == json.dumps(q)
+    assert ("algorithm" in q, "auto" in q, "kv_cache" in q) == (method == "int4", method == "auto", False)
+    assert ("algorithm" in q["options"]) == (method == "int4")
+    with pytest.raises(ForgeError, match="unknown key"):
+        Quantization.from_dict(q | {"blocksize": 32})
+    with pytest.raises(ForgeError, match="missing key.*sizes"):
+        Quantization.from_dict({k: v for k, v in q.items() if k != "sizes"})
