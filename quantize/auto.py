@@ -32,6 +32,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -336,85 +337,115 @@ def retime(passing: list[dict[str, Any]], rows: list[dict[str, Any]], graphs: di
     }
 
 
+@dataclass(frozen=True)
+class SearchSettings:
+    """The search's knobs: the INT4 MatMuls' block settings, threads, what "fastest" means
+    (`rank_by`: "step_ms", or "bytes", the default on tiny synthetic checkpoints), its budget."""
+
+    block_size: int = 128
+    accuracy_level: int = 4
+    threads: int = 1
+    rank_by: str | None = None
+    max_candidates: int = 8
+    headroom: float = SEARCH_HEADROOM
+
+
+@dataclass
+class Ladder:
+    """The candidates of one search, tried with one code head at a time: each one built, measured on
+    the held-out trajectories and judged against the gate's rules (with headroom)."""
+
+    fp32_dir: Path
+    fast: Path  # the FP32 fused graph
+    work: Path
+    order: list[str]  # projection MatMuls, least INT4-sensitive last
+    trajectories: Sequence[Any]
+    dims: dict[str, Any]
+    rules: list[list[Any]]
+    settings: SearchSettings
+    # kept for the final timing: passing candidates and all-INT8, per (head label, candidate)
+    graphs: dict[tuple[str, int], Path] = field(default_factory=dict)
+
+    def trial(self, tried: dict[int, dict[str, Any]], i: int, head_path: Path | None, head_label: str) -> bool:
+        """Build candidate `i`, measure and judge it; its row goes into `tried`."""
+        if i in tried:
+            return tried[i]["passed"]
+        st, n = self.settings, len(self.order)
+        assignment = ladder_assignment(self.order, i)
+        path = self.work / f"auto-candidate-{head_label}-{i + n}.onnx"
+        quantize_mixed(self.fast, path, assignment, self.work, block_size=st.block_size,
+                       accuracy_level=st.accuracy_level)
+        fid = fast_fidelity(self.fp32_dir, path, self.trajectories, self.dims, st.threads, head=head_path)
+        ok, failed = judge_fidelity(self.rules, fid)
+        counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
+        row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
+               "step_ms": round(fast_step_ms(path, self.dims, max(st.threads, 1)), 3),
+               "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
+               "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
+               "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
+        tried[i] = row
+        if ok or i == 0:
+            self.graphs[(head_label, i)] = path
+        else:
+            path.unlink()
+        log.info("auto: candidate %+d (fp32 %d / int8 %d / int4 %d, head %s): agreement %.4f, cosine %.5f, "
+                 "%.2f ms, %.1f MB: %s", i, counts[FP32], counts[INT8], counts[INT4], head_label,
+                 row["code_agreement"], row["hidden_cosine"], row["step_ms"], row["bytes"] / 1e6,
+                 "pass" if ok else f"fail ({', '.join(failed)})")
+        return ok
+
+    def climb(self, head_path: Path | None, head_label: str) -> list[dict[str, Any]]:
+        """The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder)."""
+        tried: dict[int, dict[str, Any]] = {}
+        n = len(self.order)
+        for i in (n, 0, -n):
+            self.trial(tried, i, head_path, head_label)
+        lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
+        if tried[hi]["passed"]:
+            lo = hi
+        while hi - lo > 1 and len(tried) < self.settings.max_candidates:
+            mid = (lo + hi) // 2
+            if self.trial(tried, mid, head_path, head_label):
+                lo = mid
+            else:
+                hi = mid
+        return sorted(tried.values(), key=lambda r: r["candidate"])
+
+
 def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[str, np.ndarray]],
-           trajectories: Sequence[Any], gate: str | Path | None, *, head: Path | None = None, block_size: int = 128,
-           accuracy_level: int = 4, threads: int = 1, rank_by: str | None = None,
-           max_candidates: int = 8, headroom: float = SEARCH_HEADROOM) -> dict[str, Any]:
+           trajectories: Sequence[Any], gate: str | Path | None, *, head: Path | None = None,
+           settings: SearchSettings = SearchSettings()) -> dict[str, Any]:
     """Find the per-MatMul assignment (fused-graph node names) for `quantize --method auto`."""
     targets = fidelity_targets(gate)
-    targets["headroom"] = headroom
-    targets["search_rules"] = with_headroom(targets["rules"], headroom)
+    targets["headroom"] = settings.headroom
+    targets["search_rules"] = with_headroom(targets["rules"], settings.headroom)
     fast = meta.component_file(fp32_dir, FAST_GPT)
     fp32_head = meta.component_file(fp32_dir, "head_code")
     dims = meta.dims or {}
     tiny = (meta.source or {}).get("preset") == "tiny"
-    rank_by = rank_by or ("bytes" if tiny else "step_ms")
+    rank_by = settings.rank_by or ("bytes" if tiny else "step_ms")
     if rank_by not in ("bytes", "step_ms"):
         raise ForgeError(f"rank_by must be 'bytes' or 'step_ms', got {rank_by!r}")
     feeds = [fused_feed(s) for s in samples]
     started = time.time()
     subset = [feeds[i] for i in evenly_spaced(len(feeds), SENSITIVITY_SAMPLES)]
     log.info("auto: sensitivity of each projection MatMul on %d calibration samples", len(subset))
-    sens = sensitivity(fast, fp32_head, subset, block_size, threads)
+    sens = sensitivity(fast, fp32_head, subset, settings.block_size, settings.threads)
     order = [r["node"] for r in sens]
-    n = len(order)
-    log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, n)
-
-    graphs: dict[tuple[str, int], Path] = {}  # kept for the final timing: passing candidates and all-INT8
-
-    def ladder(head_path: Path | None, head_label: str) -> list[dict[str, Any]]:
-        tried: dict[int, dict[str, Any]] = {}
-
-        def trial(i: int) -> bool:
-            if i in tried:
-                return tried[i]["passed"]
-            assignment = ladder_assignment(order, i)
-            path = work / f"auto-candidate-{head_label}-{i + n}.onnx"
-            quantize_mixed(fast, path, assignment, work, block_size=block_size, accuracy_level=accuracy_level)
-            fid = fast_fidelity(fp32_dir, path, trajectories, dims, threads, head=head_path)
-            ok, failed = judge_fidelity(targets["search_rules"], fid)
-            counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
-            row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
-                   "step_ms": round(fast_step_ms(path, dims, max(threads, 1)), 3),
-                   "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
-                   "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
-                   "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
-            tried[i] = row
-            if ok or i == 0:
-                graphs[(head_label, i)] = path
-            else:
-                path.unlink()
-            log.info("auto: candidate %+d (fp32 %d / int8 %d / int4 %d, head %s): agreement %.4f, cosine %.5f, "
-                     "%.2f ms, %.1f MB: %s", i, counts["fp32"], counts["int8"], counts["int4"], head_label,
-                     row["code_agreement"], row["hidden_cosine"], row["step_ms"], row["bytes"] / 1e6,
-                     "pass" if ok else f"fail ({', '.join(failed)})")
-            return ok
-
-        # The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder).
-        for i in (n, 0, -n):
-            trial(i)
-        lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
-        if tried[hi]["passed"]:
-            lo = hi
-        while hi - lo > 1 and len(tried) < max_candidates:
-            mid = (lo + hi) // 2
-            if trial(mid):
-                lo = mid
-            else:
-                hi = mid
-        return sorted(tried.values(), key=lambda r: r["candidate"])
-
+    log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, len(order))
+    ladder = Ladder(fp32_dir, fast, work, order, trajectories, dims, targets["search_rules"], settings)
     try:
-        rows = ladder(head, "int8" if head is not None else "fp32")
+        rows = ladder.climb(head, INT8 if head is not None else FP32)
         if head is not None and not any(r["passed"] for r in rows):
             log.info("auto: no candidate passes with the INT8 code head; searching again with the FP32 head")
-            rows += ladder(None, "fp32")
+            rows += ladder.climb(None, FP32)
         passing = [r for r in rows if r["passed"]]
         if not passing:
             raise ForgeError("auto: no candidate, not even all-FP32, meets the gate's fidelity thresholds")
-        timing = retime(passing, rows, graphs, dims, max(threads, 1)) if rank_by == "step_ms" else None
+        timing = (retime(passing, rows, ladder.graphs, dims, max(settings.threads, 1))
+                  if rank_by == "step_ms" else None)
     finally:
-        for path in graphs.values():
+        for path in ladder.graphs.values():
             path.unlink(missing_ok=True)
     pareto(rows, rank_by)
     # With a final timing, only the candidates it timed compete: one clock for all of them.
@@ -424,13 +455,13 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
         timing["chosen_vs_reference"] = round(best["step_ms"] / timing["reference"]["step_ms"], 4)
     assignment = ladder_assignment(order, best["candidate"])
     log.info("auto: chose candidate %+d (fp32 %d / int8 %d / int4 %d, head %s) of %d tried in %.0f s",
-             best["candidate"], best["fp32"], best["int8"], best["int4"], best["head_code"], len(rows),
+             best["candidate"], best[FP32], best[INT8], best[INT4], best["head_code"], len(rows),
              time.time() - started)
     return {
         "gate": targets,
         "ranked_by": rank_by if not tiny else "bytes (tiny synthetic checkpoint: step time is call overhead)",
-        "block_size": block_size,
-        "accuracy_level": accuracy_level,
+        "block_size": settings.block_size,
+        "accuracy_level": settings.accuracy_level,
         "int4_algorithm": "rtn",
         "ladder": "candidate i<0: |i| most INT4-sensitive MatMuls FP32, rest INT8; 0: all INT8; "
                   "i>0: i least sensitive INT4, rest INT8",

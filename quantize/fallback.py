@@ -35,6 +35,8 @@ from chattts_forge.runtime.timing import time_calls
 log = get_logger(__name__)
 
 HEAD_NODE = "head_code"  # pseudo node name: the whole code head kept in FP32
+MAX_STEPS = 50  # exclusion steps at most (each re-quantizes and measures fidelity once)
+BENCH_THREADS = 2  # the threads each step's decode-step latency is timed with
 
 
 def gpt_step_ms(gpt_path: Path, feeds: dict[str, np.ndarray], threads: int = 2, runs: int = 15) -> float:
@@ -69,8 +71,6 @@ def run_fallback(
     targets: Targets,
     head_quantized: bool,
     step_nodes: int | None = None,
-    max_steps: int = 50,
-    bench_threads: int = 2,
 ) -> dict[str, Any]:
     """Run the loop. `quantize_with(excluded_tensors, keep_head_fp32)` rewrites the quantized graphs
     (tensors: FP32 MatMul output names, mapped to node names by the caller); `measure()` returns a
@@ -81,7 +81,7 @@ def run_fallback(
     steps: list[dict[str, Any]] = []
     fid: dict[str, Any] = {}
     met = False
-    for step in range(max_steps + 1):
+    for step in range(MAX_STEPS + 1):
         t0 = time.perf_counter()
         quantize_with(list(excluded), keep_head)
         fid = measure()
@@ -91,7 +91,7 @@ def run_fallback(
             "excluded_nodes_total": len(excluded) + (1 if keep_head else 0),
             "fidelity": _fid_brief(fid),
             "gpt_bytes": gpt_path.stat().st_size,
-            "gpt_step_ms_2threads": gpt_step_ms(gpt_path, bench_feeds, bench_threads) if bench_feeds else None,
+            "gpt_step_ms_2threads": gpt_step_ms(gpt_path, bench_feeds, BENCH_THREADS) if bench_feeds else None,
             "missed": missed,
             "seconds": round(time.perf_counter() - t0, 2),
         }

@@ -59,6 +59,11 @@ class Trajectory:
     full_samples: list[dict[str, np.ndarray]] = field(default_factory=list)  # whole gpt feeds (with past)
 
 
+# The GPT calls of a trajectory whose whole-graph inputs are kept (the prefill and one decode step):
+# the per-tensor table and the fallback's step timing replay them.
+FULL_SAMPLE_STEPS = (0, 12)
+
+
 def record_trajectories(
     fp32_dir: Path,
     corpus: Corpus,
@@ -66,7 +71,6 @@ def record_trajectories(
     max_new_token: int,
     seed: int,
     threads: int | None,
-    full_sample_steps: tuple[int, ...] = (0, 12),
     progress: bool | None = None,
     indices: Sequence[int] | None = None,
 ) -> list[Trajectory]:
@@ -84,7 +88,7 @@ def record_trajectories(
             call = len(t.step_feeds)
             t.step_feeds.append({k: np.array(feeds[k]) for k in ("inputs_embeds", "attention_mask", "position_ids")})
             t.hidden.append(np.array(outs[0][:, -1]))
-            if call in full_sample_steps:
+            if call in FULL_SAMPLE_STEPS:
                 t.full_samples.append({k: np.array(v) for k, v in feeds.items()})
         elif component == "head_code":
             t.logits.append(np.array(outs[0]))

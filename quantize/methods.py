@@ -583,7 +583,7 @@ class Auto(QuantizationMethod):
         self.gate = fidelity_targets(self.cfg.gate)["path"]
 
     def prepare(self, work: Path, trajectories: Any) -> None:
-        from chattts_forge.quantize.auto import search
+        from chattts_forge.quantize.auto import SearchSettings, search
         from chattts_forge.quantize.static_fused import quantize_static_inputs
 
         super().prepare(work, trajectories)
@@ -594,9 +594,10 @@ class Auto(QuantizationMethod):
             self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx", self.samples("head_code"),
                                                        activation_type=self.cfg.activation_type, threads=self.threads)
             head = work / "head_code.auto.onnx"
+        settings = SearchSettings(block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
+                                  threads=self.threads)
         self.search = search(self.src, self.meta, work, self.samples("gpt"), trajectories, self.gate, head=head,
-                             block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
-                             threads=self.threads)
+                             settings=settings)
 
     def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.auto import FP32

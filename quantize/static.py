@@ -176,21 +176,23 @@ def quantize_static_graph(
             raise ForgeError(f"static quantization of {src.name} failed: {str(e).splitlines()[0]}") from None
         finally:
             root.setLevel(level)
-    record.update(
-        {
-            "format": "QDQ",
-            "calibrate_method": calibrate_method,
-            "per_channel": per_channel,
-            "weight_type": "int8",
-            "activation_type": activation_type,
-            "symmetric_activations": symmetric_activations,
-            "op_types": ["MatMul", "Gemm"],
-            "matmul_const_b_only": True,
-            "activation_matmuls_kept_fp32": len(activation_mm),
-            "calibration_samples": store.count(component),
-        }
-    )
+    record.update(_options_record(options, len(activation_mm), store.count(component)))
     return record
+
+
+def _options_record(options: StaticOptions, activation_matmuls: int, samples: int) -> dict[str, Any]:
+    return {
+        "format": "QDQ",
+        "calibrate_method": options.calibrate_method,
+        "per_channel": options.per_channel,
+        "weight_type": "int8",
+        "activation_type": options.activation_type,
+        "symmetric_activations": options.symmetric_activations,
+        "op_types": ["MatMul", "Gemm"],
+        "matmul_const_b_only": True,
+        "activation_matmuls_kept_fp32": activation_matmuls,
+        "calibration_samples": samples,
+    }
 
 
 def preprocess_for_static(src: Path, dst: Path) -> dict[str, Any]:
