@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from chattts_forge.calibration_data.store import CalibrationStore
+    from chattts_forge.quantize.quantize import SourceGraphs
     from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
 log = get_logger(__name__)
@@ -97,7 +98,7 @@ class QuantizationMethod:
         self.cfg, self.src, self.meta = cfg, src, meta
         self.store: CalibrationStore | None = None
         self.threads = cfg.threads or 2
-        self.work = Path(".")  # the run's scratch folder (set by `prepare`)
+        self.work = Path(".")  # the run's scratch folder (set by quantize.ComponentQuantizer)
         self._samples: dict[str, list[dict[str, np.ndarray]]] = {}
 
     # -- what it is ------------------------------------------------------------------------------
@@ -172,7 +173,7 @@ class QuantizationMethod:
         if self.cfg.calibration is not None:
             self.open_calibration()
 
-    def kv_cache(self, targets: Targets, out: Path) -> dict[str, Any] | None:
+    def calibrate_kv_cache(self, targets: Targets, out: Path) -> dict[str, Any] | None:
         """`--kv-cache int8`: the per-channel cache scales from the calibration set and their record
         ({"scales", "record"}); None for a float32 cache."""
         cfg = self.cfg
@@ -214,8 +215,8 @@ class QuantizationMethod:
         """Before the graphs are quantized (auto: its search)."""
         self.work = work
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
-        """Quantize one plain graph (gpt or head_code) of `graphs` (quantize.SourceGraphs) into `dst`,
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
+        """Quantize one plain graph (gpt or head_code) of `graphs` into `dst`,
         keeping the nodes `exclude` in FP32; returns the quantizer's options record."""
         raise NotImplementedError
 
@@ -237,7 +238,7 @@ class QuantizationMethod:
 
     def write_fast_graph(self, out_dir: Path, qmeta: ArtifactMeta, kv: dict[str, Any] | None) -> str:
         """The quantized `gpt_fast.onnx` in `out_dir`, recorded in `qmeta`; returns the note
-        artifact.json records about it (`kv`: an int8 KV cache, from `kv_cache`)."""
+        artifact.json records about it (`kv`: an int8 KV cache, from `calibrate_kv_cache`)."""
         if self.rebuilds_fast_graph:
             return self._rebuild_fast_graph(out_dir, qmeta, kv)
         from chattts_forge.quantize.fused import write_fast_graph
@@ -367,11 +368,11 @@ class DynamicInt8(QuantizationMethod):
         return True
 
     def open_calibration(self) -> None:
-        # an int8 KV cache reads the folder itself (`kv_cache`)
+        # an int8 KV cache reads the folder itself (`calibrate_kv_cache`)
         if self.cfg.kv_cache == KV_CACHES[0]:
             log.info("--calibration is only used by --kv-cache int8 with --method dynamic; ignoring it")
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.dynamic import quantize_dynamic_graph
 
         return quantize_dynamic_graph(graphs.base[component], dst, per_channel=self.per_channel, exclude_nodes=exclude)
@@ -412,7 +413,7 @@ class StaticInt8(QuantizationMethod):
         return quantize_static_inputs(src, dst, feeds, activation_type=self.cfg.activation_type,
                                       threads=self.threads, **extra)
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, self.samples(component), exclude)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
@@ -427,7 +428,7 @@ class LegacyStaticInt8(StaticInt8):
 
     preprocesses = True
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.static import StaticOptions, quantize_static_graph
 
         cfg = self.cfg
@@ -507,7 +508,7 @@ class Int4(QuantizationMethod):
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
                                    feeds=feeds, **extra)
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         feeds = self.samples(component) if self.gptq else None
         return self._int4(graphs.base[component], dst, feeds, exclude)
 
@@ -599,7 +600,7 @@ class Auto(QuantizationMethod):
         self.search = search(self.src, self.meta, work, self.samples("gpt"), trajectories, self.gate, head=head,
                              settings=settings)
 
-    def quantize_graph(self, component: str, graphs: Any, dst: Path, exclude: list[str]) -> dict[str, Any]:
+    def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.auto import FP32
 
         assert self.search is not None

@@ -78,7 +78,7 @@ def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
         raise ForgeError(f"unknown decoder weights '{cfg.decoder}' (choose from: {', '.join(DECODER_WEIGHTS)})")
     check_input_artifact(src, meta)
     method.check_request()
-    return Request(method, meta, method.kv_cache(targets, out))
+    return Request(method, meta, method.calibrate_kv_cache(targets, out))
 
 
 # ---- 2. the source graphs ----------------------------------------------------------------------
