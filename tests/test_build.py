@@ -271,3 +271,18 @@ def test_the_int8_kv_cache_variant_is_quantized_from_the_calibration_set(tmp_pat
     assert "--kv-cache" not in plain and "--calibration" not in plain
     index = json.loads((r.to / "index.json").read_text())
     assert "int8-dynamic-kv8" in {e["variant"] for e in index["variants"]}
+
+
+def test_only_the_method_that_searches_against_a_gate_is_given_it(tmp_path: Path) -> None:
+    """--gate reaches `quantize` for the method the registry says takes one (auto's search), not the others."""
+    r = Runner(tmp_path)
+    gate = tmp_path / "gate.toml"
+    gate.write_text((Path(__file__).parent.parent / "evaluate" / "default_gate.toml").read_text())
+    argv_log = tmp_path / "argv.log"
+    proc = r.run("--variants", "fp32,int8-dynamic,auto", "--gate", str(gate), FAKE_ARGV_LOG=str(argv_log))
+    assert proc.returncode == 0, proc.stderr
+    quantize = {Path(a[a.index("--out") + 1]).name: a for a in map(json.loads, argv_log.read_text().splitlines())
+                if a[0] == "quantize"}
+    assert set(quantize) == {"int8-dynamic", "auto"}
+    assert quantize["auto"][quantize["auto"].index("--gate") + 1] == str(gate)
+    assert "--gate" not in quantize["int8-dynamic"]
