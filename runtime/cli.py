@@ -13,7 +13,7 @@ import numpy as np
 
 from chattts_forge.cli_options import provider_option, sampling_options
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -85,7 +85,9 @@ class _StreamingWav:
 
     def commit(self) -> None:
         self.f.close()
+        fsync_file(self.tmp)
         os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):

@@ -78,7 +78,7 @@ def payload_sha256(artifact_dir: str | os.PathLike[str]) -> str:
     meta = ArtifactMeta.load(root)  # one-line ForgeError for a missing or broken artifact.json
     h = hashlib.sha256(ARTIFACT_JSON.encode() + b"\0" + hashlib.sha256((root / ARTIFACT_JSON).read_bytes()).digest())
     for key in PAYLOAD_SUPPORT_KEYS:
-        p = root / meta.support_file(key)
+        p = meta.support_path(root, key)
         if p.is_file():
             h.update(f"\n{key}\0{sha256_file(p)}".encode())
     return h.hexdigest()
