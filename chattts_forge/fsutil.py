@@ -321,5 +321,11 @@ def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any
             return tomllib.load(f)
     except FileNotFoundError:
         raise ForgeError(f"{what} {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ForgeError(f"{what} {path} is not valid TOML: {e}") from None
+    except IsADirectoryError:
+        raise ForgeError(f"{what} {path} is a folder, not a TOML file") from None
+    except OSError as e:
+        raise ForgeError(f"{what} {path} is unreadable: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ForgeError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise ForgeError(f"{what} {path} is not valid TOML: {' '.join(str(e).split())[:200]}") from None

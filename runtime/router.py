@@ -71,12 +71,16 @@ class Bucket:
 
 def buckets_from_edges(edges: Sequence[int], names: Sequence[str] | None = None) -> tuple[Bucket, ...]:
     """Buckets split at `edges` (the inclusive upper ends, increasing): [10, 40] -> <=10, 11-40, >40."""
+    if not isinstance(edges, (list, tuple)) or (names is not None and not isinstance(names, (list, tuple))):
+        raise ForgeError(f"bucket edges and names must be lists, got {type(edges).__name__} and {type(names).__name__}")
     edges = list(edges)
     if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges) or edges != sorted(set(edges)):
         raise ForgeError(f"bucket edges must be increasing whole numbers >= 1, got {edges}")
     if names is None:
         names = ("short", "medium", "long") if len(edges) == 2 else [f"b{i}" for i in range(len(edges) + 1)]
     names = list(names)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ForgeError(f"bucket names must be non-empty strings, got {names}")
     if len(names) != len(edges) + 1 or len(set(names)) != len(names):
         raise ForgeError(f"give {len(edges) + 1} distinct bucket names for edges {edges}, got {names}")
     lows = [1, *(e + 1 for e in edges)]
