@@ -152,7 +152,7 @@ class ArtifactMeta:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ForgeError(f"{folder} is not an artifact folder ({ARTIFACT_JSON} is missing)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ForgeError(f"{path} is unreadable: {e}") from None
         return cls.from_dict(doc, where=str(path))
 

@@ -212,7 +212,7 @@ def publish_version_files(
 def is_version_manifest(path: Path) -> bool:
     try:
         return json.loads(path.read_text(encoding="utf-8")).get("schema") == VERSION_MANIFEST_SCHEMA
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
         return False
 
 

@@ -99,8 +99,10 @@ class Normalizer:
         if not isinstance(homophones, dict):
             try:
                 homophones = json.loads(Path(homophones).read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ForgeError(f"cannot read homophone map {homophones}: {e}") from None
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                raise ForgeError(f"cannot read homophone map {homophones}: {str(e)[:200]}") from None
+        if not isinstance(homophones, dict) or not all(isinstance(v, str) for v in homophones.values()):
+            raise ForgeError("homophone map must be a JSON object of single characters")
         bad = [k for k, v in homophones.items() if len(k) != 1 or len(v) != 1]
         if bad:
             raise ForgeError(f"homophone map entries must be single characters (e.g. {bad[0]!r})")
@@ -188,7 +190,7 @@ class TextTokenizer:
         try:
             self._tok = Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # tokenizers raises a bare Exception on a broken file
-            raise ForgeError(f"cannot load tokenizer {tokenizer_json}: {str(e).splitlines()[0]}") from None
+            raise ForgeError(f"cannot load tokenizer {tokenizer_json}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
         # The file carries BERT's fixed 256 padding/truncation; ChatTTS (transformers) uses neither.
         self._tok.no_padding()
         self._tok.no_truncation()

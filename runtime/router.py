@@ -119,7 +119,7 @@ def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
         table = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ForgeError(f"{version_dir} has no {ROUTING_NAME}: not a published version folder with a routing table") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ForgeError(f"{path}: not valid JSON ({e})") from None
     problems = routing_problems(table, version_dir)
     if problems:
