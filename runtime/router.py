@@ -150,6 +150,8 @@ def routing_shape_problems(table: dict[str, Any], path: Path) -> list[str]:
             return [f"{where} is not an object"]
         if not isinstance(b.get("name"), str) or not isinstance(b.get("variant"), str):
             return [f"{where}: 'name' and 'variant' must be strings"]
+        if "max_chars" not in b:
+            return [f"{where}: 'max_chars' is missing (null for no upper end)"]
         lo, hi = b.get("min_chars"), b.get("max_chars")
         if not _whole(lo) or lo < 1 or (hi is not None and (not _whole(hi) or hi < lo)):
             return [f"{where}: min_chars/max_chars must be whole numbers, 1 <= min_chars <= max_chars (or null), "
