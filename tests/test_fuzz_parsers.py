@@ -189,9 +189,8 @@ def _routing_doc() -> dict[str, Any]:
 
 
 def test_fuzz_routing_json(tmp_path: Path) -> None:
-    from chattts_forge.runtime.router import load_routing, table_buckets
-
     from chattts_forge.runtime.phrase_cache import payload_sha256
+    from chattts_forge.runtime.router import load_routing, table_buckets
 
     version = tmp_path / "v1"
     variant = version / "fp32"

@@ -440,3 +440,17 @@ def test_graph_storage_writes_unique_temp_names_and_fsyncs(tmp_path: Path, monke
     assert synced.count(str(tmp_path)) == 2 and sum(isinstance(x, int) for x in synced) >= 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
     assert onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph.initializer[0].data_location == 1
+
+
+def test_compat_refuses_badly_typed_chattts_params(tiny_artifacts) -> None:
+    from chattts_forge import compat
+
+    chat = compat.Chat()
+    assert chat.load(source="custom", custom_path=tiny_artifacts["fp32"], device="cpu", threads=1)
+    for bad, name in (({"top_K": "20"}, "params_infer_code.top_K"), ({"manual_seed": -3}, "params_infer_code.manual_seed"),
+                      ({"stream_speed": "fast"}, "params_infer_code.stream_speed")):
+        with pytest.raises(ForgeError, match=name) as e:
+            chat.infer("Hello there.", skip_refine_text=True, params_infer_code=compat.Chat.InferCodeParams(**bad))
+        assert "\n" not in str(e.value)
+    with pytest.raises(ForgeError, match="params_refine_text.top_P"):
+        chat.infer("Hello there.", params_refine_text=compat.Chat.RefineTextParams(top_P=[0.7]))
