@@ -334,7 +334,9 @@ def sample_random_speaker(speaker_stats: np.ndarray, rng: np.random.Generator) -
 
 def speaker_vector(spk_emb: str, hidden_size: int) -> np.ndarray:
     """The L2-normalised float32 row ChatTTS injects (normalised in float16, as `Speaker.apply`)."""
-    v = decode_speaker(spk_emb, max_values=hidden_size)
+    # Bounded by the default (32 KB), not by hidden_size: a speaker of another model's width still decodes,
+    # so the message below can say which width it has.
+    v = decode_speaker(spk_emb, max_values=max(hidden_size, DEFAULT_MAX_SPEAKER_VALUES))
     if v.shape[0] != hidden_size:
         raise ForgeError(f"speaker embedding has {v.shape[0]} values, the model's hidden size is {hidden_size}")
     norm = np.float16(np.sqrt(np.sum(np.square(v.astype(np.float32)), dtype=np.float32)))
