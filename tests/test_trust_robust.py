@@ -456,3 +456,31 @@ def test_compat_refuses_badly_typed_chattts_params(tiny_artifacts) -> None:
         assert "\n" not in str(e.value)
     with pytest.raises(ForgeError, match="params_refine_text.top_P"):
         chat.infer("Hello there.", params_refine_text=compat.Chat.RefineTextParams(top_P=[0.7]))
+
+
+def test_recording_files_and_speaker_files_are_bounded(tmp_path: Path) -> None:
+    import soundfile as sf
+
+    from chattts_forge.runtime.audio import read_wav
+
+    sf.write(tmp_path / "long.wav", np.zeros(5000, np.float32), 24000)
+    assert read_wav(tmp_path / "long.wav", 24000, max_samples=5000).shape == (5000,)
+    with pytest.raises(ForgeError, match="has 5000 samples, more than the 4999"):
+        read_wav(tmp_path / "long.wav", 24000, "--speaker-audio", max_samples=4999)
+    (tmp_path / "junk.wav").write_bytes(b"RIFF" + bytes(40))
+    with pytest.raises(ForgeError, match="not a readable audio file"):
+        read_wav(tmp_path / "junk.wav", 24000, max_samples=10)
+
+
+def test_synth_speaker_file_that_is_not_text_is_one_line(tiny_artifacts, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from chattts_forge.cli import main
+
+    (tmp_path / "spk.txt").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "huge.txt").write_bytes(b"a" * (1 << 20))
+    for name, what in (("spk.txt", "not a readable UTF-8 text file"), ("huge.txt", "a speaker string is far shorter")):
+        res = CliRunner().invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "Hello.",
+                                        "--speaker", str(tmp_path / name), "--out", str(tmp_path / "a.wav")])
+        assert res.exit_code == 2 and what in res.output and "Traceback" not in res.output, res.output
+        assert not (tmp_path / "a.wav").exists()
