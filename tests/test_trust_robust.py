@@ -163,16 +163,17 @@ def test_speaker_strings_decompress_within_their_bound() -> None:
 
 def test_a_megabyte_speaker_string_costs_no_memory() -> None:
     """The bound is a mechanism (refused before decoding / when the limit is reached), so the margin is
-    independent of the CPU: the unbounded decode of the same strings grew RSS by > 600 MB."""
+    independent of the CPU: an unbounded decode of the second string grows RSS by 256 MiB."""
     code = """
 import resource, sys, lzma
 import numpy as np, pybase16384 as b14
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime import frontend as fe
-bombs = ["一" * (1 << 20)]
-for head in (b"", np.array([4, 100], "<u2").tobytes()):
-    raw = lzma.compress(bytes(256 << 20), format=lzma.FORMAT_RAW, filters=fe._LZMA_FILTERS)[: 1 << 20]
-    bombs.append(b14.encode_to_string(head + raw))
+# A 1 MB string (refused by its length) and 256 MiB of zeros in a ~22,000-character string, short
+# enough to pass the length check: only the decompression limit stands between it and 256 MiB.
+raw = lzma.compress(bytes(256 << 20), format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "preset": 1}])
+bombs = ["一" * (1 << 20)] + [b14.encode_to_string(head + raw) for head in (b"", np.array([4, 100], "<u2").tobytes())]
+assert all(len(b) < fe.max_encoded_chars(2 * fe.DEFAULT_MAX_SPEAKER_VALUES) for b in bombs[1:])
 del raw
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 refused = 0
