@@ -96,7 +96,10 @@ def read_sentences(path: str | Path) -> list[str]:
         raise ForgeError(f"corpus file {path} does not exist")
     if not path.is_file():
         raise ForgeError(f"corpus {path} is not a file")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ForgeError(f"corpus file {path} is unreadable: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -228,10 +231,16 @@ def check_manifest(version_dir: Path) -> list[str]:
     path = version_dir / MANIFEST_NAME
     if not path.is_file():
         return [f"{path} is missing"]
-    stored = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        return [f"{path}: unreadable ({str(e)[:200]})"]
+    listed = stored.get("files", []) if isinstance(stored, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in listed):
+        return [f"{path}: 'files' must be a list of {{path, ...}} entries"]
     fresh = build_manifest(version_dir)
     problems = []
-    stored_files = {e["path"]: e for e in stored.get("files", [])}
+    stored_files = {e["path"]: e for e in listed}
     fresh_files = {e["path"]: e for e in fresh["files"]}
     for p in sorted(set(stored_files) | set(fresh_files)):
         if p not in fresh_files:

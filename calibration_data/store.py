@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import portable_path, recorded_path
+from chattts_forge.fsutil import portable_path, recorded_path, resolve_inside
 
 SCHEMA = "chattts-forge/calibration/1"
 MANIFEST = "manifest.json"
@@ -82,6 +82,24 @@ class ShardWriter:
         self._pending_bytes = 0
 
 
+def check_calibration_manifest(manifest: Any, where: str | os.PathLike[str]) -> None:
+    """Schema and the types `CalibrationStore` reads: components {name: {"shards": [str], "samples": int >= 0}}."""
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        got = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise ForgeError(f"{where}: schema {str(got)[:80]!r} is not {SCHEMA!r}")
+    comps = manifest.get("components", {})
+    if not isinstance(comps, dict):
+        raise ForgeError(f"{where}: 'components' must be an object")
+    for name, comp in comps.items():
+        if not isinstance(comp, dict):
+            raise ForgeError(f"{where}: components.{name} must be an object")
+        shards, samples = comp.get("shards", []), comp.get("samples", 0)
+        if not isinstance(shards, list) or not all(isinstance(r, str) for r in shards):
+            raise ForgeError(f"{where}: components.{name}.shards must be a list of file names")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ForgeError(f"{where}: components.{name}.samples must be a whole number >= 0, got {str(samples)[:40]!r}")
+
+
 class CalibrationStore:
     """Read access to a calibration folder."""
 
@@ -94,26 +112,32 @@ class CalibrationStore:
             self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ForgeError(f"{mpath} is missing: {self.path} is not a calibration folder") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ForgeError(f"{mpath} is unreadable: {e}") from None
-        if self.manifest.get("schema") != SCHEMA:
-            raise ForgeError(f"{mpath}: schema {self.manifest.get('schema')!r} is not {SCHEMA!r}")
-        for comp in self.manifest.get("components", {}).values():
-            for rel in comp.get("shards", []):
-                if not (self.path / rel).is_file():
-                    raise ForgeError(f"calibration shard {self.path / rel} is missing")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ForgeError(f"{mpath} is unreadable: {str(e)[:200]}") from None
+        check_calibration_manifest(self.manifest, mpath)
+        self._shards: dict[str, list[Path]] = {}
+        for name, comp in self.manifest.get("components", {}).items():
+            paths = [resolve_inside(self.path, rel, file=mpath, field=f"components.{name}.shards[{i}]")
+                     for i, rel in enumerate(comp.get("shards", []))]
+            for shard in paths:
+                if not shard.is_file():
+                    raise ForgeError(f"calibration shard {shard} is missing")
+            self._shards[name] = paths
 
     def count(self, component: str) -> int:
         return int(self.manifest.get("components", {}).get(component, {}).get("samples", 0))
 
     def iter_samples(self, component: str) -> Iterator[dict[str, np.ndarray]]:
         """Samples in recording order, every float array as float32."""
-        for rel in self.manifest.get("components", {}).get(component, {}).get("shards", []):
-            with np.load(self.path / rel) as shard:
-                by_index: dict[str, dict[str, np.ndarray]] = {}
-                for key in shard.files:
-                    idx, _, name = key.partition(".")
-                    by_index.setdefault(idx, {})[name] = shard[key]
+        for path in self._shards.get(component, []):
+            by_index: dict[str, dict[str, np.ndarray]] = {}
+            try:  # allow_pickle stays off: a shard holds plain arrays only
+                with np.load(path, allow_pickle=False) as shard:
+                    for key in shard.files:
+                        idx, _, name = key.partition(".")
+                        by_index.setdefault(idx, {})[name] = shard[key]
+            except Exception as e:  # noqa: BLE001 - numpy/zipfile/zlib raise many types on a damaged .npz
+                raise ForgeError(f"calibration shard {path} is unreadable ({type(e).__name__}: {str(e)[:200]})") from None
             for idx in sorted(by_index):
                 yield {
                     n: a.astype(np.float32) if a.dtype == np.float16 else a for n, a in by_index[idx].items()

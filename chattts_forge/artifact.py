@@ -23,7 +23,7 @@ from typing import Any
 
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_json, sha256_file
+from chattts_forge.fsutil import atomic_write_json, resolve_inside, sha256_file
 
 # ---- file names ------------------------------------------------------------------------------
 
@@ -152,7 +152,7 @@ class ArtifactMeta:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ForgeError(f"{folder} is not an artifact folder ({ARTIFACT_JSON} is missing)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ForgeError(f"{path} is unreadable: {e}") from None
         return cls.from_dict(doc, where=str(path))
 
@@ -172,6 +172,9 @@ class ArtifactMeta:
         for key in set(known) - {"schema", "name", "variant", "created_at"}:
             if doc.get(key) is not None and not isinstance(doc[key], dict):
                 raise ForgeError(f"{where}: '{key}' is not a JSON object")
+        for name, entry in comps.items():
+            check_component_record(entry, f"{where}: components.{name}")
+        check_files_section(doc.get("files"), where)
         # A key the document lacks stays absent when it is written again (name has a default).
         values = {"name": None} | {k: v for k, v in doc.items() if k in known}
         extra = {k: v for k, v in doc.items() if k not in known}
@@ -188,8 +191,22 @@ class ArtifactMeta:
         return name in self.components
 
     def component_path(self, folder: str | os.PathLike[str], name: str) -> Path:
-        """Where a component's graph is (it may be missing: see `component_file`)."""
-        return Path(folder) / self.component(name).get("file", component_file_name(name))
+        """Where a component's graph is (it may be missing: see `component_file`); a recorded file that
+        is absolute, climbs out with `..` or links out of `folder` is a one-line ForgeError."""
+        rel = self.component(name).get("file", component_file_name(name))
+        return resolve_inside(folder, rel, file=self.where, field=f"components.{name}.file")
+
+    def external_data_path(self, folder: str | os.PathLike[str], name: str) -> Path | None:
+        """The external-data file a component's record names (`external_data.file`, beside its graph),
+        confined like `component_path`; None when the record names none."""
+        data = self.component(name).get("external_data")
+        if data is None:
+            return None
+        if not isinstance(data, dict) or "file" not in data:
+            raise ForgeError(f"{self.where}: components.{name}.external_data must be an object with a 'file'")
+        graph = self.component_path(folder, name)
+        # Inside the graph's folder, which is inside `folder`: so inside `folder` too.
+        return resolve_inside(graph.parent, data["file"], file=self.where, field=f"components.{name}.external_data.file")
 
     def component_file(self, folder: str | os.PathLike[str], name: str) -> Path:
         """A component's graph file, which must exist."""
@@ -207,6 +224,11 @@ class ArtifactMeta:
     def support_file(self, key: str) -> str:
         """The file name of a support file (`SUPPORT_FILES` keys), as recorded or by default."""
         return (self.files or {}).get(key, SUPPORT_FILES[key])
+
+    def support_path(self, folder: str | os.PathLike[str], key: str) -> Path:
+        """Where a support file is in `folder`, confined to it (`files.KEY`: no absolute path, no `..`,
+        no symbolic link out; else a one-line ForgeError naming artifact.json and the key)."""
+        return resolve_inside(folder, self.support_file(key), file=self.where, field=f"files.{key}")
 
     def require_dims(self) -> Dims:
         """The checkpoint dimensions (`dims`), which the runtime needs."""
@@ -233,6 +255,39 @@ class ArtifactMeta:
         path = Path(folder) / ARTIFACT_JSON
         atomic_write_json(path, self.to_dict())
         return path
+
+
+def _check_size_and_hash(rec: dict[str, Any], where: str) -> None:
+    size, sha = rec.get("bytes"), rec.get("sha256")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ForgeError(f"{where}.bytes must be a whole number >= 0, got {size!r}")
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        raise ForgeError(f"{where}.sha256 must be 64 lowercase hex digits, got {str(sha)[:80]!r}")
+
+
+def check_component_record(rec: Any, where: str) -> None:
+    """Types of the keys the stages read from a component entry: file (str), bytes (int >= 0), sha256
+    (hex), external_data ({"file", "bytes", "sha256"}). Where it points is checked when it is used
+    (`resolve_inside`)."""
+    if not isinstance(rec, dict):
+        raise ForgeError(f"{where} is not a JSON object")
+    if "file" in rec and not isinstance(rec["file"], str):
+        raise ForgeError(f"{where}.file must be a string, got {type(rec['file']).__name__}")
+    _check_size_and_hash(rec, where)
+    data = rec.get("external_data")
+    if data is not None:
+        if not isinstance(data, dict) or not isinstance(data.get("file"), str):
+            raise ForgeError(f"{where}.external_data must be an object with a 'file' string")
+        _check_size_and_hash(data, f"{where}.external_data")
+
+
+def check_files_section(files: Any, where: str) -> None:
+    """`files`: {support file key: file name string}."""
+    if files is None:
+        return
+    for key, value in files.items():
+        if not isinstance(value, str):
+            raise ForgeError(f"{where}: files.{key} must be a file name string, got {type(value).__name__}")
 
 
 def _document_keys() -> tuple[str, ...]:

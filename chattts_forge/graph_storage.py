@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import EXTERNAL_DATA_COMPONENTS, EXTERNAL_DATA_SUFFIX, ArtifactMeta
+from chattts_forge.artifact import ARTIFACT_JSON, EXTERNAL_DATA_COMPONENTS, EXTERNAL_DATA_SUFFIX, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import fsync_dir, resolve_inside, sha256_file, unique_temp_path
 
 SIZE_THRESHOLD = 1024  # bytes: smaller tensors stay in the graph (onnx's own default)
 ALIGN_THRESHOLD = 1 << 20  # bytes: tensors this large start page aligned, so onnxruntime maps them
@@ -59,8 +59,9 @@ def save_with_external_data(model: Any, path: Path) -> list[str]:
     data_path = data_file_of(path)
     stored = onnx.ModelProto()
     stored.CopyFrom(model)
-    tmp_data = path.with_name(f".{data_path.name}.tmp")
-    tmp_graph = path.with_name(f".{path.name}.tmp")
+    # Unique names: two writers of one graph never write each other's temporary files.
+    tmp_data = unique_temp_path(data_path)
+    tmp_graph = unique_temp_path(path)
     try:
         with open(tmp_data, "wb") as f:
             offset = 0
@@ -86,9 +87,15 @@ def save_with_external_data(model: Any, path: Path) -> list[str]:
                     entry = tensor.external_data.add()
                     entry.key, entry.value = key, value
                 offset += len(data)
-        tmp_graph.write_bytes(stored.SerializeToString())
-        os.replace(tmp_data, data_path)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp_graph, "wb") as f:
+            f.write(stored.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_data, data_path)  # the data first: a graph never names data that is not there
         os.replace(tmp_graph, path)
+        fsync_dir(path.parent)
     finally:
         for tmp in (tmp_data, tmp_graph):
             tmp.unlink(missing_ok=True)
@@ -129,7 +136,7 @@ def store_externally(path: Path) -> bool:
 
 def storage_record(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     """`record` (a component entry) with `sha256`, `bytes` and `external_data` of its files now."""
-    path = Path(folder) / record["file"]
+    path = resolve_inside(folder, record.get("file"), file=f"{folder}/{ARTIFACT_JSON}", field="components.*.file")
     rec = {k: v for k, v in record.items() if k != "external_data"}
     rec["sha256"] = sha256_file(path)
     rec["bytes"] = path.stat().st_size

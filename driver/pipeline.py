@@ -57,7 +57,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs, sha256_file
 from chattts_forge.log import get_logger, setup_logging
 
 log = get_logger("chattts_forge.pipeline")
@@ -453,6 +453,12 @@ def sweep_leftovers(root: Path) -> list[Path]:
     if not root.is_dir():
         return removed
     for dirpath, dirnames, filenames in os.walk(root):
+        # A kill between the two renames of a folder replacement left only `.NAME.*.old`: rename it
+        # back before anything is deleted (it is the last complete NAME).
+        for restored in recover_replaced_dirs(dirpath):
+            log.info("restored %s (a replacement of it was interrupted)", restored)
+            dirnames.append(restored.name)
+        dirnames[:] = sorted(set(n for n in dirnames if (Path(dirpath) / n).is_dir()))
         for name in list(dirnames):
             if name.startswith(".") and (name.endswith(".partial") or name.endswith(".old")):
                 shutil.rmtree(Path(dirpath) / name, ignore_errors=True)

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import fsync_dir, fsync_tree, replace_dir, sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -172,16 +172,16 @@ def whisper_base_model_dir(cache: Path | None = None) -> Path:
         (tmp / "joined.json").write_text(
             json.dumps({"sha256": WHISPER_BASE_SHA256, "bytes": size, "from": list(_WHISPER_BASE_PARTS)})
         )
+        fsync_tree(tmp)
         if final.exists():
             # Another process may have finished the same join meanwhile: keep a valid one.
             if _valid_join(final):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
-            stale = Path(tempfile.mkdtemp(prefix=".whisper-base.", suffix=".old", dir=final.parent))
-            os.rmdir(stale)
-            os.replace(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, final)
+            replace_dir(tmp, final)  # an atomic swap (or two renames a restart recovers)
+        else:
+            os.replace(tmp, final)
+        fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

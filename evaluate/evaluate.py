@@ -83,6 +83,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     for name, comp in meta.components.items():
         if not comp.get("file"):
             continue
+        meta.component_path(path, name)  # confined to the folder: one-line ForgeError otherwise
         actual = files.get(comp["file"])
         if actual is None:
             mismatches.append(f"{name}: {comp['file']} missing")

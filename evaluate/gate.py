@@ -110,9 +110,9 @@ def _buckets(path: Path, table: Any, rules: list[tuple[str, str, str, float]]) -
     rules: the gate's rules, a threshold in [buckets.NAME] replacing the same min_/max_ metric."""
     from chattts_forge.runtime.router import DEFAULT_BUCKETS, buckets_from_edges
 
-    table = dict(table or {})
-    if not isinstance(table, dict):
+    if table is not None and not isinstance(table, dict):
         raise ForgeError(f"gate file {path}: 'buckets' must be a [buckets] section")
+    table = dict(table or {})
     edges, names = table.pop("edges", None), table.pop("names", None)
     try:
         buckets = DEFAULT_BUCKETS if edges is None else buckets_from_edges(edges, names)

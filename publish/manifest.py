@@ -225,23 +225,84 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_json_document(path: str | os.PathLike[str], what: str = "file") -> Any:
+    """Parse a JSON file; missing, a folder, unreadable, not UTF-8 or not JSON: a one-line ForgeError."""
     path = Path(path)
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ForgeError(f"{path}: missing") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path}: not valid JSON ({e})") from None
+    except IsADirectoryError:
+        raise ForgeError(f"{path}: is a folder, not a {what}") from None
+    except OSError as e:
+        raise ForgeError(f"{path}: unreadable ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ForgeError(f"{path}: not UTF-8 text") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ForgeError(f"{path}: not valid JSON ({str(e)[:200]})") from None
+
+
+def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A variant's manifest.json, validated (schema; the files list; the keys the index reads)."""
+    path = Path(path)
+    manifest = read_json_document(path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         got = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise ForgeError(f"{path}: unknown manifest schema {got!r} (expected {MANIFEST_SCHEMA})")
+        raise ForgeError(f"{path}: unknown manifest schema {str(got)[:80]!r} (expected {MANIFEST_SCHEMA})")
     if not isinstance(manifest.get("files"), list):
         raise ForgeError(f"{path}: manifest has no files list")
+    check_file_entries(manifest["files"], path)
+    check_manifest_fields(manifest, path)
     return manifest
 
 
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_file_entries(entries: Any, where: str | os.PathLike[str]) -> None:
+    """A `files` list: [{"path": str, "bytes": int >= 0, "sha256": 64 hex}], paths unique."""
+    if not isinstance(entries, list):
+        raise ForgeError(f"{where}: 'files' must be a list")
+    seen: set[str] = set()
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ForgeError(f"{where}: files[{i}] is not an object")
+        rel, size, sha = e.get("path"), e.get("bytes"), e.get("sha256")
+        if not isinstance(rel, str) or not rel:
+            raise ForgeError(f"{where}: files[{i}].path must be a non-empty string")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ForgeError(f"{where}: files[{i}].bytes must be a whole number >= 0, got {str(size)[:40]!r}")
+        if not isinstance(sha, str) or not _HEX64.match(sha):
+            raise ForgeError(f"{where}: files[{i}].sha256 must be 64 lowercase hex digits")
+        if rel in seen:
+            raise ForgeError(f"{where}: files[{i}].path {rel!r} is listed twice")
+        seen.add(rel)
+
+
+def check_manifest_fields(manifest: dict[str, Any], where: str | os.PathLike[str]) -> None:
+    """Types of the keys `index.json` is built from (model/version/variant names, gate, source)."""
+    for key in ("model", "version", "variant", "created_at"):
+        if not isinstance(manifest.get(key), str):
+            raise ForgeError(f"{where}: '{key}' must be a string")
+    for key in ("gate", "source_checkpoint"):
+        if not isinstance(manifest.get(key), dict):
+            raise ForgeError(f"{where}: '{key}' must be an object")
+    source = manifest["source_checkpoint"]
+    if not isinstance(source.get("kind"), str) or not isinstance(source.get("hashes"), dict):
+        raise ForgeError(f"{where}: source_checkpoint needs a 'kind' string and a 'hashes' object")
+    if not isinstance(manifest["gate"].get("passed"), bool):
+        raise ForgeError(f"{where}: gate.passed must be true or false")
+    if manifest["gate"].get("headline") is not None and not isinstance(manifest["gate"]["headline"], dict):
+        raise ForgeError(f"{where}: gate.headline must be an object")
+    if not isinstance(manifest.get("precision"), dict):
+        raise ForgeError(f"{where}: 'precision' must be an object")
+    total = manifest.get("total_bytes")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
+        raise ForgeError(f"{where}: total_bytes must be a whole number")
+
+
 def manifest_files(manifest: dict[str, Any]) -> dict[str, FileEntry]:
+    check_file_entries(manifest.get("files"), MANIFEST_NAME)
     out: dict[str, FileEntry] = {}
     for e in manifest["files"]:
         out[e["path"]] = FileEntry(e["path"], int(e["bytes"]), e["sha256"])

@@ -31,7 +31,7 @@ from pathlib import Path
 from chattts_forge.artifact import ArtifactMeta, FileEntry, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import fsync_dir, sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import (
     STAGING_NAME,
@@ -88,14 +88,6 @@ def check_report_matches(report: SealedReport, files: dict[str, FileEntry], arti
         raise ForgeError(
             f"report {report.path} was not made for artifact {artifact_dir}: {'; '.join(problems[:3])}{more}"
         )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_file(path: Path, data: bytes) -> FileEntry:
@@ -241,7 +233,7 @@ def publish_artifact(
             _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(stage, target)  # the one step that makes it visible
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             clean_leftovers(root)
@@ -276,7 +268,7 @@ def _assemble(
     sums[MANIFEST_NAME] = manifest_entry.sha256
     _write_file(stage / SUMS_NAME, sha256sums_text(sums).encode("utf-8"))
     for dirpath, _dirs, _files in os.walk(stage):
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 def _entry(stage: Path, rel: str, data: bytes) -> FileEntry:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from chattts_forge.artifact import list_files
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.fsutil import resolve_inside, sha256_file
 from chattts_forge.publish.index import (
     INDEX_NAME,
     LOCK_NAME,
@@ -61,8 +61,8 @@ def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
     try:
         manifest = load_manifest(vdir / MANIFEST_NAME)
         listed = manifest_files(manifest)
-    except (ForgeError, KeyError, TypeError, ValueError) as e:
-        return [str(e) if isinstance(e, ForgeError) else f"{vdir / MANIFEST_NAME}: malformed ({e})"]
+    except ForgeError as e:
+        return [str(e)]
     manifest_sha = sha256_file(vdir / MANIFEST_NAME)
 
     sums: dict[str, str] | None = None
@@ -88,7 +88,11 @@ def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
                 problems.append(f"{vdir / SUMS_NAME}: changed (not the file publish wrote)")
 
     for rel, entry in sorted(listed.items()):
-        path = vdir / rel
+        try:
+            path = resolve_inside(vdir, rel, file=vdir / MANIFEST_NAME, field=f"files[{rel!r}].path")
+        except ForgeError as e:
+            problems.append(str(e))
+            continue
         if rel not in actual:
             problems.append(f"{path}: missing")
             continue
@@ -145,7 +149,7 @@ def verify_tree(root: Path) -> VerifyResult:
         else:
             try:
                 want = index_bytes(build_index(root))
-            except (ForgeError, KeyError, TypeError) as e:
+            except ForgeError as e:
                 want = None
                 result.problems.append(f"{index_path}: cannot be rebuilt from the manifests ({e})")
             if want is not None and index_path.read_bytes() != want:

@@ -36,10 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes, resolve_inside, sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
-from chattts_forge.publish.manifest import MANIFEST_NAME, REPORT_COPY_NAME, FileEntry
+from chattts_forge.publish.manifest import (
+    MANIFEST_NAME,
+    REPORT_COPY_NAME,
+    FileEntry,
+    check_file_entries,
+    read_json_document,
+)
 from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 from chattts_forge.runtime.router import (
     DEFAULT_BUCKETS,
@@ -67,10 +73,7 @@ def published_variants(version_dir: Path) -> dict[str, Path]:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path}: unreadable ({e})") from None
+    return read_json_document(path)
 
 
 def _finite(x: Any) -> float | None:
@@ -209,26 +212,49 @@ def publish_version_files(
 def is_version_manifest(path: Path) -> bool:
     try:
         return json.loads(path.read_text(encoding="utf-8")).get("schema") == VERSION_MANIFEST_SCHEMA
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
         return False
+
+
+def load_version_manifest(path: Path) -> dict[str, Any]:
+    """A version folder's manifest.json, validated by type before use (one-line ForgeError)."""
+    manifest = read_json_document(path, "version manifest")
+    if not isinstance(manifest, dict) or manifest.get("schema") != VERSION_MANIFEST_SCHEMA:
+        got = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise ForgeError(f"{path}: schema {str(got)[:80]!r} is not {VERSION_MANIFEST_SCHEMA!r}")
+    check_file_entries(manifest.get("files"), path)
+    for key in ("model", "version"):
+        if not isinstance(manifest.get(key), str):
+            raise ForgeError(f"{path}: '{key}' must be a string")
+    for key in ("variants", "routing"):
+        value = manifest.get(key)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ForgeError(f"{path}: '{key}' must be an object of strings")
+    cache = manifest.get("phrase_cache")
+    if cache is not None and not (isinstance(cache, dict) and isinstance(cache.get("file"), str)
+                                  and isinstance(cache.get("phrases"), int) and isinstance(cache.get("variants"), dict)):
+        raise ForgeError(f"{path}: 'phrase_cache' must be null or an object with file, phrases and variants")
+    return manifest
 
 
 def verify_version(version_dir: Path) -> list[str]:
     """Problems of a version folder's own files, each naming the file."""
     path = version_dir / MANIFEST_NAME
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        listed = {f["path"]: FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in manifest["files"]}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        return [f"{path}: unreadable version manifest ({e})"]
-    if manifest.get("schema") != VERSION_MANIFEST_SCHEMA:
-        return [f"{path}: schema {manifest.get('schema')!r} is not {VERSION_MANIFEST_SCHEMA!r}"]
+        manifest = load_version_manifest(path)
+    except ForgeError as e:
+        return [str(e)]
+    listed = {f["path"]: FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in manifest["files"]}
     problems = []
     if (manifest.get("model"), manifest.get("version")) != (version_dir.parent.name, version_dir.name):
         problems.append(f"{path}: names {manifest.get('model')}/{manifest.get('version')}, not this folder")
     present = {p.name for p in version_dir.iterdir() if p.is_file()}
     for rel, entry in sorted(listed.items()):
-        p = version_dir / rel
+        try:
+            p = resolve_inside(version_dir, rel, file=path, field=f"files[{rel!r}].path")
+        except ForgeError as e:
+            problems.append(str(e))
+            continue
         if rel not in present:
             problems.append(f"{p}: missing")
         elif p.stat().st_size != entry.bytes or sha256_file(p) != entry.sha256:
@@ -236,16 +262,16 @@ def verify_version(version_dir: Path) -> list[str]:
     for name in sorted(present - set(listed) - {MANIFEST_NAME}):
         problems.append(f"{version_dir / name}: extra file not in {MANIFEST_NAME}")
     published = published_variants(version_dir)
-    for variant, sha in sorted((manifest.get("variants") or {}).items()):
+    for variant, sha in sorted(manifest["variants"].items()):
         if variant not in published:
             problems.append(f"{path}: lists variant {variant!r}, which is not published in {version_dir}")
         elif sha256_file(published[variant] / MANIFEST_NAME) != sha:
             problems.append(f"{path}: variant {variant!r} has another manifest than the one routing was made from")
     if ROUTING_NAME in listed and ROUTING_NAME in present:
         try:
-            problems += routing_problems(json.loads((version_dir / ROUTING_NAME).read_text(encoding="utf-8")), version_dir)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            problems.append(f"{version_dir / ROUTING_NAME}: not valid JSON ({e})")
+            problems += routing_problems(read_json_document(version_dir / ROUTING_NAME, "routing table"), version_dir)
+        except ForgeError as e:
+            problems.append(str(e))
     if PHRASE_CACHE_NAME in listed and PHRASE_CACHE_NAME in present:
         try:
             cache_record(version_dir / PHRASE_CACHE_NAME, version_dir, None)
@@ -263,7 +289,7 @@ def version_index_entries(root: Path) -> list[dict[str, Any]]:
             seen.append(version_dir)
     out = []
     for version_dir in seen:
-        manifest = _read_json(version_dir / MANIFEST_NAME)
+        manifest = load_version_manifest(version_dir / MANIFEST_NAME)
         cache = manifest.get("phrase_cache")
         out.append({
             "model": manifest["model"], "version": manifest["version"],

@@ -92,7 +92,8 @@ def fidelity_targets(gate: str | Path | None) -> dict[str, Any]:
         if isinstance(table, dict):
             for key, value in table.items():
                 rule, _, metric = key.partition("_")
-                if rule in ("min", "max") and metric in FIDELITY_METRICS and isinstance(value, int | float):
+                if (rule in ("min", "max") and metric in FIDELITY_METRICS and isinstance(value, int | float)
+                        and not isinstance(value, bool) and math.isfinite(value)):
                     rules.append([rule, metric, float(value)])
     if not rules:
         raise ForgeError(f"gate file {path} has no fidelity thresholds ({', '.join(FIDELITY_METRICS)}) to search for")

@@ -285,7 +285,7 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
         qmeta.components[c] = component_record(path, meta.components[c], precision)
         summaries[c] = graph_summary(path)
     if outcome.decoder is not None:
-        summaries[DECODER] = graph_summary(out_dir / qmeta.components[DECODER]["file"])
+        summaries[DECODER] = graph_summary(qmeta.component_path(out_dir, DECODER))
     vocos_equal = check_vocoder_copied(src, out_dir, meta)
     # The fused GPT, which several writers produce inline, as the runtime maps it (the Decoder is
     # stored so by `write_decoder`; copied graphs keep the source's files).

@@ -29,17 +29,25 @@ def write_wav(path: str | os.PathLike[str], wav: np.ndarray, sample_rate: int = 
     return path
 
 
-def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str = "recording") -> np.ndarray:
+def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str = "recording",
+             max_samples: int | None = None) -> np.ndarray:
     """A mono recording at `sample_rate` as float32 samples in [-1, 1] (any format soundfile reads).
 
-    No resampling: a file at another rate, or with several channels, is a one-line ForgeError."""
+    No resampling: a file at another rate, or with several channels, is a one-line ForgeError; so is
+    one longer than `max_samples` frames (checked from its header, before the samples are read)."""
     path = Path(path)
     if not path.is_file():
         raise ForgeError(f"{what} {path} does not exist")
     try:
+        if max_samples is not None:
+            frames = sf.info(str(path)).frames
+            if frames > max_samples:
+                raise ForgeError(f"{what} {path} has {frames} samples, more than the {max_samples} this model "
+                                 "can encode; cut it shorter")
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (OSError, RuntimeError, sf.LibsndfileError) as e:
-        raise ForgeError(f"{what} {path} is not a readable audio file: {str(e).splitlines()[0]}") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ForgeError(f"{what} {path} is not a readable audio file: {first}") from None
     if rate != sample_rate:
         raise ForgeError(f"{what} {path} is sampled at {rate} Hz; resample it to {sample_rate} Hz first")
     if data.shape[1] != 1:

@@ -13,7 +13,7 @@ import numpy as np
 
 from chattts_forge.cli_options import provider_option, sampling_options
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -40,7 +40,15 @@ def _resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
         return pipe.random_speaker(seed)
     p = Path(value)
     if len(value) < 256 and p.is_file():
-        value = p.read_text(encoding="utf-8").strip()
+        from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars
+
+        limit = 4 * max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES)  # bytes of UTF-8: 3 a character + room
+        if p.stat().st_size > limit:
+            raise ForgeError(f"--speaker file {p} has {p.stat().st_size} bytes; a speaker string is far shorter")
+        try:
+            value = p.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ForgeError(f"--speaker file {p} is not a readable UTF-8 text file ({type(e).__name__})") from None
     from chattts_forge.runtime.frontend import speaker_vector
 
     speaker_vector(value, pipe.dims.hidden_size)  # validates: one-line ForgeError if malformed
@@ -85,7 +93,9 @@ class _StreamingWav:
 
     def commit(self) -> None:
         self.f.close()
+        fsync_file(self.tmp)
         os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
@@ -262,7 +272,8 @@ def synth(
     if speaker_audio is not None:
         from chattts_forge.runtime.audio import read_wav
 
-        spk_smp = pipe.sample_audio_speaker(read_wav(speaker_audio, pipe.sample_rate, "--speaker-audio"))
+        spk_smp = pipe.sample_audio_speaker(read_wav(speaker_audio, pipe.sample_rate, "--speaker-audio",
+                                                 max_samples=pipe.max_recording_samples()))
         log.info("speaker sample from %s (%d characters)", speaker_audio, len(spk_smp))
     params = SynthParams(
         code=InferCodeParams(

@@ -54,7 +54,7 @@ import numpy as np
 from chattts_forge.artifact import ARTIFACT_JSON, DVAE_ENCODER
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
-from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams
+from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams, check_synth_params
 from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.pipeline import RefineTextParams as _RuntimeRefineParams
 from chattts_forge.runtime.providers import resolve_provider
@@ -148,6 +148,24 @@ def _runtime_code(p: InferCodeParams) -> _RuntimeCodeParams:
         min_new_token=p.min_new_token, stream_batch=p.stream_batch,
         ensure_non_empty=p.ensure_non_empty, seed=p.manual_seed,
     )  # fmt: skip
+
+
+def _check_params(pipe: Pipeline, refine: RefineTextParams, code: InferCodeParams) -> None:
+    """Every field of ChatTTS's two params objects by type and range, before anything runs on them
+    (e.g. top_K="20" is a one-line error, not a TypeError deep in sampling)."""
+    try:
+        check_synth_params(SynthParams(code=_runtime_code(code), refine=_runtime_refine(refine)),
+                           pipe.dims.max_position_embeddings, pipe.max_text_chars())
+    except ForgeError as e:  # name ChatTTS's fields, not the runtime's
+        msg = str(e).replace("params.code.", "params_infer_code.").replace("params.refine.", "params_refine_text.")
+        for ours, theirs in (("top_p", "top_P"), ("top_k", "top_K"), ("seed", "manual_seed")):
+            msg = msg.replace(f".{ours} ", f".{theirs} ")
+        raise CompatArgumentError(f"infer: {msg}") from None
+    for name in ("stream_speed", "pass_first_n_batches"):
+        value = getattr(code, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "stream_speed" else 0):
+            raise CompatArgumentError(f"infer: params_infer_code.{name} must be a whole number "
+                                      f"{'>= 1' if name == 'stream_speed' else '>= 0'}, got {str(value)[:40]!r}")
 
 
 class Normalizer:
@@ -340,6 +358,7 @@ class Chat:
             raise CompatArgumentError(f"infer: max_split_batch must be >= 1, got {max_split_batch}")
         if lang not in (None, "zh", "en"):
             raise CompatArgumentError(f"infer: lang must be None, 'zh' or 'en', got {lang!r}")
+        _check_params(pipe, params_refine_text, params_infer_code)
         self._check_speakers(params_infer_code)
         self._interrupted = False
 

@@ -78,7 +78,7 @@ def payload_sha256(artifact_dir: str | os.PathLike[str]) -> str:
     meta = ArtifactMeta.load(root)  # one-line ForgeError for a missing or broken artifact.json
     h = hashlib.sha256(ARTIFACT_JSON.encode() + b"\0" + hashlib.sha256((root / ARTIFACT_JSON).read_bytes()).digest())
     for key in PAYLOAD_SUPPORT_KEYS:
-        p = root / meta.support_file(key)
+        p = meta.support_path(root, key)
         if p.is_file():
             h.update(f"\n{key}\0{sha256_file(p)}".encode())
     return h.hexdigest()
@@ -205,6 +205,62 @@ def write_cache(path: str | os.PathLike[str], knobs: dict[str, Any], artifacts: 
 # ---- reading -----------------------------------------------------------------------------------
 
 
+_HEX64 = frozenset("0123456789abcdef")
+_ENTRY_COUNTS = ("offset", "n_mels", "frames", "steps", "num_vq")
+
+
+def _is_sha(x: object) -> bool:
+    return isinstance(x, str) and len(x) == 64 and set(x) <= _HEX64
+
+
+def _read_header(buf: Any, size: int, path: Path) -> tuple[dict[str, Any], int]:
+    """(header, start of the entry data) of a mapped cache file whose trailer checked out: the header's
+    length, JSON and every field the reader uses validated by type and range, so a crafted file with a
+    valid trailer is a one-line ForgeError, never an exception from deep inside a read."""
+    where = f"phrase cache {path}"
+    (head_len,) = _LEN.unpack_from(buf, len(MAGIC))
+    start = len(MAGIC) + _LEN.size
+    data_end = size - _DIGEST
+    if head_len > data_end - start:
+        raise ForgeError(f"{where}: header length {head_len} runs past the end of the file")
+    try:
+        header = json.loads(bytes(buf[start : start + head_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ForgeError(f"{where}: unreadable header ({str(e)[:200]})") from None
+    if not isinstance(header, dict) or header.get("schema") != CACHE_SCHEMA:
+        got = header.get("schema") if isinstance(header, dict) else None
+        raise ForgeError(f"{where}: schema {str(got)[:80]!r} is not {CACHE_SCHEMA!r}")
+    check_cache_header(header, data_end - (start + head_len), where)
+    return header, start + head_len
+
+
+def check_cache_header(header: dict[str, Any], data_bytes: int, where: str) -> None:
+    """knobs: an object; artifacts: [{variant, payload_sha256}]; entries: [{key, text, variant,
+    payload_sha256, sha256, offset, n_mels, frames, steps, num_vq}] with whole counts >= 0 whose
+    bytes lie inside the `data_bytes` of entry data."""
+    if not isinstance(header.get("knobs"), dict):
+        raise ForgeError(f"{where}: header 'knobs' must be an object")
+    artifacts, entries = header.get("artifacts"), header.get("entries")
+    if not isinstance(artifacts, list) or not isinstance(entries, list):
+        raise ForgeError(f"{where}: header 'artifacts' and 'entries' must be lists")
+    for i, a in enumerate(artifacts):
+        if not isinstance(a, dict) or not isinstance(a.get("variant"), str) or not _is_sha(a.get("payload_sha256")):
+            raise ForgeError(f"{where}: artifacts[{i}] must be {{variant, payload_sha256}}")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ForgeError(f"{where}: entries[{i}] is not an object")
+        if not all(isinstance(e.get(k), str) for k in ("key", "text", "variant")):
+            raise ForgeError(f"{where}: entries[{i}] needs 'key', 'text' and 'variant' strings")
+        if not (_is_sha(e.get("payload_sha256")) and _is_sha(e.get("sha256"))):
+            raise ForgeError(f"{where}: entries[{i}] payload_sha256/sha256 must be 64 hex digits")
+        counts = [e.get(k) for k in _ENTRY_COUNTS]
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise ForgeError(f"{where}: entries[{i}] {'/'.join(_ENTRY_COUNTS)} must be whole numbers >= 0")
+        offset, n_mels, frames, steps, num_vq = counts
+        if offset + 4 * n_mels * frames + 2 * steps * num_vq > data_bytes:
+            raise ForgeError(f"{where}: entries[{i}] ({e['text'][:40]!r}) lies outside the file's entry data")
+
+
 class PhraseCache:
     """A cache file opened for serving: checked on open, entries read into a byte-bounded LRU."""
 
@@ -215,6 +271,8 @@ class PhraseCache:
         self.max_bytes = max_bytes
         if not self.path.is_file():
             raise ForgeError(f"phrase cache {self.path} does not exist")
+        if not os.access(self.path, os.R_OK):
+            raise ForgeError(f"phrase cache {self.path} is not readable")
         size = self.path.stat().st_size
         if size < len(MAGIC) + _LEN.size + _DIGEST:
             raise ForgeError(f"phrase cache {self.path} is truncated or not a phrase cache ({size} bytes)")
@@ -233,15 +291,11 @@ class PhraseCache:
                                  "rebuild it with chattts-forge warm")
         with open(self.path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        (head_len,) = _LEN.unpack_from(self._map, len(MAGIC))
-        start = len(MAGIC) + _LEN.size
         try:
-            header = json.loads(bytes(self._map[start : start + head_len]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:  # only a writer bug can get here
-            raise ForgeError(f"phrase cache {self.path}: unreadable header ({e})") from None
-        if header.get("schema") != CACHE_SCHEMA:
-            raise ForgeError(f"phrase cache {self.path}: schema {header.get('schema')!r} is not {CACHE_SCHEMA!r}")
-        self._data_start = start + head_len
+            header, self._data_start = _read_header(self._map, size, self.path)
+        except BaseException:
+            self._map.close()
+            raise
         self.knobs: dict[str, Any] = header["knobs"]
         self.artifacts: dict[str, str] = {a["variant"]: a["payload_sha256"] for a in header["artifacts"]}
         self.entries: dict[str, dict[str, Any]] = {e["key"]: e for e in header["entries"]}

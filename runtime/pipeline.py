@@ -27,6 +27,7 @@ right edge (a low-latency mode, like ChatTTS's own streaming, which is not exact
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,8 @@ from chattts_forge.artifact import DVAE_ENCODER, FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
+    DEFAULT_MAX_PROMPT_CODES,
+    DEFAULT_MAX_SPEAKER_VALUES,
     Normalizer,
     TextTokenizer,
     apply_speaker,
@@ -46,6 +49,7 @@ from chattts_forge.runtime.frontend import (
     decorate_text_prompts,
     encode_prompt,
     is_speakable,
+    max_encoded_chars,
     sample_random_speaker,
     speaker_vector,
     split_sentences,
@@ -223,6 +227,118 @@ def _position_ids(attention_mask: np.ndarray) -> np.ndarray:
     return pos.astype(np.int64)
 
 
+# Input text bounds (checked before normalisation, which costs time per character): a token spans at
+# least one character of normalised text and normalisation only ever shortens a text by dropping
+# characters, so 8 characters per position leaves room for dropped punctuation and spaces.
+TEXT_CHARS_PER_POSITION = 8
+SPLIT_TEXT_FACTOR = 16
+
+
+def check_text_length(text: str, limit: int) -> None:
+    """ForgeError when an input text is longer than `limit` characters (before anything else runs)."""
+    if len(text) > limit:
+        raise ForgeError(f"text is {len(text)} characters long, more than the {limit} this model can take; "
+                         "split it into several requests")
+
+
+# ---- request parameters: types and ranges, checked once where a request enters -------------------
+
+# A prompt string such as "[speed_5]" or "[oral_2][laugh_0][break_6]": far below this.
+MAX_PROMPT_CHARS = 1024
+MAX_SEED = 2**64  # numpy's default_rng takes any int >= 0; this keeps seeds to what a caller can mean
+
+
+def _is_whole(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_whole(where: str, value: object, low: int, high: int | None = None, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _is_whole(value):
+        raise ForgeError(f"{where} must be a whole number, got {type(value).__name__} {str(value)[:40]!r}")
+    if value < low or (high is not None and value > high):  # type: ignore[operator]
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ForgeError(f"{where} must be {span}, got {value}")
+
+
+def _check_real(where: str, value: object, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _is_real(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
+        raise ForgeError(f"{where} must be a finite number, got {type(value).__name__} {str(value)[:40]!r}")
+
+
+def _check_bool(where: str, value: object) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ForgeError(f"{where} must be true or false, got {type(value).__name__} {str(value)[:40]!r}")
+
+
+def _check_optional_str(where: str, value: object, limit: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ForgeError(f"{where} must be a string or None, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ForgeError(f"{where} is {len(value)} characters long, more than {limit}")
+
+
+def check_sampling_params(params: InferCodeParams | RefineTextParams, where: str, max_positions: int | None) -> None:
+    """The knobs code generation and refinement share: types first, then ranges (one-line ForgeError
+    naming the field)."""
+    if not isinstance(params.prompt, str) or len(params.prompt) > MAX_PROMPT_CHARS:
+        raise ForgeError(f"{where}.prompt must be a string of at most {MAX_PROMPT_CHARS} characters")
+    temps = params.temperature
+    if isinstance(temps, (list, tuple)):
+        if not temps:
+            raise ForgeError(f"{where}.temperature must be a number or a non-empty list of numbers")
+        for i, t in enumerate(temps):
+            _check_real(f"{where}.temperature[{i}]", t)
+    else:
+        _check_real(f"{where}.temperature", temps)
+    _check_real(f"{where}.top_p", params.top_p, optional=True)
+    _check_whole(f"{where}.top_k", params.top_k, 1, optional=True)
+    _check_real(f"{where}.repetition_penalty", params.repetition_penalty, optional=True)
+    _check_whole(f"{where}.max_new_token", params.max_new_token, 1, max_positions)
+    _check_whole(f"{where}.min_new_token", params.min_new_token, 0)
+    _check_bool(f"{where}.ensure_non_empty", params.ensure_non_empty)
+    _check_whole(f"{where}.seed", params.seed, 0, MAX_SEED - 1, optional=True)
+    listed = tuple(temps) if isinstance(temps, (list, tuple)) else (temps,)
+    _check_sampling(tuple(float(t) for t in listed), params.top_p, params.top_k, params.max_new_token,
+                    params.min_new_token, params.repetition_penalty)
+
+
+def check_synth_params(params: object, max_positions: int | None = None, max_text_chars: int | None = None) -> SynthParams:
+    """Validate a request's parameters by type and range before anything runs on them (the scheduler's
+    `submit`, `Pipeline.synthesize`/`stream`, compat, a server): a one-line ForgeError naming the
+    first bad field, else `params` unchanged. `max_positions` (the model's) bounds max_new_token;
+    `max_text_chars` bounds txt_smp."""
+    if not isinstance(params, SynthParams):
+        raise ForgeError(f"params must be SynthParams, got {type(params).__name__}")
+    code = params.code
+    if not isinstance(code, InferCodeParams):
+        raise ForgeError(f"params.code must be InferCodeParams, got {type(code).__name__}")
+    if params.refine is not None and not isinstance(params.refine, RefineTextParams):
+        raise ForgeError(f"params.refine must be RefineTextParams or None, got {type(params.refine).__name__}")
+    for name in ("use_decoder", "normalize", "homophones", "split_sentences"):
+        _check_bool(f"params.{name}", getattr(params, name))
+    if params.lang not in (None, "zh", "en"):
+        raise ForgeError(f"params.lang must be None, 'zh' or 'en', got {str(params.lang)[:40]!r}")
+    check_sampling_params(code, "params.code", max_positions)
+    # Speaker strings are bounded again (tighter, by the model) when decoded; this bounds the work before.
+    _check_optional_str("params.code.spk_emb", code.spk_emb, max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES))
+    _check_optional_str("params.code.spk_smp", code.spk_smp, max_encoded_chars(2 * DEFAULT_MAX_PROMPT_CODES) + 8)
+    _check_optional_str("params.code.txt_smp", code.txt_smp, max_text_chars or 1 << 20)
+    _check_whole("params.code.stream_batch", code.stream_batch, 1)
+    if params.refine is not None:
+        check_sampling_params(params.refine, "params.refine", max_positions)
+    return params
+
+
 def _check_sampling(temperature: Sequence[float], top_p: float | None, top_k: int | None,
                     max_new_token: int, min_new_token: int, penalty: float | None) -> None:
     if any(not (t > 0) or not math.isfinite(t) for t in temperature):
@@ -282,7 +398,10 @@ class Pipeline:
     def normalize(self, text: str, params: SynthParams | None = None) -> str:
         """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
         params = params or SynthParams()
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
+            raise ForgeError(f"text must be a string, got {type(text).__name__}")
+        check_text_length(text, self.max_text_chars(params.split_sentences))
+        if not text.strip():
             raise ForgeError("empty text")
         if params.lang not in (None, "zh", "en"):
             raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
@@ -291,6 +410,17 @@ class Pipeline:
         if not out.strip() or not is_speakable(out):
             raise ForgeError(f"text {_short(text)} normalises to nothing speakable")
         return out
+
+    def max_text_chars(self, split_sentences: bool = False) -> int:
+        """The longest input text accepted (checked before normalising): a text that needs more
+        characters than TEXT_CHARS_PER_POSITION per model position could not fit even once normalised;
+        split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer."""
+        one = TEXT_CHARS_PER_POSITION * self.dims.max_position_embeddings
+        return one * SPLIT_TEXT_FACTOR if split_sentences else one
+
+    def max_recording_samples(self) -> int:
+        """The longest voice-clone recording accepted: its codes (one per 2 hops) must fit the positions."""
+        return 2 * self.dims.hop_length * self.dims.max_position_embeddings
 
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the artifact's speaker statistics (`Chat.sample_random_speaker`)."""
@@ -315,6 +445,10 @@ class Pipeline:
             raise ForgeError(f"{what} must hold float samples in [-1, 1], got dtype {arr.dtype}{hint}")
         if arr.size == 0:
             raise ForgeError(f"{what} is empty")
+        longest = self.max_recording_samples()
+        if arr.size > longest:
+            raise ForgeError(f"{what} has {arr.size} samples ({arr.size / self.sample_rate:.1f} s); its codes would "
+                             f"not fit the model's {self.dims.max_position_embeddings} positions (at most {longest})")
         shortest = self.dims.n_fft // 2 + 1
         if arr.size < shortest:
             raise ForgeError(f"{what} has {arr.size} samples; the encoder needs at least {shortest}")
@@ -339,8 +473,8 @@ class Pipeline:
 
     def speaker_sample_codes(self, spk_smp: str) -> np.ndarray:
         """A `spk_smp` string -> codes [num_vq, T], checked against this model (ForgeError naming spk_smp)."""
-        try:
-            codes = decode_prompt(spk_smp)
+        try:  # a prompt longer than the model's positions could never be fed: the decode stops there
+            codes = decode_prompt(spk_smp, max_codes=self.num_vq * self.dims.max_position_embeddings)
         except ForgeError as e:
             raise ForgeError(f"spk_smp: {e}") from None
         if codes.shape[0] != self.num_vq or codes.shape[1] == 0:
@@ -606,12 +740,17 @@ class Pipeline:
 
     def prepare_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
         """Normalised (and split, if asked) texts, plus for each the index of the input it came from."""
+        check_synth_params(params, self.dims.max_position_embeddings, self.max_text_chars())
         if isinstance(texts, str):
             texts = [texts]
+        if not isinstance(texts, Sequence):
+            raise ForgeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
         if not texts:
             raise ForgeError("no text to synthesize")
         out, owner = [], []
         for i, t in enumerate(texts):
+            if isinstance(t, str):  # before splitting: a huge text is refused before any work on it
+                check_text_length(t, self.max_text_chars(params.split_sentences))
             if not isinstance(t, str) or not t.strip():
                 raise ForgeError(f"empty text (item {i})" if len(texts) > 1 else "empty text")
             parts = split_sentences(t) if params.split_sentences else [t]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import resolve_inside
 from chattts_forge.log import get_logger
 
 if TYPE_CHECKING:
@@ -70,12 +71,16 @@ class Bucket:
 
 def buckets_from_edges(edges: Sequence[int], names: Sequence[str] | None = None) -> tuple[Bucket, ...]:
     """Buckets split at `edges` (the inclusive upper ends, increasing): [10, 40] -> <=10, 11-40, >40."""
+    if not isinstance(edges, (list, tuple)) or (names is not None and not isinstance(names, (list, tuple))):
+        raise ForgeError(f"bucket edges and names must be lists, got {type(edges).__name__} and {type(names).__name__}")
     edges = list(edges)
     if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges) or edges != sorted(set(edges)):
         raise ForgeError(f"bucket edges must be increasing whole numbers >= 1, got {edges}")
     if names is None:
         names = ("short", "medium", "long") if len(edges) == 2 else [f"b{i}" for i in range(len(edges) + 1)]
     names = list(names)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ForgeError(f"bucket names must be non-empty strings, got {names}")
     if len(names) != len(edges) + 1 or len(set(names)) != len(names):
         raise ForgeError(f"give {len(edges) + 1} distinct bucket names for edges {edges}, got {names}")
     lows = [1, *(e + 1 for e in edges)]
@@ -114,7 +119,7 @@ def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
         table = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ForgeError(f"{version_dir} has no {ROUTING_NAME}: not a published version folder with a routing table") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ForgeError(f"{path}: not valid JSON ({e})") from None
     problems = routing_problems(table, version_dir)
     if problems:
@@ -126,19 +131,47 @@ def table_buckets(table: dict[str, Any]) -> tuple[Bucket, ...]:
     return tuple(Bucket(b["name"], int(b["min_chars"]), b["max_chars"]) for b in table["buckets"])
 
 
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def routing_shape_problems(table: dict[str, Any], path: Path) -> list[str]:
+    """Types and ranges of what the router reads (buckets, variants, fallback), before any is used."""
+    buckets, variants, fallback = table.get("buckets"), table.get("variants"), table.get("fallback")
+    if not isinstance(buckets, list) or not buckets:
+        return [f"{path}: 'buckets' must be a non-empty list"]
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        return [f"{path}: 'variants' must be an object of variant records"]
+    if not isinstance(fallback, str):
+        return [f"{path}: 'fallback' must be a variant name string"]
+    for i, b in enumerate(buckets):
+        where = f"{path}: buckets[{i}]"
+        if not isinstance(b, dict):
+            return [f"{where} is not an object"]
+        if not isinstance(b.get("name"), str) or not isinstance(b.get("variant"), str):
+            return [f"{where}: 'name' and 'variant' must be strings"]
+        if "max_chars" not in b:
+            return [f"{where}: 'max_chars' is missing (null for no upper end)"]
+        lo, hi = b.get("min_chars"), b.get("max_chars")
+        if not _whole(lo) or lo < 1 or (hi is not None and (not _whole(hi) or hi < lo)):
+            return [f"{where}: min_chars/max_chars must be whole numbers, 1 <= min_chars <= max_chars (or null), "
+                    f"got {lo!r}/{hi!r}"]
+    return []
+
+
 def routing_problems(table: Any, version_dir: Path) -> list[str]:
     """What is wrong with a routing table in its version folder (each names routing.json)."""
     path = version_dir / ROUTING_NAME
     if not isinstance(table, dict) or table.get("schema") != ROUTING_SCHEMA:
         got = table.get("schema") if isinstance(table, dict) else None
         return [f"{path}: schema {got!r} is not {ROUTING_SCHEMA!r}"]
-    try:
-        buckets = table_buckets(table)
-        routed = {b["name"]: b["variant"] for b in table["buckets"]}
-        recorded = table["variants"]
-        fallback = table["fallback"]
-    except (KeyError, TypeError, ValueError) as e:
-        return [f"{path}: malformed ({e})"]
+    shape = routing_shape_problems(table, path)
+    if shape:
+        return shape
+    buckets = table_buckets(table)
+    routed = {b["name"]: b["variant"] for b in table["buckets"]}
+    recorded = table["variants"]
+    fallback = table["fallback"]
     problems = []
     expect = 1
     for b in buckets:
@@ -151,7 +184,12 @@ def routing_problems(table: Any, version_dir: Path) -> list[str]:
     from chattts_forge.runtime.phrase_cache import payload_sha256
 
     for name, variant in [*routed.items(), ("fallback", fallback)]:
-        folder = version_dir / str(variant)
+        field = "fallback" if name == "fallback" else f"buckets[{name!r}].variant"
+        try:
+            folder = variant_folder(version_dir, variant, file=path, field=field)
+        except ForgeError as e:
+            problems.append(str(e))
+            continue
         where = f"bucket {name!r}" if name != "fallback" else "the fallback"
         if not (folder / ARTIFACT_JSON).is_file() or not (folder / "manifest.json").is_file():
             problems.append(f"{path}: {where} routes to variant {variant!r}, which is not published in {version_dir}")
@@ -161,6 +199,14 @@ def routing_problems(table: Any, version_dir: Path) -> list[str]:
             problems.append(f"{path}: variant {variant!r} in {folder} is not the artifact the table was measured on "
                             "(payload hash differs)")
     return problems
+
+
+def variant_folder(version_dir: Path, variant: str, *, file: str | os.PathLike[str], field: str) -> Path:
+    """A variant's folder in a version folder: one plain name, confined to it (no path, no `..`, no
+    symbolic link out); else a one-line ForgeError naming `file` and `field`."""
+    if isinstance(variant, str) and ("/" in variant or "\\" in variant):
+        raise ForgeError(f"{file}: {field} must be a variant name, not a path ({variant!r})")
+    return resolve_inside(version_dir, variant, file=file, field=field)
 
 
 # ---- the router ------------------------------------------------------------------------------
@@ -190,7 +236,8 @@ class Router:
         self.buckets = table_buckets(self.table)
         self.routes = {b["name"]: b["variant"] for b in self.table["buckets"]}
         self.override = variant
-        if variant is not None and not (self.path / variant / ARTIFACT_JSON).is_file():
+        if variant is not None and not (variant_folder(self.path, variant, file="--variant", field="variant")
+                                        / ARTIFACT_JSON).is_file():
             published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
             raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
         self.pipeline_kwargs = pipeline_kwargs

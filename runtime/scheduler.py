@@ -63,7 +63,15 @@ import numpy as np
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
-from chattts_forge.runtime.pipeline import Pipeline, Result, StreamDecoder, SynthParams, _position_ids
+from chattts_forge.runtime.pipeline import (
+    Pipeline,
+    Result,
+    StreamDecoder,
+    SynthParams,
+    _position_ids,
+    check_synth_params,
+    check_text_length,
+)
 from chattts_forge.runtime.sampling import Sampler, process_logits, softmax
 
 log = get_logger(__name__)
@@ -185,6 +193,20 @@ class _Decode:
 _STOP = object()  # the decode worker's end
 
 
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:500] or type(e).__name__
+
+
+def request_error(handle: Handle, e: BaseException) -> ForgeError:
+    """The one-line error a request ends with when something failed for it alone (a ForgeError's own
+    message; any other exception named by its type, so a bug is visible without a traceback)."""
+    if isinstance(e, ForgeError):
+        return ForgeError(f"request {handle.id}: {_one_line(e)}")
+    log.error("request %d failed: %s: %s", handle.id, type(e).__name__, _one_line(e))
+    return ForgeError(f"request {handle.id} failed ({type(e).__name__}: {_one_line(e)})")
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity where the platform tells it)."""
     try:
@@ -198,6 +220,19 @@ def default_decode_worker(pipe: Pipeline) -> bool:
     free (see the module docstring); unset threads mean one per core, so no core is free."""
     threads = pipe.artifact.threads
     return threads is not None and threads < usable_cores()
+
+
+def check_request(pipe: Pipeline, text: object, params: object) -> None:
+    """What `submit` accepts (also for a server in front of it): a text string no longer than the
+    model can take, and SynthParams whose every field has its type and range
+    (`pipeline.check_synth_params`); one sentence, no refinement. One-line ForgeError otherwise."""
+    if not isinstance(text, str):
+        raise ForgeError(f"text must be a string, got {type(text).__name__}")
+    check_text_length(text, pipe.max_text_chars())
+    check_synth_params(params, pipe.dims.max_position_embeddings, pipe.max_text_chars())
+    assert isinstance(params, SynthParams)
+    if params.refine is not None or params.split_sentences:
+        raise ForgeError("the scheduler takes one sentence without text refinement per request")
 
 
 class Scheduler:
@@ -236,10 +271,10 @@ class Scheduler:
     # ---- submission -------------------------------------------------------------------------
 
     def submit(self, text: str, params: SynthParams | None = None) -> Handle:
-        """Queue a request; ForgeError when the scheduler is closed or `max_queue` requests wait."""
+        """Queue a request; ForgeError when the scheduler is closed or `max_queue` requests wait, and
+        for parameters of a wrong type or out of range (`check_request`), before anything is queued."""
         params = params or SynthParams()
-        if params.refine is not None or params.split_sentences:
-            raise ForgeError("the scheduler takes one sentence without text refinement per request")
+        check_request(self.pipe, text, params)
         with self._lock:
             if self._closed:
                 raise ForgeError("the scheduler is closed")
@@ -316,9 +351,9 @@ class Scheduler:
             try:
                 self.step()
             except Exception as e:  # noqa: BLE001 - a failed GPT step fails the running requests, not the thread
-                log.error("scheduler step failed: %s", e)
+                log.error("scheduler step failed: %s", _one_line(e))
                 for act in self._active:
-                    act.handle._finish(error=ForgeError(f"request {act.handle.id}: generation failed ({e})"))
+                    act.handle._finish(error=ForgeError(f"request {act.handle.id}: generation failed ({_one_line(e)})"))
                 self._active = []
 
     # ---- stages -------------------------------------------------------------------------------
@@ -334,10 +369,10 @@ class Scheduler:
                 continue
             try:
                 act = self._prefill_request(handle, params)
-            except ForgeError as e:  # unspeakable, overlong, bad parameters: this request alone
-                handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+                self._sample(act, act.hiddens[0:1])  # step 0 from the prefill's last hidden state
+            except Exception as e:  # noqa: BLE001 - unspeakable, overlong, bad parameters, a bug: this request alone
+                handle._finish(error=request_error(handle, e))
                 continue
-            self._sample(act, act.hiddens[0:1])  # step 0 from the prefill's last hidden state
             self._active.append(act)
 
     def _prefill_request(self, handle: Handle, params: SynthParams) -> _Active:
@@ -374,7 +409,10 @@ class Scheduler:
         for i, act in enumerate(rows):
             act.length += 1
             act.hiddens[act.steps] = hidden[i]
-            self._sample(act, None, logits[i : i + 1])
+            try:
+                self._sample(act, None, logits[i : i + 1])
+            except Exception as e:  # noqa: BLE001 - one request's sampling failing ends that request alone
+                act.handle._finish(error=request_error(act.handle, e))  # its row is freed after this step
 
     def _sample(self, act: _Active, hidden: np.ndarray | None, logits: np.ndarray | None = None) -> None:
         """Process and sample the request's current step (as `Pipeline.iter_generate` does for a row)."""
@@ -460,10 +498,10 @@ class Scheduler:
             if task.final:
                 handle._finish(result=self._result(act))
         except ForgeError as e:
-            handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+            handle._finish(error=ForgeError(f"request {handle.id}: {_one_line(e)}"))
         except Exception as e:  # noqa: BLE001 - one request's audio failing must not end the others
-            log.error("request %d: audio decoding failed: %s", handle.id, e)
-            handle._finish(error=ForgeError(f"request {handle.id}: audio decoding failed ({type(e).__name__}: {e})"))
+            log.error("request %d: audio decoding failed: %s", handle.id, _one_line(e))
+            handle._finish(error=ForgeError(f"request {handle.id}: audio decoding failed ({type(e).__name__}: {_one_line(e)})"))
 
     def _decode_loop(self) -> None:
         while True:

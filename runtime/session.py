@@ -166,7 +166,7 @@ class Artifact:
         self._verified: set[str] = set()
         self.verify_mode = verify
         for key in RUNTIME_FILES:
-            self._check_plain_file(self.meta.support_file(key))
+            self._check_plain_file(key)
         for name in ("embed", "gpt", "head_code", "vocos"):
             self.check_component(name)
 
@@ -175,10 +175,11 @@ class Artifact:
         return self.meta.variant
 
     def file(self, key: str) -> Path:
-        return self.path / self.meta.support_file(key)
+        """A support file (`files.KEY` of artifact.json), confined to the artifact folder."""
+        return self.meta.support_path(self.path, key)
 
-    def _check_plain_file(self, rel: str) -> None:
-        p = self.path / rel
+    def _check_plain_file(self, key: str) -> None:
+        p = self.file(key)
         if not p.is_file():
             raise ForgeError(f"artifact file {p} is missing")
 
@@ -193,9 +194,10 @@ class Artifact:
             return p
         info = self.components[name]
         self._check_file(p, name, info.get("bytes"), info.get("sha256"))
-        data = info.get("external_data")
-        if isinstance(data, dict) and data.get("file"):  # the graph's weights (chattts_forge.graph_storage)
-            self._check_file(p.with_name(str(data["file"])), name, data.get("bytes"), data.get("sha256"))
+        data_path = self.meta.external_data_path(self.path, name)  # confined to the folder
+        if data_path is not None:  # the graph's weights (chattts_forge.graph_storage)
+            data = info["external_data"]
+            self._check_file(data_path, name, data.get("bytes"), data.get("sha256"))
         self._verified.add(name)
         return p
 
