@@ -152,3 +152,19 @@ def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any
         raise ForgeError(f"{what} {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ForgeError(f"{what} {path} is not valid TOML: {e}") from None
+
+
+def resolve_inside(
+    folder: str | os.PathLike[str], relative: str, *, file: str | os.PathLike[str], field: str
+) -> Path:
+    """`folder / relative`, refused (one-line ForgeError naming `file` and `field`) unless it stays
+    inside `folder`: no absolute path, no `..` climbing out, no symbolic link leading out."""
+    if not isinstance(relative, str) or not relative or "\0" in relative:
+        raise ForgeError(f"{file}: {field} is not a file name ({relative!r})")
+    if Path(relative).is_absolute():
+        raise ForgeError(f"{file}: {field} {relative!r} is an absolute path; it must be inside {folder}")
+    root = Path(folder).resolve()
+    target = (root / relative).resolve()
+    if target != root and root not in target.parents:
+        raise ForgeError(f"{file}: {field} {relative!r} leads out of {folder}")
+    return Path(folder) / relative
