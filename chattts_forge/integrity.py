@@ -81,6 +81,10 @@ class Expected:
     bytes: int | None
     sha256: str | None
     recorded_in: str  # the file that records it (artifact.json, manifest.json, SHA256SUMS)
+    what: str = ""  # what it is, for messages ("component 'embed'", "support file 'tokenizer'")
+
+    def describe(self) -> str:
+        return self.what or f"listed in {self.recorded_in}"
 
 
 def _add(out: dict[str, Expected], entry: Expected) -> None:
@@ -91,8 +95,10 @@ def _add(out: dict[str, Expected], entry: Expected) -> None:
     if entry.sha256 and old.sha256 and entry.sha256 != old.sha256:
         raise ForgeError(f"{entry.recorded_in} and {old.recorded_in} record different sha256s for {entry.rel}: "
                          "the folder was changed after it was made")
-    if old.sha256 is None and entry.sha256 is not None:
-        out[entry.rel] = entry
+    if (old.sha256 is None and entry.sha256 is not None) or (not old.what and entry.what):
+        out[entry.rel] = Expected(entry.rel, old.bytes if old.bytes is not None else entry.bytes,
+                                  old.sha256 or entry.sha256, old.recorded_in if old.sha256 else entry.recorded_in,
+                                  old.what or entry.what)
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -115,20 +121,22 @@ def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list
         rel = str(info.get("file", f"{name}.onnx"))
         if not present(rel):
             continue
-        out.append(Expected(rel, _int_or_none(info.get("bytes")), _sha_or_none(info.get("sha256")), ARTIFACT_JSON))
+        what = f"component '{name}'"
+        out.append(Expected(rel, _int_or_none(info.get("bytes")), _sha_or_none(info.get("sha256")), ARTIFACT_JSON,
+                            what))
         data = info.get("external_data")
         if isinstance(data, dict) and data.get("file"):
             data_rel = (Path(rel).parent / str(data["file"])).as_posix()
             out.append(Expected(data_rel, _int_or_none(data.get("bytes")), _sha_or_none(data.get("sha256")),
-                                ARTIFACT_JSON))
+                                ARTIFACT_JSON, what))
         elif present(rel + EXTERNAL_DATA_SUFFIX):  # unrecorded weights beside a graph: still opened
-            out.append(Expected(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON))
+            out.append(Expected(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON, what))
     for key in SUPPORT_FILES:
         rel = meta.support_file(key)
         record = meta.support_record(key) or {}
         if present(rel) or key != "dvae_coef":  # the runtime does not read dvae_coef.json; older ones lack it
             out.append(Expected(rel, _int_or_none(record.get("bytes")), _sha_or_none(record.get("sha256")),
-                                ARTIFACT_JSON))
+                                ARTIFACT_JSON, f"support file '{key}'"))
     return out
 
 
@@ -299,7 +307,7 @@ def check_files(
         try:
             st = os.stat(path)
         except OSError:
-            raise ForgeError(f"artifact file {path} is missing (listed in {entry.recorded_in})") from None
+            raise ForgeError(f"artifact file {path} ({entry.describe()}) is missing") from None
         if not path.is_file():
             raise ForgeError(f"artifact file {path} is not a regular file")
         stats[rel] = st
