@@ -198,20 +198,29 @@ def sign_folder(folder: str | os.PathLike[str], key: SigningKey, ignore: Iterabl
     return signature
 
 
-_DIFF = re.compile(r"Hash mismatch for '([^']+)'|Extra files found in model '[^']*': ([^,'\"\]]+)"
-                   r"|Missing files in model '[^']*': ([^,'\"\]]+)")
+# The library's message is the repr of a list of strings, so its quotes may come escaped.
+_DIFF = re.compile(r"Hash mismatch for \\*'([^'\\]+)\\*'|Extra files found in model \\*'[^'\\]*\\*': ([^,'\"\\\]]+)"
+                   r"|Missing files in model \\*'[^'\\]*\\*': ([^,'\"\\\]]+)")
 
 
 def _describe_mismatch(folder: Path, message: str) -> str:
-    """The library's mismatch message as one line naming the first file that differs."""
-    m = _DIFF.search(message)
-    if m is None:
+    """The library's mismatch message as one line naming the files that differ (the first by path)."""
+    changed, extra, missing = [], [], []
+    for m in _DIFF.finditer(message):
+        if m.group(1):
+            changed.append(m.group(1))
+        elif m.group(2):
+            extra += [x.strip() for x in m.group(2).split(",")]
+        else:
+            missing += [x.strip() for x in m.group(3).split(",")]
+    everything = sorted(changed + extra + missing)
+    if not everything:
         return message.splitlines()[0] if message else "signature mismatch"
-    if m.group(1):
-        return f"{folder / m.group(1)}: differs from the file that was signed"
-    if m.group(2):
-        return f"{folder / m.group(2).strip()}: not part of what was signed (extra file)"
-    return f"{folder / m.group(3).strip()}: signed, but missing"
+    first = everything[0]
+    why = ("differs from the file that was signed" if first in changed else
+           "not part of what was signed (extra file)" if first in extra else "signed, but missing")
+    others = f" (also: {', '.join(everything[1:])})" if len(everything) > 1 else ""
+    return f"{folder / first}: {why}{others}"
 
 
 def verify_folder(
