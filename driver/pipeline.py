@@ -617,7 +617,7 @@ def publish_serving_files(pipe: Pipeline, version_dir: Path, sign_key: str | os.
         log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
                  FALLBACK_VARIANT)
         return
-    publish_version_files(version_dir, sign_key=sign_key)
+    publish_version_files(version_dir, sign_key=sign_key, sign=False)  # signed below, with its phrase cache
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
     out = pipe.work / "phrase_cache" / f"{model}-{version}.bin"

@@ -205,11 +205,14 @@ def publish_version_files(
     cache_file: str | Path | None = None,
     phrase_list: dict[str, Any] | None = None,
     sign_key: str | Path | None = None,
+    sign: bool = True,
 ) -> dict[str, Any]:
     """Write routing.json (and the phrase cache, when given) and the version manifest of a published
     version, under the publish lock; files already holding these bytes are left alone. Then sign the
     version folder (`sign_key`, a PEM private key, or the user's own key pair) unless its signature
-    already holds for these files and this key. Returns the version manifest."""
+    already holds for these files and this key (so a rebuild that ends with the same bytes keeps its
+    model.sig). `sign=False`: an intermediate state (the build writes routing.json, warms the phrase
+    cache through it, then calls again with the cache), left unsigned. Returns the version manifest."""
     from chattts_forge.publish.publish import record_public_key
 
     version_dir = Path(version_dir).resolve()
@@ -230,7 +233,7 @@ def publish_version_files(
             changed = True
         manifest = version_manifest(version_dir, table, cache)
         changed |= _write_if_changed(version_dir / MANIFEST_NAME, version_manifest_bytes(manifest))
-        if changed or not _signature_current(version_dir, public_key):
+        if sign and not _signature_current(version_dir, public_key):
             sign_version_folder(version_dir, key)
         rewrite_index(root)
     routes = ", ".join(f"{b['name']} -> {b['variant']}" for b in table["buckets"])
