@@ -362,6 +362,8 @@ def synth(
             "load %.2f s, synthesis %.2f s (%d steps, %.1f ms/step incl. decode), RTF %.2f",
             t1 - t0, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
         )
+        log.info("checked before loading: %s%s", pipe.artifact.verification.summary(),
+                 f"; model.sig verified with {public_key}" if public_key is not None else "")
     if speaker_out is not None:
         used = spk if spk is not None else spk_smp  # --speaker's string, else --speaker-audio's spk_smp
         assert used is not None

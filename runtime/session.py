@@ -178,8 +178,8 @@ class Artifact:
         # Every recorded file, before the first session: a changed byte anywhere is refused here.
         self._expected = expected_files(self.path, self.meta)
         self.verification: CheckReport = check_files(self.path, self._expected, verify)
-        if verify != "none":
-            log.info("%s: %s", self.path, self.verification.summary())
+        # debug: a command's one-line error must stay its only output (synth logs the summary at the end)
+        log.debug("%s: %s", self.path, self.verification.summary())
         if self.public_key is not None:
             self._check_signature()
 
@@ -195,7 +195,7 @@ class Artifact:
             return {rel: checked[rel] if rel in checked else sha256_stream(root / rel) for rel in rels}
 
         verify_folder(self.path, self.public_key, hashes=hashes)  # type: ignore[arg-type]
-        log.info("%s: signature model.sig verified with %s", self.path, self.public_key)
+        log.debug("%s: signature model.sig verified with %s", self.path, self.public_key)
 
     @property
     def variant(self) -> str:

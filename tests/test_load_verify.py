@@ -225,3 +225,19 @@ def test_verify_modes(tiny_artifacts: dict[str, Path]) -> None:
     assert Artifact(folder, verify="none").verification.hashed == []
     with pytest.raises(ForgeError, match="unknown verify mode 'fast'"):
         Artifact(folder, verify="fast")
+
+
+def test_quantize_keeps_one_record_shape(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
+    """quantize copies the support files and their records; its new graphs are recorded too: the
+    quantized artifact loads under the default check, and a flipped byte in it is refused."""
+    from chattts_forge.quantize import quantize_artifact
+
+    fp32 = tiny_artifacts["fp32"]
+    out = quantize_artifact(fp32, tmp_path / "dyn", "dynamic", fidelity_sentences=1, fidelity_steps=8, threads=1)
+    src, meta = ArtifactMeta.load(fp32), ArtifactMeta.load(out)
+    assert meta.files == src.files
+    report = Artifact(out).verification
+    assert set(report.files) == {p.name for p in out.iterdir()} - {"artifact.json"}
+    flip(out / "gpt_fast.onnx.data")
+    with pytest.raises(ForgeError, match="gpt_fast.onnx.data does not match its sha256"):
+        Artifact(out)

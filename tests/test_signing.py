@@ -27,8 +27,6 @@ from chattts_forge.signing import (
     verify_folder,
 )
 
-pytest.importorskip("model_signing", reason="the 'sign' extra (model-signing) is not installed")
-
 
 def library_verify(folder: Path, public_key: Path) -> subprocess.CompletedProcess:
     """The library's own command, in a process that imports nothing of ours."""
