@@ -53,20 +53,42 @@ class VerifyResult:
         return not self.problems and bool(self.variants)
 
 
-def check_signature(folder: Path, public_key: Path | None, result: VerifyResult | None = None) -> list[str]:
-    """The folder's model.sig against `public_key` (the library re-hashes the folder): [] when it
-    verifies (or no key is given), else one problem naming the file that differs."""
+def verified_hashes(vdir: Path) -> dict[str, str]:
+    """{file: sha256} of a variant folder whose manifest check just passed: the manifest's hashes are
+    then the files' own, so the signature check need not read the files a second time."""
+    hashes = {rel: e.sha256 for rel, e in manifest_files(load_manifest(vdir / MANIFEST_NAME)).items()}
+    for name in (MANIFEST_NAME, SUMS_NAME):
+        hashes[name] = sha256_file(vdir / name)
+    return hashes
+
+
+def check_signature(folder: Path, public_key: Path | None, result: VerifyResult | None = None,
+                    checked: dict[str, str] | None = None) -> list[str]:
+    """The folder's model.sig against `public_key`: [] when it verifies (or no key is given), else one
+    problem naming the files that differ. `checked`: sha256s just verified (`verified_hashes`); the
+    other files are hashed (without it, the library hashes the whole folder)."""
     if public_key is None:
         return []
+    from chattts_forge.integrity import sha256_stream
     from chattts_forge.signing import verify_folder
 
+    def hashes(root: Path, rels: list[str]) -> dict[str, str]:
+        return {rel: checked[rel] if checked and rel in checked else sha256_stream(root / rel) for rel in rels}
+
     try:
-        verify_folder(folder, public_key)
+        verify_folder(folder, public_key, hashes=hashes if checked else None)
     except ForgeError as e:
         return [str(e)]
     if result is not None:
         result.signatures.append(folder)
     return []
+
+
+def _variant_with_signature(vdir: Path, public_key: Path | None, result: VerifyResult,
+                            check_location: bool) -> list[str]:
+    problems = verify_variant(vdir, check_location=check_location)
+    checked = verified_hashes(vdir) if public_key is not None and not problems else None
+    return problems + check_signature(vdir, public_key, result, checked)
 
 
 def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
@@ -129,8 +151,7 @@ def verify_tree(root: Path, public_key: Path | None = None) -> VerifyResult:
     result.variants = variants
     variant_set = set(variants)
     for vdir in variants:
-        result.problems += verify_variant(vdir, check_location=True)
-        result.problems += check_signature(vdir, public_key, result)
+        result.problems += _variant_with_signature(vdir, public_key, result, check_location=True)
     # A version folder's own files (routing.json, phrase cache) are listed in its version manifest.
     version_dirs = sorted({v.parent for v in variants if is_version_manifest(v.parent / MANIFEST_NAME)})
     for version_dir in version_dirs:
@@ -188,11 +209,11 @@ def verify_path(path: str | os.PathLike[str], public_key: str | os.PathLike[str]
         result = VerifyResult(versions=[path])
         result.variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
         for v in result.variants:
-            result.problems += verify_variant(v, check_location=True) + check_signature(v, key, result)
+            result.problems += _variant_with_signature(v, key, result, check_location=True)
         result.problems += verify_version(path) + check_signature(path, key, result)
     elif (path / MANIFEST_NAME).is_file():
-        result = VerifyResult(variants=[path], problems=verify_variant(path))
-        result.problems += check_signature(path, key, result)
+        result = VerifyResult(variants=[path])
+        result.problems += _variant_with_signature(path, key, result, check_location=False)
     else:
         result = verify_tree(path, key)
         if not result.variants and not result.problems:
