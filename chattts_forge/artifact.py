@@ -50,6 +50,9 @@ EXTERNAL_DATA_SUFFIX = ".data"
 # inline.
 EXTERNAL_DATA_COMPONENTS = ("embed", "gpt_fast", "decoder", "dvae", "vocos")
 # Support files: artifact.json `files` key -> file name (the default when `files` omits the key).
+# artifact.json records each as {"file", "bytes", "sha256"} (the shape of a component's
+# `external_data`), so the runtime can check every file it opens; artifacts converted before that
+# recorded the bare file name, which readers still accept (`support_file`, `support_record`).
 SUPPORT_FILES = {
     "tokenizer": "tokenizer.json",
     "speaker_stats": "speaker_stats.npy",
@@ -126,7 +129,7 @@ class ArtifactMeta:
     audio: dict[str, Any] | None = None
     tokens: dict[str, int] | None = None
     components: dict[str, dict[str, Any]]
-    files: dict[str, str] | None = None
+    files: dict[str, dict[str, Any] | str] | None = None
     source: dict[str, Any] | None = None
     fp16: dict[str, Any] | None = None
     quantization: dict[str, Any] | None = None
@@ -223,7 +226,18 @@ class ArtifactMeta:
 
     def support_file(self, key: str) -> str:
         """The file name of a support file (`SUPPORT_FILES` keys), as recorded or by default."""
-        return (self.files or {}).get(key, SUPPORT_FILES[key])
+        value = (self.files or {}).get(key, SUPPORT_FILES[key])
+        if isinstance(value, dict):
+            value = value.get("file", SUPPORT_FILES[key])
+        if not isinstance(value, str) or not value:
+            raise ForgeError(f"{self.where}: files.{key} names no file")
+        return value
+
+    def support_record(self, key: str) -> dict[str, Any] | None:
+        """A support file's {"file", "bytes", "sha256"} record; None when artifact.json has none (older
+        artifacts recorded only the file name)."""
+        value = (self.files or {}).get(key)
+        return value if isinstance(value, dict) else None
 
     def support_path(self, folder: str | os.PathLike[str], key: str) -> Path:
         """Where a support file is in `folder`, confined to it (`files.KEY`: no absolute path, no `..`,
@@ -306,6 +320,13 @@ class FileEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+
+
+def file_record(folder: str | os.PathLike[str], rel: str) -> dict[str, Any]:
+    """{"file", "bytes", "sha256"} of a file of an artifact folder: how artifact.json records a support
+    file (and a graph's external data)."""
+    path = Path(folder) / rel
+    return {"file": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def list_files(root: str | os.PathLike[str]) -> list[str]:

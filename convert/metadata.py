@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge import __version__
-from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta
+from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta, file_record
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
@@ -83,8 +83,9 @@ def source_record(asset_dir: Path, artifact_dir: Path) -> dict[str, Any]:
     return rec
 
 
-def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, str]:
-    """tokenizer.json, speaker_stats.npy, dvae_coef.json, homophones_map.json; returns the `files` map."""
+def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, dict[str, Any]]:
+    """tokenizer.json, speaker_stats.npy, dvae_coef.json, homophones_map.json; returns the `files` map
+    ({key: {"file", "bytes", "sha256"}}: what the runtime checks each file against before using it)."""
     import ChatTTS
 
     shutil.copyfile(asset_dir / "tokenizer" / "tokenizer.json", out_dir / SUPPORT_FILES["tokenizer"])
@@ -98,7 +99,7 @@ def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, 
     (out_dir / SUPPORT_FILES["dvae_coef"]).write_text(json.dumps(coef) + "\n", encoding="utf-8")
     homophones = Path(ChatTTS.__file__).parent / "res" / "homophones_map.json"
     shutil.copyfile(homophones, out_dir / SUPPORT_FILES["homophones"])
-    return dict(SUPPORT_FILES)
+    return {key: file_record(out_dir, name) for key, name in SUPPORT_FILES.items()}
 
 
 def write_artifact_json(
@@ -108,7 +109,7 @@ def write_artifact_json(
     dims: Dims,
     tokens: dict[str, int],
     components: dict[str, dict[str, Any]],
-    files: dict[str, str],
+    files: dict[str, dict[str, Any]],
     source: dict[str, Any],
     fp16: dict[str, Any] | None,
 ) -> ArtifactMeta:

@@ -524,6 +524,7 @@ def run_pipeline(
     code_root: str | os.PathLike[str] | None = None,
     ray: str | None = None,
     ray_step_cpus: float = 2,
+    sign_key: str | os.PathLike[str] | None = None,
 ) -> list[VariantOutcome]:
     """Run (or resume) the pipeline; returns what happened to each variant.
 
@@ -534,6 +535,8 @@ def run_pipeline(
     instead of the running toolchain's (tests edit a copy, never the real tree).
     `ray`: a Ray cluster address or "local": the variants' quantize and evaluate steps run as Ray
     tasks of `ray_step_cpus` CPUs each, through the shared BUILD path (driver/ray_steps.py).
+    `sign_key`: the PEM private key every published folder is signed with (None: the user's own key
+    pair, chattts_forge.signing); its public half is written to `to/signing-key.pub`.
     """
     from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.publish.publish import publish_artifact
@@ -590,14 +593,14 @@ def run_pipeline(
             report = read_report(rdir)
             outcome = VariantOutcome(variant, rdir, report.passed)
             if report.passed:
-                result = publish_artifact(pipe.artifact_dir(variant), rdir, to)
+                result = publish_artifact(pipe.artifact_dir(variant), rdir, to, sign_key=sign_key)
                 outcome.published, outcome.status = result.path, result.status
-                problems = verify_path(result.path).problems
+                problems = verify_path(result.path, public_key=result.public_key).problems
                 if problems:
                     raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
             outcomes.append(outcome)
         for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
-            publish_serving_files(pipe, version_dir)
+            publish_serving_files(pipe, version_dir, sign_key)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
     if pipe.broken:
@@ -610,9 +613,9 @@ def run_pipeline(
     return outcomes
 
 
-def publish_serving_files(pipe: Build, version_dir: Path) -> None:
+def publish_serving_files(pipe: Build, version_dir: Path, sign_key: str | os.PathLike[str] | None = None) -> None:
     """A published version's routing.json, then its phrase cache (warmed through that routing table,
-    an incremental step like the others) and the version manifest (publish.version_files)."""
+    an incremental step like the others) and the version manifest (publish.version_files), signed."""
     from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
     from chattts_forge.publish.version_files import publish_version_files
     from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
@@ -622,7 +625,7 @@ def publish_serving_files(pipe: Build, version_dir: Path) -> None:
         log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
                  FALLBACK_VARIANT)
         return
-    publish_version_files(version_dir)
+    publish_version_files(version_dir, sign_key=sign_key, sign=False)  # signed below, with its phrase cache
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
     out = pipe.work / "phrase_cache" / f"{model}-{version}.bin"
@@ -636,7 +639,7 @@ def publish_serving_files(pipe: Build, version_dir: Path) -> None:
     )
     pipe.run(step)
     listing = {"name": phrases.stem, "version": latest_version(), "sha256": pipe.cache.sha256(phrases)}
-    publish_version_files(version_dir, cache_file=out, phrase_list=listing)
+    publish_version_files(version_dir, cache_file=out, phrase_list=listing, sign_key=sign_key)
 
 
 def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) -> None:
@@ -649,7 +652,11 @@ def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) 
         report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
         print(f"{o.variant:<14} {gate:<7} {pub:<60} {report if o.passed is not None else o.status}")
     print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
-    print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}")
+    print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}"
+          f" --public-key {pipe.to / 'signing-key.pub'}")
+    if (pipe.to / "signing-key.pub").is_file():
+        print(f"signed: every published folder holds model.sig; public key {pipe.to / 'signing-key.pub'} "
+              "(model_signing verify key DIR --signature DIR/model.sig --public_key KEY)")
 
 
 def _parse_extra(values: list[str]) -> dict[str, list[str]]:
@@ -685,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray", default=None, metavar="ADDRESS|local",
                     help="run the variants' quantize/evaluate steps as Ray tasks (BUILD must be a shared path)")
     ap.add_argument("--ray-step-cpus", type=float, default=2, help="CPUs reserved per Ray step (default 2)")
+    ap.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
+                    help="EC private key to sign the published folders with (default: your own key pair in "
+                         "$XDG_CONFIG_HOME/chattts-forge/, made on first use)")
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -708,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
             code_root=args.code_root,
             ray=args.ray or None,
             ray_step_cpus=args.ray_step_cpus,
+            sign_key=args.sign_key,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

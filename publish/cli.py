@@ -39,30 +39,47 @@ from chattts_forge.errors import ForgeError
     default=None,
     help="Version folder (default: the newest version of the same checkpoint lacking this variant, else a new vN).",
 )
-def publish(artifact: Path, report: Path, to: Path, model: str | None, version: str | None) -> None:
-    """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS and a model card.
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="PEM EC private key to sign with (default: your own key pair in $XDG_CONFIG_HOME/chattts-forge/, "
+    "made on first use).",
+)
+def publish(artifact: Path, report: Path, to: Path, model: str | None, version: str | None,
+            sign_key: Path | None) -> None:
+    """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS, a model card
+    and model.sig (OpenSSF Model Signing; the public key is written to TO/signing-key.pub).
 
     Refuses (nothing is written) when the report failed, was edited after evaluation, or judged
     other files than the artifact's current ones. Never overwrites a published version.
     """
     from chattts_forge.publish.publish import publish_artifact
 
-    result = publish_artifact(artifact, report, to, model=model, version=version)
+    result = publish_artifact(artifact, report, to, model=model, version=version, sign_key=sign_key)
     word = "already published (identical files)" if result.status == "already-published" else "published"
     click.echo(f"{word}: {result.path}")
     click.echo(f"manifest sha256: {result.manifest_sha256}")
+    click.echo(f"signed: {result.path / 'model.sig'} (public key: {result.public_key})")
 
 
 @click.command("verify")
 @click.argument("path", type=click.Path(path_type=Path, file_okay=False), default="artifacts")
-def verify(path: Path) -> None:
-    """Re-hash a published variant folder, or every variant under PATH, against the manifests.
+@click.option(
+    "--public-key",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="PEM public key: every variant's and version's model.sig must verify with it (e.g. artifacts/signing-key.pub).",
+)
+def verify(path: Path, public_key: Path | None) -> None:
+    """Re-hash a published variant folder, or every variant under PATH, against the manifests (and,
+    with --public-key, against their signatures).
 
     Any changed, missing or extra file fails (exit 2) and is named.
     """
     from chattts_forge.publish.verify import verify_path
 
-    result = verify_path(path)
+    result = verify_path(path, public_key=public_key)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     for problem in result.problems:
@@ -75,4 +92,9 @@ def verify(path: Path) -> None:
         click.echo(f"OK {vdir}")
     for version_dir in result.versions:
         click.echo(f"OK {version_dir} (version manifest: routing.json, phrase cache)")
+    if public_key is not None:
+        click.echo(f"signatures verified with {public_key}: {len(result.signatures)} folder(s)")
+    elif any((v / "model.sig").is_file() for v in result.variants):
+        click.echo("note: the signatures (model.sig) were not checked; give --public-key KEY (the tree names "
+                   "its key in signing-key.pub)", err=True)
     click.echo(f"verified {len(result.variants)} published variant(s) under {path}")

@@ -4,7 +4,8 @@ A published variant folder `artifacts/<model>/<version>/<variant>/` holds the ar
 (copied byte for byte), `report.json` (the evaluation report that let it through, verbatim, so its
 integrity seal can be checked again), `README.md` (the model card), `manifest.json` and
 `SHA256SUMS`. The manifest lists every file except itself and SHA256SUMS; SHA256SUMS lists every
-file except itself (manifest.json included), in `sha256sum -c` format.
+file except itself (manifest.json included), in `sha256sum -c` format (`sha256sums_text`, defined in
+chattts_forge.integrity, which the runtime checks it with). `model.sig` signs all of them.
 
 Everything here is a pure function of the artifact and its report: no wall clock (created_at is the
 report's), so publishing the same inputs twice gives the same bytes.
@@ -23,14 +24,17 @@ from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta, FileEntry
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
+from chattts_forge.integrity import PUBLISHED_MANIFEST, PUBLISHED_SUMS, SIGNATURE_NAME
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
-MANIFEST_NAME = "manifest.json"
-SUMS_NAME = "SHA256SUMS"
+MANIFEST_NAME = PUBLISHED_MANIFEST  # the runtime reads it back (chattts_forge.integrity)
+SUMS_NAME = PUBLISHED_SUMS
 CARD_NAME = "README.md"
 REPORT_COPY_NAME = REPORT_NAME
-# Names publish adds to a variant folder; an artifact carrying one of them is refused.
-RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME})
+# Names publish adds to a variant folder; an artifact carrying one of them is refused. model.sig (the
+# OpenSSF Model Signing signature, chattts_forge.signing) is written last, over every other file, and
+# so is in neither the manifest nor SHA256SUMS.
+RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME, SIGNATURE_NAME})
 
 LICENSES: dict[str, dict[str, str]] = {
     "chattts_code": {
@@ -307,14 +311,6 @@ def manifest_files(manifest: dict[str, Any]) -> dict[str, FileEntry]:
     for e in manifest["files"]:
         out[e["path"]] = FileEntry(e["path"], int(e["bytes"]), e["sha256"])
     return out
-
-
-def sha256sums_text(hashes: dict[str, str]) -> str:
-    """`sha256sum -c` format: '<hex>  <path>' per line, sorted by path."""
-    for p in hashes:
-        if "\n" in p or "\\" in p:
-            raise ForgeError(f"file name {p!r} cannot be written to {SUMS_NAME}")
-    return "".join(f"{hashes[p]}  {p}\n" for p in sorted(hashes))
 
 
 _SUMS_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")

@@ -13,8 +13,15 @@ Published versions are never overwritten: an artifact whose files are identical 
 published variant of the model is a no-op ("already-published"); different content gets a new
 version number (or, with an explicit `version=` that is taken, a clear refusal).
 
-Crash safety: everything is assembled in `to/.staging/<...>.partial/` and moved into place with one
-`rename`; a failure removes the staging folder, a killed run's leftovers are removed by the next
+Signing: every published variant folder gets `model.sig` (OpenSSF Model Signing, chattts_forge.signing)
+over all its files, made in the staging folder before the rename, with `sign_key` (a PEM private key)
+or the user's own key pair; the public half is written beside the index as `to/signing-key.pub`. A
+tree is signed by one key: publishing into a tree whose signing-key.pub is another key is refused.
+An already-published variant without a signature (published before signing existed) is signed in
+place; a version folder that has a signature is signed again when a variant joins it.
+
+Crash safety: everything is assembled in `to/.staging/<...>.partial/<variant>/` and moved into place
+with one `rename`; a failure removes the staging folder, a killed run's leftovers are removed by the next
 publish. The whole critical section holds the publish lock (see index.py), so concurrent publishers
 serialize and `index.json` always lists exactly what is published.
 """
@@ -31,7 +38,8 @@ from pathlib import Path
 from chattts_forge.artifact import ArtifactMeta, FileEntry, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
-from chattts_forge.fsutil import fsync_dir, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes, fsync_dir, sha256_file
+from chattts_forge.integrity import SIGNATURE_NAME, sha256sums_text
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import (
     STAGING_NAME,
@@ -53,11 +61,11 @@ from chattts_forge.publish.manifest import (
     load_manifest,
     manifest_bytes,
     manifest_files,
-    sha256sums_text,
     source_checkpoint,
     source_fingerprint,
 )
 from chattts_forge.publish.modelcard import render_model_card
+from chattts_forge.signing import SigningKey
 
 log = get_logger(__name__)
 _CHUNK = 1 << 20
@@ -71,6 +79,27 @@ class PublishResult:
     version: str
     variant: str
     manifest_sha256: str
+    public_key: Path | None = None  # the tree's signing-key.pub
+
+
+PUBLIC_KEY_FILE = "signing-key.pub"  # beside index.json: the public half of the key the tree is signed with
+
+
+def record_public_key(root: Path, key: SigningKey, write: bool = True) -> Path:
+    """Write `root/signing-key.pub` (call with the publish lock held; `write=False`: only check);
+    refuse a tree signed by another key."""
+    path = root / PUBLIC_KEY_FILE
+    if path.is_file() or not write:
+        if path.is_file() and path.read_bytes() != key.public_pem:
+            raise ForgeError(
+                f"{path} is another key than {key.private_path} (sha256 {key.fingerprint[:16]}...): the variants "
+                f"of {root} are signed with it; publish with that key's private half (--sign-key) or to another tree"
+            )
+        return path
+    atomic_write_bytes(path, key.public_pem)
+    log.info("public signing key written to %s (sha256 %s); check a published folder with: model_signing verify "
+             "key DIR --signature DIR/%s --public_key %s", path, key.fingerprint, SIGNATURE_NAME, path)
+    return path
 
 
 def check_report_matches(report: SealedReport, files: dict[str, FileEntry], artifact_dir: Path) -> None:
@@ -189,11 +218,18 @@ def publish_artifact(
     *,
     model: str | None = None,
     version: str | None = None,
+    sign_key: str | os.PathLike[str] | None = None,
 ) -> PublishResult:
-    """Publish `artifact` (an artifact folder) judged by `report` (its evaluation report folder)."""
+    """Publish `artifact` (an artifact folder) judged by `report` (its evaluation report folder),
+    signed with `sign_key` (a PEM private key; None: the user's own key pair)."""
+    from chattts_forge.publish.version_files import sign_version_folder
+    from chattts_forge.signing import resolve_signing_key, sign_folder
+
     artifact_dir = Path(artifact)
     root = Path(to)
     meta = ArtifactMeta.load(artifact_dir)
+    key = resolve_signing_key(sign_key)
+    log.info("signing with %s (public key sha256 %s)", key.private_path, key.fingerprint)
     gate = read_report(report)
     if not gate.passed:
         failed = ", ".join(c["metric"] for c in gate.failed_checks()) or "see report"
@@ -211,9 +247,14 @@ def publish_artifact(
 
     with publish_lock(root):
         clean_leftovers(root)
+        record_public_key(root, key, write=False)  # refused before anything is written
         same = find_identical(root, model, variant, payload)
         if same is not None:
             log.info("already published: %s (identical files)", same)
+            if not (same / SIGNATURE_NAME).is_file():  # published before signing existed
+                sign_folder(same, key)
+                log.info("signed %s (it had no %s)", same, SIGNATURE_NAME)
+            public_key = record_public_key(root, key)
             rewrite_index(root)
             return PublishResult(
                 "already-published",
@@ -222,26 +263,35 @@ def publish_artifact(
                 same.parent.name,
                 variant,
                 sha256_file(same / MANIFEST_NAME),
+                public_key,
             )
         chosen = choose_version(root, model, variant, source_fingerprint(source), version)
         target = root / model / chosen / variant
         staging_parent = root / STAGING_NAME
         staging_parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f"{model}-{chosen}-{variant}.", suffix=".partial", dir=staging_parent))
-        os.chmod(stage, 0o755)  # mkdtemp makes it private; a published folder is for everyone to read
+        staging = Path(tempfile.mkdtemp(prefix=f"{model}-{chosen}-{variant}.", suffix=".partial", dir=staging_parent))
+        # Assembled under its final name, so the signature names the variant, not a temporary folder.
+        stage = staging / variant
+        stage.mkdir()
+        os.chmod(stage, 0o755)  # a published folder is for everyone to read
         try:
             _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant)
+            sign_folder(stage, key)  # last: model.sig covers every file above
+            fsync_dir(stage)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(stage, target)  # the one step that makes it visible
             fsync_dir(target.parent)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
             clean_leftovers(root)
             raise
         shutil.rmtree(staging_parent, ignore_errors=True)
+        if (target.parent / SIGNATURE_NAME).is_file():  # the version's signature ignores its variants by name
+            sign_version_folder(target.parent, key)
+        public_key = record_public_key(root, key)
         rewrite_index(root)
-    log.info("published %s -> %s", artifact_dir, target)
-    return PublishResult("published", target, model, chosen, variant, sha256_file(target / MANIFEST_NAME))
+    log.info("published %s -> %s (signed: %s)", artifact_dir, target, target / SIGNATURE_NAME)
+    return PublishResult("published", target, model, chosen, variant, sha256_file(target / MANIFEST_NAME), public_key)
 
 
 def _assemble(

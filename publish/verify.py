@@ -17,6 +17,7 @@ from pathlib import Path
 from chattts_forge.artifact import list_files
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import resolve_inside, sha256_file
+from chattts_forge.integrity import SIGNATURE_NAME, sha256sums_text
 from chattts_forge.publish.index import (
     INDEX_NAME,
     LOCK_NAME,
@@ -31,12 +32,12 @@ from chattts_forge.publish.manifest import (
     load_manifest,
     manifest_files,
     parse_sha256sums,
-    sha256sums_text,
 )
 from chattts_forge.publish.version_files import is_version_manifest, verify_version
 
+PUBLIC_KEY_FILE = "signing-key.pub"  # publish.publish writes it beside the index
 # Files allowed at the top of an artifacts tree besides the published variants.
-ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitignore"})
+ROOT_FILES = frozenset({INDEX_NAME, LOCK_NAME, "README.md", ".gitkeep", ".gitignore", PUBLIC_KEY_FILE})
 
 
 @dataclass
@@ -45,10 +46,49 @@ class VerifyResult:
     problems: list[str] = field(default_factory=list)
     versions: list[Path] = field(default_factory=list)  # version folders whose own files were checked
     warnings: list[str] = field(default_factory=list)
+    signatures: list[Path] = field(default_factory=list)  # folders whose model.sig verified
 
     @property
     def ok(self) -> bool:
         return not self.problems and bool(self.variants)
+
+
+def verified_hashes(vdir: Path) -> dict[str, str]:
+    """{file: sha256} of a variant folder whose manifest check just passed: the manifest's hashes are
+    then the files' own, so the signature check need not read the files a second time."""
+    hashes = {rel: e.sha256 for rel, e in manifest_files(load_manifest(vdir / MANIFEST_NAME)).items()}
+    for name in (MANIFEST_NAME, SUMS_NAME):
+        hashes[name] = sha256_file(vdir / name)
+    return hashes
+
+
+def check_signature(folder: Path, public_key: Path | None, result: VerifyResult | None = None,
+                    checked: dict[str, str] | None = None) -> list[str]:
+    """The folder's model.sig against `public_key`: [] when it verifies (or no key is given), else one
+    problem naming the files that differ. `checked`: sha256s just verified (`verified_hashes`); the
+    other files are hashed (without it, the library hashes the whole folder)."""
+    if public_key is None:
+        return []
+    from chattts_forge.integrity import sha256_stream
+    from chattts_forge.signing import verify_folder
+
+    def hashes(root: Path, rels: list[str]) -> dict[str, str]:
+        return {rel: checked[rel] if checked and rel in checked else sha256_stream(root / rel) for rel in rels}
+
+    try:
+        verify_folder(folder, public_key, hashes=hashes if checked else None)
+    except ForgeError as e:
+        return [str(e)]
+    if result is not None:
+        result.signatures.append(folder)
+    return []
+
+
+def _variant_with_signature(vdir: Path, public_key: Path | None, result: VerifyResult,
+                            check_location: bool) -> list[str]:
+    problems = verify_variant(vdir, check_location=check_location)
+    checked = verified_hashes(vdir) if public_key is not None and not problems else None
+    return problems + check_signature(vdir, public_key, result, checked)
 
 
 def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
@@ -99,7 +139,7 @@ def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
         size = path.stat().st_size
         if size != entry.bytes or sha256_file(path) != entry.sha256:
             problems.append(f"{path}: changed (sha256/size differ from {MANIFEST_NAME})")
-    for rel in sorted(actual - set(listed) - {MANIFEST_NAME, SUMS_NAME}):
+    for rel in sorted(actual - set(listed) - {MANIFEST_NAME, SUMS_NAME, SIGNATURE_NAME}):
         problems.append(f"{vdir / rel}: extra file not in {MANIFEST_NAME}")
 
     # A manifest moved to another folder is not the variant that folder claims to be.
@@ -109,17 +149,18 @@ def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
     return problems
 
 
-def verify_tree(root: Path) -> VerifyResult:
+def verify_tree(root: Path, public_key: Path | None = None) -> VerifyResult:
     result = VerifyResult()
     variants = iter_variant_dirs(root)
     result.variants = variants
     variant_set = set(variants)
     for vdir in variants:
-        result.problems += verify_variant(vdir, check_location=True)
+        result.problems += _variant_with_signature(vdir, public_key, result, check_location=True)
     # A version folder's own files (routing.json, phrase cache) are listed in its version manifest.
     version_dirs = sorted({v.parent for v in variants if is_version_manifest(v.parent / MANIFEST_NAME)})
     for version_dir in version_dirs:
         result.problems += verify_version(version_dir)
+        result.problems += check_signature(version_dir, public_key, result)
     result.versions = version_dirs
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -157,18 +198,31 @@ def verify_tree(root: Path) -> VerifyResult:
     return result
 
 
-def verify_path(path: str | os.PathLike[str]) -> VerifyResult:
-    """Verify a variant folder (has manifest.json) or a tree of them (e.g. artifacts/)."""
+def verify_path(path: str | os.PathLike[str], public_key: str | os.PathLike[str] | None = None) -> VerifyResult:
+    """Verify a variant folder (has manifest.json) or a tree of them (e.g. artifacts/); with
+    `public_key` (PEM), every variant's and version's model.sig too."""
     path = Path(path)
+    key = Path(public_key).expanduser() if public_key is not None else None
+    if key is not None:
+        from chattts_forge.signing import load_public_key
+
+        load_public_key(key)  # a wrong key file is one error, not one per folder
     if not path.is_dir():
         raise ForgeError(f"{path} is not a folder")
     if (path / MANIFEST_NAME).is_file() and is_version_manifest(path / MANIFEST_NAME):
-        variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
-        problems = [q for v in variants for q in verify_variant(v, check_location=True)] + verify_version(path)
-        return VerifyResult(variants=variants, problems=problems, versions=[path])
-    if (path / MANIFEST_NAME).is_file():
-        return VerifyResult(variants=[path], problems=verify_variant(path))
-    result = verify_tree(path)
-    if not result.variants and not result.problems:
-        raise ForgeError(f"nothing published under {path} (no */*/*/{MANIFEST_NAME})")
+        result = VerifyResult(versions=[path])
+        result.variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
+        for v in result.variants:
+            result.problems += _variant_with_signature(v, key, result, check_location=True)
+        result.problems += verify_version(path) + check_signature(path, key, result)
+    elif (path / MANIFEST_NAME).is_file():
+        result = VerifyResult(variants=[path])
+        result.problems += _variant_with_signature(path, key, result, check_location=False)
+    else:
+        result = verify_tree(path, key)
+        if not result.variants and not result.problems:
+            raise ForgeError(f"nothing published under {path} (no */*/*/{MANIFEST_NAME})")
+        named = path / PUBLIC_KEY_FILE
+        if key is not None and named.is_file() and named.read_bytes() != key.read_bytes():
+            result.problems.append(f"{named}: another key than {key} (the tree names a key it was not signed with)")
     return result

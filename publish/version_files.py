@@ -6,7 +6,9 @@ After the variants of one version are published, the build writes beside them::
       routing.json        per length bucket, the fastest variant that passes the gate in it (runtime.router)
       phrase_cache.bin    the warm phrase cache of the shipped phrase list (runtime.phrase_cache), optional
       manifest.json       this version's manifest (schema chattts-forge/version-manifest/1)
-      <variant>/...       the published variants (their own manifests)
+      model.sig           the OpenSSF Model Signing signature of the files above (not of the variant
+                          folders, which it records as ignored: each has its own model.sig)
+      <variant>/...       the published variants (their own manifests and signatures)
 
 `routing_table(version_dir)` is a pure function of the published variants (their reports' ``buckets``
 sections, manifests and payloads): the same reports give the same bytes (sorted keys, no wall clock).
@@ -37,6 +39,7 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside, sha256_file
+from chattts_forge.integrity import SIGNATURE_NAME
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
 from chattts_forge.publish.manifest import (
@@ -56,6 +59,7 @@ from chattts_forge.runtime.router import (
     routing_bytes,
     routing_problems,
 )
+from chattts_forge.signing import SigningKey, resolve_signing_key, sign_folder, verify_folder
 
 log = get_logger(__name__)
 
@@ -178,19 +182,49 @@ def cache_record(cache_file: Path, version_dir: Path, phrase_list: dict[str, Any
         cache.close()
 
 
+def version_signature_ignores(version_dir: Path) -> list[str]:
+    """What a version folder's signature leaves out: its variant folders (each signed on its own)."""
+    return sorted(p.name for p in version_dir.iterdir() if p.is_dir())
+
+
+def sign_version_folder(version_dir: Path, key: SigningKey) -> Path:
+    """Sign a version folder's own files (routing.json, phrase cache, version manifest): model.sig
+    over every file in it but its variant folders, which the signature records as ignored."""
+    signature = sign_folder(version_dir, key, ignore=version_signature_ignores(version_dir))
+    log.info("signed %s", signature)
+    return signature
+
+
+def _signature_current(version_dir: Path, public_key: Path) -> bool:
+    try:
+        verify_folder(version_dir, public_key)
+    except ForgeError:
+        return False
+    return True
+
+
 def publish_version_files(
     version_dir: str | Path,
     cache_file: str | Path | None = None,
     phrase_list: dict[str, Any] | None = None,
+    sign_key: str | Path | None = None,
+    sign: bool = True,
 ) -> dict[str, Any]:
     """Write routing.json (and the phrase cache, when given) and the version manifest of a published
-    version, under the publish lock; files already holding these bytes are left alone. Returns the
-    version manifest."""
+    version, under the publish lock; files already holding these bytes are left alone. Then sign the
+    version folder (`sign_key`, a PEM private key, or the user's own key pair) unless its signature
+    already holds for these files and this key (so a rebuild that ends with the same bytes keeps its
+    model.sig). `sign=False`: an intermediate state (the build writes routing.json, warms the phrase
+    cache through it, then calls again with the cache), left unsigned. Returns the version manifest."""
+    from chattts_forge.publish.publish import record_public_key
+
     version_dir = Path(version_dir).resolve()
     root = version_dir.parent.parent
     if not version_dir.is_dir():
         raise ForgeError(f"version folder {version_dir} does not exist")
+    key = resolve_signing_key(sign_key)
     with publish_lock(root):
+        public_key = record_public_key(root, key)
         table = routing_table(version_dir)
         changed = _write_if_changed(version_dir / ROUTING_NAME, routing_bytes(table))
         cache = None
@@ -202,6 +236,8 @@ def publish_version_files(
             changed = True
         manifest = version_manifest(version_dir, table, cache)
         changed |= _write_if_changed(version_dir / MANIFEST_NAME, version_manifest_bytes(manifest))
+        if sign and not _signature_current(version_dir, public_key):
+            sign_version_folder(version_dir, key)
         rewrite_index(root)
     routes = ", ".join(f"{b['name']} -> {b['variant']}" for b in table["buckets"])
     log.info("%s %s (%s)%s", "wrote" if changed else "up to date:", version_dir / ROUTING_NAME, routes,
@@ -259,7 +295,7 @@ def verify_version(version_dir: Path) -> list[str]:
             problems.append(f"{p}: missing")
         elif p.stat().st_size != entry.bytes or sha256_file(p) != entry.sha256:
             problems.append(f"{p}: changed (sha256/size differ from {MANIFEST_NAME})")
-    for name in sorted(present - set(listed) - {MANIFEST_NAME}):
+    for name in sorted(present - set(listed) - {MANIFEST_NAME, SIGNATURE_NAME}):
         problems.append(f"{version_dir / name}: extra file not in {MANIFEST_NAME}")
     published = published_variants(version_dir)
     for variant, sha in sorted(manifest["variants"].items()):

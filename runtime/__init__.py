@@ -59,8 +59,10 @@ Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`,
 - overlong input: prompt tokens + max_new_token beyond the model's positions (4096) is an error;
   `SynthParams(split_sentences=True)` / `synth --split-sentences` splits like `Chat.infer` and
   joins the audio of the sentences (generated as one batch);
-- missing artifact files, artifact.json schema/size/sha256 mismatches (sha256 checked for files
-  <= 8 MiB on open, all with `Pipeline(..., verify="full")`), unknown or unavailable provider.
+- missing artifact files, artifact.json schema/size/sha256 mismatches (every file checked against
+  its recorded sha256 before the first session, then vouched for by the verified-hash cache;
+  `Pipeline(..., verify="size")` opts out; docs/signing.md), a published folder whose model.sig does
+  not verify with `Pipeline(..., public_key=KEY)`, unknown or unavailable provider.
 - ChatTTS details kept on purpose: top_k/top_p keep at least 3 tokens; the repetition penalty's
   row-zeroing beyond `max_input_ids` rows; EOS in any stream ends the row; the EOS step is not
   part of the codes. Not reproduced: torch's RNG stream; the speaker-from-audio step ChatTTS runs

@@ -189,6 +189,21 @@ class _StreamingWav:
 )
 @provider_option
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@click.option(
+    "--public-key",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="PEM public key: the published folder's model.sig (and a version folder's) must verify with it.",
+)
+@click.option(
+    "--verify",
+    "verify",
+    type=click.Choice(["sha256", "full", "size", "none"]),
+    default="sha256",
+    show_default=True,
+    help="How the artifact's files are checked before use: sha256 (each hashed once, then cached), full "
+    "(hashed on every load), size (sizes only: the opt-out), none.",
+)
 def synth(
     artifact: Path,
     variant: str | None,
@@ -219,6 +234,8 @@ def synth(
     engine: str,
     provider: str,
     threads: int | None,
+    public_key: Path | None,
+    verify: str,
 ) -> None:
     """Synthesize speech from an ONNX artifact (no torch), as ChatTTS would.
 
@@ -259,14 +276,16 @@ def synth(
     t0 = time.perf_counter()
     router: Router | None = None
     if (artifact / ROUTING_NAME).is_file():
-        router = Router(artifact, variant=variant, cache=cache_path, provider=provider, threads=threads, engine=engine)
+        router = Router(artifact, variant=variant, cache=cache_path, provider=provider, threads=threads, engine=engine,
+                        verify=verify, public_key=public_key)
         if stream and variant is None:
             raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
         pipe = router.pipeline(variant) if variant is not None else router.front
     else:
         if variant is not None:
             raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {artifact} has none")
-        pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine, cache=cache_path)
+        pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine, cache=cache_path, verify=verify,
+                        public_key=public_key)
     spk = _resolve_speaker(speaker, seed, pipe)
     spk_smp = None
     if speaker_audio is not None:
@@ -354,6 +373,8 @@ def synth(
             "load %.2f s, synthesis %.2f s (%d steps, %.1f ms/step incl. decode), RTF %.2f",
             t1 - t0, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
         )
+        log.info("checked before loading: %s%s", pipe.artifact.verification.summary(),
+                 f"; model.sig verified with {public_key}" if public_key is not None else "")
     if speaker_out is not None:
         used = spk if spk is not None else spk_smp  # --speaker's string, else --speaker-audio's spk_smp
         assert used is not None

@@ -264,12 +264,16 @@ class Chat:
         variant: str | None = None,
         threads: int | None = None,
         engine: str = "auto",
+        public_key: str | Path | None = None,
+        verify: str = "sha256",
         **unknown: Any,
     ) -> bool:
         """Open an artifact (`source="custom"`, `custom_path=` an artifact or version folder).
 
         Extra keyword-only arguments of ours: `variant` (pick from a version folder), `threads`
-        (onnxruntime intra-op threads), `engine` (GPT engine, see Pipeline). Returns True."""
+        (onnxruntime intra-op threads), `engine` (GPT engine, see Pipeline), `public_key` (a PEM
+        public key: the published folder's model.sig must verify with it), `verify` (how the files
+        are checked against their sha256, see Pipeline). Returns True."""
         _refuse_unknown("load", unknown)
         if source != "custom":
             raise CompatArgumentError(f"load: source={source!r} is not supported; {_SOURCE_HINT}")
@@ -285,7 +289,7 @@ class Chat:
             raise CompatArgumentError("load: enable_cache=False is not supported (the runtime always keeps a KV cache)")
         provider = _provider(device)
         folder = resolve_artifact(custom_path, variant, provider)
-        pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine)
+        pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine, verify=verify, public_key=public_key)
         if coef is not None and coef != artifact_coef(pipe):
             raise CompatArgumentError("load: coef differs from the artifact's DVAE coefficients (baked into its "
                                       "graphs at convert time); leave coef=None")

@@ -363,12 +363,15 @@ class Pipeline:
         artifact_dir: str | os.PathLike[str],
         provider: str = "cpu",
         threads: int | None = None,
-        verify: str = "cheap",
+        verify: str = "sha256",
         engine: str = "auto",
         cache: PhraseCache | str | os.PathLike[str] | None = None,
+        public_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`verify`: how the artifact's files are checked before use (sha256 (default, cached), full,
+        size, none: chattts_forge.integrity); `public_key`: the folder's model.sig must verify with it."""
         check_engine(engine)  # before opening the artifact: a typo is reported first
-        self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify)
+        self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key)
         self.engine = choose_engine(self.artifact, engine)
         self.dims = self.artifact.dims
         self.num_vq = self.dims.num_vq

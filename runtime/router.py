@@ -232,6 +232,10 @@ class Router:
         self.path = Path(version_dir)
         if not self.path.is_dir():
             raise ForgeError(f"version folder {self.path} does not exist")
+        if pipeline_kwargs.get("public_key") is not None:  # the version's own files: routing.json, phrase cache
+            from chattts_forge.signing import verify_folder
+
+            verify_folder(self.path, pipeline_kwargs["public_key"])
         self.table = load_routing(self.path)
         self.buckets = table_buckets(self.table)
         self.routes = {b["name"]: b["variant"] for b in self.table["buckets"]}

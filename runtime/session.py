@@ -1,8 +1,13 @@
 """An artifact folder opened for inference: checked files, onnxruntime sessions, the GPT step.
 
-`Artifact(path, provider="cpu", threads=None, verify="cheap")` validates `artifact.json` (schema,
-dims, the files the runtime needs, byte sizes, sha256 of the small files; `verify="full"` hashes
-every file) and opens one `onnxruntime.InferenceSession` per component on first use.
+`Artifact(path, provider="cpu", threads=None, verify="sha256", public_key=None)` validates
+`artifact.json` (schema, dims), checks every file of the folder against its recorded sha256 before
+any session exists (chattts_forge.integrity: artifact.json's records, and in a published folder its
+manifest.json and SHA256SUMS; hashed in parallel once, then vouched for by the verified-hash cache;
+`verify="size"` is the opt-out, `"full"` re-hashes every time, `"none"` checks presence), checks
+the folder's signature (`model.sig`) when a public key is given, and opens one
+`onnxruntime.InferenceSession` per component on first use. `artifact.verification` says what was
+hashed and what the cache vouched for.
 
 `GptStep` is the single place where the GPT graph runs: it owns the key/value cache and turns
 (inputs_embeds, attention_mask, position_ids) into the last hidden states. Any object with its
@@ -25,10 +30,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
+from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.providers import resolve_provider, session_providers
 
@@ -83,9 +88,6 @@ NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
 # whereas running these sessions without an arena cost it 6% (1.83 against 1.95).
 SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
 SHRINK_MIN_POSITIONS = 160
-# Files at most this large are hashed on every open ("cheap" verification); larger ones are
-# checked by size only unless verify="full".
-CHEAP_HASH_BYTES = 8 << 20
 
 RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], None]
 """Called after a session's `run`: (component, feeds, output names, outputs)."""
@@ -143,15 +145,19 @@ class Artifact:
         path: str | os.PathLike[str],
         provider: str = "cpu",
         threads: int | None = None,
-        verify: str = "cheap",
+        verify: str = "sha256",
         meta: ArtifactMeta | None = None,
+        public_key: str | os.PathLike[str] | None = None,
     ) -> None:
-        """`meta`: the folder's artifact.json when it is not written yet (read from the folder otherwise)."""
+        """`meta`: the folder's artifact.json when it is not written yet (read from the folder otherwise).
+        `public_key`: a PEM public key; the folder's `model.sig` must then verify with it."""
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise ForgeError(f"artifact folder {self.path} does not exist")
-        if verify not in ("none", "cheap", "full"):
-            raise ForgeError(f"unknown verify mode '{verify}' (none, cheap, full)")
+        verify = check_verify_mode(verify)
+        if public_key is not None and verify in ("size", "none"):
+            raise ForgeError(f"a signature check (public key {public_key}) needs the files hashed; "
+                             f"it cannot be combined with verify={verify!r}")
         if threads is not None and threads < 1:
             raise ForgeError(f"threads must be >= 1, got {threads}")
         # `provider` may be cpu, cuda or auto; `self.provider` is what it resolved to (cpu or cuda).
@@ -163,12 +169,33 @@ class Artifact:
         self.components: dict[str, dict[str, Any]] = self.meta.components
         self._sessions: dict[str, Any] = {}
         self._observers: list[tuple[frozenset[str] | None, RunObserver]] = []
-        self._verified: set[str] = set()
         self.verify_mode = verify
+        self.public_key = Path(public_key).expanduser() if public_key is not None else None
         for key in RUNTIME_FILES:
             self._check_plain_file(key)
         for name in ("embed", "gpt", "head_code", "vocos"):
             self.check_component(name)
+        # Every recorded file, before the first session: a changed byte anywhere is refused here.
+        self._expected = expected_files(self.path, self.meta)
+        self.verification: CheckReport = check_files(self.path, self._expected, verify)
+        # debug: a command's one-line error must stay its only output (synth logs the summary at the end)
+        log.debug("%s: %s", self.path, self.verification.summary())
+        if self.public_key is not None:
+            self._check_signature()
+
+    def _check_signature(self) -> None:
+        """The folder's model.sig against the public key, from the sha256s just checked (no second read)."""
+        from chattts_forge.integrity import sha256_stream
+        from chattts_forge.signing import verify_folder
+
+        checked = {rel: e.sha256 for rel, e in self._expected.items() if e.sha256}
+
+        def hashes(root: Path, rels: list[str]) -> dict[str, str]:
+            # Files the records list were hashed (or vouched for) above; any other file is hashed now.
+            return {rel: checked[rel] if rel in checked else sha256_stream(root / rel) for rel in rels}
+
+        verify_folder(self.path, self.public_key, hashes=hashes)  # type: ignore[arg-type]
+        log.debug("%s: signature model.sig verified with %s", self.path, self.public_key)
 
     @property
     def variant(self) -> str:
@@ -187,36 +214,14 @@ class Artifact:
         return self.meta.component_path(self.path, name)
 
     def check_component(self, name: str) -> Path:
-        """The component's file, checked against artifact.json (size; sha256 where cheap), and its
-        external-data file when the record names one."""
+        """The component's graph file, which must exist (its bytes, and its external data's, were
+        checked when the artifact was opened)."""
+        if name not in self.components:
+            raise ForgeError(f"{self.meta.where} lists no component '{name}'")
         p = self.component_path(name)
-        if name in self._verified:
-            return p
-        info = self.components[name]
-        self._check_file(p, name, info.get("bytes"), info.get("sha256"))
-        data_path = self.meta.external_data_path(self.path, name)  # confined to the folder
-        if data_path is not None:  # the graph's weights (chattts_forge.graph_storage)
-            data = info["external_data"]
-            self._check_file(data_path, name, data.get("bytes"), data.get("sha256"))
-        self._verified.add(name)
+        if not p.is_file():
+            raise ForgeError(f"artifact file {p} (component '{name}') is missing")
         return p
-
-    def _check_file(self, path: Path, name: str, want_size: Any, want_sha: Any) -> None:
-        """One file of a component: present; its size as recorded (unless verify="none"); its sha256
-        when small (verify="cheap") or always (verify="full")."""
-        if not path.is_file():
-            raise ForgeError(f"artifact file {path} (component '{name}') is missing")
-        if self.verify_mode == "none":
-            return
-        size = path.stat().st_size
-        if want_size is not None and int(want_size) != size:
-            raise ForgeError(
-                f"artifact file {path} has {size} bytes, {ARTIFACT_JSON} says {want_size}: "
-                "the folder is mismatched or damaged"
-            )
-        hash_it = self.verify_mode == "full" or size <= CHEAP_HASH_BYTES
-        if want_sha and hash_it and sha256_file(path) != want_sha:
-            raise ForgeError(f"artifact file {path} does not match its sha256 in {ARTIFACT_JSON} (mismatched or damaged)")
 
     def has_component(self, name: str) -> bool:
         return name in self.components and self.component_path(name).is_file()

@@ -20,6 +20,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_dirs(tmp_path_factory: pytest.TempPathFactory):
+    """The user's config and cache folders (the signing key pair, the verified-hash cache) in a temporary
+    folder of the session, never in the real home; subprocesses the tests start inherit them."""
+    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    base = tmp_path_factory.mktemp("user")
+    os.environ["XDG_CONFIG_HOME"] = str(base / "config")
+    os.environ["XDG_CACHE_HOME"] = str(base / "cache")
+    yield base
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """tests/data: `chattts-tokenizer/`, `chattts-release/`, `speech/{en,zh}/`."""

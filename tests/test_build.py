@@ -148,7 +148,16 @@ class Runner:
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every published byte but the signatures' (an ECDSA signature is randomized: two signings of the
+    same files differ, and both verify: `signed`)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "model.sig"}
+
+
+def signed(root: Path) -> bool:
+    """Every published variant and version folder carries a model.sig that verifies with the tree's key."""
+    result = verify_path(root, public_key=root / "signing-key.pub")
+    return result.ok and len(result.signatures) == len(result.variants) + len(result.versions)
 
 
 def leftovers(*roots: Path) -> list[Path]:
@@ -178,12 +187,17 @@ def test_pipeline_publishes_what_passes_and_second_run_redoes_nothing(clean_run)
     assert verify_path(r.to).ok
     assert "int8-static    FAIL" in proc.stdout and "reports:" in proc.stdout
     published = tree_bytes(r.to)
+    signatures = {p: p.read_bytes() for p in r.to.rglob("model.sig")}
+    assert len(signatures) == len(index["variants"]) + len(index["versions"])
 
     again = r.run(FAKE_FAIL="int8-static")
     assert again.returncode == 0, again.stderr
     assert r.calls() == calls  # not one stage ran again
     assert "ran: nothing" in again.stdout
     assert tree_bytes(r.to) == published
+    # Nothing changed, so nothing was signed again either: the signatures are the same bytes.
+    assert {p: p.read_bytes() for p in r.to.rglob("model.sig")} == signatures
+    assert signed(r.to)
 
 
 def test_changed_corpus_reruns_only_what_depends_on_it(tmp_path: Path) -> None:
@@ -225,7 +239,7 @@ def test_killed_run_resumes_to_the_same_published_bytes(clean_run, tmp_path: Pat
     assert resumed.returncode == 0, resumed.stderr
     assert tree_bytes(killed.to) == tree_bytes(clean.to)
     assert leftovers(killed.build, killed.to) == []
-    assert verify_path(killed.to).ok
+    assert verify_path(killed.to).ok and signed(killed.to)
 
 
 def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: Path) -> None:

@@ -74,7 +74,15 @@ def art(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file's bytes but the signatures': an ECDSA signature is randomized, so two signings of the
+    same files differ (both verify: `signatures_verify`); everything else is the same."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "model.sig"}
+
+
+def signatures_verify(root: Path) -> bool:
+    result = verify_path(root, public_key=root / "signing-key.pub")
+    return result.ok and len(result.signatures) == len(result.variants) + len(result.versions)
 
 
 def test_publish_happy_path(art: tuple[Path, Path], tmp_path: Path) -> None:
@@ -103,7 +111,8 @@ def test_publish_happy_path(art: tuple[Path, Path], tmp_path: Path) -> None:
     for name in ("torch", "chattts", "onnx", "onnxruntime", "onnxconverter-common"):
         assert name in manifest["versions"]
     listed = {f["path"]: f for f in manifest["files"]}
-    assert set(listed) == {p.name for p in result.path.iterdir()} - {"manifest.json", "SHA256SUMS"}
+    # model.sig signs every other file, so it is in neither list.
+    assert set(listed) == {p.name for p in result.path.iterdir()} - {"manifest.json", "SHA256SUMS", "model.sig"}
     assert listed["gpt.onnx"]["bytes"] == (artifact / "gpt.onnx").stat().st_size
     card = (result.path / "README.md").read_text()
     assert "| code_agreement | ≥ 0.75 | 0.75 | pass |" in card and "Synthetic weights" in card
@@ -193,20 +202,24 @@ def _published(tmp_path: Path, art: tuple[Path, Path]) -> tuple[Path, Path]:
 
 def test_verify_flags_every_flipped_byte(art: tuple[Path, Path], tmp_path: Path) -> None:
     root, vdir = _published(tmp_path, art)
+    trusted = tmp_path / "trusted.pub"  # the public key as its user keeps it, outside the tree
+    trusted.write_bytes((root / "signing-key.pub").read_bytes())
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME)
-    assert len(files) >= 9
+    assert len(files) >= 11 and vdir / "model.sig" in files and root / "signing-key.pub" in files
     for path in files:
         original = path.read_bytes()
         for offset in (0, len(original) // 2, len(original) - 1):
             flipped = bytearray(original)
             flipped[offset] ^= 0x01
             path.write_bytes(bytes(flipped))
-            problems = verify_path(root).problems
+            problems = verify_path(root, public_key=trusted).problems
             assert any(str(path) in p for p in problems), (path, offset, problems)
             if path.parent == vdir:
-                assert any(str(path) in p for p in verify_path(vdir).problems)
+                assert any(str(path) in p for p in verify_path(vdir, public_key=trusted).problems)
+                if path.name != "model.sig":  # the manifests alone (no key) name the file too
+                    assert any(str(path) in p for p in verify_path(vdir).problems)
             path.write_bytes(original)
-    assert verify_path(root).ok
+    assert verify_path(root).ok and verify_path(root, public_key=trusted).ok
 
 
 def test_verify_missing_and_extra(art: tuple[Path, Path], tmp_path: Path) -> None:
@@ -303,6 +316,7 @@ def test_sigkill_mid_publish_then_rerun_gives_same_bytes(art: tuple[Path, Path],
     assert not (root / MODEL).exists()
     publish_artifact(*art, root)
     assert tree_bytes(root) == tree_bytes(clean_root)
+    assert signatures_verify(root) and signatures_verify(clean_root)
     assert not (root / STAGING_NAME).exists()
 
 

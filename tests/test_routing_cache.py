@@ -370,3 +370,19 @@ def test_version_folder_synth_cli(version: Path, tmp_path) -> None:
     shutil.rmtree(version / "fp16")
     res = runner.invoke(main, ["synth", "--artifact", str(version), "--text", "请稍等", "--out", str(tmp_path / "c.wav")])
     assert res.exit_code == 2 and "routes to variant 'fp16', which is not published" in res.output
+
+
+def test_version_folder_synth_checks_signatures(version: Path, tmp_path) -> None:
+    """With --public-key the version folder's own model.sig (routing.json) and the routed variant's are checked."""
+    pub = version.parent.parent / "signing-key.pub"
+    assert (version / "model.sig").is_file() and (version / "fp32" / "model.sig").is_file()
+    args = ["synth", "--artifact", str(version), "--text", "请稍等", "--no-refine", "--seed", "0", "--max-new-token",
+            str(STEPS), "--threads", "1", "--public-key", str(pub)]
+    runner = CliRunner()
+    res = runner.invoke(main, [*args, "--out", str(tmp_path / "a.wav")])
+    assert res.exit_code == 0, res.output
+    routing = version / ROUTING_NAME
+    routing.write_text(routing.read_text(encoding="utf-8").replace('"reason"', '"reason" ', 1), encoding="utf-8")
+    res = runner.invoke(main, [*args, "--out", str(tmp_path / "b.wav")])
+    assert res.exit_code == 2 and f"{routing}: differs from the file that was signed" in res.output
+    assert not (tmp_path / "b.wav").exists()
