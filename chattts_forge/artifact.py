@@ -296,12 +296,18 @@ def check_component_record(rec: Any, where: str) -> None:
 
 
 def check_files_section(files: Any, where: str) -> None:
-    """`files`: {support file key: file name string}."""
+    """`files`: {support file key: its record {"file", "bytes", "sha256"}, or a bare file name string
+    (artifacts written before support files were hashed)}."""
     if files is None:
         return
+    if not isinstance(files, dict):
+        raise ForgeError(f"{where}: files is not a JSON object")
     for key, value in files.items():
-        if not isinstance(value, str):
-            raise ForgeError(f"{where}: files.{key} must be a file name string, got {type(value).__name__}")
+        if isinstance(value, str):
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("file"), str):
+            raise ForgeError(f"{where}: files.{key} must be a file record {{file, bytes, sha256}} or a file name string")
+        _check_size_and_hash(value, f"{where}: files.{key}")
 
 
 def _document_keys() -> tuple[str, ...]:

@@ -219,6 +219,7 @@ class Artifact:
         if name not in self.components:
             raise ForgeError(f"{self.meta.where} lists no component '{name}'")
         p = self.component_path(name)
+        self.meta.external_data_path(self.path, name)  # confined to the folder, or an error naming the field
         if not p.is_file():
             raise ForgeError(f"artifact file {p} (component '{name}') is missing")
         return p

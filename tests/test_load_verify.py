@@ -230,10 +230,11 @@ def test_verify_modes(tiny_artifacts: dict[str, Path]) -> None:
 def test_quantize_keeps_one_record_shape(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
     """quantize copies the support files and their records; its new graphs are recorded too: the
     quantized artifact loads under the default check, and a flipped byte in it is refused."""
-    from chattts_forge.quantize import quantize_artifact
+    from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
     fp32 = tiny_artifacts["fp32"]
-    out = quantize_artifact(fp32, tmp_path / "dyn", "dynamic", fidelity_sentences=1, fidelity_steps=8, threads=1)
+    out = quantize_artifact(fp32, tmp_path / "dyn", QuantizeConfig("dynamic", fidelity_sentences=1, fidelity_steps=8,
+                                                                   threads=1))
     src, meta = ArtifactMeta.load(fp32), ArtifactMeta.load(out)
     assert meta.files == src.files
     report = Artifact(out).verification
