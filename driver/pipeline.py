@@ -203,6 +203,7 @@ class Pipeline:
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
+    pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
 
     def __post_init__(self) -> None:
         self.cache = HashCache(self.work / ".steps" / "hashcache.json")
@@ -589,7 +590,7 @@ def run_pipeline(
                     raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
             outcomes.append(outcome)
         for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
-            publish_serving_files(pipe, version_dir)
+            publish_serving_files(pipe, version_dir, outcomes)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
     if pipe.broken:
@@ -602,9 +603,37 @@ def run_pipeline(
     return outcomes
 
 
-def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
-    """A published version's routing.json, then its phrase cache (warmed through that routing table,
-    an incremental step like the others) and the version manifest (publish.version_files)."""
+def version_page(pipe: Pipeline, version_dir: Path, outcomes: list[VariantOutcome]) -> bytes:
+    """The version page (evaluate.version_page) of every variant of this run: published in this
+    version, refused by the gate, or not built; its copy goes to the build's reports folder."""
+    from chattts_forge.evaluate.report_schema import read_report
+    from chattts_forge.evaluate.version_page import VariantEntry, render_version_page
+    from chattts_forge.publish.version_files import routing_table
+
+    entries = []
+    for o in outcomes:
+        if o.passed is None:
+            entries.append(VariantEntry(o.variant, "not built", detail=o.status))
+            continue
+        report = read_report(o.report_dir).data
+        if not o.passed:
+            status, detail = "refused", ""
+        elif o.published is not None and o.published.parent == version_dir:
+            status, detail = "published", ""
+        else:
+            status, detail = "not built", f"passed, published in {o.published.parent.name if o.published else '-'}"
+        entries.append(VariantEntry(o.variant, status, report, o.report_dir, detail))
+    page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
+    copy = pipe.work / "reports" / f"{version_dir.parent.name}-{version_dir.name}.html"
+    atomic_write_bytes(copy, page)
+    pipe.pages[version_dir / "report.html"] = copy
+    return page
+
+
+def publish_serving_files(pipe: Pipeline, version_dir: Path, outcomes: list[VariantOutcome] | None = None) -> None:
+    """A published version's routing.json and version page (every variant of `outcomes`), then its phrase
+    cache (warmed through that routing table, an incremental step like the others) and the version
+    manifest (publish.version_files)."""
     from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
     from chattts_forge.publish.version_files import publish_version_files
     from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
@@ -614,7 +643,8 @@ def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
         log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
                  FALLBACK_VARIANT)
         return
-    publish_version_files(version_dir)
+    page = version_page(pipe, version_dir, outcomes) if outcomes is not None else None
+    publish_version_files(version_dir, page=page)
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
     out = pipe.work / "phrase_cache" / f"{model}-{version}.bin"
@@ -628,7 +658,7 @@ def publish_serving_files(pipe: Pipeline, version_dir: Path) -> None:
     )
     pipe.run(step)
     listing = {"name": phrases.stem, "version": latest_version(), "sha256": pipe.cache.sha256(phrases)}
-    publish_version_files(version_dir, cache_file=out, phrase_list=listing)
+    publish_version_files(version_dir, cache_file=out, phrase_list=listing, page=page)
 
 
 def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: float) -> None:
@@ -641,6 +671,8 @@ def _print_summary(pipe: Pipeline, outcomes: list[VariantOutcome], seconds: floa
         report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
         print(f"{o.variant:<14} {gate:<7} {pub:<60} {report if o.passed is not None else o.status}")
     print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
+    for page, copy in sorted(pipe.pages.items()):
+        print(f"version page (every variant, by eye and by ear): {page} (copy: {copy})")
     print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}")
 
 
