@@ -292,6 +292,17 @@ def partial_slices(n_samples: int) -> list[slice]:
     return slices
 
 
+def partial_mels(wav: np.ndarray) -> np.ndarray:
+    """(partials, 160, 40) mel power spectrograms of a preprocessed waveform's partial utterances,
+    the waveform zero-padded to cover the last one."""
+    slices = partial_slices(wav.shape[0])
+    needed = slices[-1].stop * HOP
+    if needed >= wav.shape[0]:
+        wav = np.pad(wav, (0, needed - wav.shape[0]))
+    mel = mel_power(wav, SAMPLE_RATE, N_FFT, HOP, N_MELS).T  # (frames, 40)
+    return np.stack([mel[s] for s in slices])
+
+
 # ---------------------------------------------------------------- the encoder
 
 
@@ -344,25 +355,32 @@ class SpeakerEncoder:
         norms = np.linalg.norm(raw, axis=1, keepdims=True)
         return (raw / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
+    def embed_preprocessed_many(self, wavs: Sequence[np.ndarray]) -> np.ndarray:
+        """(n, 256) embeddings of waveforms already at 16 kHz and preprocessed (resemblyzer's
+        embed_utterance each); the partials of all of them go through the LSTM as one batch."""
+        partials, owners = [], []
+        for k, wav in enumerate(wavs):
+            mels = partial_mels(wav)
+            partials.append(mels)
+            owners += [k] * mels.shape[0]
+        embeds = self.embed_mels(np.concatenate(partials))
+        owner = np.asarray(owners)
+        return np.stack([_normalised(embeds[owner == k].mean(axis=0)) for k in range(len(wavs))])
+
     def embed_preprocessed(self, wav: np.ndarray) -> np.ndarray:
-        """Embedding of a waveform already at 16 kHz and preprocessed (resemblyzer's embed_utterance)."""
-        slices = partial_slices(wav.shape[0])
-        needed = slices[-1].stop * HOP
-        if needed >= wav.shape[0]:
-            wav = np.pad(wav, (0, needed - wav.shape[0]))
-        mel = mel_power(wav, SAMPLE_RATE, N_FFT, HOP, N_MELS).T  # (frames, 40)
-        partials = self.embed_mels(np.stack([mel[s] for s in slices]))
-        return _normalised(partials.mean(axis=0))
+        return self.embed_preprocessed_many([wav])[0]
 
     def embed(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         """float32 (256,) L2-normalised utterance embedding of a mono waveform at any rate."""
         return self.embed_preprocessed(preprocess(audio, sample_rate))
 
-    def embed_many(self, items: Sequence[tuple[np.ndarray, int]]) -> np.ndarray:
-        """(n, 256) embeddings of [(audio, sample_rate), ...]."""
+    def embed_many(self, items: Sequence[tuple[np.ndarray, int]], batch: int = 16) -> np.ndarray:
+        """(n, 256) embeddings of [(audio, sample_rate), ...], `batch` utterances per LSTM pass
+        (each embedding is what `embed` gives for that utterance alone)."""
         if not items:
             return np.zeros((0, EMBEDDING_SIZE), dtype=np.float32)
-        return np.stack([self.embed(audio, sr) for audio, sr in items])
+        wavs = [preprocess(audio, sr) for audio, sr in items]
+        return np.concatenate([self.embed_preprocessed_many(wavs[i : i + batch]) for i in range(0, len(wavs), batch)])
 
 
 def _normalised(v: np.ndarray) -> np.ndarray:
