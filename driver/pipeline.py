@@ -604,25 +604,35 @@ def run_pipeline(
 
 
 def version_page(pipe: Pipeline, version_dir: Path, outcomes: list[VariantOutcome]) -> bytes:
-    """The version page (evaluate.version_page) of every variant of this run: published in this
-    version, refused by the gate, or not built; its copy goes to the build's reports folder."""
+    """The version page (evaluate.version_page) of every variant of this run (published, refused by the
+    gate, or not built) and of every variant published in this version by an earlier build; its copy
+    goes to the build's reports folder."""
     from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.evaluate.version_page import VariantEntry, render_version_page
-    from chattts_forge.publish.version_files import routing_table
+    from chattts_forge.publish.version_files import published_variants, routing_table
 
+    here = published_variants(version_dir)
     entries = []
     for o in outcomes:
         if o.passed is None:
             entries.append(VariantEntry(o.variant, "not built", detail=o.status))
             continue
         report = read_report(o.report_dir).data
-        if not o.passed:
-            status, detail = "refused", ""
-        elif o.published is not None and o.published.parent == version_dir:
-            status, detail = "published", ""
+        if o.variant in here:  # the page shows the report it was published with (verify checks that)
+            published = read_report(here[o.variant] / "report.json").data
+            same = published["integrity"] == report["integrity"]
+            entries.append(VariantEntry(o.variant, "published", published, o.report_dir if same else None,
+                                        "" if same else "published by an earlier build"))
+        elif not o.passed:
+            entries.append(VariantEntry(o.variant, "refused", report, o.report_dir))
         else:
-            status, detail = "not built", f"passed, published in {o.published.parent.name if o.published else '-'}"
-        entries.append(VariantEntry(o.variant, status, report, o.report_dir, detail))
+            where = o.published.parent.name if o.published else "-"
+            entries.append(VariantEntry(o.variant, "other version", report, o.report_dir, f"passed; published in {where}"))
+    shown = {o.variant for o in outcomes}
+    for variant, vdir in here.items():
+        if variant not in shown:
+            entries.append(VariantEntry(variant, "published", read_report(vdir / "report.json").data, None,
+                                        "published by an earlier build"))
     page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
     copy = pipe.work / "reports" / f"{version_dir.parent.name}-{version_dir.name}.html"
     atomic_write_bytes(copy, page)

@@ -71,7 +71,7 @@ class VariantEntry:
     """One variant of the build: its sealed report (None when it was not built or not evaluated)."""
 
     variant: str
-    status: str  # "published" | "refused" | "not built"
+    status: str  # "published" (in this version) | "refused" | "not built" | "other version" (passed, published elsewhere)
     report: dict[str, Any] | None = None
     report_dir: Path | None = None
     detail: str = ""  # why it was refused or not built
@@ -125,11 +125,13 @@ def _cell(report: dict[str, Any], column: tuple[str, str, tuple[str, ...], str |
 
 def _verdict(entry: VariantEntry) -> str:
     if entry.status == "published":
-        return "<span class='badge pass'>PUBLISHED</span>"
+        note = f" <span class='why'>{html.escape(entry.detail)}</span>" if entry.detail else ""
+        return f"<span class='badge pass'>PUBLISHED</span>{note}"
     if entry.status == "refused":
         failed = ", ".join((entry.report or {}).get("gate", {}).get("failed") or [])
         return f"<span class='badge fail'>REFUSED</span> <span class='why'>gate failed: {html.escape(failed)}</span>"
-    return f"<span class='badge waived'>NOT BUILT</span> <span class='why'>{html.escape(entry.detail)}</span>"
+    word = "OTHER VERSION" if entry.status == "other version" else "NOT BUILT"
+    return f"<span class='badge waived'>{word}</span> <span class='why'>{html.escape(entry.detail)}</span>"
 
 
 def _table(entries: list[VariantEntry]) -> str:
