@@ -138,3 +138,23 @@ def test_similarity_and_pooling() -> None:
     assert similarity(pooled, a) > similarity(b, a)  # the mean lies between them
     with pytest.raises(ForgeError, match="at least one"):
         pooled_reference(np.zeros((0, 3)))
+
+
+def test_scorers_never_import_torch_or_the_weight_wheels_code() -> None:
+    """evaluate is torch-free: SIM and DNSMOS use only the wheels' files, never their modules."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys, numpy as np\n"
+        "from chattts_forge.evaluate.speaker import SpeakerEncoder\n"
+        "from chattts_forge.evaluate.naturalness import Dnsmos\n"
+        "x = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)\n"
+        "SpeakerEncoder.load().embed(x, 16000); Dnsmos.load(threads=1).score(x, 16000)\n"
+        "bad = {'torch', 'torchaudio', 'librosa', 'resemblyzer', 'speechmos', 'webrtcvad'}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in bad)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
