@@ -32,7 +32,7 @@ def speech(data_dir: Path) -> dict[str, dict[str, tuple[np.ndarray, int]]]:
     return {
         "reference": ref,
         # what a faithful variant gives: the same voice and sentence, barely changed
-        "copy": {i: (white_noise(w, 35.0, seed=int(i)), sr) for i, (w, sr) in ref.items()},
+        "copy": {i: (white_noise(w, 50.0, seed=int(i)), sr) for i, (w, sr) in ref.items()},
         "other_voice": _voice(data_dir, "voices/rms"),
         "noisy": _voice(data_dir, "degraded/slt-noise10db"),
     }
@@ -57,7 +57,7 @@ def _verdict(variant: dict, reference: dict, mos: bool) -> tuple[dict, dict]:
 def test_the_same_voice_passes(speech) -> None:
     verdict, metrics = _verdict(speech["copy"], speech["reference"], mos=True)
     assert verdict["passed"], verdict["failed"]
-    assert metrics["similarity"] > 0.9 and abs(metrics["ovrl_drop"]) < 0.3
+    assert metrics["similarity"] > 0.9 and abs(metrics["ovrl_drop"]) < 0.15  # 45 dB noise: 0.14, 35 dB: 0.30
 
 
 def test_another_voice_fails_the_speaker_rules(speech) -> None:
