@@ -1,11 +1,12 @@
 """The figures of scorers.md: SIM matrix of the four Flite voices (held-out split), SIM of slt's damaged
 copies to slt's reference, DNSMOS of every set, each mean with its 95% bootstrap interval.
 
-    .venv/bin/python docs/measurements/2026-12-01-xeon/scorers_measure.py
+    .venv/bin/python docs/measurements/2026-12-01-xeon/scorers_measure.py [--sim-only]
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,17 @@ def main() -> None:
         own = name.split("-")[0]
         margin = np.mean(sims[own]) - max(np.mean(sims[r]) for r in VOICES if r != own)
         print(f"| {name} | " + " | ".join(fmt(sims[r]) for r in VOICES) + f" | {margin:.3f} |")
+    print("\n| single-utterance reference | " + " | ".join(VOICES) + " |")
+    print("| --- |" + " --- |" * len(VOICES))
+    for k in REF:
+        one = {v: enc.embed_many(load(SETS[v], [k]))[0] for v in VOICES}
+        row = []
+        for v in VOICES:
+            means = {r: np.mean([similarity(e, one[r]) for e in tests[v]]) for r in VOICES}
+            row.append(f"{means[v]:.3f} (+{means[v] - max(means[r] for r in VOICES if r != v):.3f})")
+        print(f"| {k:03d}.wav | " + " | ".join(row) + " |")
+    if "--sim-only" in sys.argv:
+        return
     dnsmos = Dnsmos.load(threads=2)
     print("\n| set (001-010) | " + " | ".join(k.upper() for k in KEYS) + " |")
     print("| --- |" + " --- |" * len(KEYS))
