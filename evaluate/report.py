@@ -130,7 +130,7 @@ def _hearing_lines(report: dict[str, Any]) -> list[str]:
     lines = ["", "#### What listeners hear (same sentences, speaker and seed as the FP32 reference)", ""]
     for section in (speaker, nat):
         if section and section.get("synthetic_only"):
-            lines += [f"> synthetic-only, not gated: {section.get('reason')}", ""]
+            lines += [f"> {section.get('reason')}", ""]
             break
     if speaker:
         if speaker.get("measured"):
