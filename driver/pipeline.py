@@ -203,6 +203,7 @@ class Build:
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
+    pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
 
     def __post_init__(self) -> None:
         self.cache = HashCache(self.work / ".steps" / "hashcache.json")
@@ -600,7 +601,7 @@ def run_pipeline(
                     raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
             outcomes.append(outcome)
         for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
-            publish_serving_files(pipe, version_dir, sign_key)
+            publish_serving_files(pipe, version_dir, outcomes, sign_key)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
     if pipe.broken:
@@ -613,9 +614,48 @@ def run_pipeline(
     return outcomes
 
 
-def publish_serving_files(pipe: Build, version_dir: Path, sign_key: str | os.PathLike[str] | None = None) -> None:
-    """A published version's routing.json, then its phrase cache (warmed through that routing table,
-    an incremental step like the others) and the version manifest (publish.version_files), signed."""
+def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome]) -> bytes:
+    """The version page (evaluate.version_page) of every variant of this run (published, refused by the
+    gate, or not built) and of every variant published in this version by an earlier build; its copy
+    goes to the build's reports folder."""
+    from chattts_forge.evaluate.report_schema import read_report
+    from chattts_forge.evaluate.version_page import VariantEntry, render_version_page
+    from chattts_forge.publish.version_files import published_variants, routing_table
+
+    here = published_variants(version_dir)
+    entries = []
+    for o in outcomes:
+        if o.passed is None:
+            entries.append(VariantEntry(o.variant, "not built", detail=o.status))
+            continue
+        report = read_report(o.report_dir).data
+        if o.variant in here:  # the page shows the report it was published with (verify checks that)
+            published = read_report(here[o.variant] / "report.json").data
+            same = published["integrity"] == report["integrity"]
+            entries.append(VariantEntry(o.variant, "published", published, o.report_dir if same else None,
+                                        "" if same else "published by an earlier build"))
+        elif not o.passed:
+            entries.append(VariantEntry(o.variant, "refused", report, o.report_dir))
+        else:
+            where = o.published.parent.name if o.published else "-"
+            entries.append(VariantEntry(o.variant, "other version", report, o.report_dir, f"passed; published in {where}"))
+    shown = {o.variant for o in outcomes}
+    for variant, vdir in here.items():
+        if variant not in shown:
+            entries.append(VariantEntry(variant, "published", read_report(vdir / "report.json").data, None,
+                                        "published by an earlier build"))
+    page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
+    copy = pipe.work / "reports" / f"{version_dir.parent.name}-{version_dir.name}.html"
+    atomic_write_bytes(copy, page)
+    pipe.pages[version_dir / "report.html"] = copy
+    return page
+
+
+def publish_serving_files(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome] | None = None,
+                          sign_key: str | os.PathLike[str] | None = None) -> None:
+    """A published version's routing.json and version page (every variant of `outcomes`), then its phrase
+    cache (warmed through that routing table, an incremental step like the others) and the version
+    manifest (publish.version_files), signed."""
     from chattts_forge.calibration_data.phrases import latest_version, shipped_phrase_file
     from chattts_forge.publish.version_files import publish_version_files
     from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
@@ -625,7 +665,8 @@ def publish_serving_files(pipe: Build, version_dir: Path, sign_key: str | os.Pat
         log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
                  FALLBACK_VARIANT)
         return
-    publish_version_files(version_dir, sign_key=sign_key, sign=False)  # signed below, with its phrase cache
+    page = version_page(pipe, version_dir, outcomes) if outcomes is not None else None
+    publish_version_files(version_dir, page=page, sign_key=sign_key, sign=False)  # signed below, with its phrase cache
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
     out = pipe.work / "phrase_cache" / f"{model}-{version}.bin"
@@ -639,7 +680,7 @@ def publish_serving_files(pipe: Build, version_dir: Path, sign_key: str | os.Pat
     )
     pipe.run(step)
     listing = {"name": phrases.stem, "version": latest_version(), "sha256": pipe.cache.sha256(phrases)}
-    publish_version_files(version_dir, cache_file=out, phrase_list=listing, sign_key=sign_key)
+    publish_version_files(version_dir, cache_file=out, phrase_list=listing, page=page, sign_key=sign_key)
 
 
 def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) -> None:
@@ -652,6 +693,8 @@ def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) 
         report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
         print(f"{o.variant:<14} {gate:<7} {pub:<60} {report if o.passed is not None else o.status}")
     print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
+    for page, copy in sorted(pipe.pages.items()):
+        print(f"version page (every variant, by eye and by ear): {page} (copy: {copy})")
     print(f"published: {pipe.to}/ (index: {pipe.to / 'index.json'}); check with: chattts-forge verify {pipe.to}"
           f" --public-key {pipe.to / 'signing-key.pub'}")
     if (pipe.to / "signing-key.pub").is_file():

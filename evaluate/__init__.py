@@ -2,7 +2,8 @@
 
 Commands: ``chattts-forge evaluate --artifact DIR --reference FP32_DIR --corpus FILE [--gate GATE.toml]
 --out REPORT_DIR`` (exit 0 pass, 1 gate failed, 2 bad input) and ``chattts-forge score --audio-dir DIR
---transcripts FILE [--asr NAME] [--asr-model DIR] [--lang en|zh] [--json OUT]``.
+[--transcripts FILE] [--speaker-reference WAV|DIR] [--mos] [--asr NAME] [--asr-model DIR] [--lang en|zh]
+[--json OUT]`` (docs/scoring.md).
 
 Library (torch is never imported, except by `latency.measure_pytorch` when a baseline is asked for):
 
@@ -11,8 +12,14 @@ Library (torch is never imported, except by `latency.measure_pytorch` when a bas
 - `report_schema`: the report.json contract, shared with publish: `write_report` (atomic, validated),
   `seal`, `read_report` (seal verified, strict keys) -> `SealedReport`, `validate`; layout documented there.
 - `markdown_html.to_html(markdown)`: the Markdown subset the reports use, as HTML (report.html's summary).
-- `score.score_audio_dir(audio_dir, transcripts, asr="faster-whisper", asr_model=None, lang=None)`,
-  `score.score_waveforms(...)`, `score.error_rates(...)`, `score.read_transcripts(path)`.
+- `score.score_audio_dir(audio_dir, transcripts=None, asr="faster-whisper", asr_model=None, lang=None,
+  speaker_reference=None, mos=False)`, `score.score_waveforms(...)`, `score.error_rates(...)`,
+  `score.seed_tts_eval_rates(...)` (Seed-TTS-eval's run_wer.py rules), `score.read_transcripts(path)`.
+- `speaker.SpeakerEncoder.load()` / `.embed(audio, sr)` / `.embed_many(...)`, `speaker.similarity`,
+  `speaker.pooled_reference`: GE2E speaker similarity (resemblyzer's weights, numpy).
+- `naturalness.Dnsmos.load()` / `.score(audio, sr)`: DNSMOS SIG/BAK/OVRL and P.808 (speechmos' ONNX models).
+- `stats.bootstrap_interval`, `stats.bootstrap_ratio_interval`, `stats.paired_bootstrap_interval`:
+  95% bootstrap intervals over sentences.
 - `asr.get_backend(name, lang, model_dir=None, threads=None)`: faster-whisper (tiny.en / Whisper base
   from the asr wheels, or any faster-whisper folder) and pocketsphinx; `asr.load_audio`, `asr.resample`.
 - `textnorm.normalize(text, lang)`: Seed-TTS-eval style scoring normalisation (numbers as words).

@@ -16,7 +16,11 @@ log = get_logger(__name__)
 @click.command("score")
 @click.option("--audio-dir", required=True, type=click.Path(path_type=Path), help="Folder of <id>.wav files.")
 @click.option(
-    "--transcripts", required=True, type=click.Path(path_type=Path), help="ID<TAB>sentence per line (UTF-8)."
+    "--transcripts",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="ID<TAB>sentence per line (UTF-8): WER/CER. Without it no ASR runs and every *.wav is scored "
+    "for --speaker-reference / --mos only.",
 )
 @click.option(
     "--asr", default="faster-whisper", show_default=True, help="ASR backend: faster-whisper or pocketsphinx."
@@ -30,32 +34,85 @@ log = get_logger(__name__)
 @click.option(
     "--lang", type=click.Choice(["en", "zh"]), default=None, help="Language (default: guessed from the text)."
 )
-@click.option("--threads", type=int, default=None, help="ASR CPU threads (default: OMP_NUM_THREADS or up to 4).")
+@click.option("--threads", type=int, default=None, help="ASR/DNSMOS CPU threads (default: OMP_NUM_THREADS or up to 4).")
+@click.option(
+    "--speaker-reference",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="WAV|DIR",
+    help="Speaker similarity (GE2E cosine) of every utterance to this recording, or to the pooled embedding "
+    "of every *.wav in this folder.",
+)
+@click.option("--mos", is_flag=True, help="DNSMOS SIG/BAK/OVRL (P.835) and P.808 per utterance and their means.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the full result here.")
 def score(
     audio_dir: Path,
-    transcripts: Path,
+    transcripts: Path | None,
     asr: str,
     asr_model: Path | None,
     lang: str | None,
     threads: int | None,
+    speaker_reference: Path | None,
+    mos: bool,
     json_out: Path | None,
 ) -> None:
-    """Score audio against transcripts with a real ASR: per-utterance and pooled WER/CER."""
+    """Score audio: WER/CER against transcripts with a real ASR (ours and Seed-TTS-eval's), speaker
+    similarity to a reference (--speaker-reference) and DNSMOS naturalness (--mos), each corpus figure
+    with its 95% bootstrap interval over utterances."""
     from chattts_forge.evaluate.score import score_audio_dir
     from chattts_forge.fsutil import atomic_write_json
 
-    result = score_audio_dir(audio_dir, transcripts, asr=asr, asr_model=asr_model, lang=lang, threads=threads)
-    for u in result["utterances"]:
-        click.echo(f"{u['id']}\twer={u['wer']:.3f}\tcer={u['cer']:.3f}\t{u['hypothesis']}")
-    c = result["corpus"]
-    click.echo(
-        f"corpus ({result['lang']}, n={c['n']}, {result['asr']['backend']}): wer={c['wer']:.4f} cer={c['cer']:.4f} "
-        f"(without number normalisation: wer={c['wer_raw']:.4f} cer={c['cer_raw']:.4f})"
+    result = score_audio_dir(
+        audio_dir,
+        transcripts,
+        asr=asr,
+        asr_model=asr_model,
+        lang=lang,
+        threads=threads,
+        speaker_reference=speaker_reference,
+        mos=mos,
     )
+    for u in result["utterances"]:
+        fields = [u["id"]]
+        if "wer" in u:
+            fields += [f"wer={u['wer']:.3f}", f"cer={u['cer']:.3f}"]
+        if "sim" in u:
+            fields.append(f"sim={u['sim']:.3f}")
+        if "dnsmos" in u:
+            fields += [f"{k}={v:.2f}" for k, v in u["dnsmos"].items()]
+        if "hypothesis" in u:
+            fields.append(u["hypothesis"])
+        click.echo("\t".join(fields))
+    if "corpus" in result:
+        c, seed = result["corpus"], result["seed_tts_eval"]
+        click.echo(
+            f"corpus ({result['lang']}, n={c['n']}, {result['asr']['backend']}): wer={c['wer']:.4f} {_iv(c['wer_interval'])} "
+            f"cer={c['cer']:.4f} {_iv(c['cer_interval'])} "
+            f"(without number normalisation: wer={c['wer_raw']:.4f} cer={c['cer_raw']:.4f})"
+        )
+        click.echo(
+            f"seed-tts-eval: {'cer' if result['lang'] == 'zh' else 'wer'}={seed['wer']:.4f} {_iv(seed['wer_interval'])} "
+            f"(sub={seed['substitutions']:.4f} del={seed['deletions']:.4f} ins={seed['insertions']:.4f})"
+        )
+    if "speaker" in result:
+        sp = result["speaker"]
+        click.echo(
+            f"speaker (n={sp['n']}, reference {sp['reference']}, {len(sp['reference_files'])} file(s)): "
+            f"sim={sp['sim_mean']:.4f} {_iv(sp['sim_interval'])} pooled={sp['sim_pooled']:.4f} min={sp['sim_min']:.4f}"
+        )
+    if "naturalness" in result:
+        nat = result["naturalness"]
+        click.echo(
+            f"dnsmos (n={nat['n']}): "
+            + " ".join(f"{k}={nat[k]['mean']:.3f} {_iv(nat[k]['interval'])}" for k in ("sig", "bak", "ovrl", "p808"))
+        )
     if json_out is not None:
         atomic_write_json(json_out, result)
         log.info("wrote %s", json_out)
+
+
+def _iv(interval: list[float] | None) -> str:
+    return "[n/a]" if interval is None else f"[{interval[0]:.4f}, {interval[1]:.4f}]"
 
 
 @click.command("evaluate")

@@ -27,7 +27,16 @@ fidelity and the ASR transcription run sharded over Ray actors instead, with the
 4. fidelity against the FP32 reference (`chattts_forge.quantize.measure_fidelity`: teacher-forced
    code top-1 agreement and KL per stream, hidden-state cosine, mel SNR / log-spectral distance,
    worst tensors);
-5. the gate (`gate.judge`) on the flat `metrics`, then the reports (`report.write_reports`).
+5. what listeners hear (`listening`): per sentence the speaker similarity (SIM) of the artifact's
+   audio to the reference's audio of the same sentence (the latency run's audio: the FP32 audio
+   costs no extra synthesis), DNSMOS of both and the OVRL drop, SIM of cloned output to a cloning
+   recording when one is given; on synthetic checkpoints shown as synthetic-only and waived like
+   WER. The first `listen_sentences` sentences' audio (MP3) and mel spectrograms go beside the
+   report (``listen/``) for the version page;
+6. stream seams (`seams`): streamed against whole-text audio of the artifact, default chunking and
+   with a stream lookahead, on the first `seam_sentences` sentences;
+7. a 95% bootstrap interval per corpus figure and per-sentence rows (`intervals`);
+8. the gate (`gate.judge`) on the flat `metrics`, then the reports (`report.write_reports`).
 
 The report's JSON layout (schema ``chattts-forge/report/1``), its seal and its strict validation
 live in `report_schema`; `report.write_reports` writes it with its Markdown and HTML renderings.
@@ -48,9 +57,11 @@ import numpy as np
 from chattts_forge.artifact import ARTIFACT_JSON, FAST_GPT, ArtifactMeta, hash_tree
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
+from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.buckets import measure_buckets
+from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.fsutil import recorded_path
@@ -71,6 +82,12 @@ SYNTHETIC_NOTE = (
     "is noise for any ASR. The WER/CER thresholds are waived and the gate decides on fidelity against "
     "the FP32 reference instead."
 )
+SYNTHETIC_HEARING_NOTE = (
+    "Speaker similarity (SIM) and DNSMOS are synthetic-only: the checkpoint's random weights make noise, so "
+    "they describe noise, not a voice. They are shown and waived like WER; stream seams are measured and gated "
+    "(they compare the variant's own streamed and whole-text audio)."
+)
+CLONE_MISSING = "no cloning recording was given (evaluate_artifact(clone_reference=WAV))"
 
 
 
@@ -153,22 +170,31 @@ def score_intelligibility(
 
 
 def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, steps: int, seed: int,
-              threads: int | None, progress: bool) -> dict[str, Any]:
+              threads: int | None, progress: bool) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """`measure_fidelity`'s record, made of its own steps so the per-sentence comparisons are kept too
+    (the intervals' input): (record, per-sentence agreement and mel energies)."""
     try:
-        from chattts_forge.quantize.fidelity import measure_fidelity
+        from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
-    kwargs = dict(corpus=corpus, max_sentences=sentences, max_new_token=steps, seed=seed, threads=threads,
-                  top_tensors=8, progress=progress)
+    from chattts_forge.evaluate.intervals import fidelity_sentences
+
+    sessions = ReplaySessions(reference, artifact, threads)
+    trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=progress)
+    comparisons = [sessions.compare(t) for t in trajectories]
+    result = summarize_fidelity(reference, corpus, comparisons,
+                                {"max_sentences": sentences, "max_new_token": steps, "seed": seed})
     try:
-        return measure_fidelity(reference, artifact, per_tensor=True, **kwargs)
+        result["per_tensor"] = sessions.tensor_table(trajectories, 8, False)
     except ForgeError as e:
         # The per-tensor table exposes float32 intermediates; an FP16 graph's are float16, so it
         # cannot be built there. The fidelity figures themselves do not depend on it.
-        log.info("per-tensor error table unavailable for %s (%s); measuring fidelity without it", artifact, e)
-        result = measure_fidelity(reference, artifact, per_tensor=False, **kwargs)
+        log.info("per-tensor error table unavailable for %s (%s); fidelity is measured without it", artifact, e)
         result["per_tensor_unavailable"] = str(e)
-        return result
+    # The gate judges the worse GPT graph (flat_metrics): the per-sentence rows follow that one.
+    fast = (result.get(FAST_GPT) or {}).get("teacher_forced")
+    use_fast = bool(fast) and fast["top1_agreement"]["mean"] < result["teacher_forced"]["top1_agreement"]["mean"]
+    return result, fidelity_sentences(comparisons, use_fast)
 
 
 def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, str]]:
@@ -210,6 +236,22 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     m["peak_rss_mb"] = (art.get("memory") or {}).get("peak_rss_mb")
     if m["peak_rss_mb"] is None:
         why["peak_rss_mb"] = "the memory probe did not run or failed"
+    speaker, nat = report.get("speaker") or {}, report.get("naturalness") or {}
+    m["similarity"] = speaker.get("mean") if speaker.get("measured") else None
+    m["similarity_worst"] = speaker.get("min") if speaker.get("measured") else None
+    m["clone_similarity"] = (speaker.get("clone") or {}).get("mean")
+    m["ovrl_drop"] = nat.get("ovrl_drop") if nat.get("measured") else None
+    for key, section in (("similarity", speaker), ("similarity_worst", speaker), ("ovrl_drop", nat)):
+        if m[key] is None:
+            why[key] = section.get("reason") or "not measured"
+    if m["clone_similarity"] is None:
+        why["clone_similarity"] = speaker.get("reason") if not speaker.get("measured") else CLONE_MISSING
+    modes = (report.get("streaming") or {}).get("modes") or {}
+    m["stream_snr_db"] = (modes.get("default") or {}).get("snr_db_min")
+    m["stream_lookahead_snr_db"] = (modes.get("lookahead") or {}).get("snr_db_min")
+    for key in ("stream_snr_db", "stream_lookahead_snr_db"):
+        if m[key] is None:
+            why[key] = (report.get("streaming") or {}).get("reason") or "stream seams were not measured"
     return m, why
 
 
@@ -248,6 +290,47 @@ def _ratios(art: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None
     }
 
 
+def _hear(
+    artifact: Path,
+    variant: str | None,
+    sentences: list[str],
+    art_waves: dict[str, tuple[np.ndarray, int]],
+    ref_waves: dict[str, tuple[np.ndarray, int]],
+    *,
+    synthetic: bool,
+    listen_sentences: int,
+    seam_sentences: int,
+    seam_lookahead: int | None,
+    clone_reference: str | os.PathLike[str] | None,
+    clone_transcript: str | None,
+    max_new_token: int,
+    seed: int,
+    threads: int | None,
+    provider: str,
+) -> dict[str, Any]:
+    """The report's speaker / naturalness / streaming / listen sections and the listen files."""
+    from chattts_forge.evaluate import listening, seams
+
+    texts = {f"{i + 1:03d}": t for i, t in enumerate(sentences)}
+    clone = None
+    if clone_reference is not None:
+        log.info("voice cloning from %s with %s", clone_reference, artifact)
+        with quiet_logger(enabled=synthetic):
+            clone = listening.clone_waves(artifact, sentences, clone_reference, clone_transcript,
+                                          max_new_token=max_new_token, seed=seed, threads=threads, provider=provider)
+    log.info("scoring speaker similarity and DNSMOS of %d sentences against the fp32 reference's audio", len(texts))
+    speaker = listening.speaker_section(art_waves, ref_waves, texts, synthetic=synthetic, clone=clone)
+    naturalness = listening.naturalness_section(art_waves, ref_waves, texts, synthetic=synthetic, threads=threads)
+    log.info("measuring stream seams on %d sentence(s)", min(seam_sentences, len(sentences)))
+    with quiet_logger(enabled=synthetic):
+        streaming = seams.measure_seams(
+            artifact, sentences[:seam_sentences], max_new_token=max_new_token, seed=seed, threads=threads,
+            provider=provider,
+            lookahead_frames=seams.DEFAULT_LOOKAHEAD_FRAMES if seam_lookahead is None else seam_lookahead)
+    listen, files = listening.listen_files(art_waves, ref_waves, texts, str(variant), listen_sentences)
+    return {"speaker": speaker, "naturalness": naturalness, "streaming": streaming, "listen": listen, "files": files}
+
+
 def evaluate_artifact(
     artifact: str | os.PathLike[str],
     reference: str | os.PathLike[str],
@@ -273,6 +356,11 @@ def evaluate_artifact(
     ray_workers: int = 2,
     ray_retries: int = 1,
     ray_shard_hook: Callable[[str, int], None] | None = None,
+    listen_sentences: int = 3,
+    seam_sentences: int = 3,
+    seam_lookahead: int | None = None,
+    clone_reference: str | os.PathLike[str] | None = None,
+    clone_transcript: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
 
@@ -289,6 +377,11 @@ def evaluate_artifact(
     `ray`: a Ray cluster address or "local": fidelity and ASR run sharded over `ray_workers` actors
     (`ray_shards`; same figures), latency still here; a dead worker's shard is retried `ray_retries`
     times. `ray_shard_hook(kind, shard)` runs in the worker before each shard (tests kill it there).
+    `listen_sentences`: sentences whose audio (MP3) and mel spectrograms are written beside the report
+    for the version page; `seam_sentences`: sentences streamed to measure stream seams, default chunking
+    and with `seam_lookahead` mel frames of right context (default `seams.DEFAULT_LOOKAHEAD_FRAMES`);
+    `clone_reference`: a recording to clone (its transcript `clone_transcript`, optional): SIM of the
+    artifact's cloned output to it is the ``clone_similarity`` metric.
     """
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.report import write_reports
@@ -306,6 +399,10 @@ def evaluate_artifact(
         raise ForgeError("max_sentences and max_new_token must be >= 1")
     if bucket_sentences < 1 or cache_phrases < 0:
         raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
+    if listen_sentences < 0 or seam_sentences < 1:
+        raise ForgeError("listen_sentences must be >= 0 and seam_sentences >= 1")
+    if clone_reference is not None and not Path(clone_reference).is_file():
+        raise ForgeError(f"cloning recording {clone_reference} does not exist")
     if ray is not None:
         from chattts_forge.raycluster import import_ray
 
@@ -378,10 +475,16 @@ def evaluate_artifact(
         fid_sentences = min(fidelity_sentences, len(sentences))
         with quiet_logger(enabled=synthetic):
             if shards is None:
-                fidelity = _fidelity(reference, artifact, corp, fid_sentences, fidelity_steps, seed, threads, show)
-            else:
-                fidelity = shards.fidelity(corp, fid_sentences, fidelity_steps, seed)
+                fidelity, fidelity_rows = _fidelity(reference, artifact, corp, fid_sentences, fidelity_steps, seed,
+                                                    threads, show)
+            else:  # the shards return corpus figures only: no per-sentence fidelity rows
+                fidelity, fidelity_rows = shards.fidelity(corp, fid_sentences, fidelity_steps, seed), None
         distributed = shards.describe() if shards else None
+
+    hearing = _hear(artifact, art_desc["variant"], sentences, art_waves, ref_waves, synthetic=synthetic,
+                    listen_sentences=listen_sentences, seam_sentences=seam_sentences, seam_lookahead=seam_lookahead,
+                    clone_reference=clone_reference, clone_transcript=clone_transcript,
+                    max_new_token=max_new_token, seed=seed, threads=threads, provider=provider)
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
@@ -397,6 +500,10 @@ def evaluate_artifact(
                      "baseline_checkpoint": str(baseline_checkpoint) if baseline_checkpoint else None},
         "intelligibility": intelligibility,
         "fidelity": fidelity,
+        "speaker": hearing["speaker"],
+        "naturalness": hearing["naturalness"],
+        "streaming": hearing["streaming"],
+        "listen": hearing["listen"],
         "latency": latency,
         "size": {
             "artifact_bytes": art_desc["bytes_total"],
@@ -412,6 +519,7 @@ def evaluate_artifact(
     if synthetic:
         waived = {k: "synthetic checkpoint: intelligibility cannot be measured on random weights"
                   for k in ("wer", "cer", "wer_delta", "cer_delta")}
+        waived.update(dict.fromkeys(HEARING_METRICS, SYNTHETIC_REASON))
     else:
         # A corpus in one language leaves the other language's metric unmeasured: nothing to judge.
         for key in ("wer", "wer_delta", "cer", "cer_delta"):
@@ -427,7 +535,7 @@ def evaluate_artifact(
     verdict = gate_mod.judge(gate_cfg, metrics, waived=waived, reasons=reasons)
     notes = []
     if synthetic:
-        notes.append(SYNTHETIC_NOTE)
+        notes += [SYNTHETIC_NOTE, SYNTHETIC_HEARING_NOTE]
     if baseline_note:
         notes.append(baseline_note)
     if tiny:
@@ -467,6 +575,7 @@ def evaluate_artifact(
                                                           max_new_token=max_new_token, seed=seed, threads=threads,
                                                           provider=provider)
     report["metrics"] = metrics
+    report["intervals"], report["sentences"] = intervals_mod.build(report, fidelity_rows)
     report["gate"] = {
         **verdict,
         "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in gate_cfg["rules"]},
@@ -477,7 +586,7 @@ def evaluate_artifact(
     report["timing"] = {"evaluate_seconds": time.perf_counter() - t_start}
     report = seal(report)
     if out is not None:
-        write_reports(report, Path(out))
+        write_reports(report, Path(out), files=hearing["files"])
     failed = ", ".join(verdict["failed"]) or "none"
     log.info("gate %s for %s (failed: %s)", "PASSED" if report["passed"] else "FAILED", artifact, failed)
     return report

@@ -15,8 +15,9 @@ Library::
 A check whose metric was not measured fails, unless the metric is in `waived` (name -> why), in
 which case it is reported as "waived" with that reason. A waived metric that was measured keeps
 its value in the check but is not a verdict either way. The evaluate stage waives intelligibility on
-synthetic checkpoints (fidelity decides instead) and the timing metrics on tiny synthetic ones
-(their timings are call overhead). Never a silent pass.
+synthetic checkpoints (fidelity decides instead), speaker similarity and DNSMOS there too (random
+weights make noise: evaluate.listening), and the timing metrics on tiny synthetic ones (their
+timings are call overhead). Never a silent pass.
 
 Verdict::
 
@@ -64,6 +65,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "size_ratio_vs_reference": ("bytes on disk / the FP32 artifact's bytes", "x"),
     "size_mb": ("bytes on disk", "MB"),
     "peak_rss_mb": ("resident memory after load and synthesis", "MB"),
+    "similarity": ("speaker similarity (SIM) of the artifact's audio to the FP32 audio of the same sentence, mean", ""),
+    "similarity_worst": ("speaker similarity to the FP32 audio, worst sentence", ""),
+    "clone_similarity": ("SIM of the cloned output to the cloning recording, mean", ""),
+    "ovrl_drop": ("DNSMOS OVRL of the FP32 audio minus the artifact's, mean over sentences", "MOS"),
+    "stream_snr_db": ("streamed vs whole-text audio SNR at the default chunking, worst sentence", "dB"),
+    "stream_lookahead_snr_db": ("streamed vs whole-text audio SNR with the stream lookahead, worst sentence", "dB"),
 }
 
 

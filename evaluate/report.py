@@ -106,6 +106,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "| batch | aggregate RTF | real-time streams | steps/s |", "| ---: | ---: | ---: | ---: |"]
         for b, rec in tp.items():
             lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
+    lines += _hearing_lines(report) + _interval_lines(report.get("intervals"))
     lines += _bucket_lines(report.get("buckets") or {}) + _cache_lines(report.get("phrase_cache"))
     lines += render_auto_search_markdown(report)
     m = report["machine"]
@@ -119,6 +120,65 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _hearing_lines(report: dict[str, Any]) -> list[str]:
+    """What listeners hear: SIM, DNSMOS and stream seams (sections absent in earlier reports: nothing)."""
+    speaker, nat, streaming = report.get("speaker"), report.get("naturalness"), report.get("streaming")
+    if speaker is None and nat is None and streaming is None:
+        return []
+    lines = ["", "#### What listeners hear (same sentences, speaker and seed as the FP32 reference)", ""]
+    for section in (speaker, nat):
+        if section and section.get("synthetic_only"):
+            lines += [f"> {section.get('reason')}", ""]
+            break
+    if speaker:
+        if speaker.get("measured"):
+            lines.append(f"- speaker similarity to the FP32 audio: mean {_f(speaker['mean'])}, worst sentence "
+                         f"{_f(speaker['min'])} ({len(speaker['sentences'])} sentences)")
+            if speaker.get("clone"):
+                c = speaker["clone"]
+                lines.append(f"- voice cloning: SIM of the cloned output to `{c['recording']}`: mean {_f(c['mean'])}, "
+                             f"worst {_f(c['min'])}")
+        else:
+            lines.append(f"- speaker similarity: not measured ({speaker.get('reason')})")
+    if nat:
+        if nat.get("measured"):
+            a, r = nat["artifact"], nat["reference"]
+            lines.append(f"- DNSMOS OVRL {_f(a['ovrl'])} (FP32 {_f(r['ovrl'])}, drop {_f(nat['ovrl_drop'])}); SIG "
+                         f"{_f(a['sig'])}, BAK {_f(a['bak'])}, P.808 {_f(a['p808'])}")
+        else:
+            lines.append(f"- DNSMOS: not measured ({nat.get('reason')})")
+    if streaming and streaming.get("measured"):
+        for mode, rec in streaming["modes"].items():
+            lines.append(f"- stream seams, {mode} ({rec['lookahead_frames']} mel frames of right context, "
+                         f"{streaming['stream_batch']} steps per chunk): worst SNR {_f(rec['snr_db_min'])} dB, "
+                         f"max abs difference {_f(rec['max_abs_diff'])}, click energy at chunk edges "
+                         f"{_f(rec['click_db_max'])} dB")
+    return lines
+
+
+def _interval_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section or not section.get("figures"):
+        return []
+    lines = ["", f"#### {int(100 * section['confidence'])}% bootstrap intervals over sentences", "",
+             "| figure | value | interval | sentences | how |", "| --- | ---: | --- | ---: | --- |"]
+    for name, f in section["figures"].items():
+        lines.append(f"| {name} | {_f(f['value'])} | [{_f(f['low'])}, {_f(f['high'])}] | {f['n']} | {f['how']} |")
+    return lines
+
+
+def _listen_html(report: dict[str, Any]) -> str:
+    """Players and spectrograms of the listen files (relative links: the page sits beside them)."""
+    listen = report.get("listen") or {}
+    rows = []
+    for row in listen.get("sentences") or []:
+        players = "".join(
+            f"<div>{html.escape(who)}<br><audio controls preload='metadata' src='{html.escape(row[key]['file'])}'>"
+            f"</audio></div>" for key, who in (("artifact", str(report["artifact"]["variant"])), ("reference", "fp32")))
+        rows.append(f"<div class='listen'><p>{html.escape(row['id'])}: {html.escape(row['text'])}</p>{players}"
+                    f"<img alt='mel spectrograms {html.escape(row['id'])}' src='{html.escape(row['spectrogram']['file'])}'/></div>")
+    return f"<h2>Listen</h2>{''.join(rows)}" if rows else ""
 
 
 def _bucket_lines(section: dict[str, Any]) -> list[str]:
@@ -286,6 +346,7 @@ tr.pass td{{background:#dafbe1}} tr.waived td{{background:#f6f8fa}} .note{{backg
 letter-spacing:.03em;vertical-align:middle;white-space:nowrap}} h1 .badge{{font-size:18px;padding:2px 12px}}
 .badge.pass{{background:#1a7f37}} .badge.fail{{background:#cf222e}} .badge.waived{{background:#6e7781}}
 figure{{display:inline-block;margin:8px}} code{{font-size:12px}}
+.listen div{{display:inline-block;margin-right:1em;font-size:13px}} .listen img{{display:block;max-width:100%}}
 .summary{{border:1px solid #d0d7de;border-radius:6px;padding:0 1em}} .summary th{{background:#f6f8fa}}
 .summary blockquote{{margin:0.5em 0;padding:0 1em;border-left:4px solid #d0d7de;color:#59636e}}
 </style></head><body>
@@ -299,6 +360,7 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 {''.join(rows)}</table>
 <h2>Plots</h2>
 {figures}
+{_listen_html(report)}
 <h2>Summary</h2>
 <section class="summary">
 {to_html(markdown)}</section>
@@ -309,7 +371,13 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 """
 
 
-def write_reports(report: dict[str, Any], out_dir: Path) -> Path:
-    """Write report.json (sealed, validated) / report.md / report.html into `out_dir`, all or nothing."""
+def write_reports(report: dict[str, Any], out_dir: Path, files: dict[str, bytes] | None = None) -> Path:
+    """Write report.json (sealed, validated) / report.md / report.html into `out_dir`, with `files`
+    ({relative path: bytes}: the listen files) beside them, all or nothing."""
     markdown = render_markdown(report)
-    return write_report(report, out_dir, {"report.md": markdown, "report.html": render_html(report, markdown)})
+    renderings: dict[str, str | bytes] = {"report.md": markdown, "report.html": render_html(report, markdown)}
+    for name, data in (files or {}).items():
+        if name in renderings or name == "report.json":
+            raise ValueError(f"listen file {name!r} would replace a report file")
+        renderings[name] = data
+    return write_report(report, out_dir, renderings)

@@ -27,6 +27,11 @@ accepted (`TOP_LEVEL`):
   bucket's gate verdict (`evaluate.buckets`; the routing table is made from it);
 - ``phrase_cache``: latency with and without a warm phrase cache at a stated hit ratio
   (`evaluate.serving`), or null when not measured;
+- optional (`OPTIONAL_TOP_LEVEL`, written by evaluate since issue 25; absent in earlier reports):
+  ``speaker``, ``naturalness`` (evaluate.listening), ``streaming`` (evaluate.seams), ``listen``
+  (``{"format", "mime", "sentences": [{"id", "text", "artifact"|"reference": {"file", "sha256",
+  "seconds"}, "spectrogram": {"file", "sha256"}}], "spectrogram"}``: files beside report.json),
+  ``intervals`` and ``sentences`` (evaluate.intervals);
 - ``integrity``: sha256 (hex) of the canonical JSON of every *other* top-level field:
   ``json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")``
   (`canonical_json_bytes`, `report_integrity`). Any edit after evaluation breaks it and `read_report`
@@ -142,6 +147,16 @@ TOP_LEVEL: dict[str, Any] = {
     "phrase_cache": (dict, type(None)),
     INTEGRITY_KEY: str,
 }
+# Sections evaluate writes since issue 25 (what listeners hear); optional so earlier reports of the
+# same schema still read: typed when present.
+OPTIONAL_TOP_LEVEL: dict[str, Any] = {
+    "speaker": dict,  # SIM to the FP32 audio per sentence (evaluate.listening)
+    "naturalness": dict,  # DNSMOS per sentence and the OVRL drop
+    "streaming": dict,  # stream seams (evaluate.seams)
+    "listen": dict,  # the audio and spectrogram files beside report.json, with their sha256
+    "intervals": dict,  # 95% bootstrap interval per corpus figure (evaluate.intervals)
+    "sentences": ListOf(dict),  # per-sentence rows
+}
 
 
 def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | None]) -> dict[str, Any]:
@@ -191,7 +206,10 @@ def validate(report: Any) -> None:
         raise ForgeError(f"a report must be a JSON object, got {type(report).__name__}")
     if report.get("schema") != REPORT_SCHEMA:
         raise ForgeError(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
-    _check(report, TOP_LEVEL, "")
+    optional = {k: report[k] for k in OPTIONAL_TOP_LEVEL if k in report}
+    _check({k: v for k, v in report.items() if k not in optional}, TOP_LEVEL, "")
+    for key, value in optional.items():
+        _check(value, OPTIONAL_TOP_LEVEL[key], key)
     for i, check in enumerate(report["gate"]["checks"]):
         if check["status"] not in CHECK_STATUSES:
             raise ForgeError(f"report key gate.checks[{i}].status is {check['status']!r}, "
@@ -248,9 +266,9 @@ def report_json_bytes(report: Mapping[str, Any]) -> bytes:
     return (json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
-def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[str, str] | None = None) -> Path:
-    """Write a sealed, valid `report` as `out_dir/report.json`, with `renderings` ({file name: text})
-    beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
+def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[str, str | bytes] | None = None) -> Path:
+    """Write a sealed, valid `report` as `out_dir/report.json`, with `renderings` ({relative path: text
+    or bytes}) beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
     if not verify_integrity(report):
         raise ForgeError("refusing to write an unsealed report (seal it first)")
     validate(report)
@@ -259,9 +277,19 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
         raise ForgeError(f"a rendering may not be named {REPORT_NAME}")
     with atomic_output_dir(Path(out_dir)) as tmp:
         (tmp / REPORT_NAME).write_bytes(report_json_bytes(report))
-        for name, text in renderings.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-    log.info("wrote %s", ", ".join(str(Path(out_dir) / n) for n in (REPORT_NAME, *renderings)))
+        for name, content in renderings.items():
+            target = tmp / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ForgeError(f"a rendering's path must stay inside the report folder, got {name!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            else:
+                target.write_text(content, encoding="utf-8")
+    shown = [n for n in renderings if "/" not in n]
+    extra = len(renderings) - len(shown)
+    log.info("wrote %s%s", ", ".join(str(Path(out_dir) / n) for n in (REPORT_NAME, *shown)),
+             f" and {extra} listening file(s) under {Path(out_dir)}" if extra else "")
     return Path(out_dir)
 
 

@@ -1,4 +1,4 @@
-"""Score audio against transcripts with a real ASR: per-utterance and pooled WER/CER.
+"""Score audio: WER/CER against transcripts with a real ASR, speaker similarity, DNSMOS naturalness.
 
 Library:
 
@@ -6,28 +6,47 @@ Library:
 - `error_rates(references, hypotheses, lang)` -> per-utterance and pooled (corpus) WER/CER of
   texts already transcribed, after `textnorm.normalize` (jiwer 4: `process_words` /
   `process_characters`).
-- `score_audio_dir(audio_dir, transcripts, asr="faster-whisper", asr_model=None, lang=None)`
-  -> the result dict below; audio files are ``<id>.wav`` (any rate, mono or stereo).
+- `seed_tts_eval_rates(references, hypotheses, lang)` -> the same texts scored exactly as
+  Seed-TTS-eval's ``run_wer.py`` + ``average_wer.py`` do (see there), for comparison with
+  published tables.
+- `score_audio_dir(audio_dir, transcripts=None, asr="faster-whisper", asr_model=None, lang=None,
+  speaker_reference=None, mos=False)` -> the result dict below; audio files are ``<id>.wav`` (any
+  rate, mono or stereo). Without transcripts no ASR runs: every ``*.wav`` of the folder is scored
+  for SIM and/or DNSMOS only.
 - `score_waveforms({id: (audio, sample_rate)}, references, backend, lang)` for audio in memory
   (the evaluate stage scores runtime output without writing WAVs).
+- `speaker_section(waveforms, reference_embedding, encoder)`, `naturalness_section(waveforms,
+  dnsmos)`, `load_speaker_reference(path, encoder)`: the SIM and DNSMOS parts on their own.
 
 Result (also what ``chattts-forge score --json OUT`` writes)::
 
     {"schema": "chattts-forge/score/1",
      "corpus": {"wer", "cer", "n", "metric" ("wer" for en, "cer" for zh), "error_rate",
-                "wer_raw", "cer_raw" (without number normalisation), "ref_words", "ref_chars",
-                "substitutions", "deletions", "insertions"},
+                "wer_interval", "cer_interval" (95% bootstrap over utterances), "wer_raw", "cer_raw"
+                (without number normalisation), "ref_words", "ref_chars", "substitutions",
+                "deletions", "insertions"},                                   # with transcripts
+     "seed_tts_eval": {"wer", "wer_interval", "substitutions", "deletions", "insertions", "n",
+                       "n_above_50", "wer_below_50", "rules"},               # with transcripts
+     "speaker": {"reference", "reference_files", "encoder", "sim_mean", "sim_interval",
+                 "sim_pooled", "sim_min", "n"},                              # --speaker-reference
+     "naturalness": {"model", "n", "sig"|"bak"|"ovrl"|"p808": {"mean", "interval"}},  # --mos
      "utterances": [{"id", "reference", "hypothesis", "reference_norm", "hypothesis_norm",
-                     "wer", "cer", "asr_seconds", "audio_seconds"}, ...],
+                     "wer", "cer", "substitutions", "deletions", "insertions", "ref_words",
+                     "char_edits", "ref_chars", "seed_tts_eval": {...}, "asr_seconds",
+                     "audio_seconds", "sim", "dnsmos": {"sig", "bak", "ovrl", "p808"}}, ...],
      "asr": {backend description}, "lang", "normalization", "timing": {...}}
 
-Corpus figures are pooled: total edits over total reference units (what jiwer computes over
-lists). For Chinese the words are characters, so WER equals CER.
+Corpus figures of this project are pooled: total edits over total reference units (what jiwer
+computes over lists). For Chinese the words are characters, so WER equals CER. Seed-TTS-eval's are
+means of per-utterance rates. SIM figures: ``sim_mean`` is the mean over utterances of the cosine
+of each utterance's embedding to the reference (Seed-TTS-eval's SIM); ``sim_pooled`` the cosine of
+the utterances' pooled embedding to it. A reference folder is pooled the same way (every ``*.wav``).
 """
 
 from __future__ import annotations
 
 import os
+import string
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +55,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.stats import bootstrap_interval, bootstrap_ratio_interval
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -104,6 +124,13 @@ def _rate(edits: int, total: int) -> float:
     return float(edits) / total if total else float(edits > 0)
 
 
+def _pooled_interval(edits: list[int], units: list[int]) -> list[float] | None:
+    """95% bootstrap interval of a pooled rate over utterances (None without reference units)."""
+    if not units or sum(units) <= 0:
+        return None
+    return list(bootstrap_ratio_interval(edits, units))
+
+
 def error_rates(
     references: dict[str, str], hypotheses: dict[str, str], lang: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -143,6 +170,12 @@ def error_rates(
                 "hypothesis_norm": hyp_n,
                 "wer": _rate(sub + dele + ins, len(ref_t)),
                 "cer": _rate(char_edits, chars),
+                "substitutions": sub,
+                "deletions": dele,
+                "insertions": ins,
+                "ref_words": len(ref_t),
+                "char_edits": char_edits,
+                "ref_chars": chars,
             }
         )
     wer = _rate(totals["sub"] + totals["del"] + totals["ins"], totals["words"])
@@ -151,6 +184,9 @@ def error_rates(
     corpus = {
         "wer": wer,
         "cer": cer,
+        "wer_interval": _pooled_interval([u["substitutions"] + u["deletions"] + u["insertions"] for u in utterances],
+                                         [u["ref_words"] for u in utterances]),
+        "cer_interval": _pooled_interval([u["char_edits"] for u in utterances], [u["ref_chars"] for u in utterances]),
         "n": len(utterances),
         "metric": metric,
         "error_rate": cer if metric == "cer" else wer,
@@ -163,6 +199,94 @@ def error_rates(
         "insertions": totals["ins"],
     }
     return corpus, utterances
+
+
+# ---------------------------------------------------------------- Seed-TTS-eval's own rules
+
+# Seed-TTS-eval deletes these (zhon.hanzi.punctuation + string.punctuation) except the ASCII
+# apostrophe; nothing is replaced by a space, and numbers are not normalised.
+def _seed_punctuation() -> str:
+    from zhon.hanzi import punctuation
+
+    return punctuation + string.punctuation
+
+
+SEED_TTS_EVAL_RULES = (
+    "Seed-TTS-eval run_wer.py: zhon.hanzi.punctuation + string.punctuation deleted (ASCII apostrophe kept), "
+    "double spaces once made single; en lower-cased, words; zh hypothesis converted to simplified (zhconv "
+    "zh-cn), scored per character; per-utterance WER from jiwer, S/D/I as fractions of len(reference.split(' ')); "
+    "pooled figures (average_wer.py) are means over utterances; no number normalisation"
+)
+
+
+def seed_tts_eval_process(reference: str, hypothesis: str, lang: str) -> dict[str, Any]:
+    """One utterance as run_wer.py's process_one scores it (`hypothesis` is the raw ASR text)."""
+    import jiwer
+
+    if lang not in ("en", "zh"):
+        raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+    if lang == "zh":
+        import zhconv
+
+        hypothesis = zhconv.convert(hypothesis, "zh-cn")
+    truth, hypo = reference, hypothesis
+    for ch in _seed_punctuation():
+        if ch == "'":
+            continue
+        truth = truth.replace(ch, "")
+        hypo = hypo.replace(ch, "")
+    truth, hypo = truth.replace("  ", " "), hypo.replace("  ", " ")
+    if lang == "zh":
+        truth, hypo = " ".join(truth), " ".join(hypo)
+    else:
+        truth, hypo = truth.lower(), hypo.lower()
+    # run_wer.py divides S/D/I by this length, empty strings between double spaces included.
+    ref_len = len(truth.split(" "))
+    if truth.strip() and hypo.strip():
+        out = jiwer.process_words(truth, hypo)
+        sub, dele, ins, hits, ref_words = out.substitutions, out.deletions, out.insertions, out.hits, len(out.references[0])
+        wer = float(out.wer)
+    else:  # jiwer refuses empty texts; the rates are what they would be
+        ref_words = len(truth.split())
+        sub, hits = 0, 0
+        dele = ref_words if not hypo.strip() else 0
+        ins = len(hypo.split()) if not truth.strip() else 0
+        wer = _rate(sub + dele + ins, ref_words)
+    return {
+        "wer": wer,
+        "substitutions": sub / ref_len,
+        "deletions": dele / ref_len,
+        "insertions": ins / ref_len,
+        "counts": {"substitutions": sub, "deletions": dele, "insertions": ins, "hits": hits, "ref_words": ref_words},
+        "reference_processed": truth,
+        "hypothesis_processed": hypo,
+    }
+
+
+def seed_tts_eval_rates(
+    references: dict[str, str], hypotheses: dict[str, str], lang: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(corpus, {id: utterance}) as Seed-TTS-eval's run_wer.py + average_wer.py compute them."""
+    missing = sorted(set(references) - set(hypotheses))
+    if missing:
+        raise ForgeError(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
+    if not references:
+        raise ForgeError("no utterances to score")
+    rows = {utt_id: seed_tts_eval_process(ref, hypotheses[utt_id], lang) for utt_id, ref in references.items()}
+    wers = [r["wer"] for r in rows.values()]
+    below = [w for w in wers if w <= 0.5]
+    corpus = {
+        "wer": float(np.mean(wers)),
+        "wer_interval": list(bootstrap_interval(wers)),
+        "substitutions": float(np.mean([r["substitutions"] for r in rows.values()])),
+        "deletions": float(np.mean([r["deletions"] for r in rows.values()])),
+        "insertions": float(np.mean([r["insertions"] for r in rows.values()])),
+        "n": len(rows),
+        "n_above_50": len(wers) - len(below),
+        "wer_below_50": float(np.mean(below)) if below else None,
+        "rules": SEED_TTS_EVAL_RULES,
+    }
+    return corpus, rows
 
 
 def transcribe_waveforms(
@@ -204,13 +328,16 @@ def score_hypotheses(
     """The score record of transcribed utterances (`asr`: the backend's description); the corpus
     figures depend only on the references and hypotheses, not on where they were transcribed."""
     corpus, utterances = error_rates(references, hypotheses, lang)
+    seed_corpus, seed_rows = seed_tts_eval_rates(references, hypotheses, lang)
     for u in utterances:
         u.update(timing[u["id"]])
+        u["seed_tts_eval"] = seed_rows[u["id"]]
     total_audio = sum(t["audio_seconds"] for t in timing.values())
     total_asr = sum(t["asr_seconds"] for t in timing.values())
     return {
         "schema": SCORE_SCHEMA,
         "corpus": corpus,
+        "seed_tts_eval": seed_corpus,
         "utterances": utterances,
         "asr": asr,
         "lang": lang,
@@ -239,43 +366,152 @@ def score_waveforms(
     return score_hypotheses(references, hypotheses, timing, backend.describe(), lang, time.perf_counter() - t_all)
 
 
+# ---------------------------------------------------------------- speaker similarity and DNSMOS
+
+
+def _wav_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() == ".wav" and p.is_file())
+
+
+def load_speaker_reference(path: str | os.PathLike[str], encoder: Any) -> tuple[np.ndarray, list[str]]:
+    """(reference embedding, files): one WAV's embedding, or the pooled embedding of a folder's WAVs."""
+    from chattts_forge.evaluate.asr import load_audio
+    from chattts_forge.evaluate.speaker import SAMPLE_RATE, pooled_reference
+
+    path = Path(path)
+    if path.is_dir():
+        files = _wav_files(path)
+        if not files:
+            raise ForgeError(f"speaker reference folder {path} has no .wav files")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ForgeError(f"speaker reference {path} does not exist")
+    embeddings = encoder.embed_many([(load_audio(f, SAMPLE_RATE), SAMPLE_RATE) for f in files])
+    return pooled_reference(embeddings), [str(f) for f in files]
+
+
+def speaker_section(
+    waveforms: dict[str, tuple[np.ndarray, int]], reference: np.ndarray, encoder: Any, progress: bool = True
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """(corpus SIM figures, {id: SIM}) of every waveform to the reference embedding."""
+    from tqdm import tqdm
+
+    from chattts_forge.evaluate.speaker import pooled_reference, similarity
+
+    if not waveforms:
+        raise ForgeError("no utterances to compare with the speaker reference")
+    ids = list(waveforms)
+    chunks = [ids[i : i + 16] for i in range(0, len(ids), 16)]
+    embeddings: dict[str, np.ndarray] = {}
+    for chunk in tqdm(chunks, desc="speaker", unit="batch", disable=not progress, leave=False):
+        embeddings.update(zip(chunk, encoder.embed_many([waveforms[i] for i in chunk]), strict=True))
+    sims = {utt_id: similarity(e, reference) for utt_id, e in embeddings.items()}
+    values = list(sims.values())
+    corpus = {
+        "sim_mean": float(np.mean(values)),
+        "sim_interval": list(bootstrap_interval(values)),
+        "sim_pooled": similarity(pooled_reference(list(embeddings.values())), reference),
+        "sim_min": float(np.min(values)),
+        "n": len(values),
+    }
+    return corpus, sims
+
+
+def naturalness_section(
+    waveforms: dict[str, tuple[np.ndarray, int]], dnsmos: Any, progress: bool = True
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """(corpus means with intervals, {id: {sig, bak, ovrl, p808}}) of DNSMOS on every waveform."""
+    from tqdm import tqdm
+
+    from chattts_forge.evaluate.naturalness import KEYS
+
+    if not waveforms:
+        raise ForgeError("no utterances to score with DNSMOS")
+    per_utt = {}
+    for utt_id in tqdm(list(waveforms), desc="DNSMOS", unit="utt", disable=not progress, leave=False):
+        per_utt[utt_id] = dnsmos.score(*waveforms[utt_id])
+    corpus: dict[str, Any] = {"n": len(per_utt)}
+    for key in KEYS:
+        values = [m[key] for m in per_utt.values()]
+        corpus[key] = {"mean": float(np.mean(values)), "interval": list(bootstrap_interval(values))}
+    return corpus, per_utt
+
+
 def score_audio_dir(
     audio_dir: str | os.PathLike[str],
-    transcripts: str | os.PathLike[str] | dict[str, str],
+    transcripts: str | os.PathLike[str] | dict[str, str] | None = None,
     asr: str = "faster-whisper",
     asr_model: str | os.PathLike[str] | None = None,
     lang: str | None = None,
     threads: int | None = None,
     backend: Any = None,
     progress: bool = True,
+    speaker_reference: str | os.PathLike[str] | None = None,
+    mos: bool = False,
+    encoder: Any = None,
+    dnsmos: Any = None,
 ) -> dict[str, Any]:
-    """Transcribe ``<audio_dir>/<id>.wav`` for every transcript line and score it (see module doc).
+    """Score ``<audio_dir>/<id>.wav`` (see the module doc).
 
-    `lang` defaults to what the transcripts look like; `backend` may be a ready `AsrBackend`
-    (reused across calls, e.g. in tests) instead of `asr`/`asr_model`.
+    With `transcripts`, every transcript line is transcribed and scored (WER/CER, both ways);
+    without, every ``*.wav`` in the folder is scored for SIM (`speaker_reference`) and/or DNSMOS
+    (`mos`) only. `lang` defaults to what the transcripts look like; `backend`, `encoder` and
+    `dnsmos` may be ready models (reused across calls, e.g. in tests).
     """
     from chattts_forge.evaluate.asr import get_backend, load_audio
 
     audio_dir = Path(audio_dir)
     if not audio_dir.is_dir():
         raise ForgeError(f"audio folder {audio_dir} does not exist")
-    references = transcripts if isinstance(transcripts, dict) else read_transcripts(transcripts)
-    lang = lang or textnorm.detect_lang(list(references.values()))
-    if lang not in ("en", "zh"):
-        raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
-    paths = {utt_id: audio_dir / f"{utt_id}.wav" for utt_id in references}
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise ForgeError(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
-    if backend is None:
-        t0 = time.perf_counter()
-        backend = get_backend(asr, lang, asr_model, threads)
-        load_seconds = time.perf_counter() - t0
+    if transcripts is None and speaker_reference is None and not mos:
+        raise ForgeError("nothing to score: give transcripts, a speaker reference or --mos")
+    if transcripts is not None:
+        references = transcripts if isinstance(transcripts, dict) else read_transcripts(transcripts)
+        lang = lang or textnorm.detect_lang(list(references.values()))
+        if lang not in ("en", "zh"):
+            raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+        paths = {utt_id: audio_dir / f"{utt_id}.wav" for utt_id in references}
+        missing = [str(p) for p in paths.values() if not p.is_file()]
+        if missing:
+            raise ForgeError(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
     else:
-        load_seconds = 0.0
-    log.info("scoring %d utterances in %s with %s (%s)", len(paths), audio_dir, backend.name, lang)
+        paths = {p.stem: p for p in _wav_files(audio_dir)}
+        if not paths:
+            raise ForgeError(f"audio folder {audio_dir} has no .wav files")
     waveforms = {utt_id: (load_audio(p), 16000) for utt_id, p in paths.items()}
-    result = score_waveforms(waveforms, references, backend, lang, progress=progress)
+    if transcripts is not None:
+        if backend is None:
+            t0 = time.perf_counter()
+            backend = get_backend(asr, lang, asr_model, threads)
+            load_seconds = time.perf_counter() - t0
+        else:
+            load_seconds = 0.0
+        log.info("scoring %d utterances in %s with %s (%s)", len(paths), audio_dir, backend.name, lang)
+        result = score_waveforms(waveforms, references, backend, lang, progress=progress)
+        result["timing"]["asr_load_seconds"] = load_seconds
+    else:
+        result = {"schema": SCORE_SCHEMA, "lang": lang, "utterances": [{"id": utt_id} for utt_id in paths]}
     result["audio_dir"] = str(audio_dir)
-    result["timing"]["asr_load_seconds"] = load_seconds
+    rows = {u["id"]: u for u in result["utterances"]}
+    if speaker_reference is not None:
+        from chattts_forge.evaluate.speaker import SpeakerEncoder
+
+        encoder = encoder or SpeakerEncoder.load()
+        reference, files = load_speaker_reference(speaker_reference, encoder)
+        log.info("speaker similarity of %d utterances to %s (%d file(s))", len(paths), speaker_reference, len(files))
+        corpus, sims = speaker_section(waveforms, reference, encoder, progress)
+        result["speaker"] = {"reference": str(speaker_reference), "reference_files": files,
+                             "encoder": encoder.describe(), **corpus}
+        for utt_id, sim in sims.items():
+            rows[utt_id]["sim"] = sim
+    if mos:
+        from chattts_forge.evaluate.naturalness import Dnsmos
+
+        dnsmos = dnsmos or Dnsmos.load(threads=threads)
+        log.info("DNSMOS of %d utterances", len(paths))
+        corpus, per_utt = naturalness_section(waveforms, dnsmos, progress)
+        result["naturalness"] = {"model": dnsmos.describe(), **corpus}
+        for utt_id, m in per_utt.items():
+            rows[utt_id]["dnsmos"] = m
     return result

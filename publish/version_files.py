@@ -5,6 +5,8 @@ After the variants of one version are published, the build writes beside them::
     artifacts/<model>/<version>/
       routing.json        per length bucket, the fastest variant that passes the gate in it (runtime.router)
       phrase_cache.bin    the warm phrase cache of the shipped phrase list (runtime.phrase_cache), optional
+      report.html         the version page: every variant built, published or refused, by eye and by ear
+                          (evaluate.version_page; self-contained), optional
       manifest.json       this version's manifest (schema chattts-forge/version-manifest/1)
       model.sig           the OpenSSF Model Signing signature of the files above (not of the variant
                           folders, which it records as ignored: each has its own model.sig)
@@ -24,8 +26,9 @@ The version manifest (`manifest.json` in the version folder; keys sorted)::
 
 `verify` (publish.verify) checks every listed file (size, sha256), refuses unlisted files in the
 version folder, re-checks routing.json against the published variants (a routed variant that is not
-published, or whose payload changed, is named) and opens the phrase cache (its own sha256 trailer;
-built for published variants of this version only). Writes go through temp + rename, the data files
+published, or whose payload changed, is named), opens the phrase cache (its own sha256 trailer;
+built for published variants of this version only) and reads the version page's data block (it must
+show every published variant with the report it was published with: evaluate.version_page). Writes go through temp + rename, the data files
 first and the manifest last, all under the publish lock; a kill in between leaves a version that
 fails `verify` until the next build rewrites it.
 """
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside, sha256_file
 from chattts_forge.integrity import SIGNATURE_NAME
 from chattts_forge.log import get_logger
@@ -140,10 +144,13 @@ def _entry(path: Path) -> FileEntry:
     return FileEntry(path.name, path.stat().st_size, sha256_file(path))
 
 
-def version_manifest(version_dir: Path, table: dict[str, Any], cache: dict[str, Any] | None) -> dict[str, Any]:
+def version_manifest(version_dir: Path, table: dict[str, Any], cache: dict[str, Any] | None,
+                     page: bool = False) -> dict[str, Any]:
     files = [_entry(version_dir / ROUTING_NAME)]
     if cache is not None:
         files.append(_entry(version_dir / PHRASE_CACHE_NAME))
+    if page:
+        files.append(_entry(version_dir / PAGE_NAME))
     return {
         "schema": VERSION_MANIFEST_SCHEMA,
         "model": version_dir.parent.name,
@@ -207,13 +214,15 @@ def publish_version_files(
     version_dir: str | Path,
     cache_file: str | Path | None = None,
     phrase_list: dict[str, Any] | None = None,
+    page: bytes | None = None,
     sign_key: str | Path | None = None,
     sign: bool = True,
 ) -> dict[str, Any]:
-    """Write routing.json (and the phrase cache, when given) and the version manifest of a published
-    version, under the publish lock; files already holding these bytes are left alone. Then sign the
-    version folder (`sign_key`, a PEM private key, or the user's own key pair) unless its signature
-    already holds for these files and this key (so a rebuild that ends with the same bytes keeps its
+    """Write routing.json (and the phrase cache and the version page `page` (report.html), when given)
+    and the version manifest of a published version, under the publish lock; files already holding
+    these bytes are left alone, a cache or page no longer given is removed. Then sign the version
+    folder (`sign_key`, a PEM private key, or the user's own key pair) unless its signature already
+    holds for these files and this key (so a rebuild that ends with the same bytes keeps its
     model.sig). `sign=False`: an intermediate state (the build writes routing.json, warms the phrase
     cache through it, then calls again with the cache), left unsigned. Returns the version manifest."""
     from chattts_forge.publish.publish import record_public_key
@@ -234,7 +243,12 @@ def publish_version_files(
         elif (version_dir / PHRASE_CACHE_NAME).exists():
             (version_dir / PHRASE_CACHE_NAME).unlink()  # a cache no longer built is no longer listed
             changed = True
-        manifest = version_manifest(version_dir, table, cache)
+        if page is not None:
+            changed |= _write_if_changed(version_dir / PAGE_NAME, page)
+        elif (version_dir / PAGE_NAME).exists():
+            (version_dir / PAGE_NAME).unlink()
+            changed = True
+        manifest = version_manifest(version_dir, table, cache, page=page is not None)
         changed |= _write_if_changed(version_dir / MANIFEST_NAME, version_manifest_bytes(manifest))
         if sign and not _signature_current(version_dir, public_key):
             sign_version_folder(version_dir, key)
@@ -308,6 +322,14 @@ def verify_version(version_dir: Path) -> list[str]:
             problems += routing_problems(read_json_document(version_dir / ROUTING_NAME, "routing table"), version_dir)
         except ForgeError as e:
             problems.append(str(e))
+    if PAGE_NAME in listed and PAGE_NAME in present:
+        integrity = {}
+        for variant, vdir in published.items():
+            try:
+                integrity[variant] = _read_json(vdir / REPORT_COPY_NAME).get("integrity")
+            except ForgeError as e:
+                problems.append(str(e))
+        problems += page_problems(version_dir / PAGE_NAME, version_dir.parent.name, version_dir.name, integrity)
     if PHRASE_CACHE_NAME in listed and PHRASE_CACHE_NAME in present:
         try:
             cache_record(version_dir / PHRASE_CACHE_NAME, version_dir, None)

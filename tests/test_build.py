@@ -186,6 +186,14 @@ def test_pipeline_publishes_what_passes_and_second_run_redoes_nothing(clean_run)
     assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"int8-static"})
     assert verify_path(r.to).ok
     assert "int8-static    FAIL" in proc.stdout and "reports:" in proc.stdout
+    # the version page: every variant with its verdict (the refused one too), listed and linked
+    [version] = index["versions"]
+    page = r.to / version["path"] / "report.html"
+    assert f"version page (every variant, by eye and by ear): {page}" in proc.stdout
+    text = page.read_text(encoding="utf-8")
+    assert all(f"<tr id='variant-{v}'>" in text for v in VARIANTS) and "REFUSED" in text
+    copy = r.build / "synthetic-tiny-seed0" / "reports" / f"{version['model']}-{version['version']}.html"
+    assert copy.read_bytes() == page.read_bytes()
     published = tree_bytes(r.to)
     signatures = {p: p.read_bytes() for p in r.to.rglob("model.sig")}
     assert len(signatures) == len(index["variants"]) + len(index["versions"])

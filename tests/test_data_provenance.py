@@ -43,3 +43,17 @@ def test_speech_sets_are_complete(data_dir: Path) -> None:
         ids = [line.split("\t", 1)[0] for line in (folder / "transcripts.tsv").read_text(encoding="utf-8").splitlines() if line]
         assert ids == [f"{i:03d}" for i in range(1, 31)]
         assert sorted(p.stem for p in folder.glob("*.wav")) == ids
+
+
+def test_voice_sets_are_complete(data_dir: Path) -> None:
+    """Four Flite voices and slt's two damaged copies, ten sentences each, the same transcripts."""
+    speech = data_dir / "speech"
+    folders = [speech / "voices" / v for v in ("slt", "rms", "awb", "kal16")]
+    folders += [speech / "degraded" / d for d in ("slt-noise10db", "slt-crush4bit")]
+    expected = [f"{i:03d}" for i in range(1, 11)]
+    transcripts = {(f / "transcripts.tsv").read_text(encoding="utf-8") for f in folders}
+    assert len(transcripts) == 1
+    assert [line.split("\t", 1)[0] for line in transcripts.pop().splitlines()] == expected
+    for folder in folders:
+        assert sorted(p.stem for p in folder.glob("*.wav")) == expected, folder
+        assert (folder / "SOURCE.txt").is_file()

@@ -22,6 +22,11 @@ HEALTHY = {  # what a healthy dynamic-INT8 artifact measured on a tiny synthetic
     "size_ratio_vs_reference": 0.4,
     "wer_delta": None,
     "cer_delta": None,
+    # what listeners hear, on the same tiny run: SIM/DNSMOS of noise (waived), stream seams exact
+    "similarity": 0.9335,
+    "similarity_worst": 0.8157,
+    "ovrl_drop": -0.0026,
+    "stream_snr_db": 124.6,
 }
 DAMAGED = {  # the same with its quantization scales multiplied by 3
     **HEALTHY,
@@ -32,7 +37,11 @@ DAMAGED = {  # the same with its quantization scales multiplied by 3
     "mel_snr_db": -1.98,
     "mel_lsd_db": 10.7,
 }
-SYNTHETIC = {"wer_delta": "synthetic checkpoint", "cer_delta": "synthetic checkpoint"}
+SYNTHETIC = {"wer_delta": "synthetic checkpoint", "cer_delta": "synthetic checkpoint",
+             "similarity": "synthetic-only", "similarity_worst": "synthetic-only", "ovrl_drop": "synthetic-only"}
+# A healthy INT8 variant of a real checkpoint: intelligibility, voice and naturalness measured.
+REAL_HEALTHY = {**HEALTHY, "wer_delta": 0.004, "cer_delta": 0.01, "similarity": 0.93, "similarity_worst": 0.88,
+                "ovrl_drop": 0.05}
 
 
 def test_default_gate_has_a_threshold_for_each_area() -> None:
@@ -41,6 +50,10 @@ def test_default_gate_has_a_threshold_for_each_area() -> None:
     metrics = {metric for _, _, metric, _ in gate["rules"]}
     assert {"wer_delta", "cer_delta", "code_agreement", "hidden_cosine", "mel_snr_db"} <= metrics
     assert {"rtf_ratio_vs_reference", "size_ratio_vs_reference"} <= metrics
+    assert {"similarity", "similarity_worst", "ovrl_drop", "stream_snr_db"} <= metrics
+    sections = {(section, rule, metric) for section, rule, metric, _ in gate["rules"]}
+    assert {("speaker", "min", "similarity"), ("naturalness", "max", "ovrl_drop"),
+            ("streaming", "min", "stream_snr_db")} <= sections
     assert all(m in METRICS for m in metrics)
 
 
@@ -48,7 +61,7 @@ def test_default_gate_passes_healthy_and_fails_damaged_int8() -> None:
     gate = load_gate(None)
     ok = judge(gate, HEALTHY, waived=SYNTHETIC)
     assert ok["passed"] and ok["failed"] == []
-    assert {c["metric"] for c in ok["checks"] if c["status"] == "waived"} == {"wer_delta", "cer_delta"}
+    assert {c["metric"] for c in ok["checks"] if c["status"] == "waived"} == set(SYNTHETIC)
     assert all(c["passed"] is None for c in ok["checks"] if c["status"] == "waived")
 
     bad = judge(gate, DAMAGED, waived=SYNTHETIC)
@@ -58,6 +71,48 @@ def test_default_gate_passes_healthy_and_fails_damaged_int8() -> None:
     assert agreement["status"] == "fail" and agreement["passed"] is False
     assert agreement["margin"] == pytest.approx(0.029 - 0.75)
     assert "violates >= 0.75" in agreement["message"] and "off by 0.721" in agreement["message"]
+
+
+@pytest.mark.parametrize(
+    "damage, failed",
+    [
+        ({"similarity": 0.55, "similarity_worst": 0.41}, {"similarity", "similarity_worst"}),  # another voice
+        ({"similarity": 0.86, "similarity_worst": 0.52}, {"similarity_worst"}),  # one sentence lost the voice
+        ({"ovrl_drop": 0.8}, {"ovrl_drop"}),  # hoarse / noisy: DNSMOS OVRL falls
+        ({"stream_snr_db": 10.7}, {"stream_snr_db"}),  # streamed audio breaks at the chunk edges
+    ],
+)
+def test_listening_rules_fail_on_the_loss_they_name(damage: dict[str, float], failed: set[str]) -> None:
+    gate = load_gate(None)
+    assert judge(gate, REAL_HEALTHY)["passed"]
+    verdict = judge(gate, {**REAL_HEALTHY, **damage})
+    assert not verdict["passed"] and set(verdict["failed"]) == failed
+    for metric in failed:
+        check = next(c for c in verdict["checks"] if c["metric"] == metric)
+        assert check["status"] == "fail" and "violates" in check["message"]
+
+
+def test_synthetic_listening_figures_are_shown_but_not_gated() -> None:
+    gate = load_gate(None)
+    noise = {**HEALTHY, "similarity": 0.2, "similarity_worst": 0.1, "ovrl_drop": 2.0}
+    verdict = judge(gate, noise, waived=SYNTHETIC)
+    assert verdict["passed"]
+    sim = next(c for c in verdict["checks"] if c["metric"] == "similarity")
+    assert sim["status"] == "waived" and sim["value"] == 0.2 and "synthetic-only" in sim["message"]
+    # stream seams are not waived on random weights: they compare the variant's own audio
+    assert judge(gate, {**noise, "stream_snr_db": 10.0}, waived=SYNTHETIC)["failed"] == ["stream_snr_db"]
+
+
+def test_clone_similarity_without_a_recording_is_not_a_pass(tmp_path: Path) -> None:
+    from chattts_forge.evaluate.evaluate import CLONE_MISSING
+
+    path = tmp_path / "clone.toml"
+    path.write_text("[speaker]\nmin_clone_similarity = 0.7\nmin_similarity = 0.8\n")
+    verdict = judge(load_gate(path), {"similarity": 0.9, "clone_similarity": None},
+                    reasons={"clone_similarity": CLONE_MISSING})
+    assert verdict["failed"] == ["clone_similarity"]
+    assert "no cloning recording" in next(c for c in verdict["checks"] if c["metric"] == "clone_similarity")["message"]
+    assert judge(load_gate(path), {"similarity": 0.9, "clone_similarity": 0.75})["passed"]
 
 
 def test_unmeasured_metrics_never_pass_unless_waived() -> None:

@@ -20,6 +20,7 @@ from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.markdown_html import to_html
 from chattts_forge.evaluate.report_schema import (
+    OPTIONAL_TOP_LEVEL,
     REPORT_NAME,
     read_report,
     report_json_bytes,
@@ -126,6 +127,28 @@ def test_the_writer_refuses_what_the_reader_would(evaluated: Path, tmp_path: Pat
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     out = write_report(data, tmp_path / "c", {"report.md": "# hi\n"})
     assert (out / REPORT_NAME).read_bytes() == (evaluated / REPORT_NAME).read_bytes()  # one serialization
+
+
+def test_listening_sections_are_typed_and_optional(evaluated: Path, tmp_path: Path) -> None:
+    data = read_report(evaluated).data
+    assert set(OPTIONAL_TOP_LEVEL) <= set(data)
+    # a report of the same schema written before issue 25 (without these sections) still reads
+    earlier = seal({k: v for k, v in data.items() if k not in OPTIONAL_TOP_LEVEL})
+    assert read_report(write_report(earlier, tmp_path / "earlier")).data == earlier
+    with pytest.raises(ForgeError, match="report key sentences must be a list"):
+        write_report(seal({**data, "sentences": {}}), tmp_path / "bad")
+    with pytest.raises(ForgeError, match="inside the report folder"):
+        write_report(data, tmp_path / "escape", {"../x.mp3": b"x"})
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "escape").exists()
+    # the variant's own page links its listen files, which lie beside it
+    page = (evaluated / "report.html").read_text(encoding="utf-8")
+    rows = data["listen"]["sentences"]
+    assert len(rows) == 2
+    for row in rows:
+        for key in ("artifact", "reference"):
+            assert f"src='{row[key]['file']}'" in page and (evaluated / row[key]["file"]).is_file()
+    md = (evaluated / "report.md").read_text(encoding="utf-8")
+    assert "What listeners hear" in md and "bootstrap intervals" in md and "synthetic-only" in md
 
 
 def test_html_report_renders_the_summary_as_html_without_emoji(evaluated: Path) -> None:

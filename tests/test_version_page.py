@@ -1,0 +1,174 @@
+"""The version page (evaluate.version_page): every variant with its verdict, players that play in a
+headless browser, and `verify` covering the page in a published version folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from stand_in_report import stand_in_report
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.listening import listen_files, read_listen_file
+from chattts_forge.evaluate.report_schema import read_report, seal, write_report
+from chattts_forge.evaluate.version_page import (
+    PAGE_NAME,
+    VariantEntry,
+    pareto_front,
+    read_page_data,
+    render_version_page,
+)
+
+SR = 24000
+
+
+def _tone(freq: float, seconds: float, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    t = np.arange(int(SR * seconds)) / SR
+    wav = 0.3 * np.sin(2 * np.pi * freq * t)
+    if noise:
+        wav = wav + noise * np.random.default_rng(seed).standard_normal(t.size)
+    return wav.astype(np.float32)
+
+
+def _report_with_audio(artifact: Path, out: Path, variant: str, *, passed: bool, noise: float, rtf: float) -> Path:
+    """A stand-in report of `variant` with listen files: its 'audio' is FP32's tone plus `noise`."""
+    report = stand_in_report(artifact, passed=passed)
+    report["artifact"] = {**report["artifact"], "variant": variant}
+    report["headline"] = {**report["headline"], "variant": variant}
+    report["metrics"] = {**report["metrics"], "rtf_ratio_vs_reference": rtf}
+    texts = {"001": "Hello there.", "002": "A second, longer held-out sentence."}
+    ref = {i: (_tone(220 + 40 * k, 0.8 + 0.4 * k), SR) for k, i in enumerate(texts)}
+    art = {i: (w + noise * np.random.default_rng(1).standard_normal(w.size).astype(np.float32), sr)
+           for i, (w, sr) in ref.items()}
+    report["listen"], files = listen_files(art, ref, texts, variant, 2)
+    report["intervals"] = {"confidence": 0.95, "resamples": 2000, "method": "test", "figures": {
+        "code_agreement": {"value": report["metrics"]["code_agreement"], "low": 0.5, "high": 0.99, "n": 2, "how": "test"}}}
+    write_report(seal(report), out, files)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, VariantEntry]:
+    root = tmp_path_factory.mktemp("reports")
+    fp32 = tiny_artifacts["fp32"]
+    entries = {}
+    for variant, passed, noise, rtf in (("fp32", True, 0.0, 1.0), ("int8-dynamic", True, 0.01, 0.6),
+                                         ("int4", False, 0.2, 0.5)):
+        rdir = _report_with_audio(fp32, root / variant, variant, passed=passed, noise=noise, rtf=rtf)
+        entries[variant] = VariantEntry(variant, "published" if passed else "refused", read_report(rdir).data, rdir)
+    entries["int8-static"] = VariantEntry("int8-static", "not built", detail="quantize failed: stand-in")
+    return entries
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed (.ci/run installs it)")
+    pytest.skip("no chromium binary on this machine (apt-get install -y chromium)")
+
+
+def _dump_dom(page: Path, tmp_path: Path) -> str:
+    """The page's DOM after its scripts ran (virtual time lets media metadata load first)."""
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--no-first-run", "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+           "--autoplay-policy=no-user-gesture-required", "--virtual-time-budget=15000", "--dump-dom", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_page_lists_every_variant_with_its_verdict(built: dict[str, VariantEntry]) -> None:
+    page = render_version_page("chattts", "v1", list(built.values()), None).decode("utf-8")
+    for variant, word in (("fp32", "PUBLISHED"), ("int8-dynamic", "PUBLISHED"), ("int4", "REFUSED"),
+                          ("int8-static", "NOT BUILT")):
+        row = re.search(rf"<tr id='variant-{re.escape(variant)}'>(.*?)</tr>", page, re.S)
+        assert row is not None, variant
+        assert word in row.group(1)
+    assert "gate failed: code_agreement" in page  # a refused variant says why
+    assert "quantize failed: stand-in" in page
+    assert "[0.500, 0.990]" in page  # the interval beside the figure
+    data = read_page_data(page.encode())
+    assert data["variants"]["int4"]["status"] == "refused"
+    assert data["variants"]["fp32"]["report_integrity"] == built["fp32"].report["integrity"]
+    # one FP32 player per sentence, one per variant with audio (refused included), none for the unbuilt one
+    assert page.count("<audio") == 2 * 3
+    assert page.count("data:image/png;base64,") == 2 * 2 + 1  # spectrograms of the two non-fp32 variants + Pareto
+
+
+def test_page_is_reproducible(built: dict[str, VariantEntry]) -> None:
+    entries = list(built.values())
+    assert render_version_page("chattts", "v1", entries, None) == render_version_page("chattts", "v1", entries, None)
+
+
+def test_players_load_and_play_in_headless_chromium(built: dict[str, VariantEntry], tmp_path: Path) -> None:
+    page = tmp_path / "version" / PAGE_NAME
+    page.parent.mkdir()
+    page.write_bytes(render_version_page("chattts", "v1", list(built.values()), None))
+    dom = _dump_dom(page, tmp_path)
+    durations = re.findall(r'<audio[^>]*data-duration="([^"]*)"', dom)
+    assert len(durations) == 6, dom[:2000]
+    seconds = [float(d) for d in durations]  # "error" (a player that failed to load) is not a float
+    assert all(s > 0 for s in seconds)
+    # the first sentence is 0.8 s long (MP3 pads a little), the second 1.2 s
+    assert any(0.7 < s < 1.0 for s in seconds) and any(1.1 < s < 1.4 for s in seconds)
+
+
+def test_a_listen_file_that_differs_from_its_report_is_refused(built: dict[str, VariantEntry], tmp_path: Path) -> None:
+    entry = built["int8-dynamic"]
+    copy = tmp_path / "r"
+    shutil.copytree(entry.report_dir, copy)
+    row = entry.report["listen"]["sentences"][0]
+    assert read_listen_file(copy, row["artifact"]) == (entry.report_dir / row["artifact"]["file"]).read_bytes()
+    (copy / row["artifact"]["file"]).write_bytes(b"not the audio")
+    with pytest.raises(ForgeError, match="differs from the sha256"):
+        read_listen_file(copy, row["artifact"])
+    tampered = VariantEntry("int8-dynamic", "published", entry.report, copy)
+    with pytest.raises(ForgeError, match="001-artifact.mp3"):
+        render_version_page("chattts", "v1", [built["fp32"], tampered], None)
+
+
+def test_pareto_front() -> None:
+    points = {"fp32": (1.0, 1.0), "a": (0.6, 0.95), "b": (0.7, 0.9), "c": (0.4, 0.5)}
+    assert pareto_front(points) == ["c", "a", "fp32"]  # b is beaten by a on both
+
+
+def test_verify_covers_the_page(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
+    from chattts_forge.publish.publish import publish_artifact
+    from chattts_forge.publish.verify import verify_path
+    from chattts_forge.publish.version_files import publish_version_files, routing_table
+
+    fp32 = tiny_artifacts["fp32"]
+    rdir = _report_with_audio(fp32, tmp_path / "reports" / "fp32", "fp32", passed=True, noise=0.0, rtf=1.0)
+    result = publish_artifact(fp32, rdir, tmp_path / "artifacts")
+    version_dir = result.path.parent
+    entries = [VariantEntry("fp32", "published", read_report(rdir).data, rdir)]
+    page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
+    manifest = publish_version_files(version_dir, page=page)
+    assert PAGE_NAME in {f["path"] for f in manifest["files"]}
+    assert "fp32" in (version_dir / PAGE_NAME).read_text(encoding="utf-8")
+    assert verify_path(tmp_path / "artifacts").problems == []
+    assert verify_path(version_dir).problems == []
+
+    # an edited page is named by its manifest entry
+    (version_dir / PAGE_NAME).write_bytes(page.replace(b"every variant built", b"every variant edited"))
+    assert any(PAGE_NAME in p and "changed" in p for p in verify_path(version_dir).problems)
+
+    # a page made for another report of the variant (listed correctly) is named too
+    other = stand_in_report(fp32, created_at="2026-12-01T00:00:00Z")
+    stale = render_version_page(version_dir.parent.name, version_dir.name,
+                                [VariantEntry("fp32", "published", other, None)], routing_table(version_dir))
+    publish_version_files(version_dir, page=stale)
+    assert any("another report of 'fp32'" in p for p in verify_path(version_dir).problems)
+
+    # no page given: it is removed and no longer listed
+    publish_version_files(version_dir)
+    assert not (version_dir / PAGE_NAME).exists()
+    assert verify_path(version_dir).problems == []
