@@ -10,8 +10,10 @@ After the variants of one version are published, the build writes beside them::
 
 `routing_table(version_dir)` is a pure function of the published variants (their reports' ``buckets``
 sections, manifests and payloads): the same reports give the same bytes (sorted keys, no wall clock).
-For each bucket it takes the variants whose bucket verdict passed, the fastest by the bucket's median
-RTF (ties by name), FP32 when none passed or the reports hold no per-bucket results.
+For each bucket it records the variants whose bucket verdict passed (`passing`) and their order by
+the bucket's median RTF on the build machine (`build_ranking`, ties by name), and routes to the
+first of them (`variant`; FP32 when none passed or the reports hold no per-bucket results). The
+runtime ranks `passing` again on the host that serves (runtime.autotune).
 
 The version manifest (`manifest.json` in the version folder; keys sorted)::
 
@@ -114,8 +116,11 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
             choice = FALLBACK_VARIANT
             reason = "no variant was judged in this bucket: the fallback" if not any(
                 f["passed"] is not None for f in figures.values()) else "no variant passes in this bucket: the fallback"
+        # The passing set is quality (hardware-independent); the ranking is the build machine's speed:
+        # the runtime ranks the set again on the host (runtime.autotune), `variant` is the build's pick.
+        ranking = sorted(passing, key=lambda v: (figures[v]["rtf_p50"] if figures[v]["rtf_p50"] is not None else math.inf, v))
         buckets.append({**{k: b[k] for k in ("name", "min_chars", "max_chars")}, "variant": choice, "reason": reason,
-                        "figures": figures})
+                        "figures": figures, "passing": sorted(passing), "build_ranking": ranking})
     return {
         "schema": ROUTING_SCHEMA,
         "model": version_dir.parent.name,
