@@ -244,3 +244,20 @@ def test_synth_cli_autotune_flags(version: Path, tiny_artifacts, tmp_path: Path,
     res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--autotune",
                                "--out", str(tmp_path / "b.wav"), *common])
     assert res.exit_code == 2 and "has no routing.json" in res.output and res.output.count("\n") == 1
+
+
+def test_compat_load_of_a_version_serves_the_host_choice_of_its_longest_bucket(version: Path, tmp_path: Path) -> None:
+    import chattts_forge.compat as ChatTTS  # noqa: N812 - the drop-in API
+
+    path = version / ROUTING_NAME
+    table = json.loads(path.read_text(encoding="utf-8"))
+    long = table["buckets"][-1]
+    long.update(variant="fp16", passing=["fp16", "fp32"], build_ranking=["fp16", "fp32"])
+    path.write_text(json.dumps(table), encoding="utf-8")
+    chat = ChatTTS.Chat()
+    chat.load(source="custom", custom_path=version, device="cpu", threads=1, autotune=False)
+    assert chat.pipe.artifact.variant == "fp16" and chat.autotune["source"] == "build"
+    clock = FakeClock()
+    chat.load(source="custom", custom_path=version, device="cpu", threads=1,
+              autotune=_settings(tmp_path, clock, {"fp32": 0.001, "fp16": 0.003}))
+    assert chat.pipe.artifact.variant == "fp32" and chat.autotune["buckets"]["long"]["variant"] == "fp32"
