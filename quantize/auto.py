@@ -16,11 +16,14 @@
    boundary between passing and failing candidates is bisected (against the gate's thresholds with
    `SEARCH_HEADROOM`, as evaluate measures on other sentences).
 4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest, and all-INT8 (the
-   fixed dynamic INT8 recipe), are timed again with their steps interleaved in blocks, so that
-   load drifting during the search cannot pick the winner. The choice is the passing candidate
-   with the lowest step time (tiny synthetic checkpoints: the smallest bytes, since their step
-   time is call overhead and ranking by it would be noise); `final_timing.chosen_vs_reference` is
-   its step over all-INT8's, measured in that one interleaved run.
+   fixed dynamic INT8 recipe), are timed again, interleaved round by round with all-INT8 as the
+   reference until every ratio's 90% interval is within `RETIME_SETTINGS.bound` (or its time cap;
+   `runtime.interleave`), so that load on the machine during the build cannot pick the winner. A
+   mix is shipped only when its interval lies below 1 (faster than all-INT8 beyond the measured
+   noise); otherwise all-INT8 is (the simpler variant), and `final_timing.decision` says so.
+   `final_timing` records the comparison (ratios, intervals, rounds, how it stopped) and
+   `chosen_vs_reference`. Tiny synthetic checkpoints rank by bytes, untimed: their step time is
+   call overhead and ranking by it would be noise.
 
 Everything tried is recorded (artifact.json -> quantization.auto): the sensitivity table, every
 candidate (fidelity, bytes, step ms, pass/fail, Pareto-optimal) and the per-MatMul choice.
@@ -46,6 +49,7 @@ from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
 from chattts_forge.quantize.int4 import evenly_spaced
 from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
+from chattts_forge.runtime.interleave import Clock, RatioSettings, compare_interleaved, prefer_simpler
 
 log = get_logger(__name__)
 
@@ -73,8 +77,12 @@ SEARCH_HEADROOM = 0.2
 # The final timing: passing candidates whose first timing is within this factor of the fastest
 # passing one, and the all-INT8 candidate (the fixed recipe auto must beat), timed again interleaved.
 RETIME_WITHIN = 1.25
-RETIME_STEPS = 160
-RETIME_BLOCK = 20
+RETIME_CONTEXT = 200
+# The final timing stops when every finalist's ratio to all-INT8 is known to +-2% (90% interval) or
+# after a minute; each sample is >= 50 ms of steps after 2 untimed ones (the previous session's
+# thread pool may still spin on the cores).
+RETIME_SETTINGS = RatioSettings(bound=0.02, time_cap_s=60.0, min_rounds=8, max_rounds=400, warmup_rounds=1,
+                                min_sample_s=0.05, untimed_calls=2)
 _BOUNDED_BY_ONE = ("code_agreement", "code_agreement_stream", "hidden_cosine", "hidden_cosine_min")
 _PROJ = re.compile(r"layers\.(\d+)/(self_attn|mlp)/(\w+?)_proj/MatMul$")
 _UNPACKED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
@@ -270,24 +278,13 @@ def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200
     return 1000.0 * (quantiles(times, [50]) or [math.nan])[0]
 
 
-def interleaved_step_ms(paths: Sequence[Path], dims: dict[str, Any], threads: int, past: int = 200,
-                        steps: int = RETIME_STEPS, block: int = RETIME_BLOCK) -> list[float]:
-    """Median decode-step time of each fused graph at context `past`, batch 1, their steps interleaved
-    in blocks (`block` steps of a, of b, of c, then a again, ...), so that a change of machine load
-    hits every graph alike: the search's single timing of each candidate drifts by ~10% between
-    candidates of equal speed. Blocks, not single steps: every session's thread pool spins for a
-    while after its run and would steal the cores of the next session's step; the first steps of
-    each block are not timed."""
-    from chattts_forge.runtime.timing import quantiles, time_calls
+def repeatable_step(fast: Path, dims: dict[str, Any], threads: int, past: int = RETIME_CONTEXT) -> Callable[[], object]:
+    """One decode step of a fused graph at a fixed context of `past` positions, batch 1, repeatable
+    (the runtime's `FastGptStep`, rewound before every call; `runtime.autotune.decode_call_at`)."""
+    from chattts_forge.runtime.autotune import decode_call_at
 
-    skip = 2  # untimed steps at the start of each block: the previous session's pool may still spin
-    rounds = max(1, -(-steps // block))
-    calls = [_decode_stepper(path, dims, threads, past, rounds * (block + skip)) for path in paths]
-    times: list[list[float]] = [[] for _ in paths]
-    for _ in range(rounds):
-        for got, call in zip(times, calls, strict=True):
-            got += time_calls(call, block, warmup=skip)
-    return [1000.0 * (quantiles(t, [50]) or [math.nan])[0] for t in times]
+    step = _fast_step(fast, dims, threads, capacity=past + 8)
+    return decode_call_at(step, int(dims["hidden_size"]), past)
 
 
 # ---- the search ------------------------------------------------------------------------------------
@@ -310,30 +307,64 @@ def pareto(rows: list[dict[str, Any]], cost: str) -> None:
         )
 
 
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['head_code']}:{row['candidate']:+d}"
+
+
 def retime(passing: list[dict[str, Any]], rows: list[dict[str, Any]], graphs: dict[tuple[str, int], Path],
-           dims: dict[str, Any], threads: int) -> dict[str, Any]:
-    """Time the finalists again, interleaved (`interleaved_step_ms`); their rows' `step_ms` become the
-    new medians (the search's own timing kept as `step_ms_search`). The all-INT8 candidate with the
-    INT8 head (the fixed dynamic INT8 recipe) is timed beside them as the reference of the ratio."""
+           dims: dict[str, Any], threads: int, *, step_call: Callable[[Path], Callable[[], object]] | None = None,
+           settings: RatioSettings = RETIME_SETTINGS, clock: Clock = time.perf_counter) -> dict[str, Any]:
+    """The final decision (module doc, 4): the finalists against all-INT8, interleaved until the
+    ratios are known to within `settings.bound` (runtime.interleave). A mix is chosen only when its
+    ratio's interval lies below 1; inside the noise all-INT8 stays (`decision` says which and why).
+    The timed rows' `step_ms` become the interleaved medians (the search's own kept as
+    `step_ms_search`). `step_call(graph) -> call` replaces the real decode step (tests)."""
+    step_call = step_call or (lambda path: repeatable_step(path, dims, threads))
     fastest = min(r["step_ms"] for r in passing)
     finalists = [r for r in passing if r["step_ms"] <= RETIME_WITHIN * fastest]
-    reference = next((r for r in rows if r["candidate"] == 0 and (r["head_code"], 0) in graphs), None)
-    timed = finalists + ([reference] if reference is not None and reference not in finalists else [])
-    timed = [r for r in timed if (r["head_code"], r["candidate"]) in graphs]
-    log.info("auto: timing %d candidates again, interleaved (%d steps each)", len(timed), RETIME_STEPS)
-    medians = interleaved_step_ms([graphs[(r["head_code"], r["candidate"])] for r in timed], dims, threads)
-    for r, ms in zip(timed, medians, strict=True):
-        r["step_ms_search"] = r["step_ms"]
-        r["step_ms"] = round(ms, 3)
-    for r in timed:
-        log.info("auto: candidate %+d (head %s): %.3f ms interleaved (search: %.3f ms)", r["candidate"],
-                 r["head_code"], r["step_ms"], r["step_ms_search"])
+    reference = next((r for r in rows if r["candidate"] == 0 and r["head_code"] == INT8 and (INT8, 0) in graphs),
+                     None) or next((r for r in rows if r["candidate"] == 0 and (r["head_code"], 0) in graphs), None)
+    if reference is None:  # all-INT8 was not built: the simplest finalist (fewest INT4 MatMuls) is the reference
+        reference = min(finalists, key=lambda r: (r["candidate"] > 0, abs(r["candidate"])))
+    timed = [reference, *(r for r in finalists if r is not reference and (r["head_code"], r["candidate"]) in graphs)]
+    log.info("auto: timing %d candidates against %s again, interleaved (until the ratios' 90%% intervals are "
+             "within +-%.3f or %.0f s)", len(timed) - 1, _label(reference), settings.bound, settings.time_cap_s)
+    calls = {_label(r): step_call(graphs[(r["head_code"], r["candidate"])]) for r in timed}
+    comparison = compare_interleaved((_label(reference), calls.pop(_label(reference))), calls, settings, clock=clock)
+    by_label = {_label(r): r for r in timed}
+    for label, est in comparison.estimates.items():
+        r = by_label[label]
+        r["step_ms_search"], r["step_ms"] = r["step_ms"], round(est.seconds * 1e3, 3)
+    if comparison.estimates:
+        reference["step_ms_search"] = reference["step_ms"]
+        reference["step_ms"] = round(next(iter(comparison.estimates.values())).reference_seconds * 1e3, 3)
+    eligible = {label for label, r in by_label.items() if r["passed"]}
+    if reference["passed"]:
+        chosen, reason = prefer_simpler(comparison, _label(reference))
+    else:  # all-INT8 fails the gate: it is the yardstick, not a choice; the fastest passing one is
+        est = min((e for e in comparison.estimates.values() if e.name in eligible), key=lambda e: (e.ratio, e.name))
+        chosen, reason = est.name, (f"{_label(reference)} does not pass the gate: {est.name}, the fastest passing "
+                                    f"finalist ({est.ratio:.3f}x, interval {est.low:.3f}-{est.high:.3f})")
+    for label in by_label:
+        r = by_label[label]
+        log.info("auto: candidate %s: %.3f ms interleaved (search: %.3f ms)%s", label, r["step_ms"],
+                 r.get("step_ms_search", r["step_ms"]),
+                 "" if label == comparison.reference else
+                 f", {comparison.estimates[label].ratio:.3f}x +-{comparison.estimates[label].spread:.3f}")
+    log.info("auto: %s", reason)
+    chosen_est = comparison.estimates.get(chosen)
     return {
-        "method": f"interleaved in blocks of {RETIME_BLOCK} steps, {RETIME_STEPS} steps each at context 200, "
-                  f"batch 1, {threads} threads",
-        "candidates": [{"candidate": r["candidate"], "head_code": r["head_code"]} for r in timed],
-        "reference": {"candidate": 0, "head_code": reference["head_code"], "step_ms": reference["step_ms"]}
-        if reference is not None else None,
+        "method": f"interleaved with all-INT8 ({_label(reference)}) round by round, decode steps at context "
+                  f"{RETIME_CONTEXT}, batch 1, {threads} threads, until every ratio's 90% interval is within "
+                  f"+-{settings.bound} or {settings.time_cap_s:g} s (runtime.interleave)",
+        "candidates": [{"candidate": r["candidate"], "head_code": r["head_code"]} for r in timed[1:]],
+        "reference": {"candidate": reference["candidate"], "head_code": reference["head_code"],
+                      "step_ms": reference["step_ms"], "passed": reference["passed"]},
+        "comparison": comparison.to_dict(),
+        "chosen": {"candidate": by_label[chosen]["candidate"], "head_code": by_label[chosen]["head_code"]},
+        "chosen_vs_reference": round(chosen_est.ratio, 4) if chosen_est else 1.0,
+        "chosen_vs_reference_interval": [round(chosen_est.low, 4), round(chosen_est.high, 4)] if chosen_est else None,
+        "decision": reason,
     }
 
 
@@ -448,11 +479,12 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
         for path in ladder.graphs.values():
             path.unlink(missing_ok=True)
     pareto(rows, rank_by)
-    # With a final timing, only the candidates it timed compete: one clock for all of them.
-    timed = [r for r in passing if "step_ms_search" in r] if timing is not None else []
-    best = min(timed or passing, key=lambda r: (r[rank_by], -r["candidate"]))
-    if timing is not None and timing["reference"] is not None:
-        timing["chosen_vs_reference"] = round(best["step_ms"] / timing["reference"]["step_ms"], 4)
+    # With a final timing, its decision is the choice (one clock for every finalist, noise-aware).
+    if timing is not None:
+        best = next(r for r in rows if (r["candidate"], r["head_code"]) ==
+                    (timing["chosen"]["candidate"], timing["chosen"]["head_code"]))
+    else:
+        best = min(passing, key=lambda r: (r[rank_by], -r["candidate"]))
     assignment = ladder_assignment(order, best["candidate"])
     log.info("auto: chose candidate %+d (fp32 %d / int8 %d / int4 %d, head %s) of %d tried in %.0f s",
              best["candidate"], best[FP32], best[INT8], best[INT4], best["head_code"], len(rows),

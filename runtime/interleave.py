@@ -46,6 +46,9 @@ class RatioSettings:
     max_rounds: int = 400
     warmup_rounds: int = 1
     min_sample_s: float = 0.002
+    # untimed calls before each timed sample: the previous session's thread pool may still spin and
+    # steal the cores of the first steps (quantize auto's fused graphs, one session each)
+    untimed_calls: int = 0
 
     def __post_init__(self) -> None:
         if not (self.bound > 0 and self.time_cap_s > 0 and 2 <= self.min_rounds <= self.max_rounds):
@@ -53,7 +56,8 @@ class RatioSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"bound": self.bound, "time_cap_s": self.time_cap_s, "min_rounds": self.min_rounds,
-                "max_rounds": self.max_rounds, "confidence": CONFIDENCE}
+                "max_rounds": self.max_rounds, "min_sample_s": self.min_sample_s,
+                "untimed_calls": self.untimed_calls, "confidence": CONFIDENCE}
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,8 @@ def compare_interleaved(
     while rounds < settings.max_rounds:
         order = [(rounds + i) % len(calls) for i in range(len(calls))]  # rotated: no fixed position
         for i in order:
+            for _ in range(settings.untimed_calls):
+                calls[i]()
             t0 = clock()
             for _ in range(per_sample):
                 calls[i]()
