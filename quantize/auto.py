@@ -341,6 +341,14 @@ def retime(passing: list[dict[str, Any]], rows: list[dict[str, Any]], graphs: di
     eligible = {label for label, r in by_label.items() if r["passed"]}
     if reference["passed"]:
         chosen, reason = prefer_simpler(comparison, _label(reference))
+        if chosen != comparison.reference:  # clearly faster ones the clock cannot separate: the fewest bytes
+            best = comparison.estimates[chosen]
+            tied = [e.name for e in comparison.estimates.values() if e.clearly_faster and e.low <= best.high]
+            lightest = min(tied, key=lambda n: (by_label[n]["bytes"], n))
+            if lightest != chosen:
+                reason += (f"; {lightest} is inside its noise and reads fewer bytes ({by_label[lightest]['bytes']} "
+                           f"vs {by_label[chosen]['bytes']}): the cost model picks {lightest}")
+                chosen = lightest
     else:  # all-INT8 fails the gate: it is the yardstick, not a choice; the fastest passing one is
         est = min((e for e in comparison.estimates.values() if e.name in eligible), key=lambda e: (e.ratio, e.name))
         chosen, reason = est.name, (f"{_label(reference)} does not pass the gate: {est.name}, the fastest passing "

@@ -228,11 +228,11 @@ def test_auto_times_its_finalists_against_all_int8_interleaved(tiny_artifacts, t
 
     def rows() -> list[dict]:
         return [
-            {"candidate": 0, "head_code": "int8", "step_ms": 5.0, "passed": True},
-            {"candidate": 10, "head_code": "int8", "step_ms": 4.0, "passed": True},
-            {"candidate": 15, "head_code": "int8", "step_ms": 4.9, "passed": True},
-            {"candidate": 20, "head_code": "int8", "step_ms": 6.0, "passed": True},  # > 1.25 x 4.0: not a finalist
-            {"candidate": 40, "head_code": "int8", "step_ms": 3.0, "passed": False},
+            {"candidate": 0, "head_code": "int8", "bytes": 900, "step_ms": 5.0, "passed": True},
+            {"candidate": 10, "head_code": "int8", "bytes": 700, "step_ms": 4.0, "passed": True},
+            {"candidate": 15, "head_code": "int8", "bytes": 600, "step_ms": 4.9, "passed": True},
+            {"candidate": 20, "head_code": "int8", "bytes": 500, "step_ms": 6.0, "passed": True},  # > 1.25 x 4.0: not a finalist
+            {"candidate": 40, "head_code": "int8", "bytes": 400, "step_ms": 3.0, "passed": False},
         ]
 
     graphs = {("int8", c): tmp_path / f"{c}.onnx" for c in (0, 10, 15, 20)}
@@ -257,6 +257,13 @@ def test_auto_times_its_finalists_against_all_int8_interleaved(tiny_artifacts, t
                          settings=settings, clock=clock)
     assert timing["chosen"] == {"candidate": 0, "head_code": "int8"} and timing["chosen_vs_reference"] == 1.0
     assert "the simpler int8:+0 is kept" in timing["decision"] and timing["comparison"]["stopped"] == "time cap"
+    # Two mixes clearly faster than all-INT8 but not separable from each other: the fewer bytes wins.
+    scattered = list(0.0040 * np.exp(np.random.default_rng(1).normal(0.0, 0.15, 2000)))
+    clock, steps = _fake_steps({0: [0.0050], 10: scattered, 15: [0.0041]})
+    table = rows()
+    got = auto.retime([r for r in table if r["passed"]], table, graphs, meta.dims, 1, step_call=steps,
+                      settings=RatioSettings(bound=0.01, time_cap_s=1.0, min_sample_s=0.0), clock=clock)
+    assert got["chosen"]["candidate"] == 15 and "the cost model picks int8:+15" in got["decision"]
     # The report marks the re-timed cells and states the ratio to all-INT8.
     quant = {"auto": {"gate": {}, "candidates": table, "final_timing": {**timing, "chosen_vs_reference": 0.808},
                       "chosen": 15, "head_code": "int8"}}
