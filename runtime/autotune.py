@@ -12,7 +12,7 @@ the build, hardware-independent) beside the build machine's speed ranking (`buil
 - a variant replaces the build's choice only when it is faster beyond the noise (`prefer_simpler`);
   the reason and the figures (ratio, interval, step ms, rounds, how it stopped) are recorded;
 - the result is cached under the user cache (`$XDG_CACHE_HOME/chattts-forge/autotune/`, else
-  `~/.cache/...`), keyed by the CPU model, the onnxruntime version, the provider, threads and engine,
+  `~/.cache/...`), keyed by the CPU model and SIMD flags, the onnxruntime version, the provider, threads and engine,
   and the manifest hashes of the version's variants: the second load reads it (no timing). The write
   is atomic; an unreadable or mismatched cache file is ignored (measured again, rewritten).
 
@@ -154,9 +154,11 @@ def cache_key(table: dict[str, Any], contexts: dict[str, int], *, provider: str,
               engine: str, bound: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import onnxruntime as ort
 
+    from chattts_forge.runtime.costmodel import cpu_flags
     from chattts_forge.runtime.timing import cpu_model
 
-    return {"schema": AUTOTUNE_SCHEMA, "cpu_model": cpu_model(), "onnxruntime": ort.__version__,
+    return {"schema": AUTOTUNE_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+            "onnxruntime": ort.__version__,
             "provider": provider, "threads": threads, "engine": engine, "bound": bound, "contexts": contexts,
             "manifests": {v: rec.get("manifest_sha256") for v, rec in sorted(table["variants"].items())},
             **(extra or {})}

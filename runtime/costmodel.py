@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,12 +97,14 @@ def measure_read_bandwidth(mb: int = BANDWIDTH_MB, repeats: int = BANDWIDTH_REPE
             "method": f"numpy sum of a {mb} MiB float64 array, one thread, best of {repeats}"}
 
 
-def read_bandwidth(use_cache: bool = True, cache_dir: Path | None = None) -> dict[str, Any]:
-    """`measure_read_bandwidth`, cached per CPU model (see the module docstring)."""
+def read_bandwidth(use_cache: bool = True, cache_dir: Path | None = None,
+                   measure: Callable[[], dict[str, Any]] = measure_read_bandwidth) -> dict[str, Any]:
+    """`measure()` (the numpy sum), cached per CPU model (see the module docstring)."""
     from chattts_forge.runtime.autotune import user_cache_dir
     from chattts_forge.runtime.timing import cpu_model
 
-    key = {"schema": BANDWIDTH_SCHEMA, "cpu_model": cpu_model(), "mb": BANDWIDTH_MB, "repeats": BANDWIDTH_REPEATS}
+    key = {"schema": BANDWIDTH_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "mb": BANDWIDTH_MB,
+           "repeats": BANDWIDTH_REPEATS}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     path = (cache_dir or user_cache_dir().parent / "bandwidth") / f"{digest}.json"
     if use_cache and path.is_file():
@@ -112,7 +115,7 @@ def read_bandwidth(use_cache: bool = True, cache_dir: Path | None = None) -> dic
             raise ValueError("another key")
         except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
             log.warning("bandwidth cache %s ignored (%s): measuring again", path, e)
-    record = {**measure_read_bandwidth(), "key": key, "cpu_model": key["cpu_model"]}
+    record = {**measure(), "key": key, "cpu_model": key["cpu_model"]}
     if use_cache:
         try:
             atomic_write_json(path, record)

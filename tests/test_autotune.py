@@ -261,3 +261,43 @@ def test_compat_load_of_a_version_serves_the_host_choice_of_its_longest_bucket(v
     chat.load(source="custom", custom_path=version, device="cpu", threads=1,
               autotune=_settings(tmp_path, clock, {"fp32": 0.001, "fp16": 0.003}))
     assert chat.pipe.artifact.variant == "fp32" and chat.autotune["buckets"]["long"]["variant"] == "fp32"
+
+
+# ---- the cost model -----------------------------------------------------------------------------
+
+
+def test_bytes_per_step_counts_the_graph_files_and_the_kv_cache(tiny_artifacts) -> None:
+    from chattts_forge.artifact import ArtifactMeta
+    from chattts_forge.runtime.costmodel import bytes_per_step, floor_ms
+
+    folder = tiny_artifacts["fp32"]
+    meta = ArtifactMeta.load(folder)
+    dims = meta.dims
+    files = [meta.component_file(folder, c) for c in ("gpt_fast", "head_code")]
+    weights = sum(p.stat().st_size + (p.with_name(p.name + ".data").stat().st_size
+                                      if p.with_name(p.name + ".data").is_file() else 0) for p in files)
+    head_dim = dims["hidden_size"] // dims["num_attention_heads"]
+    got = bytes_per_step(folder, 100)
+    assert got["graph"] == "gpt_fast" and got["weights_bytes"] == weights and got["kv_value_bytes"] == 4
+    assert got["kv_cache_bytes"] == 2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 100 * 4
+    assert bytes_per_step(folder, 200)["kv_cache_bytes"] == 2 * got["kv_cache_bytes"]
+    assert floor_ms(2_000_000_000, 4.0) == pytest.approx(500.0)
+
+
+def test_read_bandwidth_is_cached_and_a_corrupt_cache_is_measured_again(tmp_path: Path, caplog) -> None:
+    from chattts_forge.runtime.costmodel import read_bandwidth
+
+    measured = []
+
+    def measure() -> dict:
+        measured.append(1)
+        return {"gb_per_s": 10.0, "gb_per_s_median": 9.0, "method": "injected"}
+
+    first = read_bandwidth(cache_dir=tmp_path, measure=measure)
+    second = read_bandwidth(cache_dir=tmp_path, measure=measure)
+    assert (first["source"], second["source"], len(measured)) == ("measured", "cache", 1)
+    [cache] = list(tmp_path.iterdir())
+    cache.write_text("[]", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        third = read_bandwidth(cache_dir=tmp_path, measure=measure)
+    assert third["source"] == "measured" and len(measured) == 2 and "ignored" in caplog.text
