@@ -250,9 +250,16 @@ class Router:
         self._cached_variants: set[str] = set()
         if self.cache is not None:
             served = self.variants_in_use()
-            self._cached_variants = {v for v in served if payload_sha256(self.path / v) in self.cache.artifacts.values()}
-            if not self._cached_variants:
+            covered = set(self.cache.artifacts.values())
+            self._cached_variants = {v for v in served if payload_sha256(self.path / v) in covered}
+            built_for = {b["variant"] for b in self.table["buckets"]} if self.override is None else served
+            if not self._cached_variants and not {v for v in built_for if payload_sha256(self.path / v) in covered}:
                 self.cache.check_artifact(payload_sha256(self.path / sorted(served)[0]), self.path)
+            moved = sorted(v for v in built_for - served if payload_sha256(self.path / v) in covered)
+            if moved:  # warmed for the build's routing; this host routes those buckets elsewhere
+                log.warning("router: the phrase cache was built for %s, which this host's autotune does not "
+                            "route to: those texts are served uncached (warm on this host, or --no-autotune)",
+                            ", ".join(moved))
         self._pipes: dict[str, Pipeline] = {}
 
     def variants_in_use(self) -> set[str]:

@@ -301,3 +301,23 @@ def test_read_bandwidth_is_cached_and_a_corrupt_cache_is_measured_again(tmp_path
     with caplog.at_level(logging.WARNING):
         third = read_bandwidth(cache_dir=tmp_path, measure=measure)
     assert third["source"] == "measured" and len(measured) == 2 and "ignored" in caplog.text
+
+
+def test_phrase_cache_is_warmed_for_the_build_routing_and_served_uncached_when_the_host_moves(
+        version: Path, tmp_path: Path, caplog, monkeypatch) -> None:
+    from chattts_forge.runtime import InferCodeParams, SynthParams
+    from chattts_forge.runtime.phrase_cache import build_phrase_cache
+
+    monkeypatch.setenv("CHATTTS_FORGE_AUTOTUNE", "1")  # warm must ignore it: its bytes may not depend on a clock
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("请稍等\n", encoding="utf-8")
+    params = SynthParams(code=InferCodeParams(seed=0, max_new_token=8))
+    summary = build_phrase_cache(version, phrases, tmp_path / "v.cache", params, threads=1)
+    assert summary["variants"] == {"fp16": 1}  # the build's routing: short -> fp16
+    clock = FakeClock()
+    with caplog.at_level(logging.WARNING):
+        router = Router(version, cache=tmp_path / "v.cache", threads=1,
+                        autotune=_settings(tmp_path, clock, {"fp32": 0.001, "fp16": 0.004}))
+    assert router.routes["short"] == "fp32" and "served uncached" in caplog.text
+    [res] = router.synthesize("请稍等", params)
+    assert not res.cached and res.wav.size > 0
