@@ -12,8 +12,10 @@ After the variants of one version are published, the build writes beside them::
 sections, manifests and payloads): the same reports give the same bytes (sorted keys, no wall clock).
 For each bucket it records the variants whose bucket verdict passed (`passing`) and their order by
 the bucket's median RTF on the build machine (`build_ranking`, ties by name), and routes to the
-first of them (`variant`; FP32 when none passed or the reports hold no per-bucket results). The
-runtime ranks `passing` again on the host that serves (runtime.autotune).
+first of them (`variant`; FP32 when none passed or the reports hold no per-bucket results), unless
+its per-sentence seconds over FP32's in its report are not below 1 beyond the noise: then FP32, the
+simpler one, and the reason says so. The runtime ranks `passing` again on the host that serves
+(runtime.autotune).
 
 The version manifest (`manifest.json` in the version folder; keys sorted)::
 
@@ -42,6 +44,7 @@ from chattts_forge.fsutil import atomic_write_bytes, sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
 from chattts_forge.publish.manifest import MANIFEST_NAME, REPORT_COPY_NAME, FileEntry
+from chattts_forge.runtime.interleave import median_interval
 from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 from chattts_forge.runtime.router import (
     DEFAULT_BUCKETS,
@@ -79,6 +82,27 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+def _simpler_inside_the_noise(choice: str, reason: str, passing: list[str], report: dict[str, Any],
+                              bucket: str) -> tuple[str, str]:
+    """FP32 instead of the fastest quantized variant when its per-sentence seconds over FP32's (the
+    same sentences, seeds and speakers in its report's bucket latency) do not lie below 1 with ~90%
+    confidence (runtime.interleave.median_interval): inside the noise the simpler variant routes."""
+    if choice == FALLBACK_VARIANT or FALLBACK_VARIANT not in passing:
+        return choice, reason
+    latency = ((((report.get("buckets") or {}).get("results") or {}).get(bucket) or {}).get("latency") or {})
+    mine = [u.get("seconds") for u in (latency.get("artifact") or {}).get("utterances") or []]
+    fp32 = [u.get("seconds") for u in (latency.get("reference") or {}).get("utterances") or []]
+    ratios = [a / r for a, r in zip(mine, fp32, strict=False) if _finite(a) and _finite(r) and r > 0]
+    if not ratios or len(mine) != len(fp32):
+        return choice, reason  # no paired timings recorded: the median RTF decides alone
+    median, low, high = median_interval(ratios)
+    if high < 1.0:
+        return choice, f"{reason}; {median:.3f}x of fp32 per sentence (90% interval {low:.3f}-{high:.3f})"
+    return FALLBACK_VARIANT, (f"{choice} has the lowest median RTF, but its per-sentence seconds over fp32's "
+                              f"({median:.3f}x, 90% interval {low:.3f}-{high:.3f}, {len(ratios)} sentences) are "
+                              "inside the noise: the simpler fp32")
+
+
 def routing_table(version_dir: Path) -> dict[str, Any]:
     """The routing table of a published version (see module docstring)."""
     variants = published_variants(version_dir)
@@ -112,6 +136,7 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
             rtf = figures[choice]["rtf_p50"]
             reason = (f"fastest of the variants that pass the gate in this bucket ({', '.join(sorted(passing))}): "
                       f"median RTF {rtf:.4g}" if rtf is not None else "passes the gate in this bucket")
+            choice, reason = _simpler_inside_the_noise(choice, reason, passing, reports[choice], b["name"])
         else:
             choice = FALLBACK_VARIANT
             reason = "no variant was judged in this bucket: the fallback" if not any(
