@@ -339,3 +339,11 @@ def test_build_routing_keeps_fp32_when_the_quantized_advantage_is_inside_the_noi
     # fp32 does not pass here, or no paired timings: the median RTF decides alone
     assert _simpler_inside_the_noise("int8", "r", ["int8", "int4"], noisy, "short") == ("int8", "r")
     assert _simpler_inside_the_noise("int8", "r", ["fp32", "int8"], {}, "short") == ("int8", "r")
+
+
+def test_gate_step_ratio_is_interleaved_and_records_its_interval(tiny_artifacts) -> None:
+    from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
+
+    got = interleaved_step_ratio(tiny_artifacts["fp16"], tiny_artifacts["fp32"], threads=1, context=32, time_cap_s=0.5)
+    assert got["low"] <= got["ratio"] <= got["high"] and got["rounds"] >= RatioSettings().min_rounds
+    assert got["stopped"] in ("spread within bound", "time cap", "round cap") and got["context"] == 32
