@@ -5,10 +5,16 @@
 fp32 + fp16 tiny artifacts published with stand-in reports (tests/stand_in_report.py): both pass the
 short and medium buckets (fp16 the build's faster), fp32 alone the long one. Run from the repo root.
 """
-import json, os, sys, tempfile, time
+import json
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
+
 sys.path.insert(0, "tests")
 from stand_in_report import write_stand_in_report
+
 from chattts_forge.publish import publish_artifact
 from chattts_forge.publish.version_files import publish_version_files
 from chattts_forge.runtime.router import Router
