@@ -12,11 +12,14 @@
 3. Search: each candidate tried is built for real (dynamic INT8, see `dynamic_fused`, + INT4
    MatMulNBits) and measured on the held-out split (teacher-forced replay through the runtime's
    `FastGptStep`: code agreement/KL, hidden cosine, mel after the FP32 Decoder: the gate's fidelity
-   metrics), for its bytes and its decode-step time. The ends and the middle are tried, then the
-   boundary between passing and failing candidates is bisected (against the gate's thresholds with
-   `SEARCH_HEADROOM`, as evaluate measures on other sentences).
-4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest, and all-INT8 (the
-   fixed dynamic INT8 recipe), are timed again, interleaved round by round with all-INT8 as the
+   metrics), for its bytes and its decode-step time: all-INT8 is built first, and every other
+   candidate's step is timed interleaved with all-INT8's (`step_vs_int8`: ratio, 90% interval,
+   rounds; `LADDER_SETTINGS`), so load that changes during the search does not rank them. The
+   ends and the middle are tried, then the boundary between passing and failing candidates is
+   bisected (against the gate's thresholds with `SEARCH_HEADROOM`, as evaluate measures on other
+   sentences).
+4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest (by `step_vs_int8`)
+   and all-INT8 (the fixed dynamic INT8 recipe) are timed again, interleaved round by round with all-INT8 as the
    reference until every ratio's 90% interval is within `RETIME_SETTINGS.bound` (or its time cap;
    `runtime.interleave`), so that load on the machine during the build cannot pick the winner. A
    mix is shipped only when its interval lies below 1 (faster than all-INT8 beyond the measured
@@ -81,6 +84,12 @@ RETIME_CONTEXT = 200
 # The final timing stops when every finalist's ratio to all-INT8 is known to +-2% (90% interval) or
 # after a minute; each sample is >= 50 ms of steps after 2 untimed ones (the previous session's
 # thread pool may still spin on the cores).
+# Each ladder candidate against all-INT8 (a first ranking; the finalists are timed again, longer).
+LADDER_SETTINGS = RatioSettings(bound=0.03, time_cap_s=8.0, min_rounds=6, max_rounds=200, warmup_rounds=1,
+                                min_sample_s=0.02, untimed_calls=1)
+# Tiny synthetic checkpoints rank by bytes: their ladder timing is a record, kept short.
+TINY_LADDER_SETTINGS = RatioSettings(bound=0.05, time_cap_s=0.3, min_rounds=4, max_rounds=50, warmup_rounds=1,
+                                     min_sample_s=0.002)
 RETIME_SETTINGS = RatioSettings(bound=0.02, time_cap_s=60.0, min_rounds=8, max_rounds=400, warmup_rounds=1,
                                 min_sample_s=0.05, untimed_calls=2)
 _BOUNDED_BY_ONE = ("code_agreement", "code_agreement_stream", "hidden_cosine", "hidden_cosine_min")
@@ -320,8 +329,14 @@ def retime(passing: list[dict[str, Any]], rows: list[dict[str, Any]], graphs: di
     The timed rows' `step_ms` become the interleaved medians (the search's own kept as
     `step_ms_search`). `step_call(graph) -> call` replaces the real decode step (tests)."""
     step_call = step_call or (lambda path: repeatable_step(path, dims, threads))
-    fastest = min(r["step_ms"] for r in passing)
-    finalists = [r for r in passing if r["step_ms"] <= RETIME_WITHIN * fastest]
+    # The ladder's interleaved ratios to all-INT8 when every passing row has one, else its step_ms.
+    key = "ratio" if all("step_vs_int8" in r for r in passing) else "step_ms"
+
+    def speed(r: dict[str, Any]) -> float:
+        return r["step_vs_int8"]["ratio"] if key == "ratio" else r["step_ms"]
+
+    fastest = min(speed(r) for r in passing)
+    finalists = [r for r in passing if speed(r) <= RETIME_WITHIN * fastest]
     reference = next((r for r in rows if r["candidate"] == 0 and r["head_code"] == INT8 and (INT8, 0) in graphs),
                      None) or next((r for r in rows if r["candidate"] == 0 and (r["head_code"], 0) in graphs), None)
     if reference is None:  # all-INT8 was not built: the simplest finalist (fewest INT4 MatMuls) is the reference
@@ -404,6 +419,25 @@ class Ladder:
     settings: SearchSettings
     # kept for the final timing: passing candidates and all-INT8, per (head label, candidate)
     graphs: dict[tuple[str, int], Path] = field(default_factory=dict)
+    # each candidate's step is timed interleaved with all-INT8's (built first) under these settings
+    ratio_settings: RatioSettings = LADDER_SETTINGS
+    reference_step: Callable[[], object] | None = None
+
+    def time_step(self, path: Path, i: int) -> dict[str, Any]:
+        """step_ms of a candidate and, once all-INT8 is built, its interleaved ratio to all-INT8's step."""
+        threads = max(self.settings.threads, 1)
+        if i == 0 or self.reference_step is None:
+            out: dict[str, Any] = {"step_ms": round(fast_step_ms(path, self.dims, threads), 3)}
+            if i == 0:
+                self.reference_step = repeatable_step(path, self.dims, threads)
+                out["step_vs_int8"] = {"ratio": 1.0, "low": 1.0, "high": 1.0, "rounds": 0, "stopped": "reference"}
+            return out
+        comp = compare_interleaved(("int8", self.reference_step), {"candidate": repeatable_step(path, self.dims, threads)},
+                                   self.ratio_settings)
+        est = comp.estimates["candidate"]
+        return {"step_ms": round(est.seconds * 1e3, 3),
+                "step_vs_int8": {"ratio": round(est.ratio, 4), "low": round(est.low, 4), "high": round(est.high, 4),
+                                 "rounds": comp.rounds, "stopped": comp.stopped}}
 
     def trial(self, tried: dict[int, dict[str, Any]], i: int, head_path: Path | None, head_label: str) -> bool:
         """Build candidate `i`, measure and judge it; its row goes into `tried`."""
@@ -418,7 +452,7 @@ class Ladder:
         ok, failed = judge_fidelity(self.rules, fid)
         counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
         row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
-               "step_ms": round(fast_step_ms(path, self.dims, max(st.threads, 1)), 3),
+               **self.time_step(path, i),
                "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
                "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
                "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
@@ -437,7 +471,7 @@ class Ladder:
         """The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder)."""
         tried: dict[int, dict[str, Any]] = {}
         n = len(self.order)
-        for i in (n, 0, -n):
+        for i in (0, n, -n):  # all-INT8 first: the others' steps are timed against it
             self.trial(tried, i, head_path, head_label)
         lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
         if tried[hi]["passed"]:
@@ -472,7 +506,8 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
     sens = sensitivity(fast, fp32_head, subset, settings.block_size, settings.threads)
     order = [r["node"] for r in sens]
     log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, len(order))
-    ladder = Ladder(fp32_dir, fast, work, order, trajectories, dims, targets["search_rules"], settings)
+    ladder = Ladder(fp32_dir, fast, work, order, trajectories, dims, targets["search_rules"], settings,
+                    ratio_settings=TINY_LADDER_SETTINGS if tiny else LADDER_SETTINGS)
     try:
         rows = ladder.climb(head, INT8 if head is not None else FP32)
         if head is not None and not any(r["passed"] for r in rows):
