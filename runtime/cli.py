@@ -413,7 +413,7 @@ def warm(
 
     t0 = time.perf_counter()
     kwargs = {"provider": provider, "threads": threads, "engine": engine}
-    front = Router(artifact, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
+    front = Router(artifact, autotune=False, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
     spk = _resolve_speaker(speaker, seed, front)
     params = SynthParams(
         code=InferCodeParams(
