@@ -31,6 +31,7 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.costmodel import cost_report, host_speed_info
 from chattts_forge.runtime.pipeline import check_engine
 from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.timing import (
@@ -301,7 +302,7 @@ def run_bench(
             "stream_exact_lookahead_frames": onnx_engine.pipe.decoder_radius + onnx_engine.pipe.vocos_radius,
             "order": "interleaved per repetition and batch: onnx then pytorch",
         },
-        "machine": machine_info(threads, provider),
+        "machine": {**machine_info(threads, provider), **host_speed_info()},
         "results": results,
         "ratios": ratios,
         "memory": memory,
@@ -309,10 +310,23 @@ def run_bench(
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }
+    report["cost_model"] = _cost_model(art, report, onnx_engine, text, steps)
     if json_out is not None:
         atomic_write_json(json_out, report)
         log.info("wrote %s", json_out)
     return report
+
+
+def _cost_model(art: Path, report: dict[str, Any], onnx_engine: Any, text: str, steps: int) -> dict[str, Any]:
+    """The batch-1 GPT step against its bandwidth floor (runtime.costmodel), at the mean context of
+    the bench's decode steps (prompt ~ text characters + 8, plus half the steps)."""
+    bandwidth = report["machine"]["read_bandwidth"]["gb_per_s"]
+    b1 = report["results"]["onnx"].get("1") or {}
+    step = (b1.get("gpt_step_ms") or {}).get("median")
+    graph = FAST_GPT if onnx_engine.gpt_engine == "fast" else "gpt"
+    return {**cost_report(art, len(text) + 8 + steps // 2, bandwidth, step, graph),
+            "definition": "bytes per batch-1 decode step (GPT graph + head_code files, KV cache at the context) / "
+                          "measured read bandwidth (machine.read_bandwidth)"}
 
 
 # ------------------------------------------------------------------------------------------------

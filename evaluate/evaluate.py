@@ -64,6 +64,7 @@ from chattts_forge.evaluate.buckets import measure_buckets
 from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
+from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.providers import resolve_provider
@@ -446,6 +447,9 @@ def evaluate_artifact(
             "vs_reference": _ratios(art_lat, ref_lat),
             "vs_pytorch": _ratios(art_lat, pt_lat) if pt_lat else None,
             "reference_vs_pytorch": _ratios(ref_lat, pt_lat) if pt_lat else None,
+            # the same comparison on one clock (issue 27): decode steps interleaved, with its interval
+            "vs_reference_interleaved": None if self_reference else interleaved_step_ratio(
+                artifact, reference, threads=threads, provider=provider),
         },
         "method": f"runtime.timing engines, one sentence per run (synthesize's path) after {art_lat['warmup_runs']} "
         f"warm-up run(s); {threads} threads; max_new_token {max_new_token}; RTF = end-to-end seconds / audio "

@@ -21,7 +21,8 @@ accepted (`TOP_LEVEL`):
   {lang: {"asr", "variants": {"artifact"|"reference": {"corpus", "utterances"}}}}}``;
 - ``fidelity``: `chattts_forge.quantize.measure_fidelity`'s record;
 - ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
-  "vs_pytorch", "reference_vs_pytorch"}, "method"}`` (records of `latency.measure_artifact`);
+  "vs_pytorch", "reference_vs_pytorch", "vs_reference_interleaved" (evaluate.step_ratio; null for
+  FP32 against itself)}, "method"}`` (records of `latency.measure_artifact`);
 - ``size`` (`SIZE_KEYS`), ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
 - ``buckets``: per length bucket of the held-out corpus, fidelity/intelligibility/latency and the
   bucket's gate verdict (`evaluate.buckets`; the routing table is made from it);

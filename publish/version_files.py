@@ -14,8 +14,12 @@ After the variants of one version are published, the build writes beside them::
 
 `routing_table(version_dir)` is a pure function of the published variants (their reports' ``buckets``
 sections, manifests and payloads): the same reports give the same bytes (sorted keys, no wall clock).
-For each bucket it takes the variants whose bucket verdict passed, the fastest by the bucket's median
-RTF (ties by name), FP32 when none passed or the reports hold no per-bucket results.
+For each bucket it records the variants whose bucket verdict passed (`passing`) and their order by
+the bucket's median RTF on the build machine (`build_ranking`, ties by name), and routes to the
+first of them (`variant`; FP32 when none passed or the reports hold no per-bucket results), unless
+its per-sentence seconds over FP32's in its report are not below 1 beyond the noise: then FP32, the
+simpler one, and the reason says so. The runtime ranks `passing` again on the host that serves
+(runtime.autotune).
 
 The version manifest (`manifest.json` in the version folder; keys sorted)::
 
@@ -53,6 +57,7 @@ from chattts_forge.publish.manifest import (
     check_file_entries,
     read_json_document,
 )
+from chattts_forge.runtime.interleave import median_interval
 from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 from chattts_forge.runtime.router import (
     DEFAULT_BUCKETS,
@@ -88,6 +93,27 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+def _simpler_inside_the_noise(choice: str, reason: str, passing: list[str], report: dict[str, Any],
+                              bucket: str) -> tuple[str, str]:
+    """FP32 instead of the fastest quantized variant when its per-sentence seconds over FP32's (the
+    same sentences, seeds and speakers in its report's bucket latency) do not lie below 1 with ~90%
+    confidence (runtime.interleave.median_interval): inside the noise the simpler variant routes."""
+    if choice == FALLBACK_VARIANT or FALLBACK_VARIANT not in passing:
+        return choice, reason
+    latency = ((((report.get("buckets") or {}).get("results") or {}).get(bucket) or {}).get("latency") or {})
+    mine = [u.get("seconds") for u in (latency.get("artifact") or {}).get("utterances") or []]
+    fp32 = [u.get("seconds") for u in (latency.get("reference") or {}).get("utterances") or []]
+    ratios = [a / r for a, r in zip(mine, fp32, strict=False) if _finite(a) and _finite(r) and r > 0]
+    if not ratios or len(mine) != len(fp32):
+        return choice, reason  # no paired timings recorded: the median RTF decides alone
+    median, low, high = median_interval(ratios)
+    if high < 1.0:
+        return choice, f"{reason}; {median:.3f}x of fp32 per sentence (90% interval {low:.3f}-{high:.3f})"
+    return FALLBACK_VARIANT, (f"{choice} has the lowest median RTF, but its per-sentence seconds over fp32's "
+                              f"({median:.3f}x, 90% interval {low:.3f}-{high:.3f}, {len(ratios)} sentences) are "
+                              "inside the noise: the simpler fp32")
+
+
 def routing_table(version_dir: Path) -> dict[str, Any]:
     """The routing table of a published version (see module docstring)."""
     variants = published_variants(version_dir)
@@ -121,12 +147,16 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
             rtf = figures[choice]["rtf_p50"]
             reason = (f"fastest of the variants that pass the gate in this bucket ({', '.join(sorted(passing))}): "
                       f"median RTF {rtf:.4g}" if rtf is not None else "passes the gate in this bucket")
+            choice, reason = _simpler_inside_the_noise(choice, reason, passing, reports[choice], b["name"])
         else:
             choice = FALLBACK_VARIANT
             reason = "no variant was judged in this bucket: the fallback" if not any(
                 f["passed"] is not None for f in figures.values()) else "no variant passes in this bucket: the fallback"
+        # The passing set is quality (hardware-independent); the ranking is the build machine's speed:
+        # the runtime ranks the set again on the host (runtime.autotune), `variant` is the build's pick.
+        ranking = sorted(passing, key=lambda v: (figures[v]["rtf_p50"] if figures[v]["rtf_p50"] is not None else math.inf, v))
         buckets.append({**{k: b[k] for k in ("name", "min_chars", "max_chars")}, "variant": choice, "reason": reason,
-                        "figures": figures})
+                        "figures": figures, "passing": sorted(passing), "build_ranking": ranking})
     return {
         "schema": ROUTING_SCHEMA,
         "model": version_dir.parent.name,

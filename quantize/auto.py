@@ -12,15 +12,21 @@
 3. Search: each candidate tried is built for real (dynamic INT8, see `dynamic_fused`, + INT4
    MatMulNBits) and measured on the held-out split (teacher-forced replay through the runtime's
    `FastGptStep`: code agreement/KL, hidden cosine, mel after the FP32 Decoder: the gate's fidelity
-   metrics), for its bytes and its decode-step time. The ends and the middle are tried, then the
-   boundary between passing and failing candidates is bisected (against the gate's thresholds with
-   `SEARCH_HEADROOM`, as evaluate measures on other sentences).
-4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest, and all-INT8 (the
-   fixed dynamic INT8 recipe), are timed again with their steps interleaved in blocks, so that
-   load drifting during the search cannot pick the winner. The choice is the passing candidate
-   with the lowest step time (tiny synthetic checkpoints: the smallest bytes, since their step
-   time is call overhead and ranking by it would be noise); `final_timing.chosen_vs_reference` is
-   its step over all-INT8's, measured in that one interleaved run.
+   metrics), for its bytes and its decode-step time: all-INT8 is built first, and every other
+   candidate's step is timed interleaved with all-INT8's (`step_vs_int8`: ratio, 90% interval,
+   rounds; `LADDER_SETTINGS`), so load that changes during the search does not rank them. The
+   ends and the middle are tried, then the boundary between passing and failing candidates is
+   bisected (against the gate's thresholds with `SEARCH_HEADROOM`, as evaluate measures on other
+   sentences).
+4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest (by `step_vs_int8`)
+   and all-INT8 (the fixed dynamic INT8 recipe) are timed again, interleaved round by round with all-INT8 as the
+   reference until every ratio's 90% interval is within `RETIME_SETTINGS.bound` (or its time cap;
+   `runtime.interleave`), so that load on the machine during the build cannot pick the winner. A
+   mix is shipped only when its interval lies below 1 (faster than all-INT8 beyond the measured
+   noise); otherwise all-INT8 is (the simpler variant), and `final_timing.decision` says so.
+   `final_timing` records the comparison (ratios, intervals, rounds, how it stopped) and
+   `chosen_vs_reference`. Tiny synthetic checkpoints rank by bytes, untimed: their step time is
+   call overhead and ranking by it would be noise.
 
 Everything tried is recorded (artifact.json -> quantization.auto): the sensitivity table, every
 candidate (fidelity, bytes, step ms, pass/fail, Pareto-optimal) and the per-MatMul choice.
@@ -46,6 +52,7 @@ from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
 from chattts_forge.quantize.int4 import evenly_spaced
 from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
+from chattts_forge.runtime.interleave import Clock, RatioSettings, compare_interleaved, prefer_simpler
 
 log = get_logger(__name__)
 
@@ -73,8 +80,18 @@ SEARCH_HEADROOM = 0.2
 # The final timing: passing candidates whose first timing is within this factor of the fastest
 # passing one, and the all-INT8 candidate (the fixed recipe auto must beat), timed again interleaved.
 RETIME_WITHIN = 1.25
-RETIME_STEPS = 160
-RETIME_BLOCK = 20
+RETIME_CONTEXT = 200
+# The final timing stops when every finalist's ratio to all-INT8 is known to +-2% (90% interval) or
+# after a minute; each sample is >= 50 ms of steps after 2 untimed ones (the previous session's
+# thread pool may still spin on the cores).
+# Each ladder candidate against all-INT8 (a first ranking; the finalists are timed again, longer).
+LADDER_SETTINGS = RatioSettings(bound=0.03, time_cap_s=8.0, min_rounds=6, max_rounds=200, warmup_rounds=1,
+                                min_sample_s=0.02, untimed_calls=1)
+# Tiny synthetic checkpoints rank by bytes: their ladder timing is a record, kept short.
+TINY_LADDER_SETTINGS = RatioSettings(bound=0.05, time_cap_s=0.3, min_rounds=4, max_rounds=50, warmup_rounds=1,
+                                     min_sample_s=0.002)
+RETIME_SETTINGS = RatioSettings(bound=0.02, time_cap_s=60.0, min_rounds=8, max_rounds=400, warmup_rounds=1,
+                                min_sample_s=0.05, untimed_calls=2)
 _BOUNDED_BY_ONE = ("code_agreement", "code_agreement_stream", "hidden_cosine", "hidden_cosine_min")
 _PROJ = re.compile(r"layers\.(\d+)/(self_attn|mlp)/(\w+?)_proj/MatMul$")
 _UNPACKED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
@@ -271,24 +288,13 @@ def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200
     return 1000.0 * (quantiles(times, [50]) or [math.nan])[0]
 
 
-def interleaved_step_ms(paths: Sequence[Path], dims: dict[str, Any], threads: int, past: int = 200,
-                        steps: int = RETIME_STEPS, block: int = RETIME_BLOCK) -> list[float]:
-    """Median decode-step time of each fused graph at context `past`, batch 1, their steps interleaved
-    in blocks (`block` steps of a, of b, of c, then a again, ...), so that a change of machine load
-    hits every graph alike: the search's single timing of each candidate drifts by ~10% between
-    candidates of equal speed. Blocks, not single steps: every session's thread pool spins for a
-    while after its run and would steal the cores of the next session's step; the first steps of
-    each block are not timed."""
-    from chattts_forge.runtime.timing import quantiles, time_calls
+def repeatable_step(fast: Path, dims: dict[str, Any], threads: int, past: int = RETIME_CONTEXT) -> Callable[[], object]:
+    """One decode step of a fused graph at a fixed context of `past` positions, batch 1, repeatable
+    (the runtime's `FastGptStep`, rewound before every call; `runtime.autotune.decode_call_at`)."""
+    from chattts_forge.runtime.autotune import decode_call_at
 
-    skip = 2  # untimed steps at the start of each block: the previous session's pool may still spin
-    rounds = max(1, -(-steps // block))
-    calls = [_decode_stepper(path, dims, threads, past, rounds * (block + skip)) for path in paths]
-    times: list[list[float]] = [[] for _ in paths]
-    for _ in range(rounds):
-        for got, call in zip(times, calls, strict=True):
-            got += time_calls(call, block, warmup=skip)
-    return [1000.0 * (quantiles(t, [50]) or [math.nan])[0] for t in times]
+    step = _fast_step(fast, dims, threads, capacity=past + 8)
+    return decode_call_at(step, int(dims["hidden_size"]), past)
 
 
 # ---- the search ------------------------------------------------------------------------------------
@@ -311,30 +317,78 @@ def pareto(rows: list[dict[str, Any]], cost: str) -> None:
         )
 
 
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['head_code']}:{row['candidate']:+d}"
+
+
 def retime(passing: list[dict[str, Any]], rows: list[dict[str, Any]], graphs: dict[tuple[str, int], Path],
-           dims: dict[str, Any], threads: int) -> dict[str, Any]:
-    """Time the finalists again, interleaved (`interleaved_step_ms`); their rows' `step_ms` become the
-    new medians (the search's own timing kept as `step_ms_search`). The all-INT8 candidate with the
-    INT8 head (the fixed dynamic INT8 recipe) is timed beside them as the reference of the ratio."""
-    fastest = min(r["step_ms"] for r in passing)
-    finalists = [r for r in passing if r["step_ms"] <= RETIME_WITHIN * fastest]
-    reference = next((r for r in rows if r["candidate"] == 0 and (r["head_code"], 0) in graphs), None)
-    timed = finalists + ([reference] if reference is not None and reference not in finalists else [])
-    timed = [r for r in timed if (r["head_code"], r["candidate"]) in graphs]
-    log.info("auto: timing %d candidates again, interleaved (%d steps each)", len(timed), RETIME_STEPS)
-    medians = interleaved_step_ms([graphs[(r["head_code"], r["candidate"])] for r in timed], dims, threads)
-    for r, ms in zip(timed, medians, strict=True):
-        r["step_ms_search"] = r["step_ms"]
-        r["step_ms"] = round(ms, 3)
-    for r in timed:
-        log.info("auto: candidate %+d (head %s): %.3f ms interleaved (search: %.3f ms)", r["candidate"],
-                 r["head_code"], r["step_ms"], r["step_ms_search"])
+           dims: dict[str, Any], threads: int, *, step_call: Callable[[Path], Callable[[], object]] | None = None,
+           settings: RatioSettings = RETIME_SETTINGS, clock: Clock = time.perf_counter) -> dict[str, Any]:
+    """The final decision (module doc, 4): the finalists against all-INT8, interleaved until the
+    ratios are known to within `settings.bound` (runtime.interleave). A mix is chosen only when its
+    ratio's interval lies below 1; inside the noise all-INT8 stays (`decision` says which and why).
+    The timed rows' `step_ms` become the interleaved medians (the search's own kept as
+    `step_ms_search`). `step_call(graph) -> call` replaces the real decode step (tests)."""
+    step_call = step_call or (lambda path: repeatable_step(path, dims, threads))
+    # The ladder's interleaved ratios to all-INT8 when every passing row has one, else its step_ms.
+    key = "ratio" if all("step_vs_int8" in r for r in passing) else "step_ms"
+
+    def speed(r: dict[str, Any]) -> float:
+        return r["step_vs_int8"]["ratio"] if key == "ratio" else r["step_ms"]
+
+    fastest = min(speed(r) for r in passing)
+    finalists = [r for r in passing if speed(r) <= RETIME_WITHIN * fastest]
+    reference = next((r for r in rows if r["candidate"] == 0 and r["head_code"] == INT8 and (INT8, 0) in graphs),
+                     None) or next((r for r in rows if r["candidate"] == 0 and (r["head_code"], 0) in graphs), None)
+    if reference is None:  # all-INT8 was not built: the simplest finalist (fewest INT4 MatMuls) is the reference
+        reference = min(finalists, key=lambda r: (r["candidate"] > 0, abs(r["candidate"])))
+    timed = [reference, *(r for r in finalists if r is not reference and (r["head_code"], r["candidate"]) in graphs)]
+    log.info("auto: timing %d candidates against %s again, interleaved (until the ratios' 90%% intervals are "
+             "within +-%.3f or %.0f s)", len(timed) - 1, _label(reference), settings.bound, settings.time_cap_s)
+    calls = {_label(r): step_call(graphs[(r["head_code"], r["candidate"])]) for r in timed}
+    comparison = compare_interleaved((_label(reference), calls.pop(_label(reference))), calls, settings, clock=clock)
+    by_label = {_label(r): r for r in timed}
+    for label, est in comparison.estimates.items():
+        r = by_label[label]
+        r["step_ms_search"], r["step_ms"] = r["step_ms"], round(est.seconds * 1e3, 3)
+    if comparison.estimates:
+        reference["step_ms_search"] = reference["step_ms"]
+        reference["step_ms"] = round(next(iter(comparison.estimates.values())).reference_seconds * 1e3, 3)
+    eligible = {label for label, r in by_label.items() if r["passed"]}
+    if reference["passed"]:
+        chosen, reason = prefer_simpler(comparison, _label(reference))
+        if chosen != comparison.reference:  # clearly faster ones the clock cannot separate: the fewest bytes
+            best = comparison.estimates[chosen]
+            tied = [e.name for e in comparison.estimates.values() if e.clearly_faster and e.low <= best.high]
+            lightest = min(tied, key=lambda n: (by_label[n]["bytes"], n))
+            if lightest != chosen:
+                reason += (f"; {lightest} is inside its noise and reads fewer bytes ({by_label[lightest]['bytes']} "
+                           f"vs {by_label[chosen]['bytes']}): the cost model picks {lightest}")
+                chosen = lightest
+    else:  # all-INT8 fails the gate: it is the yardstick, not a choice; the fastest passing one is
+        est = min((e for e in comparison.estimates.values() if e.name in eligible), key=lambda e: (e.ratio, e.name))
+        chosen, reason = est.name, (f"{_label(reference)} does not pass the gate: {est.name}, the fastest passing "
+                                    f"finalist ({est.ratio:.3f}x, interval {est.low:.3f}-{est.high:.3f})")
+    for label in by_label:
+        r = by_label[label]
+        log.info("auto: candidate %s: %.3f ms interleaved (search: %.3f ms)%s", label, r["step_ms"],
+                 r.get("step_ms_search", r["step_ms"]),
+                 "" if label == comparison.reference else
+                 f", {comparison.estimates[label].ratio:.3f}x +-{comparison.estimates[label].spread:.3f}")
+    log.info("auto: %s", reason)
+    chosen_est = comparison.estimates.get(chosen)
     return {
-        "method": f"interleaved in blocks of {RETIME_BLOCK} steps, {RETIME_STEPS} steps each at context 200, "
-                  f"batch 1, {threads} threads",
-        "candidates": [{"candidate": r["candidate"], "head_code": r["head_code"]} for r in timed],
-        "reference": {"candidate": 0, "head_code": reference["head_code"], "step_ms": reference["step_ms"]}
-        if reference is not None else None,
+        "method": f"interleaved with all-INT8 ({_label(reference)}) round by round, decode steps at context "
+                  f"{RETIME_CONTEXT}, batch 1, {threads} threads, until every ratio's 90% interval is within "
+                  f"+-{settings.bound} or {settings.time_cap_s:g} s (runtime.interleave)",
+        "candidates": [{"candidate": r["candidate"], "head_code": r["head_code"]} for r in timed[1:]],
+        "reference": {"candidate": reference["candidate"], "head_code": reference["head_code"],
+                      "step_ms": reference["step_ms"], "passed": reference["passed"]},
+        "comparison": comparison.to_dict(),
+        "chosen": {"candidate": by_label[chosen]["candidate"], "head_code": by_label[chosen]["head_code"]},
+        "chosen_vs_reference": round(chosen_est.ratio, 4) if chosen_est else 1.0,
+        "chosen_vs_reference_interval": [round(chosen_est.low, 4), round(chosen_est.high, 4)] if chosen_est else None,
+        "decision": reason,
     }
 
 
@@ -366,6 +420,25 @@ class Ladder:
     settings: SearchSettings
     # kept for the final timing: passing candidates and all-INT8, per (head label, candidate)
     graphs: dict[tuple[str, int], Path] = field(default_factory=dict)
+    # each candidate's step is timed interleaved with all-INT8's (built first) under these settings
+    ratio_settings: RatioSettings = LADDER_SETTINGS
+    reference_step: Callable[[], object] | None = None
+
+    def time_step(self, path: Path, i: int) -> dict[str, Any]:
+        """step_ms of a candidate and, once all-INT8 is built, its interleaved ratio to all-INT8's step."""
+        threads = max(self.settings.threads, 1)
+        if i == 0 or self.reference_step is None:
+            out: dict[str, Any] = {"step_ms": round(fast_step_ms(path, self.dims, threads), 3)}
+            if i == 0:
+                self.reference_step = repeatable_step(path, self.dims, threads)
+                out["step_vs_int8"] = {"ratio": 1.0, "low": 1.0, "high": 1.0, "rounds": 0, "stopped": "reference"}
+            return out
+        comp = compare_interleaved(("int8", self.reference_step), {"candidate": repeatable_step(path, self.dims, threads)},
+                                   self.ratio_settings)
+        est = comp.estimates["candidate"]
+        return {"step_ms": round(est.seconds * 1e3, 3),
+                "step_vs_int8": {"ratio": round(est.ratio, 4), "low": round(est.low, 4), "high": round(est.high, 4),
+                                 "rounds": comp.rounds, "stopped": comp.stopped}}
 
     def trial(self, tried: dict[int, dict[str, Any]], i: int, head_path: Path | None, head_label: str) -> bool:
         """Build candidate `i`, measure and judge it; its row goes into `tried`."""
@@ -380,7 +453,7 @@ class Ladder:
         ok, failed = judge_fidelity(self.rules, fid)
         counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
         row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
-               "step_ms": round(fast_step_ms(path, self.dims, max(st.threads, 1)), 3),
+               **self.time_step(path, i),
                "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
                "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
                "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
@@ -399,7 +472,7 @@ class Ladder:
         """The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder)."""
         tried: dict[int, dict[str, Any]] = {}
         n = len(self.order)
-        for i in (n, 0, -n):
+        for i in (0, n, -n):  # all-INT8 first: the others' steps are timed against it
             self.trial(tried, i, head_path, head_label)
         lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
         if tried[hi]["passed"]:
@@ -434,7 +507,8 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
     sens = sensitivity(fast, fp32_head, subset, settings.block_size, settings.threads)
     order = [r["node"] for r in sens]
     log.info("auto: sensitivity done in %.0f s (%d MatMuls)", time.time() - started, len(order))
-    ladder = Ladder(fp32_dir, fast, work, order, trajectories, dims, targets["search_rules"], settings)
+    ladder = Ladder(fp32_dir, fast, work, order, trajectories, dims, targets["search_rules"], settings,
+                    ratio_settings=TINY_LADDER_SETTINGS if tiny else LADDER_SETTINGS)
     try:
         rows = ladder.climb(head, INT8 if head is not None else FP32)
         if head is not None and not any(r["passed"] for r in rows):
@@ -449,11 +523,12 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
         for path in ladder.graphs.values():
             path.unlink(missing_ok=True)
     pareto(rows, rank_by)
-    # With a final timing, only the candidates it timed compete: one clock for all of them.
-    timed = [r for r in passing if "step_ms_search" in r] if timing is not None else []
-    best = min(timed or passing, key=lambda r: (r[rank_by], -r["candidate"]))
-    if timing is not None and timing["reference"] is not None:
-        timing["chosen_vs_reference"] = round(best["step_ms"] / timing["reference"]["step_ms"], 4)
+    # With a final timing, its decision is the choice (one clock for every finalist, noise-aware).
+    if timing is not None:
+        best = next(r for r in rows if (r["candidate"], r["head_code"]) ==
+                    (timing["chosen"]["candidate"], timing["chosen"]["head_code"]))
+    else:
+        best = min(passing, key=lambda r: (r[rank_by], -r["candidate"]))
     assignment = ladder_assignment(order, best["candidate"])
     log.info("auto: chose candidate %+d (fp32 %d / int8 %d / int4 %d, head %s) of %d tried in %.0f s",
              best["candidate"], best[FP32], best[INT8], best[INT4], best["head_code"], len(rows),

@@ -101,8 +101,10 @@ bounded queue is full; `decode_worker=True` (default: when the intra-op threads 
 runs Decoder + Vocos on a worker thread that overlaps the next GPT steps.
 
 Serving a published version (docs/serving.md):
-- `router.Router(version_dir, variant=None, cache=None, **pipeline_kwargs)`: each text goes to the
-  variant its length bucket names in the version's routing.json (variants open lazily);
+- `router.Router(version_dir, variant=None, cache=None, autotune=None, **pipeline_kwargs)`: each text
+  goes to its length bucket's variant: the fastest on this host of those the gate passed there,
+  ranked at first load by a bounded, cached self-benchmark (`autotune`; docs/autotune.md), or the
+  build's choice with `autotune=False` (variants open lazily);
 - a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
   skips the code stage and the Decoder (`Result.cached`), same waveform; other knobs, another
   artifact or a tampered file are refused. `phrase_cache.build_phrase_cache` builds one (`warm`).

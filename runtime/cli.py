@@ -115,6 +115,13 @@ class _StreamingWav:
 )
 @click.option("--variant", default=None, help="With a version folder: send every text to this published variant.")
 @click.option(
+    "--autotune/--no-autotune",
+    default=None,
+    help="With a version folder: rank each bucket's gate-passing variants on this machine at first load "
+    "(a few seconds, cached under $XDG_CACHE_HOME/chattts-forge/autotune), or take the build's ranking. "
+    "Default: on, unless CHATTTS_FORGE_AUTOTUNE=0.",
+)
+@click.option(
     "--cache",
     "cache_path",
     type=click.Path(path_type=Path),
@@ -207,6 +214,7 @@ class _StreamingWav:
 def synth(
     artifact: Path,
     variant: str | None,
+    autotune: bool | None,
     cache_path: Path | None,
     text: str | None,
     batch_file: Path | None,
@@ -276,14 +284,17 @@ def synth(
     t0 = time.perf_counter()
     router: Router | None = None
     if (artifact / ROUTING_NAME).is_file():
-        router = Router(artifact, variant=variant, cache=cache_path, provider=provider, threads=threads, engine=engine,
-                        verify=verify, public_key=public_key)
+        router = Router(artifact, variant=variant, cache=cache_path, autotune=autotune, provider=provider,
+                        threads=threads, engine=engine, verify=verify, public_key=public_key)
         if stream and variant is None:
             raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
         pipe = router.pipeline(variant) if variant is not None else router.front
     else:
         if variant is not None:
             raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {artifact} has none")
+        if autotune is not None:
+            raise ForgeError(f"--autotune/--no-autotune choose among a version folder's variants; {artifact} has no "
+                             f"{ROUTING_NAME}")
         pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine, cache=cache_path, verify=verify,
                         public_key=public_key)
     spk = _resolve_speaker(speaker, seed, pipe)
@@ -433,7 +444,7 @@ def warm(
 
     t0 = time.perf_counter()
     kwargs = {"provider": provider, "threads": threads, "engine": engine}
-    front = Router(artifact, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
+    front = Router(artifact, autotune=False, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
     spk = _resolve_speaker(speaker, seed, front)
     params = SynthParams(
         code=InferCodeParams(

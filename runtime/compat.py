@@ -19,7 +19,11 @@ shapes (see `Chat.infer`). `sample_audio_speaker(wav)` runs the artifact's `dvae
 folder `artifacts/<model>/<version>/` holding variant folders; from a version folder the variant
 is `variant=` if given, else the first present of `VARIANT_PREFERENCE[provider]` (CPU: int8-dynamic,
 int8-dynamic-kv8, auto, fp32, int8-static, int4, fp16; CUDA: fp16, fp32, int8-dynamic, auto,
-int8-static, int4), else the first by name.
+int8-static, int4), else the first by name. A version folder with a routing.json (and no `variant=`)
+serves the host's choice for its longest bucket (the one variant a Chat holds must serve every
+length; quantization error is largest on long texts): the Router's autotune ranks the variants
+that pass the gate there on this machine (runtime.autotune; `autotune=False` takes the build's
+ranking); `chat.autotune` holds the record of that choice.
 
 What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` naming the argument):
 - sources other than `custom`, `force_redownload`, `compile`, `use_flash_attn`, `use_vllm`,
@@ -47,7 +51,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,6 +62,10 @@ from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, Synt
 from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.pipeline import RefineTextParams as _RuntimeRefineParams
 from chattts_forge.runtime.providers import resolve_provider
+from chattts_forge.runtime.router import ROUTING_NAME, Router
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.autotune import AutotuneSettings
 
 __all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "Normalizer"]
 
@@ -227,6 +235,7 @@ class Chat:
         self.logger = logger
         self.normalizer = Normalizer(logger)
         self.pipe: Pipeline | None = None
+        self.autotune: dict[str, Any] | None = None  # how a version folder's variant was chosen (load)
         self._interrupted = False
 
     # ---- loading --------------------------------------------------------------------------
@@ -266,6 +275,7 @@ class Chat:
         engine: str = "auto",
         public_key: str | Path | None = None,
         verify: str = "sha256",
+        autotune: bool | AutotuneSettings | None = None,
         **unknown: Any,
     ) -> bool:
         """Open an artifact (`source="custom"`, `custom_path=` an artifact or version folder).
@@ -273,7 +283,8 @@ class Chat:
         Extra keyword-only arguments of ours: `variant` (pick from a version folder), `threads`
         (onnxruntime intra-op threads), `engine` (GPT engine, see Pipeline), `public_key` (a PEM
         public key: the published folder's model.sig must verify with it), `verify` (how the files
-        are checked against their sha256, see Pipeline). Returns True."""
+        are checked against their sha256, see Pipeline), `autotune` (a version folder with routing.json:
+        rank its variants on this host; see the module docstring). Returns True."""
         _refuse_unknown("load", unknown)
         if source != "custom":
             raise CompatArgumentError(f"load: source={source!r} is not supported; {_SOURCE_HINT}")
@@ -288,6 +299,15 @@ class Chat:
         if not enable_cache:
             raise CompatArgumentError("load: enable_cache=False is not supported (the runtime always keeps a KV cache)")
         provider = _provider(device)
+        self.autotune = None
+        version = Path(custom_path).expanduser()
+        if variant is None and (version / ROUTING_NAME).is_file():
+            router = Router(version, autotune=autotune, provider=provider, threads=threads, engine=engine,
+                            verify=verify, public_key=public_key)
+            variant = router.routes[router.buckets[-1].name]
+            self.autotune = router.autotune
+            self.logger.info("load: %s serves %s, the host's choice for its longest bucket (%s)", version, variant,
+                             router.autotune["buckets"][router.buckets[-1].name]["reason"])
         folder = resolve_artifact(custom_path, variant, provider)
         pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine, verify=verify, public_key=public_key)
         if coef is not None and coef != artifact_coef(pipe):

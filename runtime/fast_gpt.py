@@ -129,6 +129,12 @@ class FastGptStep:
     def past_length(self) -> int:
         return self._past
 
+    def rewind(self, past: int) -> None:
+        """Keep only the first `past` cached positions (a benchmark repeats one step at a fixed context)."""
+        if not 0 <= past <= self._past:
+            raise ForgeError(f"cannot rewind to {past} positions: {self._past} are cached")
+        self._past = past
+
     def _allocate(self, batch: int, capacity: int, keep: int) -> None:
         """(Re)allocate the cache buffers with `capacity` slots, keeping the first `keep` positions."""
         old = self._buffers

@@ -468,7 +468,8 @@ def build_phrase_cache(
     """Pre-synthesize every phrase of the list on `target` and write the cache file `out`.
 
     `target`: an artifact folder, or a published version folder with a routing.json (each phrase is
-    then synthesized by the variant its length bucket routes to, as `Router` will serve it). Each
+    then synthesized by the variant its length bucket routes to in the build's ranking, as `Router`
+    serves it with autotune off; a host whose autotune routes elsewhere serves those texts uncached). Each
     phrase is synthesized alone, exactly as a miss of `synthesize([phrase])` would be. `pipeline`: an
     open Pipeline of the artifact folder `target` to synthesize with (no second copy of its sessions).
     Returns a summary.
@@ -477,7 +478,8 @@ def build_phrase_cache(
 
     check_cacheable(params)
     target = Path(target)
-    router = Router(target, **pipeline_kwargs) if (target / ROUTING_NAME).is_file() else None
+    # The build's routing, never a host ranking: the published cache's bytes must not depend on a clock.
+    router = Router(target, autotune=False, **pipeline_kwargs) if (target / ROUTING_NAME).is_file() else None
     if router is None and pipeline is not None:
         if Path(pipeline.artifact.path).resolve() != target.resolve():
             raise ForgeError(f"the pipeline given runs {pipeline.artifact.path}, not {target}")

@@ -38,6 +38,7 @@ from chattts_forge.fsutil import resolve_inside
 from chattts_forge.log import get_logger
 
 if TYPE_CHECKING:
+    from chattts_forge.runtime.autotune import AutotuneSettings
     from chattts_forge.runtime.phrase_cache import PhraseCache
     from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
 
@@ -127,6 +128,34 @@ def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return table
 
 
+def bucket_passing(entry: dict[str, Any], fallback: str = FALLBACK_VARIANT) -> list[str]:
+    """The variants that pass the gate in a routing.json bucket, sorted. Tables written before the
+    `passing` key: the variants whose figures say passed, else the routed variant unless it is the
+    fallback of a bucket nothing passed in."""
+    if isinstance(entry.get("passing"), list):
+        return sorted(str(v) for v in entry["passing"])
+    figures = entry.get("figures") or {}
+    passed = sorted(v for v, f in figures.items() if isinstance(f, dict) and f.get("passed") is True)
+    if passed:
+        return passed
+    return [] if entry["variant"] == fallback else [entry["variant"]]
+
+
+def bucket_build_ranking(entry: dict[str, Any], fallback: str = FALLBACK_VARIANT) -> list[str]:
+    """The passing variants of a bucket, fastest first on the build machine (`build_ranking`, else by
+    the figures' median RTF; ties by name)."""
+    passing = bucket_passing(entry, fallback)
+    if isinstance(entry.get("build_ranking"), list):
+        return [str(v) for v in entry["build_ranking"] if v in passing]
+    figures = entry.get("figures") or {}
+
+    def build_rtf(v: str) -> float:
+        rtf = (figures.get(v) or {}).get("rtf_p50")
+        return float(rtf) if isinstance(rtf, int | float) else float("inf")
+
+    return sorted(passing, key=lambda v: (v != entry["variant"], build_rtf(v), v))
+
+
 def table_buckets(table: dict[str, Any]) -> tuple[Bucket, ...]:
     return tuple(Bucket(b["name"], int(b["min_chars"]), b["max_chars"]) for b in table["buckets"])
 
@@ -183,14 +212,17 @@ def routing_problems(table: Any, version_dir: Path) -> list[str]:
         problems.append(f"{path}: the last bucket must have no upper end")
     from chattts_forge.runtime.phrase_cache import payload_sha256
 
-    for name, variant in [*routed.items(), ("fallback", fallback)]:
-        field = "fallback" if name == "fallback" else f"buckets[{name!r}].variant"
+    passing = [(f"bucket {b['name']!r} (passing)", b["name"], v) for b in table["buckets"]
+               for v in bucket_passing(b, fallback) if v != b["variant"]]
+    routes = [(f"bucket {n!r}", f"buckets[{n!r}].variant", v) for n, v in routed.items()]
+    for where, field, variant in [*routes, ("the fallback", "fallback", fallback), *passing]:
+        if where.endswith("(passing)"):
+            field = f"buckets[{field!r}].passing"
         try:
             folder = variant_folder(version_dir, variant, file=path, field=field)
         except ForgeError as e:
             problems.append(str(e))
             continue
-        where = f"bucket {name!r}" if name != "fallback" else "the fallback"
         if not (folder / ARTIFACT_JSON).is_file() or not (folder / "manifest.json").is_file():
             problems.append(f"{path}: {where} routes to variant {variant!r}, which is not published in {version_dir}")
         elif variant not in recorded:
@@ -215,9 +247,14 @@ def variant_folder(version_dir: Path, variant: str, *, file: str | os.PathLike[s
 class Router:
     """Serve a published version: each text goes to the variant its length bucket names.
 
-    `Router(version_dir, variant=None, cache=None, **pipeline_kwargs)`; `variant` sends every text to
-    that published variant instead. `cache` (a phrase cache file or `PhraseCache`) is attached to
-    every variant it was built for (a cache covering none of them is refused).
+    `Router(version_dir, variant=None, cache=None, autotune=None, **pipeline_kwargs)`; `variant` sends
+    every text to that published variant instead. `cache` (a phrase cache file or `PhraseCache`) is
+    attached to every variant it was built for (a cache covering none of them is refused).
+
+    `autotune`: rank each bucket's gate-passing variants on this host at first load (cached;
+    runtime.autotune) - True, False (the build's ranking), an `AutotuneSettings`, or None (the
+    `CHATTTS_FORGE_AUTOTUNE` environment variable, on unless "0"). `self.autotune` records the
+    choice, why, and its figures (`autotune.describe` / `autotune.metrics` render it).
     """
 
     def __init__(
@@ -225,8 +262,10 @@ class Router:
         version_dir: str | os.PathLike[str],
         variant: str | None = None,
         cache: PhraseCache | str | os.PathLike[str] | None = None,
+        autotune: bool | AutotuneSettings | None = None,
         **pipeline_kwargs: Any,
     ) -> None:
+        from chattts_forge.runtime import autotune as tuning
         from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 
         self.path = Path(version_dir)
@@ -238,20 +277,41 @@ class Router:
             verify_folder(self.path, pipeline_kwargs["public_key"])
         self.table = load_routing(self.path)
         self.buckets = table_buckets(self.table)
-        self.routes = {b["name"]: b["variant"] for b in self.table["buckets"]}
         self.override = variant
         if variant is not None and not (variant_folder(self.path, variant, file="--variant", field="variant")
                                         / ARTIFACT_JSON).is_file():
             published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
             raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
         self.pipeline_kwargs = pipeline_kwargs
+        if autotune is None:
+            autotune = tuning.autotune_default()
+        if variant is not None:
+            self.autotune = tuning.build_choice(self.table, f"every text goes to --variant {variant}")
+        elif autotune is False:
+            self.autotune = tuning.build_choice(self.table, "autotune off")
+        else:
+            settings = autotune if isinstance(autotune, tuning.AutotuneSettings) else tuning.AutotuneSettings()
+            self.autotune = tuning.choose_routes(
+                self.path, self.table, settings, provider=pipeline_kwargs.get("provider", "cpu"),
+                threads=pipeline_kwargs.get("threads"), engine=pipeline_kwargs.get("engine", "auto"))
+        self.routes = {name: b["variant"] for name, b in self.autotune["buckets"].items()}
+        where = f" ({self.autotune['source']}{': ' + self.autotune['cache_file'] if self.autotune.get('cache_file') else ''})"
+        for line in tuning.describe(self.autotune):
+            log.info("router%s: %s", where, line)
         self.cache = cache if cache is None or isinstance(cache, PhraseCache) else PhraseCache(cache)
         self._cached_variants: set[str] = set()
         if self.cache is not None:
             served = self.variants_in_use()
-            self._cached_variants = {v for v in served if payload_sha256(self.path / v) in self.cache.artifacts.values()}
-            if not self._cached_variants:
+            covered = set(self.cache.artifacts.values())
+            self._cached_variants = {v for v in served if payload_sha256(self.path / v) in covered}
+            built_for = {b["variant"] for b in self.table["buckets"]} if self.override is None else served
+            if not self._cached_variants and not {v for v in built_for if payload_sha256(self.path / v) in covered}:
                 self.cache.check_artifact(payload_sha256(self.path / sorted(served)[0]), self.path)
+            moved = sorted(v for v in built_for - served if payload_sha256(self.path / v) in covered)
+            if moved:  # warmed for the build's routing; this host routes those buckets elsewhere
+                log.warning("router: the phrase cache was built for %s, which this host's autotune does not "
+                            "route to: those texts are served uncached (warm on this host, or --no-autotune)",
+                            ", ".join(moved))
         self._pipes: dict[str, Pipeline] = {}
 
     def variants_in_use(self) -> set[str]:

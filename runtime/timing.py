@@ -646,6 +646,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; the platform's processor elsewhere)."""
+    return _cpu_model()
+
+
 def machine_info(threads: int | None, provider: str = "cpu") -> dict[str, Any]:
     """Where a measurement ran: CPU, cores, memory, threads, the onnxruntime provider the runtime used
     (`cpu` or `cuda`, resolved) and those available, platform, load, library versions and the

@@ -6,6 +6,7 @@ Building them once per session keeps the whole suite fast; tests must not modify
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Routers take the build's routing unless a test turns the host autotune on (timings decide nothing
+# in a test), and nothing is written to the user's cache.
+os.environ["CHATTTS_FORGE_AUTOTUNE"] = "0"
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="forge-test-cache-")
 
 
 @pytest.fixture(scope="session", autouse=True)
