@@ -185,6 +185,13 @@ def routing_shape_problems(table: dict[str, Any], path: Path) -> list[str]:
         if not _whole(lo) or lo < 1 or (hi is not None and (not _whole(hi) or hi < lo)):
             return [f"{where}: min_chars/max_chars must be whole numbers, 1 <= min_chars <= max_chars (or null), "
                     f"got {lo!r}/{hi!r}"]
+        for key in ("passing", "build_ranking"):  # the gate's passing set, the build's speed order
+            names = b.get(key)
+            if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+                return [f"{where}: '{key}' must be a list of variant names"]
+        figures = b.get("figures")
+        if figures is not None and not (isinstance(figures, dict) and all(isinstance(f, dict) for f in figures.values())):
+            return [f"{where}: 'figures' must be an object of per-variant figures"]
     return []
 
 
