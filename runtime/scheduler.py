@@ -71,12 +71,17 @@ log = get_logger(__name__)
 _END = object()  # the end of a handle's chunk queue
 
 
+class QueueFullError(ForgeError):
+    """`submit` refused a request because `max_queue` requests already wait (a service answers 429)."""
+
+
 class Handle:
     """One request: its audio chunks as they become final, its result, its cancellation."""
 
-    def __init__(self, request_id: int, text: str) -> None:
+    def __init__(self, request_id: int, text: str, normalized: bool = False) -> None:
         self.id = request_id
         self.text = text
+        self.normalized = normalized  # the caller normalised (or refined) `text`: used as it is
         self.submitted = time.perf_counter()
         self.first_audio: float | None = None  # seconds from submit to the first non-empty chunk
         self.finished: float | None = None  # seconds from submit to the end
@@ -128,6 +133,17 @@ class Handle:
             raise self._error
         assert self._result is not None
         return self._result
+
+    def next_chunk(self, timeout: float | None = None) -> np.ndarray | None:
+        """The next final chunk, None at the end (the request's error raised instead, if it failed);
+        `queue.Empty` when none arrived within `timeout` (0: do not wait; for polling from asyncio)."""
+        item = self._chunks.get_nowait() if timeout == 0 else self._chunks.get(timeout=timeout)
+        if item is _END:
+            self._chunks.put(_END)  # the end stays visible to later calls
+            if self._error is not None:
+                raise self._error
+            return None
+        return item
 
     def chunks(self, timeout: float | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32) as they become final; raises the request's error at the end."""
@@ -235,8 +251,9 @@ class Scheduler:
 
     # ---- submission -------------------------------------------------------------------------
 
-    def submit(self, text: str, params: SynthParams | None = None) -> Handle:
-        """Queue a request; ForgeError when the scheduler is closed or `max_queue` requests wait."""
+    def submit(self, text: str, params: SynthParams | None = None, normalized: bool = False) -> Handle:
+        """Queue a request; ForgeError when the scheduler is closed, QueueFullError when `max_queue`
+        requests wait. `normalized`: `text` is already normalised (or refined) by the caller."""
         params = params or SynthParams()
         if params.refine is not None or params.split_sentences:
             raise ForgeError("the scheduler takes one sentence without text refinement per request")
@@ -244,8 +261,8 @@ class Scheduler:
             if self._closed:
                 raise ForgeError("the scheduler is closed")
             if len(self._waiting) >= self.max_queue:
-                raise ForgeError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
-            handle = Handle(self._next_id, text)
+                raise QueueFullError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
+            handle = Handle(self._next_id, text, normalized)
             self._next_id += 1
             self._waiting.append((handle, params))
             self._wake.notify()
@@ -342,7 +359,7 @@ class Scheduler:
 
     def _prefill_request(self, handle: Handle, params: SynthParams) -> _Active:
         pipe = self.pipe
-        text = pipe.normalize(handle.text, params)
+        text = handle.text if handle.normalized else pipe.normalize(handle.text, params)
         code = params.code
         cfg = pipe.code_sampling(code)
         emb, _, mask = pipe.prepare_code_inputs([text], code)
