@@ -10,7 +10,8 @@ holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between 
 2. code stage: one GPT step for every running row, then each request's own logits processing and
    seeded sampler (a row's codes never depend on the other rows);
 3. audio stage: each request's `StreamDecoder` turns its hidden states into final audio chunks
-   (first chunk as soon as exact audio exists, then every `stream_batch` steps); a finished or
+   (first chunk as soon as exact audio exists, then at every multiple of `stream_batch` steps, the
+   cuts `Pipeline.stream` makes, so the chunks equal a lone stream's bit for bit); a finished or
    cancelled request leaves the batch and its row is reused by the next waiting request.
 
 So a request's codes under the scheduler equal its codes alone (temperature 1e-9, same seed),
@@ -183,7 +184,6 @@ class _Active:
     end: int = 0  # kept steps (EOS excluded)
     finished: bool = False
     pieces: list[np.ndarray] = field(default_factory=list)  # written by whoever decodes (worker or scheduler)
-    since_chunk: int = 0
     # Samples the decodes asked so far will have emitted (the scheduler's own view of
     # decoder.emitted, which the worker may not have reached yet): chunks are decided from it.
     asked: int = 0
@@ -414,7 +414,6 @@ class Scheduler:
         act.finished = bool((idx == act.cfg.eos_token).any())
         act.end += 0 if act.finished else 1
         act.steps = step + 1
-        act.since_chunk += 1
         if not act.finished and act.steps == len(act.tokens):
             log.warning("request %d hit max_new_token %d", act.handle.id, len(act.tokens))
             act.finished = True
@@ -441,12 +440,13 @@ class Scheduler:
         """The audio due after this step, decided from the scheduler's own bookkeeping (`act.asked`), so
         the chunks are the same whether they are decoded here or on the worker."""
         dec = act.decoder
-        due = act.finished or act.since_chunk >= act.params.code.stream_batch
+        # At every multiple of stream_batch steps, as `Pipeline.stream` cuts a lone stream: the same
+        # windows are decoded, so a request's stream is bit-identical to `synth --stream`'s.
+        due = act.finished or act.steps % act.params.code.stream_batch == 0
         if not due and act.asked == 0:  # no audio yet: emit as soon as any is final
             due = dec.ready_samples(act.end) > 0
         if not due:
             return None
-        act.since_chunk = 0
         act.asked = max(act.asked, dec.ready_samples(act.end, act.finished))
         # Rows [0, end) of hiddens/tokens are final (the next steps write beyond them): a view suffices.
         src = act.hiddens[: act.end] if act.params.use_decoder else act.tokens[: act.end]
