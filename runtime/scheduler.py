@@ -93,6 +93,21 @@ class Handle:
         self._result: Result | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self._listeners: list[Any] = []  # called after every chunk and at the end (add_listener)
+
+    def add_listener(self, callback: Any) -> None:
+        """`callback()` after every chunk and at the end, on the scheduler's threads (keep it short: e.g.
+        `loop.call_soon_threadsafe(event.set)`, so an asyncio server waits without polling)."""
+        self._listeners.append(callback)
+        if self._done.is_set():
+            callback()
+
+    def _notify(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception as e:  # noqa: BLE001 - a listener's failure must not stop the scheduler
+                log.warning("request %d: listener failed: %s", self.id, e)
 
     # ---- producer side (the scheduler) ----
     def _emit(self, chunk: np.ndarray) -> None:
@@ -102,6 +117,7 @@ class Handle:
             if len(chunk) and self.first_audio is None:
                 self.first_audio = time.perf_counter() - self.submitted
             self._chunks.put(chunk)
+        self._notify()
 
     def _finish(self, result: Result | None = None, error: BaseException | None = None) -> bool:
         """End the request once; False when it had already ended (the later end is dropped)."""
@@ -112,6 +128,7 @@ class Handle:
             self.finished = time.perf_counter() - self.submitted
             self._chunks.put(_END)
             self._done.set()
+        self._notify()
         return True
 
     # ---- consumer side ----
