@@ -319,7 +319,8 @@ def create_app(state: ServerState, load_in_background: bool = True):
             ended = True  # the stream below ends the request
             return StreamingResponse(_stream(endpoint, req, prep, version, handle, waiter, first, t0, deadline),
                                      media_type="text/event-stream" if req.stream_format == "sse"
-                                     else content_type(req.response_format))
+                                     else content_type(req.response_format),
+                                     headers=_headers(version, prep, cached=False))
         finally:
             if not ended:
                 version.end()
@@ -332,8 +333,7 @@ def create_app(state: ServerState, load_in_background: bool = True):
         metrics.first_audio.observe(took)
         metrics.served(took, len(wav) / sr, cached)
         count(endpoint, 200)
-        headers = {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.variant,
-                   "X-Forge-Cached": str(cached).lower()}
+        headers = _headers(version, prep, cached)
         if req.stream_format == "sse":
             events = _sse_delta(data) + _sse_done(len(req.text), len(wav))
             return Response(events, media_type="text/event-stream", headers=headers)
@@ -536,6 +536,11 @@ class _Waiter:
             await asyncio.wait_for(self.event.wait(), timeout=min(left, _WAKE_S))
         if request is not None and await request.is_disconnected():
             raise _Disconnected()
+
+
+def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, str]:
+    """Which version and variant answered, and whether from a phrase cache."""
+    return {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.variant, "X-Forge-Cached": str(cached).lower()}
 
 
 def _sse_delta(data: bytes) -> bytes:

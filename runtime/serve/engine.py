@@ -105,7 +105,7 @@ class ServedVersion:
         if not self.path.is_dir():
             raise ForgeError(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = max_batch, max_queue
-        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "engine": "fast"}
+        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "engine": "auto"}
         self.router: Router | None = None
         self.pipes: dict[str, Pipeline] = {}
         self.schedulers: dict[str, Scheduler] = {}
@@ -153,7 +153,12 @@ class ServedVersion:
     def _add(self, variant: str, pipe: Pipeline) -> None:
         self.pipes[variant] = pipe
         self._refine_locks[variant] = threading.Lock()
-        self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue).start()
+        if pipe.engine == "fast":
+            self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue).start()
+        else:
+            log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
+                        "request at a time", variant, pipe.artifact.provider)
+            self.schedulers[variant] = SequentialRunner(pipe, max_queue=self.max_queue).start()
         if self.file_cache is not None:
             self._attach_one(variant, pipe)
 
@@ -259,7 +264,8 @@ class ServedVersion:
 
     def submit(self, prep: Prepared) -> Handle:
         """Queue a prepared miss on its variant's scheduler (QueueFullError when its queue is full)."""
-        return self.schedulers[prep.variant].submit(prep.text, prep.params, normalized=True)
+        # the text is refined already (prepare): the scheduler generates codes for it as it is
+        return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True)
 
     def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
         """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`
@@ -320,6 +326,108 @@ class ServedVersion:
         if self.file_cache is not None:
             self.file_cache.close()
             self.file_cache = None
+
+
+class SequentialRunner:
+    """The scheduler's interface for a variant the scheduler cannot batch (no fused GPT graph: fp16, or
+    any variant on CUDA, where the runtime runs the plain graph): its requests run one at a time on one
+    worker thread, each streamed exactly as `Pipeline.stream` (and `synth --stream`) streams it."""
+
+    def __init__(self, pipe: Pipeline, max_queue: int = 64) -> None:
+        import queue as queue_mod
+
+        self.pipe = pipe
+        self.max_queue = max_queue
+        self._queue: queue_mod.Queue[Any] = queue_mod.Queue()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.running = 0
+        self.steps = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> SequentialRunner:
+        self._thread = threading.Thread(target=self._work, name="forge-sequential", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, text: str, params: SynthParams, normalized: bool = False) -> Handle:
+        from chattts_forge.runtime.scheduler import QueueFullError
+
+        with self._lock:
+            if self._closed:
+                raise ForgeError("the scheduler is closed")
+            if self._queue.qsize() >= self.max_queue:
+                raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
+            handle = Handle(self._next_id, text, normalized)
+            self._next_id += 1
+            self._queue.put((handle, params))
+        return handle
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, params = item
+            self.running = 1
+            try:
+                self._run(handle, params)
+            finally:
+                self.running = 0
+
+    def _run(self, handle: Handle, params: SynthParams) -> None:
+        from chattts_forge.runtime.pipeline import Result
+
+        class Cancelled(Exception):
+            pass
+
+        def progress(state: Any) -> None:
+            self.steps += 1
+            if handle.cancelled:
+                raise Cancelled()
+
+        gens: list[Any] = []
+        pieces: list[np.ndarray] = []
+        try:
+            if handle.cancelled:
+                raise Cancelled()
+            # the text is normalised (and refined) already: the stream must not normalise it again
+            plain = replace(params, normalize=False, homophones=False, refine=None)
+            for chunk in self.pipe.stream([handle.text], plain, on_done=gens.append, progress=progress):
+                if len(chunk[0]):
+                    pieces.append(chunk[0])
+                    handle._emit(chunk[0])
+            gen = gens[0]
+            wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+            handle._finish(result=Result(text=handle.text, codes=gen.ids[0], hiddens=gen.hiddens[0], wav=wav,
+                                         sample_rate=self.pipe.sample_rate))
+        except Cancelled:
+            handle._finish(error=ForgeError(f"request {handle.id} was cancelled"))
+        except ForgeError as e:
+            handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+        except Exception as e:  # noqa: BLE001 - one request failing must not end the worker
+            log.error("request %d failed: %s", handle.id, e)
+            handle._finish(error=ForgeError(f"request {handle.id}: generation failed ({type(e).__name__}: {e})"))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing left waiting
+                break
+            if item is not None:
+                item[0]._finish(error=ForgeError(f"request {item[0].id}: the scheduler closed before it ran"))
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def check_code_request(pipe: Pipeline, text: str, code: InferCodeParams) -> None:

@@ -9,8 +9,10 @@ old version keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from chattts_forge.errors import ForgeError
@@ -30,11 +32,21 @@ def make_server(cfg: ServeConfig, state: ServerState | None = None, install_sign
     app = create_app(state)
 
     class ForgeServer(uvicorn.Server):
-        def install_signal_handlers(self) -> None:
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own re-raises SIGTERM after the graceful shutdown (the process would then die of
+            # it); a drained server exits 0 instead. SIGHUP reloads.
             if not install_signals or threading.current_thread() is not threading.main_thread():
+                yield
                 return
-            super().install_signal_handlers()
-            signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=_sighup, daemon=True).start())
+            handlers = {signal.SIGINT: self.handle_exit, signal.SIGTERM: self.handle_exit,
+                        signal.SIGHUP: lambda *_: threading.Thread(target=_sighup, daemon=True).start()}
+            original = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+            try:
+                yield
+            finally:
+                for sig, h in original.items():
+                    signal.signal(sig, h)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if not state.draining:
