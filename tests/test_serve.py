@@ -573,3 +573,25 @@ def test_sigterm_drains_open_streams_and_sighup_reloads(version: Path, tmp_path:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---- bench --load --url ----------------------------------------------------------------------------
+
+
+def test_bench_load_over_http_reports_http_and_in_process_figures(tiny_artifacts, tmp_path: Path) -> None:
+    with running(tiny_artifacts["fp32"], max_batch=2) as srv:
+        out = tmp_path / "load.json"
+        res = CliRunner().invoke(main, ["bench", "--artifact", str(tiny_artifacts["fp32"]), "--load", "--url", srv.url,
+                                        "--concurrency", "2", "--requests", "4", "--threads", "1", "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        report = json.loads(out.read_text())
+        row = report["results"]["2"]
+        http = row["http"]
+        assert http["completed"] == row["completed"] == 4 and not http["failed"]
+        assert http["audio_s"] == pytest.approx(row["audio_s"])  # the same requests, the same audio lengths
+        assert http["first_audio_s"]["p95"] is not None and http["latency_s"]["p99"] is not None
+        assert row["http_vs_in_process_sentences_per_s"] == pytest.approx(http["sentences_per_s"] / row["sentences_per_s"])
+        assert "over HTTP" in res.output
+        assert srv.metric("forge_sentences_total") == 4
+    bad = CliRunner().invoke(main, ["bench", "--artifact", str(tiny_artifacts["fp32"]), "--load", "--url", "ftp://x"])
+    assert bad.exit_code == 2 and "--url must be http" in bad.output
