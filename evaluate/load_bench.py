@@ -445,7 +445,8 @@ def run_load_bench(
                 http = None
                 if url is not None:
                     say(f"concurrency {c}: {requests} requests over HTTP to {url} ({arrival} arrival)")
-                    h_out, h_wall = replay_http(url, pipe.artifact.variant, plan, c, arrival, rate, seed)
+                    with quiet_logger("httpx"):  # one INFO line per request otherwise
+                        h_out, h_wall = replay_http(url, pipe.artifact.variant, plan, c, arrival, rate, seed)
                     http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, phrase_cache_hit_ratio)
                     http.pop("batched_gpt_steps")
                 say(f"concurrency {c}: {requests} requests ({arrival} arrival)" + (" in-process" if url else ""))

@@ -35,7 +35,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,7 @@ class ServerState:
         self.draining = False
         self.load_error: str | None = None
         self._reload_lock = threading.Lock()
+        self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
         self._voices = load_voices(cfg.voices_file)
         self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0)
         self._rng = random.Random(cfg.seed)
@@ -142,15 +143,17 @@ class ServerState:
                 self.metrics.reloads.labels(result="failed").inc()
                 raise ForgeError(f"reload of {path} failed, still serving "
                                  f"{self.current.model_id if self.current else 'nothing'}: {e}") from None
-            old_canary = self.canary
-            if self.cfg.canary_share > 0 and self.current is not None:
-                self.canary = new
-                mode = f"canary ({self.cfg.canary_share:.0%} of new requests)"
-            else:
-                old, self.current, self.canary = self.current, new, None
-                self._retire(old)
-                mode = "all new requests"
-                self.ready = True
+            with self._swap_lock:
+                old_canary = self.canary
+                old = None
+                if self.cfg.canary_share > 0 and self.current is not None:
+                    self.canary = new
+                    mode = f"canary ({self.cfg.canary_share:.0%} of new requests)"
+                else:
+                    old, self.current, self.canary = self.current, new, None
+                    mode = "all new requests"
+                    self.ready = True
+            self._retire(old)
             self._retire(old_canary)
             self.cfg.artifact = path
             self.metrics.reloads.labels(result="ok").inc()
@@ -162,14 +165,16 @@ class ServerState:
     def promote(self) -> dict[str, Any]:
         if self.canary is None:
             raise ForgeError("no canary version to promote (reload with --canary-share first)")
-        old, self.current, self.canary = self.current, self.canary, None
+        with self._swap_lock:
+            old, self.current, self.canary = self.current, self.canary, None
         self._retire(old)
         return {"model": self.current.model_id, "serves": "all new requests"}
 
     def rollback(self) -> dict[str, Any]:
         if self.canary is None:
             raise ForgeError("no canary version to roll back")
-        old, self.canary = self.canary, None
+        with self._swap_lock:
+            old, self.canary = self.canary, None
         self._retire(old)
         assert self.current is not None
         return {"model": self.current.model_id, "serves": "all new requests"}
@@ -188,11 +193,18 @@ class ServerState:
 
         threading.Thread(target=run, name="forge-retire", daemon=True).start()
 
-    def pick(self) -> ServedVersion:
-        if self.canary is not None and self._rng.random() < self.cfg.canary_share:
-            return self.canary
-        assert self.current is not None
-        return self.current
+    def acquire(self) -> ServedVersion:
+        """The version a new request goes to (the canary's share of them to the canary), counted as
+        running on it: picking and counting under the swap lock, a version being retired is never
+        picked after its drain began."""
+        with self._swap_lock:
+            if self.canary is not None and self._rng.random() < self.cfg.canary_share:
+                version = self.canary
+            else:
+                assert self.current is not None
+                version = self.current
+            version.begin()
+            return version
 
     def shutdown(self) -> None:
         self.draining = True
@@ -265,7 +277,8 @@ def create_app(state: ServerState, load_in_background: bool = True):
         if not state.ready or state.draining or state.current is None:
             why = "the server is draining" if state.draining else state.load_error or "the model is still loading"
             return fail(endpoint, 503, why, "not_ready", headers={"Retry-After": str(cfg.retry_after_s)})
-        version = state.pick()
+        version = state.acquire()
+        ended = False
         try:
             body = await read_json(request)
             if kind == "openai":
@@ -273,14 +286,14 @@ def create_app(state: ServerState, load_in_background: bool = True):
             else:
                 req = parse_native(body, cfg.max_input_chars)
             if req.params.code.spk_emb is None:
-                from dataclasses import replace
-
                 spk = version.speaker_for(req.voice)
                 req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))
         except ForgeError as e:
+            version.end()
             return fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
-        version.begin()
-        ended = False
+        except BaseException:
+            version.end()
+            raise
         try:
             loop = asyncio.get_running_loop()
             try:
