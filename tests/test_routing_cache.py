@@ -183,8 +183,13 @@ def test_synth_cli_cache_matches_uncached(tiny_artifacts, phrase_file, tmp_path)
         outs[name] = sf.read(tmp_path / f"{name}.wav", dtype="float32")[0]
     assert outs["plain"].shape == outs["cached"].shape
     assert float(np.max(np.abs(outs["plain"] - outs["cached"]))) <= 1e-4
-    # synth's default knobs (refinement on) with the cache: a miss synthesized as usual, never an error
+    # knobs not given take the cache's (refinement off, its seed and token budget): served from it
     res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等",
+                               "--out", str(tmp_path / "d.wav"), "--cache", str(cache), "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(sf.read(tmp_path / "d.wav", dtype="float32")[0], outs["cached"])
+    # a knob given that differs from the cache's (refinement on): a miss synthesized as usual, never an error
+    res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等", "--refine",
                                "--out", str(tmp_path / "r.wav"), "--cache", str(cache), *common])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r.wav").is_file()

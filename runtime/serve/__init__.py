@@ -6,7 +6,7 @@
 - `redis_cache`: the optional phrase cache shared by replicas;
 - `requests`: the OpenAI and ChatTTS-native request bodies, checked by type and range;
 - `metrics`: Prometheus metrics; `app`: the Starlette app and the version swaps; `server`: uvicorn
-  with SIGTERM drain and SIGHUP reload; `cli`: the command; `ray_serve`: the same app on Ray Serve.
+  with SIGTERM drain and SIGHUP reload; `cli`: the command.
 
 Needs the `serve` extra (starlette, uvicorn, prometheus-client; redis for --cache-redis). See
 docs/serving.md "The server".
