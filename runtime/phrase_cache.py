@@ -15,11 +15,12 @@ An entry's key is the sha256 of (the artifact's payload hash, the normalised tex
 code prompt (speed), speaker string, speaker/text prompt samples, temperature(s), top-p, top-k,
 repetition penalty, max/min new tokens, ensure-non-empty, seed and Decoder-or-DVAE. One cache holds
 one set of knobs (recorded in its header) and may hold entries of several artifacts (the variants a
-routing table sends phrases to). What is refused, each with a one-line ForgeError:
+routing table sends phrases to). What is refused or not served:
 
 - a cache built for other artifacts: `check_artifact` (payload hash not among the cache's);
-- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE):
-  `check_knobs` names the first knob that differs; never served;
+- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE) or no seed
+  is never served from the cache: `PipelineCache.servable` says so (logging the first knob that
+  differs once) and the request is a miss, synthesized as usual, never an error;
 - a damaged or tampered file: the trailing sha256 of the file is checked on open and each entry's
   own sha256 when it is read, naming the file.
 
