@@ -595,3 +595,64 @@ def test_bench_load_over_http_reports_http_and_in_process_figures(tiny_artifacts
         assert srv.metric("forge_sentences_total") == 4
     bad = CliRunner().invoke(main, ["bench", "--artifact", str(tiny_artifacts["fp32"]), "--load", "--url", "ftp://x"])
     assert bad.exit_code == 2 and "--url must be http" in bad.output
+
+
+# ---- everything at once ----------------------------------------------------------------------------
+
+
+def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_artifacts) -> None:
+    """Concurrent streaming clients while a client disconnects mid-stream, the queue overflows, bad
+    bodies arrive and a reload fails: every healthy request gets its exact audio, every bad one its
+    status and one-line error, and /metrics counts them."""
+    from chattts_forge.runtime.pipeline import Pipeline
+
+    steps = 90
+    pipe = Pipeline(version / "fp32", threads=1)
+    params = SynthParams(code=InferCodeParams(seed=0, max_new_token=steps, min_new_token=steps))
+    ref = to_int16(np.concatenate([c[0] for c in pipe.stream([TEXT], params)]))
+    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps, "min_new_token": steps}
+    with running(version, max_batch=3, max_queue=1) as srv:
+        healthy: list[tuple[int, bytes]] = []
+        bad: list[tuple[int, str]] = []
+
+        def stream_one() -> None:
+            with httpx.stream("POST", srv.url + "/v1/audio/speech", json=body, timeout=120) as r:
+                healthy.append((r.status_code, b"".join(r.iter_bytes()) if r.status_code == 200 else r.read()))
+
+        def disconnect() -> None:
+            with httpx.stream("POST", srv.url + "/v1/audio/speech", json=body, timeout=120) as r:
+                if r.status_code == 200:
+                    next(r.iter_bytes())  # then the connection closes mid-stream
+
+        def bad_ones() -> None:
+            for b, _ in BAD_BODIES[:8]:
+                kw = {"content": b} if isinstance(b, bytes) else {"json": b}
+                r = httpx.post(srv.url + "/v1/audio/speech", timeout=30, **kw)
+                bad.append((r.status_code, r.json()["error"]["message"]))
+            r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version / "missing")}, timeout=60)
+            bad.append((r.status_code, r.json()["error"]["message"]))
+
+        # the disconnecting client and two healthy ones take the 3 rows, one more waits, the rest overflow
+        threads = [threading.Thread(target=f) for f in (disconnect, stream_one, stream_one, bad_ones,
+                                                          stream_one, stream_one, stream_one, stream_one)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+        ok = [data for status, data in healthy if status == 200]
+        overflow = [status for status, _ in healthy if status != 200]
+        assert len(ok) >= 2 and set(overflow) <= {429}
+        for data in ok:
+            np.testing.assert_array_equal(np.frombuffer(data, "<i2"), ref)
+        assert [s for s, _ in bad] == [400] * 8 + [422]
+        assert all("\n" not in m for _, m in bad)
+        assert srv.metric("forge_errors_total", kind="bad_request") == 8
+        assert srv.metric("forge_errors_total", kind="reload_failed") == 1
+        assert srv.metric("forge_errors_total", kind="queue_full") == len(overflow)
+        assert srv.metric("forge_requests_total", endpoint="/v1/audio/speech", status="200") == len(ok)
+        deadline = time.time() + 20
+        while time.time() < deadline and srv.metric("forge_errors_total", kind="disconnect") < 1:
+            time.sleep(0.05)
+        assert srv.metric("forge_errors_total", kind="disconnect") >= 1
+        assert httpx.get(srv.url + "/readyz").status_code == 200
