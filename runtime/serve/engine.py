@@ -33,13 +33,7 @@ from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
-from chattts_forge.runtime.phrase_cache import (
-    PhraseCache,
-    PipelineCache,
-    cache_knobs,
-    payload_sha256,
-    replay_params,
-)
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler
@@ -111,7 +105,6 @@ class ServedVersion:
         self.schedulers: dict[str, Scheduler] = {}
         self._refine_locks: dict[str, threading.Lock] = {}
         self._open_lock = threading.Lock()
-        self._kwargs = kwargs
         self.caches: dict[str, PipelineCache] = {}
         self.file_cache: PhraseCache | None = None
         self.redis = None
@@ -442,7 +435,3 @@ def check_code_request(pipe: Pipeline, text: str, code: InferCodeParams) -> None
     decorated = decorate_code_prompts([text], code.prompt, code.txt_smp, code.spk_emb)
     input_ids, _, _ = pipe.tokenizer.encode(decorated, pipe.num_vq, prompt)
     pipe._check_length(input_ids.shape[1], code.max_new_token)
-
-
-def knobs_of(pipe: Pipeline, params: SynthParams) -> dict[str, Any]:
-    return cache_knobs(params, pipe.num_vq)
