@@ -345,9 +345,11 @@ class PipelineCache:
             reason = None if diff is None else f"its knobs differ from the cache's ({diff})"
         if reason is None:
             return knobs
-        if reason not in self._told:
-            self._told.add(reason)
-            log.info("phrase cache %s not used: %s; synthesized as usual", self.cache.path, reason)
+        kind = reason.split(" (")[1].split(":")[0] if " (" in reason else reason  # the knob, not its value
+        if kind not in self._told:  # once per knob: a server sees every seed, the set must stay small
+            self._told.add(kind)
+            log.info("phrase cache %s not used: %s; synthesized as usual (logged once per knob)",
+                     self.cache.path, reason)
         self.cache.misses += 1
         return None
 
