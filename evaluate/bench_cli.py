@@ -76,6 +76,9 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--decode-overlap/--no-decode-overlap", default=None,
               help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
                    "(default: on when --threads leaves a core free).")
+@click.option("--url", default=None, metavar="http://HOST:PORT",
+              help="--load: also replay each concurrency over HTTP against `chattts-forge serve` serving --artifact "
+                   "(real concurrent streaming clients), beside the in-process figures of the same run.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(
     artifact: str,
@@ -101,6 +104,7 @@ def bench(
     phrase_cache_hit_ratio: float | None,
     phrase_cache: str | None,
     decode_overlap: bool | None,
+    url: str | None,
     json_out: str | None,
 ) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -110,8 +114,9 @@ def bench(
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
-    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None or decode_overlap is not None):
-        raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache and --decode-overlap belong to the load "
+    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None or decode_overlap is not None
+                     or url is not None):
+        raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap and --url belong to the load "
                          "benchmark (--load)")
     if load:
         from chattts_forge.evaluate.load_bench import format_load_table, run_load_bench
@@ -121,7 +126,7 @@ def bench(
             rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
             baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
             phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache, decode_overlap=decode_overlap,
-            json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
+            url=url, json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
         )
         click.echo(format_load_table(report))
         if json_out:

@@ -149,6 +149,7 @@ class Outcome:
     first_audio: float | None = None  # s, request -> its first audio
     result: Result | None = None
     error: str | None = None
+    samples: int | None = None  # audio samples received (over HTTP, where no Result exists)
 
 
 def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arrival: str = "closed",
@@ -230,6 +231,75 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     return [o for o in outcomes if o is not None], wall, gpt_steps
 
 
+def http_body(variant: str, req: LoadRequest) -> dict[str, Any]:
+    """The OpenAI speech request of a replayed request (extensions: seed, token budget; pcm, streamed)."""
+    code = req.params.code
+    return {"model": variant, "input": req.text, "voice": "default", "response_format": "pcm",
+            "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token}
+
+
+def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency: int, arrival: str = "closed",
+                rate: float | None = None, seed: int = 0, timeout_s: float = 600.0) -> tuple[list[Outcome], float]:
+    """Replay `plan` against a server at `url` with real concurrent streaming HTTP clients (one httpx
+    connection per request in flight): latency = request sent -> last byte, first audio = request
+    sent -> first audio byte (16-bit PCM: every body byte is audio)."""
+    try:
+        import httpx
+    except ModuleNotFoundError:
+        raise ForgeError("bench --url needs httpx: pip install 'chattts-forge[dev]'") from None
+    endpoint = url.rstrip("/") + "/v1/audio/speech"
+    try:
+        httpx.get(url.rstrip("/") + "/readyz", timeout=10).raise_for_status()
+    except httpx.HTTPError as e:
+        raise ForgeError(f"--url {url}: the server is not ready ({e})") from None
+    outcomes: list[Outcome | None] = [None] * len(plan)
+    rng = np.random.default_rng(seed)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    with httpx.Client(timeout=timeout_s, limits=limits) as client:
+
+        def one(req: LoadRequest) -> None:
+            asked = time.perf_counter()
+            first = None
+            samples = 0
+            try:
+                with client.stream("POST", endpoint, json=http_body(variant, req)) as r:
+                    if r.status_code != 200:
+                        outcomes[req.index] = Outcome(req.index, None, error=f"HTTP {r.status_code}: {r.read()[:200]!r}")
+                        return
+                    for data in r.iter_bytes():
+                        if data and first is None:
+                            first = time.perf_counter() - asked
+                        samples += len(data) // 2
+            except httpx.HTTPError as e:
+                outcomes[req.index] = Outcome(req.index, None, error=f"{type(e).__name__}: {e}")
+                return
+            outcomes[req.index] = Outcome(req.index, False, time.perf_counter() - asked, first, samples=samples)
+
+        threads: list[threading.Thread] = []
+        t0 = time.perf_counter()
+        slots = threading.Semaphore(concurrency)
+        for req in plan:
+            if arrival == "closed":
+                slots.acquire()
+
+            def run(req: LoadRequest = req) -> None:
+                try:
+                    one(req)
+                finally:
+                    if arrival == "closed":
+                        slots.release()
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            threads.append(t)
+            if arrival != "closed":
+                time.sleep(float(rng.exponential(1.0 / rate)))
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+    return [o for o in outcomes if o is not None], wall
+
+
 def _hit_result(pipe: Pipeline, req: LoadRequest, row: Any) -> Result:
     from chattts_forge.runtime.pipeline import Result
 
@@ -244,8 +314,8 @@ def _times(values: Sequence[float]) -> dict[str, float | None]:
 def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurrency: int, sample_rate: int,
               hit_ratio: float | None = None) -> dict[str, Any]:
     """One concurrency's figures (docs/bench-load.md); the hit/miss split when a hit ratio was asked."""
-    done = [o for o in outcomes if o.result is not None]
-    audio_s = sum(len(o.result.wav) for o in done if o.result is not None) / sample_rate
+    done = [o for o in outcomes if o.result is not None or o.samples is not None]
+    audio_s = sum(len(o.result.wav) if o.result is not None else (o.samples or 0) for o in done) / sample_rate
     lat = [o.latency for o in done if o.latency is not None]
     first = [o.first_audio for o in done if o.first_audio is not None]
     out: dict[str, Any] = {
@@ -315,6 +385,7 @@ def run_load_bench(
     phrase_cache_hit_ratio: float | None = None,
     phrase_cache: str | os.PathLike[str] | None = None,
     decode_overlap: bool | None = None,
+    url: str | None = None,
     json_out: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -322,7 +393,11 @@ def run_load_bench(
 
     `phrase_cache_hit_ratio` (0..1): that share of the requests are served from a warm phrase cache,
     `phrase_cache` (a file) or one built from their sentences. `decode_overlap`: the scheduler's
-    Decoder + Vocos on its worker thread, overlapping the GPT steps (None: the scheduler's default)."""
+    Decoder + Vocos on its worker thread, overlapping the GPT steps (None: the scheduler's default).
+    `url`: a `chattts-forge serve` server serving `artifact` (as its model or one of its variants): each
+    concurrency is replayed over HTTP first (`replay_http`; the report's `http` figures), then in-process
+    (the figures beside them), so the two are of the same run and machine; phrase-cache hits are not
+    replayed over HTTP (the server's own cache decides what hits)."""
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.runtime.pipeline import Pipeline
     from chattts_forge.runtime.scheduler import default_decode_worker
@@ -342,6 +417,11 @@ def run_load_bench(
     if baseline not in (None, "pytorch"):
         raise ForgeError(f"unknown baseline '{baseline}' (pytorch or none)")
     check_hit_ratio(phrase_cache_hit_ratio)
+    if url is not None and phrase_cache_hit_ratio is not None:
+        raise ForgeError("--url replays scheduled requests only (the server's phrase cache decides its hits); "
+                         "drop --phrase-cache-hit-ratio")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ForgeError(f"--url must be http://HOST:PORT, got {url!r}")
     if phrase_cache is not None and phrase_cache_hit_ratio is None:
         raise ForgeError("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
     ckpt = None
@@ -362,11 +442,22 @@ def run_load_bench(
             pipe.synthesize([reqs[0][0]], _warm_params())
             results = []
             for c in levels:
-                say(f"concurrency {c}: {requests} requests ({arrival} arrival)")
+                http = None
+                if url is not None:
+                    say(f"concurrency {c}: {requests} requests over HTTP to {url} ({arrival} arrival)")
+                    with quiet_logger("httpx"):  # one INFO line per request otherwise
+                        h_out, h_wall = replay_http(url, pipe.artifact.variant, plan, c, arrival, rate, seed)
+                    http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, phrase_cache_hit_ratio)
+                    http.pop("batched_gpt_steps")
+                say(f"concurrency {c}: {requests} requests ({arrival} arrival)" + (" in-process" if url else ""))
                 with quiet_logger():  # every request ends at its max_new_token on purpose
                     outcomes, wall, steps = replay(pipe, plan, c, arrival, rate, seed, stream_lookahead, pcache,
                                                    overlap)
-                results.append(summarize(outcomes, wall, steps, c, pipe.sample_rate, phrase_cache_hit_ratio))
+                summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, phrase_cache_hit_ratio)
+                if http is not None:
+                    summary["http"] = http
+                    summary["http_vs_in_process_sentences_per_s"] = http["sentences_per_s"] / summary["sentences_per_s"]
+                results.append(summary)
         finally:
             if pcache is not None:
                 pcache.cache.close()
@@ -386,6 +477,7 @@ def run_load_bench(
         "artifact": {"path": str(art), "variant": meta.variant,
                      "kv_cache": (meta.components.get(FAST_GPT) or {}).get("kv_cache", {}).get("dtype", "float32")},
         "settings": {"concurrency": levels, "requests": requests, "arrival": arrival, "rate": rate, "corpus": corpus,
+                     "url": url,
                      "seed": seed, "threads": threads, "stream_lookahead_frames": stream_lookahead,
                      "lengths": "EOS masked up to speech_steps(text), then ended",
                      "request_steps": [r.steps for r in plan],
@@ -483,6 +575,12 @@ def format_load_table(report: dict[str, Any]) -> str:
         lines.append(f"{c} | {r['completed']}/{r['requests']} | {f(lat['p50'])}/{f(lat['p95'])}/{f(lat['p99'])} | "
                      f"{f(fa['p50'])}/{f(fa['p95'])} | {r['sentences_per_s']:.3f} | {r['real_time_streams']:.2f} | "
                      f"{'-' if ratio is None else f'{ratio:.1f}x'}")
+        h = r.get("http")
+        if h:
+            hl, hf = h["latency_s"], h["first_audio_s"]
+            lines.append(f"  over HTTP | {h['completed']}/{h['requests']} | {f(hl['p50'])}/{f(hl['p95'])}/{f(hl['p99'])} | "
+                         f"{f(hf['p50'])}/{f(hf['p95'])} | {h['sentences_per_s']:.3f} | {h['real_time_streams']:.2f} | "
+                         f"{r['http_vs_in_process_sentences_per_s']:.2f}x in-process sentences/s")
         pc = r.get("phrase_cache")
         if pc:
             lines.append(

@@ -104,6 +104,39 @@ class _StreamingWav:
             os.unlink(self.tmp)
 
 
+def _knobs_from_cache(cache_path: Path, num_vq: int, given: dict[str, object]) -> dict[str, object]:
+    """`synth --cache`: the knobs not given on the command line take the cache's (the ones `warm` used),
+    so a plain `synth --cache` is served from it, as a request that sets nothing is by `serve`. Knobs
+    given explicitly win (a request the cache cannot serve is then a miss, synthesized as usual)."""
+    from click.core import ParameterSource
+
+    from chattts_forge.runtime.phrase_cache import PhraseCache, replay_params
+
+    cache = PhraseCache(cache_path)
+    try:
+        cached = replay_params(cache.knobs, num_vq)
+    except ForgeError as e:  # e.g. a speaker known only by its hash: synth's own defaults stay
+        log.info("phrase cache %s: its knobs are not synth's defaults here (%s)", cache_path, e)
+        return given
+    finally:
+        cache.close()
+    code = cached.code
+    theirs = {"seed": code.seed, "temperature": code.temperature, "top_p": code.top_p, "top_k": code.top_k,
+              "repetition_penalty": code.repetition_penalty, "max_new_token": code.max_new_token,
+              "min_new_token": code.min_new_token, "prompt": code.prompt, "refine": False,
+              "use_decoder": cached.use_decoder}
+    ctx = click.get_current_context()
+    out = dict(given)
+    taken = []
+    for name, value in theirs.items():
+        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT and out[name] != value:
+            out[name] = value
+            taken.append(f"{name}={value!r}")
+    if taken:
+        log.info("phrase cache %s: knobs not given take the cache's: %s", cache_path, ", ".join(taken))
+    return out
+
+
 @click.command("synth")
 @click.option(
     "--artifact",
@@ -297,6 +330,15 @@ def synth(
                              f"{ROUTING_NAME}")
         pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine, cache=cache_path, verify=verify,
                         public_key=public_key)
+    if cache_path is not None:
+        knobs = _knobs_from_cache(cache_path, pipe.num_vq, {
+            "seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+            "repetition_penalty": repetition_penalty, "max_new_token": max_new_token, "min_new_token": min_new_token,
+            "prompt": prompt, "refine": refine, "use_decoder": use_decoder})
+        seed, temperature, top_p, top_k = knobs["seed"], knobs["temperature"], knobs["top_p"], knobs["top_k"]
+        repetition_penalty, max_new_token = knobs["repetition_penalty"], knobs["max_new_token"]
+        min_new_token, prompt, refine, use_decoder = (knobs["min_new_token"], knobs["prompt"], knobs["refine"],
+                                                      knobs["use_decoder"])
     spk = _resolve_speaker(speaker, seed, pipe)
     spk_smp = None
     if speaker_audio is not None:

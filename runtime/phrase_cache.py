@@ -15,11 +15,12 @@ An entry's key is the sha256 of (the artifact's payload hash, the normalised tex
 code prompt (speed), speaker string, speaker/text prompt samples, temperature(s), top-p, top-k,
 repetition penalty, max/min new tokens, ensure-non-empty, seed and Decoder-or-DVAE. One cache holds
 one set of knobs (recorded in its header) and may hold entries of several artifacts (the variants a
-routing table sends phrases to). What is refused, each with a one-line ForgeError:
+routing table sends phrases to). What is refused or not served:
 
 - a cache built for other artifacts: `check_artifact` (payload hash not among the cache's);
-- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE):
-  `check_knobs` names the first knob that differs; never served;
+- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE) or no seed
+  is never served from the cache: `PipelineCache.servable` says so (logging the first knob that
+  differs once) and the request is a miss, synthesized as usual, never an error;
 - a damaged or tampered file: the trailing sha256 of the file is checked on open and each entry's
   own sha256 when it is read, naming the file.
 
@@ -318,6 +319,14 @@ class PhraseCache:
             raise ForgeError(f"phrase cache {self.path} was built for other artifacts ({made_for}), not {where} "
                              f"(payload {payload[:12]}); rebuild it with chattts-forge warm")
 
+    def knob_difference(self, knobs: dict[str, Any]) -> str | None:
+        """The first knob that differs from the ones the cache was built with ("name: cache X, request
+        Y"), or None when the request's knobs are the cache's."""
+        for name in sorted(set(self.knobs) | set(knobs)):
+            if self.knobs.get(name) != knobs.get(name):
+                return f"{name}: cache {self.knobs.get(name)!r}, request {knobs.get(name)!r}"
+        return None
+
     def check_knobs(self, knobs: dict[str, Any]) -> None:
         """ForgeError naming the first knob that differs from the ones the cache was built with."""
         for name in sorted(set(self.knobs) | set(knobs)):
@@ -373,13 +382,38 @@ class PipelineCache:
         self.cache = cache
         self.payload = payload_sha256(pipe.artifact.path)
         cache.check_artifact(self.payload, pipe.artifact.path)
+        self._told: set[str] = set()  # reasons a request was not served, logged once each
+
+    def servable(self, pipe: Pipeline, params: SynthParams) -> dict[str, Any] | None:
+        """The request's knobs when the cache can serve it, None when it cannot (unseeded, refined or
+        other knobs than the cache's): such a request is a miss, synthesized as usual (logged once per
+        reason), never an error."""
+        reason = None
+        if params.code.seed is None:
+            reason = "the request has no seed"
+        elif params.refine is not None:
+            reason = "the request refines its text (a cache holds unrefined audio)"
+        knobs = cache_knobs(params, pipe.num_vq)
+        if reason is None:
+            diff = self.cache.knob_difference(knobs)
+            reason = None if diff is None else f"its knobs differ from the cache's ({diff})"
+        if reason is None:
+            return knobs
+        kind = reason.split(" (")[1].split(":")[0] if " (" in reason else reason  # the knob, not its value
+        if kind not in self._told:  # once per knob: a server sees every seed, the set must stay small
+            self._told.add(kind)
+            log.info("phrase cache %s not used: %s; synthesized as usual (logged once per knob)",
+                     self.cache.path, reason)
+        self.cache.misses += 1
+        return None
 
     def synthesize_rows(self, pipe: Pipeline, norm: Sequence[str], params: SynthParams) -> list[Row]:
         """A `Row` per normalised text: hits from the cache (Vocos only), misses synthesized together
-        as one batch. A hit's hiddens are empty [0, hidden]: the code stage did not run."""
-        check_cacheable(params)
-        knobs = cache_knobs(params, pipe.num_vq)
-        self.cache.check_knobs(knobs)
+        as one batch. A hit's hiddens are empty [0, hidden]: the code stage did not run. A request the
+        cache cannot serve (`servable`) is synthesized whole."""
+        knobs = self.servable(pipe, params)
+        if knobs is None:
+            return pipe.synthesize_rows(norm, params)
         found = [self.cache.get(self.payload, t, knobs) for t in norm]
         missing = [r for r, f in enumerate(found) if f is None]
         synthesized = pipe.synthesize_rows([norm[r] for r in missing], params) if missing else []
@@ -393,9 +427,9 @@ class PipelineCache:
     def lookup(self, pipe: Pipeline, norm: str, params: SynthParams) -> Row | None:
         """One normalised text served from the cache (Vocos only), or None on a miss: what a service
         does before handing a miss to the scheduler. Thread-safe (Vocos runs outside the cache's lock)."""
-        check_cacheable(params)
-        knobs = cache_knobs(params, pipe.num_vq)
-        self.cache.check_knobs(knobs)
+        knobs = self.servable(pipe, params)
+        if knobs is None:
+            return None
         phrase = self.cache.get(self.payload, norm, knobs)
         return None if phrase is None else self._row(pipe, phrase)
 

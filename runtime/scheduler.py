@@ -10,7 +10,8 @@ holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between 
 2. code stage: one GPT step for every running row, then each request's own logits processing and
    seeded sampler (a row's codes never depend on the other rows);
 3. audio stage: each request's `StreamDecoder` turns its hidden states into final audio chunks
-   (first chunk as soon as exact audio exists, then every `stream_batch` steps); a finished or
+   (first chunk as soon as exact audio exists, then at every multiple of `stream_batch` steps, the
+   cuts `Pipeline.stream` makes, so the chunks equal a lone stream's bit for bit); a finished or
    cancelled request leaves the batch and its row is reused by the next waiting request.
 
 So a request's codes under the scheduler equal its codes alone (temperature 1e-9, same seed),
@@ -79,12 +80,17 @@ log = get_logger(__name__)
 _END = object()  # the end of a handle's chunk queue
 
 
+class QueueFullError(ForgeError):
+    """`submit` refused a request because `max_queue` requests already wait (a service answers 429)."""
+
+
 class Handle:
     """One request: its audio chunks as they become final, its result, its cancellation."""
 
-    def __init__(self, request_id: int, text: str) -> None:
+    def __init__(self, request_id: int, text: str, normalized: bool = False) -> None:
         self.id = request_id
         self.text = text
+        self.normalized = normalized  # the caller normalised (or refined) `text`: used as it is
         self.submitted = time.perf_counter()
         self.first_audio: float | None = None  # seconds from submit to the first non-empty chunk
         self.finished: float | None = None  # seconds from submit to the end
@@ -95,6 +101,21 @@ class Handle:
         self._result: Result | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self._listeners: list[Any] = []  # called after every chunk and at the end (add_listener)
+
+    def add_listener(self, callback: Any) -> None:
+        """`callback()` after every chunk and at the end, on the scheduler's threads (keep it short: e.g.
+        `loop.call_soon_threadsafe(event.set)`, so an asyncio server waits without polling)."""
+        self._listeners.append(callback)
+        if self._done.is_set():
+            callback()
+
+    def _notify(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception as e:  # noqa: BLE001 - a listener's failure must not stop the scheduler
+                log.warning("request %d: listener failed: %s", self.id, e)
 
     # ---- producer side (the scheduler) ----
     def _emit(self, chunk: np.ndarray) -> None:
@@ -104,6 +125,7 @@ class Handle:
             if len(chunk) and self.first_audio is None:
                 self.first_audio = time.perf_counter() - self.submitted
             self._chunks.put(chunk)
+        self._notify()
 
     def _finish(self, result: Result | None = None, error: BaseException | None = None) -> bool:
         """End the request once; False when it had already ended (the later end is dropped)."""
@@ -114,6 +136,7 @@ class Handle:
             self.finished = time.perf_counter() - self.submitted
             self._chunks.put(_END)
             self._done.set()
+        self._notify()
         return True
 
     # ---- consumer side ----
@@ -136,6 +159,17 @@ class Handle:
             raise self._error
         assert self._result is not None
         return self._result
+
+    def next_chunk(self, timeout: float | None = None) -> np.ndarray | None:
+        """The next final chunk, None at the end (the request's error raised instead, if it failed);
+        `queue.Empty` when none arrived within `timeout` (0: do not wait; for polling from asyncio)."""
+        item = self._chunks.get_nowait() if timeout == 0 else self._chunks.get(timeout=timeout)
+        if item is _END:
+            self._chunks.put(_END)  # the end stays visible to later calls
+            if self._error is not None:
+                raise self._error
+            return None
+        return item
 
     def chunks(self, timeout: float | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32) as they become final; raises the request's error at the end."""
@@ -175,7 +209,6 @@ class _Active:
     end: int = 0  # kept steps (EOS excluded)
     finished: bool = False
     pieces: list[np.ndarray] = field(default_factory=list)  # written by whoever decodes (worker or scheduler)
-    since_chunk: int = 0
     # Samples the decodes asked so far will have emitted (the scheduler's own view of
     # decoder.emitted, which the worker may not have reached yet): chunks are decided from it.
     asked: int = 0
@@ -270,17 +303,18 @@ class Scheduler:
 
     # ---- submission -------------------------------------------------------------------------
 
-    def submit(self, text: str, params: SynthParams | None = None) -> Handle:
-        """Queue a request; ForgeError when the scheduler is closed or `max_queue` requests wait, and
-        for parameters of a wrong type or out of range (`check_request`), before anything is queued."""
+    def submit(self, text: str, params: SynthParams | None = None, normalized: bool = False) -> Handle:
+        """Queue a request; ForgeError when the scheduler is closed, QueueFullError when `max_queue`
+        requests wait, and for parameters of a wrong type or out of range (`check_request`), before
+        anything is queued. `normalized`: `text` is already normalised (or refined) by the caller."""
         params = params or SynthParams()
         check_request(self.pipe, text, params)
         with self._lock:
             if self._closed:
                 raise ForgeError("the scheduler is closed")
             if len(self._waiting) >= self.max_queue:
-                raise ForgeError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
-            handle = Handle(self._next_id, text)
+                raise QueueFullError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
+            handle = Handle(self._next_id, text, normalized)
             self._next_id += 1
             self._waiting.append((handle, params))
             self._wake.notify()
@@ -377,7 +411,7 @@ class Scheduler:
 
     def _prefill_request(self, handle: Handle, params: SynthParams) -> _Active:
         pipe = self.pipe
-        text = pipe.normalize(handle.text, params)
+        text = handle.text if handle.normalized else pipe.normalize(handle.text, params)
         code = params.code
         cfg = pipe.code_sampling(code)
         emb, _, mask = pipe.prepare_code_inputs([text], code)
@@ -435,7 +469,6 @@ class Scheduler:
         act.finished = bool((idx == act.cfg.eos_token).any())
         act.end += 0 if act.finished else 1
         act.steps = step + 1
-        act.since_chunk += 1
         if not act.finished and act.steps == len(act.tokens):
             log.warning("request %d hit max_new_token %d", act.handle.id, len(act.tokens))
             act.finished = True
@@ -462,12 +495,13 @@ class Scheduler:
         """The audio due after this step, decided from the scheduler's own bookkeeping (`act.asked`), so
         the chunks are the same whether they are decoded here or on the worker."""
         dec = act.decoder
-        due = act.finished or act.since_chunk >= act.params.code.stream_batch
+        # At every multiple of stream_batch steps, as `Pipeline.stream` cuts a lone stream: the same
+        # windows are decoded, so a request's stream is bit-identical to `synth --stream`'s.
+        due = act.finished or act.steps % act.params.code.stream_batch == 0
         if not due and act.asked == 0:  # no audio yet: emit as soon as any is final
             due = dec.ready_samples(act.end) > 0
         if not due:
             return None
-        act.since_chunk = 0
         act.asked = max(act.asked, dec.ready_samples(act.end, act.finished))
         # Rows [0, end) of hiddens/tokens are final (the next steps write beyond them): a view suffices.
         src = act.hiddens[: act.end] if act.params.use_decoder else act.tokens[: act.end]

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "core": (("chattts_forge", "chattts_forge.checkpoint", "chattts_forge.torch_ref"), frozenset()),
     # chattts_forge.compat: the drop-in ChatTTS API, a re-export of chattts_forge.runtime.compat
-    "runtime": (("chattts_forge.runtime", "chattts_forge.compat"), frozenset({"core"})),
+    # chattts_forge.runtime.serve: the HTTP server (`chattts-forge serve`) over the runtime's scheduler
+    "runtime": (("chattts_forge.runtime", "chattts_forge.runtime.serve", "chattts_forge.compat"), frozenset({"core"})),
     # the torch export side: uses the runtime's fused-graph builder and parity driver; only the
     # command line and the build driver import it, so no torch-free stage depends on it.
     "convert": (("chattts_forge.convert",), frozenset({"core", "runtime"})),

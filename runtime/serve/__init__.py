@@ -1,0 +1,13 @@
+"""`chattts-forge serve`: the published artifacts behind an OpenAI-compatible streaming HTTP API.
+
+- `formats`: wav/pcm/flac/mp3/opus, whole or chunk by chunk;
+- `engine`: `ServedVersion`, one loaded (verified, warmed) artifact or version folder with a
+  continuous-batching scheduler per variant, length routing and the phrase caches;
+- `redis_cache`: the optional phrase cache shared by replicas;
+- `requests`: the OpenAI and ChatTTS-native request bodies, checked by type and range;
+- `metrics`: Prometheus metrics; `app`: the Starlette app and the version swaps; `server`: uvicorn
+  with SIGTERM drain and SIGHUP reload; `cli`: the command.
+
+Needs the `serve` extra (starlette, uvicorn, prometheus-client; redis for --cache-redis). See
+docs/serving.md "The server".
+"""

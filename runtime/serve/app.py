@@ -1,0 +1,570 @@
+"""The ASGI app (Starlette): OpenAI-compatible speech, the ChatTTS-native endpoint, health, metrics, admin.
+
+Endpoints (docs/serving.md "The server"):
+
+- `POST /v1/audio/speech` (OpenAI), `POST /v1/chattts/speech` (ChatTTS's knobs; serve.requests);
+- `GET /v1/models`, `GET /v1/voices`, `GET /healthz` (the process answers), `GET /readyz` (200 only
+  once the version is loaded, verified and warmed, and not draining), `GET /metrics` (serve.metrics);
+- `POST /admin/reload {"artifact": DIR}`, `POST /admin/promote`, `POST /admin/rollback`: loopback
+  clients only, or any client with `Authorization: Bearer TOKEN` when the server has `admin_token`.
+
+A request: checked (400, one JSON line), prepared on a worker thread (normalise, route, refine,
+phrase-cache look-ups: a hit is answered whole at once), queued on its variant's scheduler (429 with
+Retry-After when the queue is full), then answered from its first final chunk on (chunked; `stream:
+false` waits and decodes the whole waveform, as `synth`). The handler waits on the scheduler through
+a listener (no polling, no thread per request); a client that disconnects cancels its request, whose
+row is freed before the next GPT step; past its deadline a request is cancelled too (504 before any
+audio was sent, a cut stream after). No lock is held across requests: only text refinement, which
+runs on the variant's one GPT step, is serialised per variant.
+
+Versions (`ServerState`): `reload` loads and verifies the new version beside the old one and warms
+it, then new requests go to it (with `canary_share`, that share of them until `promote`); requests
+already admitted finish on the version that admitted them, which is closed once they have (bounded
+by `drain_s`). A version that fails to load leaves the old one serving (the reload answers 422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ipaddress
+import json
+import queue
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.scheduler import Handle, QueueFullError
+from chattts_forge.runtime.serve.engine import Prepared, ServedVersion, load_voices
+from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
+from chattts_forge.runtime.serve.metrics import Metrics
+from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
+
+log = get_logger(__name__)
+
+_WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadline and its client
+
+
+@dataclass
+class ServeConfig:
+    """What `chattts-forge serve` takes (see its --help)."""
+
+    artifact: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 8
+    max_queue: int = 64
+    threads: int | None = None
+    provider: str = "cpu"
+    verify: str = "full"
+    voices_file: str | None = None
+    phrase_cache: str | None = None
+    cache_redis: str | None = None
+    seed: int = 0
+    deadline_s: float = 300.0
+    max_input_chars: int = 4096
+    admin_token: str | None = None
+    canary_share: float = 0.0
+    drain_s: float = 30.0
+    warm_phrases: int = 8
+    retry_after_s: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerState:
+    """The serving version(s), the metrics and the switches; shared by the app's handlers."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.current: ServedVersion | None = None
+        self.canary: ServedVersion | None = None
+        self.ready = False
+        self.draining = False
+        self.load_error: str | None = None
+        self._reload_lock = threading.Lock()
+        self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
+        self._voices = load_voices(cfg.voices_file)
+        self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0)
+        self._rng = random.Random(cfg.seed)
+
+    def _live(self) -> list[ServedVersion]:
+        return [v for v in (self.current, self.canary) if v is not None]
+
+    def _waiting(self) -> float:
+        return float(sum(v.waiting for v in self._live()))
+
+    def _running(self) -> float:
+        return float(sum(v.running for v in self._live()))
+
+    # ---- loading and swapping ---------------------------------------------------------------------
+
+    def open_version(self, path: str) -> ServedVersion:
+        """Load, verify and warm a version (nothing serves it yet)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        version = ServedVersion(path, max_batch=cfg.max_batch, max_queue=cfg.max_queue, threads=cfg.threads,
+                                provider=cfg.provider, verify=cfg.verify, phrase_cache=cfg.phrase_cache,
+                                redis_url=cfg.cache_redis, voices=self._voices, seed=cfg.seed)
+        try:
+            phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []
+            warmed = version.warm(phrases)
+        except BaseException:
+            version.close()
+            raise
+        log.info("loaded %s (%s; variants %s) in %.1f s, warmed with %d request(s)", version.model_id, path,
+                 ", ".join(version.pipes), time.perf_counter() - t0, warmed)
+        return version
+
+    def load_initial(self) -> None:
+        try:
+            self.current = self.open_version(self.cfg.artifact)
+            self.ready = True
+        except ForgeError as e:
+            self.load_error = str(e)
+            log.error("cannot serve %s: %s", self.cfg.artifact, e)
+
+    def reload(self, path: str) -> dict[str, Any]:
+        """Swap to the version at `path` (see the module docstring); ForgeError leaves the old one serving."""
+        if not self._reload_lock.acquire(blocking=False):
+            raise ForgeError("a reload is already running")
+        try:
+            try:
+                new = self.open_version(path)
+            except ForgeError as e:
+                self.metrics.reloads.labels(result="failed").inc()
+                raise ForgeError(f"reload of {path} failed, still serving "
+                                 f"{self.current.model_id if self.current else 'nothing'}: {e}") from None
+            with self._swap_lock:
+                old_canary = self.canary
+                old = None
+                if self.cfg.canary_share > 0 and self.current is not None:
+                    self.canary = new
+                    mode = f"canary ({self.cfg.canary_share:.0%} of new requests)"
+                else:
+                    old, self.current, self.canary = self.current, new, None
+                    mode = "all new requests"
+                    self.ready = True
+            self._retire(old)
+            self._retire(old_canary)
+            self.cfg.artifact = path
+            self.metrics.reloads.labels(result="ok").inc()
+            log.info("reload: %s now serves %s", new.model_id, mode)
+            return {"model": new.model_id, "artifact": path, "serves": mode}
+        finally:
+            self._reload_lock.release()
+
+    def promote(self) -> dict[str, Any]:
+        if self.canary is None:
+            raise ForgeError("no canary version to promote (reload with --canary-share first)")
+        with self._swap_lock:
+            old, self.current, self.canary = self.current, self.canary, None
+        self._retire(old)
+        return {"model": self.current.model_id, "serves": "all new requests"}
+
+    def rollback(self) -> dict[str, Any]:
+        if self.canary is None:
+            raise ForgeError("no canary version to roll back")
+        with self._swap_lock:
+            old, self.canary = self.canary, None
+        self._retire(old)
+        assert self.current is not None
+        return {"model": self.current.model_id, "serves": "all new requests"}
+
+    def _retire(self, version: ServedVersion | None) -> None:
+        """Close a version once its admitted requests have finished (in the background, bounded)."""
+        if version is None:
+            return
+
+        def run() -> None:
+            if not version.drain(self.cfg.drain_s):
+                log.warning("%s: %d request(s) still running after %.0f s; closing it", version.model_id,
+                            version.inflight, self.cfg.drain_s)
+            version.close()
+            log.info("closed the previous version %s", version.model_id)
+
+        threading.Thread(target=run, name="forge-retire", daemon=True).start()
+
+    def acquire(self) -> ServedVersion:
+        """The version a new request goes to (the canary's share of them to the canary), counted as
+        running on it: picking and counting under the swap lock, a version being retired is never
+        picked after its drain began."""
+        with self._swap_lock:
+            if self.canary is not None and self._rng.random() < self.cfg.canary_share:
+                version = self.canary
+            else:
+                assert self.current is not None
+                version = self.current
+            version.begin()
+            return version
+
+    def shutdown(self) -> None:
+        self.draining = True
+        for v in self._live():
+            v.close(self.cfg.drain_s)
+
+
+# ---- the app -------------------------------------------------------------------------------------
+
+
+class _Deadline(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None):
+    from starlette.responses import JSONResponse
+
+    etype = "invalid_request_error" if status == 400 else kind
+    body = {"error": {"message": message.splitlines()[0] if message else kind, "type": etype, "param": param,
+                      "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(state: ServerState, load_in_background: bool = True):
+    """The Starlette app serving `state` (loading its version at startup unless already loaded)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    metrics = state.metrics
+    cfg = state.cfg
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if state.current is None and load_in_background:
+            threading.Thread(target=state.load_initial, name="forge-load", daemon=True).start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, state.shutdown)
+
+    def count(endpoint: str, status: int) -> None:
+        metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def fail(endpoint: str, status: int, message: str, kind: str, param: str | None = None,
+             headers: dict[str, str] | None = None):
+        metrics.errors.labels(kind=kind).inc()
+        count(endpoint, status)
+        return _error(status, message, kind, param, headers)
+
+    async def read_json(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadRequest(f"the body is not valid JSON ({e})") from None
+
+    async def speech_openai(request: Request):
+        return await speech(request, "openai")
+
+    async def speech_native(request: Request):
+        return await speech(request, "native")
+
+    async def speech(request: Request, kind: str):
+        endpoint = "/v1/audio/speech" if kind == "openai" else "/v1/chattts/speech"
+        t0 = time.perf_counter()
+        if not state.ready or state.draining or state.current is None:
+            why = "the server is draining" if state.draining else state.load_error or "the model is still loading"
+            return fail(endpoint, 503, why, "not_ready", headers={"Retry-After": str(cfg.retry_after_s)})
+        version = state.acquire()
+        ended = False
+        try:
+            body = await read_json(request)
+            if kind == "openai":
+                req = parse_openai(body, version.default_params, cfg.max_input_chars)
+            else:
+                req = parse_native(body, cfg.max_input_chars)
+            if req.params.code.spk_emb is None:
+                spk = version.speaker_for(req.voice)
+                req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))
+        except ForgeError as e:
+            version.end()
+            return fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+        except BaseException:
+            version.end()
+            raise
+        try:
+            loop = asyncio.get_running_loop()
+            try:
+                prep = await loop.run_in_executor(None, version.prepare, req.text, req.params, req.model)
+            except ForgeError as e:
+                return fail(endpoint, 400, str(e), "bad_request")
+            deadline = t0 + (req.deadline_s if req.deadline_s is not None else cfg.deadline_s)
+            if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
+                metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
+                return _whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
+            metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
+            try:
+                handle = version.submit(prep)
+            except QueueFullError as e:
+                return fail(endpoint, 429, str(e), "queue_full", headers={"Retry-After": str(cfg.retry_after_s)})
+            except ForgeError as e:  # the scheduler closed (a swap raced this request)
+                return fail(endpoint, 503, str(e), "not_ready", headers={"Retry-After": str(cfg.retry_after_s)})
+            waiter = _Waiter(handle, loop)
+            try:
+                if not req.stream:
+                    await waiter.until_done(deadline, request)
+                    result = handle.result()
+                    wav = await loop.run_in_executor(None, version.whole_wav, prep, result)
+                    return _whole(endpoint, req, prep, wav, version, t0, cached=False)
+                first = await waiter.next(deadline, request)
+            except _Deadline:
+                handle.cancel()
+                return fail(endpoint, 504, f"request deadline of {deadline - t0:.1f} s passed before any audio",
+                            "deadline")
+            except _Disconnected:
+                handle.cancel()
+                metrics.errors.labels(kind="disconnect").inc()
+                return Response(status_code=499)
+            except ForgeError as e:
+                return fail(endpoint, 500, str(e), "internal")
+            ended = True  # the stream below ends the request
+            return StreamingResponse(_stream(endpoint, req, prep, version, handle, waiter, first, t0, deadline),
+                                     media_type="text/event-stream" if req.stream_format == "sse"
+                                     else content_type(req.response_format),
+                                     headers=_headers(version, prep, cached=False))
+        finally:
+            if not ended:
+                version.end()
+
+    def _whole(endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
+               t0: float, cached: bool):
+        sr = version.pipes[prep.variant].sample_rate
+        data = encode_whole(wav, sr, req.response_format)
+        took = time.perf_counter() - t0
+        metrics.first_audio.observe(took)
+        metrics.served(took, len(wav) / sr, cached)
+        count(endpoint, 200)
+        headers = _headers(version, prep, cached)
+        if req.stream_format == "sse":
+            events = _sse_delta(data) + _sse_done(len(req.text), len(wav))
+            return Response(events, media_type="text/event-stream", headers=headers)
+        return Response(data, media_type=content_type(req.response_format), headers=headers)
+
+    async def _stream(endpoint: str, req: SpeechRequest, prep: Prepared, version: ServedVersion, handle: Handle,
+                      waiter: _Waiter, first: np.ndarray | None, t0: float, deadline: float) -> AsyncIterator[bytes]:
+        sr = version.pipes[prep.variant].sample_rate
+        enc = StreamEncoder(req.response_format, sr)
+        sse = req.stream_format == "sse"
+        samples = 0
+        finished = False
+        first_sent = False
+        try:
+            chunk = first
+            while chunk is not None:
+                data = enc.write(chunk)
+                samples += len(chunk)
+                if data:
+                    if not first_sent and len(chunk):
+                        metrics.first_audio.observe(time.perf_counter() - t0)
+                        first_sent = True
+                    yield _sse_delta(data) if sse else data
+                try:
+                    chunk = await waiter.next(deadline, None)
+                except _Deadline:
+                    handle.cancel()
+                    metrics.errors.labels(kind="deadline").inc()
+                    log.warning("request %d: deadline passed mid-stream; stream cut", handle.id)
+                    if sse:
+                        yield _sse_error("deadline passed mid-stream")
+                    return
+                except ForgeError as e:
+                    metrics.errors.labels(kind="internal").inc()
+                    log.error("request %d failed mid-stream: %s", handle.id, e)
+                    if sse:
+                        yield _sse_error(str(e))
+                    return
+            tail = enc.close()
+            if tail:
+                yield _sse_delta(tail) if sse else tail
+            if sse:
+                yield _sse_done(len(req.text), samples)
+            finished = True
+            took = time.perf_counter() - t0
+            metrics.served(took, samples / sr, False)
+            count(endpoint, 200)
+            if version.redis is not None:  # fill the shared cache from the finished request
+                result = handle.result()
+                asyncio.get_running_loop().run_in_executor(None, version.whole_wav, prep, result)
+        finally:
+            if not finished and not handle.done():
+                handle.cancel()  # the client went away: its row is freed before the next GPT step
+                metrics.errors.labels(kind="disconnect").inc()
+                log.info("request %d: client disconnected; cancelled", handle.id)
+            version.end()
+
+    async def models(request: Request):
+        if state.current is None:
+            return fail("/v1/models", 503, state.load_error or "the model is still loading", "not_ready")
+        created = int(Path(state.current.path).stat().st_mtime)
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "chattts-forge"}
+                for m in state.current.model_names()]
+        count("/v1/models", 200)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def voices(request: Request):
+        if state.current is None:
+            return fail("/v1/voices", 503, state.load_error or "the model is still loading", "not_ready")
+        return JSONResponse({"voices": state.current.voices})
+
+    async def healthz(request: Request):
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request):
+        if state.ready and not state.draining and state.current is not None:
+            body = {"status": "ready", "model": state.current.model_id,
+                    "canary": state.canary.model_id if state.canary else None}
+            return JSONResponse(body)
+        why = "draining" if state.draining else ("failed: " + state.load_error) if state.load_error else "loading"
+        return JSONResponse({"status": why}, status_code=503)
+
+    async def metrics_endpoint(request: Request):
+        data, ctype = metrics.render()
+        return Response(data, media_type=ctype.split(";")[0], headers={"Content-Type": ctype})
+
+    def admin_allowed(request: Request) -> str | None:
+        if cfg.admin_token:
+            if request.headers.get("authorization", "") != f"Bearer {cfg.admin_token}":
+                return "admin endpoints need Authorization: Bearer <token>"
+            return None
+        host = request.client.host if request.client else ""
+        try:
+            if ipaddress.ip_address(host).is_loopback:
+                return None
+        except ValueError:
+            pass
+        return "admin endpoints answer loopback clients only (start the server with --admin-token to allow others)"
+
+    async def admin(request: Request, action: str):
+        endpoint = f"/admin/{action}"
+        refused = admin_allowed(request)
+        if refused:
+            return fail(endpoint, 403, refused, "admin")
+        loop = asyncio.get_running_loop()
+        try:
+            if action == "reload":
+                body = await read_json(request) if (await request.body()) else {}
+                if not isinstance(body, dict):
+                    raise BadRequest("the body must be a JSON object")
+                path = body.get("artifact", cfg.artifact)
+                if not isinstance(path, str) or not path:
+                    raise BadRequest("artifact must be a folder path", "artifact")
+                result = await loop.run_in_executor(None, state.reload, path)
+            elif action == "promote":
+                result = state.promote()
+            else:
+                result = state.rollback()
+        except BadRequest as e:
+            return fail(endpoint, 400, str(e), "bad_request", e.param)
+        except ForgeError as e:
+            return fail(endpoint, 409 if "already running" in str(e) else 422, str(e),
+                        "reload_failed" if action == "reload" else "admin")
+        count(endpoint, 200)
+        return JSONResponse(result)
+
+    async def admin_reload(request: Request):
+        return await admin(request, "reload")
+
+    async def admin_promote(request: Request):
+        return await admin(request, "promote")
+
+    async def admin_rollback(request: Request):
+        return await admin(request, "rollback")
+
+    async def not_found(request: Request, exc: Exception):
+        return _error(404, f"no route {request.url.path}", "not_found")
+
+    async def method_not_allowed(request: Request, exc: Exception):
+        return _error(405, f"method {request.method} not allowed on {request.url.path}", "method_not_allowed")
+
+    async def internal(request: Request, exc: Exception):
+        log.error("internal error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
+        metrics.errors.labels(kind="internal").inc()
+        return _error(500, f"internal error ({type(exc).__name__})", "internal")
+
+    routes = [
+        Route("/v1/audio/speech", speech_openai, methods=["POST"]),
+        Route("/v1/chattts/speech", speech_native, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/voices", voices, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/admin/reload", admin_reload, methods=["POST"]),
+        Route("/admin/promote", admin_promote, methods=["POST"]),
+        Route("/admin/rollback", admin_rollback, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: method_not_allowed, Exception: internal})
+    app.state.forge = state
+    return app
+
+
+class _Waiter:
+    """Waits for a handle's next chunk from asyncio: woken by the handle's listener, not by polling."""
+
+    def __init__(self, handle: Handle, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = handle
+        self.loop = loop
+        self.event = asyncio.Event()
+        handle.add_listener(self._wake)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def next(self, deadline: float, request: Any | None) -> np.ndarray | None:
+        """The next chunk (None at the end); raises the request's ForgeError, _Deadline, _Disconnected."""
+        while True:
+            self.event.clear()
+            try:
+                return self.handle.next_chunk(0)
+            except queue.Empty:
+                pass
+            await self._sleep(deadline, request)
+
+    async def until_done(self, deadline: float, request: Any | None) -> None:
+        while not self.handle.done():
+            self.event.clear()
+            if self.handle.done():
+                return
+            await self._sleep(deadline, request)
+
+    async def _sleep(self, deadline: float, request: Any | None) -> None:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise _Deadline()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout=min(left, _WAKE_S))
+        if request is not None and await request.is_disconnected():
+            raise _Disconnected()
+
+
+def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, str]:
+    """Which version and variant answered, and whether from a phrase cache."""
+    return {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.variant, "X-Forge-Cached": str(cached).lower()}
+
+
+def _sse_delta(data: bytes) -> bytes:
+    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+def _sse_done(chars: int, samples: int) -> bytes:
+    usage = {"input_tokens": chars, "output_tokens": samples, "total_tokens": chars + samples}
+    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()
+
+
+def _sse_error(message: str) -> bytes:
+    return f"data: {json.dumps({'type': 'error', 'error': {'message': message.splitlines()[0]}})}\n\n".encode()

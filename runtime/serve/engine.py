@@ -1,0 +1,437 @@
+"""What the server serves: one loaded artifact or published version, its schedulers and caches.
+
+`ServedVersion(path, ...)` opens an artifact folder (one variant) or a published version folder
+(`artifacts/<model>/<version>`, whose routing.json sends each text to its length bucket's variant),
+verifies every variant it opens (`verify="full"` by default: every graph re-hashed), starts one
+continuous-batching `Scheduler` per variant and attaches the phrase caches:
+
+- the version's `phrase_cache.bin` (or `phrase_cache=`): hits are served with Vocos only; a request
+  whose knobs differ from the cache's is a miss, synthesized as usual (runtime.phrase_cache);
+- optionally a shared Redis cache (`redis_url=`, serve.redis_cache) filled by the misses.
+
+A request goes `prepare` (normalise, route, refine if asked, cache lookups; CPU work on the caller's
+thread) then `submit` (the variant's scheduler). Requests that refine their text share the variant's
+GPT step for that pass, so refinement (and only it) is serialised per variant; code generation always
+runs in the scheduler's batch.
+
+Request defaults (`default_params`): the knobs the version's phrase cache was warmed with when it has
+one (so a request that sets nothing is served from the shipped cache), else `synth`'s defaults with
+seed 0 and refinement off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.artifact import ARTIFACT_JSON
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
+from chattts_forge.runtime.scheduler import Handle, Scheduler
+
+log = get_logger(__name__)
+
+# OpenAI's voice names map to fixed voices: the speaker `Pipeline.random_speaker(seed)` draws from the
+# artifact's speaker statistics (what `synth --speaker random --seed SEED` uses), so existing client
+# code runs unchanged and a name always means the same voice on the same model.
+OPENAI_VOICE_SEEDS = {"alloy": 1, "echo": 2, "fable": 3, "onyx": 4, "nova": 5, "shimmer": 6}
+DEFAULT_VOICE = "default"  # no speaker string: the model's own default voice (what `warm` uses by default)
+PHRASE_CACHE_NAME = "phrase_cache.bin"
+
+
+@dataclass
+class Prepared:
+    """A request ready for the scheduler, or already served from a cache (`wav` set)."""
+
+    variant: str
+    text: str  # normalised (and refined, if asked)
+    params: SynthParams
+    wav: np.ndarray | None = None  # a cache hit's whole waveform
+    cache_tier: str | None = None  # "file" or "redis" for a hit
+    mel: np.ndarray | None = None
+
+
+def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
+    """A voices file: JSON {name: speaker string}; names must not shadow OpenAI's or 'default'."""
+    if path is None:
+        return {}
+    import json
+
+    p = Path(path)
+    try:
+        table = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForgeError(f"voices file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForgeError(f"voices file {p} is not valid JSON ({e})") from None
+    if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+        raise ForgeError(f"voices file {p} must hold one JSON object of name -> speaker string")
+    return {k.strip(): v.strip() for k, v in table.items()}
+
+
+class ServedVersion:
+    """One artifact or version folder, loaded, verified, with a running scheduler per variant."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        threads: int | None = None,
+        provider: str = "cpu",
+        verify: str = "full",
+        phrase_cache: str | os.PathLike[str] | None = None,
+        redis_url: str | None = None,
+        voices: dict[str, str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ForgeError(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
+        self.max_batch, self.max_queue = max_batch, max_queue
+        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "engine": "auto"}
+        self.router: Router | None = None
+        self.pipes: dict[str, Pipeline] = {}
+        self.schedulers: dict[str, Scheduler] = {}
+        self._refine_locks: dict[str, threading.Lock] = {}
+        self._open_lock = threading.Lock()
+        self.caches: dict[str, PipelineCache] = {}
+        self.file_cache: PhraseCache | None = None
+        self.redis = None
+        self.inflight = 0  # requests admitted and not yet ended (a reload drains the old version by it)
+        self._inflight_lock = threading.Condition()
+        try:
+            if (self.path / ROUTING_NAME).is_file():
+                self.router = Router(self.path, **kwargs)
+                self.model_id = f"{self.path.resolve().parent.name}/{self.path.resolve().name}"
+                routed = sorted(set(self.router.routes.values()) | {self.router.table["fallback"]})
+                self.published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
+                for v in routed:
+                    self._open(v)
+                self.front = self.pipes[self.router.table["fallback"]]
+                cache_path = phrase_cache or (self.path / PHRASE_CACHE_NAME if (self.path / PHRASE_CACHE_NAME).is_file()
+                                              else None)
+            else:
+                pipe = Pipeline(self.path, **kwargs)
+                name = pipe.artifact.variant or self.path.name
+                self.model_id = name
+                self.published = [name]
+                self._add(name, pipe)
+                self.front = pipe
+                cache_path = phrase_cache
+            if cache_path is not None:
+                self._attach_file_cache(cache_path)
+            if redis_url:
+                from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
+
+                self.redis = RedisPhraseCache(redis_url)
+            self.voices = self._voices(voices or {}, seed)
+            self.default_params = self._defaults(seed)
+        except BaseException:
+            self.close(0)
+            raise
+
+    # ---- loading ----------------------------------------------------------------------------
+
+    def _add(self, variant: str, pipe: Pipeline) -> None:
+        self.pipes[variant] = pipe
+        self._refine_locks[variant] = threading.Lock()
+        if pipe.engine == "fast":
+            self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue).start()
+        else:
+            log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
+                        "request at a time", variant, pipe.artifact.provider)
+            self.schedulers[variant] = SequentialRunner(pipe, max_queue=self.max_queue).start()
+        if self.file_cache is not None:
+            self._attach_one(variant, pipe)
+
+    def _open(self, variant: str) -> Pipeline:
+        """The variant's pipeline and scheduler, opened (and verified) on first use."""
+        with self._open_lock:
+            if variant not in self.pipes:
+                if variant not in self.published:
+                    raise ForgeError(f"model {variant!r} is not served here (models: {', '.join(self.model_names())})")
+                assert self.router is not None
+                log.info("opening variant %s of %s", variant, self.path)
+                self._add(variant, self.router.pipeline(variant))
+            return self.pipes[variant]
+
+    def _attach_file_cache(self, path: str | os.PathLike[str]) -> None:
+        self.file_cache = PhraseCache(path)
+        for v, pipe in self.pipes.items():
+            self._attach_one(v, pipe)
+        if not self.caches:  # built for none of the variants served: refused, naming what it was built for
+            self.file_cache.check_artifact(payload_sha256(self.front.artifact.path), self.path)
+
+    def _attach_one(self, variant: str, pipe: Pipeline) -> None:
+        assert self.file_cache is not None
+        try:
+            self.caches[variant] = PipelineCache(self.file_cache, pipe)
+        except ForgeError:  # a cache built for other variants of the version: this one has none
+            pass
+
+    def _voices(self, named: dict[str, str], seed: int) -> dict[str, str | None]:
+        voices: dict[str, str | None] = {DEFAULT_VOICE: None}
+        for name, s in OPENAI_VOICE_SEEDS.items():
+            voices[name] = self.front.random_speaker(s)
+        for name, spk in named.items():
+            if name in voices:
+                raise ForgeError(f"voices file: name {name!r} is reserved (OpenAI's voices and 'default')")
+            try:
+                speaker_vector(spk, self.front.dims.hidden_size)
+            except ForgeError as e:
+                raise ForgeError(f"voices file: voice {name!r}: {e}") from None
+            voices[name] = spk
+        return voices
+
+    def _defaults(self, seed: int) -> SynthParams:
+        if self.file_cache is not None:
+            try:
+                return replay_params(self.file_cache.knobs, self.front.num_vq)
+            except ForgeError as e:
+                log.warning("phrase cache %s: its knobs are not the defaults (%s)", self.file_cache.path, e)
+        return SynthParams(code=InferCodeParams(seed=seed))
+
+    def model_names(self) -> list[str]:
+        names = [self.model_id]
+        return names + [v for v in self.published if v != self.model_id]
+
+    def speaker_for(self, voice: str) -> str | None:
+        """A named voice's speaker string, or `voice` itself when it is a raw speaker string."""
+        if voice in self.voices:
+            return self.voices[voice]
+        if len(voice) > 64:  # a raw spk_emb string (ChatTTS's speaker strings are hundreds of characters)
+            try:
+                speaker_vector(voice, self.front.dims.hidden_size)
+            except ForgeError as e:
+                raise ForgeError(f"voice is neither a known name nor a valid speaker string ({e})") from None
+            return voice
+        names = ", ".join(sorted(self.voices))
+        raise ForgeError(f"unknown voice {voice!r} (voices: {names}; or a raw speaker string)")
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def variant_for(self, model: str | None, normalised: str) -> str:
+        if model is not None and model != self.model_id:
+            self._open(model)
+            return model
+        if self.router is None:
+            return next(iter(self.pipes))
+        return self.router.routes[bucket_of(text_length(normalised), table_buckets(self.router.table)).name]
+
+    def prepare(self, text: str, params: SynthParams, model: str | None = None) -> Prepared:
+        """Normalise, route, check, refine (if asked) and look the request up in the caches. Raises a
+        ForgeError for a request that cannot be served (the client's error)."""
+        norm = self.front.normalize(text, params)
+        variant = self.variant_for(model, norm)
+        pipe = self.pipes[variant]
+        if params.refine is not None:
+            with self._refine_locks[variant]:  # refinement runs on the variant's one GPT step
+                refined = pipe.refine_text([norm], params.refine)[0]
+            if not is_speakable(refined):
+                raise ForgeError("refinement produced nothing speakable")
+            norm = refined
+        check_code_request(pipe, norm, params.code)
+        prep = Prepared(variant, norm, params)
+        cache = self.caches.get(variant)
+        if cache is not None:
+            row = cache.lookup(pipe, norm, params)
+            if row is not None:
+                prep.wav, prep.cache_tier = row.wav, "file"
+                return prep
+        if self.redis is not None:
+            wav = self.redis.lookup(pipe, norm, params)
+            if wav is not None:
+                prep.wav, prep.cache_tier = wav, "redis"
+        return prep
+
+    def submit(self, prep: Prepared) -> Handle:
+        """Queue a prepared miss on its variant's scheduler (QueueFullError when its queue is full)."""
+        # the text is refined already (prepare): the scheduler generates codes for it as it is
+        return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True)
+
+    def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
+        """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`
+        decodes), so a non-streamed response is `synth`'s audio; the mel goes to the Redis cache."""
+        pipe = self.pipes[prep.variant]
+        src = result.hiddens if prep.params.use_decoder else result.codes
+        if len(src) == 0:
+            return np.zeros(0, np.float32)
+        mel = pipe.decode_mel(src, prep.params.use_decoder)
+        wav = pipe.vocos(mel)
+        if self.redis is not None:
+            self.redis.store(pipe, prep.text, prep.params, mel, result.codes)
+        return wav
+
+    def begin(self) -> None:
+        with self._inflight_lock:
+            self.inflight += 1
+
+    def end(self) -> None:
+        with self._inflight_lock:
+            self.inflight -= 1
+            self._inflight_lock.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until no admitted request runs (True) or `timeout` seconds passed (False)."""
+        with self._inflight_lock:
+            return self._inflight_lock.wait_for(lambda: self.inflight == 0, timeout)
+
+    @property
+    def waiting(self) -> int:
+        return sum(s.waiting for s in self.schedulers.values())
+
+    @property
+    def running(self) -> int:
+        return sum(s.running for s in self.schedulers.values())
+
+    def warm(self, texts: list[str] | None = None) -> int:
+        """Synthesize a few texts through each variant's scheduler (sessions loaded, arenas sized);
+        with a phrase cache, also serve its first phrases (entries read, Vocos warm). Returns the count."""
+        done = 0
+        short = replace(self.default_params, code=replace(self.default_params.code, max_new_token=8,
+                                                          min_new_token=0))
+        for variant in list(self.pipes):
+            prep = Prepared(variant, self.pipes[variant].normalize("Hello.", short), short)
+            self.submit(prep).result(timeout=600)
+            done += 1
+        for text in texts or []:
+            self.prepare(text, self.default_params)
+            done += 1
+        return done
+
+    def close(self, drain_s: float = 0.0) -> None:
+        if drain_s > 0:
+            self.drain(drain_s)
+        for sched in self.schedulers.values():
+            sched.close()
+        self.schedulers = {}
+        if self.file_cache is not None:
+            self.file_cache.close()
+            self.file_cache = None
+
+
+class SequentialRunner:
+    """The scheduler's interface for a variant the scheduler cannot batch (no fused GPT graph: fp16, or
+    any variant on CUDA, where the runtime runs the plain graph): its requests run one at a time on one
+    worker thread, each streamed exactly as `Pipeline.stream` (and `synth --stream`) streams it."""
+
+    def __init__(self, pipe: Pipeline, max_queue: int = 64) -> None:
+        import queue as queue_mod
+
+        self.pipe = pipe
+        self.max_queue = max_queue
+        self._queue: queue_mod.Queue[Any] = queue_mod.Queue()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.running = 0
+        self.steps = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> SequentialRunner:
+        self._thread = threading.Thread(target=self._work, name="forge-sequential", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, text: str, params: SynthParams, normalized: bool = False) -> Handle:
+        from chattts_forge.runtime.scheduler import QueueFullError
+
+        with self._lock:
+            if self._closed:
+                raise ForgeError("the scheduler is closed")
+            if self._queue.qsize() >= self.max_queue:
+                raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
+            handle = Handle(self._next_id, text, normalized)
+            self._next_id += 1
+            self._queue.put((handle, params))
+        return handle
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, params = item
+            self.running = 1
+            try:
+                self._run(handle, params)
+            finally:
+                self.running = 0
+
+    def _run(self, handle: Handle, params: SynthParams) -> None:
+        from chattts_forge.runtime.pipeline import Result
+
+        class Cancelled(Exception):
+            pass
+
+        def progress(state: Any) -> None:
+            self.steps += 1
+            if handle.cancelled:
+                raise Cancelled()
+
+        gens: list[Any] = []
+        pieces: list[np.ndarray] = []
+        try:
+            if handle.cancelled:
+                raise Cancelled()
+            # the text is normalised (and refined) already: the stream must not normalise it again
+            plain = replace(params, normalize=False, homophones=False, refine=None)
+            for chunk in self.pipe.stream([handle.text], plain, on_done=gens.append, progress=progress):
+                if len(chunk[0]):
+                    pieces.append(chunk[0])
+                    handle._emit(chunk[0])
+            gen = gens[0]
+            wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+            handle._finish(result=Result(text=handle.text, codes=gen.ids[0], hiddens=gen.hiddens[0], wav=wav,
+                                         sample_rate=self.pipe.sample_rate))
+        except Cancelled:
+            handle._finish(error=ForgeError(f"request {handle.id} was cancelled"))
+        except ForgeError as e:
+            handle._finish(error=ForgeError(f"request {handle.id}: {e}"))
+        except Exception as e:  # noqa: BLE001 - one request failing must not end the worker
+            log.error("request %d failed: %s", handle.id, e)
+            handle._finish(error=ForgeError(f"request {handle.id}: generation failed ({type(e).__name__}: {e})"))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing left waiting
+                break
+            if item is not None:
+                item[0]._finish(error=ForgeError(f"request {item[0].id}: the scheduler closed before it ran"))
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def check_code_request(pipe: Pipeline, text: str, code: InferCodeParams) -> None:
+    """Everything the scheduler would refuse about a request, checked before it is queued (a bad
+    request answers 400 at once): sampling knobs, speaker, speaker sample and the prompt's length."""
+    pipe.code_sampling(code)
+    if code.stream_batch < 1:
+        raise ForgeError(f"stream_batch must be >= 1, got {code.stream_batch}")
+    prompt = pipe.speaker_sample_codes(code.spk_smp) if code.spk_smp is not None else None
+    if code.spk_emb is not None:
+        speaker_vector(code.spk_emb, pipe.dims.hidden_size)
+    decorated = decorate_code_prompts([text], code.prompt, code.txt_smp, code.spk_emb)
+    input_ids, _, _ = pipe.tokenizer.encode(decorated, pipe.num_vq, prompt)
+    pipe._check_length(input_ids.shape[1], code.max_new_token)

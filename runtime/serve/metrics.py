@@ -1,0 +1,67 @@
+"""The server's Prometheus metrics (one registry per app, so several apps in one process do not mix).
+
+| metric | type | what |
+| --- | --- | --- |
+| forge_queue_depth | gauge | requests waiting in the schedulers of the serving version(s) |
+| forge_running_rows | gauge | rows of the running GPT batches |
+| forge_request_seconds | histogram | request -> its last byte (label `cached`: served from a phrase cache) |
+| forge_first_audio_seconds | histogram | request -> its first audio byte |
+| forge_rtf | histogram | per request: seconds taken / seconds of audio |
+| forge_sentences_total | counter | requests answered with audio (sentences/s: `rate()` of it) |
+| forge_audio_seconds_total | counter | seconds of audio sent |
+| forge_phrase_cache_hits_total / _misses_total | counter | look-ups by tier (`file`, `redis`) |
+| forge_errors_total | counter | failed requests by `kind` (bad_request, queue_full, deadline, disconnect, not_ready, internal, admin, reload_failed) |
+| forge_requests_total | counter | responses by `endpoint` and `status` |
+| forge_rss_bytes | gauge | resident memory of the server process |
+| forge_ready | gauge | 1 once the version is loaded, verified and warmed |
+| forge_reloads_total | counter | version swaps by `result` (ok, failed) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float], running_rows: Callable[[], float],
+                 ready: Callable[[], float]) -> None:
+        import psutil
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        proc = psutil.Process()
+        Gauge("forge_queue_depth", "Requests waiting in the schedulers", registry=r).set_function(queue_depth)
+        Gauge("forge_running_rows", "Rows of the running GPT batches", registry=r).set_function(running_rows)
+        Gauge("forge_rss_bytes", "Resident memory of the server process", registry=r).set_function(
+            lambda: proc.memory_info().rss)
+        Gauge("forge_ready", "1 once loaded, verified and warmed", registry=r).set_function(ready)
+        self.latency = Histogram("forge_request_seconds", "Request to last byte", ["cached"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.first_audio = Histogram("forge_first_audio_seconds", "Request to first audio byte",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("forge_rtf", "Seconds taken per second of audio", buckets=_RTF_BUCKETS, registry=r)
+        self.sentences = Counter("forge_sentences", "Requests answered with audio", registry=r)
+        self.audio_seconds = Counter("forge_audio_seconds", "Seconds of audio sent", registry=r)
+        self.cache_hits = Counter("forge_phrase_cache_hits", "Phrase-cache hits", ["tier"], registry=r)
+        self.cache_misses = Counter("forge_phrase_cache_misses", "Phrase-cache misses", ["tier"], registry=r)
+        self.errors = Counter("forge_errors", "Failed requests by kind", ["kind"], registry=r)
+        self.requests = Counter("forge_requests", "Responses by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.reloads = Counter("forge_reloads", "Version swaps", ["result"], registry=r)
+
+    def served(self, seconds: float, audio_s: float, cached: bool) -> None:
+        self.latency.labels(cached=str(cached).lower()).observe(seconds)
+        self.sentences.inc()
+        self.audio_seconds.inc(audio_s)
+        if audio_s > 0:
+            self.rtf.observe(seconds / audio_s)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,252 @@
+"""Request bodies of the server, checked by type and range before anything is queued.
+
+Every problem is a `BadRequest` (a ForgeError) with one line naming the field; the app answers 400
+with `{"error": {"message": ..., "type": "invalid_request_error", "param": field}}`.
+
+OpenAI `POST /v1/audio/speech` fields: `model` (str), `input` (str, 1..max_input_chars), `voice` (str
+or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus, default mp3 as OpenAI), `speed`
+(0.25..4.0, default 1.0; ChatTTS's `[speed_N]` with N = round(5 x speed) clipped to 0..9, so 1.0 is
+ChatTTS's default `[speed_5]`), `stream_format` (audio|sse), `instructions` (accepted, unused).
+Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `top_k`,
+`repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool), `stream`
+(bool, default true: chunked from the first final chunk; false: the whole waveform decoded at once,
+byte for byte what `synth` writes), `deadline_s`.
+
+Native `POST /v1/chattts/speech`: ChatTTS's `Chat.infer` arguments: `text`, `model`, `voice`,
+`params_infer_code` (InferCodeParams: prompt, spk_emb, spk_smp, txt_smp, temperature (one or one per
+code stream), top_P, top_K, repetition_penalty, max_new_token, min_new_token, stream_batch,
+ensure_non_empty, manual_seed), `params_refine_text` (RefineTextParams: prompt, top_P, top_K,
+temperature, repetition_penalty, max_new_token, min_new_token, ensure_non_empty, manual_seed),
+`skip_refine_text` (default false, as ChatTTS and `synth`), `use_decoder`, `do_text_normalization`,
+`do_homophone_replacement`, `lang`, `response_format` (default wav), `stream`, `stream_format`,
+`deadline_s`. Knobs not given take `synth`'s defaults (the refinement seed is the code seed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
+from chattts_forge.runtime.serve.formats import check_format
+
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # route by length, as the version itself
+STREAM_FORMATS = ("audio", "sse")
+_SEED_MAX = 2**63 - 1
+
+
+class BadRequest(ForgeError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SpeechRequest:
+    text: str
+    params: SynthParams
+    model: str | None  # a variant (or the version's id) to serve it; None: route by length
+    voice: str
+    response_format: str
+    stream_format: str
+    stream: bool
+    deadline_s: float | None
+
+
+def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
+    if name not in body or body[name] is None:
+        return default
+    value = body[name]
+    if isinstance(value, bool) and bool not in kinds:
+        raise BadRequest(f"{name} must be {what}, got {value!r}", name)
+    if not isinstance(value, kinds):
+        raise BadRequest(f"{name} must be {what}, got {type(value).__name__}", name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any = None,
+            open_low: bool = False) -> float | None:
+    value = _get(body, name, (int, float), "a number", default)
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value) or value > hi or value < lo or (open_low and value == lo):
+        bound = f"({lo}, {hi}]" if open_low else f"[{lo}, {hi}]"
+        raise BadRequest(f"{name} must lie in {bound}, got {value}", name)
+    return value
+
+
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int, default: Any = None) -> int | None:
+    value = _get(body, name, (int,), "a whole number", default)
+    if value is None:
+        return None
+    if not lo <= value <= hi:
+        raise BadRequest(f"{name} must lie in [{lo}, {hi}], got {value}", name)
+    return int(value)
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    return bool(_get(body, name, (bool,), "true or false", default))
+
+
+def _text(body: dict[str, Any], name: str, max_chars: int) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string" + ("" if name in body else " (missing)"), name)
+    if not value.strip():
+        raise BadRequest(f"{name} is empty", name)
+    if len(value) > max_chars:
+        raise BadRequest(f"{name} has {len(value)} characters; at most {max_chars} are accepted", name)
+    return value
+
+
+def _unknown(body: dict[str, Any], known: set[str], where: str) -> None:
+    extra = sorted(set(body) - known)
+    if extra:
+        raise BadRequest(f"unknown field {extra[0]!r} in {where} (known: {', '.join(sorted(known))})", extra[0])
+
+
+def _voice(body: dict[str, Any], default: str) -> str:
+    value = body.get("voice", default)
+    if isinstance(value, dict):
+        value = value.get("id")
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest("voice must be a voice name, {\"id\": name} or a speaker string", "voice")
+    return value.strip()
+
+
+def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, float | None]:
+    try:
+        fmt = check_format(body.get("response_format") or default_format)
+    except ForgeError as e:
+        raise BadRequest(str(e), "response_format") from None
+    sfmt = body.get("stream_format") or "audio"
+    if sfmt not in STREAM_FORMATS:
+        raise BadRequest(f"stream_format must be audio or sse, got {sfmt!r}", "stream_format")
+    stream = _flag(body, "stream", True)
+    deadline = _number(body, "deadline_s", 0.0, 3600.0, open_low=True)
+    return fmt, sfmt, stream, deadline
+
+
+def speed_prompt(speed: float) -> str:
+    """OpenAI's speed (1.0 = normal) as ChatTTS's speed tag ([speed_5] = normal)."""
+    return f"[speed_{min(9, max(0, round(5 * speed)))}]"
+
+
+_OPENAI_FIELDS = {"model", "input", "voice", "response_format", "speed", "stream_format", "instructions",
+                  "seed", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_token", "min_new_token",
+                  "stream_batch", "refine", "stream", "deadline_s"}
+
+
+def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    _unknown(body, _OPENAI_FIELDS, "the request")
+    model = _get(body, "model", (str,), "a string")
+    text = _text(body, "input", max_chars)
+    _get(body, "instructions", (str,), "a string")
+    voice = _voice(body, "default")
+    fmt, sfmt, stream, deadline = _common(body, "mp3")
+    speed = _number(body, "speed", 0.25, 4.0, 1.0)
+    code = defaults.code
+    seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
+    temperature = _number(body, "temperature", 0.0, 5.0, None, open_low=True)
+    code = replace(
+        code,
+        prompt=speed_prompt(speed) if "speed" in body else code.prompt,
+        seed=seed,
+        temperature=code.temperature if temperature is None else temperature,
+        top_p=_number(body, "top_p", 0.0, 1.0, code.top_p),
+        top_k=_integer(body, "top_k", 1, 100000, code.top_k),
+        repetition_penalty=_number(body, "repetition_penalty", 0.0, 100.0, code.repetition_penalty, open_low=True),
+        max_new_token=_integer(body, "max_new_token", 1, 4096, code.max_new_token),
+        min_new_token=_integer(body, "min_new_token", 0, 4096, code.min_new_token),
+        stream_batch=_integer(body, "stream_batch", 1, 4096, code.stream_batch),
+    )
+    refine = RefineTextParams(seed=seed) if _flag(body, "refine", False) else None
+    params = replace(defaults, code=code, refine=refine)
+    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
+
+
+def _model(model: str | None) -> str | None:
+    return None if model is None or model in OPENAI_MODELS or model == "chattts" else model
+
+
+_NATIVE_FIELDS = {"text", "model", "voice", "params_infer_code", "params_refine_text", "skip_refine_text",
+                  "use_decoder", "do_text_normalization", "do_homophone_replacement", "lang", "response_format",
+                  "stream", "stream_format", "deadline_s"}
+_CODE_FIELDS = {"prompt", "spk_emb", "spk_smp", "txt_smp", "temperature", "top_P", "top_K", "repetition_penalty",
+                "max_new_token", "min_new_token", "stream_batch", "ensure_non_empty", "manual_seed"}
+_REFINE_FIELDS = {"prompt", "top_P", "top_K", "temperature", "repetition_penalty", "max_new_token", "min_new_token",
+                  "ensure_non_empty", "manual_seed"}
+
+
+def _section(body: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
+    section = body.get(name) or {}
+    if not isinstance(section, dict):
+        raise BadRequest(f"{name} must be a JSON object", name)
+    _unknown(section, known, name)
+    return section
+
+
+def parse_native(body: Any, max_chars: int) -> SpeechRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    _unknown(body, _NATIVE_FIELDS, "the request")
+    text = _text(body, "text", max_chars)
+    model = _get(body, "model", (str,), "a string")
+    voice = _voice(body, "default")
+    fmt, sfmt, stream, deadline = _common(body, "wav")
+    c = _section(body, "params_infer_code", _CODE_FIELDS)
+    base = InferCodeParams()
+    temps = c.get("temperature", base.temperature)
+    if isinstance(temps, list):
+        if not temps or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in temps):
+            raise BadRequest("params_infer_code.temperature must be a number or a list of numbers", "temperature")
+        temps = [float(t) for t in temps]
+        if not all(math.isfinite(t) and t > 0 for t in temps):
+            raise BadRequest(f"params_infer_code.temperature must be > 0, got {temps}", "temperature")
+    else:
+        temps = _number(c, "temperature", 0.0, 5.0, base.temperature, open_low=True)
+    seed = _integer(c, "manual_seed", 0, _SEED_MAX, None)
+    strings = {k: _get(c, k, (str,), "a string") for k in ("prompt", "spk_emb", "spk_smp", "txt_smp")}
+    code = InferCodeParams(
+        prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
+        spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
+        temperature=temps,
+        top_p=_number(c, "top_P", 0.0, 1.0, base.top_p),
+        top_k=_integer(c, "top_K", 1, 100000, base.top_k),
+        repetition_penalty=_number(c, "repetition_penalty", 0.0, 100.0, base.repetition_penalty, open_low=True),
+        max_new_token=_integer(c, "max_new_token", 1, 4096, base.max_new_token),
+        min_new_token=_integer(c, "min_new_token", 0, 4096, base.min_new_token),
+        stream_batch=_integer(c, "stream_batch", 1, 4096, base.stream_batch),
+        ensure_non_empty=_flag(c, "ensure_non_empty", base.ensure_non_empty),
+        seed=seed,
+    )
+    refine = None
+    if not _flag(body, "skip_refine_text", False):
+        r = _section(body, "params_refine_text", _REFINE_FIELDS)
+        rb = RefineTextParams()
+        rseed = _integer(r, "manual_seed", 0, _SEED_MAX, seed)
+        refine = RefineTextParams(
+            prompt=_get(r, "prompt", (str,), "a string", rb.prompt),
+            top_p=_number(r, "top_P", 0.0, 1.0, rb.top_p),
+            top_k=_integer(r, "top_K", 1, 100000, rb.top_k),
+            temperature=_number(r, "temperature", 0.0, 5.0, rb.temperature, open_low=True),
+            repetition_penalty=_number(r, "repetition_penalty", 0.0, 100.0, rb.repetition_penalty, open_low=True),
+            max_new_token=_integer(r, "max_new_token", 1, 4096, rb.max_new_token),
+            min_new_token=_integer(r, "min_new_token", 0, 4096, rb.min_new_token),
+            ensure_non_empty=_flag(r, "ensure_non_empty", rb.ensure_non_empty),
+            seed=rseed,
+        )
+    lang = _get(body, "lang", (str,), "zh, en or null")
+    if lang not in (None, "zh", "en"):
+        raise BadRequest(f"lang must be zh, en or null, got {lang!r}", "lang")
+    params = SynthParams(code=code, refine=refine, use_decoder=_flag(body, "use_decoder", True),
+                         normalize=_flag(body, "do_text_normalization", True),
+                         homophones=_flag(body, "do_homophone_replacement", True), lang=lang)
+    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)

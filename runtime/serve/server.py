@@ -1,0 +1,87 @@
+"""Run the app with uvicorn: SIGTERM drains, SIGHUP reloads.
+
+SIGTERM (and SIGINT): readiness turns 503 and new speech requests are refused (503) at once, uvicorn
+stops accepting connections and lets the open ones finish for at most `drain_s` seconds, then the
+schedulers close and the process exits. SIGHUP: reload the `--artifact` path (e.g. a `current`
+symlink switched to a new version), as `POST /admin/reload` does; a failed reload is logged and the
+old version keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+from chattts_forge.runtime.serve.app import ServeConfig, ServerState, create_app
+
+log = get_logger(__name__)
+
+
+def make_server(cfg: ServeConfig, state: ServerState | None = None, install_signals: bool = True) -> Any:
+    """A uvicorn Server for `cfg` (its `.forge_state` is the ServerState)."""
+    try:
+        import uvicorn
+    except ModuleNotFoundError:
+        raise ForgeError("serve needs the serve extra: pip install 'chattts-forge[serve]'") from None
+    state = state or ServerState(cfg)
+    app = create_app(state)
+
+    class ForgeServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own re-raises SIGTERM after the graceful shutdown (the process would then die of
+            # it); a drained server exits 0 instead. SIGHUP reloads.
+            if not install_signals or threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handlers = {signal.SIGINT: self.handle_exit, signal.SIGTERM: self.handle_exit,
+                        signal.SIGHUP: lambda *_: threading.Thread(target=_sighup, daemon=True).start()}
+            original = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+            try:
+                yield
+            finally:
+                for sig, h in original.items():
+                    signal.signal(sig, h)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not state.draining:
+                log.info("signal %d: draining (refusing new requests; open streams get %.0f s)", sig, cfg.drain_s)
+            state.draining = True
+            super().handle_exit(sig, frame)
+
+    def _sighup() -> None:
+        log.info("SIGHUP: reloading %s", cfg.artifact)
+        try:
+            state.reload(cfg.artifact)
+        except ForgeError as e:
+            log.error("%s", e)
+
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=max(1, int(cfg.drain_s)), lifespan="on")
+    server = ForgeServer(config)
+    server.forge_state = state  # type: ignore[attr-defined]
+    return server
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Serve until SIGTERM/SIGINT; ForgeError when the artifact cannot be loaded."""
+    server = make_server(cfg)
+    state: ServerState = server.forge_state
+
+    def watch_load() -> None:  # an artifact that fails to load ends the server (one line, exit 2)
+        while not state.ready and state.load_error is None:
+            threading.Event().wait(0.2)
+        if state.load_error is not None:
+            server.should_exit = True
+
+    threading.Thread(target=watch_load, daemon=True).start()
+    log.info("serving %s on http://%s:%d (max batch %d, queue %d)", cfg.artifact, cfg.host, cfg.port,
+             cfg.max_batch, cfg.max_queue)
+    server.run()
+    if state.load_error is not None:
+        raise ForgeError(f"cannot serve {cfg.artifact}: {state.load_error}")
