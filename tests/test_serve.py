@@ -119,7 +119,7 @@ class Running:
 
 @contextlib.contextmanager
 def running(artifact: Path, **kw) -> Iterator[Running]:
-    cfg = ServeConfig(artifact=str(artifact), port=free_port(), threads=1, verify="cheap", drain_s=5, **kw)
+    cfg = ServeConfig(artifact=str(artifact), port=free_port(), threads=1, verify="sha256", drain_s=5, **kw)
     srv = Running(cfg)
     try:
         yield srv

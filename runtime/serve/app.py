@@ -65,7 +65,8 @@ class ServeConfig:
     max_queue: int = 64
     threads: int | None = None
     provider: str = "cpu"
-    verify: str = "full"
+    verify: str = "sha256"
+    public_key: str | None = None
     voices_file: str | None = None
     phrase_cache: str | None = None
     cache_redis: str | None = None
@@ -112,7 +113,8 @@ class ServerState:
         cfg = self.cfg
         t0 = time.perf_counter()
         version = ServedVersion(path, max_batch=cfg.max_batch, max_queue=cfg.max_queue, threads=cfg.threads,
-                                provider=cfg.provider, verify=cfg.verify, phrase_cache=cfg.phrase_cache,
+                                provider=cfg.provider, verify=cfg.verify, public_key=cfg.public_key,
+                                phrase_cache=cfg.phrase_cache,
                                 redis_url=cfg.cache_redis, voices=self._voices, seed=cfg.seed)
         try:
             phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []

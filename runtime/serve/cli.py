@@ -38,14 +38,17 @@ from chattts_forge.errors import ForgeError
               help="On reload, the share of new requests the new version gets until POST /admin/promote.")
 @click.option("--drain", "drain_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds open requests may take to finish on SIGTERM or after a version swap.")
-@click.option("--verify", type=click.Choice(["full", "cheap"]), default="full", show_default=True,
-              help="Hash every graph on load (full) or only the small files (cheap).")
+@click.option("--verify", type=click.Choice(["sha256", "full", "size"]), default="sha256", show_default=True,
+              help="Check every file against its sha256 on load (sha256: through the verified-hash cache; "
+                   "full: re-hash every time; size: sizes only, the explicit opt-out).")
+@click.option("--public-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="PEM public key: every served folder's model.sig must verify with it (also on reload).")
 @click.option("--warm-phrases", type=click.IntRange(min=0), default=8, show_default=True,
               help="Phrase-cache entries served once while warming a version.")
 def serve(artifact: Path, host: str, port: int, max_batch: int, max_queue: int, threads: int | None, provider: str,
           voices_file: Path | None, phrase_cache: Path | None, cache_redis: str | None, seed: int, deadline_s: float,
           max_input_chars: int, admin_token: str | None, canary_share: float, drain_s: float, verify: str,
-          warm_phrases: int) -> None:
+          public_key: Path | None, warm_phrases: int) -> None:
     """Serve an artifact over HTTP: OpenAI's POST /v1/audio/speech, a ChatTTS-native endpoint, metrics.
 
     Every request runs through the continuous-batching scheduler; /readyz answers 200 once the
@@ -71,6 +74,7 @@ def serve(artifact: Path, host: str, port: int, max_batch: int, max_queue: int, 
 
     cfg = ServeConfig(artifact=str(artifact), host=host, port=port, max_batch=max_batch, max_queue=max_queue,
                       threads=threads, provider=resolve_provider(provider), verify=verify,
+                      public_key=str(public_key) if public_key else None,
                       voices_file=str(voices_file) if voices_file else None,
                       phrase_cache=str(phrase_cache) if phrase_cache else None, cache_redis=cache_redis, seed=seed,
                       deadline_s=deadline_s, max_input_chars=max_input_chars, admin_token=admin_token,

@@ -2,8 +2,9 @@
 
 `ServedVersion(path, ...)` opens an artifact folder (one variant) or a published version folder
 (`artifacts/<model>/<version>`, whose routing.json sends each text to its length bucket's variant),
-verifies every variant it opens (`verify="full"` by default: every graph re-hashed), starts one
-continuous-batching `Scheduler` per variant and attaches the phrase caches:
+verifies every variant it opens (`verify="sha256"` by default: every file against its sha256,
+through the verified-hash cache; `public_key`: the signatures too), starts one continuous-batching
+`Scheduler` per variant and attaches the phrase caches:
 
 - the version's `phrase_cache.bin` (or `phrase_cache=`): hits are served with Vocos only; a request
   whose knobs differ from the cache's is a miss, synthesized as usual (runtime.phrase_cache);
@@ -89,7 +90,8 @@ class ServedVersion:
         max_queue: int = 64,
         threads: int | None = None,
         provider: str = "cpu",
-        verify: str = "full",
+        verify: str = "sha256",
+        public_key: str | os.PathLike[str] | None = None,
         phrase_cache: str | os.PathLike[str] | None = None,
         redis_url: str | None = None,
         voices: dict[str, str] | None = None,
@@ -99,7 +101,8 @@ class ServedVersion:
         if not self.path.is_dir():
             raise ForgeError(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = max_batch, max_queue
-        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "engine": "auto"}
+        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "public_key": public_key,
+                                  "engine": "auto"}
         self.router: Router | None = None
         self.pipes: dict[str, Pipeline] = {}
         self.schedulers: dict[str, Scheduler] = {}
