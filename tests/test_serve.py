@@ -542,7 +542,7 @@ def test_sigterm_drains_open_streams_and_sighup_reloads(version: Path, tmp_path:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "chattts_forge.cli", "serve", "--artifact", str(version),
-                                 "--port", str(port), "--threads", "1", "--verify", "cheap", "--drain", "30"],
+                                 "--port", str(port), "--threads", "1", "--verify", "sha256", "--drain", "30"],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
