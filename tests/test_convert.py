@@ -82,8 +82,10 @@ def test_artifact_json_and_metadata_complete(tiny_artifacts, tiny_ckpt):
         )
         assert doc["versions"]["onnxruntime"] and doc["versions"]["torch"]
         assert doc["toolchain"]["name"] == "chattts-forge"
-        for rel in doc["files"].values():
-            assert (folder / rel).is_file(), rel
+        for rec in doc["files"].values():  # support files: {file, bytes, sha256}, as external data is recorded
+            assert (folder / rec["file"]).is_file(), rec
+            assert rec["bytes"] == (folder / rec["file"]).stat().st_size
+            assert rec["sha256"] == sha256_file(folder / rec["file"])
         stats = np.load(folder / "speaker_stats.npy")
         assert stats.dtype == np.float16 and stats.shape == (2, doc["dims"]["hidden_size"])
         coef = json.loads((folder / "dvae_coef.json").read_text())

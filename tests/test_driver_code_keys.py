@@ -39,8 +39,9 @@ def copy_source_tree(dest: Path) -> Path:
     """pyproject.toml and every package folder it maps, as they are now (caches left out)."""
     dest.mkdir()
     shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
-    for folder in Layout.from_pyproject(REPO).package_dirs.values():
-        shutil.copytree(folder, dest / folder.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in Layout.from_pyproject(REPO).package_dirs.values():  # a subpackage's folder may be copied already
+        shutil.copytree(folder, dest / folder.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__"),
+                        dirs_exist_ok=True)
     return dest
 
 
