@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -272,12 +273,17 @@ def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Pa
     truncated = _copy_calib(calib, tmp_path / "truncated")
     shard = truncated / json.loads((truncated / "manifest.json").read_text())["components"]["gpt"]["shards"][0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    foreign = _copy_calib(calib, tmp_path / "foreign")  # statistics of another graph under the right manifest
+    stats = Statistics.load(foreign / STATS_FILE)
+    stats.graph_sha256["gpt"] = "0" * 64
+    stats.save(foreign / STATS_FILE)
     few = calibrate(fp32, "builtin:calibration", tmp_path / "few", max_samples=1, max_new_token=4,
                     decode_positions=1, head_steps=2, threads=1)
     cases = [
         (other, "static", {}, "different artifact"),
         (empty, "auto", {}, "no gpt samples"),
         (truncated, "static", {}, "unreadable|corrupt"),
+        (foreign, "static", {}, "gpt statistics were observed on another graph"),
         (few, "int4", {"algorithm": "gptq"}, "GPTQ needs at least 8"),
         # The tiny GPT's projections are 64 wide: GPTQ cannot use the default 128 block.
         (calib, "int4", {"algorithm": "gptq"}, "GPTQ needs --block-size <= the narrowest MatMul input"),
