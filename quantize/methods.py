@@ -481,11 +481,11 @@ class Int4(QuantizationMethod):
 
     @property
     def needs_calibration(self) -> bool:
-        return self.gptq
+        return self.gptq or self.algorithm == "importance"
 
     @property
     def request(self) -> str:
-        return f"--method {self.name} --algorithm gptq"
+        return f"--method {self.name} --algorithm {self.algorithm}"
 
     @property
     def calibration_components(self) -> tuple[str, ...]:
@@ -510,22 +510,28 @@ class Int4(QuantizationMethod):
             check_gptq_block(self.meta.component_file(self.src, c), self.cfg.block_size)
 
     def _int4(self, src: Path, dst: Path, feeds: list[dict[str, Any]] | None, exclude: list[str] | None = None,
-              ) -> dict[str, Any]:
+              graph: str = "gpt") -> dict[str, Any]:
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
+        if self.algorithm == "importance":  # per-channel mean squares of this graph's MatMul inputs
+            from chattts_forge.quantize.int4_importance import quantize_importance_int4_graph
+
+            stats = self.statistics(graph).tensors(graph)
+            return quantize_importance_int4_graph(src, dst, {t: st.mean_square for t, st in stats.items()},
+                                                  self.cfg.block_size, self.cfg.accuracy_level, **extra)
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
                                    feeds=feeds, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         feeds = self.samples(component) if self.gptq else None
-        return self._int4(graphs.base[component], dst, feeds, exclude)
+        return self._int4(graphs.base[component], dst, feeds, exclude, graph=component)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
         from chattts_forge.quantize.static_fused import fused_feed
 
         feeds = [fused_feed(s) for s in self.samples("gpt")] if self.gptq else None
-        return self._int4(src, dst, feeds)
+        return self._int4(src, dst, feeds, graph=FAST_GPT)
 
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
