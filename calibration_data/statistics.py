@@ -204,14 +204,23 @@ class Statistics:
             raise ForgeError(f"the calibration statistics have no {graph} graph (re-run `calibrate`)")
         return self.graphs[graph]
 
-    def ranges(self, graph: str, names: Iterable[str]) -> dict[str, tuple[float, float]]:
-        """minmax ranges of the named activation tensors of `graph`."""
+    def ranges(self, graph: str, names: Iterable[str], percentile: float | None = None,
+               ) -> dict[str, tuple[float, float]]:
+        """minmax ranges of the named activation tensors of `graph`; with `percentile`, each side
+        clipped to the |x| below which that share of the values fall (from the histogram)."""
+        names = list(names)
         tensors = self.tensors(graph)
         missing = sorted(set(names) - set(tensors))
         if missing:
             raise ForgeError(f"the calibration statistics of {graph} lack {len(missing)} MatMul input(s) "
                              f"(first: {missing[0]}): recorded from another graph? re-run `calibrate`")
-        return {n: (tensors[n].min, tensors[n].max) for n in names}
+        if percentile is None:
+            return {n: (tensors[n].min, tensors[n].max) for n in names}
+        out = {}
+        for n in names:
+            clip = tensors[n].percentile_absmax(percentile)
+            out[n] = (max(tensors[n].min, -clip), min(tensors[n].max, clip))
+        return out
 
     def samples(self, graph: str) -> int:
         return max((st.samples for st in self.tensors(graph).values()), default=0)

@@ -158,6 +158,8 @@ def test_statistics_merge_is_exact_for_min_max_and_histograms():
     np.testing.assert_array_equal(a.hist, b.hist)
     np.testing.assert_allclose(a.mean_square, (np.concatenate(parts) ** 2).mean(axis=0), rtol=1e-6)
     assert a.percentile_absmax(100.0) == pytest.approx(np.abs(np.concatenate(parts)).max())
+    lo, hi = one.ranges("g", ["x"], percentile=50.0)["x"]
+    assert a.min < lo < 0 < hi < a.max  # clipped to the median |x| (within one bin)
 
 
 def test_stratified_selection_represents_every_file():
