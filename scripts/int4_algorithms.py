@@ -10,7 +10,7 @@ from pathlib import Path
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
 fp32, calib, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-bs = int(sys.argv[4]); fs = int(sys.argv[5]); st = int(sys.argv[6])
+bs, fs, st = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 for algo in sys.argv[7].split(","):
     dst = out / f"int4-{algo}-{bs}"
     t0 = time.perf_counter()
