@@ -8,7 +8,9 @@ Algorithms (all from `onnxruntime.quantization.matmul_nbits_quantizer`):
 - `k_quant`: llama.cpp-style k-quant search of each block's scale and zero point (asymmetric, no
   calibration);
 - `gptq`: GPTQ (asymmetric), error compensation from the Hessian of each MatMul's recorded input
-  activations: needs a calibration reader yielding the graph's feeds (at least `MIN_GPTQ_SAMPLES`).
+  activations: needs a calibration reader yielding the graph's feeds (at least `MIN_GPTQ_SAMPLES`);
+- `importance`: RTN's layout with each block's scale searched against the rounding error weighted by
+  calibrate's per-channel mean squares (`int4_importance.py`).
 """
 
 from __future__ import annotations
