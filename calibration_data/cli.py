@@ -17,25 +17,33 @@ log = get_logger(__name__)
 @click.option("--corpus", default="builtin:calibration", show_default=True,
               help="A .txt file (one sentence per line), a folder of .txt files, or builtin:SPLIT[/NAME].")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Calibration folder to write.")
-@click.option("--max-samples", default=32, show_default=True, type=int, help="Sentences to synthesize.")
+@click.option("--max-samples", default="512", show_default=True,
+              help="Sentences to synthesize (stratified by corpus file), or 'all' for the whole corpus.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sentence order, speakers and sampling.")
 @click.option("--max-new-token", default=96, show_default=True, type=int, help="GPT steps per sentence at most.")
 @click.option("--decode-positions", default=6, show_default=True, type=int,
               help="Decode steps recorded per sentence (besides the prefill).")
 @click.option("--max-past", default=192, show_default=True, type=int,
-              help="Only decode steps whose past length is at most this are recorded (disk).")
+              help="Only decode steps whose past length is at most this enter the raw sample (disk).")
 @click.option("--disk-budget-mb", default=512.0, show_default=True, type=float,
-              help="Stop adding samples beyond this many MB.")
+              help="Disk for the statistics and the raw sample, whatever the corpus size.")
+@click.option("--merge", "merge", multiple=True, type=click.Path(path_type=Path),
+              help="An earlier calibration folder (repeatable) whose statistics and raw sample are merged in; "
+                   "its sentences are not synthesized again.")
+@click.option("--allow-one-language", is_flag=True, help="Accept a corpus whose sentences are all one language.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all).")
-def calibrate(artifact_dir: Path, corpus: str, out_dir: Path, max_samples: int, seed: int, max_new_token: int,
-              decode_positions: int, max_past: int, disk_budget_mb: float, threads: int | None) -> None:
+def calibrate(artifact_dir: Path, corpus: str, out_dir: Path, max_samples: str, seed: int, max_new_token: int,
+              decode_positions: int, max_past: int, disk_budget_mb: float, merge: tuple[Path, ...],
+              allow_one_language: bool, threads: int | None) -> None:
     """Run the FP32 artifact over a corpus and record the inputs of every quantizable graph.
 
-    Writes sharded .npz files and a manifest (corpus name + sha256, sample counts, seed) that
-    `chattts-forge quantize --method static --calibration OUT` reads.
+    Streams statistics (activation ranges and histograms, per-channel importance, KV-cache ranges)
+    plus a small seeded sample of raw inputs into OUT, in bounded memory and disk, with a manifest
+    (corpus, sentences by sha256 and per file, bounds) that `chattts-forge quantize --calibration OUT` reads.
     """
     from chattts_forge.calibration_data.calibrate import calibrate as run
 
     out = run(artifact_dir, corpus, out_dir, max_samples=max_samples, seed=seed, max_new_token=max_new_token,
-              decode_positions=decode_positions, max_past=max_past, disk_budget_mb=disk_budget_mb, threads=threads)
+              decode_positions=decode_positions, max_past=max_past, disk_budget_mb=disk_budget_mb, threads=threads,
+              merge=merge, allow_one_language=allow_one_language)
     click.echo(str(out))

@@ -67,6 +67,7 @@ class Corpus:
     sentences: list[str]
     files: list[Path] = field(default_factory=list)
     language: str = "unknown"
+    origins: list[int] = field(default_factory=list)  # index into `files` of each sentence (if known)
 
     @property
     def sha256(self) -> str:
@@ -176,16 +177,18 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
         raise ForgeError(f"corpus '{spec_str}' has no files")
     seen: set[str] = set()
     sentences: list[str] = []
-    for f in files:
+    origins: list[int] = []
+    for i, f in enumerate(files):
         for s in read_sentences(f):
             if s not in seen:
                 seen.add(s)
                 sentences.append(s)
+                origins.append(i)
     if max_sentences is not None:
         if max_sentences < 1:
             raise ForgeError(f"max_sentences must be >= 1, got {max_sentences}")
-        sentences = sentences[:max_sentences]
-    return Corpus(name=name, sentences=sentences, files=files, language=_language_of(files))
+        sentences, origins = sentences[:max_sentences], origins[:max_sentences]
+    return Corpus(name=name, sentences=sentences, files=files, language=_language_of(files), origins=origins)
 
 
 def build_manifest(version_dir: Path) -> dict[str, Any]:

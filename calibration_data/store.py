@@ -1,36 +1,44 @@
-"""The on-disk calibration set: sharded .npz files of recorded graph inputs plus a manifest.
+"""The on-disk calibration set: streamed statistics, a bounded seeded sample of raw inputs, a manifest.
 
-Layout of a calibration folder (written by `calibrate`, read by `quantize --method static`)::
+Layout of a calibration folder (written by `calibrate`, read by `quantize`)::
 
-    manifest.json                    # schema, artifact, corpus (name, sha256), seed, settings, counts
-    gpt/shard-00000.npz ...          # one sample = one recorded session.run feed
-    head_code/shard-00000.npz ...
-    decoder/shard-00000.npz ...
-    dvae/shard-00000.npz ...
+    manifest.json                    # schema, artifact, corpus, sentences (sha256, per file), bounds
+    statistics.npz                   # `statistics.Statistics`: ranges, histograms, importance, KV absmax
+    gpt/sample-<key>.npz ...         # the raw sample: one file = one recorded session.run feed
+    head_code/sample-<key>.npz ...
+    decoder/sample-<key>.npz ...
+    dvae/sample-<key>.npz ...
 
-Inside a shard, sample `i` of the component is stored as arrays named `"{i:06d}.{graph input name}"`.
-Past key/value inputs of the GPT are stored as float16 (halves the disk use; their ranges are not
-quantized, MatMuls with a constant weight are) and read back as float32.
+The raw sample of a component is the recorded inputs with the smallest seeded keys
+(`statistics.sample_key`) such that at most `RawSampleBounds.count` of them fit in their byte share;
+it serves the quantizers that must see raw tensors (GPTQ, auto's sensitivity, the fused graph's parity
+check). Inside a file the arrays are named `"{i:06d}.{graph input name}"` (i = 0). Past key/value
+inputs of the GPT are stored as float16 (halves the disk use; their ranges are not quantized, MatMuls
+with a constant weight are) and read back as float32.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path, recorded_path, resolve_inside
 
-SCHEMA = "chattts-forge/calibration/1"
+SCHEMA = "chattts-forge/calibration/2"
+OLD_SCHEMAS = ("chattts-forge/calibration/1",)
 MANIFEST = "manifest.json"
 COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
-DEFAULT_SHARD_BYTES = 64 << 20
 
 
 def _stored(name: str, arr: np.ndarray) -> np.ndarray:
@@ -48,38 +56,74 @@ def sample_bytes(sample: dict[str, np.ndarray]) -> int:
     return total
 
 
-class ShardWriter:
-    """Appends samples of one component into shard files of about `shard_bytes` each."""
+@dataclass(frozen=True)
+class RawSampleBounds:
+    """How many raw inputs of a component the sample keeps at most, and in how many bytes."""
 
-    def __init__(self, root: Path, component: str, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    count: int
+    bytes: int
+
+
+class RawSample:
+    """The kept raw inputs of one component: the smallest keys whose running byte total fits.
+
+    Streaming and batch agree: adding an input can only move the cut-off to a smaller key, so an
+    input dropped once is never part of the final sample. Kept inputs are spilled to their own file
+    at once (memory holds only keys); dropped ones are deleted."""
+
+    def __init__(self, root: Path, component: str, bounds: RawSampleBounds) -> None:
         self.dir = root / component
         self.component = component
-        self.shard_bytes = shard_bytes
-        self.count = 0
-        self.bytes = 0
-        self.shards: list[str] = []
-        self._pending: dict[str, np.ndarray] = {}
-        self._pending_bytes = 0
+        self.bounds = bounds
+        self.kept: list[tuple[float, int, str]] = []  # (key, bytes, relative file), ascending key
+        self.offered = 0
 
-    def add(self, sample: dict[str, np.ndarray]) -> None:
-        for name, arr in sample.items():
-            self._pending[f"{self.count:06d}.{name}"] = _stored(name, np.asarray(arr))
-        size = sample_bytes(sample)
-        self._pending_bytes += size
-        self.bytes += size
-        self.count += 1
-        if self._pending_bytes >= self.shard_bytes:
-            self.flush()
+    @property
+    def bytes(self) -> int:
+        return sum(b for _, b, _ in self.kept)
 
-    def flush(self) -> None:
-        if not self._pending:
-            return
+    def would_keep(self, key: float) -> bool:
+        """False when `key` is past the cut-off already (the caller need not copy the input)."""
+        return len(self.kept) < self.bounds.count or key < self.kept[-1][0]
+
+    def offer(self, key: float, sample: dict[str, np.ndarray] | None, size: int | None = None) -> bool:
+        """Consider one input; `sample` None means it would not be kept (only counted)."""
+        self.offered += 1
+        if sample is None or not self.would_keep(key):
+            return False
+        size = sample_bytes(sample) if size is None else size
+        rel = f"{self.component}/sample-{int(key * 2**64):016x}.npz"
         self.dir.mkdir(parents=True, exist_ok=True)
-        rel = f"{self.component}/shard-{len(self.shards):05d}.npz"
-        np.savez(self.dir.parent / rel, **self._pending)
-        self.shards.append(rel)
-        self._pending = {}
-        self._pending_bytes = 0
+        np.savez(self.dir.parent / rel, **{f"{0:06d}.{n}": _stored(n, np.asarray(a)) for n, a in sample.items()})
+        bisect.insort(self.kept, (key, size, rel))
+        self._cut()
+        return any(r == rel for _, _, r in self.kept)
+
+    def adopt(self, key: float, size: int, src: Path) -> None:
+        """Take over a kept input of an earlier run (`--merge`): copied in, then cut like a new one."""
+        rel = f"{self.component}/{src.name}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, self.dir.parent / rel)
+        self.offered += 1
+        bisect.insort(self.kept, (key, size, rel))
+        self._cut()
+
+    def _cut(self) -> None:
+        total, keep = 0, 0
+        for _, size, _ in self.kept:
+            if keep >= self.bounds.count or total + size > self.bounds.bytes:
+                break
+            total += size
+            keep += 1
+        for _, _, rel in self.kept[keep:]:
+            (self.dir.parent / rel).unlink(missing_ok=True)
+        del self.kept[keep:]
+
+    def record(self) -> dict[str, Any]:
+        return {"samples": len(self.kept), "bytes": self.bytes, "offered": self.offered,
+                "bounds": {"count": self.bounds.count, "bytes": self.bounds.bytes},
+                "shards": [rel for _, _, rel in self.kept],
+                "keys": [key for key, _, _ in self.kept], "sizes": [size for _, size, _ in self.kept]}
 
 
 def check_calibration_manifest(manifest: Any, where: str | os.PathLike[str]) -> None:
@@ -114,7 +158,13 @@ class CalibrationStore:
             raise ForgeError(f"{mpath} is missing: {self.path} is not a calibration folder") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ForgeError(f"{mpath} is unreadable: {str(e)[:200]}") from None
+        if isinstance(self.manifest, dict) and self.manifest.get("schema") in OLD_SCHEMAS:
+            raise ForgeError(f"{self.path} is a calibration folder of stored tensors (schema "
+                             f"{self.manifest.get('schema')}); re-run `chattts-forge calibrate` to get statistics")
         check_calibration_manifest(self.manifest, mpath)
+        if not (self.path / STATS_FILE).is_file():
+            raise ForgeError(f"calibration statistics {self.path / STATS_FILE} are missing; re-run `calibrate`")
+        self._statistics: Statistics | None = None
         self._shards: dict[str, list[Path]] = {}
         for name, comp in self.manifest.get("components", {}).items():
             paths = [resolve_inside(self.path, rel, file=mpath, field=f"components.{name}.shards[{i}]")
@@ -123,6 +173,13 @@ class CalibrationStore:
                 if not shard.is_file():
                     raise ForgeError(f"calibration shard {shard} is missing")
             self._shards[name] = paths
+
+    @property
+    def statistics(self) -> Statistics:
+        """The streamed statistics (loaded once)."""
+        if self._statistics is None:
+            self._statistics = Statistics.load(self.path / STATS_FILE)
+        return self._statistics
 
     def count(self, component: str) -> int:
         return int(self.manifest.get("components", {}).get(component, {}).get("samples", 0))

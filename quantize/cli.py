@@ -28,8 +28,8 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
               help="Keep nodes whose name matches this glob in FP32 (repeatable).")
 @click.option("--block-size", default=128, show_default=True, type=int,
               help="INT4 (and auto's INT4 MatMuls): weights per quantization block (16..256).")
-@click.option("--algorithm", type=click.Choice(["rtn", "k_quant", "gptq"]), default=None,
-              help="INT4: rtn, k_quant or gptq (default: gptq with --calibration, else rtn).")
+@click.option("--algorithm", type=click.Choice(["rtn", "k_quant", "gptq", "importance"]), default=None,
+              help="INT4: rtn, k_quant, gptq or importance (default: gptq with --calibration, else rtn).")
 @click.option("--gate", type=click.Path(path_type=Path), default=None,
               help="auto: GATE.toml whose fidelity thresholds the chosen assignment must meet (default: the shipped gate).")
 @click.option("--accuracy-level", default=4, show_default=True, type=int,

@@ -51,4 +51,20 @@ def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,
                 raise ForgeError(f"calibration shard {store.path / rel} is unreadable ({e}); re-run `calibrate`") from None
             if bad is not None:
                 raise ForgeError(f"calibration shard {store.path / rel} is corrupt ({bad}); re-run `calibrate`")
+    _ = store.statistics  # read now: unreadable statistics are a one-line error before any work
     return store
+
+
+def check_statistics_graph(store: CalibrationStore, graph: str, meta: ArtifactMeta, src: Path) -> None:
+    """The statistics of `graph` were observed on this source's own file (its sha256), so every
+    tensor name means the same activation."""
+    from chattts_forge.artifact import FAST_GPT
+
+    component = FAST_GPT if graph == FAST_GPT else graph
+    recorded = store.statistics.graph_sha256.get(graph)
+    if recorded is None:
+        raise ForgeError(f"calibration {store.path} has no statistics of {graph} (re-run `chattts-forge calibrate`)")
+    current = meta.component(component).get("sha256") or sha256_file(meta.component_file(src, component))
+    if recorded != current:
+        raise ForgeError(f"calibration {store.path}: its {graph} statistics were observed on another graph "
+                         "(sha256 differs; recorded from another artifact?)")

@@ -8,7 +8,9 @@ Algorithms (all from `onnxruntime.quantization.matmul_nbits_quantizer`):
 - `k_quant`: llama.cpp-style k-quant search of each block's scale and zero point (asymmetric, no
   calibration);
 - `gptq`: GPTQ (asymmetric), error compensation from the Hessian of each MatMul's recorded input
-  activations: needs a calibration reader yielding the graph's feeds (at least `MIN_GPTQ_SAMPLES`).
+  activations: needs a calibration reader yielding the graph's feeds (at least `MIN_GPTQ_SAMPLES`);
+- `importance`: RTN's layout with each block's scale searched against the rounding error weighted by
+  calibrate's per-channel mean squares (`int4_importance.py`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
-ALGORITHMS = ("rtn", "k_quant", "gptq")
+ALGORITHMS = ("rtn", "k_quant", "gptq", "importance")  # importance: int4_importance.py
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 MIN_GPTQ_SAMPLES = 8
 # GPTQ runs the whole graph once per distinct MatMul input and sample (80 x samples at full size):
@@ -120,6 +122,8 @@ def quantize_int4_graph(
     `feeds`: the graph's calibration feeds (GPTQ only). k_quant and GPTQ are asymmetric (zero points).
     """
     check_int4_options(block_size, accuracy_level, algorithm)
+    if algorithm == "importance":
+        raise ForgeError("importance INT4 needs calibration statistics: use int4_importance.quantize_importance_int4_graph")
     if algorithm == "gptq" and len(feeds or []) < MIN_GPTQ_SAMPLES:
         raise ForgeError(f"GPTQ needs at least {MIN_GPTQ_SAMPLES} calibration samples of {src.name}, "
                          f"got {len(feeds or [])} (record more with `calibrate --max-samples`)")

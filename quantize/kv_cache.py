@@ -5,7 +5,8 @@ PER_CHANNEL) stores each new key/value as `round(x / scale)` clipped to int8 and
 scale when it reads the cache. The scales are constants of the graph, so they must cover every
 value the cache will hold: per layer, per (kv head, channel), the largest |key| and |value| seen at
 the valid (unmasked) past positions of every recorded GPT step of `chattts-forge calibrate` (the
-plain graph's past inputs are exactly the cache contents, rotary applied to keys), divided by 127.
+plain graph's past inputs are exactly the cache contents, rotary applied to keys), divided by 127;
+calibrate streams that maximum into its statistics (`calibration_data.statistics.KVStats`).
 Per channel rather than per tensor because rotary keys have a few channels far larger than the
 rest; a per-tensor scale would spend the 8 bits on them.
 
@@ -32,42 +33,30 @@ _MIN_SCALE = np.float32(1e-8)
 
 
 def kv_cache_scales(
-    calibration: str | os.PathLike[str], num_layers: int, *, headroom: float = 1.0
+    calibration: str | os.PathLike[str] | CalibrationStore, num_layers: int, *, headroom: float = 1.0
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Per-channel int8 scales of every layer's keys and values, and their artifact.json record.
+    """Per-channel int8 scales of every layer's keys and values, and their artifact.json record, from
+    the KV statistics `calibrate` streamed (per-channel max |x| over every recorded decode step).
 
     `headroom` > 1 widens every range (values beyond the calibrated maximum are clipped by the op).
     """
     if not headroom >= 1.0:
         raise ForgeError(f"KV cache scale headroom must be >= 1, got {headroom}")
-    store = CalibrationStore(calibration)
-    absmax: dict[str, np.ndarray] = {}
-    samples = positions = 0
-    for sample in store.iter_samples("gpt"):
-        mask = sample.get("attention_mask")
-        first = sample.get("past_key_values.0.key")
-        if mask is None or first is None or first.shape[2] == 0:
-            continue  # a prefill: no past
-        past = first.shape[2]
-        valid = mask[:, :past].astype(bool)  # [B, P]: padded slots hold no real key
-        if not valid.any():
-            continue
-        samples += 1
-        positions += int(valid.sum())
-        for i in range(num_layers):
-            for kind in ("key", "value"):
-                name = f"past_key_values.{i}.{kind}"
-                if name not in sample:
-                    raise ForgeError(f"calibration {store.path}: GPT sample lacks {name} (recorded for another model?)")
-                x = np.abs(sample[name]).transpose(0, 2, 1, 3)[valid]  # [positions, kv_heads, head_dim]
-                m = x.max(axis=0)
-                key = f"{i}.{kind}"
-                absmax[key] = m if key not in absmax else np.maximum(absmax[key], m)
-    if not samples:
+    store = calibration if isinstance(calibration, CalibrationStore) else CalibrationStore(calibration)
+    stats = store.statistics
+    if not stats.kv_samples:
         raise ForgeError(
             f"calibration {store.path} has no recorded GPT decode step with a past: cannot calibrate a KV cache "
             "(record with --decode-positions >= 1)"
         )
+    absmax: dict[str, np.ndarray] = {}
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            key = f"{i}.{kind}"
+            if key not in stats.kv:
+                raise ForgeError(f"calibration {store.path}: no statistics of past_key_values.{i}.{kind} "
+                                 "(recorded for another model?)")
+            absmax[key] = stats.kv[key].absmax
     scales = {
         k: np.maximum(m * np.float32(headroom) / INT8_MAX, _MIN_SCALE).astype(np.float32)[None, :, None, :]
         for k, m in absmax.items()
@@ -75,10 +64,11 @@ def kv_cache_scales(
     record = {
         "dtype": "int8",
         "quant_type": "PER_CHANNEL (one scale per layer, key/value, kv head and channel)",
-        "scales": "max |x| / 127 over the valid past positions of the calibration set's recorded GPT steps",
+        "scales": "max |x| / 127 over the valid past positions of the calibration set's recorded GPT steps "
+                  "(streamed statistics)",
         "headroom": headroom,
-        "calibration_samples": samples,
-        "calibration_positions": positions,
+        "calibration_samples": stats.kv_samples,
+        "calibration_positions": stats.kv["0.key"].positions,
         "max_abs": {
             "key": float(max(float(v.max()) for k, v in absmax.items() if k.endswith("key"))),
             "value": float(max(float(v.max()) for k, v in absmax.items() if k.endswith("value"))),

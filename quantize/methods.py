@@ -48,6 +48,7 @@ from chattts_forge.quantize.config import QuantizeConfig, Targets
 if TYPE_CHECKING:
     import numpy as np
 
+    from chattts_forge.calibration_data.statistics import Statistics
     from chattts_forge.calibration_data.store import CalibrationStore
     from chattts_forge.quantize.quantize import SourceGraphs
     from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
@@ -195,7 +196,7 @@ class QuantizationMethod:
         from chattts_forge.quantize.kv_cache import kv_cache_scales
 
         store = open_calibration(cfg.calibration, self.src, self.meta)
-        scales, record = kv_cache_scales(cfg.calibration, self.meta.require_dims().num_hidden_layers)
+        scales, record = kv_cache_scales(store, self.meta.require_dims().num_hidden_layers)
         corpus = store.manifest.get("corpus") or {}
         record["calibration"] = {"path": portable_path(store.path, out), "corpus": corpus.get("name"),
                                  "corpus_sha256": corpus.get("sha256")}
@@ -204,6 +205,15 @@ class QuantizationMethod:
         return {"scales": scales, "record": record}
 
     # -- quantizing ------------------------------------------------------------------------------
+
+    def statistics(self, graph: str) -> Statistics:
+        """calibrate's streamed statistics, checked to be of this source's `graph` (by sha256)."""
+        from chattts_forge.quantize.inputs import check_statistics_graph
+
+        assert self.store is not None
+        stats = self.store.statistics
+        check_statistics_graph(self.store, graph, self.meta, self.src)
+        return stats
 
     def samples(self, component: str) -> list[dict[str, np.ndarray]]:
         if component not in self._samples:
@@ -406,20 +416,19 @@ class StaticInt8(QuantizationMethod):
         return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
                 "symmetric_activations": cfg.symmetric_activations}
 
-    def _static(self, src: Path, dst: Path, feeds: Any, exclude: list[str] | None = None) -> dict[str, Any]:
+    def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
+        """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
         from chattts_forge.quantize.static_fused import quantize_static_inputs
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
-        return quantize_static_inputs(src, dst, feeds, activation_type=self.cfg.activation_type,
-                                      threads=self.threads, **extra)
+        return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
+                                      statistics=(self.statistics(graph), graph), **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
-        return self._static(graphs.base[component], dst, self.samples(component), exclude)
+        return self._static(graphs.base[component], dst, component, exclude)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
-        from chattts_forge.quantize.static_fused import fused_feed
-
-        return self._static(src, dst, (fused_feed(s) for s in self.samples("gpt")))
+        return self._static(src, dst, FAST_GPT)
 
 
 class LegacyStaticInt8(StaticInt8):
@@ -472,11 +481,11 @@ class Int4(QuantizationMethod):
 
     @property
     def needs_calibration(self) -> bool:
-        return self.gptq
+        return self.gptq or self.algorithm == "importance"
 
     @property
     def request(self) -> str:
-        return f"--method {self.name} --algorithm gptq"
+        return f"--method {self.name} --algorithm {self.algorithm}"
 
     @property
     def calibration_components(self) -> tuple[str, ...]:
@@ -501,22 +510,28 @@ class Int4(QuantizationMethod):
             check_gptq_block(self.meta.component_file(self.src, c), self.cfg.block_size)
 
     def _int4(self, src: Path, dst: Path, feeds: list[dict[str, Any]] | None, exclude: list[str] | None = None,
-              ) -> dict[str, Any]:
+              graph: str = "gpt") -> dict[str, Any]:
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
+        if self.algorithm == "importance":  # per-channel mean squares of this graph's MatMul inputs
+            from chattts_forge.quantize.int4_importance import quantize_importance_int4_graph
+
+            stats = self.statistics(graph).tensors(graph)
+            return quantize_importance_int4_graph(src, dst, {t: st.mean_square for t, st in stats.items()},
+                                                  self.cfg.block_size, self.cfg.accuracy_level, **extra)
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
                                    feeds=feeds, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         feeds = self.samples(component) if self.gptq else None
-        return self._int4(graphs.base[component], dst, feeds, exclude)
+        return self._int4(graphs.base[component], dst, feeds, exclude, graph=component)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
         from chattts_forge.quantize.static_fused import fused_feed
 
         feeds = [fused_feed(s) for s in self.samples("gpt")] if self.gptq else None
-        return self._int4(src, dst, feeds)
+        return self._int4(src, dst, feeds, graph=FAST_GPT)
 
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
@@ -592,8 +607,9 @@ class Auto(QuantizationMethod):
         # measures what the gate will judge (the artifact's own head, not the FP32 one).
         head = self.meta.component_file(self.src, "head_code")
         if self.cfg.quantize_head:
-            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx", self.samples("head_code"),
-                                                       activation_type=self.cfg.activation_type, threads=self.threads)
+            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx",
+                                                       activation_type=self.cfg.activation_type, threads=self.threads,
+                                                       statistics=(self.statistics("head_code"), "head_code"))
             head = work / "head_code.auto.onnx"
         settings = SearchSettings(block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
                                   threads=self.threads)

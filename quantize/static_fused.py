@@ -30,52 +30,19 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from chattts_forge.calibration_data.observe import const_weight_matmuls, fused_feed
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import replace_nodes
-from chattts_forge.runtime.fast_gpt import MASK_BIAS
 
 log = get_logger(__name__)
 
 ACTIVATION_TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
 
 
-def fused_feed(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The fused graph's feed for one recorded plain-graph sample (what FastGptStep binds, with the
-    past in the first cache slots instead of bound buffers)."""
-    emb, mask, pos = sample["inputs_embeds"], sample["attention_mask"], sample["position_ids"]
-    batch, new, _ = emb.shape
-    total = mask.shape[1]
-    causal = np.tri(new, total, k=total - new, dtype=bool)
-    bias = np.where(causal[None] & mask.astype(bool)[:, None, :], np.float32(0), MASK_BIAS)[:, None]
-    feed = {
-        "inputs_embeds": np.ascontiguousarray(emb, dtype=np.float32),
-        "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
-        "attention_bias": np.ascontiguousarray(bias, dtype=np.float32),
-        "seqlens_k": np.full((batch,), total - 1, dtype=np.int32),
-        "total_sequence_length": np.array(total, dtype=np.int32),
-    }
-    for name, past in sample.items():
-        if name.startswith("past_key_values."):
-            buf = np.zeros(past.shape[:2] + (total, past.shape[3]), dtype=np.float32)
-            buf[:, :, : past.shape[2]] = past  # cache slot t holds mask column t, as in the runtime
-            feed[name] = buf
-    return feed
-
-
 def fused_feeds(samples: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
     for s in samples:
         yield fused_feed(s)
-
-
-def const_weight_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """MatMul nodes whose second input is a 2-D float initializer (the projections)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    return [
-        n for n in model.graph.node
-        if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2
-        and inits[n.input[1]].data_type == TensorProto.FLOAT
-    ]
 
 
 def record_ranges(model_path: Path, tensors: list[str], feeds: Iterable[dict[str, np.ndarray]],
@@ -178,11 +145,13 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
     return model
 
 
-def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.ndarray]], *,
+def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.ndarray]] | None = None, *,
                            activation_type: str = "uint8", reduce_range: bool = True,
-                           exclude_nodes: Iterable[str] = (), threads: int = 1) -> dict[str, Any]:
-    """Static INT8 of every constant-weight MatMul of `src` (ranges from `feeds`, the graph's own
-    inputs: recorded samples for gpt.onnx/head_code.onnx, `fused_feeds(samples)` for gpt_fast.onnx).
+                           exclude_nodes: Iterable[str] = (), threads: int = 1,
+                           statistics: tuple[Any, str] | None = None) -> dict[str, Any]:
+    """Static INT8 of every constant-weight MatMul of `src`. Ranges from `statistics` = (a
+    `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's streamed min/max
+    of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own inputs).
     Returns the options record for artifact.json."""
     if activation_type not in ACTIVATION_TYPES:
         raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
@@ -190,7 +159,13 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
     excluded = set(exclude_nodes)
     targets = [n for n in const_weight_matmuls(model) if n.name not in excluded]
     tensors = sorted({n.input[0] for n in targets})
-    ranges, count = record_ranges(src, tensors, feeds, threads=threads)
+    if statistics is not None:
+        stats, graph = statistics
+        ranges, count = stats.ranges(graph, tensors), stats.samples(graph)
+    elif feeds is not None:
+        ranges, count = record_ranges(src, tensors, feeds, threads=threads)
+    else:
+        raise ForgeError(f"static INT8 of {src.name} needs calibration statistics or feeds")
     insert_qdq(model, ranges, [n.name for n in targets], activation_type, reduce_range)
     onnx.save(model, str(dst))
     log.info("static INT8 %s: %d MatMuls, %d activation ranges from %d samples", src.name,
@@ -206,5 +181,6 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
         "matmuls_quantized": len(targets),
         "excluded_nodes": sorted(excluded),
         "calibration_samples": count,
+        "ranges_from": "streamed calibration statistics" if statistics is not None else "calibration feeds",
         "activation_ranges": {t: [round(lo, 6), round(hi, 6)] for t, (lo, hi) in ranges.items()},
     }

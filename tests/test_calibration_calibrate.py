@@ -1,20 +1,24 @@
-"""`calibrate`: recorded inputs of every quantizable graph, deterministic, within the disk budget."""
+"""`calibrate`: streamed statistics of every quantizable graph, a bounded seeded raw sample, merges, bad input."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.calibrate import calibrate, parse_max_samples, select_sentences
+from chattts_forge.calibration_data.statistics import HIST_BINS, Statistics, TensorStats
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 
 SMALL = {"max_samples": 3, "max_new_token": 12, "decode_positions": 3, "head_steps": 4, "threads": 1}
+ZH = ["请问我的订单什么时候发货", "今天天气很好，我们出去走走吧"]
+EN = ["Your refund has been processed today.", "Please hold the line for a moment."]
 
 
 @pytest.fixture(scope="module")
@@ -22,29 +26,57 @@ def calib_dir(tiny_artifacts, tmp_path_factory) -> Path:
     return calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path_factory.mktemp("c") / "calib", **SMALL)
 
 
-def test_records_every_quantizable_graph(calib_dir: Path, tiny_artifacts):
+def _corpus(folder: Path, **files: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lines in files.items():
+        (folder / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_streams_statistics_of_every_quantized_graph(calib_dir: Path, tiny_artifacts):
     store = CalibrationStore(calib_dir)
     m = store.manifest
-    assert m["sentences"]["used"] == 3
+    assert m["sentences"]["used"] == 3 and len(m["sentence_sha256"]) == 3
+    assert sum(f["used"] for f in m["sentences"]["per_file"].values()) == 3
     assert m["gpt_samples"]["prefill"] == 3 and m["gpt_samples"]["decode"] >= 3
-    assert m["gpt_samples"]["past_length_max"] > 0
-    for comp in ("gpt", "head_code", "decoder", "dvae"):
-        assert store.count(comp) > 0, comp
-        assert all((calib_dir / s).is_file() for s in m["components"][comp]["shards"])
-    assert m["corpus"]["sha256"] and m["corpus"]["name"].endswith(":calibration")
-    assert m["artifact"]["gpt_sha256"] == json.loads((tiny_artifacts["fp32"] / "artifact.json").read_text())[
-        "components"]["gpt"]["sha256"]
+    stats = store.statistics
+    assert set(stats.graphs) == {"gpt", "gpt_fast", "head_code"}
+    steps = m["gpt_samples"]["prefill"] + m["gpt_samples"]["decode"]
+    for graph in ("gpt", "gpt_fast"):
+        assert stats.samples(graph) == steps
+        for st in stats.graphs[graph].values():
+            assert st.min <= st.max and st.hist.sum() > 0 and (st.absmax > 0).any()
+            assert int(st.hist.sum()) == st.rows * st.channels  # every value counted once
+    # The KV statistics saw every decode step, and per channel
+    assert stats.kv_samples == m["gpt_samples"]["decode"] and stats.kv["0.key"].absmax.ndim == 2
+    meta = json.loads((tiny_artifacts["fp32"] / "artifact.json").read_text())
+    assert stats.graph_sha256["gpt"] == meta["components"]["gpt"]["sha256"] == m["artifact"]["gpt_sha256"]
     gpt = list(store.iter_samples("gpt"))
-    assert len(gpt) == store.count("gpt")
-    names = {"inputs_embeds", "attention_mask", "position_ids", "past_key_values.0.key"}
-    assert names <= set(gpt[0]) and gpt[0]["past_key_values.0.key"].dtype == np.float32
-    decode = [s for s in gpt if s["past_key_values.0.key"].shape[2] > 0]
-    assert decode and all(s["inputs_embeds"].shape[1] == 1 for s in decode)
+    assert len(gpt) == store.count("gpt") and gpt[0]["past_key_values.0.key"].dtype == np.float32
     assert next(store.iter_samples("dvae"))["codes"].dtype == np.int64
+    assert m["bounds"]["raw_sample"]["gpt"]["count"] >= store.count("gpt")
+
+
+def test_statistics_match_the_raw_inputs(calib_dir: Path):
+    """min/max of the fused graph's MatMul inputs over the raw sample (here every recorded step) equal the streamed ones."""
+    from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed, record_ranges
+
+    store = CalibrationStore(calib_dir)
+    m = store.manifest
+    assert m["components"]["gpt"]["samples"] == m["components"]["gpt"]["offered"]  # nothing dropped at this size
+    import onnx
+
+    fast = Path(m["artifact"]["path"]) / "gpt_fast.onnx"
+    tensors = sorted({n.input[0] for n in const_weight_matmuls(onnx.load(str(fast)))})
+    ranges, _ = record_ranges(fast, tensors, (fused_feed(s) for s in store.iter_samples("gpt")))
+    streamed = store.statistics.ranges("gpt_fast", tensors)
+    for t in tensors:
+        np.testing.assert_allclose(ranges[t], streamed[t], rtol=1e-5, atol=1e-6)
 
 
 def test_deterministic_for_a_seed(calib_dir: Path, tiny_artifacts, tmp_path: Path):
     again = calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "again", **SMALL)
+    assert (again / "statistics.npz").read_bytes() == (calib_dir / "statistics.npz").read_bytes()
     a, b = CalibrationStore(calib_dir), CalibrationStore(again)
     assert a.count("gpt") == b.count("gpt")
     for sa, sb in zip(a.iter_samples("gpt"), b.iter_samples("gpt"), strict=True):
@@ -53,12 +85,150 @@ def test_deterministic_for_a_seed(calib_dir: Path, tiny_artifacts, tmp_path: Pat
             np.testing.assert_array_equal(sa[k], sb[k])
 
 
-def test_disk_budget_is_respected(tiny_artifacts, tmp_path: Path):
-    out = calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "small", disk_budget_mb=0.02,
-                    **{**SMALL, "max_samples": 4})
-    m = CalibrationStore(out).manifest
+def test_raw_sample_keeps_the_smallest_keys_within_its_bounds(calib_dir: Path, tiny_artifacts, tmp_path: Path):
+    out = calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "small",
+                    raw_sample_counts={"gpt": 2, "head_code": 1}, **SMALL)
+    m, full = CalibrationStore(out).manifest, CalibrationStore(calib_dir).manifest
+    assert m["components"]["gpt"]["samples"] == 2 and m["components"]["head_code"]["samples"] == 1
+    assert m["components"]["gpt"]["keys"] == sorted(full["components"]["gpt"]["keys"])[:2]
     assert m["truncated_by_budget"] is True
-    assert 0 < m["bytes_total"] <= m["disk_budget_bytes"]
+    # The statistics still saw every step: only the raw sample is bounded.
+    assert (out / "statistics.npz").read_bytes() == (calib_dir / "statistics.npz").read_bytes()
+    assert sorted(p.name for p in (out / "gpt").iterdir()) == sorted(Path(s).name for s in m["components"]["gpt"]["shards"])
+    tight = calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "tight", disk_budget_mb=0.2, **SMALL)
+    t = CalibrationStore(tight).manifest
+    for comp, rec in t["components"].items():
+        assert rec["bytes"] <= t["bounds"]["raw_sample"][comp]["bytes"], comp
+
+
+def test_nothing_but_the_sample_grows_with_the_corpus(calib_dir: Path, tiny_artifacts, tmp_path: Path):
+    one = calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "one", **{**SMALL, "max_samples": 1})
+
+    def shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+        with np.load(folder / "statistics.npz") as z:
+            return {k: z[k].shape for k in z.files if k != "index"}
+
+    assert shapes(one) == shapes(calib_dir)  # the same arrays, the same sizes: fixed by the graphs
+    st = TensorStats(4)
+    for _ in range(3):
+        st.update(np.ones((5, 4), np.float32))
+    assert st.hist.shape == (HIST_BINS,) and st.absmax.shape == (4,) and st.rows == 15
+
+
+def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Path):
+    fp32 = tiny_artifacts["fp32"]
+    args = {**SMALL, "max_samples": "all"}
+    a = calibrate(fp32, _corpus(tmp_path / "a", zh=ZH[:1], en=EN[:1]), tmp_path / "A", **args)
+    b = calibrate(fp32, _corpus(tmp_path / "b", zh=ZH[1:], en=EN[1:]), tmp_path / "B", merge=[a], **args)
+    both = calibrate(fp32, _corpus(tmp_path / "ab", zh=ZH, en=EN), tmp_path / "AB", **args)
+    sb, sboth = CalibrationStore(b), CalibrationStore(both)
+    assert sb.manifest["sentence_sha256"] == sboth.manifest["sentence_sha256"]
+    used = {f: r["used"] for f, r in sboth.manifest["sentences"]["per_file"].items()}
+    assert {f: r["used"] for f, r in sb.manifest["sentences"]["per_file"].items()} == used == {"en": 2, "zh": 2}
+    x, y = sb.statistics, sboth.statistics
+    assert x.kv_samples == y.kv_samples and set(x.graphs) == set(y.graphs)
+    for g in y.graphs:
+        for name, st in y.graphs[g].items():
+            other = x.graphs[g][name]
+            assert (other.min, other.max, other.rows, other.samples) == (st.min, st.max, st.rows, st.samples)
+            np.testing.assert_array_equal(other.hist, st.hist)
+            np.testing.assert_array_equal(other.absmax, st.absmax)
+            np.testing.assert_allclose(other.sum_sq, st.sum_sq, rtol=1e-12)
+    for k in y.kv:
+        np.testing.assert_array_equal(x.kv[k].absmax, y.kv[k].absmax)
+    for comp in ("gpt", "head_code", "decoder", "dvae"):
+        assert sb.manifest["components"][comp]["keys"] == sboth.manifest["components"][comp]["keys"], comp
+    # A folder merged into itself adds nothing new: its sentences are not synthesized again.
+    again = calibrate(fp32, _corpus(tmp_path / "ab2", zh=ZH, en=EN), tmp_path / "again", merge=[both], **args)
+    assert CalibrationStore(again).manifest["sentences"]["already_in_merged_runs"] == 4
+
+
+def test_statistics_merge_is_exact_for_min_max_and_histograms():
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(size=(7, 6)).astype(np.float32) * s for s in (1, 10)]
+    one, merged = Statistics(), Statistics()
+    for p in parts:
+        one.update_graph("g", {"x": p})
+    halves = [Statistics(), Statistics()]
+    for h, p in zip(halves, parts, strict=True):
+        h.update_graph("g", {"x": p})
+        merged.merge(h)
+    a, b = one.graphs["g"]["x"], merged.graphs["g"]["x"]
+    assert (a.min, a.max) == (b.min, b.max)
+    np.testing.assert_array_equal(a.hist, b.hist)
+    np.testing.assert_allclose(a.mean_square, (np.concatenate(parts) ** 2).mean(axis=0), rtol=1e-6)
+    assert a.percentile_absmax(100.0) == pytest.approx(np.abs(np.concatenate(parts)).max())
+    lo, hi = one.ranges("g", ["x"], percentile=50.0)["x"]
+    assert a.min < lo < 0 < hi < a.max  # clipped to the median |x| (within one bin)
+
+
+def test_stratified_selection_represents_every_file():
+    stems = ["a"] * 90 + ["b"] * 9 + ["c"] * 1
+    picked = select_sentences(stems, 10, seed=0)
+    assert len(picked) == 10 and {stems[i] for i in picked} == {"a", "b", "c"}
+    assert picked == sorted(picked) and picked == select_sentences(stems, 10, seed=0)
+    assert select_sentences(stems, None, seed=0) == list(range(100))
+    assert parse_max_samples("all") is None and parse_max_samples("512") == 512
+    with pytest.raises(ForgeError, match="max-samples"):
+        parse_max_samples("some")
+
+
+def test_default_is_512_stratified(tiny_artifacts):
+    from chattts_forge.calibration_data.calibrate import DEFAULT_MAX_SAMPLES
+    from chattts_forge.calibration_data.corpus import load_corpus
+
+    corp = load_corpus("builtin:calibration")
+    stems = [corp.files[i].stem for i in corp.origins]
+    picked = select_sentences(stems, DEFAULT_MAX_SAMPLES, seed=0)
+    assert DEFAULT_MAX_SAMPLES == 512 and len(picked) == 512
+    assert {stems[i] for i in picked} == {p.stem for p in corp.files}
+
+
+def test_refused_lines_are_skipped_and_counted(tiny_artifacts, tmp_path: Path):
+    corpus = _corpus(tmp_path / "c", zh=ZH[:1] + ["。。。"], en=EN[:1] + ["...  ,"])
+    out = calibrate(tiny_artifacts["fp32"], corpus, tmp_path / "o", **{**SMALL, "max_samples": "all"})
+    m = CalibrationStore(out).manifest
+    assert m["sentences"]["used"] == 2 and len(m["sentences"]["skipped"]) == 2
+    nothing = _corpus(tmp_path / "n", zh=["。。。"], en=["... ,"])
+    with pytest.raises(ForgeError, match="no sentence .* is speakable"):
+        calibrate(tiny_artifacts["fp32"], nothing, tmp_path / "n-out", allow_one_language=True, **SMALL)
+    assert not (tmp_path / "n-out").exists()
+
+
+def test_bad_input_is_refused_before_any_work(calib_dir: Path, tiny_artifacts, tmp_path: Path):
+    fp32 = tiny_artifacts["fp32"]
+    with pytest.raises(ForgeError, match="only zh sentences"):
+        calibrate(fp32, _corpus(tmp_path / "zh", zh=ZH), tmp_path / "x", **SMALL)
+    calibrate(fp32, _corpus(tmp_path / "zh1", zh=ZH), tmp_path / "zh-ok", allow_one_language=True, **SMALL)
+    other = tmp_path / "other"
+    shutil.copytree(calib_dir, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["artifact"]["gpt_sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ForgeError, match="another artifact"):
+        calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[other], **SMALL)
+    version = tmp_path / "version"
+    shutil.copytree(calib_dir, version)
+    m = json.loads((version / "manifest.json").read_text())
+    name = next(iter(m["corpus"]["file_sha256"]))
+    m["corpus"]["file_sha256"][name] = "0" * 64
+    (version / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ForgeError, match="another version of corpus file"):
+        calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[version], **SMALL)
+    m["corpus"]["name"] = "v0:calibration"
+    (version / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ForgeError, match="corpus version v0"):
+        calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[version], **SMALL)
+    with pytest.raises(ForgeError, match="head_steps_per_sentence"):
+        calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[calib_dir], **{**SMALL, "head_steps": 5})
+    old = tmp_path / "old"
+    shutil.copytree(calib_dir, old)
+    m = json.loads((old / "manifest.json").read_text())
+    m["schema"] = "chattts-forge/calibration/1"
+    (old / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ForgeError, match="re-run `chattts-forge calibrate`"):
+        CalibrationStore(old)
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize(("content", "message"), [(b"", "is empty"), (b"\xc3\x28 broken\n", "not UTF-8")])

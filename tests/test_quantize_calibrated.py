@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -114,7 +115,7 @@ def test_packed_dynamic_int8_equals_onnxruntime_dynamic_on_the_unpacked_graph(ti
         assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
 
 
-@pytest.mark.parametrize("algorithm", ["rtn", "k_quant", "gptq"])
+@pytest.mark.parametrize("algorithm", ["rtn", "k_quant", "gptq", "importance"])
 def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_path: Path, algorithm: str):
     out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / algorithm, QuantizeConfig("int4", calibration=calib,
                             algorithm=algorithm, block_size=32, **FID))
@@ -129,6 +130,8 @@ def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_pat
     assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
     if algorithm == "gptq":
         assert meta["quantization"]["components"]["gpt"]["calibration_samples"] >= 8
+    if algorithm == "importance":  # every projection got its importance-weighted blocks
+        assert meta["quantization"]["components"]["gpt"]["importance_matmuls"] > 0
 
 
 def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path: Path):
@@ -142,6 +145,38 @@ def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path:
         quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm, feeds=samples)
         hashes.add(sha256_file(dst))
     assert len(hashes) == 3
+
+
+def test_importance_blocks_are_onnxruntime_rtn_at_scale_one_and_weigh_channels(monkeypatch, tmp_path: Path):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    import chattts_forge.quantize.int4_importance as imp
+    from chattts_forge.quantize.int4 import quantize_int4_graph
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 48)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48])],
+                              [numpy_helper.from_array(w, "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mm.onnx")
+    quantize_int4_graph(tmp_path / "mm.onnx", tmp_path / "rtn.onnx", block_size=32, algorithm="rtn")
+    ort_rtn = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "rtn.onnx")).graph.initializer}
+    with monkeypatch.context() as m:
+        m.setattr(imp, "SCALE_GRID", (1.0,))
+        packed, scales = imp.importance_blocks(w, np.ones(64), 32)
+    np.testing.assert_array_equal(packed, ort_rtn["W_Q4"])  # the same layout as onnxruntime's MatMulNBits
+    np.testing.assert_array_equal(scales, ort_rtn["W_scales"])
+
+    def weighted_error(packed, scales, importance):
+        q = np.stack([packed & 15, packed >> 4], -1).reshape(48, 2, 32).astype(np.float32)
+        deq = ((q - 8) * scales[:, :, None]).reshape(48, 64).T
+        return float((importance[:, None] * (w - deq) ** 2).sum())
+
+    importance = rng.uniform(0, 1, 64) ** 4  # a few input channels dominate
+    searched = imp.importance_blocks(w, importance, 32)
+    assert weighted_error(*searched, importance) < weighted_error(ort_rtn["W_Q4"], ort_rtn["W_scales"], importance)
 
 
 def _gate(path: Path, agreement: float, cosine: float) -> Path:
@@ -322,12 +357,17 @@ def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Pa
     truncated = _copy_calib(calib, tmp_path / "truncated")
     shard = truncated / json.loads((truncated / "manifest.json").read_text())["components"]["gpt"]["shards"][0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    foreign = _copy_calib(calib, tmp_path / "foreign")  # statistics of another graph under the right manifest
+    stats = Statistics.load(foreign / STATS_FILE)
+    stats.graph_sha256["gpt"] = "0" * 64
+    stats.save(foreign / STATS_FILE)
     few = calibrate(fp32, "builtin:calibration", tmp_path / "few", max_samples=1, max_new_token=4,
                     decode_positions=1, head_steps=2, threads=1)
     cases = [
         (other, "static", {}, "different artifact"),
         (empty, "auto", {}, "no gpt samples"),
         (truncated, "static", {}, "unreadable|corrupt"),
+        (foreign, "static", {}, "gpt statistics were observed on another graph"),
         (few, "int4", {"algorithm": "gptq"}, "GPTQ needs at least 8"),
         # The tiny GPT's projections are 64 wide: GPTQ cannot use the default 128 block.
         (calib, "int4", {"algorithm": "gptq"}, "GPTQ needs --block-size <= the narrowest MatMul input"),

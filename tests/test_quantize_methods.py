@@ -57,6 +57,8 @@ def test_int4_takes_its_algorithm_from_the_request() -> None:
     # an int8 KV cache needs the rebuilt (rtn) fused graph: the folder then serves the cache scales
     assert _open("int4", calibration="calib", kv_cache="int8").algorithm == "rtn"
     assert _open("int4", algorithm="k_quant").calibration_components == ("gpt",)
+    importance = _open("int4", algorithm="importance", calibration="calib")
+    assert importance.needs_calibration and not importance.rebuilds_fast_graph
 
 
 def test_what_each_method_needs_and_allows() -> None:

@@ -1,0 +1,294 @@
+"""Streaming calibration statistics: what each quantizer needs, reduced as every graph input is produced.
+
+`calibrate` runs every recorded feed once more through an *observer* session of the graph quantize
+will read (gpt.onnx, the fused gpt_fast.onnx, head_code.onnx of the FP32 artifact) whose outputs
+are the activation inputs of its constant-weight MatMuls, and folds each output into a fixed-size
+`TensorStats` at once; nothing of the activation itself is kept. Per tensor:
+
+- `min`, `max`: static INT8's minmax ranges (`quantize.static_fused`);
+- `hist`: counts of |x| in `HIST_BINS` log2-spaced bins (fixed edges, so two histograms add exactly;
+  a percentile read from it is within one bin, 2**(1/HIST_BINS_PER_OCTAVE), of the exact one);
+- `absmax`, `sum_sq` / `rows` per channel (last axis): AWQ/imatrix-style importance of each input
+  channel of the MatMuls that read the tensor.
+
+And per layer and key/value, the per-(kv head, channel) max |x| over the valid past positions of every
+GPT step (`KVStats`): the INT8 KV cache's scales (`quantize.kv_cache`).
+
+Every field is a sum, a min or a max over samples, so `merge` of the statistics of two disjoint runs
+equals the statistics of one run over both (up to float64 summation order), like `llama-imatrix
+--in-file`. The size depends on the graphs only, never on the corpus.
+
+No X^T X (GPTQ's Hessian) is accumulated: onnxruntime's GPTQ (`GPTQWeightOnlyQuantConfig`) takes
+only a calibration data reader and computes its Hessians itself, and at full size they would not fit
+the disk budget (20 down_proj inputs of width 3072: 20 x 3072^2 x 4 B = 755 MB). GPTQ reads the
+bounded raw sample (`store.RawSample`) instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+
+STATS_FILE = "statistics.npz"
+STATS_SCHEMA = "chattts-forge/calibration-statistics/1"
+# |x| histogram: bin 0 holds |x| < 2**HIST_LOW_EXP (zeros included); then HIST_BINS_PER_OCTAVE bins per
+# power of two up to 2**HIST_HIGH_EXP; the last bin also holds anything larger.
+HIST_LOW_EXP, HIST_HIGH_EXP, HIST_BINS_PER_OCTAVE = -20, 20, 32
+HIST_BINS = 1 + (HIST_HIGH_EXP - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE
+
+
+def hist_edges() -> np.ndarray:
+    """Upper edges of the |x| histogram's bins (the last one is +inf)."""
+    exps = HIST_LOW_EXP + np.arange(1, HIST_BINS) / HIST_BINS_PER_OCTAVE
+    return np.concatenate([[2.0**HIST_LOW_EXP], 2.0**exps[:-1], [np.inf]])
+
+
+def _hist_of(absx: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        log2 = np.log2(absx, dtype=np.float64)
+    idx = np.floor((log2 - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE).astype(np.int64) + 1
+    idx = np.clip(idx, 0, HIST_BINS - 1)  # -inf (zeros) -> 0
+    return np.bincount(idx.ravel(), minlength=HIST_BINS).astype(np.int64)
+
+
+@dataclass
+class TensorStats:
+    """Running statistics of one activation tensor (channels = its last axis)."""
+
+    channels: int
+    min: float = np.inf
+    max: float = -np.inf
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, np.int64))
+    absmax: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sum_sq: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rows: int = 0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        if self.absmax.size == 0:
+            self.absmax = np.zeros(self.channels, np.float32)
+        if self.sum_sq.size == 0:
+            self.sum_sq = np.zeros(self.channels, np.float64)
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32)
+        if x.shape[-1] != self.channels:
+            raise ForgeError(f"activation has {x.shape[-1]} channels, its statistics {self.channels}")
+        if x.size == 0:
+            return
+        flat = x.reshape(-1, self.channels)
+        absx = np.abs(flat)
+        self.min = min(self.min, float(flat.min()))
+        self.max = max(self.max, float(flat.max()))
+        self.hist += _hist_of(absx)
+        np.maximum(self.absmax, absx.max(axis=0), out=self.absmax)
+        self.sum_sq += np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+        self.rows += flat.shape[0]
+        self.samples += 1
+
+    def merge(self, other: TensorStats) -> None:
+        if other.channels != self.channels:
+            raise ForgeError(f"cannot merge statistics of {other.channels} and {self.channels} channels")
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self.hist += other.hist
+        np.maximum(self.absmax, other.absmax, out=self.absmax)
+        self.sum_sq += other.sum_sq
+        self.rows += other.rows
+        self.samples += other.samples
+
+    @property
+    def mean_square(self) -> np.ndarray:
+        """Per-channel E[x^2] (the imatrix importance of each input channel)."""
+        return self.sum_sq / max(self.rows, 1)
+
+    def percentile_absmax(self, percentile: float) -> float:
+        """The |x| below which `percentile` % of the values fall (bin upper edge; at most max |x|)."""
+        total = int(self.hist.sum())
+        if total == 0:
+            return 0.0
+        k = int(np.searchsorted(np.cumsum(self.hist), total * percentile / 100.0))
+        return float(min(hist_edges()[min(k, HIST_BINS - 1)], max(abs(self.min), abs(self.max))))
+
+
+@dataclass
+class KVStats:
+    """Per-(kv head, channel) max |x| of one layer's keys or values at valid past positions."""
+
+    absmax: np.ndarray
+    positions: int = 0
+    samples: int = 0
+
+    def update(self, past: np.ndarray, valid: np.ndarray) -> None:
+        x = np.abs(np.asarray(past, dtype=np.float32)).transpose(0, 2, 1, 3)[valid]  # [positions, heads, dim]
+        np.maximum(self.absmax, x.max(axis=0), out=self.absmax)
+        self.positions += int(valid.sum())
+        self.samples += 1
+
+    def merge(self, other: KVStats) -> None:
+        np.maximum(self.absmax, other.absmax, out=self.absmax)
+        self.positions += other.positions
+        self.samples += other.samples
+
+
+class Statistics:
+    """Every graph's tensor statistics plus the KV-cache statistics of one calibration folder."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[str, dict[str, TensorStats]] = {}  # graph (gpt, gpt_fast, head_code) -> tensor -> stats
+        self.graph_sha256: dict[str, str] = {}  # graph -> sha256 of the FP32 file the stats were observed on
+        self.kv: dict[str, KVStats] = {}  # "{layer}.key" / "{layer}.value"
+        self.kv_samples = 0
+
+    # -- accumulating ----------------------------------------------------------------------------
+
+    def update_graph(self, graph: str, outputs: Mapping[str, np.ndarray]) -> None:
+        tensors = self.graphs.setdefault(graph, {})
+        for name, value in outputs.items():
+            st = tensors.get(name)
+            if st is None:
+                st = tensors[name] = TensorStats(int(value.shape[-1]))
+            st.update(value)
+
+    def update_kv(self, feed: Mapping[str, np.ndarray]) -> bool:
+        """Fold the past key/values of one plain-GPT feed in; False for a step without a past."""
+        mask, first = feed.get("attention_mask"), feed.get("past_key_values.0.key")
+        if mask is None or first is None or first.shape[2] == 0:
+            return False
+        past = first.shape[2]
+        valid = np.asarray(mask)[:, :past].astype(bool)  # padded slots hold no real key
+        if not valid.any():
+            return False
+        for name, arr in feed.items():
+            if not name.startswith("past_key_values."):
+                continue
+            layer, kind = name.split(".")[1:3]
+            key = f"{layer}.{kind}"
+            st = self.kv.get(key)
+            if st is None:
+                st = self.kv[key] = KVStats(np.zeros((arr.shape[1], arr.shape[3]), np.float32))
+            st.update(arr, valid)
+        self.kv_samples += 1
+        return True
+
+    def merge(self, other: Statistics) -> None:
+        for graph, sha in other.graph_sha256.items():
+            if self.graph_sha256.setdefault(graph, sha) != sha:
+                raise ForgeError(f"cannot merge statistics of two different {graph} graphs (sha256 differs)")
+        for graph, tensors in other.graphs.items():
+            mine = self.graphs.setdefault(graph, {})
+            for name, st in tensors.items():
+                if name in mine:
+                    mine[name].merge(st)
+                else:
+                    mine[name] = TensorStats(st.channels, st.min, st.max, st.hist.copy(), st.absmax.copy(),
+                                             st.sum_sq.copy(), st.rows, st.samples)
+        for key, kv in other.kv.items():
+            if key in self.kv:
+                self.kv[key].merge(kv)
+            else:
+                self.kv[key] = KVStats(kv.absmax.copy(), kv.positions, kv.samples)
+        self.kv_samples += other.kv_samples
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def tensors(self, graph: str) -> dict[str, TensorStats]:
+        if graph not in self.graphs:
+            raise ForgeError(f"the calibration statistics have no {graph} graph (re-run `calibrate`)")
+        return self.graphs[graph]
+
+    def ranges(self, graph: str, names: Iterable[str], percentile: float | None = None,
+               ) -> dict[str, tuple[float, float]]:
+        """minmax ranges of the named activation tensors of `graph`; with `percentile`, each side
+        clipped to the |x| below which that share of the values fall (from the histogram)."""
+        names = list(names)
+        tensors = self.tensors(graph)
+        missing = sorted(set(names) - set(tensors))
+        if missing:
+            raise ForgeError(f"the calibration statistics of {graph} lack {len(missing)} MatMul input(s) "
+                             f"(first: {missing[0]}): recorded from another graph? re-run `calibrate`")
+        if percentile is None:
+            return {n: (tensors[n].min, tensors[n].max) for n in names}
+        out = {}
+        for n in names:
+            clip = tensors[n].percentile_absmax(percentile)
+            out[n] = (max(tensors[n].min, -clip), min(tensors[n].max, clip))
+        return out
+
+    def samples(self, graph: str) -> int:
+        return max((st.samples for st in self.tensors(graph).values()), default=0)
+
+    def nbytes(self) -> int:
+        total = 0
+        for tensors in self.graphs.values():
+            for st in tensors.values():
+                total += st.hist.nbytes + st.absmax.nbytes + st.sum_sq.nbytes + 64
+        return total + sum(kv.absmax.nbytes + 16 for kv in self.kv.values())
+
+    # -- storage ---------------------------------------------------------------------------------
+
+    def arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays (for the .npz) and the JSON index describing them, in a fixed order."""
+        arrays: dict[str, np.ndarray] = {}
+        index: dict[str, Any] = {"schema": STATS_SCHEMA, "graphs": {}, "graph_sha256": dict(self.graph_sha256),
+                                 "kv": {}, "kv_samples": self.kv_samples}
+        for g in sorted(self.graphs):
+            entries = {}
+            for i, name in enumerate(sorted(self.graphs[g])):
+                st = self.graphs[g][name]
+                tag = f"{g}/{i:04d}"
+                arrays[f"{tag}.hist"], arrays[f"{tag}.absmax"], arrays[f"{tag}.sum_sq"] = st.hist, st.absmax, st.sum_sq
+                entries[name] = {"tag": tag, "channels": st.channels, "min": st.min, "max": st.max,
+                                 "rows": st.rows, "samples": st.samples}
+            index["graphs"][g] = entries
+        for key in sorted(self.kv, key=lambda k: (int(k.split(".")[0]), k)):
+            kv = self.kv[key]
+            arrays[f"kv/{key}"] = kv.absmax
+            index["kv"][key] = {"positions": kv.positions, "samples": kv.samples}
+        return arrays, index
+
+    def save(self, path: Path) -> None:
+        """Write to `path` (an .npz whose `index` entry is the JSON index); caller makes it atomic."""
+        arrays, index = self.arrays()
+        blob = np.frombuffer(json.dumps(index, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+        with open(path, "wb") as f:
+            np.savez(f, index=blob, **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> Statistics:
+        try:
+            with np.load(path) as z:
+                index = json.loads(bytes(z["index"]).decode("utf-8"))
+                if index.get("schema") != STATS_SCHEMA:
+                    raise ForgeError(f"{path}: statistics schema {index.get('schema')!r} is not {STATS_SCHEMA!r}")
+                out = cls()
+                out.graph_sha256 = dict(index["graph_sha256"])
+                out.kv_samples = int(index["kv_samples"])
+                for g, entries in index["graphs"].items():
+                    out.graphs[g] = {
+                        name: TensorStats(e["channels"], e["min"], e["max"], z[f"{e['tag']}.hist"],
+                                          z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"])
+                        for name, e in entries.items()
+                    }
+                for key, e in index["kv"].items():
+                    out.kv[key] = KVStats(z[f"kv/{key}"], e["positions"], e["samples"])
+        except ForgeError:
+            raise
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise ForgeError(f"calibration statistics {path} are unreadable ({e}); re-run `calibrate`") from None
+        return out
+
+
+def sample_key(seed: int, sentence_sha256: str, component: str, index: int) -> float:
+    """The priority of one recorded input in the raw sample: a uniform number in [0, 1) that depends
+    only on the seed and what the input is (never on the run or the order), so the smallest keys of
+    two merged runs are the smallest keys of one run over both."""
+    digest = hashlib.sha256(f"{seed}:{sentence_sha256}:{component}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
