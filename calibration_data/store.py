@@ -162,8 +162,6 @@ class CalibrationStore:
             raise ForgeError(f"{self.path} is a calibration folder of stored tensors (schema "
                              f"{self.manifest.get('schema')}); re-run `chattts-forge calibrate` to get statistics")
         check_calibration_manifest(self.manifest, mpath)
-        if not (self.path / STATS_FILE).is_file():
-            raise ForgeError(f"calibration statistics {self.path / STATS_FILE} are missing; re-run `calibrate`")
         self._statistics: Statistics | None = None
         self._shards: dict[str, list[Path]] = {}
         for name, comp in self.manifest.get("components", {}).items():
@@ -173,6 +171,8 @@ class CalibrationStore:
                 if not shard.is_file():
                     raise ForgeError(f"calibration shard {shard} is missing")
             self._shards[name] = paths
+        if not (self.path / STATS_FILE).is_file():
+            raise ForgeError(f"calibration statistics {self.path / STATS_FILE} are missing; re-run `calibrate`")
 
     @property
     def statistics(self) -> Statistics:
