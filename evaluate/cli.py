@@ -148,6 +148,15 @@ def _iv(interval: list[float] | None) -> str:
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here).")
 @click.option("--ray-workers", type=int, default=2, show_default=True, help="Ray actors (one corpus shard each).")
+@click.option("--listen-sentences", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Held-out sentences written beside the report as MP3 + mel spectrograms (the version page's players).")
+@click.option("--seam-sentences", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip).")
+@click.option("--seam-lookahead", type=click.IntRange(min=1), default=None,
+              help="Mel frames of the lookahead stream judged beside the default chunking (default: 2).")
+@click.option("--clone-reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it.")
+@click.option("--clone-transcript", default=None, help="What --clone-reference says (ChatTTS's txt_smp).")
 def evaluate(
     artifact: Path,
     reference: Path,
@@ -170,6 +179,11 @@ def evaluate(
     cache_phrases: int,
     ray_address: str | None,
     ray_workers: int,
+    listen_sentences: int,
+    seam_sentences: int,
+    seam_lookahead: int | None,
+    clone_reference: Path | None,
+    clone_transcript: str | None,
 ) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -206,6 +220,11 @@ def evaluate(
         cache_phrases=cache_phrases,
         ray=ray_address,
         ray_workers=ray_workers,
+        listen_sentences=listen_sentences,
+        seam_sentences=seam_sentences,
+        seam_lookahead=seam_lookahead,
+        clone_reference=clone_reference,
+        clone_transcript=clone_transcript,
     )
     for c in report["gate"]["checks"]:
         click.echo(f"{c['status']:>12}  {c['message']}")
