@@ -59,6 +59,22 @@ class AsrBackend(Protocol):
 # ---------------------------------------------------------------- audio
 
 
+def mono_at(audio: np.ndarray, sample_rate: int, target_rate: int, purpose: str) -> np.ndarray:
+    """A finite, non-empty waveform as mono float32 at `target_rate` (channels averaged; an (n, c)
+    or (c, n) array); one-line ForgeError naming `purpose` ("score", "embed") otherwise."""
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim == 2:
+        audio = audio.mean(axis=1) if audio.shape[1] <= 8 else audio.mean(axis=0)
+    audio = audio.reshape(-1)
+    if audio.size == 0:
+        raise ForgeError(f"cannot {purpose} an empty waveform")
+    if not np.all(np.isfinite(audio)):
+        raise ForgeError("the waveform holds NaN or infinite samples")
+    if sample_rate <= 0:
+        raise ForgeError(f"bad sample rate {sample_rate}")
+    return resample(audio, int(sample_rate), target_rate)
+
+
 def resample(audio: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
     """Band-limited resampling of a mono signal by FFT (numpy only; exact length ratio)."""
     audio = np.asarray(audio, dtype=np.float32)

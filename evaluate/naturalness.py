@@ -121,19 +121,9 @@ class Dnsmos:
 
     def score(self, audio: np.ndarray, sample_rate: int) -> dict[str, float]:
         """{'sig', 'bak', 'ovrl', 'p808'} of a mono waveform at any rate (resampled to 16 kHz)."""
-        from chattts_forge.evaluate.asr import resample
+        from chattts_forge.evaluate.asr import mono_at
 
-        audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim == 2:
-            audio = audio.mean(axis=1) if audio.shape[1] <= 8 else audio.mean(axis=0)
-        audio = audio.reshape(-1)
-        if audio.size == 0:
-            raise ForgeError("cannot score an empty waveform")
-        if not np.all(np.isfinite(audio)):
-            raise ForgeError("the waveform holds NaN or infinite samples")
-        if sample_rate <= 0:
-            raise ForgeError(f"bad sample rate {sample_rate}")
-        segs = windows(resample(audio, int(sample_rate), SAMPLE_RATE))
+        segs = windows(mono_at(audio, sample_rate, SAMPLE_RATE, "score"))
         raw = self.p835.run(None, {"input_1": np.stack(segs)})[0]  # (n, 3): sig, bak, ovrl before calibration
         p808 = self.p808.run(None, {"input_1": np.stack([p808_features(s) for s in segs])})[0][:, 0]
         return {

@@ -263,19 +263,9 @@ def _trim_long_silences(wav: np.ndarray) -> np.ndarray:
 
 def preprocess(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     """Mono float32 at 16 kHz, volume raised to -30 dBFS, long silences cut (see the module doc)."""
-    from chattts_forge.evaluate.asr import resample
+    from chattts_forge.evaluate.asr import mono_at
 
-    audio = np.asarray(audio, dtype=np.float32)
-    if audio.ndim == 2:
-        audio = audio.mean(axis=1) if audio.shape[1] <= 8 else audio.mean(axis=0)
-    audio = audio.reshape(-1)
-    if audio.size == 0:
-        raise ForgeError("cannot embed an empty waveform")
-    if not np.all(np.isfinite(audio)):
-        raise ForgeError("the waveform holds NaN or infinite samples")
-    if sample_rate <= 0:
-        raise ForgeError(f"bad sample rate {sample_rate}")
-    wav = resample(audio, int(sample_rate), SAMPLE_RATE)
+    wav = mono_at(audio, sample_rate, SAMPLE_RATE, "embed")
     return _trim_long_silences(_normalise_volume(wav))
 
 
