@@ -268,7 +268,7 @@ def calibrate(
     gpt_file = meta.component_file(artifact_dir, "gpt")
     observers = {"gpt": Observer(gpt_file, threads)}
     if meta.has_component(FAST_GPT):
-        observers["gpt_fast"] = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
+        observers[FAST_GPT] = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
     if pipe.artifact.has_component("head_code"):
         observers["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
 
@@ -304,8 +304,8 @@ def calibrate(
                     return
                 past = int(feeds["past_key_values.0.key"].shape[2]) if "past_key_values.0.key" in feeds else 0
                 stats.update_graph("gpt", observers["gpt"].run(feeds))
-                if "gpt_fast" in observers:
-                    stats.update_graph("gpt_fast", observers["gpt_fast"].run(fused_feed(feeds)))
+                if FAST_GPT in observers:
+                    stats.update_graph(FAST_GPT, observers[FAST_GPT].run(fused_feed(feeds)))
                 stats.update_kv(feeds)
                 counters["prefill" if call == 0 else "decode"] += 1
                 counters["past_min"] = past if counters["past_min"] is None else min(counters["past_min"], past)
