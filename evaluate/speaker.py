@@ -31,7 +31,6 @@ import os
 import pickle
 from collections import OrderedDict
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.melspec import mel_power
+from chattts_forge.fsutil import installed_file
 
 __all__ = [
     "SpeakerEncoder",
@@ -187,15 +187,9 @@ def read_torch_legacy_state(path: str | os.PathLike[str], key: str = "model_stat
 
 def find_weights() -> Path:
     """resemblyzer's pretrained.pt inside the installed resemblyzer distribution."""
-    try:
-        files = metadata.files(WEIGHTS_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        files = None
-    for f in files or ():
-        if str(f).replace("\\", "/") == WEIGHTS_PATH_IN_WHEEL:
-            path = Path(str(f.locate()))
-            if path.is_file():
-                return path
+    path = installed_file(WEIGHTS_DISTRIBUTION, WEIGHTS_PATH_IN_WHEEL)
+    if path is not None:
+        return path
     raise ForgeError(
         f"the speaker encoder weights ({WEIGHTS_PATH_IN_WHEEL} of the resemblyzer wheel) are not installed; "
         f"run: {INSTALL_HINT}"

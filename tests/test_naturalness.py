@@ -12,7 +12,6 @@ import pytest
 import soundfile as sf
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate import naturalness
 from chattts_forge.evaluate.asr import resample
 from chattts_forge.evaluate.naturalness import WINDOW_SAMPLES, Dnsmos, p808_features, windows
 
@@ -34,7 +33,7 @@ def test_missing_models_are_one_line_errors(monkeypatch, tmp_path: Path) -> None
     def no_dist(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(naturalness.metadata, "files", no_dist)
+    monkeypatch.setattr(metadata, "files", no_dist)  # what fsutil.installed_file reads
     with pytest.raises(ForgeError, match=r"pip install --no-deps speechmos==0\.0\.1\.1") as e:
         Dnsmos.load()
     assert "\n" not in str(e.value)

@@ -49,7 +49,7 @@ def test_missing_weights_is_a_one_line_error(monkeypatch, tmp_path: Path) -> Non
     def no_dist(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(speaker.metadata, "files", no_dist)
+    monkeypatch.setattr(metadata, "files", no_dist)  # what fsutil.installed_file reads
     with pytest.raises(ForgeError, match=r"pip install --no-deps resemblyzer==0\.1\.4") as e:
         SpeakerEncoder.load()
     assert "\n" not in str(e.value)

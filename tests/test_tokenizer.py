@@ -102,7 +102,7 @@ def test_missing_vocab_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     def not_installed(name: str):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(tok_mod.metadata, "files", not_installed)
+    monkeypatch.setattr(metadata, "files", not_installed)  # what fsutil.installed_file reads
     with pytest.raises(ForgeError, match=r"pip install --no-deps cn-clip==1\.6\.0"):
         find_vocab_file()
 

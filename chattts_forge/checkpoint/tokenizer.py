@@ -14,12 +14,11 @@ special_tokens_map.json that `transformers.BertTokenizerFast.from_pretrained` (w
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_text
+from chattts_forge.fsutil import atomic_write_text, installed_file
 
 VOCAB_DISTRIBUTION = "cn-clip"
 VOCAB_PATH_IN_WHEEL = "cn_clip/clip/vocab.txt"
@@ -61,16 +60,9 @@ def special_token_id(token: str) -> int:
 
 def find_vocab_file() -> Path:
     """The bert-base-chinese vocab.txt inside the installed cn-clip distribution."""
-    try:
-        files = metadata.files(VOCAB_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        files = None
-    if files:
-        for f in files:
-            if str(f).replace("\\", "/") == VOCAB_PATH_IN_WHEEL:
-                path = Path(str(f.locate()))
-                if path.is_file():
-                    return path
+    path = installed_file(VOCAB_DISTRIBUTION, VOCAB_PATH_IN_WHEEL)
+    if path is not None:
+        return path
     raise ForgeError(
         f"the bert-base-chinese vocabulary ({VOCAB_PATH_IN_WHEEL} of the {VOCAB_DISTRIBUTION} wheel) "
         f"is not installed; run: {INSTALL_HINT}"
