@@ -79,3 +79,19 @@ def _buckets_section(verdicts: dict[str, tuple[bool, float]]) -> dict[str, Any]:
 def write_stand_in_report(report_dir: Path, artifact: Path, **kwargs: Any) -> Path:
     """`stand_in_report` written as `report_dir/report.json` (through the schema's writer)."""
     return write_report(stand_in_report(artifact, **kwargs), Path(report_dir))
+
+
+def publish_stand_in_version(artifacts: dict[str, Path], work: Path,
+                             verdicts: dict[str, dict[str, tuple[bool, float]]]) -> Path:
+    """Publish each variant of `verdicts` ({variant: {bucket: (passed, build RTF)}}) from `artifacts`
+    with a stand-in report into `work/artifacts`, then its routing table; the version folder."""
+    from chattts_forge.publish import publish_artifact
+    from chattts_forge.publish.version_files import publish_version_files
+
+    for variant, buckets in verdicts.items():
+        rdir = work / "reports" / variant
+        write_stand_in_report(rdir, artifacts[variant], buckets=buckets)
+        result = publish_artifact(artifacts[variant], rdir, work / "artifacts")
+    version_dir = result.path.parent
+    publish_version_files(version_dir)  # routing.json (a phrase cache is warmed through it)
+    return version_dir

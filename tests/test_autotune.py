@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from stand_in_report import write_stand_in_report
+from stand_in_report import publish_stand_in_version
 
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
@@ -100,17 +100,9 @@ def test_short_calls_are_grouped_into_samples() -> None:
 @pytest.fixture
 def version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
     """fp32 passes everywhere (build RTF 2.0); fp16 passes short and medium texts, faster on the build."""
-    from chattts_forge.publish import publish_artifact
-    from chattts_forge.publish.version_files import publish_version_files
-
-    verdicts = {"fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
-                "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (False, 1.0)}}
-    for variant, buckets in verdicts.items():
-        rdir = tmp_path / "reports" / variant
-        write_stand_in_report(rdir, tiny_artifacts[variant], buckets=buckets)
-        result = publish_artifact(tiny_artifacts[variant], rdir, tmp_path / "artifacts")
-    publish_version_files(result.path.parent)
-    return result.path.parent
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (False, 1.0)}})
 
 
 def test_routing_json_records_passing_sets_and_build_ranking(version: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from stand_in_report import write_stand_in_report
+from stand_in_report import publish_stand_in_version
 
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
@@ -230,19 +230,9 @@ def test_gate_buckets_section(tmp_path: Path) -> None:
 @pytest.fixture
 def version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
     """A published version: fp32 passes everywhere, fp16 passes short texts only, faster there."""
-    from chattts_forge.publish import publish_artifact
-    from chattts_forge.publish.version_files import publish_version_files
-
-    to = tmp_path / "artifacts"
-    verdicts = {"fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
-                "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}}
-    for variant, buckets in verdicts.items():
-        rdir = tmp_path / "reports" / variant
-        write_stand_in_report(rdir, tiny_artifacts[variant], buckets=buckets)
-        result = publish_artifact(tiny_artifacts[variant], rdir, to)
-    version_dir = result.path.parent
-    publish_version_files(version_dir)
-    return version_dir
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}})
 
 
 def test_routing_table_and_router(version: Path, tiny_artifacts) -> None:

@@ -35,7 +35,7 @@ httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (dev ext
 pytest.importorskip("starlette", reason="serve needs the serve extra")
 pytest.importorskip("uvicorn", reason="serve needs the serve extra")
 
-from stand_in_report import write_stand_in_report  # noqa: E402
+from stand_in_report import publish_stand_in_version  # noqa: E402
 
 from chattts_forge.cli import main  # noqa: E402
 from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
@@ -59,18 +59,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def version(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A published version: fp16 serves short texts, fp32 the rest; a phrase cache of two phrases."""
-    from chattts_forge.publish import publish_artifact
     from chattts_forge.publish.version_files import publish_version_files
 
     tmp = tmp_path_factory.mktemp("serve-version")
-    verdicts = {"fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
-                "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}}
-    for variant, buckets in verdicts.items():
-        rdir = tmp / "reports" / variant
-        write_stand_in_report(rdir, tiny_artifacts[variant], buckets=buckets)
-        result = publish_artifact(tiny_artifacts[variant], rdir, tmp / "artifacts")
-    version_dir = result.path.parent
-    publish_version_files(version_dir)  # routing.json first: the cache is warmed through it
+    version_dir = publish_stand_in_version(tiny_artifacts, tmp, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}})
     phrases = tmp / "phrases.txt"
     phrases.write_text("\n".join(PHRASES) + "\n", encoding="utf-8")
     cache = tmp / "phrase_cache.bin"
