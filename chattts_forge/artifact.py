@@ -38,7 +38,7 @@ DECODER = "decoder"  # GPT hidden states -> mel (ChatTTS's Decoder); quantized v
 # byte-identical across variants (its codes must equal ChatTTS's); optional: artifacts converted
 # before it existed lack it, and only voice cloning then fails.
 DVAE_ENCODER = "dvae_encoder"
-# The optional fused GPT graph (convert.optimize); the runtime prefers it when present.
+# The optional fused GPT graph (runtime.fast_gpt_graph); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"
 # A graph's weights may live beside it in `<file>.data` (ONNX external data); its record then has
@@ -466,3 +466,138 @@ class Quantization:
         values = _record_values(cls, doc, "quantization")
         values["options"] = QuantizationOptions.from_dict(values["options"])
         return cls(**values)
+
+
+# ---- checking files against their records ----------------------------------------------------
+# The one definition of "this file matches its record": `compare_files` (recorded sizes and sha256s
+# against what a folder holds) and `verify_files` (an artifact folder against its artifact.json).
+# The runtime's cached, threaded check (`chattts_forge.integrity.check_files`), quantize's input
+# check, evaluate's identity and publish's report check all judge through `compare_files`.
+
+MISSING, SIZE, SHA256, UNRECORDED = "missing", "size", "sha256", "unrecorded"
+
+
+@dataclass(frozen=True)
+class RecordedFile:
+    """A file as a record describes it (bytes and sha256 may be unrecorded: None)."""
+
+    rel: str  # path relative to the folder, '/'-separated
+    bytes: int | None
+    sha256: str | None
+    recorded_in: str  # the file that records it (artifact.json, manifest.json, SHA256SUMS, report.json)
+    what: str = ""  # what it is, for messages ("component 'embed'", "support file 'tokenizer'")
+
+    def describe(self) -> str:
+        return self.what or f"listed in {self.recorded_in}"
+
+
+@dataclass(frozen=True)
+class FileMismatch:
+    """One file that differs from its record: `problem` is MISSING, SIZE, SHA256 or UNRECORDED (a
+    file that a record meant to list every file does not name)."""
+
+    rel: str
+    problem: str
+    recorded_in: str
+    what: str = ""
+    recorded: int | str | None = None
+    found: int | str | None = None
+
+    def describe(self) -> str:
+        """One line: what is wrong with the file."""
+        if self.problem == MISSING:
+            return f"{self.rel} ({self.what or 'listed in ' + self.recorded_in}) is missing"
+        if self.problem == SIZE:
+            return f"{self.rel} has {self.found} bytes, {self.recorded_in} says {self.recorded}"
+        if self.problem == SHA256:
+            return f"{self.rel} does not match its sha256 in {self.recorded_in}"
+        return f"{self.rel} is not recorded in {self.recorded_in}"
+
+
+def compare_files(
+    expected: dict[str, RecordedFile],
+    sizes: dict[str, int],
+    digests: dict[str, str] | None = None,
+    *,
+    complete: bool = False,
+) -> list[FileMismatch]:
+    """Every mismatch between recorded files and what a folder holds, in `expected`'s order: a file
+    absent from `sizes` is MISSING; a recorded size that differs is SIZE; a recorded sha256 that
+    differs from `digests` (where a digest is given) is SHA256. `complete`: the records list every
+    file, so a file of `sizes` they do not name is UNRECORDED (listed last, sorted)."""
+    out: list[FileMismatch] = []
+    for rel, entry in expected.items():
+        where = {"recorded_in": entry.recorded_in, "what": entry.what}
+        if rel not in sizes:
+            out.append(FileMismatch(rel, MISSING, **where))
+        elif entry.bytes is not None and entry.bytes != sizes[rel]:
+            out.append(FileMismatch(rel, SIZE, **where, recorded=entry.bytes, found=sizes[rel]))
+        elif digests is not None and rel in digests and entry.sha256 and digests[rel] != entry.sha256:
+            out.append(FileMismatch(rel, SHA256, **where, recorded=entry.sha256, found=digests[rel]))
+    if complete:
+        recorded_in = next(iter(expected.values())).recorded_in if expected else ARTIFACT_JSON
+        out += [FileMismatch(rel, UNRECORDED, recorded_in) for rel in sorted(set(sizes) - set(expected))]
+    return out
+
+
+def size_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def sha256_or_none(value: Any) -> str | None:
+    ok = isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return value if ok else None
+
+
+def recorded_files(meta: ArtifactMeta, components: tuple[str, ...] | None = None) -> dict[str, RecordedFile]:
+    """{relative path: RecordedFile} of what artifact.json records: each component's graph and its
+    external data (of `components`, default all), and the support files that have a record."""
+    out: dict[str, RecordedFile] = {}
+    for name, info in sorted(meta.components.items()):
+        if components is not None and name not in components:
+            continue
+        rel = str(info.get("file", component_file_name(name)))
+        what = f"component '{name}'"
+        out[rel] = RecordedFile(rel, size_or_none(info.get("bytes")), sha256_or_none(info.get("sha256")),
+                                ARTIFACT_JSON, what)
+        data = info.get("external_data")
+        if isinstance(data, dict) and data.get("file"):
+            data_rel = (Path(rel).parent / str(data["file"])).as_posix()
+            out[data_rel] = RecordedFile(data_rel, size_or_none(data.get("bytes")),
+                                         sha256_or_none(data.get("sha256")), ARTIFACT_JSON, what)
+    if components is None:
+        for key in SUPPORT_FILES:
+            record = meta.support_record(key)
+            if record is not None:
+                rel = meta.support_file(key)
+                out[rel] = RecordedFile(rel, size_or_none(record.get("bytes")),
+                                        sha256_or_none(record.get("sha256")), ARTIFACT_JSON,
+                                        f"support file '{key}'")
+    return out
+
+
+def verify_files(
+    folder: str | os.PathLike[str],
+    meta: ArtifactMeta,
+    *,
+    components: tuple[str, ...] | None = None,
+    hashed: dict[str, FileEntry] | None = None,
+) -> list[FileMismatch]:
+    """Every file artifact.json records (graphs, external data, support files; only `components`'
+    files when given) against `folder`: each missing file, wrong size and wrong sha256, none left
+    out. `hashed`: the folder's files already hashed (`hash_tree`), so nothing is read twice. A
+    recorded path that leads out of the folder is a one-line ForgeError, never followed."""
+    folder = Path(folder)
+    expected = recorded_files(meta, components)
+    sizes: dict[str, int] = {}
+    digests: dict[str, str] = {}
+    for rel in expected:
+        path = resolve_inside(folder, rel, file=meta.where, field="a recorded file")
+        if hashed is not None:
+            if rel in hashed:
+                sizes[rel], digests[rel] = hashed[rel].bytes, hashed[rel].sha256
+        elif path.is_file():
+            sizes[rel] = path.stat().st_size
+            if expected[rel].bytes in (None, sizes[rel]) and expected[rel].sha256:
+                digests[rel] = sha256_file(path)
+    return compare_files(expected, sizes, digests)

@@ -32,9 +32,19 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from chattts_forge.artifact import ARTIFACT_JSON, EXTERNAL_DATA_SUFFIX, SUPPORT_FILES, ArtifactMeta
+from chattts_forge.artifact import (
+    ARTIFACT_JSON,
+    EXTERNAL_DATA_SUFFIX,
+    MISSING,
+    SIZE,
+    SUPPORT_FILES,
+    ArtifactMeta,
+    RecordedFile,
+    compare_files,
+    sha256_or_none,
+    size_or_none,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
@@ -75,16 +85,8 @@ def sha256sums_text(hashes: dict[str, str]) -> str:
 # ---- what a folder is checked against --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Expected:
-    rel: str  # path relative to the folder, '/'-separated
-    bytes: int | None
-    sha256: str | None
-    recorded_in: str  # the file that records it (artifact.json, manifest.json, SHA256SUMS)
-    what: str = ""  # what it is, for messages ("component 'embed'", "support file 'tokenizer'")
-
-    def describe(self) -> str:
-        return self.what or f"listed in {self.recorded_in}"
+# What a folder is checked against: the contract's record of one file (kept under its old name here).
+Expected = RecordedFile
 
 
 def _add(out: dict[str, Expected], entry: Expected) -> None:
@@ -101,15 +103,6 @@ def _add(out: dict[str, Expected], entry: Expected) -> None:
                                   old.what or entry.what)
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _sha_or_none(value: Any) -> str | None:
-    ok = isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-    return value if ok else None
-
-
 def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list[Expected]:
     """The files artifact.json records: every component's graph (and external data), the support files.
 
@@ -122,12 +115,12 @@ def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list
         if not present(rel):
             continue
         what = f"component '{name}'"
-        out.append(Expected(rel, _int_or_none(info.get("bytes")), _sha_or_none(info.get("sha256")), ARTIFACT_JSON,
+        out.append(Expected(rel, size_or_none(info.get("bytes")), sha256_or_none(info.get("sha256")), ARTIFACT_JSON,
                             what))
         data = info.get("external_data")
         if isinstance(data, dict) and data.get("file"):
             data_rel = (Path(rel).parent / str(data["file"])).as_posix()
-            out.append(Expected(data_rel, _int_or_none(data.get("bytes")), _sha_or_none(data.get("sha256")),
+            out.append(Expected(data_rel, size_or_none(data.get("bytes")), sha256_or_none(data.get("sha256")),
                                 ARTIFACT_JSON, what))
         elif present(rel + EXTERNAL_DATA_SUFFIX):  # unrecorded weights beside a graph: still opened
             out.append(Expected(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON, what))
@@ -135,7 +128,7 @@ def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list
         rel = meta.support_file(key)
         record = meta.support_record(key) or {}
         if present(rel) or key != "dvae_coef":  # the runtime does not read dvae_coef.json; older ones lack it
-            out.append(Expected(rel, _int_or_none(record.get("bytes")), _sha_or_none(record.get("sha256")),
+            out.append(Expected(rel, size_or_none(record.get("bytes")), sha256_or_none(record.get("sha256")),
                                 ARTIFACT_JSON, f"support file '{key}'"))
     return out
 
@@ -161,7 +154,7 @@ def published_records(folder: Path) -> list[Expected] | None:
         raise ForgeError(f"{sums_path} is missing or unreadable: the published folder is damaged") from None
     manifest_line = next((line for line in sums_bytes.decode("utf-8", "replace").splitlines()
                           if line.endswith(f"  {PUBLISHED_MANIFEST}")), "")
-    manifest_sha = _sha_or_none(manifest_line[:64])
+    manifest_sha = sha256_or_none(manifest_line[:64])
     if manifest_sha is None:
         raise ForgeError(f"{sums_path} does not list {PUBLISHED_MANIFEST}: the published folder is damaged")
     want = {e.rel: e.sha256 for e in listed} | {PUBLISHED_MANIFEST: manifest_sha}
@@ -219,7 +212,7 @@ class VerifiedHashCache:
         entries = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == CACHE_SCHEMA else None
         if not isinstance(entries, dict):
             return {}
-        return {k: v for k, v in entries.items() if isinstance(k, str) and _sha_or_none(v)}
+        return {k: v for k, v in entries.items() if isinstance(k, str) and sha256_or_none(v)}
 
     def hit(self, st: os.stat_result, sha256: str) -> bool:
         return self.entries.get(_stat_key(st)) == sha256
@@ -302,19 +295,24 @@ def check_files(
     t0 = time.perf_counter()
     report = CheckReport(mode, files=list(expected))
     stats: dict[str, os.stat_result] = {}
-    for rel, entry in expected.items():
+    for rel in expected:
         path = folder / rel
         try:
             st = os.stat(path)
         except OSError:
-            raise ForgeError(f"artifact file {path} ({entry.describe()}) is missing") from None
+            continue  # named missing below, in the records' order
         if not path.is_file():
             raise ForgeError(f"artifact file {path} is not a regular file")
         stats[rel] = st
         report.bytes_total += st.st_size
-        if mode != "none" and entry.bytes is not None and entry.bytes != st.st_size:
-            raise ForgeError(f"artifact file {path} has {st.st_size} bytes, {entry.recorded_in} says {entry.bytes}: "
-                             "changed or damaged; refusing to load it")
+    sizes = {rel: st.st_size for rel, st in stats.items()}
+    for problem in compare_files(expected, sizes):
+        path, entry = folder / problem.rel, expected[problem.rel]
+        if problem.problem == MISSING:
+            raise ForgeError(f"artifact file {path} ({entry.describe()}) is missing")
+        if mode != "none" and problem.problem == SIZE:
+            raise ForgeError(f"artifact file {path} has {problem.found} bytes, {entry.recorded_in} says "
+                             f"{problem.recorded}: changed or damaged; refusing to load it")
     if mode in ("size", "none"):
         report.seconds = time.perf_counter() - t0
         return report
@@ -338,7 +336,7 @@ def check_files(
     else:
         digests = {}
     report.hash_seconds = time.perf_counter() - t_hash
-    bad = [rel for rel in sorted(digests) if digests[rel] != expected[rel].sha256]
+    bad = sorted(m.rel for m in compare_files({rel: expected[rel] for rel in digests}, sizes, digests))
     if bad:
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ForgeError(f"artifact file {folder / bad[0]} does not match its sha256 in {expected[bad[0]].recorded_in} "

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import ARTIFACT_JSON, FAST_GPT, ArtifactMeta, hash_tree
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, hash_tree, verify_files
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import intervals as intervals_mod
@@ -96,17 +96,9 @@ CLONE_MISSING = "no cloning recording was given (evaluate_artifact(clone_referen
 def describe_artifact(path: Path) -> dict[str, Any]:
     """Identity of an artifact folder: every file's sha256/bytes and its artifact.json summary."""
     meta = ArtifactMeta.load(path)
-    files = {rel: {"sha256": e.sha256, "bytes": e.bytes} for rel, e in hash_tree(path).items()}
-    mismatches = []
-    for name, comp in meta.components.items():
-        if not comp.get("file"):
-            continue
-        meta.component_path(path, name)  # confined to the folder: one-line ForgeError otherwise
-        actual = files.get(comp["file"])
-        if actual is None:
-            mismatches.append(f"{name}: {comp['file']} missing")
-        elif comp.get("sha256") and comp["sha256"] != actual["sha256"]:
-            mismatches.append(f"{name}: {comp['file']} sha256 differs from {ARTIFACT_JSON}")
+    hashed = hash_tree(path)
+    files = {rel: {"sha256": e.sha256, "bytes": e.bytes} for rel, e in hashed.items()}
+    mismatches = [m.describe() for m in verify_files(path, meta, hashed=hashed)]
     source = dict(meta.source or {})
     if source.get("asset_dir"):  # recorded relative to the artifact folder
         source["asset_dir"] = str(recorded_path(source["asset_dir"], path))

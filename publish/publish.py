@@ -35,7 +35,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from chattts_forge.artifact import ArtifactMeta, FileEntry, hash_tree
+from chattts_forge.artifact import (
+    MISSING,
+    SHA256,
+    UNRECORDED,
+    ArtifactMeta,
+    FileEntry,
+    RecordedFile,
+    compare_files,
+    hash_tree,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
 from chattts_forge.fsutil import atomic_write_bytes, fsync_dir, sha256_file
@@ -104,14 +113,12 @@ def record_public_key(root: Path, key: SigningKey, write: bool = True) -> Path:
 
 def check_report_matches(report: SealedReport, files: dict[str, FileEntry], artifact_dir: Path) -> None:
     """The report must have judged exactly these bytes: same file set, same hashes."""
-    problems: list[str] = []
-    for rel in sorted(set(files) - set(report.artifact_files)):
-        problems.append(f"{rel} is not named by the report")
-    for rel in sorted(set(report.artifact_files) - set(files)):
-        problems.append(f"the report names {rel}, which the artifact lacks")
-    for rel in sorted(set(files) & set(report.artifact_files)):
-        if files[rel].sha256 != report.artifact_files[rel]:
-            problems.append(f"{rel} differs from the file the report judged")
+    judged = {rel: RecordedFile(rel, None, sha, "the report") for rel, sha in report.artifact_files.items()}
+    wording = {UNRECORDED: "{} is not named by the report", MISSING: "the report names {}, which the artifact lacks",
+               SHA256: "{} differs from the file the report judged"}
+    mismatches = compare_files(judged, {rel: e.bytes for rel, e in files.items()},
+                               {rel: e.sha256 for rel, e in files.items()}, complete=True)
+    problems = [wording[m.problem].format(m.rel) for m in mismatches]
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise ForgeError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.artifact import ArtifactMeta, verify_files
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import sha256_file
@@ -17,15 +17,12 @@ from chattts_forge.fsutil import sha256_file
 
 def check_input_artifact(src: Path, meta: ArtifactMeta) -> None:
     """Every component file recorded in artifact.json exists with its recorded size and sha256."""
-    for name, rec in meta.components.items():
-        path = meta.component_file(src, name)  # a missing file is a one-line error here
-        size = path.stat().st_size
-        if rec.get("bytes") is not None and size != rec["bytes"]:
-            raise ForgeError(f"input artifact {src}: {path.name} has {size} bytes, artifact.json records "
-                             f"{rec['bytes']} (damaged or replaced; re-run convert)")
-        if rec.get("sha256") and sha256_file(path) != rec["sha256"]:
-            raise ForgeError(f"input artifact {src}: {path.name} does not match its sha256 in artifact.json "
-                             "(damaged or replaced; re-run convert)")
+    for name in meta.components:
+        meta.component_file(src, name)  # a missing graph is a one-line error naming the component
+    problems = verify_files(src, meta, components=tuple(meta.components))
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ForgeError(f"input artifact {src}: {problems[0].describe()}{more} (damaged or replaced; re-run convert)")
 
 
 def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import DECODER, DECODER_WEIGHTS, FAST_GPT, VOCODER, ArtifactMeta
+from chattts_forge.artifact import DECODER, DECODER_WEIGHTS, FAST_GPT, VOCODER, ArtifactMeta, verify_files
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path, sha256_file
+from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
 from chattts_forge.graph_storage import store_components_externally, store_externally
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
@@ -239,13 +239,14 @@ def start_meta(meta: ArtifactMeta, src: Path, out: Path) -> ArtifactMeta:
     return qmeta
 
 
-def check_vocoder_copied(src: Path, out_dir: Path, meta: ArtifactMeta) -> bool | None:
-    """The vocoder is copied byte for byte, graph and weights (None when the artifact has none)."""
+def check_vocoder_copied(out_dir: Path, meta: ArtifactMeta) -> bool | None:
+    """The vocoder is copied byte for byte, graph and weights: the copies match the source's record
+    (which `check_request` checked the source against); None when the artifact has none."""
     if not meta.has_component(VOCODER):
         return None
-    for a in meta.component_files(src, VOCODER):
-        if sha256_file(a) != sha256_file(out_dir / a.name):
-            raise ForgeError(f"internal error: {a.name} changed while copying")
+    problems = verify_files(out_dir, meta, components=(VOCODER,))
+    if problems:
+        raise ForgeError(f"internal error: {problems[0].rel} changed while copying")
     return True
 
 
@@ -277,7 +278,7 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
     from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
     method = quantizer.method
-    src, meta = method.src, method.meta
+    meta = method.meta
     summaries = {}
     for c in method.cfg.components:
         path = quantizer.output(c)
@@ -286,7 +287,7 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
         summaries[c] = graph_summary(path)
     if outcome.decoder is not None:
         summaries[DECODER] = graph_summary(qmeta.component_path(out_dir, DECODER))
-    vocos_equal = check_vocoder_copied(src, out_dir, meta)
+    vocos_equal = check_vocoder_copied(out_dir, meta)
     # The fused GPT, which several writers produce inline, as the runtime maps it (the Decoder is
     # stored so by `write_decoder`; copied graphs keep the source's files).
     store_components_externally(out_dir, qmeta, [FAST_GPT])
