@@ -49,6 +49,8 @@ EXTERNAL_DATA_SUFFIX = ".data"
 # graphs (the plain GPT and the heads the quantizers read, the text head, the DVAE encoder) stay
 # inline.
 EXTERNAL_DATA_COMPONENTS = ("embed", "gpt_fast", "decoder", "dvae", "vocos")
+# A serialized ONNX protobuf cannot exceed 2 GB: graphs near it keep their weights in external data.
+PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2
 # Support files: artifact.json `files` key -> file name (the default when `files` omits the key).
 # artifact.json records each as {"file", "bytes", "sha256"} (the shape of a component's
 # `external_data`), so the runtime can check every file it opens; artifacts converted before that
@@ -601,3 +603,42 @@ def verify_files(
             if expected[rel].bytes in (None, sizes[rel]) and expected[rel].sha256:
                 digests[rel] = sha256_file(path)
     return compare_files(expected, sizes, digests)
+
+
+# ---- writing a component's graph -------------------------------------------------------------
+
+
+def with_record_fields(record: dict[str, Any], **fields_: Any) -> dict[str, Any]:
+    """`record` (a component entry) with `fields_` added; `external_data` stays its last key, where
+    every stage has always written it."""
+    data = record.get("external_data")
+    out = {k: v for k, v in record.items() if k != "external_data"} | fields_
+    if data is not None:
+        out["external_data"] = data
+    return out
+
+
+def write_component(model: Any, folder: str | os.PathLike[str], name: str,
+                    record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Store `model` (an onnx.ModelProto with its weights loaded) as component `name`'s graph in
+    `folder` and return its artifact.json entry: `record` (precision, opset, converter, inputs,
+    ...) with `file`, `sha256`, `bytes` and, for a graph with external data, `external_data`.
+
+    The runtime's per-request graphs (`EXTERNAL_DATA_COMPONENTS`) and any graph over protobuf's
+    2 GB limit keep their weights in `<file>.data` (chattts_forge.graph_storage: page aligned, so
+    onnxruntime maps them); the others are one file. Both are written atomically; `model` is left
+    as it was. The one place a stage stores, hashes and records a graph.
+    """
+    from chattts_forge.fsutil import atomic_write_bytes
+    from chattts_forge.graph_storage import data_file_of, save_with_external_data, storage_record
+
+    folder = Path(folder)
+    rec = dict(record or {})
+    rec.setdefault("file", component_file_name(name))
+    path = resolve_inside(folder, rec["file"], file=f"{folder}/{ARTIFACT_JSON}", field=f"components.{name}.file")
+    if name in EXTERNAL_DATA_COMPONENTS or model.ByteSize() >= PROTOBUF_LIMIT:
+        save_with_external_data(model, path)
+    else:
+        atomic_write_bytes(path, model.SerializeToString())
+        data_file_of(path).unlink(missing_ok=True)  # no stale weights beside an inline graph
+    return storage_record(folder, rec)

@@ -33,12 +33,20 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from chattts_forge.artifact import COMPONENTS, ArtifactMeta
+from chattts_forge.artifact import (
+    COMPONENTS,
+    EXTERNAL_DATA_SUFFIX,
+    FAST_GPT,
+    FAST_GPT_FILE,
+    with_record_fields,
+    write_component,
+)
 from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
 from chattts_forge.convert.components import SPEC_BUILDERS, ComponentSpec, SourceModules
 from chattts_forge.convert.fp16 import convert_to_fp16
@@ -54,13 +62,11 @@ from chattts_forge.convert.onnx_export import (
     OPSET,
     TORCHSCRIPT_CONVERTER,
     export_model,
-    save_model,
     set_metadata,
 )
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir
-from chattts_forge.graph_storage import storage_record, store_components_externally
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -116,112 +122,109 @@ def _make_readable(folder: Path) -> None:
             f.chmod(0o644)
 
 
-def _store_runtime_graphs(folder: Path) -> None:
-    """The runtime's per-request graphs with their weights in external data (graph_storage), once
-    every check has run on the inline files; artifact.json records the new files."""
-    meta = ArtifactMeta.load(folder)
-    moved = store_components_externally(folder, meta)
-    meta.write(folder)
-    if moved:
-        log.info("%s: weights of %s stored as external data (memory-mapped by onnxruntime)", folder.name, ", ".join(moved))
+@dataclass(frozen=True)
+class _Targets:
+    """Where and how the graphs are written: the folders (no FP16 one: None), opset, threads."""
+
+    dims: Dims
+    dir32: Path
+    dir16: Path | None
+    opset: int
+    threads: int
 
 
-def _component_record(
-    spec: ComponentSpec, folder: Path, precision: str, converter: str, opset: int
-) -> dict[str, Any]:
+def _base_record(spec: ComponentSpec, precision: str, converter: str, opset: int) -> dict[str, Any]:
     inputs, outputs = io_description(spec)
-    rec: dict[str, Any] = {
-        "file": spec.file,
-        "precision": precision,
-        "opset": opset,
-        "converter": converter,
-        "inputs": inputs,
-        "outputs": outputs,
-    }
-    return storage_record(folder, rec)  # sha256 and bytes of the graph, external_data of its weights
+    return {"file": spec.file, "precision": precision, "opset": opset, "converter": converter, "inputs": inputs,
+            "outputs": outputs}
 
 
-def _export_all(
-    src: SourceModules,
-    dims: Dims,
-    dir32: Path,
-    dir16: Path | None,
-    opset: int,
-    threads: int,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _export_fp32(spec: ComponentSpec, model: Any, cases: list[ParityCase], to: _Targets,
+                 outputs32: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the FP32 graph, check it against ChatTTS's PyTorch code on `cases` (outputs kept in
+    `outputs32` for the FP16 check); its component record."""
+    t0 = time.perf_counter()
+    set_metadata(model, metadata_props(spec, to.dims, "fp32", TORCHSCRIPT_CONVERTER))
+    rec = write_component(model, to.dir32, spec.name, _base_record(spec, "fp32", TORCHSCRIPT_CONVERTER, to.opset))
+    session = make_session(to.dir32 / spec.file, to.threads)
+    parity = check_parity(session, cases, spec.tolerance_abs, f"{spec.name} (fp32)", collect=outputs32)
+    del session
+    rec = with_record_fields(rec, parity={"reference": "ChatTTS PyTorch (fp32)", **parity})
+    log.info(
+        "%s: fp32 %s (%.1f MB), parity max abs %.2e, max rel %.2e over %d cases (%.1fs)",
+        spec.name, spec.file, rec["bytes"] / 1e6, parity["max_abs"], parity["max_rel"], len(cases),
+        time.perf_counter() - t0,
+    )  # fmt: skip
+    return rec
+
+
+def _export_fp16(spec: ComponentSpec, model: Any, cases: list[ParityCase], to: _Targets,
+                 outputs32: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Convert the FP32 `model` to FP16, write it, check it against the FP32 graph's `outputs32`;
+    (its component record, what the converter did)."""
+    assert to.dir16 is not None
+    t1 = time.perf_counter()
+    model16, conv = convert_to_fp16(model, spec.name)
+    set_metadata(model16, metadata_props(spec, to.dims, "fp16", conv["converter"]))
+    rec16 = write_component(model16, to.dir16, spec.name, _base_record(spec, "fp16", conv["converter"], to.opset))
+    del model16
+    # FP16 against the FP32 graph, on the same inputs (padding masked out as for fp32).
+    cases16 = [ParityCase(c.name, c.inputs, o, c.masks) for c, o in zip(cases, outputs32, strict=True)]
+    session16 = make_session(to.dir16 / spec.file, to.threads)
+    parity16 = check_parity(session16, cases16, None, f"{spec.name} (fp16)", tolerance_rel=FP16_TOLERANCE_REL)
+    del session16
+    extra = {"parity": {"reference": "FP32 ONNX graph", **parity16}, "op_block_list": conv["op_block_list"]}
+    if "fallback_from" in conv:
+        extra["converter_fallback_from"] = conv["fallback_from"]
+    log.info(
+        "%s: fp16 by %s (%.1f MB), vs fp32 max abs %.2e, max rel %.2e (%.1fs)",
+        spec.name, conv["converter"], rec16["bytes"] / 1e6, parity16["max_abs"], parity16["max_rel"],
+        time.perf_counter() - t1,
+    )  # fmt: skip
+    conv["error_vs_fp32"] = {"max_abs": parity16["max_abs"], "max_rel": parity16["max_rel"]}
+    return with_record_fields(rec16, **extra), conv
+
+
+def _fp16_summary(fp16_info: dict[str, Any]) -> None:
+    """One line for readers of the contract's `fp16.converter`; per component in `converters`."""
+    converted = {n: c for n, c in fp16_info["converters"].items() if not c.startswith(KEPT_FP32)}
+    used = list(converted.values())
+    main = max(set(used), key=used.count)
+    others = [f"{n}: {c}" for n, c in converted.items() if c != main]
+    fp16_info["converter"] = main + (f" ({'; '.join(others)})" if others else "")
+
+
+def _export_all(src: SourceModules, to: _Targets) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Every component exported, written (as the runtime maps it), checked and recorded: (FP32
+    records, FP16 records, the `fp16` section)."""
     comps32: dict[str, Any] = {}
     comps16: dict[str, Any] = {}
     fp16_info: dict[str, Any] = {"converter": "", "converters": {}, "op_block_list": [], "error_vs_fp32": {}}
     bar = tqdm(COMPONENTS, desc="convert", unit="graph", leave=False)
     for name in bar:
         bar.set_postfix_str(name)
-        t0 = time.perf_counter()
-        spec = SPEC_BUILDERS[name](src, dims)
-        model = export_model(spec, opset)
-        set_metadata(model, metadata_props(spec, dims, "fp32", TORCHSCRIPT_CONVERTER))
-        files = save_model(model, dir32 / spec.file)
+        spec = SPEC_BUILDERS[name](src, to.dims)
+        model = export_model(spec, to.opset)
         cases = spec.cases()
         outputs32: list[dict[str, Any]] = []
-        session = make_session(dir32 / spec.file, threads)
-        parity = check_parity(session, cases, spec.tolerance_abs, f"{name} (fp32)", collect=outputs32)
-        del session
-        rec = _component_record(spec, dir32, "fp32", TORCHSCRIPT_CONVERTER, opset)
-        rec["parity"] = {"reference": "ChatTTS PyTorch (fp32)", **parity}
-        comps32[name] = rec
-        log.info(
-            "%s: fp32 %s (%.1f MB), parity max abs %.2e, max rel %.2e over %d cases (%.1fs)",
-            name, spec.file, rec["bytes"] / 1e6, parity["max_abs"], parity["max_rel"], len(cases),
-            time.perf_counter() - t0,
-        )  # fmt: skip
-        if dir16 is not None:
-            if spec.fp16:
-                t1 = time.perf_counter()
-                model16, conv = convert_to_fp16(model, name)
-                set_metadata(model16, metadata_props(spec, dims, "fp16", conv["converter"]))
-                save_model(model16, dir16 / spec.file)
-                del model16
-                # FP16 against the FP32 graph, on the same inputs (padding masked out as for fp32).
-                cases16 = [
-                    ParityCase(c.name, c.inputs, o, c.masks) for c, o in zip(cases, outputs32, strict=True)
-                ]
-                session16 = make_session(dir16 / spec.file, threads)
-                parity16 = check_parity(
-                    session16, cases16, None, f"{name} (fp16)", tolerance_rel=FP16_TOLERANCE_REL
-                )
-                del session16
-                rec16 = _component_record(spec, dir16, "fp16", conv["converter"], opset)
-                rec16["parity"] = {"reference": "FP32 ONNX graph", **parity16}
-                rec16["op_block_list"] = conv["op_block_list"]
-                if "fallback_from" in conv:
-                    rec16["converter_fallback_from"] = conv["fallback_from"]
-                comps16[name] = rec16
-                fp16_info["converters"][name] = conv["converter"]
-                fp16_info["op_block_list"] = sorted(set(fp16_info["op_block_list"]) | set(conv["op_block_list"]))
-                fp16_info["error_vs_fp32"][name] = {
-                    "max_abs": parity16["max_abs"],
-                    "max_rel": parity16["max_rel"],
-                }
-                log.info(
-                    "%s: fp16 by %s (%.1f MB), vs fp32 max abs %.2e, max rel %.2e (%.1fs)",
-                    name, conv["converter"], rec16["bytes"] / 1e6, parity16["max_abs"], parity16["max_rel"],
-                    time.perf_counter() - t1,
-                )  # fmt: skip
-            else:
-                # The vocoder stays FP32: the very same bytes in both folders.
-                for f in files:
-                    shutil.copyfile(dir32 / f, dir16 / f)
-                comps16[name] = dict(rec)
-                fp16_info["converters"][name] = f"{KEPT_FP32}, byte-identical to fp32/)"
+        comps32[name] = rec = _export_fp32(spec, model, cases, to, outputs32)
+        if to.dir16 is not None and spec.fp16:
+            comps16[name], conv = _export_fp16(spec, model, cases, to, outputs32)
+            fp16_info["converters"][name] = conv["converter"]
+            fp16_info["op_block_list"] = sorted(set(fp16_info["op_block_list"]) | set(conv["op_block_list"]))
+            fp16_info["error_vs_fp32"][name] = conv["error_vs_fp32"]
+        elif to.dir16 is not None:
+            # The vocoder stays FP32: the very same bytes in both folders.
+            for f in (to.dir32 / spec.file, to.dir32 / (spec.file + EXTERNAL_DATA_SUFFIX)):
+                if f.is_file():
+                    shutil.copyfile(f, to.dir16 / f.name)
+            comps16[name] = dict(rec)
+            fp16_info["converters"][name] = f"{KEPT_FP32}, byte-identical to fp32/)"
         # Free the graph and the cases now (the full GPT is ~0.8 GB in each form).
         del model, cases, outputs32, spec
     bar.close()
-    if dir16 is not None:
-        # One line for readers of the contract's `fp16.converter`; per component in `converters`.
-        converted = {n: c for n, c in fp16_info["converters"].items() if not c.startswith(KEPT_FP32)}
-        used = list(converted.values())
-        main = max(set(used), key=used.count)
-        others = [f"{n}: {c}" for n, c in converted.items() if c != main]
-        fp16_info["converter"] = main + (f" ({'; '.join(others)})" if others else "")
+    if to.dir16 is not None:
+        _fp16_summary(fp16_info)
     return comps32, comps16, fp16_info
 
 
@@ -270,24 +273,23 @@ def convert_checkpoint(
                 dir32 = stack.enter_context(_scratch_dir(out))
             dir16 = stack.enter_context(atomic_output_dir(out / "fp16")) if want16 else None
             log.info("converting %s -> %s (%s)", asset_dir, out, precision)
-            comps32, comps16, fp16_info = _export_all(src, dims, dir32, dir16, opset, threads)
+            comps32, comps16, fp16_info = _export_all(src, _Targets(dims, dir32, dir16, opset, threads))
             common = {"dims": dims, "tokens": tokens, "source": source}
             for folder in (d for d in (dir32, dir16) if d is not None):
                 files = write_support_files(folder, asset_dir, chat)
                 common["files"] = files
             if want32:
-                write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
                 if fast_gpt:
-                    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
+                    from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
-                    optimize_artifact(dir32, threads=threads)
-                _store_runtime_graphs(dir32)
+                    comps32[FAST_GPT] = optimize_gpt(dir32 / comps32["gpt"]["file"], dir32 / FAST_GPT_FILE,
+                                                     FusedGraphOptions(threads=threads, dims=dims.to_dict()))
+                write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
                 _make_readable(dir32)
                 result["fp32"] = out / "fp32"
             if dir16 is not None:
                 write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, **common)
-                _store_runtime_graphs(dir16)
                 _make_readable(dir16)
                 result["fp16"] = out / "fp16"
     except BaseException:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import warnings
-from pathlib import Path
 
 import onnx
 import torch
@@ -15,7 +14,6 @@ from chattts_forge.errors import ForgeError
 OPSET = 17
 TORCHSCRIPT_CONVERTER = f"torch.onnx.export (TorchScript, dynamo=False), torch {torch.__version__}"
 # protobuf's hard limit for one message; above it weights go to `<file>.data`.
-_PROTO_LIMIT = 2 * 1024**3 - 64 * 1024**2
 
 
 def export_model(spec: ComponentSpec, opset: int = OPSET) -> onnx.ModelProto:
@@ -59,18 +57,3 @@ def set_metadata(model: onnx.ModelProto, props: dict[str, str]) -> None:
         entry = model.metadata_props.add()
         entry.key = key
         entry.value = str(props[key])
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> list[str]:
-    """Save as one file, or with external data next to it when over protobuf's 2 GB limit.
-
-    Returns the file names written (relative to `path.parent`). `model` is left as it was (the FP16
-    conversion reads it next). The runtime's per-request graphs move their weights out afterwards
-    anyway (`graph_storage.store_components_externally`).
-    """
-    if model.ByteSize() < _PROTO_LIMIT:
-        path.write_bytes(model.SerializeToString())
-        return [path.name]
-    from chattts_forge.graph_storage import save_with_external_data
-
-    return save_with_external_data(model, path)

@@ -99,12 +99,19 @@ def graph_summary(path: Path) -> dict[str, Any]:
     return {"op_types": dict(sorted(counts.items())), "quantized_ops": quantized, "float_ops_left": float_left}
 
 
-def component_record(path: Path, base: dict[str, Any], precision: str) -> dict[str, Any]:
-    """artifact.json entry of a rewritten component: the source entry with new precision/hash/size."""
+def component_fields(path: Path, base: dict[str, Any], precision: str) -> dict[str, Any]:
+    """artifact.json entry of a rewritten component before its files are hashed: the source entry
+    with the new precision and file (its parity is the source's, so it is dropped)."""
     rec = {k: v for k, v in base.items() if k not in ("parity",)}
     rec["precision"] = precision
     rec["file"] = path.name
-    return storage_record(path.parent, rec)  # the source's external_data does not carry over
+    return rec
+
+
+def component_record(path: Path, base: dict[str, Any], precision: str) -> dict[str, Any]:
+    """artifact.json entry of a component a quantizer wrote at `path`: `component_fields` with its
+    hash and size (the source's external_data does not carry over)."""
+    return storage_record(path.parent, component_fields(path, base, precision))
 
 
 def matmul_nodes_with_const_weight(model: onnx.ModelProto) -> list[str]:

@@ -21,7 +21,7 @@ from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.methods import METHODS
 from chattts_forge.runtime import fast_gpt_graph
-from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
+from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, GraphQuantizer
 
 # The methods whose fused graph is rebuilt from the FP32 weights (the registry says which).
 QUANTIZE_METHODS = tuple(name for name, cls in METHODS.items() if cls.can_rebuild_fast_graph)
@@ -54,12 +54,13 @@ def optimize_gpt(
     per_channel: bool = False,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """`runtime.fast_gpt_graph.optimize_gpt` with `quantize`: None (FP32), "dynamic" or "int4"."""
+    """`runtime.fast_gpt_graph.optimize_gpt` with `quantize`: None (FP32) or a method of
+    `QUANTIZE_METHODS` (those that rebuild the fused graph); `kwargs`: the other `FusedGraphOptions`."""
     quantizer = None
     if quantize is not None:
         quantizer = fast_gpt_quantizer(quantize, block_size=block_size, accuracy_level=accuracy_level,
                                        per_channel=per_channel)
-    return fast_gpt_graph.optimize_gpt(source, out, quantizer=quantizer, **kwargs)
+    return fast_gpt_graph.optimize_gpt(source, out, FusedGraphOptions(quantizer=quantizer, **kwargs))
 
 
 def optimize_artifact(
@@ -89,4 +90,5 @@ def optimize_artifact(
     if quantize is not None and weights_from is None and variant != "fp32":
         raise ForgeError(f"artifact {folder} is {variant}: pass weights_from=<its FP32 artifact folder>")
     quantizer = None if quantize is None else fast_gpt_quantizer(quantize, **options)
-    return fast_gpt_graph.optimize_artifact(folder, weights_from=weights_from, quantizer=quantizer, **kwargs)
+    return fast_gpt_graph.optimize_artifact(folder, FusedGraphOptions(quantizer=quantizer, weights_from=weights_from,
+                                                                      **kwargs))

@@ -260,7 +260,7 @@ class QuantizationMethod:
         return f"quantized from the FP32 {FAST_GPT_FILE} with the same choices as gpt.onnx ({precision})"
 
     def _rebuild_fast_graph(self, out_dir: Path, qmeta: ArtifactMeta, kv: dict[str, Any] | None) -> str:
-        from chattts_forge.runtime.fast_gpt_graph import optimize_gpt
+        from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
         cfg = self.cfg
         quantizer = self.fast_graph_quantizer(block_size=cfg.block_size, accuracy_level=cfg.accuracy_level,
@@ -269,16 +269,16 @@ class QuantizationMethod:
         if kv is not None:
             kv_args = {"kv_cache": "int8", "kv_scales": kv["scales"], "kv_record": kv["record"]}
         try:
-            record = optimize_gpt(self.src, out_dir / FAST_GPT_FILE, quantizer=quantizer, weights_from=self.src,
-                                  **kv_args)
+            record = optimize_gpt(self.src, out_dir / FAST_GPT_FILE,
+                                  FusedGraphOptions(quantizer=quantizer, weights_from=self.src, **kv_args))
         except ForgeError as e:
             if kv is not None:  # the asked-for cache cannot silently become "no fast graph"
                 raise ForgeError(f"could not build the fast GPT graph with an int8 KV cache: {e}") from None
             log.warning("could not rebuild the fast GPT graph quantized (%s); the artifact uses gpt.onnx", e)
             return f"dropped: rebuild failed ({e})"
         qmeta.components[FAST_GPT] = record
-        # Recorded in artifact.json: the wording predates the builder's move out of convert and is kept
-        # so that published artifacts stay byte-identical.
+        # Recorded in artifact.json (quantization.gpt_fast): the wording names the builder's former
+        # module (now runtime.fast_gpt_graph.optimize_gpt) and is kept so that the records stay identical.
         cache = " with an int8 KV cache" if kv is not None else ""
         return f"rebuilt with convert.optimize.optimize_gpt(quantize='{self.name}') from the FP32 weights{cache}"
 

@@ -28,12 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import DECODER, DECODER_WEIGHTS, FAST_GPT, VOCODER, ArtifactMeta, verify_files
+from chattts_forge.artifact import (
+    DECODER,
+    DECODER_WEIGHTS,
+    FAST_GPT,
+    VOCODER,
+    ArtifactMeta,
+    verify_files,
+    write_component,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
-from chattts_forge.graph_storage import store_components_externally, store_externally
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
+    component_fields,
     component_record,
     copy_metadata_props,
     copy_unchanged,
@@ -256,14 +264,17 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
     before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
     if cfg.decoder == "fp32" or not meta.has_component(DECODER):
         return None
+    import onnx
+
     from chattts_forge.quantize.decoder import quantize_decoder
 
     source = meta.component_file(src, DECODER)
     dst = out_dir / source.name
     record = quantize_decoder(source, dst)
     copy_metadata_props(source, dst, "int8")
-    store_externally(dst)  # as the runtime maps it (graph_storage); fidelity then runs the final files
-    qmeta.components[DECODER] = component_record(dst, meta.components[DECODER], "int8")
+    # Stored as the runtime maps it (graph_storage); fidelity then runs the final files.
+    qmeta.components[DECODER] = write_component(onnx.load(str(dst)), out_dir, DECODER,
+                                                component_fields(dst, meta.components[DECODER], "int8"))
     log.info("decoder: %d MatMuls weight-only int8 (%.1f -> %.1f MB)", record["matmuls_quantized"],
              sum(f.stat().st_size for f in meta.component_files(src, DECODER)) / 1e6,
              sum(f.stat().st_size for f in qmeta.component_files(out_dir, DECODER)) / 1e6)
@@ -288,9 +299,6 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
     if outcome.decoder is not None:
         summaries[DECODER] = graph_summary(qmeta.component_path(out_dir, DECODER))
     vocos_equal = check_vocoder_copied(out_dir, meta)
-    # The fused GPT, which several writers produce inline, as the runtime maps it (the Decoder is
-    # stored so by `write_decoder`; copied graphs keep the source's files).
-    store_components_externally(out_dir, qmeta, [FAST_GPT])
     fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
     gpt_bytes = quantizer.output("gpt").stat().st_size
     run = GraphRun(

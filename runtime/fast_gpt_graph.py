@@ -47,19 +47,19 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge import __version__
-from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta, write_component
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import portable_path, sha256_file
+from chattts_forge.fsutil import portable_path
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -98,43 +98,42 @@ def _initializer_arrays(model: onnx.ModelProto, base_dir: Path | None) -> dict[s
     return out
 
 
-def extract_llama_weights(gpt_path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The Llama parameters of a plain FP32 `gpt.onnx`, in transformers' state-dict naming.
-
-    Projections are found by the module scope torch.onnx.export writes into node names
-    (`/layers.3/self_attn/q_proj/MatMul`), or directly by initializer name when the exporter kept
-    parameter names; RMSNorm weights by their parameter names (`layers.3.input_layernorm.weight`,
-    `norm.weight`) or the `Mul` nodes of their scope. Returns (weights, hyper-parameters read from
-    the graph metadata and shapes). Weights of `nn.Linear` are returned as [out, in].
-    """
-    path = Path(gpt_path)
+def _load_graph(path: Path) -> onnx.ModelProto:
     if not path.is_file():
         raise ForgeError(f"{path}: no such GPT graph")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - any parse failure is a broken file for the user
         raise ForgeError(f"{path}: not a readable ONNX model ({e})") from None
-    arrays = _initializer_arrays(model, path.parent)
-    producers = {o: n for n in model.graph.node for o in n.output}
-    weights: dict[str, np.ndarray] = {}
 
-    def const_of(tensor: str) -> np.ndarray | None:
-        # Follow Transpose / Identity / Cast of a constant (exporters sometimes keep W and transpose it).
-        if tensor in arrays:
-            return arrays[tensor]
-        node = producers.get(tensor)
+
+class _GraphConstants:
+    """The constant tensors of a graph, followed through Identity / Cast / Transpose nodes
+    (exporters sometimes keep W and transpose it)."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path) -> None:
+        self.arrays = _initializer_arrays(model, base_dir)
+        self.producers = {o: n for n in model.graph.node for o in n.output}
+
+    def of(self, tensor: str) -> np.ndarray | None:
+        if tensor in self.arrays:
+            return self.arrays[tensor]
+        node = self.producers.get(tensor)
         if node is None:
             return None
         if node.op_type in ("Identity", "Cast") and node.input:
-            return const_of(node.input[0])
+            return self.of(node.input[0])
         if node.op_type == "Transpose":
-            inner = const_of(node.input[0])
+            inner = self.of(node.input[0])
             if inner is None:
                 return None
             perm = [a.ints for a in node.attribute if a.name == "perm"]
             return np.transpose(inner, perm[0] if perm else None)
         return None
 
+
+def _projection_weights(model: onnx.ModelProto, consts: _GraphConstants, weights: dict[str, np.ndarray]) -> None:
+    """Projections by the module scope torch.onnx.export writes into node names, as [out, in]."""
     scope = re.compile(r"layers\.(\d+)[/.](self_attn|mlp)[/.](\w+_proj)[/.]")
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm"):
@@ -143,20 +142,26 @@ def extract_llama_weights(gpt_path: str | os.PathLike[str]) -> tuple[dict[str, n
         if not m:
             continue
         layer, block, proj = m.groups()
-        w = const_of(node.input[1])
+        w = consts.of(node.input[1])
         if w is None:
             continue
         if node.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in node.attribute):
             w = w.T
         weights[f"layers.{layer}.{block}.{proj}.weight"] = np.ascontiguousarray(w.T, dtype=np.float32)
-    # Parameter names kept verbatim (dynamo exporter, or norms in TorchScript exports), with any
-    # module prefix ("llama.", "model.", ...).
+
+
+def _named_weights(consts: _GraphConstants, weights: dict[str, np.ndarray]) -> None:
+    """Parameter names kept verbatim (dynamo exporter, or norms in TorchScript exports), with any
+    module prefix ("llama.", "model.", ...)."""
     param = re.compile(r"(?:^|\.)(layers\.\d+\.(?:self_attn|mlp|input_layernorm|post_attention_layernorm)(?:\.\w+)?\.weight|norm\.weight)$")
-    for name, arr in arrays.items():
+    for name, arr in consts.arrays.items():
         m = param.search(name)
         if m and m.group(1) not in weights and arr.ndim in (1, 2):
             weights[m.group(1)] = arr.astype(np.float32)  # nn.Linear layout [out, in]
-    # RMSNorm weights that were folded into Mul nodes without their parameter name.
+
+
+def _folded_norm_weights(model: onnx.ModelProto, consts: _GraphConstants, weights: dict[str, np.ndarray]) -> None:
+    """RMSNorm weights that were folded into Mul nodes without their parameter name."""
     norm_scope = re.compile(r"/(?:layers\.(\d+)/(input_layernorm|post_attention_layernorm)|(norm))/Mul")
     for node in model.graph.node:
         if node.op_type != "Mul":
@@ -168,11 +173,13 @@ def extract_llama_weights(gpt_path: str | os.PathLike[str]) -> tuple[dict[str, n
         if key in weights:
             continue
         for inp in node.input:
-            c = const_of(inp)
+            c = consts.of(inp)
             if c is not None and c.ndim == 1 and c.size > 1:
                 weights[key] = c.astype(np.float32)
 
-    meta = {p.key: p.value for p in model.metadata_props}
+
+def _check_complete(path: Path, weights: dict[str, np.ndarray]) -> int:
+    """The number of layers, once every Llama weight of every layer was found (else a ForgeError)."""
     layer_ids = sorted({int(k.split(".")[1]) for k in weights if k.startswith("layers.")})
     if not layer_ids:
         raise ForgeError(f"{path}: found no Llama layer weights (is this a plain FP32 gpt.onnx?)")
@@ -196,6 +203,27 @@ def extract_llama_weights(gpt_path: str | os.PathLike[str]) -> tuple[dict[str, n
             f"{path}: cannot find {len(missing)} Llama weight(s) in the graph (first: {missing[0]}); "
             "only plain FP32 exports can be optimised - optimise the FP32 artifact and quantize with --quantize"
         )
+    return num_layers
+
+
+def extract_llama_weights(gpt_path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The Llama parameters of a plain FP32 `gpt.onnx`, in transformers' state-dict naming.
+
+    Projections are found by the module scope torch.onnx.export writes into node names
+    (`/layers.3/self_attn/q_proj/MatMul`), or directly by initializer name when the exporter kept
+    parameter names; RMSNorm weights by their parameter names (`layers.3.input_layernorm.weight`,
+    `norm.weight`) or the `Mul` nodes of their scope. Returns (weights, hyper-parameters read from
+    the graph metadata and shapes). Weights of `nn.Linear` are returned as [out, in].
+    """
+    path = Path(gpt_path)
+    model = _load_graph(path)
+    consts = _GraphConstants(model, path.parent)
+    weights: dict[str, np.ndarray] = {}
+    _projection_weights(model, consts, weights)
+    _named_weights(consts, weights)
+    _folded_norm_weights(model, consts, weights)
+    num_layers = _check_complete(path, weights)
+    meta = {p.key: p.value for p in model.metadata_props}
     hidden = weights["layers.0.self_attn.q_proj.weight"].shape[1]
     kv_dim = weights["layers.0.self_attn.k_proj.weight"].shape[0]
     heads = int(meta.get("num_attention_heads", 0)) or _heads_from_graph(model, hidden)
@@ -241,190 +269,216 @@ def rotary_cache(head_dim: int, max_positions: int, theta: float) -> tuple[np.nd
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def build_fast_gpt(
-    weights: Mapping[str, np.ndarray],
-    *,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    rms_norm_eps: float = 1e-6,
-    rope_theta: float = 10000.0,
-    max_positions: int = 4096,
-    pack_projections: bool = True,
-    kv_cache: str = "fp32",
-    kv_scales: Mapping[str, np.ndarray] | None = None,
-) -> onnx.ModelProto:
-    """An ONNX model of the Llama step with fused contrib ops and an in-place KV cache (see module doc).
+@dataclass(frozen=True)
+class FusedGraphShape:
+    """How the fused graph is laid out: the attention heads, the norms' epsilon, the rotary base
+    and table length, packed projections or not, and the KV cache's element type.
 
     `kv_cache="int8"`: the past/present buffers are int8 and GroupQueryAttention quantizes each new
     key/value on write (`kv_cache_bit_width=8`, PER_CHANNEL) with the constant scales
     `kv_scales["{i}.key"|"{i}.value"]` [1, kv_heads, 1, head_dim] (see `kv_cache_scales`).
     """
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_positions: int = 4096
+    pack_projections: bool = True
+    kv_cache: str = "fp32"
+    kv_scales: Mapping[str, np.ndarray] | None = None
+
+
+def check_kv_cache(kv_cache: str) -> None:
     if kv_cache not in KV_CACHE_TYPES:
         raise ForgeError(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
-    hidden = int(weights["layers.0.self_attn.q_proj.weight"].shape[1])
-    head_dim = hidden // num_attention_heads
-    num_layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
-    inits: list[onnx.TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
 
-    def init(name: str, arr: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+
+class _FusedGraphBuilder:
+    """Appends the fused graph's nodes and initializers in graph order (the order is part of the
+    bytes: keep it)."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], shape: FusedGraphShape) -> None:
+        self.weights, self.shape = weights, shape
+        self.hidden = int(weights["layers.0.self_attn.q_proj.weight"].shape[1])
+        self.head_dim = self.hidden // shape.num_attention_heads
+        self.num_layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
+        self.inits: list[onnx.TensorProto] = []
+        self.nodes: list[onnx.NodeProto] = []
+
+    def init(self, name: str, arr: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
         return name
 
-    def w_t(key: str) -> np.ndarray:  # nn.Linear [out, in] -> MatMul B [in, out]
-        return np.asarray(weights[key], dtype=np.float32).T
+    def w_t(self, key: str) -> np.ndarray:  # nn.Linear [out, in] -> MatMul B [in, out]
+        return np.asarray(self.weights[key], dtype=np.float32).T
 
-    cos, sin = rotary_cache(head_dim, max_positions, rope_theta)
-    init("cos_cache", cos)
-    init("sin_cache", sin)
-    if pack_projections:
-        # Explicit widths: q is num_heads wide, k and v num_kv_heads (an equal split is wrong under GQA).
-        kv_width = num_key_value_heads * head_dim
-        init("qkv_split_sizes", np.array([hidden, kv_width, kv_width], dtype=np.int64))
+    def norm_weight(self, key: str) -> str:
+        return self.init(key, np.asarray(self.weights[key], np.float32))
 
-    inputs = [
-        helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch", "seq", hidden]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "seq", "total"]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-    ]
-    outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden])]
-    kv_shape = ["batch", num_key_value_heads, "capacity", head_dim]
-    kv_type = TensorProto.INT8 if kv_cache == "int8" else TensorProto.FLOAT
-    scale_shape = (1, num_key_value_heads, 1, head_dim)
-    for i in range(num_layers):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", kv_type, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", kv_type, kv_shape))
-            if kv_cache == "int8":
-                scale = (kv_scales or {}).get(f"{i}.{kind}")
-                if scale is None:
-                    raise ForgeError(f"an int8 KV cache needs the scale of layer {i}'s {kind}s (kv_scales['{i}.{kind}'])")
-                scale = np.asarray(scale, dtype=np.float32).reshape(scale_shape)
-                if not (np.isfinite(scale).all() and (scale > 0).all()):
-                    raise ForgeError(f"KV cache scale of layer {i}'s {kind}s must be finite and > 0")
-                init(f"kv_cache.{i}.{kind}_scale", scale)
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        self.nodes.append(helper.make_node(*args, **kwargs))
 
-    x = "inputs_embeds"
-    residual_in: str | None = None  # the pending residual branch to add before the next norm
-    normed = ""
-    for i in range(num_layers):
-        p = f"/layers.{i}"
-        ln_w = init(f"layers.{i}.input_layernorm.weight", np.asarray(weights[f"layers.{i}.input_layernorm.weight"], np.float32))
+    def interface(self) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+        """The rotary tables, the QKV split widths, the graph inputs/outputs and the int8 cache scales."""
+        shape, hidden, head_dim = self.shape, self.hidden, self.head_dim
+        cos, sin = rotary_cache(head_dim, shape.max_positions, shape.rope_theta)
+        self.init("cos_cache", cos)
+        self.init("sin_cache", sin)
+        if shape.pack_projections:
+            # Explicit widths: q is num_heads wide, k and v num_kv_heads (an equal split is wrong under GQA).
+            kv_width = shape.num_key_value_heads * head_dim
+            self.init("qkv_split_sizes", np.array([hidden, kv_width, kv_width], dtype=np.int64))
+        inputs = [
+            helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch", "seq", hidden]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "seq", "total"]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        ]
+        outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden])]
+        kv_shape = ["batch", shape.num_key_value_heads, "capacity", head_dim]
+        kv_type = TensorProto.INT8 if shape.kv_cache == "int8" else TensorProto.FLOAT
+        for i in range(self.num_layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", kv_type, kv_shape))
+                outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", kv_type, kv_shape))
+                if shape.kv_cache == "int8":
+                    self.kv_scale(i, kind)
+        return inputs, outputs
+
+    def kv_scale(self, i: int, kind: str) -> None:
+        scale = (self.shape.kv_scales or {}).get(f"{i}.{kind}")
+        if scale is None:
+            raise ForgeError(f"an int8 KV cache needs the scale of layer {i}'s {kind}s (kv_scales['{i}.{kind}'])")
+        scale = np.asarray(scale, dtype=np.float32).reshape((1, self.shape.num_key_value_heads, 1, self.head_dim))
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            raise ForgeError(f"KV cache scale of layer {i}'s {kind}s must be finite and > 0")
+        self.init(f"kv_cache.{i}.{kind}_scale", scale)
+
+    def input_norm(self, i: int, x: str, residual_in: str | None) -> tuple[str, str]:
+        """Layer i's input RMSNorm (+ the pending residual add): (normed, residual)."""
+        p, eps = f"/layers.{i}", self.shape.rms_norm_eps
+        ln_w = self.norm_weight(f"layers.{i}.input_layernorm.weight")
+        normed = f"{p}/input_layernorm/output_0"
         if residual_in is None:
-            normed = f"{p}/input_layernorm/output_0"
-            nodes.append(
-                helper.make_node("RMSNormalization", [x, ln_w], [normed], name=f"{p}/input_layernorm/RMSNormalization", epsilon=rms_norm_eps, axis=-1, stash_type=1)
-            )
-            resid = x
-        else:
-            normed = f"{p}/input_layernorm/output_0"
-            resid = f"{p}/input_layernorm/residual_0"
-            nodes.append(
-                helper.make_node("SkipSimplifiedLayerNormalization", [residual_in, x, ln_w], [normed, "", "", resid], name=f"{p}/input_layernorm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN, epsilon=rms_norm_eps)
-            )
-        # attention
-        attn_in: list[str]
-        qkv_keys = [f"layers.{i}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
-        if pack_projections:
-            qkv_w = init(f"layers.{i}.self_attn.qkv_proj.weight_t", np.concatenate([w_t(k) for k in qkv_keys], axis=1))
-            qkv = f"{p}/self_attn/qkv_proj/MatMul_output_0"
-            nodes.append(helper.make_node("MatMul", [normed, qkv_w], [qkv], name=f"{p}/self_attn/qkv_proj/MatMul"))
-            attn_in = [f"{p}/self_attn/{n}_output_0" for n in ("q", "k", "v")]
-            nodes.append(helper.make_node("Split", [qkv, "qkv_split_sizes"], attn_in, name=f"{p}/self_attn/qkv_proj/Split", axis=-1))
-        else:
-            attn_in = []
-            for k, n in zip(qkv_keys, ("q_proj", "k_proj", "v_proj"), strict=True):
-                wname = init(f"layers.{i}.self_attn.{n}.weight_t", w_t(k))
-                out = f"{p}/self_attn/{n}/MatMul_output_0"
-                nodes.append(helper.make_node("MatMul", [normed, wname], [out], name=f"{p}/self_attn/{n}/MatMul"))
-                attn_in.append(out)
+            self.add("RMSNormalization", [x, ln_w], [normed], name=f"{p}/input_layernorm/RMSNormalization",
+                     epsilon=eps, axis=-1, stash_type=1)
+            return normed, x
+        resid = f"{p}/input_layernorm/residual_0"
+        self.add("SkipSimplifiedLayerNormalization", [residual_in, x, ln_w], [normed, "", "", resid],
+                 name=f"{p}/input_layernorm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN, epsilon=eps)
+        return normed, resid
+
+    def projections(self, i: int, x: str, block: str, names: tuple[str, ...], packed: str, split: dict[str, Any],
+                    outs: list[str]) -> list[str]:
+        """Layer i's projections `names` of `x`: one packed MatMul + Split, or one MatMul each."""
+        p = f"/layers.{i}"
+        keys = [f"layers.{i}.{block}.{n}.weight" for n in names]
+        if self.shape.pack_projections:
+            w = self.init(f"layers.{i}.{block}.{packed}.weight_t", np.concatenate([self.w_t(k) for k in keys], axis=1))
+            mm = f"{p}/{block}/{packed}/MatMul_output_0"
+            self.add("MatMul", [x, w], [mm], name=f"{p}/{block}/{packed}/MatMul")
+            self.add("Split", [mm, *split.pop("sizes", [])], outs, **split)
+            return outs
+        result = []
+        for k, n in zip(keys, names, strict=True):
+            w = self.init(f"layers.{i}.{block}.{n}.weight_t", self.w_t(k))
+            out = f"{p}/{block}/{n}/MatMul_output_0"
+            self.add("MatMul", [x, w], [out], name=f"{p}/{block}/{n}/MatMul")
+            result.append(out)
+        return result
+
+    def attention(self, i: int, normed: str) -> str:
+        """Layer i's attention: QKV, rotary, GroupQueryAttention on the in-place cache, o_proj."""
+        p, shape = f"/layers.{i}", self.shape
+        attn_in = self.projections(i, normed, "self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj",
+                                   {"sizes": ["qkv_split_sizes"], "name": f"{p}/self_attn/qkv_proj/Split", "axis": -1},
+                                   [f"{p}/self_attn/{n}_output_0" for n in ("q", "k", "v")])
         # Rotary outside the attention op: GroupQueryAttention derives decode positions from
         # seqlens_k, which is wrong for ChatTTS's left-padded rows (position = cumsum(mask) - 1).
         for j, n in ((0, "q"), (1, "k")):
             rot = f"{p}/self_attn/rotary_{n}/output_0"
-            nodes.append(
-                helper.make_node("RotaryEmbedding", [attn_in[j], "position_ids", "cos_cache", "sin_cache"], [rot], name=f"{p}/self_attn/rotary_{n}/RotaryEmbedding", domain=MS_DOMAIN, num_heads=num_attention_heads if n == "q" else num_key_value_heads, interleaved=0)
-            )
+            self.add("RotaryEmbedding", [attn_in[j], "position_ids", "cos_cache", "sin_cache"], [rot],
+                     name=f"{p}/self_attn/rotary_{n}/RotaryEmbedding", domain=MS_DOMAIN,
+                     num_heads=shape.num_attention_heads if n == "q" else shape.num_key_value_heads, interleaved=0)
             attn_in[j] = rot
         attn_out = f"{p}/self_attn/GroupQueryAttention_output_0"
-        gqa_inputs = [*attn_in, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length", "", "", "", "attention_bias"]
+        gqa_inputs = [*attn_in, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+                      "total_sequence_length", "", "", "", "attention_bias"]
         quant_attrs: dict[str, Any] = {}
-        if kv_cache == "int8":
+        if shape.kv_cache == "int8":
             # inputs 11 (head_sink) unused, 12/13 the per-channel cache scales
             gqa_inputs += ["", f"kv_cache.{i}.key_scale", f"kv_cache.{i}.value_scale"]
             quant_attrs = {"kv_cache_bit_width": 8, "k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL"}
-        nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
-                gqa_inputs,
-                [attn_out, f"present.{i}.key", f"present.{i}.value"],
-                name=f"{p}/self_attn/GroupQueryAttention",
-                domain=MS_DOMAIN,
-                num_heads=num_attention_heads,
-                kv_num_heads=num_key_value_heads,
-                do_rotary=0,
-                scale=float(1.0 / np.sqrt(head_dim)),
-                **quant_attrs,
-            )
-        )
-        o_w = init(f"layers.{i}.self_attn.o_proj.weight_t", w_t(f"layers.{i}.self_attn.o_proj.weight"))
+        self.add("GroupQueryAttention", gqa_inputs, [attn_out, f"present.{i}.key", f"present.{i}.value"],
+                 name=f"{p}/self_attn/GroupQueryAttention", domain=MS_DOMAIN, num_heads=shape.num_attention_heads,
+                 kv_num_heads=shape.num_key_value_heads, do_rotary=0, scale=float(1.0 / np.sqrt(self.head_dim)),
+                 **quant_attrs)
+        o_w = self.init(f"layers.{i}.self_attn.o_proj.weight_t", self.w_t(f"layers.{i}.self_attn.o_proj.weight"))
         o_out = f"{p}/self_attn/o_proj/MatMul_output_0"
-        nodes.append(helper.make_node("MatMul", [attn_out, o_w], [o_out], name=f"{p}/self_attn/o_proj/MatMul"))
-        # post-attention norm (+ residual)
-        pa_w = init(f"layers.{i}.post_attention_layernorm.weight", np.asarray(weights[f"layers.{i}.post_attention_layernorm.weight"], np.float32))
+        self.add("MatMul", [attn_out, o_w], [o_out], name=f"{p}/self_attn/o_proj/MatMul")
+        return o_out
+
+    def mlp(self, i: int, attn_out: str, resid: str) -> tuple[str, str]:
+        """Layer i's post-attention norm (+ residual) and MLP down(silu(gate(x)) * up(x)): (down, residual)."""
+        p = f"/layers.{i}"
+        pa_w = self.norm_weight(f"layers.{i}.post_attention_layernorm.weight")
         mlp_in = f"{p}/post_attention_layernorm/output_0"
         resid2 = f"{p}/post_attention_layernorm/residual_0"
-        nodes.append(
-            helper.make_node("SkipSimplifiedLayerNormalization", [o_out, resid, pa_w], [mlp_in, "", "", resid2], name=f"{p}/post_attention_layernorm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN, epsilon=rms_norm_eps)
-        )
-        # MLP: down(silu(gate(x)) * up(x))
-        if pack_projections:
-            gu_w = init(
-                f"layers.{i}.mlp.gate_up_proj.weight_t",
-                np.concatenate([w_t(f"layers.{i}.mlp.gate_proj.weight"), w_t(f"layers.{i}.mlp.up_proj.weight")], axis=1),
-            )
-            gu = f"{p}/mlp/gate_up_proj/MatMul_output_0"
-            nodes.append(helper.make_node("MatMul", [mlp_in, gu_w], [gu], name=f"{p}/mlp/gate_up_proj/MatMul"))
-            gate, up = f"{p}/mlp/gate_output_0", f"{p}/mlp/up_output_0"
-            nodes.append(helper.make_node("Split", [gu], [gate, up], name=f"{p}/mlp/Split", axis=-1, num_outputs=2))
-        else:
-            gate, up = f"{p}/mlp/gate_proj/MatMul_output_0", f"{p}/mlp/up_proj/MatMul_output_0"
-            for n, out in (("gate_proj", gate), ("up_proj", up)):
-                wname = init(f"layers.{i}.mlp.{n}.weight_t", w_t(f"layers.{i}.mlp.{n}.weight"))
-                nodes.append(helper.make_node("MatMul", [mlp_in, wname], [out], name=f"{p}/mlp/{n}/MatMul"))
+        self.add("SkipSimplifiedLayerNormalization", [attn_out, resid, pa_w], [mlp_in, "", "", resid2],
+                 name=f"{p}/post_attention_layernorm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN,
+                 epsilon=self.shape.rms_norm_eps)
+        gate, up = self.projections(i, mlp_in, "mlp", ("gate_proj", "up_proj"), "gate_up_proj",
+                                    {"name": f"{p}/mlp/Split", "axis": -1, "num_outputs": 2},
+                                    [f"{p}/mlp/gate_output_0", f"{p}/mlp/up_output_0"])
         sig = f"{p}/mlp/act_fn/Sigmoid_output_0"
         silu = f"{p}/mlp/act_fn/Mul_output_0"
         prod = f"{p}/mlp/Mul_output_0"
-        nodes.append(helper.make_node("Sigmoid", [gate], [sig], name=f"{p}/mlp/act_fn/Sigmoid"))
-        nodes.append(helper.make_node("Mul", [gate, sig], [silu], name=f"{p}/mlp/act_fn/Mul"))
-        nodes.append(helper.make_node("Mul", [silu, up], [prod], name=f"{p}/mlp/Mul"))
-        d_w = init(f"layers.{i}.mlp.down_proj.weight_t", w_t(f"layers.{i}.mlp.down_proj.weight"))
+        self.add("Sigmoid", [gate], [sig], name=f"{p}/mlp/act_fn/Sigmoid")
+        self.add("Mul", [gate, sig], [silu], name=f"{p}/mlp/act_fn/Mul")
+        self.add("Mul", [silu, up], [prod], name=f"{p}/mlp/Mul")
+        d_w = self.init(f"layers.{i}.mlp.down_proj.weight_t", self.w_t(f"layers.{i}.mlp.down_proj.weight"))
         down = f"{p}/mlp/down_proj/MatMul_output_0"
-        nodes.append(helper.make_node("MatMul", [prod, d_w], [down], name=f"{p}/mlp/down_proj/MatMul"))
-        x, residual_in = down, resid2
-    norm_w = init("norm.weight", np.asarray(weights["norm.weight"], np.float32))
-    nodes.append(
-        helper.make_node("SkipSimplifiedLayerNormalization", [x, residual_in, norm_w], ["last_hidden_state", "", "", ""], name="/norm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN, epsilon=rms_norm_eps)
-    )
-    # Every intermediate is float32: declare it, so tools whose shape inference does not know the
-    # contrib ops (onnxruntime's quantizers) still know the element types.
-    declared = {v.name for v in inputs + outputs}
-    value_info = [
-        helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
-        for n in nodes
-        for t in n.output
-        if t and t not in declared
-    ]
-    graph = helper.make_graph(nodes, "chattts_gpt_fast", inputs, outputs, inits, value_info=value_info)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", FAST_GPT_OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
-        producer_name="chattts-forge",
-    )
-    model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", FAST_GPT_OPSET)])
-    return model
+        self.add("MatMul", [prod, d_w], [down], name=f"{p}/mlp/down_proj/MatMul")
+        return down, resid2
+
+    def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        # Every intermediate is float32: declare it, so tools whose shape inference does not know the
+        # contrib ops (onnxruntime's quantizers) still know the element types.
+        declared = {v.name for v in inputs + outputs}
+        value_info = [
+            helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
+            for n in self.nodes
+            for t in n.output
+            if t and t not in declared
+        ]
+        graph = helper.make_graph(self.nodes, "chattts_gpt_fast", inputs, outputs, self.inits, value_info=value_info)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", FAST_GPT_OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+            producer_name="chattts-forge",
+        )
+        model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", FAST_GPT_OPSET)])
+        return model
+
+
+def build_fast_gpt(weights: Mapping[str, np.ndarray], shape: FusedGraphShape) -> onnx.ModelProto:
+    """An ONNX model of the Llama step with fused contrib ops and an in-place KV cache (see module
+    doc), laid out as `shape` says."""
+    check_kv_cache(shape.kv_cache)
+    graph = _FusedGraphBuilder(weights, shape)
+    inputs, outputs = graph.interface()
+    x = "inputs_embeds"
+    residual_in: str | None = None  # the pending residual branch to add before the next norm
+    for i in range(graph.num_layers):
+        normed, resid = graph.input_norm(i, x, residual_in)
+        attn_out = graph.attention(i, normed)
+        x, residual_in = graph.mlp(i, attn_out, resid)
+    norm_w = graph.norm_weight("norm.weight")
+    graph.add("SkipSimplifiedLayerNormalization", [x, residual_in, norm_w], ["last_hidden_state", "", "", ""],
+              name="/norm/SkipSimplifiedLayerNorm", domain=MS_DOMAIN, epsilon=shape.rms_norm_eps)
+    return graph.model(inputs, outputs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,91 +490,210 @@ def build_fast_gpt(
 class GraphQuantizer:
     """How to quantize the projection MatMuls of a fast graph (the attention is GroupQueryAttention).
 
-    The runtime layer has no quantizers: `chattts_forge.quantize.fast_gpt.fast_gpt_quantizer` makes
-    these with the quantize stage's own onnxruntime quantizers.
+    The runtime layer has no quantizers: the quantize stage's method classes
+    (`chattts_forge.quantize.methods`, `fast_graph_quantizer`) make these with its own onnxruntime
+    quantizers.
     """
 
-    method: str  # recorded as quantization.method: "dynamic" | "int4"
-    precision: str  # the graph's precision label: "int8-dynamic" | "int4"
+    method: str  # recorded as quantization.method
+    precision: str  # the graph's precision label (the method's variant)
     pack_projections: bool  # packing shares one scale across q/k/v (gate/up): wrong for per-tensor INT8
     quantize: Callable[[Path, Path], dict[str, Any]]  # (fp32 graph, quantized graph) -> options record
 
 
 # --------------------------------------------------------------------------------------------
-# Parity: the fast graph against the plain graph, on left-padded prefill + decode steps
+# Parity: the fast graph against the plain graph (one check, two sets of cases)
 # --------------------------------------------------------------------------------------------
 
 
-def _session(path: Path, threads: int):
+def _session(path: Path, threads: int | None) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads
+    if threads:
+        opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - a graph onnxruntime cannot load: one line
+        raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
 
-def compare_with_plain(
-    plain_gpt: str | os.PathLike[str],
-    fast_gpt: str | os.PathLike[str],
-    hp: Mapping[str, int],
-    *,
-    batch: int = 3,
-    prompt: int = 9,
-    decode_steps: int = 6,
-    seed: int = 0,
-    threads: int = 1,
-) -> dict[str, Any]:
-    """Max |difference| of the hidden states of every valid position, plain vs fast graph.
+def _cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.reshape(-1, a.shape[-1]).astype(np.float64)
+    b = b.reshape(-1, b.shape[-1]).astype(np.float64)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
 
-    Rows are left-padded by different amounts (ChatTTS batching), then `decode_steps` single steps.
-    """
-    from chattts_forge.runtime.fast_gpt import FastGptStep
 
-    plain = _session(Path(plain_gpt), threads)
-    fast = FastGptStep(
-        _session(Path(fast_gpt), threads), hp["num_hidden_layers"], hp["num_key_value_heads"],
-        hp["hidden_size"] // hp["num_attention_heads"], hp["hidden_size"], capacity=prompt + 2,
-    )
-    rng = np.random.default_rng(seed)
-    hidden, layers = hp["hidden_size"], hp["num_hidden_layers"]
-    kv, hd = hp["num_key_value_heads"], hidden // hp["num_attention_heads"]
-    mask = np.ones((batch, prompt), dtype=np.int64)
-    for b in range(batch):
-        mask[b, : min(b * 2, prompt - 1)] = 0
-    past = [np.zeros((batch, kv, 0, hd), np.float32) for _ in range(2 * layers)]
-    past_names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
-    fast.reset(batch)
-    worst, worst_rel = 0.0, 0.0
-    emb = rng.standard_normal((batch, prompt, hidden), dtype=np.float32)
-    for step in range(decode_steps + 1):
-        if step:
-            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-            emb = rng.standard_normal((batch, 1, hidden), dtype=np.float32)
-        pos = np.cumsum(mask, axis=1) - 1
-        pos[mask == 0] = 1
-        pos = pos[:, -emb.shape[1]:]
-        feeds = {"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **dict(zip(past_names, past, strict=True))}
-        outs = plain.run(None, feeds)
-        ref, past = outs[0], outs[1:]
-        got = fast(emb, mask, pos)
-        valid = mask[:, -emb.shape[1]:].astype(bool)
+@dataclass
+class ParityStats:
+    """The plain graph's hidden states `ref` against the fused graph's `got` over valid positions:
+    the worst absolute difference, the worst difference relative to each value (|ref| + 1e-3), the
+    largest |ref| (the scale), the lowest cosine of a position's hidden state."""
+
+    max_abs: float = 0.0
+    max_rel_position: float = 0.0
+    scale: float = 0.0
+    min_cosine: float = 1.0
+    steps: int = 0
+
+    def add(self, ref: np.ndarray, got: np.ndarray, valid: np.ndarray) -> None:
         diff = np.abs(got - ref)[valid]
-        worst = max(worst, float(diff.max()))
-        worst_rel = max(worst_rel, float((diff / (np.abs(ref[valid]) + 1e-3)).max()))
-    return {
-        "reference": "plain gpt.onnx (onnxruntime)",
-        "max_abs": worst,
-        "max_rel": worst_rel,
-        "cases": f"batch {batch} left-padded, prompt {prompt}, {decode_steps} decode steps, seed {seed}",
-    }
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        self.max_rel_position = max(self.max_rel_position, float((diff / (np.abs(ref[valid]) + 1e-3)).max()))
+        self.scale = max(self.scale, float(np.abs(ref[valid]).max()))
+        self.min_cosine = min(self.min_cosine, float(_cosine_rows(ref[valid], got[valid]).min()))
+        self.steps += 1
+
+
+class ParityCases(Protocol):
+    """What the plain and fused graphs are compared on, and how the comparison is recorded."""
+
+    def run(self, plain: Any, fast: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(plain hidden states, fused hidden states, valid-position mask) per step."""
+        ...
+
+    def record(self, stats: ParityStats) -> dict[str, Any]:
+        """The `parity` record of the fused graph's component entry."""
+        ...
+
+
+@dataclass(frozen=True)
+class LeftPaddedSteps:
+    """Random inputs: rows left-padded by different amounts (ChatTTS batching), a prefill and then
+    `decode_steps` single steps, the fused graph driven by the runtime's `FastGptStep`."""
+
+    hp: Mapping[str, int]
+    batch: int = 3
+    prompt: int = 9
+    decode_steps: int = 6
+    seed: int = 0
+
+    def run(self, plain: Any, fast_session: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        from chattts_forge.runtime.fast_gpt import FastGptStep
+
+        hp, batch, prompt = self.hp, self.batch, self.prompt
+        hidden, layers = hp["hidden_size"], hp["num_hidden_layers"]
+        kv, hd = hp["num_key_value_heads"], hidden // hp["num_attention_heads"]
+        fast = FastGptStep(fast_session, layers, kv, hd, hidden, capacity=prompt + 2)
+        rng = np.random.default_rng(self.seed)
+        mask = np.ones((batch, prompt), dtype=np.int64)
+        for b in range(batch):
+            mask[b, : min(b * 2, prompt - 1)] = 0
+        past = [np.zeros((batch, kv, 0, hd), np.float32) for _ in range(2 * layers)]
+        past_names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+        fast.reset(batch)
+        emb = rng.standard_normal((batch, prompt, hidden), dtype=np.float32)
+        for step in range(self.decode_steps + 1):
+            if step:
+                mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+                emb = rng.standard_normal((batch, 1, hidden), dtype=np.float32)
+            pos = np.cumsum(mask, axis=1) - 1
+            pos[mask == 0] = 1
+            pos = pos[:, -emb.shape[1]:]
+            feeds = {"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos,
+                     **dict(zip(past_names, past, strict=True))}
+            outs = plain.run(None, feeds)
+            ref, past = outs[0], outs[1:]
+            yield ref, fast(emb, mask, pos), mask[:, -emb.shape[1]:].astype(bool)
+
+    def record(self, stats: ParityStats) -> dict[str, Any]:
+        return {
+            "reference": "plain gpt.onnx (onnxruntime)",
+            "max_abs": stats.max_abs,
+            "max_rel": stats.max_rel_position,
+            "cases": f"batch {self.batch} left-padded, prompt {self.prompt}, {self.decode_steps} decode steps, "
+                     f"seed {self.seed}",
+        }
+
+
+@dataclass(frozen=True)
+class RecordedSamples:
+    """Recorded gpt.onnx feeds (calibration samples); `to_fused` turns one into the fused graph's feeds."""
+
+    samples: Sequence[dict[str, np.ndarray]]
+    to_fused: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    reference: str = "the artifact's quantized gpt.onnx on the recorded calibration samples"
+
+    def run(self, plain: Any, fast: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        if not self.samples:
+            raise ForgeError("no samples to compare the plain and fused graphs on")
+        for s in self.samples:
+            ref = plain.run(["last_hidden_state"], s)[0]
+            got = fast.run(["last_hidden_state"], self.to_fused(s))[0]
+            yield ref, got, s["attention_mask"][:, -ref.shape[1]:].astype(bool)
+
+    def record(self, stats: ParityStats) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "samples": stats.steps,
+            "max_abs": stats.max_abs,
+            "max_rel": stats.max_abs / stats.scale if stats.scale else 0.0,
+            "min_cosine": stats.min_cosine,
+        }
+
+
+def fused_parity(plain_gpt: str | os.PathLike[str], fast_gpt: str | os.PathLike[str], cases: ParityCases,
+                 threads: int | None = 1) -> dict[str, Any]:
+    """The one parity check of a fused graph: its hidden states against the plain graph's on
+    `cases`, every valid position; returns the cases' `parity` record."""
+    plain, fast = _session(Path(plain_gpt), threads), _session(Path(fast_gpt), threads)
+    stats = ParityStats()
+    for ref, got, valid in cases.run(plain, fast):
+        stats.add(ref, got, valid)
+    return cases.record(stats)
 
 
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FusedGraphOptions:
+    """How `optimize_gpt` builds a fused graph.
+
+    `quantizer`: None (FP32) or how to quantize the projections. `weights_from`: where the FP32
+    weights come from when the source is a quantized artifact (its FP32 source artifact folder, a
+    plain FP32 gpt.onnx, or a checkpoint's `gpt/model.safetensors`). `pack_projections`: None
+    follows the quantizer (packed when FP32). FP32 graphs whose hidden states differ from the plain
+    graph's by more than `tolerance` are refused; quantized ones record their difference.
+    `kv_cache="int8"` stores the KV cache in int8 with `kv_scales` (from
+    `quantize.kv_cache.kv_cache_scales`; `kv_record` says where they came from and is recorded
+    under `kv_cache`). `dims`: the checkpoint dimensions (default: the source folder's artifact.json).
+    """
+
+    quantizer: GraphQuantizer | None = None
+    weights_from: str | os.PathLike[str] | None = None
+    pack_projections: bool | None = None
+    check_parity: bool = True
+    tolerance: float = 1e-4
+    threads: int = 1
+    kv_cache: str = "fp32"
+    kv_scales: Mapping[str, np.ndarray] | None = None
+    kv_record: Mapping[str, Any] | None = None
+    dims: Mapping[str, Any] | None = None  # the artifact's dims, when its artifact.json is not written yet
+
+    @property
+    def method(self) -> str | None:
+        return self.quantizer.method if self.quantizer is not None else None
+
+    @property
+    def precision(self) -> str:
+        return self.quantizer.precision if self.quantizer is not None else "fp32"
+
+    @property
+    def packed(self) -> bool:
+        if self.pack_projections is not None:
+            return self.pack_projections
+        return self.quantizer.pack_projections if self.quantizer is not None else True
+
+    @property
+    def exact(self) -> bool:
+        """FP32 weights and cache: the fused graph must equal the plain one within `tolerance`."""
+        return self.quantizer is None and self.kv_cache == "fp32"
 
 
 def _io_record(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -535,76 +708,25 @@ def _io_record(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     return [rec(v) for v in m.graph.input], [rec(v) for v in m.graph.output]
 
 
-def optimize_gpt(
-    source: str | os.PathLike[str],
-    out: str | os.PathLike[str] | None = None,
-    *,
-    quantizer: GraphQuantizer | None = None,
-    weights_from: str | os.PathLike[str] | None = None,
-    pack_projections: bool | None = None,
-    check_parity: bool = True,
-    tolerance: float = 1e-4,
-    threads: int = 1,
-    kv_cache: str = "fp32",
-    kv_scales: Mapping[str, np.ndarray] | None = None,
-    kv_record: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Build the fast GPT graph of an artifact (or of a plain `gpt.onnx`) and write it to `out`.
+_HP_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
-    `source`: an FP32 artifact folder or its `gpt.onnx`. `weights_from`: where the FP32 weights
-    come from when `source` is a quantized artifact (its FP32 source artifact folder, a plain FP32
-    gpt.onnx, or a checkpoint's `gpt/model.safetensors`). `quantizer`: None (FP32) or how to
-    quantize the projections (`GraphQuantizer`). `out` defaults to `<artifact>/gpt_fast.onnx`.
-    Projections are packed (QKV, gate/up) unless the quantizer says not to. FP32 graphs whose
-    hidden states differ from the plain graph's by more than `tolerance` raise ForgeError (nothing
-    is written); quantized ones record their difference. `kv_cache="int8"` stores the KV
-    cache in int8 with `kv_scales` (from `quantize.kv_cache.kv_cache_scales`; `kv_record` says where
-    they came from and is recorded under `kv_cache`). Returns the `components.gpt_fast` record.
-    """
-    if kv_cache not in KV_CACHE_TYPES:
-        raise ForgeError(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
-    src = Path(source).expanduser()
-    gpt_path = src / "gpt.onnx" if src.is_dir() else src
-    dims = (ArtifactMeta.load(src).dims or {}) if src.is_dir() else {}
-    if out is None:
-        if not src.is_dir():
-            raise ForgeError("give `out` when the source is a gpt.onnx file")
-        out = src / FAST_GPT_FILE
-    out = Path(out).expanduser()
-    method = quantizer.method if quantizer is not None else None
-    precision = quantizer.precision if quantizer is not None else "fp32"
 
-    # weights
-    w_src = Path(weights_from).expanduser() if weights_from is not None else gpt_path
-    if w_src.is_dir():
-        w_src = w_src / "gpt.onnx"
+def _fp32_weights(w_src: Path, dims: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The FP32 Llama weights and hyper-parameters from a plain gpt.onnx or a safetensors file."""
     if w_src.suffix == ".safetensors":
-        weights = weights_from_safetensors(w_src)
         if not dims:
             raise ForgeError("weights from safetensors need an artifact folder as source (for its dims)")
-        hp = {k: int(dims[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")}
-    else:
-        weights, hp = extract_llama_weights(w_src)
-        if dims:
-            hp["num_attention_heads"] = int(dims["num_attention_heads"])
-            hp["num_key_value_heads"] = int(dims["num_key_value_heads"])
-    eps = float(dims.get("rms_norm_eps", 1e-6))
-    theta = float(dims.get("rope_theta", 10000.0))
-    max_pos = int(dims.get("max_position_embeddings", 4096))
-    pack = pack_projections if pack_projections is not None else (quantizer.pack_projections if quantizer else True)
+        return weights_from_safetensors(w_src), {k: int(dims[k]) for k in _HP_KEYS}
+    weights, hp = extract_llama_weights(w_src)
+    if dims:
+        hp["num_attention_heads"] = int(dims["num_attention_heads"])
+        hp["num_key_value_heads"] = int(dims["num_key_value_heads"])
+    return weights, hp
 
-    log.info("building the fast GPT graph (%d layers, hidden %d, packed=%s, quantize=%s)", hp["num_hidden_layers"], hp["hidden_size"], pack, method)
-    model = build_fast_gpt(
-        weights,
-        num_attention_heads=hp["num_attention_heads"],
-        num_key_value_heads=hp["num_key_value_heads"],
-        rms_norm_eps=eps,
-        rope_theta=theta,
-        max_positions=max_pos,
-        pack_projections=pack,
-        kv_cache=kv_cache,
-        kv_scales=kv_scales,
-    )
+
+def _stamp(model: onnx.ModelProto, precision: str, hp: Mapping[str, Any], dims: Mapping[str, Any],
+           kv_cache: str) -> None:
+    """The fused graph's metadata_props: what it is, its precision, the artifact-wide facts."""
     model.metadata_props.extend(
         [
             onnx.StringStringEntryProto(key="component", value=FAST_GPT),
@@ -621,75 +743,143 @@ def optimize_gpt(
     for key in ("sample_rate", "hop_length", "num_vq", "n_mels", "num_audio_tokens", "num_text_tokens"):
         if key in dims:
             model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=str(dims[key])))
+
+
+def make_fused_graph(
+    fp32_graph: Path,
+    dst: Path,
+    quantize: Callable[[Path, Path], dict[str, Any]] | None,
+    plain_gpt: Path | None,
+    cases: ParityCases | None,
+    *,
+    threads: int | None = 1,
+    restamp: Callable[[Path, Path], None] | None = None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The one last step of every `gpt_fast.onnx`, rebuilt (`optimize_gpt`) or quantized from the
+    source's FP32 fused graph (`quantize.fused`): `quantize(fp32_graph, dst)` (None: `dst` is the
+    FP32 graph itself), `restamp(fp32_graph, dst)` (the metadata the quantizer dropped), then the
+    parity check against `plain_gpt` on `cases` (skipped when None). Returns (the quantizer's
+    options record, the parity record)."""
+    options = None
+    if quantize is not None:
+        options = quantize(fp32_graph, dst)
+    if restamp is not None:
+        restamp(fp32_graph, dst)
+    parity = None
+    if cases is not None and plain_gpt is not None:
+        parity = fused_parity(plain_gpt, dst, cases, threads)
+    return options, parity
+
+
+def _weights_source(src: Path, gpt_path: Path, weights_from: str | os.PathLike[str] | None) -> Path:
+    w_src = Path(weights_from).expanduser() if weights_from is not None else gpt_path
+    return w_src / "gpt.onnx" if w_src.is_dir() else w_src
+
+
+def optimize_gpt(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    options: FusedGraphOptions | None = None,
+) -> dict[str, Any]:
+    """Build the fast GPT graph of an artifact (or of a plain `gpt.onnx`) and write it to `out`.
+
+    `source`: an FP32 artifact folder or its `gpt.onnx` (`options.weights_from` for a quantized
+    one); `out` defaults to `<artifact>/gpt_fast.onnx`; `options`: `FusedGraphOptions`. A fused FP32
+    graph that differs from the plain one beyond the tolerance raises ForgeError (nothing is
+    written). Returns the `components.gpt_fast` record.
+    """
+    opts = options or FusedGraphOptions()
+    check_kv_cache(opts.kv_cache)
+    src = Path(source).expanduser()
+    gpt_path = src / "gpt.onnx" if src.is_dir() else src
+    if opts.dims is not None:
+        dims: Mapping[str, Any] = opts.dims
+    else:
+        dims = (ArtifactMeta.load(src).dims or {}) if src.is_dir() else {}
+    if out is None:
+        if not src.is_dir():
+            raise ForgeError("give `out` when the source is a gpt.onnx file")
+        out = src / FAST_GPT_FILE
+    out = Path(out).expanduser()
+    w_src = _weights_source(src, gpt_path, opts.weights_from)
+    weights, hp = _fp32_weights(w_src, dims)
+    log.info("building the fast GPT graph (%d layers, hidden %d, packed=%s, quantize=%s)", hp["num_hidden_layers"],
+             hp["hidden_size"], opts.packed, opts.method)
+    shape = FusedGraphShape(
+        num_attention_heads=hp["num_attention_heads"], num_key_value_heads=hp["num_key_value_heads"],
+        rms_norm_eps=float(dims.get("rms_norm_eps", 1e-6)), rope_theta=float(dims.get("rope_theta", 10000.0)),
+        max_positions=int(dims.get("max_position_embeddings", 4096)), pack_projections=opts.packed,
+        kv_cache=opts.kv_cache, kv_scales=opts.kv_scales,
+    )
+    model = build_fast_gpt(weights, shape)
+    _stamp(model, opts.precision, hp, dims, opts.kv_cache)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gpt_fast.", dir=out.parent) as tmp:
-        tmp_dir = Path(tmp)
-        fp32_path = tmp_dir / "fp32.onnx"
+        fp32_path = Path(tmp) / "fp32.onnx"
         onnx.save(model, str(fp32_path))
         del model
-        quant_info: dict[str, Any] | None = None
-        final_tmp = fp32_path
-        if quantizer is not None:
-            final_tmp = tmp_dir / "quant.onnx"
-            quant_info = {"method": quantizer.method, **quantizer.quantize(fp32_path, final_tmp)}
-        parity = None
-        if check_parity:
-            parity = compare_with_plain(w_src if w_src.suffix == ".onnx" else gpt_path, final_tmp, hp, threads=threads)
-            exact = quantizer is None and kv_cache == "fp32"  # anything quantized records its difference
-            parity["tolerance_abs"] = tolerance if exact else None
-            if exact and parity["max_abs"] > tolerance:
-                raise ForgeError(
-                    f"fast GPT graph differs from the plain graph by {parity['max_abs']:.3g} > {tolerance:g}; nothing written"
-                )
-            log.info("fast GPT parity vs plain graph: max abs %.3g", parity["max_abs"])
-        os.replace(final_tmp, out)
-    inputs, outputs = _io_record(out)
-    record: dict[str, Any] = {
-        "file": out.name,
-        "precision": precision,
-        "opset": FAST_GPT_OPSET,
-        "converter": FAST_GPT_CONVERTER,
-        "inputs": inputs,
-        "outputs": outputs,
-        "sha256": sha256_file(out),
-        "bytes": out.stat().st_size,
-        "optimization": {
-            "attention": "com.microsoft.GroupQueryAttention, past/present buffer shared (IO binding), attention_bias mask",
-            "rotary": "com.microsoft.RotaryEmbedding with explicit position_ids",
-            "norms": "RMSNormalization (opset 23) / com.microsoft.SkipSimplifiedLayerNormalization",
-            "packed_projections": pack,
-            # Relative to the artifact folder, so the record holds no temp or checkout path.
-            "weights_from": portable_path(w_src, out.parent),
-            "driver": "chattts_forge.runtime.fast_gpt.FastGptStep",
-        },
-        "quantization": quant_info,
-        "parity": parity,
-    }
-    if kv_cache != "fp32":  # absent: a float32 cache (earlier records keep their bytes)
-        record["kv_cache"] = {**(kv_record or {}), "dtype": kv_cache}
+        final_tmp = fp32_path if opts.quantizer is None else Path(tmp) / "quant.onnx"
+        cases = LeftPaddedSteps(hp) if opts.check_parity else None
+        quant, parity = make_fused_graph(fp32_path, final_tmp, opts.quantizer and opts.quantizer.quantize,
+                                         w_src if w_src.suffix == ".onnx" else gpt_path, cases, threads=opts.threads)
+        if parity is not None:
+            _judge_exact(parity, opts)
+        record = write_component(onnx.load(str(final_tmp)), out.parent, FAST_GPT,
+                                 _rebuilt_record(final_tmp, out, opts, w_src, quant, parity))
     log.info("wrote %s (%.1f MB)", out, record["bytes"] / 1e6)
     return record
 
 
-def optimize_artifact(
-    artifact_dir: str | os.PathLike[str],
-    *,
-    weights_from: str | os.PathLike[str] | None = None,
-    quantizer: GraphQuantizer | None = None,
-    **kwargs: Any,
-) -> dict[str, Any]:
+def _judge_exact(parity: dict[str, Any], opts: FusedGraphOptions) -> None:
+    """FP32 graphs must match within the tolerance; anything quantized records its difference."""
+    parity["tolerance_abs"] = opts.tolerance if opts.exact else None
+    if opts.exact and parity["max_abs"] > opts.tolerance:
+        raise ForgeError(
+            f"fast GPT graph differs from the plain graph by {parity['max_abs']:.3g} > {opts.tolerance:g}; nothing written"
+        )
+    log.info("fast GPT parity vs plain graph: max abs %.3g", parity["max_abs"])
+
+
+def _rebuilt_record(graph: Path, out: Path, opts: FusedGraphOptions, w_src: Path, quant: dict[str, Any] | None,
+                    parity: dict[str, Any] | None) -> dict[str, Any]:
+    """The `components.gpt_fast` record of the graph `optimize_gpt` built (at `graph`, to be stored
+    at `out`); `write_component` fills in its sha256 and bytes."""
+    inputs, outputs = _io_record(graph)
+    record: dict[str, Any] = {
+        "file": out.name,
+        "precision": opts.precision,
+        "opset": FAST_GPT_OPSET,
+        "converter": FAST_GPT_CONVERTER,
+        "inputs": inputs,
+        "outputs": outputs,
+        "sha256": None,
+        "bytes": None,
+        "optimization": {
+            "attention": "com.microsoft.GroupQueryAttention, past/present buffer shared (IO binding), attention_bias mask",
+            "rotary": "com.microsoft.RotaryEmbedding with explicit position_ids",
+            "norms": "RMSNormalization (opset 23) / com.microsoft.SkipSimplifiedLayerNormalization",
+            "packed_projections": opts.packed,
+            # Relative to the artifact folder, so the record holds no temp or checkout path.
+            "weights_from": portable_path(w_src, out.parent),
+            "driver": "chattts_forge.runtime.fast_gpt.FastGptStep",
+        },
+        "quantization": None if quant is None else {"method": opts.method, **quant},
+        "parity": parity,
+    }
+    if opts.kv_cache != "fp32":  # absent: a float32 cache (earlier records keep their bytes)
+        record["kv_cache"] = {**(opts.kv_record or {}), "dtype": opts.kv_cache}
+    return record
+
+
+def optimize_artifact(artifact_dir: str | os.PathLike[str], options: FusedGraphOptions | None = None) -> dict[str, Any]:
     """Add `gpt_fast.onnx` to an artifact folder and record it in its artifact.json.
 
-    FP32 fast graph unless a `quantizer` is given (quantized artifacts: see
+    FP32 fast graph unless `options.quantizer` is given (quantized artifacts: see
     `chattts_forge.quantize.fast_gpt.optimize_artifact`, which picks it from the variant).
-    `kwargs` go to `optimize_gpt`. Returns the component record.
+    Returns the component record.
     """
     folder = Path(artifact_dir).expanduser()
     meta = ArtifactMeta.load(folder)
-    record = optimize_gpt(folder, folder / FAST_GPT_FILE, quantizer=quantizer, weights_from=weights_from, **kwargs)
-    meta.components[FAST_GPT] = record
-    from chattts_forge.graph_storage import store_components_externally
-
-    store_components_externally(folder, meta, [FAST_GPT])  # memory-mapped by the runtime
+    meta.components[FAST_GPT] = record = optimize_gpt(folder, folder / FAST_GPT_FILE, options)
     meta.write(folder)
-    return meta.components[FAST_GPT]
+    return record

@@ -141,7 +141,7 @@ def test_quantized_fast_graphs(fast_artifact: Path, tmp_path: Path, method: str,
 
 def test_packed_projections_split_grouped_query_heads(tmp_path: Path) -> None:
     """Under grouped-query attention q is wider than k and v: the packed QKV Split must use their widths."""
-    from chattts_forge.runtime.fast_gpt_graph import build_fast_gpt
+    from chattts_forge.runtime.fast_gpt_graph import FusedGraphShape, build_fast_gpt
 
     hidden, heads, kv_heads, inter = 32, 4, 2, 48
     kv_width = kv_heads * hidden // heads
@@ -159,8 +159,9 @@ def test_packed_projections_split_grouped_query_heads(tmp_path: Path) -> None:
     steps = {}
     for packed in (True, False):
         path = tmp_path / f"packed_{packed}.onnx"
-        onnx.save(build_fast_gpt(weights, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                 max_positions=64, pack_projections=packed), str(path))
+        shape = FusedGraphShape(num_attention_heads=heads, num_key_value_heads=kv_heads, max_positions=64,
+                                pack_projections=packed)
+        onnx.save(build_fast_gpt(weights, shape), str(path))
         onnx.checker.check_model(str(path), full_check=True)
         steps[packed] = FastGptStep(_session(path), 2, kv_heads, hidden // heads, hidden, 64, capacity=16)
         steps[packed].reset(2)

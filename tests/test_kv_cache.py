@@ -15,7 +15,7 @@ from chattts_forge.evaluate.evaluate import flat_metrics
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 from chattts_forge.quantize.kv_cache import kv_cache_scales
 from chattts_forge.runtime.fast_gpt import FastGptStep
-from chattts_forge.runtime.fast_gpt_graph import build_fast_gpt, extract_llama_weights
+from chattts_forge.runtime.fast_gpt_graph import FusedGraphShape, build_fast_gpt, extract_llama_weights
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
 
@@ -46,9 +46,10 @@ def test_int8_cache_holds_quantized_keys_and_tracks_fp32(tiny_artifacts, calib, 
     assert scales["0.key"].shape == (1, d["num_key_value_heads"], 1, d["hidden_size"] // d["num_attention_heads"])
     steps = {}
     for kv in ("fp32", "int8"):
-        model = build_fast_gpt(weights, num_attention_heads=d["num_attention_heads"],
-                               num_key_value_heads=d["num_key_value_heads"],
-                               max_positions=d["max_position_embeddings"], kv_cache=kv, kv_scales=scales)
+        model = build_fast_gpt(weights, FusedGraphShape(num_attention_heads=d["num_attention_heads"],
+                                                        num_key_value_heads=d["num_key_value_heads"],
+                                                        max_positions=d["max_position_embeddings"], kv_cache=kv,
+                                                        kv_scales=scales))
         onnx.save(model, str(tmp_path / f"{kv}.onnx"))
         steps[kv] = _step(tmp_path / f"{kv}.onnx", d)
     assert steps["int8"].cache_dtype == np.int8 and steps["fp32"].cache_dtype == np.float32

@@ -61,10 +61,11 @@ def test_static_quantizes_the_fused_graph_into_integer_kernels(static, tmp_path:
 
 def test_static_fused_and_plain_graphs_agree(static, calib):
     """Same recorded inputs through the quantized gpt.onnx and gpt_fast.onnx: the same numbers."""
-    from chattts_forge.quantize.fused import parity_on_samples
+    from chattts_forge.quantize.fused import sample_cases
+    from chattts_forge.runtime.fast_gpt_graph import fused_parity
 
     samples = list(CalibrationStore(calib).iter_samples("gpt"))
-    parity = parity_on_samples(static / "gpt.onnx", static / "gpt_fast.onnx", samples)
+    parity = fused_parity(static / "gpt.onnx", static / "gpt_fast.onnx", sample_cases(samples))
     assert parity["samples"] == len(samples) > 0
     # Both graphs quantize their activations with the same calibrated scales, but they order attention's
     # float sums differently, and the CPU's kernels decide by how much: an activation on a rounding
