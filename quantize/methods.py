@@ -366,8 +366,9 @@ class QuantizationMethod:
 
 
 class DynamicInt8(QuantizationMethod):
-    """onnxruntime's dynamic INT8 (`dynamic.py`): no calibration; per tensor by default (measured
-    faster: 18 vs 23 ms a step); the fused graph rebuilt with the same quantizer."""
+    """onnxruntime's dynamic INT8 (`dynamic.py`): no calibration; per tensor by default (the faster
+    step on CPU: docs/measurements/2026-12-01/code-comment-figures.md); the fused graph rebuilt
+    with the same quantizer."""
 
     name = "dynamic"
     supports_fallback = True

@@ -56,9 +56,8 @@ def release_free_heap() -> None:
     """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; a no-op elsewhere).
 
     Loading an .onnx file parses the whole protobuf; once the session holds its own copies the
-    parse is freed, but glibc keeps those pages (its mmap threshold has grown past the size of
-    the tensors, so they came from the heap): measured on the full int8-dynamic artifact, the five
-    sessions the runtime opens hold 690 MB of RSS without the trim and 492 MB with it.
+    parse is freed, but glibc keeps those pages (they came from the heap). Figures:
+    docs/measurements/2026-12-01/code-comment-figures.md.
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
@@ -67,25 +66,21 @@ def release_free_heap() -> None:
 RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 # Thread policy per component (CPU). Every session has its own intra-op pool whose workers spin for
 # a while after each run; on a 2-core machine a pool still spinning steals the core the next
-# session needs. Measured on the full dynamic-INT8 artifact, 2 threads, batch 1: GPT step 30 ms with
-# one 2-thread pool per component, 15.5 ms with this policy (and 21 ms with 1 thread everywhere).
+# session needs (figures: docs/measurements/2026-12-01/code-comment-figures.md).
 # - the per-step sessions around the GPT are tiny (an embedding gather, 768x626 heads): one thread;
 # - the Decoder/DVAE/Vocos run now and then (end of a text, stream chunks): all threads, no spinning,
 #   so their workers go to sleep instead of competing with the next GPT steps;
 # - the GPT graphs run back to back: all threads, spinning (the default).
 SINGLE_THREAD_COMPONENTS = frozenset({"embed", "head_code", "head_text"})
 NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
-# Components whose onnxruntime CPU arena gives back, after a large run, what that run added. An
-# arena keeps its largest run's buffers for the session's life; the Decoder/DVAE/Vocos run once per
-# text on its whole length (a 422-step text: ~40 MB of buffers each), and kept, those buffers sat
-# under every later peak. A run over more than `SHRINK_MIN_POSITIONS` time positions (batch x the
-# last axis of its first input: steps for the Decoder and DVAE, mel frames for Vocos) ends with the
-# arena shrunk (run option memory.enable_memory_arena_shrinkage). Stream chunks stay below it and
-# keep their arena: a chunk's window is at most 24 + 77 + 31 = 132 Decoder steps and 48 + 2 x 31 =
-# 110 Vocos frames (ChatTTS's stream_batch 24; the full-size radii, runtime.pipeline.StreamDecoder).
-# Measured on the full int8-dynamic-kv8 artifact, 2 threads: batch-1 peak at 422 steps 470 -> 450
-# MB; the load benchmark at concurrency 8 (streaming) unchanged (2.01 sentences/s either way),
-# whereas running these sessions without an arena cost it 6% (1.83 against 1.95).
+# Components whose onnxruntime CPU arena gives back, after a large run, what that run added: an
+# arena keeps its largest run's buffers for the session's life, and the Decoder/DVAE/Vocos run once
+# per text on its whole length, so those buffers would sit under every later peak. A run over more
+# than `SHRINK_MIN_POSITIONS` time positions (batch x the last axis of its first input: steps for
+# the Decoder and DVAE, mel frames for Vocos) ends with the arena shrunk (run option
+# memory.enable_memory_arena_shrinkage); stream chunks stay below it and keep their arena (a
+# chunk's window is at most 132 Decoder steps and 110 Vocos frames at full size). Figures:
+# docs/measurements/2026-12-01/code-comment-figures.md.
 SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
 SHRINK_MIN_POSITIONS = 160
 
