@@ -49,8 +49,6 @@ from typing import Any
 
 from chattts_forge.artifact import (
     FLOAT_VARIANTS,
-    KV_CACHE_VARIANTS,
-    METHOD_VARIANT,
     VARIANT_KV_CACHE,
     VARIANT_METHOD,
     VARIANTS,
@@ -59,12 +57,12 @@ from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs, sha256_file
 from chattts_forge.log import get_logger, setup_logging
+from chattts_forge.quantize.methods import calibrated_variants
 
 log = get_logger("chattts_forge.pipeline")
 
-# Variants quantized from the calibration set (int4: GPTQ; auto: its search meets the gate; an INT8
-# KV cache: its scales).
-CALIBRATED = (METHOD_VARIANT["static"], METHOD_VARIANT["int4"], METHOD_VARIANT["auto"], *KV_CACHE_VARIANTS)
+# Variants quantized from the calibration set (the method registry says which).
+CALIBRATED = calibrated_variants()
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")

@@ -31,6 +31,7 @@ from chattts_forge.artifact import (
     DECODER,
     FAST_GPT,
     FAST_GPT_FILE,
+    KV_CACHE_VARIANTS,
     KV_CACHES,
     METHOD_PRECISION,
     METHOD_VARIANT,
@@ -93,6 +94,8 @@ class QuantizationMethod:
     takes_gate: ClassVar[bool] = False  # --gate: a search meets the gate's fidelity thresholds
     preprocesses: ClassVar[bool] = False  # onnxruntime's quant_pre_process on the graphs first
     can_rebuild_fast_graph: ClassVar[bool] = False  # `fast_graph_quantizer` exists
+    # The build hands it the calibration folder (static's ranges, int4's GPTQ, auto's search).
+    build_calibrates: ClassVar[bool] = False
     nbits_label: ClassVar[str] = "int4"  # per_op_precision of MatMulNBits ops
 
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
@@ -407,6 +410,7 @@ class StaticInt8(QuantizationMethod):
     name = "static"
     default_per_channel = True
     supports_fallback = True
+    build_calibrates = True
 
     @property
     def needs_calibration(self) -> bool:
@@ -464,6 +468,7 @@ class Int4(QuantizationMethod):
 
     name = "int4"
     can_rebuild_fast_graph = True
+    build_calibrates = True
     nbits_label = INT4_COMPUTE
 
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
@@ -564,6 +569,7 @@ class Auto(QuantizationMethod):
 
     name = "auto"
     takes_gate = True
+    build_calibrates = True
     nbits_label = INT4_COMPUTE
 
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
@@ -672,6 +678,12 @@ class Auto(QuantizationMethod):
 
 METHODS: dict[str, type[QuantizationMethod]] = {m.name: m for m in (DynamicInt8, StaticInt8, Int4, Auto)}
 assert tuple(METHODS) == QUANTIZE_METHODS, "the registry and the artifact contract list the same methods"
+
+
+def calibrated_variants() -> tuple[str, ...]:
+    """The variants the build quantizes from the calibration set: those of the methods that take it
+    (`build_calibrates`), and every INT8 KV cache variant (its scales)."""
+    return (*(METHOD_VARIANT[name] for name, cls in METHODS.items() if cls.build_calibrates), *KV_CACHE_VARIANTS)
 
 
 def method_class(name: str) -> type[QuantizationMethod]:
