@@ -83,10 +83,9 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
     import onnx
     from onnx import numpy_helper
 
-    from chattts_forge.artifact import ArtifactMeta
+    from chattts_forge.artifact import ArtifactMeta, write_component
     from chattts_forge.errors import ForgeError
     from chattts_forge.fsutil import atomic_output_dir
-    from chattts_forge.graph_storage import save_with_external_data, storage_record
 
     src, out = Path(src_dir), Path(out_dir)
     damaged: list[str] = []
@@ -94,8 +93,11 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
         for f in sorted(src.iterdir()):
             if f.is_file():
                 shutil.copy2(f, tmp / f.name)
-        for path in sorted(tmp.glob("*.onnx")):
-            external = path.with_name(path.name + ".data").exists()
+        meta = ArtifactMeta.load(tmp)
+        for name, comp in sorted(meta.components.items(), key=lambda item: str(item[1].get("file", ""))):
+            path = meta.component_path(tmp, name)
+            if not path.is_file():
+                continue
             model = onnx.load(str(path))
             changed = 0
             for init in model.graph.initializer:
@@ -106,18 +108,11 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
                     arr = numpy_helper.to_array(init)
                     init.CopyFrom(numpy_helper.from_array((arr * factor).astype(arr.dtype), init.name))
                     changed += 1
-            if changed:
-                if external:  # the same layout as the source (graph_storage)
-                    save_with_external_data(model, path)
-                else:
-                    onnx.save(model, str(path))
+            if changed:  # stored, hashed and recorded as every stage writes a graph
+                meta.components[name] = write_component(model, tmp, name, comp)
                 damaged.append(path.name)
         if not damaged:
             raise ForgeError(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
-        meta = ArtifactMeta.load(tmp)
-        for name, comp in meta.components.items():
-            if comp.get("file") in damaged:
-                meta.components[name] = storage_record(tmp, comp)
         meta.variant = f"{meta.variant}-damaged-x{factor:g}"
         meta.write(tmp)
     return damaged
