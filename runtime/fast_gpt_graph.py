@@ -562,26 +562,36 @@ class ParityCases(Protocol):
 
 @dataclass(frozen=True)
 class LeftPaddedSteps:
-    """Random inputs: rows left-padded by different amounts (ChatTTS batching), a prefill and then
-    `decode_steps` single steps, the fused graph driven by the runtime's `FastGptStep`."""
+    """Random inputs: rows left-padded by different amounts (ChatTTS batching; `pads`, default 0, 2,
+    4, ... positions), a prefill and then `decode_steps` single steps, the fused graph driven by the
+    runtime's `FastGptStep`."""
 
     hp: Mapping[str, int]
     batch: int = 3
     prompt: int = 9
     decode_steps: int = 6
     seed: int = 0
+    pads: tuple[int, ...] | None = None
 
     def run(self, plain: Any, fast_session: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         from chattts_forge.runtime.fast_gpt import FastGptStep
 
+        hp = self.hp
+        hidden = hp["hidden_size"]
+        fast = FastGptStep(fast_session, hp["num_hidden_layers"], hp["num_key_value_heads"],
+                           hidden // hp["num_attention_heads"], hidden, capacity=self.prompt + 2)
+        return self.steps(plain, fast)
+
+    def steps(self, plain: Any, fast: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(plain hidden states, `fast`'s, valid positions) per step; `fast` is any GPT step
+        (`reset`, `__call__(inputs_embeds, attention_mask, position_ids)`)."""
         hp, batch, prompt = self.hp, self.batch, self.prompt
         hidden, layers = hp["hidden_size"], hp["num_hidden_layers"]
         kv, hd = hp["num_key_value_heads"], hidden // hp["num_attention_heads"]
-        fast = FastGptStep(fast_session, layers, kv, hd, hidden, capacity=prompt + 2)
         rng = np.random.default_rng(self.seed)
         mask = np.ones((batch, prompt), dtype=np.int64)
         for b in range(batch):
-            mask[b, : min(b * 2, prompt - 1)] = 0
+            mask[b, : self.pads[b] if self.pads is not None else min(b * 2, prompt - 1)] = 0
         past = [np.zeros((batch, kv, 0, hd), np.float32) for _ in range(2 * layers)]
         past_names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
         fast.reset(batch)

@@ -16,6 +16,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.fast_gpt import optimize_gpt
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.fast_gpt_graph import (
+    LeftPaddedSteps,
     extract_llama_weights,
     optimize_artifact,
 )
@@ -55,35 +56,16 @@ def _fast_step(artifact: Path, capacity: int = 512) -> FastGptStep:
 
 
 def _run_both(artifact: Path, capacity: int, steps: int = 8, seed: int = 1):
-    """Hidden states and code-head logits of plain vs fast graph on a left-padded batch + decode steps."""
+    """Hidden states and code-head logits of plain vs fast graph on a left-padded batch + decode steps
+    (the parity check's own cases, `LeftPaddedSteps`, with the fast step at `capacity`)."""
     d = _dims(artifact)
-    hidden, layers = d["hidden_size"], d["num_hidden_layers"]
-    kv, hd = d["num_key_value_heads"], hidden // d["num_attention_heads"]
     plain = _session(artifact / "gpt.onnx")
     head = _session(artifact / "head_code.onnx")
     fast = _fast_step(artifact, capacity)
-    rng = np.random.default_rng(seed)
-    batch, prompt = 3, 10
-    mask = np.ones((batch, prompt), np.int64)
-    mask[1, :3] = 0
-    mask[2, :6] = 0
-    names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
-    past = [np.zeros((batch, kv, 0, hd), np.float32) for _ in names]
-    fast.reset(batch)
-    emb = rng.standard_normal((batch, prompt, hidden), dtype=np.float32)
+    cases = LeftPaddedSteps(d, batch=3, prompt=10, decode_steps=steps, seed=seed, pads=(0, 3, 6))
     pairs = []
-    for step in range(steps + 1):
-        if step:
-            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-            emb = rng.standard_normal((batch, 1, hidden), dtype=np.float32)
-        pos = np.cumsum(mask, axis=1) - 1
-        pos[mask == 0] = 1
-        pos = pos[:, -emb.shape[1] :]
-        outs = plain.run(None, {"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **dict(zip(names, past, strict=True))})
-        ref, past = outs[0], outs[1:]
-        got = fast(emb, mask, pos)
-        assert fast.past_length == mask.shape[1]
-        valid = mask[:, -emb.shape[1] :].astype(bool)
+    for step, (ref, got, valid) in enumerate(cases.steps(plain, fast)):
+        assert fast.past_length == 10 + step
         ref_logits = head.run(None, {"hidden_states": ref[:, -1]})[0]
         got_logits = head.run(None, {"hidden_states": got[:, -1]})[0]
         pairs.append((ref[valid], got[valid], ref_logits, got_logits))
