@@ -5,7 +5,8 @@ it out of the protobuf: a session then costs no parse copy while it loads (the f
 a 138 MB transient peak gone), and a table read by Gather costs only the rows a request touches
 (the full embedding: 79 MB of RSS inline, 10 MB mapped). The runtime's per-request CPU graphs
 (`artifact.EXTERNAL_DATA_COMPONENTS`) are therefore stored this way by every stage that writes
-them; the numbers are the same, only the files differ.
+them (`artifact.write_component`, the one writer of a component's graph); the numbers are the
+same, only the files differ.
 
 Layout (the ONNX external-data convention, written here rather than by `onnx.save_model` for two
 reasons: onnx neither aligns offsets nor leaves the in-memory model untouched):

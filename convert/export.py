@@ -11,7 +11,8 @@ What happens (see docs/artifact-format.md for the folder layout and graph interf
 1. ChatTTS's own `Chat` is loaded from the checkpoint (`chattts_forge.torch_ref.chat.load_chat`).
 2. Every component (embed, gpt, head_code, head_text, decoder, dvae, dvae_encoder, vocos) is exported with the
    TorchScript exporter (opset 17, dynamic batch/sequence/past axes) from an export-friendly
-   wrapper around ChatTTS's modules (`chattts_forge.convert.modules`).
+   wrapper around ChatTTS's modules (`chattts_forge.convert.modules`), and written as the runtime
+   maps it (`artifact.write_component`: external data for the per-request graphs), hashed once.
 3. Parity, as Optimum validates exports: each graph runs in onnxruntime (CPU) against ChatTTS's
    PyTorch code path on several shapes (batch 1 and 3, past 0 and > 0, short and long); max
    abs/rel errors go into artifact.json; outside 1e-4 abs the conversion fails and writes nothing.
@@ -20,8 +21,8 @@ What happens (see docs/artifact-format.md for the folder layout and graph interf
    kept at the graph boundary; its error against the FP32 graph is measured and recorded (and must
    stay within `FP16_TOLERANCE_REL` of the output's scale); the FP16 folder's `vocos.onnx` and
    `dvae_encoder.onnx` are byte copies of the FP32 ones.
-5. Support files (tokenizer, speaker statistics, DVAE coefficients, homophone map) and
-   artifact.json; every folder is written through `fsutil.atomic_output_dir`, so a failed or
+5. The fused GPT graph (`runtime.fast_gpt_graph.optimize_gpt`), the support files (tokenizer,
+   speaker statistics, DVAE coefficients, homophone map) and artifact.json, written once; every folder is written through `fsutil.atomic_output_dir`, so a failed or
    killed conversion leaves no partial artifact folder.
 """
 
