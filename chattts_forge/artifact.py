@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ SUPPORT_FILES = {
     "homophones": "homophones_map.json",
     "dvae_coef": "dvae_coef.json",
 }
+# Support files the runtime does not read (older artifacts lack them): checked only when present.
+OPTIONAL_SUPPORT_FILES = ("dvae_coef",)
 
 # ---- variants, quantization methods, precisions ----------------------------------------------
 
@@ -551,14 +554,25 @@ def sha256_or_none(value: Any) -> str | None:
     return value if ok else None
 
 
-def recorded_files(meta: ArtifactMeta, components: tuple[str, ...] | None = None) -> dict[str, RecordedFile]:
+def recorded_files(
+    meta: ArtifactMeta,
+    components: tuple[str, ...] | None = None,
+    present: Callable[[str], bool] | None = None,
+) -> dict[str, RecordedFile]:
     """{relative path: RecordedFile} of what artifact.json records: each component's graph and its
-    external data (of `components`, default all), and the support files that have a record."""
+    external data (of `components`, default all), and the support files that have a record.
+
+    `present(rel)` (how a loader sees the folder): a component whose graph is absent is skipped
+    (optional components, dvae_encoder, gpt_fast: the runtime refuses later, naming it, if it needs
+    one); weights beside a graph that records none are listed unrecorded (they are still opened);
+    every support file is listed, recorded or not, but the DVAE coefficients only when present
+    (the runtime does not read them; older artifacts lack them).
+    """
     out: dict[str, RecordedFile] = {}
     for name, info in sorted(meta.components.items()):
-        if components is not None and name not in components:
-            continue
         rel = str(info.get("file", component_file_name(name)))
+        if (components is not None and name not in components) or (present is not None and not present(rel)):
+            continue
         what = f"component '{name}'"
         out[rel] = RecordedFile(rel, size_or_none(info.get("bytes")), sha256_or_none(info.get("sha256")),
                                 ARTIFACT_JSON, what)
@@ -567,14 +581,18 @@ def recorded_files(meta: ArtifactMeta, components: tuple[str, ...] | None = None
             data_rel = (Path(rel).parent / str(data["file"])).as_posix()
             out[data_rel] = RecordedFile(data_rel, size_or_none(data.get("bytes")),
                                          sha256_or_none(data.get("sha256")), ARTIFACT_JSON, what)
-    if components is None:
-        for key in SUPPORT_FILES:
-            record = meta.support_record(key)
-            if record is not None:
-                rel = meta.support_file(key)
-                out[rel] = RecordedFile(rel, size_or_none(record.get("bytes")),
-                                        sha256_or_none(record.get("sha256")), ARTIFACT_JSON,
-                                        f"support file '{key}'")
+        elif present is not None and present(rel + EXTERNAL_DATA_SUFFIX):
+            out[rel + EXTERNAL_DATA_SUFFIX] = RecordedFile(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON, what)
+    if components is not None:
+        return out
+    for key in SUPPORT_FILES:
+        rel, record = meta.support_file(key), meta.support_record(key)
+        if record is None and present is None:
+            continue  # recorded by name only (older artifacts): nothing to check it against
+        if present is not None and key in OPTIONAL_SUPPORT_FILES and not present(rel):
+            continue
+        out[rel] = RecordedFile(rel, size_or_none((record or {}).get("bytes")),
+                                sha256_or_none((record or {}).get("sha256")), ARTIFACT_JSON, f"support file '{key}'")
     return out
 
 

@@ -35,15 +35,13 @@ from pathlib import Path
 
 from chattts_forge.artifact import (
     ARTIFACT_JSON,
-    EXTERNAL_DATA_SUFFIX,
     MISSING,
     SIZE,
-    SUPPORT_FILES,
     ArtifactMeta,
     RecordedFile,
     compare_files,
+    recorded_files,
     sha256_or_none,
-    size_or_none,
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
@@ -104,33 +102,9 @@ def _add(out: dict[str, Expected], entry: Expected) -> None:
 
 
 def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list[Expected]:
-    """The files artifact.json records: every component's graph (and external data), the support files.
-
-    A component whose graph is absent is skipped (optional components: dvae_encoder, gpt_fast); the
-    runtime refuses later, naming it, if it needs one. `present(rel)` says whether a file exists.
-    """
-    out: list[Expected] = []
-    for name, info in sorted(meta.components.items()):
-        rel = str(info.get("file", f"{name}.onnx"))
-        if not present(rel):
-            continue
-        what = f"component '{name}'"
-        out.append(Expected(rel, size_or_none(info.get("bytes")), sha256_or_none(info.get("sha256")), ARTIFACT_JSON,
-                            what))
-        data = info.get("external_data")
-        if isinstance(data, dict) and data.get("file"):
-            data_rel = (Path(rel).parent / str(data["file"])).as_posix()
-            out.append(Expected(data_rel, size_or_none(data.get("bytes")), sha256_or_none(data.get("sha256")),
-                                ARTIFACT_JSON, what))
-        elif present(rel + EXTERNAL_DATA_SUFFIX):  # unrecorded weights beside a graph: still opened
-            out.append(Expected(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON, what))
-    for key in SUPPORT_FILES:
-        rel = meta.support_file(key)
-        record = meta.support_record(key) or {}
-        if present(rel) or key != "dvae_coef":  # the runtime does not read dvae_coef.json; older ones lack it
-            out.append(Expected(rel, size_or_none(record.get("bytes")), sha256_or_none(record.get("sha256")),
-                                ARTIFACT_JSON, f"support file '{key}'"))
-    return out
+    """The files artifact.json records, as a loader sees the folder (`present(rel)`: whether a file
+    exists): `artifact.recorded_files` with `present`."""
+    return list(recorded_files(meta, present=present).values())
 
 
 def published_records(folder: Path) -> list[Expected] | None:
