@@ -86,10 +86,7 @@ class ServerState:
         """Load, verify and warm a version (nothing serves it yet)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        version = ServedVersion(path, max_batch=cfg.max_batch, max_queue=cfg.max_queue, threads=cfg.threads,
-                                provider=cfg.provider, verify=cfg.verify, public_key=cfg.public_key,
-                                phrase_cache=cfg.phrase_cache,
-                                redis_url=cfg.cache_redis, voices=self._voices, seed=cfg.seed)
+        version = ServedVersion(path, cfg, self._voices)
         try:
             phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []
             warmed = version.warm(phrases)
