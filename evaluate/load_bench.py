@@ -252,11 +252,25 @@ def http_body(variant: str, req: LoadRequest) -> dict[str, Any]:
             "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token}
 
 
+def server_cpu_s(client: Any, url: str) -> float | None:
+    """The server process's CPU seconds so far (its /metrics `forge_process_cpu_seconds`; None without it)."""
+    try:
+        text = client.get(url.rstrip("/") + "/metrics", timeout=10).text
+    except Exception:  # noqa: BLE001 - httpx errors: the figure is only missing
+        return None
+    for line in text.splitlines():
+        if line.startswith("forge_process_cpu_seconds "):
+            return float(line.split()[1])
+    return None
+
+
 def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency: int, arrival: Arrival = Arrival(),
-                timeout_s: float = 600.0) -> tuple[list[Outcome], float]:
+                timeout_s: float = 600.0, cpu: dict[str, float | None] | None = None) -> tuple[list[Outcome], float]:
     """Replay `plan` against a server at `url` with real concurrent streaming HTTP clients (one httpx
     connection per request in flight): latency = request sent -> last byte, first audio = request
-    sent -> first audio byte (16-bit PCM: every body byte is audio)."""
+    sent -> first audio byte (16-bit PCM: every body byte is audio). `cpu`, when given, gets the CPU
+    seconds the client process (this one, every thread) and the server process used during the replay
+    (`client_cpu_s`, `server_cpu_s`: both share this machine's cores when the server runs here)."""
     try:
         import httpx
     except ModuleNotFoundError:
@@ -300,9 +314,14 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
             t.start()
             return t
 
+        server0, client0 = server_cpu_s(client, url), time.process_time()
         t0 = time.perf_counter()
         arrival.pace(plan, concurrency, start)
         wall = time.perf_counter() - t0
+        client_s, server1 = time.process_time() - client0, server_cpu_s(client, url)
+        if cpu is not None:
+            cpu["client_cpu_s"] = client_s
+            cpu["server_cpu_s"] = server1 - server0 if server0 is not None and server1 is not None else None
     return [o for o in outcomes if o is not None], wall
 
 
@@ -495,14 +514,18 @@ def _run_level(cfg: LoadBenchConfig, pipe: Pipeline, plan: list[LoadRequest], c:
     http = None
     if cfg.url is not None:
         say(f"concurrency {c}: {cfg.requests} requests over HTTP to {cfg.url} ({cfg.arrival} arrival)")
+        cpu: dict[str, float | None] = {}
         with quiet_logger("httpx"):  # one INFO line per request otherwise
-            h_out, h_wall = replay_http(cfg.url, pipe.artifact.variant, plan, c, cfg.arrivals)
+            h_out, h_wall = replay_http(cfg.url, pipe.artifact.variant, plan, c, cfg.arrivals, cpu=cpu)
         http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
         http.pop("batched_gpt_steps")
+        http.update(cpu)
     say(f"concurrency {c}: {cfg.requests} requests ({cfg.arrival} arrival)" + (" in-process" if cfg.url else ""))
+    cpu0 = time.process_time()
     with quiet_logger():  # every request ends at its max_new_token on purpose
         outcomes, wall, steps = replay(pipe, plan, c, cfg.arrivals, cfg.stream_lookahead, pcache, overlap)
     summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
+    summary["cpu_s"] = time.process_time() - cpu0
     if http is not None:
         summary["http"] = http
         summary["http_vs_in_process_sentences_per_s"] = http["sentences_per_s"] / summary["sentences_per_s"]
@@ -616,7 +639,8 @@ def format_load_table(report: dict[str, Any]) -> str:
             hl, hf = h["latency_s"], h["first_audio_s"]
             lines.append(f"  over HTTP | {h['completed']}/{h['requests']} | {f(hl['p50'])}/{f(hl['p95'])}/{f(hl['p99'])} | "
                          f"{f(hf['p50'])}/{f(hf['p95'])} | {h['sentences_per_s']:.3f} | {h['real_time_streams']:.2f} | "
-                         f"{r['http_vs_in_process_sentences_per_s']:.2f}x in-process sentences/s")
+                         f"{r['http_vs_in_process_sentences_per_s']:.2f}x in-process sentences/s; CPU s: server "
+                         f"{f(h.get('server_cpu_s'))}, client {f(h.get('client_cpu_s'))}, in-process {f(r.get('cpu_s'))}")
         pc = r.get("phrase_cache")
         if pc:
             lines.append(
