@@ -114,3 +114,13 @@ def test_ray_serve_replicas_answer_what_the_plain_server_answers(ray_url: str, p
 def test_ray_serve_refuses_zero_replicas(version: Path) -> None:
     with pytest.raises(ForgeError, match="--replicas must be >= 1"):
         start_ray_serve(ServeConfig(artifact=str(version)), "local", replicas=0)
+
+
+def test_replicas_without_ray_is_a_one_line_error(version: Path) -> None:
+    from click.testing import CliRunner
+
+    from chattts_forge.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--artifact", str(version), "--replicas", "2"])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == (
+        "error: --replicas needs --ray (one server process serves one replica)")
