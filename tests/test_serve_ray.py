@@ -1,9 +1,9 @@
 """`serve --ray`: the same app as a Ray Serve deployment on a real local Ray cluster (the `scale` extra).
 
 The cluster is started here (`ray.init(address="local")`, 2 CPUs, no dashboard, loopback only) with
-two replicas behind Ray Serve's HTTP proxy; the same requests (fixed seeds) are sent through the
-proxy and to a plain `chattts-forge serve` server of the same version, one at a time, and must give
-the same bytes, whole (wav) and streamed (pcm).
+three replicas (each reserves a share of the 2 CPUs) behind Ray Serve's HTTP proxy; the same
+requests (fixed seeds) are sent through the proxy and to a plain `chattts-forge serve` server of the
+same version, one at a time, and must give the same bytes, whole (wav) and streamed (pcm).
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ def ray_url(version: Path) -> Iterator[str]:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     cfg = ServeConfig(artifact=str(version), port=free_port(), threads=1, drain_s=2)
     try:
-        start_ray_serve(cfg, "local", replicas=2)
+        start_ray_serve(cfg, "local", replicas=3)  # 3 on 2 CPUs: each reserves a share of them
         url = f"http://127.0.0.1:{cfg.port}"
         wait_ready(url)
         yield url
-        stop_ray_serve()
+        stop_ray_serve("local")
     finally:
         ray.shutdown()
 
@@ -99,7 +99,7 @@ def test_ray_serve_replicas_answer_what_the_plain_server_answers(ray_url: str, p
 
     status = serve.status().applications["chattts-forge"]
     [deployment] = status.deployments.values()
-    assert deployment.replica_states.get("RUNNING") == 2
+    assert deployment.replica_states.get("RUNNING") == 3
     for body in REQUESTS:
         via_ray, headers = speech(ray_url, body)
         direct, _ = speech(plain, body)

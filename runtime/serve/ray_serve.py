@@ -65,28 +65,34 @@ def build_application(cfg: ServeConfig, replicas: int, replica_cpus: float = 1.0
     return deployment.bind(dataclasses.asdict(cfg))
 
 
-def start_ray_serve(cfg: ServeConfig, address: str, replicas: int, replica_cpus: float = 1.0) -> Any:
+def start_ray_serve(cfg: ServeConfig, address: str, replicas: int) -> Any:
     """Join (or start, "local") the cluster, start Ray Serve's proxy on cfg.host:cfg.port and run the
-    application; returns once every replica is loaded (`ray.serve`, for `stop_ray_serve`)."""
+    application; returns once every replica is loaded (`ray.serve`, for `stop_ray_serve`).
+
+    Each replica reserves one CPU, or an equal share of the cluster's CPUs when it has fewer than
+    `replicas` (so `--ray local --replicas 4` on two cores starts, oversubscribed, instead of waiting)."""
     if replicas < 1:
         raise ForgeError(f"--replicas must be >= 1, got {replicas}")
     serve = import_serve()
-    connect(address)
+    ray = connect(address)
+    replica_cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / replicas)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    log.info("Ray Serve: starting %d replica(s) of %s", replicas, cfg.artifact)
+    log.info("Ray Serve: starting %d replica(s) of %s (%.2g CPU reserved each)", replicas, cfg.artifact, replica_cpus)
     try:
         serve.run(build_application(cfg, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
     except Exception as e:  # Ray raises its own types for a deployment whose replicas failed
-        serve.shutdown()
+        stop_ray_serve(address)
         raise ForgeError(f"Ray Serve could not start {cfg.artifact}: {str(e).strip().splitlines()[-1]}") from None
     return serve
 
 
-def stop_ray_serve() -> None:
-    """Delete the application (replicas drain up to the graceful-shutdown timeout) and stop Serve."""
+def stop_ray_serve(address: str) -> None:
+    """Delete the application (replicas drain up to the graceful-shutdown timeout); on a cluster of
+    our own ("local") also stop Ray Serve (on a shared one, other applications keep running)."""
     serve = import_serve()
     serve.delete(APP_NAME)
-    serve.shutdown()
+    if address == "local":
+        serve.shutdown()
 
 
 def serve_on_ray(cfg: ServeConfig, address: str, replicas: int) -> None:
@@ -99,4 +105,4 @@ def serve_on_ray(cfg: ServeConfig, address: str, replicas: int) -> None:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("stopping: deleting the Ray Serve application (replicas drain up to %.0f s)", cfg.drain_s)
-    stop_ray_serve()
+    stop_ray_serve(address)
