@@ -119,15 +119,14 @@ def bench(
         raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap and --url belong to the load "
                          "benchmark (--load)")
     if load:
-        from chattts_forge.evaluate.load_bench import format_load_table, run_load_bench
+        from chattts_forge.evaluate.load_bench import LoadBenchConfig, format_load_table, run_load_bench
 
-        report = run_load_bench(
+        report = run_load_bench(LoadBenchConfig(
             artifact, concurrency=_batches(concurrency, "--concurrency"), requests=requests, arrival=arrival,
             rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
             baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
             phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache, decode_overlap=decode_overlap,
-            url=url, json_out=json_out, progress=lambda msg: click.echo(msg, err=True),
-        )
+            url=url, json_out=json_out), progress=lambda msg: click.echo(msg, err=True))
         click.echo(format_load_table(report))
         if json_out:
             click.echo(f"wrote {json_out}")

@@ -152,9 +152,35 @@ class Outcome:
     samples: int | None = None  # audio samples received (over HTTP, where no Result exists)
 
 
-def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arrival: str = "closed",
-           rate: float | None = None, seed: int = 0, lookahead: int | None = None,
-           cache: PipelineCache | None = None, decode_overlap: bool | None = None) -> tuple[list[Outcome], float, int]:
+@dataclass(frozen=True)
+class Arrival:
+    """How requests arrive: `closed` (concurrency in flight) or `poisson` at `rate` per second (drawn with `seed`)."""
+
+    kind: str = "closed"
+    rate: float | None = None
+    seed: int = 0
+
+    def pace(self, requests: Sequence[LoadRequest], concurrency: int,
+             start: Callable[[LoadRequest, Callable[[], None] | None], threading.Thread]) -> None:
+        """Start every request (`start(req, done)`) as the arrival says, then wait for them all."""
+        rng = np.random.default_rng(self.seed)
+        threads = []
+        if self.kind == "closed":
+            slots = threading.Semaphore(concurrency)
+            for req in requests:
+                slots.acquire()
+                threads.append(start(req, slots.release))
+        else:
+            for req in requests:
+                threads.append(start(req, None))
+                time.sleep(float(rng.exponential(1.0 / self.rate)))
+        for t in threads:
+            t.join()
+
+
+def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arrival: Arrival = Arrival(),
+           lookahead: int | None = None, cache: PipelineCache | None = None,
+           decode_overlap: bool | None = None) -> tuple[list[Outcome], float, int]:
     """Replay `plan` at one concurrency: (an Outcome per request in plan order, wall seconds, batched
     GPT steps). Scheduled requests run through a `Scheduler(max_batch=concurrency,
     decode_worker=decode_overlap)`; hits are looked up in `cache` on a thread of their own (a service's
@@ -164,7 +190,6 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     if any(r.hit for r in plan) and cache is None:
         raise ForgeError("the plan has cache hits but no phrase cache was given")
     outcomes: list[Outcome | None] = [None] * len(plan)
-    rng = np.random.default_rng(seed)
 
     with Scheduler(pipe, max_batch=concurrency, max_queue=len(plan), lookahead_frames=lookahead,
                    decode_worker=decode_overlap) as sched:
@@ -214,18 +239,7 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
             return t
 
         t0 = time.perf_counter()
-        threads = []
-        if arrival == "closed":
-            slots = threading.Semaphore(concurrency)
-            for req in plan:
-                slots.acquire()
-                threads.append(start(req, slots.release))
-        else:
-            for req in plan:
-                threads.append(start(req, None))
-                time.sleep(float(rng.exponential(1.0 / rate)))
-        for t in threads:
-            t.join()
+        arrival.pace(plan, concurrency, start)
         wall = time.perf_counter() - t0
         gpt_steps = sched.steps
     return [o for o in outcomes if o is not None], wall, gpt_steps
@@ -238,11 +252,25 @@ def http_body(variant: str, req: LoadRequest) -> dict[str, Any]:
             "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token}
 
 
-def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency: int, arrival: str = "closed",
-                rate: float | None = None, seed: int = 0, timeout_s: float = 600.0) -> tuple[list[Outcome], float]:
+def server_cpu_s(client: Any, url: str) -> float | None:
+    """The server process's CPU seconds so far (its /metrics `forge_process_cpu_seconds`; None without it)."""
+    try:
+        text = client.get(url.rstrip("/") + "/metrics", timeout=10).text
+    except Exception:  # noqa: BLE001 - httpx errors: the figure is only missing
+        return None
+    for line in text.splitlines():
+        if line.startswith("forge_process_cpu_seconds "):
+            return float(line.split()[1])
+    return None
+
+
+def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency: int, arrival: Arrival = Arrival(),
+                timeout_s: float = 600.0, cpu: dict[str, float | None] | None = None) -> tuple[list[Outcome], float]:
     """Replay `plan` against a server at `url` with real concurrent streaming HTTP clients (one httpx
     connection per request in flight): latency = request sent -> last byte, first audio = request
-    sent -> first audio byte (16-bit PCM: every body byte is audio)."""
+    sent -> first audio byte (16-bit PCM: every body byte is audio). `cpu`, when given, gets the CPU
+    seconds the client process (this one, every thread) and the server process used during the replay
+    (`client_cpu_s`, `server_cpu_s`: both share this machine's cores when the server runs here)."""
     try:
         import httpx
     except ModuleNotFoundError:
@@ -253,7 +281,6 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
     except httpx.HTTPError as e:
         raise ForgeError(f"--url {url}: the server is not ready ({e})") from None
     outcomes: list[Outcome | None] = [None] * len(plan)
-    rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     with httpx.Client(timeout=timeout_s, limits=limits) as client:
 
@@ -275,28 +302,26 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
                 return
             outcomes[req.index] = Outcome(req.index, False, time.perf_counter() - asked, first, samples=samples)
 
-        threads: list[threading.Thread] = []
-        t0 = time.perf_counter()
-        slots = threading.Semaphore(concurrency)
-        for req in plan:
-            if arrival == "closed":
-                slots.acquire()
-
-            def run(req: LoadRequest = req) -> None:
+        def start(req: LoadRequest, done: Callable[[], None] | None) -> threading.Thread:
+            def run() -> None:
                 try:
                     one(req)
                 finally:
-                    if arrival == "closed":
-                        slots.release()
+                    if done is not None:
+                        done()
 
             t = threading.Thread(target=run, daemon=True)
             t.start()
-            threads.append(t)
-            if arrival != "closed":
-                time.sleep(float(rng.exponential(1.0 / rate)))
-        for t in threads:
-            t.join()
+            return t
+
+        server0, client0 = server_cpu_s(client, url), time.process_time()
+        t0 = time.perf_counter()
+        arrival.pace(plan, concurrency, start)
         wall = time.perf_counter() - t0
+        client_s, server1 = time.process_time() - client0, server_cpu_s(client, url)
+        if cpu is not None:
+            cpu["client_cpu_s"] = client_s
+            cpu["server_cpu_s"] = server1 - server0 if server0 is not None and server1 is not None else None
     return [o for o in outcomes if o is not None], wall
 
 
@@ -368,135 +393,169 @@ def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threa
     }
 
 
-def run_load_bench(
-    artifact: str | os.PathLike[str],
-    *,
-    concurrency: Sequence[int] = (1, 4, 8),
-    requests: int = 16,
-    arrival: str = "closed",
-    rate: float | None = None,
-    corpus: str = "builtin:evaluation",
-    baseline: str | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    baseline_requests: int = 4,
-    threads: int = 2,
-    seed: int = 0,
-    stream_lookahead: int | None = None,
-    phrase_cache_hit_ratio: float | None = None,
-    phrase_cache: str | os.PathLike[str] | None = None,
-    decode_overlap: bool | None = None,
-    url: str | None = None,
-    json_out: str | os.PathLike[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run the load benchmark (see the module docstring); returns the report, written to `json_out`.
+@dataclass
+class LoadBenchConfig:
+    """What `bench --load` takes (see `run_load_bench` and the module docstring).
 
     `phrase_cache_hit_ratio` (0..1): that share of the requests are served from a warm phrase cache,
     `phrase_cache` (a file) or one built from their sentences. `decode_overlap`: the scheduler's
     Decoder + Vocos on its worker thread, overlapping the GPT steps (None: the scheduler's default).
-    `url`: a `chattts-forge serve` server serving `artifact` (as its model or one of its variants): each
-    concurrency is replayed over HTTP first (`replay_http`; the report's `http` figures), then in-process
-    (the figures beside them), so the two are of the same run and machine; phrase-cache hits are not
-    replayed over HTTP (the server's own cache decides what hits)."""
+    `url`: a `chattts-forge serve` server serving `artifact` (as its model or one of its variants)."""
+
+    artifact: str | os.PathLike[str]
+    concurrency: Sequence[int] = (1, 4, 8)
+    requests: int = 16
+    arrival: str = "closed"
+    rate: float | None = None
+    corpus: str = "builtin:evaluation"
+    baseline: str | None = None
+    checkpoint: str | os.PathLike[str] | None = None
+    baseline_requests: int = 4
+    threads: int = 2
+    seed: int = 0
+    stream_lookahead: int | None = None
+    phrase_cache_hit_ratio: float | None = None
+    phrase_cache: str | os.PathLike[str] | None = None
+    decode_overlap: bool | None = None
+    url: str | None = None
+    json_out: str | os.PathLike[str] | None = None
+
+    @property
+    def levels(self) -> list[int]:
+        return sorted({int(c) for c in self.concurrency})
+
+    @property
+    def arrivals(self) -> Arrival:
+        return Arrival(self.arrival, self.rate, self.seed)
+
+    def check(self) -> None:
+        """A ForgeError naming the first option that cannot be run."""
+        levels = self.levels
+        if not levels or levels[0] < 1:
+            raise ForgeError("--concurrency takes values >= 1")
+        if self.requests < 1:
+            raise ForgeError("--requests must be >= 1")
+        if self.arrival not in ARRIVALS:
+            raise ForgeError(f"unknown arrival '{self.arrival}' (choose from: {', '.join(ARRIVALS)})")
+        rate = self.rate
+        if self.arrival == "poisson" and not (rate is not None and rate > 0 and math.isfinite(rate)):
+            raise ForgeError("--arrival poisson needs --rate R (requests per second, > 0)")
+        if self.baseline not in (None, "pytorch"):
+            raise ForgeError(f"unknown baseline '{self.baseline}' (pytorch or none)")
+        check_hit_ratio(self.phrase_cache_hit_ratio)
+        if self.url is not None and self.phrase_cache_hit_ratio is not None:
+            raise ForgeError("--url replays scheduled requests only (the server's phrase cache decides its hits); "
+                             "drop --phrase-cache-hit-ratio")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ForgeError(f"--url must be http://HOST:PORT, got {self.url!r}")
+        if self.phrase_cache is not None and self.phrase_cache_hit_ratio is None:
+            raise ForgeError("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
+
+    def baseline_checkpoint(self, art: Path) -> Path | None:
+        """The PyTorch baseline's checkpoint (None without a baseline); ForgeError when none is known."""
+        if self.baseline != "pytorch":
+            return None
+        from chattts_forge.evaluate.bench import _default_checkpoint
+
+        ckpt = Path(self.checkpoint).expanduser() if self.checkpoint is not None else _default_checkpoint(art)
+        if ckpt is None:
+            raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
+        return ckpt
+
+
+def run_load_bench(cfg: LoadBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the load benchmark (see the module docstring); returns the report, written to `cfg.json_out`.
+
+    With `cfg.url`, each concurrency is replayed over HTTP first (`replay_http`; the report's `http`
+    figures), then in-process (the figures beside them), so the two are of the same run and machine;
+    phrase-cache hits are not replayed over HTTP (the server's own cache decides what hits)."""
     from chattts_forge.fsutil import atomic_write_json
     from chattts_forge.runtime.pipeline import Pipeline
     from chattts_forge.runtime.scheduler import default_decode_worker
     from chattts_forge.runtime.timing import peak_rss_bytes
 
     say = progress or (lambda msg: log.info("%s", msg))
-    art = Path(artifact).expanduser()
-    levels = sorted({int(c) for c in concurrency})
-    if not levels or levels[0] < 1:
-        raise ForgeError("--concurrency takes values >= 1")
-    if requests < 1:
-        raise ForgeError("--requests must be >= 1")
-    if arrival not in ARRIVALS:
-        raise ForgeError(f"unknown arrival '{arrival}' (choose from: {', '.join(ARRIVALS)})")
-    if arrival == "poisson" and not (rate is not None and rate > 0 and math.isfinite(rate)):
-        raise ForgeError("--arrival poisson needs --rate R (requests per second, > 0)")
-    if baseline not in (None, "pytorch"):
-        raise ForgeError(f"unknown baseline '{baseline}' (pytorch or none)")
-    check_hit_ratio(phrase_cache_hit_ratio)
-    if url is not None and phrase_cache_hit_ratio is not None:
-        raise ForgeError("--url replays scheduled requests only (the server's phrase cache decides its hits); "
-                         "drop --phrase-cache-hit-ratio")
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ForgeError(f"--url must be http://HOST:PORT, got {url!r}")
-    if phrase_cache is not None and phrase_cache_hit_ratio is None:
-        raise ForgeError("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
-    ckpt = None
-    if baseline == "pytorch":
-        from chattts_forge.evaluate.bench import _default_checkpoint
-
-        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else _default_checkpoint(art)
-        if ckpt is None:
-            raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
-    reqs = corpus_requests(corpus, requests, seed)
-    pipe = Pipeline(art, threads=threads, engine="fast")
-    overlap = default_decode_worker(pipe) if decode_overlap is None else decode_overlap
+    art = Path(cfg.artifact).expanduser()
+    cfg.check()
+    ckpt = cfg.baseline_checkpoint(art)
+    reqs = corpus_requests(cfg.corpus, cfg.requests, cfg.seed)
+    pipe = Pipeline(art, threads=cfg.threads, engine="fast")
+    overlap = default_decode_worker(pipe) if cfg.decode_overlap is None else cfg.decode_overlap
     with tempfile.TemporaryDirectory(prefix="forge-load-cache-") as scratch:
-        plan, pcache, cache_info = plan_with_cache(pipe, art, reqs, seed, phrase_cache_hit_ratio,
-                                                    phrase_cache, Path(scratch), say)
+        plan, pcache, cache_info = plan_with_cache(pipe, art, reqs, cfg.seed, cfg.phrase_cache_hit_ratio,
+                                                    cfg.phrase_cache, Path(scratch), say)
         try:
             say(f"warm-up: {art.name}")
             pipe.synthesize([reqs[0][0]], _warm_params())
-            results = []
-            for c in levels:
-                http = None
-                if url is not None:
-                    say(f"concurrency {c}: {requests} requests over HTTP to {url} ({arrival} arrival)")
-                    with quiet_logger("httpx"):  # one INFO line per request otherwise
-                        h_out, h_wall = replay_http(url, pipe.artifact.variant, plan, c, arrival, rate, seed)
-                    http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, phrase_cache_hit_ratio)
-                    http.pop("batched_gpt_steps")
-                say(f"concurrency {c}: {requests} requests ({arrival} arrival)" + (" in-process" if url else ""))
-                with quiet_logger():  # every request ends at its max_new_token on purpose
-                    outcomes, wall, steps = replay(pipe, plan, c, arrival, rate, seed, stream_lookahead, pcache,
-                                                   overlap)
-                summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, phrase_cache_hit_ratio)
-                if http is not None:
-                    summary["http"] = http
-                    summary["http_vs_in_process_sentences_per_s"] = http["sentences_per_s"] / summary["sentences_per_s"]
-                results.append(summary)
+            results = [_run_level(cfg, pipe, plan, c, pcache, overlap, say) for c in cfg.levels]
         finally:
             if pcache is not None:
                 pcache.cache.close()
     runtime_peak = peak_rss_bytes()  # before torch is loaded: the runtime's own figure
     base = None
     if ckpt is not None:
-        n = max(1, min(baseline_requests, len(reqs)))
+        n = max(1, min(cfg.baseline_requests, len(reqs)))
         say(f"ChatTTS PyTorch, sequential: {n} requests")
-        base = _pytorch_sequential(ckpt, reqs[:n], threads)
+        base = _pytorch_sequential(ckpt, reqs[:n], cfg.threads)
     for r in results:
         r["sentences_per_s_vs_pytorch"] = r["sentences_per_s"] / base["sentences_per_s"] if base else None
+    report = _report(cfg, pipe, art, plan, overlap, results, runtime_peak, base)
+    if cache_info is not None:
+        report["phrase_cache"] = cache_info
+    if cfg.json_out is not None:
+        atomic_write_json(cfg.json_out, report)
+        log.info("wrote %s", cfg.json_out)
+    return report
+
+
+def _run_level(cfg: LoadBenchConfig, pipe: Pipeline, plan: list[LoadRequest], c: int, pcache: PipelineCache | None,
+               overlap: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """One concurrency's summary: over HTTP first when `cfg.url` (its `http` figures), then in-process."""
+    http = None
+    if cfg.url is not None:
+        say(f"concurrency {c}: {cfg.requests} requests over HTTP to {cfg.url} ({cfg.arrival} arrival)")
+        cpu: dict[str, float | None] = {}
+        with quiet_logger("httpx"):  # one INFO line per request otherwise
+            h_out, h_wall = replay_http(cfg.url, pipe.artifact.variant, plan, c, cfg.arrivals, cpu=cpu)
+        http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
+        http.pop("batched_gpt_steps")
+        http.update(cpu)
+    say(f"concurrency {c}: {cfg.requests} requests ({cfg.arrival} arrival)" + (" in-process" if cfg.url else ""))
+    cpu0 = time.process_time()
+    with quiet_logger():  # every request ends at its max_new_token on purpose
+        outcomes, wall, steps = replay(pipe, plan, c, cfg.arrivals, cfg.stream_lookahead, pcache, overlap)
+    summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
+    summary["cpu_s"] = time.process_time() - cpu0
+    if http is not None:
+        summary["http"] = http
+        summary["http_vs_in_process_sentences_per_s"] = http["sentences_per_s"] / summary["sentences_per_s"]
+    return summary
+
+
+def _report(cfg: LoadBenchConfig, pipe: Pipeline, art: Path, plan: list[LoadRequest], overlap: bool,
+            results: list[dict[str, Any]], runtime_peak: int | None, base: dict[str, Any] | None) -> dict[str, Any]:
     mb = 1 / (1 << 20)
     meta = pipe.artifact.meta
-    report = {
+    return {
         "schema": SCHEMA,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "artifact": {"path": str(art), "variant": meta.variant,
                      "kv_cache": (meta.components.get(FAST_GPT) or {}).get("kv_cache", {}).get("dtype", "float32")},
-        "settings": {"concurrency": levels, "requests": requests, "arrival": arrival, "rate": rate, "corpus": corpus,
-                     "url": url,
-                     "seed": seed, "threads": threads, "stream_lookahead_frames": stream_lookahead,
+        "settings": {"concurrency": cfg.levels, "requests": cfg.requests, "arrival": cfg.arrival, "rate": cfg.rate,
+                     "corpus": cfg.corpus, "url": cfg.url,
+                     "seed": cfg.seed, "threads": cfg.threads, "stream_lookahead_frames": cfg.stream_lookahead,
                      "lengths": "EOS masked up to speech_steps(text), then ended",
                      "request_steps": [r.steps for r in plan],
-                     "phrase_cache_hit_ratio": phrase_cache_hit_ratio,
+                     "phrase_cache_hit_ratio": cfg.phrase_cache_hit_ratio,
                      "decode_overlap": overlap,
                      "decode_overlap_asked": "default (on when intra-op threads < usable cores)"
-                     if decode_overlap is None else decode_overlap},
+                     if cfg.decode_overlap is None else cfg.decode_overlap},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
         "results": {str(r["concurrency"]): r for r in results},
         "runtime_peak_rss_mb": runtime_peak * mb if runtime_peak else None,
         "baseline": base,
     }
-    if cache_info is not None:
-        report["phrase_cache"] = cache_info
-    if json_out is not None:
-        atomic_write_json(json_out, report)
-        log.info("wrote %s", json_out)
-    return report
 
 
 def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed: int,
@@ -580,7 +639,8 @@ def format_load_table(report: dict[str, Any]) -> str:
             hl, hf = h["latency_s"], h["first_audio_s"]
             lines.append(f"  over HTTP | {h['completed']}/{h['requests']} | {f(hl['p50'])}/{f(hl['p95'])}/{f(hl['p99'])} | "
                          f"{f(hf['p50'])}/{f(hf['p95'])} | {h['sentences_per_s']:.3f} | {h['real_time_streams']:.2f} | "
-                         f"{r['http_vs_in_process_sentences_per_s']:.2f}x in-process sentences/s")
+                         f"{r['http_vs_in_process_sentences_per_s']:.2f}x in-process sentences/s; CPU s: server "
+                         f"{f(h.get('server_cpu_s'))}, client {f(h.get('client_cpu_s'))}, in-process {f(r.get('cpu_s'))}")
         pc = r.get("phrase_cache")
         if pc:
             lines.append(

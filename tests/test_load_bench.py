@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.load_bench import (
+    LoadBenchConfig,
     corpus_requests,
     hit_indices,
     plan_requests,
@@ -87,9 +88,9 @@ def test_load_bench_reports_every_concurrency_with_baseline(tiny_artifacts, tiny
 
 def test_load_bench_refusals(tiny_artifacts):
     with pytest.raises(ForgeError, match="needs --rate"):
-        run_load_bench(tiny_artifacts["fp32"], arrival="poisson", requests=1)
+        run_load_bench(LoadBenchConfig(tiny_artifacts["fp32"], arrival="poisson", requests=1))
     with pytest.raises(ForgeError, match="--requests"):
-        run_load_bench(tiny_artifacts["fp32"], requests=0)
+        run_load_bench(LoadBenchConfig(tiny_artifacts["fp32"], requests=0))
 
 
 # ---- --phrase-cache-hit-ratio ----------------------------------------------------------------------
@@ -171,8 +172,8 @@ def test_load_bench_replays_a_given_phrase_cache(tiny_artifacts, tmp_path):
     phrases.write_text("请稍等。\nPlease hold on.\n", encoding="utf-8")
     params = SynthParams(code=InferCodeParams(seed=5, max_new_token=16))
     built = build_phrase_cache(art, phrases, tmp_path / "c.bin", params, threads=1)
-    report = run_load_bench(art, concurrency=(1,), requests=3, threads=1, phrase_cache_hit_ratio=1.0,
-                            phrase_cache=built["path"])
+    report = run_load_bench(LoadBenchConfig(art, concurrency=(1,), requests=3, threads=1, phrase_cache_hit_ratio=1.0,
+                                            phrase_cache=built["path"]))
     pc = report["results"]["1"]["phrase_cache"]
     assert (pc["hits"], pc["misses"]) == (3, 0) and report["results"]["1"]["batched_gpt_steps"] == 0
     assert report["phrase_cache"]["file"] == built["path"] and report["phrase_cache"]["phrases"] == 2
@@ -182,7 +183,8 @@ def test_load_bench_replays_a_given_phrase_cache(tiny_artifacts, tmp_path):
     with open(other / "artifact.json", "a", encoding="utf-8") as f:
         f.write("\n")
     with pytest.raises(ForgeError, match="built for other artifacts"):
-        run_load_bench(other, concurrency=(1,), requests=1, phrase_cache_hit_ratio=0.5, phrase_cache=built["path"])
+        run_load_bench(LoadBenchConfig(other, concurrency=(1,), requests=1, phrase_cache_hit_ratio=0.5,
+                                       phrase_cache=built["path"]))
 
 
 def test_phrase_cache_hit_ratio_refusals(tiny_artifacts, tmp_path):
@@ -193,7 +195,7 @@ def test_phrase_cache_hit_ratio_refusals(tiny_artifacts, tmp_path):
         assert result.exit_code == 2, result.output
         assert result.output.strip().splitlines()[-1] == f"error: --phrase-cache-hit-ratio must lie in [0, 1], got {float(bad)}"
     with pytest.raises(ForgeError, match="--phrase-cache needs --phrase-cache-hit-ratio"):
-        run_load_bench(art, requests=1, phrase_cache=tmp_path / "c.bin")
+        run_load_bench(LoadBenchConfig(art, requests=1, phrase_cache=tmp_path / "c.bin"))
     result = CliRunner().invoke(main, ["bench", "--artifact", art, "--phrase-cache-hit-ratio", "0.5"])
     assert result.exit_code == 2 and "belong to the load benchmark (--load)" in result.output
 

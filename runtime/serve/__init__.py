@@ -6,7 +6,8 @@
 - `redis_cache`: the optional phrase cache shared by replicas;
 - `requests`: the OpenAI and ChatTTS-native request bodies, checked by type and range;
 - `metrics`: Prometheus metrics; `app`: the Starlette app and the version swaps; `server`: uvicorn
-  with SIGTERM drain and SIGHUP reload; `cli`: the command.
+  with SIGTERM drain and SIGHUP reload; `config`: `ServeConfig`; `cli`: the command;
+- `ray_serve`: the same app as a Ray Serve deployment (`--ray`; the scale extra, imported only then).
 
 Needs the `serve` extra (starlette, uvicorn, prometheus-client; redis for --cache-redis). See
 docs/serving.md "The server".

@@ -35,7 +35,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import numpy as np
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.scheduler import Handle, QueueFullError
+from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion, load_voices
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
 from chattts_forge.runtime.serve.metrics import Metrics
@@ -52,33 +53,6 @@ from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, pars
 log = get_logger(__name__)
 
 _WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadline and its client
-
-
-@dataclass
-class ServeConfig:
-    """What `chattts-forge serve` takes (see its --help)."""
-
-    artifact: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch: int = 8
-    max_queue: int = 64
-    threads: int | None = None
-    provider: str = "cpu"
-    verify: str = "sha256"
-    public_key: str | None = None
-    voices_file: str | None = None
-    phrase_cache: str | None = None
-    cache_redis: str | None = None
-    seed: int = 0
-    deadline_s: float = 300.0
-    max_input_chars: int = 4096
-    admin_token: str | None = None
-    canary_share: float = 0.0
-    drain_s: float = 30.0
-    warm_phrases: int = 8
-    retry_after_s: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ServerState:
@@ -112,10 +86,7 @@ class ServerState:
         """Load, verify and warm a version (nothing serves it yet)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        version = ServedVersion(path, max_batch=cfg.max_batch, max_queue=cfg.max_queue, threads=cfg.threads,
-                                provider=cfg.provider, verify=cfg.verify, public_key=cfg.public_key,
-                                phrase_cache=cfg.phrase_cache,
-                                redis_url=cfg.cache_redis, voices=self._voices, seed=cfg.seed)
+        version = ServedVersion(path, cfg, self._voices)
         try:
             phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []
             warmed = version.warm(phrases)
@@ -234,129 +205,176 @@ def _error(status: int, message: str, kind: str, param: str | None = None, heade
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(state: ServerState, load_in_background: bool = True):
-    """The Starlette app serving `state` (loading its version at startup unless already loaded)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
+@dataclass
+class _Job:
+    """A queued miss being answered (its stream or its whole response)."""
 
-    metrics = state.metrics
-    cfg = state.cfg
+    endpoint: str
+    req: SpeechRequest
+    prep: Prepared
+    version: ServedVersion
+    handle: Handle
+    waiter: _Waiter
+    t0: float
+    deadline: float
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        if state.current is None and load_in_background:
-            threading.Thread(target=state.load_initial, name="forge-load", daemon=True).start()
-        yield
-        await asyncio.get_running_loop().run_in_executor(None, state.shutdown)
 
-    def count(endpoint: str, status: int) -> None:
-        metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+class _Handlers:
+    """The app's endpoints over one ServerState (bound methods are the routes)."""
 
-    def fail(endpoint: str, status: int, message: str, kind: str, param: str | None = None,
-             headers: dict[str, str] | None = None):
-        metrics.errors.labels(kind=kind).inc()
-        count(endpoint, status)
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.cfg = state.cfg
+        self.metrics = state.metrics
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        return [
+            Route("/v1/audio/speech", self.speech_openai, methods=["POST"]),
+            Route("/v1/chattts/speech", self.speech_native, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/voices", self.voices, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            Route("/admin/reload", self.admin_reload, methods=["POST"]),
+            Route("/admin/promote", self.admin_promote, methods=["POST"]),
+            Route("/admin/rollback", self.admin_rollback, methods=["POST"]),
+        ]
+
+    def exception_handlers(self) -> dict[Any, Any]:
+        return {404: self.not_found, 405: self.method_not_allowed, Exception: self.internal}
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def count(self, endpoint: str, status: int) -> None:
+        self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def fail(self, endpoint: str, status: int, message: str, kind: str, param: str | None = None,
+             headers: dict[str, str] | None = None) -> Any:
+        self.metrics.errors.labels(kind=kind).inc()
+        self.count(endpoint, status)
         return _error(status, message, kind, param, headers)
 
-    async def read_json(request: Request) -> Any:
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.cfg.retry_after_s)}
+
+    @staticmethod
+    async def read_json(request: Any) -> Any:
         raw = await request.body()
         try:
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise BadRequest(f"the body is not valid JSON ({e})") from None
 
-    async def speech_openai(request: Request):
-        return await speech(request, "openai")
+    # ---- speech -----------------------------------------------------------------------------
 
-    async def speech_native(request: Request):
-        return await speech(request, "native")
+    async def speech_openai(self, request: Any) -> Any:
+        return await self.speech(request, "openai")
 
-    async def speech(request: Request, kind: str):
+    async def speech_native(self, request: Any) -> Any:
+        return await self.speech(request, "native")
+
+    async def speech(self, request: Any, kind: str) -> Any:
+        """Check, prepare and queue one request; answer a hit whole, a miss streamed or whole."""
+        state = self.state
         endpoint = "/v1/audio/speech" if kind == "openai" else "/v1/chattts/speech"
         t0 = time.perf_counter()
         if not state.ready or state.draining or state.current is None:
             why = "the server is draining" if state.draining else state.load_error or "the model is still loading"
-            return fail(endpoint, 503, why, "not_ready", headers={"Retry-After": str(cfg.retry_after_s)})
+            return self.fail(endpoint, 503, why, "not_ready", headers=self.retry_after())
         version = state.acquire()
-        ended = False
         try:
-            body = await read_json(request)
-            if kind == "openai":
-                req = parse_openai(body, version.default_params, cfg.max_input_chars)
-            else:
-                req = parse_native(body, cfg.max_input_chars)
-            if req.params.code.spk_emb is None:
-                spk = version.speaker_for(req.voice)
-                req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))
+            req = await self._parse(request, kind, version)
         except ForgeError as e:
             version.end()
-            return fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
         except BaseException:
             version.end()
             raise
+        streaming = False
         try:
-            loop = asyncio.get_running_loop()
-            try:
-                prep = await loop.run_in_executor(None, version.prepare, req.text, req.params, req.model)
-            except ForgeError as e:
-                return fail(endpoint, 400, str(e), "bad_request")
-            deadline = t0 + (req.deadline_s if req.deadline_s is not None else cfg.deadline_s)
-            if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
-                metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
-                return _whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
-            metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
-            try:
-                handle = version.submit(prep)
-            except QueueFullError as e:
-                return fail(endpoint, 429, str(e), "queue_full", headers={"Retry-After": str(cfg.retry_after_s)})
-            except ForgeError as e:  # the scheduler closed (a swap raced this request)
-                return fail(endpoint, 503, str(e), "not_ready", headers={"Retry-After": str(cfg.retry_after_s)})
-            waiter = _Waiter(handle, loop)
-            try:
-                if not req.stream:
-                    await waiter.until_done(deadline, request)
-                    result = handle.result()
-                    wav = await loop.run_in_executor(None, version.whole_wav, prep, result)
-                    return _whole(endpoint, req, prep, wav, version, t0, cached=False)
-                first = await waiter.next(deadline, request)
-            except _Deadline:
-                handle.cancel()
-                return fail(endpoint, 504, f"request deadline of {deadline - t0:.1f} s passed before any audio",
-                            "deadline")
-            except _Disconnected:
-                handle.cancel()
-                metrics.errors.labels(kind="disconnect").inc()
-                return Response(status_code=499)
-            except ForgeError as e:
-                return fail(endpoint, 500, str(e), "internal")
-            ended = True  # the stream below ends the request
-            return StreamingResponse(_stream(endpoint, req, prep, version, handle, waiter, first, t0, deadline),
-                                     media_type="text/event-stream" if req.stream_format == "sse"
-                                     else content_type(req.response_format),
-                                     headers=_headers(version, prep, cached=False))
+            response = await self._answer(request, endpoint, req, version, t0)
+            streaming = isinstance(response, _StreamStarted)
+            return response.response if streaming else response
         finally:
-            if not ended:
+            if not streaming:  # a started stream ends the request itself
                 version.end()
 
-    def _whole(endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
-               t0: float, cached: bool):
+    async def _parse(self, request: Any, kind: str, version: ServedVersion) -> SpeechRequest:
+        body = await self.read_json(request)
+        if kind == "openai":
+            req = parse_openai(body, version.default_params, self.cfg.max_input_chars)
+        else:
+            req = parse_native(body, self.cfg.max_input_chars)
+        if req.params.code.spk_emb is None:
+            spk = version.speaker_for(req.voice)
+            req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))
+        return req
+
+    async def _answer(self, request: Any, endpoint: str, req: SpeechRequest, version: ServedVersion,
+                      t0: float) -> Any:
+        """The response of a parsed request (a `_StreamStarted` once a stream owns the request's end)."""
+        from starlette.responses import Response, StreamingResponse
+
+        loop = asyncio.get_running_loop()
+        try:
+            prep = await loop.run_in_executor(None, version.prepare, req.text, req.params, req.model)
+        except ForgeError as e:
+            return self.fail(endpoint, 400, str(e), "bad_request")
+        deadline = t0 + (req.deadline_s if req.deadline_s is not None else self.cfg.deadline_s)
+        if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
+            self.metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
+            return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
+        self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
+        try:
+            handle = version.submit(prep)
+        except QueueFullError as e:
+            return self.fail(endpoint, 429, str(e), "queue_full", headers=self.retry_after())
+        except ForgeError as e:  # the scheduler closed (a swap raced this request)
+            return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
+        job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline)
+        try:
+            if not req.stream:
+                await job.waiter.until_done(deadline, request)
+                wav = await loop.run_in_executor(None, version.whole_wav, prep, handle.result())
+                return self._whole(endpoint, req, prep, wav, version, t0, cached=False)
+            first = await job.waiter.next(deadline, request)
+        except _Deadline:
+            handle.cancel()
+            return self.fail(endpoint, 504, f"request deadline of {deadline - t0:.1f} s passed before any audio",
+                             "deadline")
+        except _Disconnected:
+            handle.cancel()
+            self.metrics.errors.labels(kind="disconnect").inc()
+            return Response(status_code=499)
+        except ForgeError as e:
+            return self.fail(endpoint, 500, str(e), "internal")
+        media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
+        return _StreamStarted(StreamingResponse(self._stream(job, first), media_type=media,
+                                                headers=_headers(version, prep, cached=False)))
+
+    def _whole(self, endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
+               t0: float, cached: bool) -> Any:
+        from starlette.responses import Response
+
         sr = version.pipes[prep.variant].sample_rate
         data = encode_whole(wav, sr, req.response_format)
         took = time.perf_counter() - t0
-        metrics.first_audio.observe(took)
-        metrics.served(took, len(wav) / sr, cached)
-        count(endpoint, 200)
+        self.metrics.first_audio.observe(took)
+        self.metrics.served(took, len(wav) / sr, cached)
+        self.count(endpoint, 200)
         headers = _headers(version, prep, cached)
         if req.stream_format == "sse":
             events = _sse_delta(data) + _sse_done(len(req.text), len(wav))
             return Response(events, media_type="text/event-stream", headers=headers)
         return Response(data, media_type=content_type(req.response_format), headers=headers)
 
-    async def _stream(endpoint: str, req: SpeechRequest, prep: Prepared, version: ServedVersion, handle: Handle,
-                      waiter: _Waiter, first: np.ndarray | None, t0: float, deadline: float) -> AsyncIterator[bytes]:
-        sr = version.pipes[prep.variant].sample_rate
+    async def _stream(self, job: _Job, first: np.ndarray | None) -> AsyncIterator[bytes]:
+        """The response body of a streamed miss, from its first final chunk; the request ends here."""
+        req, handle, metrics = job.req, job.handle, self.metrics
+        sr = job.version.pipes[job.prep.variant].sample_rate
         enc = StreamEncoder(req.response_format, sr)
         sse = req.stream_format == "sse"
         samples = 0
@@ -369,11 +387,11 @@ def create_app(state: ServerState, load_in_background: bool = True):
                 samples += len(chunk)
                 if data:
                     if not first_sent and len(chunk):
-                        metrics.first_audio.observe(time.perf_counter() - t0)
+                        metrics.first_audio.observe(time.perf_counter() - job.t0)
                         first_sent = True
                     yield _sse_delta(data) if sse else data
                 try:
-                    chunk = await waiter.next(deadline, None)
+                    chunk = await job.waiter.next(job.deadline, None)
                 except _Deadline:
                     handle.cancel()
                     metrics.errors.labels(kind="deadline").inc()
@@ -393,37 +411,48 @@ def create_app(state: ServerState, load_in_background: bool = True):
             if sse:
                 yield _sse_done(len(req.text), samples)
             finished = True
-            took = time.perf_counter() - t0
+            took = time.perf_counter() - job.t0
             metrics.served(took, samples / sr, False)
-            count(endpoint, 200)
-            if version.redis is not None:  # fill the shared cache from the finished request
-                result = handle.result()
-                asyncio.get_running_loop().run_in_executor(None, version.whole_wav, prep, result)
+            self.count(job.endpoint, 200)
+            if job.version.redis is not None:  # fill the shared cache from the finished request
+                asyncio.get_running_loop().run_in_executor(None, job.version.whole_wav, job.prep, handle.result())
         finally:
             if not finished and not handle.done():
                 handle.cancel()  # the client went away: its row is freed before the next GPT step
                 metrics.errors.labels(kind="disconnect").inc()
                 log.info("request %d: client disconnected; cancelled", handle.id)
-            version.end()
+            job.version.end()
 
-    async def models(request: Request):
-        if state.current is None:
-            return fail("/v1/models", 503, state.load_error or "the model is still loading", "not_ready")
-        created = int(Path(state.current.path).stat().st_mtime)
+    # ---- models, health, metrics ------------------------------------------------------------
+
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        current = self.state.current
+        if current is None:
+            return self.fail("/v1/models", 503, self.state.load_error or "the model is still loading", "not_ready")
+        created = int(Path(current.path).stat().st_mtime)
         data = [{"id": m, "object": "model", "created": created, "owned_by": "chattts-forge"}
-                for m in state.current.model_names()]
-        count("/v1/models", 200)
+                for m in current.model_names()]
+        self.count("/v1/models", 200)
         return JSONResponse({"object": "list", "data": data})
 
-    async def voices(request: Request):
-        if state.current is None:
-            return fail("/v1/voices", 503, state.load_error or "the model is still loading", "not_ready")
-        return JSONResponse({"voices": state.current.voices})
+    async def voices(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    async def healthz(request: Request):
+        if self.state.current is None:
+            return self.fail("/v1/voices", 503, self.state.load_error or "the model is still loading", "not_ready")
+        return JSONResponse({"voices": self.state.current.voices})
+
+    async def healthz(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
         return JSONResponse({"status": "ok"})
 
-    async def readyz(request: Request):
+    async def readyz(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        state = self.state
         if state.ready and not state.draining and state.current is not None:
             body = {"status": "ready", "model": state.current.model_id,
                     "canary": state.canary.model_id if state.canary else None}
@@ -431,13 +460,18 @@ def create_app(state: ServerState, load_in_background: bool = True):
         why = "draining" if state.draining else ("failed: " + state.load_error) if state.load_error else "loading"
         return JSONResponse({"status": why}, status_code=503)
 
-    async def metrics_endpoint(request: Request):
-        data, ctype = metrics.render()
+    async def metrics_endpoint(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        data, ctype = self.metrics.render()
         return Response(data, media_type=ctype.split(";")[0], headers={"Content-Type": ctype})
 
-    def admin_allowed(request: Request) -> str | None:
-        if cfg.admin_token:
-            if request.headers.get("authorization", "") != f"Bearer {cfg.admin_token}":
+    # ---- admin ------------------------------------------------------------------------------
+
+    def admin_allowed(self, request: Any) -> str | None:
+        """None when `request` may use /admin/*, else why not."""
+        if self.cfg.admin_token:
+            if request.headers.get("authorization", "") != f"Bearer {self.cfg.admin_token}":
                 return "admin endpoints need Authorization: Bearer <token>"
             return None
         host = request.client.host if request.client else ""
@@ -448,67 +482,81 @@ def create_app(state: ServerState, load_in_background: bool = True):
             pass
         return "admin endpoints answer loopback clients only (start the server with --admin-token to allow others)"
 
-    async def admin(request: Request, action: str):
+    async def admin(self, request: Any, action: str) -> Any:
+        from starlette.responses import JSONResponse
+
         endpoint = f"/admin/{action}"
-        refused = admin_allowed(request)
+        refused = self.admin_allowed(request)
         if refused:
-            return fail(endpoint, 403, refused, "admin")
-        loop = asyncio.get_running_loop()
+            return self.fail(endpoint, 403, refused, "admin")
         try:
             if action == "reload":
-                body = await read_json(request) if (await request.body()) else {}
-                if not isinstance(body, dict):
-                    raise BadRequest("the body must be a JSON object")
-                path = body.get("artifact", cfg.artifact)
-                if not isinstance(path, str) or not path:
-                    raise BadRequest("artifact must be a folder path", "artifact")
-                result = await loop.run_in_executor(None, state.reload, path)
+                path = await self._reload_path(request)
+                result = await asyncio.get_running_loop().run_in_executor(None, self.state.reload, path)
             elif action == "promote":
-                result = state.promote()
+                result = self.state.promote()
             else:
-                result = state.rollback()
+                result = self.state.rollback()
         except BadRequest as e:
-            return fail(endpoint, 400, str(e), "bad_request", e.param)
+            return self.fail(endpoint, 400, str(e), "bad_request", e.param)
         except ForgeError as e:
-            return fail(endpoint, 409 if "already running" in str(e) else 422, str(e),
-                        "reload_failed" if action == "reload" else "admin")
-        count(endpoint, 200)
+            return self.fail(endpoint, 409 if "already running" in str(e) else 422, str(e),
+                             "reload_failed" if action == "reload" else "admin")
+        self.count(endpoint, 200)
         return JSONResponse(result)
 
-    async def admin_reload(request: Request):
-        return await admin(request, "reload")
+    async def _reload_path(self, request: Any) -> str:
+        body = await self.read_json(request) if (await request.body()) else {}
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        path = body.get("artifact", self.cfg.artifact)
+        if not isinstance(path, str) or not path:
+            raise BadRequest("artifact must be a folder path", "artifact")
+        return path
 
-    async def admin_promote(request: Request):
-        return await admin(request, "promote")
+    async def admin_reload(self, request: Any) -> Any:
+        return await self.admin(request, "reload")
 
-    async def admin_rollback(request: Request):
-        return await admin(request, "rollback")
+    async def admin_promote(self, request: Any) -> Any:
+        return await self.admin(request, "promote")
 
-    async def not_found(request: Request, exc: Exception):
+    async def admin_rollback(self, request: Any) -> Any:
+        return await self.admin(request, "rollback")
+
+    # ---- errors -----------------------------------------------------------------------------
+
+    async def not_found(self, request: Any, exc: Exception) -> Any:
         return _error(404, f"no route {request.url.path}", "not_found")
 
-    async def method_not_allowed(request: Request, exc: Exception):
+    async def method_not_allowed(self, request: Any, exc: Exception) -> Any:
         return _error(405, f"method {request.method} not allowed on {request.url.path}", "method_not_allowed")
 
-    async def internal(request: Request, exc: Exception):
+    async def internal(self, request: Any, exc: Exception) -> Any:
         log.error("internal error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        metrics.errors.labels(kind="internal").inc()
+        self.metrics.errors.labels(kind="internal").inc()
         return _error(500, f"internal error ({type(exc).__name__})", "internal")
 
-    routes = [
-        Route("/v1/audio/speech", speech_openai, methods=["POST"]),
-        Route("/v1/chattts/speech", speech_native, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/voices", voices, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/admin/reload", admin_reload, methods=["POST"]),
-        Route("/admin/promote", admin_promote, methods=["POST"]),
-        Route("/admin/rollback", admin_rollback, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={404: not_found, 405: method_not_allowed, Exception: internal})
+
+@dataclass
+class _StreamStarted:
+    """A streaming response that now owns its request's end (`version.end()` when the body ends)."""
+
+    response: Any
+
+
+def create_app(state: ServerState, load_in_background: bool = True) -> Any:
+    """The Starlette app serving `state` (loading its version at startup unless already loaded)."""
+    from starlette.applications import Starlette
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if state.current is None and load_in_background:
+            threading.Thread(target=state.load_initial, name="forge-load", daemon=True).start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, state.shutdown)
+
+    handlers = _Handlers(state)
+    app = Starlette(routes=handlers.routes(), lifespan=lifespan, exception_handlers=handlers.exception_handlers())
     app.state.forge = state
     return app
 

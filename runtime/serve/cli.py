@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.serve.config import ServeConfig
 
 
 @click.command("serve")
@@ -45,10 +47,12 @@ from chattts_forge.errors import ForgeError
               help="PEM public key: every served folder's model.sig must verify with it (also on reload).")
 @click.option("--warm-phrases", type=click.IntRange(min=0), default=8, show_default=True,
               help="Phrase-cache entries served once while warming a version.")
-def serve(artifact: Path, host: str, port: int, max_batch: int, max_queue: int, threads: int | None, provider: str,
-          voices_file: Path | None, phrase_cache: Path | None, cache_redis: str | None, seed: int, deadline_s: float,
-          max_input_chars: int, admin_token: str | None, canary_share: float, drain_s: float, verify: str,
-          public_key: Path | None, warm_phrases: int) -> None:
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
+              help="Run the app as a Ray Serve deployment on this cluster (local: start one here); "
+                   "Ray Serve's HTTP proxy listens on --host/--port (the scale extra).")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --ray: replicas of the server, each loading the version (Ray Serve spreads requests).")
+def serve(ray_address: str | None, replicas: int, **options: Any) -> None:
     """Serve an artifact over HTTP: OpenAI's POST /v1/audio/speech, a ChatTTS-native endpoint, metrics.
 
     Every request runs through the continuous-batching scheduler; /readyz answers 200 once the
@@ -59,24 +63,35 @@ def serve(artifact: Path, host: str, port: int, max_batch: int, max_queue: int, 
       chattts-forge serve --artifact artifacts/chattts-synthetic-full-seed0/v1 --port 8000
       curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
           -d '{"model": "tts-1", "input": "你好。", "voice": "alloy", "response_format": "wav"}' -o a.wav
+      chattts-forge serve --artifact artifacts/chattts-synthetic-full-seed0/v1 --ray local --replicas 2
     """
+    cfg = serve_config(options)
+    if ray_address is not None:
+        from chattts_forge.runtime.serve.ray_serve import serve_on_ray
+
+        serve_on_ray(cfg, ray_address, replicas)
+        return
+    if replicas != 1:
+        raise ForgeError("--replicas needs --ray (one server process serves one replica)")
+    from chattts_forge.runtime.serve.server import serve as run
+
+    run(cfg)
+
+
+def serve_config(options: dict[str, Any]) -> ServeConfig:
+    """The ServeConfig of the command's options (paths checked, the provider resolved)."""
     from chattts_forge.artifact import ARTIFACT_JSON
+    from chattts_forge.runtime.providers import resolve_provider
     from chattts_forge.runtime.router import ROUTING_NAME
 
+    artifact: Path = options.pop("artifact")
     if not artifact.is_dir() or not ((artifact / ARTIFACT_JSON).is_file() or (artifact / ROUTING_NAME).is_file()):
         raise ForgeError(f"--artifact {artifact} is neither an artifact folder ({ARTIFACT_JSON}) nor a published "
                          f"version folder ({ROUTING_NAME})")
+    voices_file = options.get("voices_file")
     if voices_file is not None and not voices_file.is_file():
         raise ForgeError(f"--voices {voices_file} does not exist")
-    from chattts_forge.runtime.providers import resolve_provider
-    from chattts_forge.runtime.serve.app import ServeConfig
-    from chattts_forge.runtime.serve.server import serve as run
-
-    cfg = ServeConfig(artifact=str(artifact), host=host, port=port, max_batch=max_batch, max_queue=max_queue,
-                      threads=threads, provider=resolve_provider(provider), verify=verify,
-                      public_key=str(public_key) if public_key else None,
-                      voices_file=str(voices_file) if voices_file else None,
-                      phrase_cache=str(phrase_cache) if phrase_cache else None, cache_redis=cache_redis, seed=seed,
-                      deadline_s=deadline_s, max_input_chars=max_input_chars, admin_token=admin_token,
-                      canary_share=canary_share, drain_s=drain_s, warm_phrases=warm_phrases)
-    run(cfg)
+    paths = {k: str(options[k]) if options[k] is not None else None
+             for k in ("voices_file", "phrase_cache", "public_key")}
+    return ServeConfig(artifact=str(artifact), **{**options, **paths,
+                                                  "provider": resolve_provider(options["provider"])})

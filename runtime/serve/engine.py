@@ -38,6 +38,7 @@ from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, paylo
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler
+from chattts_forge.runtime.serve.config import ServeConfig
 
 log = get_logger(__name__)
 
@@ -82,27 +83,15 @@ def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
 class ServedVersion:
     """One artifact or version folder, loaded, verified, with a running scheduler per variant."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        max_batch: int = 8,
-        max_queue: int = 64,
-        threads: int | None = None,
-        provider: str = "cpu",
-        verify: str = "sha256",
-        public_key: str | os.PathLike[str] | None = None,
-        phrase_cache: str | os.PathLike[str] | None = None,
-        redis_url: str | None = None,
-        voices: dict[str, str] | None = None,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], cfg: ServeConfig, voices: dict[str, str] | None = None) -> None:
+        """Open `path` with `cfg`'s batch, queue, threads, provider, checks, caches and default seed;
+        `voices`: named voices besides OpenAI's six and 'default'."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise ForgeError(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
-        self.max_batch, self.max_queue = max_batch, max_queue
-        kwargs: dict[str, Any] = {"provider": provider, "threads": threads, "verify": verify, "public_key": public_key,
-                                  "engine": "auto"}
+        self.max_batch, self.max_queue = cfg.max_batch, cfg.max_queue
+        kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
+                                  "public_key": cfg.public_key, "engine": "auto"}
         self.router: Router | None = None
         self.pipes: dict[str, Pipeline] = {}
         self.schedulers: dict[str, Scheduler] = {}
@@ -114,35 +103,39 @@ class ServedVersion:
         self.inflight = 0  # requests admitted and not yet ended (a reload drains the old version by it)
         self._inflight_lock = threading.Condition()
         try:
-            if (self.path / ROUTING_NAME).is_file():
-                self.router = Router(self.path, **kwargs)
-                self.model_id = f"{self.path.resolve().parent.name}/{self.path.resolve().name}"
-                routed = sorted(set(self.router.routes.values()) | {self.router.table["fallback"]})
-                self.published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
-                for v in routed:
-                    self._open(v)
-                self.front = self.pipes[self.router.table["fallback"]]
-                cache_path = phrase_cache or (self.path / PHRASE_CACHE_NAME if (self.path / PHRASE_CACHE_NAME).is_file()
-                                              else None)
-            else:
-                pipe = Pipeline(self.path, **kwargs)
-                name = pipe.artifact.variant or self.path.name
-                self.model_id = name
-                self.published = [name]
-                self._add(name, pipe)
-                self.front = pipe
-                cache_path = phrase_cache
-            if cache_path is not None:
-                self._attach_file_cache(cache_path)
-            if redis_url:
-                from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
-
-                self.redis = RedisPhraseCache(redis_url)
-            self.voices = self._voices(voices or {}, seed)
-            self.default_params = self._defaults(seed)
+            self._load(kwargs, cfg, voices or {})
         except BaseException:
             self.close(0)
             raise
+
+    def _load(self, kwargs: dict[str, Any], cfg: ServeConfig, voices: dict[str, str]) -> None:
+        """The variants (routed ones, or the one artifact), their schedulers, caches, voices, defaults."""
+        if (self.path / ROUTING_NAME).is_file():
+            self.router = Router(self.path, **kwargs)
+            self.model_id = f"{self.path.resolve().parent.name}/{self.path.resolve().name}"
+            routed = sorted(set(self.router.routes.values()) | {self.router.table["fallback"]})
+            self.published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
+            for v in routed:
+                self._open(v)
+            self.front = self.pipes[self.router.table["fallback"]]
+            cache_path = cfg.phrase_cache or (self.path / PHRASE_CACHE_NAME
+                                              if (self.path / PHRASE_CACHE_NAME).is_file() else None)
+        else:
+            pipe = Pipeline(self.path, **kwargs)
+            name = pipe.artifact.variant or self.path.name
+            self.model_id = name
+            self.published = [name]
+            self._add(name, pipe)
+            self.front = pipe
+            cache_path = cfg.phrase_cache
+        if cache_path is not None:
+            self._attach_file_cache(cache_path)
+        if cfg.cache_redis:
+            from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
+
+            self.redis = RedisPhraseCache(cfg.cache_redis)
+        self.voices = self._voices(voices, cfg.seed)
+        self.default_params = self._defaults(cfg.seed)
 
     # ---- loading ----------------------------------------------------------------------------
 

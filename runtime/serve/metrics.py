@@ -13,6 +13,7 @@
 | forge_errors_total | counter | failed requests by `kind` (bad_request, queue_full, deadline, disconnect, not_ready, internal, admin, reload_failed) |
 | forge_requests_total | counter | responses by `endpoint` and `status` |
 | forge_rss_bytes | gauge | resident memory of the server process |
+| forge_process_cpu_seconds | gauge | CPU seconds (user + system, every thread) the server process has used |
 | forge_ready | gauge | 1 once the version is loaded, verified and warmed |
 | forge_reloads_total | counter | version swaps by `result` (ok, failed) |
 """
@@ -39,6 +40,8 @@ class Metrics:
         Gauge("forge_running_rows", "Rows of the running GPT batches", registry=r).set_function(running_rows)
         Gauge("forge_rss_bytes", "Resident memory of the server process", registry=r).set_function(
             lambda: proc.memory_info().rss)
+        Gauge("forge_process_cpu_seconds", "CPU seconds (user + system) of the server process", registry=r
+              ).set_function(lambda: sum(proc.cpu_times()[:2]))
         Gauge("forge_ready", "1 once loaded, verified and warmed", registry=r).set_function(ready)
         self.latency = Histogram("forge_request_seconds", "Request to last byte", ["cached"],
                                  buckets=_LATENCY_BUCKETS, registry=r)

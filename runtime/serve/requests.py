@@ -137,9 +137,59 @@ def speed_prompt(speed: float) -> str:
     return f"[speed_{min(9, max(0, round(5 * speed)))}]"
 
 
+@dataclass(frozen=True)
+class _Knob:
+    """One sampling knob: its field in InferCodeParams/RefineTextParams, its OpenAI `extra_body` name
+    (None: not offered there), its ChatTTS-native name, and its kind and range."""
+
+    field: str
+    openai: str | None
+    native: str
+    kind: str  # "number", "integer" or "flag"
+    lo: float = 0.0
+    hi: float = 0.0
+    open_low: bool = False  # lo itself is refused
+
+
+_TEMPERATURE = _Knob("temperature", "temperature", "temperature", "number", 0.0, 5.0, open_low=True)
+_SHARED_KNOBS = (
+    _Knob("top_p", "top_p", "top_P", "number", 0.0, 1.0),
+    _Knob("top_k", "top_k", "top_K", "integer", 1, 100000),
+    _Knob("repetition_penalty", "repetition_penalty", "repetition_penalty", "number", 0.0, 100.0, open_low=True),
+    _Knob("max_new_token", "max_new_token", "max_new_token", "integer", 1, 4096),
+    _Knob("min_new_token", "min_new_token", "min_new_token", "integer", 0, 4096),
+    _Knob("ensure_non_empty", None, "ensure_non_empty", "flag"),
+)
+# the code knobs (temperature apart: the native endpoint also takes one per code stream)
+CODE_KNOBS = (*_SHARED_KNOBS, _Knob("stream_batch", "stream_batch", "stream_batch", "integer", 1, 4096))
+REFINE_KNOBS = (*_SHARED_KNOBS, _TEMPERATURE)
+
+
+def _read_knob(body: dict[str, Any], name: str, knob: _Knob) -> Any:
+    if knob.kind == "flag":
+        return _flag(body, name, False)
+    if knob.kind == "integer":
+        return _integer(body, name, int(knob.lo), int(knob.hi))
+    return _number(body, name, knob.lo, knob.hi, open_low=knob.open_low)
+
+
+def read_knobs(body: dict[str, Any], naming: str, knobs: tuple[_Knob, ...]) -> dict[str, Any]:
+    """{field: value} of the knobs `body` gives (by their `naming`, "openai" or "native" names),
+    each checked by kind and range; knobs it does not give are left out (the defaults stay)."""
+    out = {}
+    for knob in knobs:
+        name = knob.openai if naming == "openai" else knob.native
+        if name is not None and body.get(name) is not None:
+            out[knob.field] = _read_knob(body, name, knob)
+    return out
+
+
+def _names(naming: str, knobs: tuple[_Knob, ...]) -> set[str]:
+    return {n for k in knobs if (n := k.openai if naming == "openai" else k.native) is not None}
+
+
 _OPENAI_FIELDS = {"model", "input", "voice", "response_format", "speed", "stream_format", "instructions",
-                  "seed", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_token", "min_new_token",
-                  "stream_batch", "refine", "stream", "deadline_s"}
+                  "seed", "refine", "stream", "deadline_s"} | _names("openai", (*CODE_KNOBS, _TEMPERATURE))
 
 
 def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequest:
@@ -154,19 +204,8 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     speed = _number(body, "speed", 0.25, 4.0, 1.0)
     code = defaults.code
     seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
-    temperature = _number(body, "temperature", 0.0, 5.0, None, open_low=True)
-    code = replace(
-        code,
-        prompt=speed_prompt(speed) if "speed" in body else code.prompt,
-        seed=seed,
-        temperature=code.temperature if temperature is None else temperature,
-        top_p=_number(body, "top_p", 0.0, 1.0, code.top_p),
-        top_k=_integer(body, "top_k", 1, 100000, code.top_k),
-        repetition_penalty=_number(body, "repetition_penalty", 0.0, 100.0, code.repetition_penalty, open_low=True),
-        max_new_token=_integer(body, "max_new_token", 1, 4096, code.max_new_token),
-        min_new_token=_integer(body, "min_new_token", 0, 4096, code.min_new_token),
-        stream_batch=_integer(body, "stream_batch", 1, 4096, code.stream_batch),
-    )
+    code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
+                   **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE)))
     refine = RefineTextParams(seed=seed) if _flag(body, "refine", False) else None
     params = replace(defaults, code=code, refine=refine)
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
@@ -179,10 +218,8 @@ def _model(model: str | None) -> str | None:
 _NATIVE_FIELDS = {"text", "model", "voice", "params_infer_code", "params_refine_text", "skip_refine_text",
                   "use_decoder", "do_text_normalization", "do_homophone_replacement", "lang", "response_format",
                   "stream", "stream_format", "deadline_s"}
-_CODE_FIELDS = {"prompt", "spk_emb", "spk_smp", "txt_smp", "temperature", "top_P", "top_K", "repetition_penalty",
-                "max_new_token", "min_new_token", "stream_batch", "ensure_non_empty", "manual_seed"}
-_REFINE_FIELDS = {"prompt", "top_P", "top_K", "temperature", "repetition_penalty", "max_new_token", "min_new_token",
-                  "ensure_non_empty", "manual_seed"}
+_CODE_FIELDS = {"prompt", "spk_emb", "spk_smp", "txt_smp", "temperature", "manual_seed"} | _names("native", CODE_KNOBS)
+_REFINE_FIELDS = {"prompt", "manual_seed"} | _names("native", REFINE_KNOBS)
 
 
 def _section(body: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
@@ -214,35 +251,16 @@ def parse_native(body: Any, max_chars: int) -> SpeechRequest:
         temps = _number(c, "temperature", 0.0, 5.0, base.temperature, open_low=True)
     seed = _integer(c, "manual_seed", 0, _SEED_MAX, None)
     strings = {k: _get(c, k, (str,), "a string") for k in ("prompt", "spk_emb", "spk_smp", "txt_smp")}
-    code = InferCodeParams(
-        prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
-        spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
-        temperature=temps,
-        top_p=_number(c, "top_P", 0.0, 1.0, base.top_p),
-        top_k=_integer(c, "top_K", 1, 100000, base.top_k),
-        repetition_penalty=_number(c, "repetition_penalty", 0.0, 100.0, base.repetition_penalty, open_low=True),
-        max_new_token=_integer(c, "max_new_token", 1, 4096, base.max_new_token),
-        min_new_token=_integer(c, "min_new_token", 0, 4096, base.min_new_token),
-        stream_batch=_integer(c, "stream_batch", 1, 4096, base.stream_batch),
-        ensure_non_empty=_flag(c, "ensure_non_empty", base.ensure_non_empty),
-        seed=seed,
-    )
+    code = replace(base, prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
+                   spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
+                   temperature=temps, seed=seed, **read_knobs(c, "native", CODE_KNOBS))
     refine = None
     if not _flag(body, "skip_refine_text", False):
         r = _section(body, "params_refine_text", _REFINE_FIELDS)
         rb = RefineTextParams()
         rseed = _integer(r, "manual_seed", 0, _SEED_MAX, seed)
-        refine = RefineTextParams(
-            prompt=_get(r, "prompt", (str,), "a string", rb.prompt),
-            top_p=_number(r, "top_P", 0.0, 1.0, rb.top_p),
-            top_k=_integer(r, "top_K", 1, 100000, rb.top_k),
-            temperature=_number(r, "temperature", 0.0, 5.0, rb.temperature, open_low=True),
-            repetition_penalty=_number(r, "repetition_penalty", 0.0, 100.0, rb.repetition_penalty, open_low=True),
-            max_new_token=_integer(r, "max_new_token", 1, 4096, rb.max_new_token),
-            min_new_token=_integer(r, "min_new_token", 0, 4096, rb.min_new_token),
-            ensure_non_empty=_flag(r, "ensure_non_empty", rb.ensure_non_empty),
-            seed=rseed,
-        )
+        refine = replace(rb, prompt=_get(r, "prompt", (str,), "a string", rb.prompt), seed=rseed,
+                         **read_knobs(r, "native", REFINE_KNOBS))
     lang = _get(body, "lang", (str,), "zh, en or null")
     if lang not in (None, "zh", "en"):
         raise BadRequest(f"lang must be zh, en or null, got {lang!r}", "lang")
