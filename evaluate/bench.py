@@ -1,6 +1,6 @@
 """`bench`: the artifact's runtime against ChatTTS's own PyTorch FP32 pipeline, in one process.
 
-Both engines (`chattts_forge.runtime.timing.OnnxEngine` / `TorchEngine`, the ones the evaluate
+Both engines (`chattts_forge.runtime.timed_engine.OnnxEngine` / `torch_ref.engine.TorchEngine`, the ones the evaluate
 stage's latency metrics use) synthesize the same text with the same number of GPT steps (EOS masked
 with `min_new_token = max_new_token = steps`, so every row has exactly `steps` codes), after a
 warm-up, for several repetitions, interleaved (onnx, pytorch, onnx, pytorch, ...) so that the load
@@ -32,18 +32,17 @@ from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
+from chattts_forge.runtime.machine import machine_info
+from chattts_forge.runtime.memory_probe import RssSampler
 from chattts_forge.runtime.pipeline import check_engine
 from chattts_forge.runtime.providers import resolve_provider
+from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
     CONTEXT_LIMIT,
-    OnnxEngine,
     Request,
-    RssSampler,
     RunFigures,
-    TorchEngine,
     audio_seconds,
     codes_per_audio_second,
-    machine_info,
     spread,
 )
 
@@ -123,7 +122,7 @@ def _goals(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return goals
 
 
-def _default_checkpoint(artifact: Path) -> Path | None:
+def default_checkpoint(artifact: Path) -> Path | None:
     try:
         meta = ArtifactMeta.load(artifact)
     except ForgeError:
@@ -192,7 +191,7 @@ def run_bench(
         raise ForgeError("empty benchmark text")
     ckpt: Path | None = None
     if baseline == "pytorch":
-        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else _default_checkpoint(art)
+        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint(art)
         if ckpt is None and chat is not None:
             ckpt = Path(str(getattr(chat, "forge_asset_dir", "<given Chat>")))
         if ckpt is None:
@@ -219,6 +218,8 @@ def run_bench(
                     gc.collect()
                     with rss.during(f"onnx:{b}"):
                         onnx_engine.run([text] * b, timed)
+                from chattts_forge.torch_ref.engine import TorchEngine
+
                 with rss.during("pytorch_load"):
                     torch_engine = TorchEngine(ckpt, threads, chat=chat, device=baseline_device)
                     engines.append(torch_engine)
@@ -244,7 +245,7 @@ def run_bench(
             process_peak = rss.peak_process()
     finally:
         for eng in engines:
-            if isinstance(eng, TorchEngine):
+            if eng.name == "pytorch":  # the timing hooks come off a Chat the caller may share
                 eng.close()
 
     results: dict[str, dict[str, Any]] = {}

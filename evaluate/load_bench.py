@@ -345,7 +345,8 @@ def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurre
 
 
 def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threads: int) -> dict[str, Any]:
-    from chattts_forge.runtime.timing import Request, TorchEngine
+    from chattts_forge.runtime.timing import Request
+    from chattts_forge.torch_ref.engine import TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
     try:
@@ -426,9 +427,9 @@ def run_load_bench(
         raise ForgeError("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
     ckpt = None
     if baseline == "pytorch":
-        from chattts_forge.evaluate.bench import _default_checkpoint
+        from chattts_forge.evaluate.bench import default_checkpoint
 
-        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else _default_checkpoint(art)
+        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint(art)
         if ckpt is None:
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
     reqs = corpus_requests(corpus, requests, seed)

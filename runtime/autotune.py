@@ -114,7 +114,7 @@ def decode_call_at(step: Any, hidden_size: int, context: int, seed: int = 0) -> 
 
         return fused
     if hasattr(step, "past") and hasattr(step, "kv_heads"):
-        from chattts_forge.runtime.timing import decode_step_call
+        from chattts_forge.runtime.timed_engine import decode_step_call
 
         return decode_step_call(step, hidden_size, context, batch=1, seed=seed)
     raise ForgeError(f"cannot time a {type(step).__name__} at a fixed context")
@@ -154,8 +154,7 @@ def cache_key(table: dict[str, Any], contexts: dict[str, int], *, provider: str,
               engine: str, bound: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from chattts_forge.runtime.costmodel import cpu_flags
-    from chattts_forge.runtime.timing import cpu_model
+    from chattts_forge.runtime.machine import cpu_flags, cpu_model
 
     return {"schema": AUTOTUNE_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
             "onnxruntime": ort.__version__,
