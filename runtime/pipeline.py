@@ -55,7 +55,7 @@ from chattts_forge.runtime.frontend import (
     split_sentences,
 )
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
-from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
+from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
 log = get_logger(__name__)
@@ -220,7 +220,7 @@ def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
     return GptStep(artifact.session("gpt"), artifact.dims)
 
 
-def _position_ids(attention_mask: np.ndarray) -> np.ndarray:
+def position_ids(attention_mask: np.ndarray) -> np.ndarray:
     """ChatTTS: cumsum(attention_mask) - 1, masked positions set to 1."""
     pos = np.cumsum(attention_mask, axis=1) - 1
     pos[attention_mask == 0] = 1
@@ -565,7 +565,7 @@ class Pipeline:
         if reserve is not None:  # size the cache by the request, not by the model's positions
             reserve(mask.shape[1] + max_new_token)
         self.gpt.reset(batch)
-        hidden = self.gpt(emb, mask, _position_ids(mask))[:, -1]
+        hidden = self.gpt(emb, mask, position_ids(mask))[:, -1]
         for step in range(max_new_token):
             if step > 0:
                 new_ids = state.tokens[:, step - 1 : step, :]
@@ -585,15 +585,7 @@ class Pipeline:
                 eos_row = np.full(streams, cfg.eos_token, dtype=np.int64)
                 idx = np.stack([f[step] if step < len(f) else eos_row for f in forced])
             else:
-                probs = softmax(scores)
-                idx = sampler.draw(probs).reshape(batch, streams)
-                if step == 0 and ensure_non_empty:
-                    # ChatTTS regenerates when a row ends at once; step 0's logits would be the same.
-                    for _ in range(16):
-                        ended = (idx == cfg.eos_token).any(axis=1)
-                        if not ended.any():
-                            break
-                        idx = np.where(ended[:, None], sampler.draw(probs).reshape(batch, streams), idx)
+                idx = sampler.next_tokens(scores, redraw_ended=step == 0 and ensure_non_empty)
             state.tokens[:, step] = idx
             state.finish |= (idx == cfg.eos_token).any(axis=1)
             state.end_idx += ~state.finish
