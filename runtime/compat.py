@@ -302,14 +302,18 @@ class Chat:
         self.autotune = None
         version = Path(custom_path).expanduser()
         if variant is None and (version / ROUTING_NAME).is_file():
-            router = Router(version, autotune=autotune, provider=provider, threads=threads, engine=engine,
-                            verify=verify, public_key=public_key)
+            router = Router(version, autotune=autotune, keep_measured=True, provider=provider, threads=threads,
+                            engine=engine, verify=verify, public_key=public_key)
             variant = router.routes[router.buckets[-1].name]
             self.autotune = router.autotune
             self.logger.info("load: %s serves %s, the host's choice for its longest bucket (%s)", version, variant,
                              router.autotune["buckets"][router.buckets[-1].name]["reason"])
-        folder = resolve_artifact(custom_path, variant, provider)
-        pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine, verify=verify, public_key=public_key)
+            folder = resolve_artifact(custom_path, variant, provider)
+            pipe = router.pipeline(variant)  # the sessions autotune opened for it, not a second copy
+        else:
+            folder = resolve_artifact(custom_path, variant, provider)
+            pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine, verify=verify,
+                            public_key=public_key)
         if coef is not None and coef != artifact_coef(pipe):
             raise CompatArgumentError("load: coef differs from the artifact's DVAE coefficients (baked into its "
                                       "graphs at convert time); leave coef=None")

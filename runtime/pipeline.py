@@ -371,7 +371,22 @@ class Pipeline:
         """`verify`: how the artifact's files are checked before use (sha256 (default, cached), full,
         size, none: chattts_forge.integrity); `public_key`: the folder's model.sig must verify with it."""
         check_engine(engine)  # before opening the artifact: a typo is reported first
-        self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key)
+        self._open(Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key),
+                   engine, cache)
+
+    @classmethod
+    def from_artifact(
+        cls, artifact: Artifact, engine: str = "auto", cache: PhraseCache | str | os.PathLike[str] | None = None
+    ) -> Pipeline:
+        """A Pipeline over an artifact already open (its files checked, its sessions reused: the Router
+        hands on what its autotune measured, so those sessions are opened once)."""
+        check_engine(engine)
+        pipe = cls.__new__(cls)
+        pipe._open(artifact, engine, cache)
+        return pipe
+
+    def _open(self, artifact: Artifact, engine: str, cache: PhraseCache | str | os.PathLike[str] | None) -> None:
+        self.artifact = artifact
         self.engine = choose_engine(self.artifact, engine)
         self.dims = self.artifact.dims
         self.num_vq = self.dims.num_vq
