@@ -553,7 +553,6 @@ class Pipeline:
         seed: int | None,
         ensure_non_empty: bool = True,
         forced: Sequence[np.ndarray] | None = None,
-        record_logits: bool = False,
     ) -> Iterator[StepState]:
         """ChatTTS's `GPT.generate` with a KV cache, one yielded `StepState` per step.
 
@@ -572,7 +571,7 @@ class Pipeline:
             end_idx=np.zeros(batch, dtype=np.int64),
             finish=np.zeros(batch, dtype=bool),
             infer_text=infer_text,
-            record_logits=record_logits or forced is not None,
+            record_logits=forced is not None,
             forced_lengths=None if forced is None else [len(f) for f in forced],
         )
         mask = attention_mask.astype(np.int64)
