@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import tempfile
 import threading
 import time
@@ -50,6 +49,7 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
 
 if TYPE_CHECKING:
@@ -486,8 +486,7 @@ def run_load_bench(
                      "decode_overlap": overlap,
                      "decode_overlap_asked": "default (on when intra-op threads < usable cores)"
                      if decode_overlap is None else decode_overlap},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
+        "machine": machine_info(threads),  # the one machine record (runtime.machine), as bench's and the reports
         "results": {str(r["concurrency"]): r for r in results},
         "runtime_peak_rss_mb": runtime_peak * mb if runtime_peak else None,
         "baseline": base,
