@@ -1,6 +1,6 @@
 """`bench`: the artifact's runtime against ChatTTS's own PyTorch FP32 pipeline, in one process.
 
-Both engines (`chattts_forge.runtime.timing.OnnxEngine` / `TorchEngine`, the ones the evaluate
+Both engines (`chattts_forge.runtime.timed_engine.OnnxEngine` / `torch_ref.engine.TorchEngine`, the ones the evaluate
 stage's latency metrics use) synthesize the same text with the same number of GPT steps (EOS masked
 with `min_new_token = max_new_token = steps`, so every row has exactly `steps` codes), after a
 warm-up, for several repetitions, interleaved (onnx, pytorch, onnx, pytorch, ...) so that the load
@@ -10,9 +10,9 @@ and the definitions of RTF, streams and first audio: `runtime.timing` and docs/b
 
 Library use::
 
-    from chattts_forge.evaluate.bench import run_bench
-    report = run_bench("artifacts/int4", baseline="pytorch", checkpoint="ckpt/", batches=(1, 8),
-                       steps=422, threads=2, reps=3, json_out="bench.json")
+    from chattts_forge.evaluate.bench import BenchConfig, run_bench
+    cfg = BenchConfig(baseline="pytorch", checkpoint="ckpt/", batches=(1, 8), steps=422, threads=2, reps=3)
+    report = run_bench("artifacts/int4", cfg, json_out="bench.json")
 
 torch is imported only when the PyTorch baseline is asked for.
 """
@@ -23,6 +23,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,17 @@ from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
+from chattts_forge.runtime.machine import machine_info
+from chattts_forge.runtime.memory_probe import RssSampler
 from chattts_forge.runtime.pipeline import check_engine
 from chattts_forge.runtime.providers import resolve_provider
+from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
     CONTEXT_LIMIT,
-    OnnxEngine,
     Request,
-    RssSampler,
     RunFigures,
-    TorchEngine,
     audio_seconds,
     codes_per_audio_second,
-    machine_info,
     spread,
 )
 
@@ -123,7 +123,7 @@ def _goals(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return goals
 
 
-def _default_checkpoint(artifact: Path) -> Path | None:
+def default_checkpoint(artifact: Path) -> Path | None:
     try:
         meta = ArtifactMeta.load(artifact)
     except ForgeError:
@@ -137,76 +137,119 @@ def _default_checkpoint(artifact: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def run_bench(
-    artifact: str | os.PathLike[str],
-    *,
-    baseline: str | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    batches: Sequence[int] = (1, 4, 8),
-    steps: int = DEFAULT_STEPS,
-    threads: int = 2,
-    reps: int = 3,
-    warmup_steps: int = 16,
-    engine: str = "auto",
-    text: str = DEFAULT_TEXT,
-    first_audio: bool = True,
-    stream_lookahead: int | None = None,
-    json_out: str | os.PathLike[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    chat: Any = None,
-    provider: str = "cpu",
-    baseline_device: str = "cpu",
-) -> dict[str, Any]:
-    """Benchmark `artifact` (and ChatTTS's PyTorch FP32 on `checkpoint` when `baseline="pytorch"`).
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `chattts-forge bench` measures (one field per option of the plain benchmark).
 
-    `chat`: an already loaded ChatTTS `Chat` of that checkpoint to use as the baseline (library
-    use; it is left as it was). `stream_lookahead`: mel frames of right context the runtime's stream
-    waits for before emitting (None: the exact stream; see `Pipeline.stream`). Returns the report
-    dict (documented in docs/bench.md) and writes it to `json_out` if given. `provider`: the
-    runtime's onnxruntime provider (cpu, cuda, auto: see runtime.providers); `baseline_device`: the
-    torch device of the PyTorch baseline (cpu, cuda).
-    """
-    from chattts_forge.fsutil import atomic_write_json
-    from chattts_forge.versions import library_versions, toolchain_info
+    `baseline`: "pytorch" also runs ChatTTS's PyTorch FP32 on `checkpoint` (default: the artifact's
+    recorded source folder), on the torch device `baseline_device` (cpu, cuda); `stream_lookahead`: mel
+    frames of right context the runtime's stream waits for before emitting (None: the exact stream;
+    see `Pipeline.stream`); `provider`: the runtime's onnxruntime provider (cpu, cuda, auto: see
+    runtime.providers)."""
 
-    art = Path(artifact).expanduser()
+    baseline: str | None = None
+    checkpoint: str | os.PathLike[str] | None = None
+    batches: Sequence[int] = (1, 4, 8)
+    steps: int = DEFAULT_STEPS
+    threads: int = 2
+    reps: int = 3
+    warmup_steps: int = 16
+    engine: str = "auto"
+    text: str = DEFAULT_TEXT
+    first_audio: bool = True
+    stream_lookahead: int | None = None
+    provider: str = "cpu"
+    baseline_device: str = "cpu"
+
+
+def checked_config(art: Path, cfg: BenchConfig, chat: Any = None) -> tuple[BenchConfig, Path | None]:
+    """`cfg` checked and normalised (baseline None or "pytorch", provider resolved, batch sizes sorted),
+    and the checkpoint of the PyTorch baseline (None without one): every refusal before any work."""
     ArtifactMeta.load(art)  # a folder that is not an artifact fails here, before anything is timed
-    if baseline not in (None, "none", "pytorch"):
-        raise ForgeError(f"unknown baseline '{baseline}' (pytorch or none)")
-    if baseline == "none":
-        baseline = None
-    check_engine(engine)
-    if baseline_device not in ("cpu", "cuda"):
-        raise ForgeError(f"unknown baseline device '{baseline_device}' (cpu or cuda)")
-    provider = resolve_provider(provider)  # `cuda` without a usable GPU fails here, before any work
-    batches = sorted({int(b) for b in batches})
+    if cfg.baseline not in (None, "none", "pytorch"):
+        raise ForgeError(f"unknown baseline '{cfg.baseline}' (pytorch or none)")
+    check_engine(cfg.engine)
+    if cfg.baseline_device not in ("cpu", "cuda"):
+        raise ForgeError(f"unknown baseline device '{cfg.baseline_device}' (cpu or cuda)")
+    provider = resolve_provider(cfg.provider)  # `cuda` without a usable GPU fails here, before any work
+    batches = sorted({int(b) for b in cfg.batches})
     if not batches or batches[0] < 1:
         raise ForgeError("batch sizes must be >= 1")
-    if steps < 2:
+    if cfg.steps < 2:
         raise ForgeError("--steps must be >= 2")
-    if reps < 1:
+    if cfg.reps < 1:
         raise ForgeError("--reps must be >= 1")
-    if threads < 1:
+    if cfg.threads < 1:
         raise ForgeError("--threads must be >= 1")
-    if not text.strip():
+    if not cfg.text.strip():
         raise ForgeError("empty benchmark text")
+    cfg = replace(cfg, baseline=None if cfg.baseline == "none" else cfg.baseline, provider=provider, batches=batches)
     ckpt: Path | None = None
-    if baseline == "pytorch":
-        ckpt = Path(checkpoint).expanduser() if checkpoint is not None else _default_checkpoint(art)
+    if cfg.baseline == "pytorch":
+        ckpt = Path(cfg.checkpoint).expanduser() if cfg.checkpoint is not None else default_checkpoint(art)
         if ckpt is None and chat is not None:
             ckpt = Path(str(getattr(chat, "forge_asset_dir", "<given Chat>")))
         if ckpt is None:
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
-    say = progress or (lambda msg: log.info("%s", msg))
-    timed = Request.fixed_steps(steps)
-    warm = Request.fixed_steps(min(warmup_steps, steps))
+    return cfg, ckpt
 
+
+def run_bench(
+    artifact: str | os.PathLike[str],
+    config: BenchConfig | None = None,
+    *,
+    json_out: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    chat: Any = None,
+    **knobs: Any,
+) -> dict[str, Any]:
+    """Benchmark `artifact` (and ChatTTS's PyTorch FP32 when `config.baseline="pytorch"`).
+
+    `knobs`: fields of `BenchConfig` that replace `config`'s (`run_bench(art, steps=8)`). `chat`: an
+    already loaded ChatTTS `Chat` of the checkpoint to use as the baseline (library use; it is left
+    as it was). Returns the report dict (documented in docs/bench.md) and writes it to `json_out` if
+    given.
+    """
+    from chattts_forge.fsutil import atomic_write_json
+
+    art = Path(artifact).expanduser()
+    cfg, ckpt = checked_config(art, replace(config or BenchConfig(), **knobs), chat)
+    say = progress or (lambda msg: log.info("%s", msg))
+    measured = _measure(art, cfg, ckpt, chat, say)
+    report = _report(art, cfg, ckpt, measured)
+    if json_out is not None:
+        atomic_write_json(json_out, report)
+        log.info("wrote %s", json_out)
+    return report
+
+
+@dataclass
+class _Measured:
+    """What the timed runs of `_measure` leave for the report."""
+
+    onnx_engine: Any
+    runs: dict[str, dict[int, list[RunFigures]]]
+    firsts: dict[str, list[float]]
+    rss_method: str
+    base_rss: int
+    onnx_loaded: int
+    torch_loaded: int | None
+    peaks: dict[str, int]
+    process_peak: int
+
+
+def _measure(art: Path, cfg: BenchConfig, ckpt: Path | None, chat: Any, say: Callable[[str], None]) -> _Measured:
+    """Load the engines (each warmed up), then the timed runs, interleaved (onnx, pytorch, ...) per
+    repetition and batch size, with the peak RSS of every phase."""
+    steps, batches, text = cfg.steps, list(cfg.batches), cfg.text
+    timed = Request.fixed_steps(steps)
+    warm = Request.fixed_steps(min(cfg.warmup_steps, steps))
     engines: list[Any] = []
     try:
         with RssSampler() as rss:
             base_rss = rss.rss()
             with rss.during("onnx_load"):
-                onnx_engine = OnnxEngine(art, threads, engine, stream_lookahead, provider=provider)
+                onnx_engine = OnnxEngine(art, cfg.threads, cfg.engine, cfg.stream_lookahead, provider=cfg.provider)
                 engines.append(onnx_engine)
                 onnx_engine.run([text], warm)
             onnx_loaded = rss.rss()
@@ -219,61 +262,74 @@ def run_bench(
                     gc.collect()
                     with rss.during(f"onnx:{b}"):
                         onnx_engine.run([text] * b, timed)
+                from chattts_forge.torch_ref.engine import TorchEngine
+
                 with rss.during("pytorch_load"):
-                    torch_engine = TorchEngine(ckpt, threads, chat=chat, device=baseline_device)
+                    torch_engine = TorchEngine(ckpt, cfg.threads, chat=chat, device=cfg.baseline_device)
                     engines.append(torch_engine)
                     torch_engine.run([text], warm)
                 torch_loaded = rss.rss()
             runs: dict[str, dict[int, list[RunFigures]]] = {e.name: {b: [] for b in batches} for e in engines}
             firsts: dict[str, list[float]] = {e.name: [] for e in engines}
-            for rep in range(reps):
+            for rep in range(cfg.reps):
                 for b in batches:
                     for eng in engines:  # interleaved: both engines see the same machine load
-                        say(f"rep {rep + 1}/{reps}: {eng.name} batch {b}, {steps} steps")
+                        say(f"rep {rep + 1}/{cfg.reps}: {eng.name} batch {b}, {steps} steps")
                         gc.collect()
                         # without a baseline the timed runs give the runtime's per-batch peaks
                         phase = f"onnx:{b}" if eng.name == "onnx" and ckpt is None else eng.name
                         with rss.during(phase):
                             runs[eng.name][b].append(eng.run([text] * b, timed))
-                if first_audio and 1 in batches:
+                if cfg.first_audio and 1 in batches:
                     for eng in engines:
-                        say(f"rep {rep + 1}/{reps}: {eng.name} first audio (streaming)")
+                        say(f"rep {rep + 1}/{cfg.reps}: {eng.name} first audio (streaming)")
                         with rss.during(eng.name):
                             firsts[eng.name].append(eng.first_audio(text, timed))
             peaks = dict(rss.peaks)
             process_peak = rss.peak_process()
     finally:
         for eng in engines:
-            if isinstance(eng, TorchEngine):
+            if eng.name == "pytorch":  # the timing hooks come off a Chat the caller may share
                 eng.close()
+    return _Measured(onnx_engine, runs, firsts, rss.method, base_rss, onnx_loaded, torch_loaded, peaks, process_peak)
 
-    results: dict[str, dict[str, Any]] = {}
-    for name, per_batch in runs.items():
-        results[name] = {
-            str(b): _summarize(rs, b, firsts[name] if b == 1 else []) for b, rs in per_batch.items()
-        }
-    ratios = None
-    if "pytorch" in results:
-        ratios = {str(b): _ratios(results["onnx"][str(b)], results["pytorch"][str(b)]) for b in batches}
+
+def _memory(m: _Measured, batches: Sequence[int]) -> dict[str, Any]:
     mb = 1 / (1 << 20)
+    peaks = m.peaks
     memory: dict[str, Any] = {
-        "method": rss.method,
-        "process_start_rss_mb": base_rss * mb,
-        "process_peak_rss_mb": process_peak * mb if process_peak else None,
+        "method": m.rss_method,
+        "process_start_rss_mb": m.base_rss * mb,
+        "process_peak_rss_mb": m.process_peak * mb if m.process_peak else None,
         "onnx": {
-            "load_rss_mb": (onnx_loaded - base_rss) * mb,
+            "load_rss_mb": (m.onnx_loaded - m.base_rss) * mb,
             "peak_rss_mb": max(peaks.get("onnx", 0), peaks.get("onnx_load", 0),
                                *(peaks.get(f"onnx:{b}", 0) for b in batches)) * mb,
             # per batch size, measured before any PyTorch model shared the process
             "peak_rss_mb_by_batch": {str(b): peaks.get(f"onnx:{b}", 0) * mb for b in batches},
         },
     }
-    if torch_loaded is not None:
+    if m.torch_loaded is not None:
         memory["pytorch"] = {
-            "load_rss_mb": (torch_loaded - onnx_loaded) * mb,
+            "load_rss_mb": (m.torch_loaded - m.onnx_loaded) * mb,
             "peak_rss_mb": max(peaks.get("pytorch", 0), peaks.get("pytorch_load", 0)) * mb,
         }
         memory["ratio_load_rss"] = memory["onnx"]["load_rss_mb"] / memory["pytorch"]["load_rss_mb"] if memory["pytorch"]["load_rss_mb"] > 0 else None
+    return memory
+
+
+def _report(art: Path, cfg: BenchConfig, ckpt: Path | None, m: _Measured) -> dict[str, Any]:
+    from chattts_forge.versions import library_versions, toolchain_info
+
+    batches, steps, onnx_engine = list(cfg.batches), cfg.steps, m.onnx_engine
+    results: dict[str, dict[str, Any]] = {}
+    for name, per_batch in m.runs.items():
+        results[name] = {
+            str(b): _summarize(rs, b, m.firsts[name] if b == 1 else []) for b, rs in per_batch.items()
+        }
+    ratios = None
+    if "pytorch" in results:
+        ratios = {str(b): _ratios(results["onnx"][str(b)], results["pytorch"][str(b)]) for b in batches}
     meta = onnx_engine.pipe.artifact.meta
     report: dict[str, Any] = {
         "schema": SCHEMA,
@@ -290,30 +346,27 @@ def run_bench(
             "audio_seconds": audio_seconds(steps, onnx_engine.sample_rate, onnx_engine.hop_length),
             "steps_per_audio_second": codes_per_audio_second(onnx_engine.sample_rate, onnx_engine.hop_length),
             "batches": batches,
-            "threads": threads,
+            "threads": cfg.threads,
             "inter_op_threads": 1,
-            "provider": provider,
-            "baseline_device": baseline_device if ckpt is not None else None,
-            "reps": reps,
-            "warmup_steps": min(warmup_steps, steps),
-            "text": text,
+            "provider": cfg.provider,
+            "baseline_device": cfg.baseline_device if ckpt is not None else None,
+            "reps": cfg.reps,
+            "warmup_steps": min(cfg.warmup_steps, steps),
+            "text": cfg.text,
             "context_limit": CONTEXT_LIMIT,
             "stream_lookahead_frames": onnx_engine.stream_lookahead,  # null: exact streaming
             "stream_exact_lookahead_frames": onnx_engine.pipe.decoder_radius + onnx_engine.pipe.vocos_radius,
             "order": "interleaved per repetition and batch: onnx then pytorch",
         },
-        "machine": {**machine_info(threads, provider), **host_speed_info()},
+        "machine": {**machine_info(cfg.threads, cfg.provider), **host_speed_info()},
         "results": results,
         "ratios": ratios,
-        "memory": memory,
+        "memory": _memory(m, batches),
         "goals": _goals(results["onnx"]),
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }
-    report["cost_model"] = _cost_model(art, report, onnx_engine, text, steps)
-    if json_out is not None:
-        atomic_write_json(json_out, report)
-        log.info("wrote %s", json_out)
+    report["cost_model"] = _cost_model(art, report, onnx_engine, cfg.text, steps)
     return report
 
 

@@ -1,14 +1,20 @@
 """`chattts-forge bench`: the artifact's runtime against ChatTTS's PyTorch FP32, in one run.
 
-See `chattts_forge.evaluate.bench` (library: `run_bench`) and docs/bench.md for the JSON keys.
+The command maps its options onto a `BenchConfig` for `chattts_forge.evaluate.bench.run_bench` (or, with
+--load, onto `load_bench.run_load_bench`); docs/bench.md lists the JSON keys.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
 from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
+
+# Options (parameter names) of the load benchmark alone, refused without --load.
+LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "url")
 
 
 def _batches(value: str, option: str = "--batch") -> list[int]:
@@ -80,33 +86,7 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
               help="--load: also replay each concurrency over HTTP against `chattts-forge serve` serving --artifact "
                    "(real concurrent streaming clients), beside the in-process figures of the same run.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
-def bench(
-    artifact: str,
-    baseline: str,
-    checkpoint: str | None,
-    batch: str,
-    steps: int,
-    threads: int,
-    reps: int,
-    warmup_steps: int,
-    engine: str,
-    text: str | None,
-    no_first_audio: bool,
-    stream_lookahead: int | None,
-    baseline_device: str,
-    provider: str,
-    load: bool,
-    concurrency: str,
-    requests: int,
-    arrival: str,
-    rate: float | None,
-    baseline_requests: int,
-    phrase_cache_hit_ratio: float | None,
-    phrase_cache: str | None,
-    decode_overlap: bool | None,
-    url: str | None,
-    json_out: str | None,
-) -> None:
+def bench(**options: Any) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
 
     \b
@@ -114,43 +94,47 @@ def bench(
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
-    if not load and (phrase_cache_hit_ratio is not None or phrase_cache is not None or decode_overlap is not None
-                     or url is not None):
+    if options.pop("load"):
+        _load_bench(options)
+        return
+    if any(options[name] is not None for name in LOAD_ONLY):
         raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap and --url belong to the load "
                          "benchmark (--load)")
-    if load:
-        from chattts_forge.evaluate.load_bench import LoadBenchConfig, format_load_table, run_load_bench
+    from chattts_forge.evaluate.bench import DEFAULT_TEXT, BenchConfig, format_table, run_bench
 
-        report = run_load_bench(LoadBenchConfig(
-            artifact, concurrency=_batches(concurrency, "--concurrency"), requests=requests, arrival=arrival,
-            rate=rate, baseline=None if baseline == "none" else baseline, checkpoint=checkpoint,
-            baseline_requests=baseline_requests, threads=threads, stream_lookahead=stream_lookahead,
-            phrase_cache_hit_ratio=phrase_cache_hit_ratio, phrase_cache=phrase_cache, decode_overlap=decode_overlap,
-            url=url, json_out=json_out), progress=lambda msg: click.echo(msg, err=True))
-        click.echo(format_load_table(report))
-        if json_out:
-            click.echo(f"wrote {json_out}")
-        return
-    from chattts_forge.evaluate.bench import DEFAULT_TEXT, format_table, run_bench
-
-    report = run_bench(
-        artifact,
-        baseline=None if baseline == "none" else baseline,
-        checkpoint=checkpoint,
-        batches=_batches(batch),
-        steps=steps,
-        threads=threads,
-        reps=reps,
-        warmup_steps=warmup_steps,
-        engine=engine,
-        text=text if text is not None else DEFAULT_TEXT,
-        first_audio=not no_first_audio,
-        stream_lookahead=stream_lookahead,
-        json_out=json_out,
-        provider=provider,
-        baseline_device=baseline_device,
-        progress=lambda msg: click.echo(msg, err=True),
+    config = BenchConfig(
+        baseline=None if options["baseline"] == "none" else options["baseline"],
+        checkpoint=options["checkpoint"],
+        batches=_batches(options["batch"]),
+        steps=options["steps"],
+        threads=options["threads"],
+        reps=options["reps"],
+        warmup_steps=options["warmup_steps"],
+        engine=options["engine"],
+        text=options["text"] if options["text"] is not None else DEFAULT_TEXT,
+        first_audio=not options["no_first_audio"],
+        stream_lookahead=options["stream_lookahead"],
+        provider=options["provider"],
+        baseline_device=options["baseline_device"],
     )
+    json_out = options["json_out"]
+    report = run_bench(options["artifact"], config, json_out=json_out, progress=lambda msg: click.echo(msg, err=True))
     click.echo(format_table(report))
     if json_out:
         click.echo(f"wrote {json_out}")
+
+
+def _load_bench(o: dict[str, Any]) -> None:
+    """`bench --load`: the options mapped onto `load_bench.run_load_bench`."""
+    from chattts_forge.evaluate.load_bench import LoadBenchConfig, format_load_table, run_load_bench
+
+    report = run_load_bench(LoadBenchConfig(
+        o["artifact"], concurrency=_batches(o["concurrency"], "--concurrency"), requests=o["requests"],
+        arrival=o["arrival"], rate=o["rate"], baseline=None if o["baseline"] == "none" else o["baseline"],
+        checkpoint=o["checkpoint"], baseline_requests=o["baseline_requests"], threads=o["threads"],
+        stream_lookahead=o["stream_lookahead"], phrase_cache_hit_ratio=o["phrase_cache_hit_ratio"],
+        phrase_cache=o["phrase_cache"], decode_overlap=o["decode_overlap"], url=o["url"], json_out=o["json_out"],
+    ), progress=lambda msg: click.echo(msg, err=True))
+    click.echo(format_load_table(report))
+    if o["json_out"]:
+        click.echo(f"wrote {o['json_out']}")

@@ -67,8 +67,8 @@ from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
 from chattts_forge.fsutil import recorded_path
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.providers import resolve_provider
-from chattts_forge.runtime.timing import machine_info
 
 log = get_logger(__name__)
 

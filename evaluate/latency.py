@@ -1,6 +1,7 @@
 """Latency, throughput and memory of an artifact (and, on request, ChatTTS's PyTorch FP32 pipeline).
 
-The evaluate stage's workload on the engines of `chattts_forge.runtime.timing` (the same engines,
+The evaluate stage's workload on the engines of `chattts_forge.runtime.timed_engine` and
+`chattts_forge.torch_ref.engine` (the same engines,
 spans and definitions as `bench`; docs/bench.md "Definitions"):
 
 `measure_artifact(artifact_dir, sentences, threads=2, max_new_token=96, seed=0, batch_sizes=(1, 4, 8))`
@@ -10,14 +11,14 @@ end-to-end seconds, audio seconds, codes and RTF (end-to-end seconds / audio sec
 p50/p95/p99; codes per second; first audio when streaming (`stream_batch` steps); throughput at
 each batch size (one call with B sentences: streams = audio seconds of all rows per wall second,
 codes/s); memory: the peak RSS of a fresh process that loads the artifact and synthesizes once
-(`timing.measure_memory`; the evaluating process's own peak is also recorded but is confounded by
+(`memory_probe.measure_memory`; the evaluating process's own peak is also recorded but is confounded by
 what ran before); bytes on disk. The waveforms are returned too (the evaluate stage scores them).
 
 `measure_pytorch(checkpoint, sentences, ...)` measures ChatTTS's own PyTorch pipeline
-(`timing.TorchEngine`: normalizer, code stage, Decoder + Vocos; no refinement, no sentence split)
+(`torch_ref.engine.TorchEngine`: normalizer, code stage, Decoder + Vocos; no refinement, no sentence split)
 per sentence the same way; torch is imported only there.
 
-The report's `machine` section is `timing.machine_info(threads)`.
+The report's `machine` section is `machine.machine_info(threads)`.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.memory_probe import measure_memory
+from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
-    OnnxEngine,
     Request,
     RunFigures,
     current_rss_bytes,
-    measure_memory,
     peak_rss_bytes,
     per_second,
     percentiles,
@@ -169,7 +170,7 @@ def measure_pytorch(
     progress: bool = True,
 ) -> dict[str, Any]:
     """ChatTTS's PyTorch FP32 pipeline on the same sentences and requests (torch imported here only)."""
-    from chattts_forge.runtime.timing import TorchEngine
+    from chattts_forge.torch_ref.engine import TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
     try:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import tempfile
 import threading
 import time
@@ -50,6 +49,7 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
 
 if TYPE_CHECKING:
@@ -370,7 +370,8 @@ def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurre
 
 
 def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threads: int) -> dict[str, Any]:
-    from chattts_forge.runtime.timing import Request, TorchEngine
+    from chattts_forge.runtime.timing import Request
+    from chattts_forge.torch_ref.engine import TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
     try:
@@ -455,9 +456,9 @@ class LoadBenchConfig:
         """The PyTorch baseline's checkpoint (None without a baseline); ForgeError when none is known."""
         if self.baseline != "pytorch":
             return None
-        from chattts_forge.evaluate.bench import _default_checkpoint
+        from chattts_forge.evaluate.bench import default_checkpoint
 
-        ckpt = Path(self.checkpoint).expanduser() if self.checkpoint is not None else _default_checkpoint(art)
+        ckpt = Path(self.checkpoint).expanduser() if self.checkpoint is not None else default_checkpoint(art)
         if ckpt is None:
             raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
         return ckpt
@@ -550,8 +551,7 @@ def _report(cfg: LoadBenchConfig, pipe: Pipeline, art: Path, plan: list[LoadRequ
                      "decode_overlap": overlap,
                      "decode_overlap_asked": "default (on when intra-op threads < usable cores)"
                      if cfg.decode_overlap is None else cfg.decode_overlap},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
+        "machine": machine_info(cfg.threads),  # the one machine record (runtime.machine), as bench's and the reports
         "results": {str(r["concurrency"]): r for r in results},
         "runtime_peak_rss_mb": runtime_peak * mb if runtime_peak else None,
         "baseline": base,

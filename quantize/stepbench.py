@@ -4,7 +4,7 @@
         [--threads 2] [--past 64] [--batch 1] [--runs 30] [--json OUT]
 
 Times one decode step (S = 1) of each artifact's plain GPT step - the runtime's own `GptStep` on the
-session `bench` and the evaluate stage run (`runtime.timing.OnnxEngine`, engine "plain") - with a
+session `bench` and the evaluate stage run (`runtime.timed_engine.OnnxEngine`, engine "plain") - with a
 past of `--past` positions (random, seeded: latency does not depend on the values), and reports
 the median and quartiles, plus the GPT file size and its ratio to the first artifact's. End-to-end
 figures against ChatTTS come from `chattts-forge bench`; this isolates the graph the quantize stage
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.fsutil import atomic_write_json
-from chattts_forge.runtime.timing import OnnxEngine, decode_step_call, quantiles, time_interleaved
+from chattts_forge.runtime.timed_engine import OnnxEngine, decode_step_call
+from chattts_forge.runtime.timing import quantiles, time_interleaved
 
 
 def time_gpt_steps(

@@ -48,9 +48,12 @@ Pieces for parity tests (all on a `Pipeline`):
   `apply_repetition_penalty` (numpy ports of ChatTTS's processors and transformers' warpers).
 - `chattts_forge.runtime.frontend`: `Normalizer`, `TextTokenizer`, `split_sentences`,
   `decorate_code_prompts`, `decorate_text_prompts`, speaker string helpers.
-- `chattts_forge.runtime.timing`: the one timing module (bench, evaluate, quantize): the timed
-  engines (`OnnxEngine`; `TorchEngine`, which imports torch when built), RTF / streams / first audio
-  / peak RSS definitions, statistics, machine info (docs/bench.md "Definitions").
+- `chattts_forge.runtime.synth`: `SynthConfig` -> `synthesize_to_files`, `WarmConfig` -> `warm_phrase_cache`
+  (the library of `chattts-forge synth` and `warm`, which map their options onto those configs).
+- `chattts_forge.runtime.timing`: RTF / streams / first audio / peak RSS definitions and statistics
+  (bench, evaluate, quantize; docs/bench.md "Definitions"); `runtime.timed_engine.OnnxEngine` the
+  runtime timed (the PyTorch baseline: `chattts_forge.torch_ref.engine.TorchEngine`);
+  `runtime.memory_probe` peak RSS per phase and of a fresh process; `runtime.machine` machine info.
 
 Decisions and errors (each a one-line `ForgeError`; the CLI prints `error: ...`, exit 2):
 - empty text; text that normalises to nothing speakable (only punctuation/spaces left);

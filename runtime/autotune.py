@@ -114,17 +114,20 @@ def decode_call_at(step: Any, hidden_size: int, context: int, seed: int = 0) -> 
 
         return fused
     if hasattr(step, "past") and hasattr(step, "kv_heads"):
-        from chattts_forge.runtime.timing import decode_step_call
+        from chattts_forge.runtime.timed_engine import decode_step_call
 
         return decode_step_call(step, hidden_size, context, batch=1, seed=seed)
     raise ForgeError(f"cannot time a {type(step).__name__} at a fixed context")
 
 
 class RuntimeSteps:
-    """The default step factory: each variant's own GPT step, as `Pipeline` would open it."""
+    """The default step factory: each variant's own GPT step, as `Pipeline` would open it (`verify`,
+    `public_key`: its files checked as the Pipeline would, so a Router can hand the opened artifact on)."""
 
-    def __init__(self, provider: str = "cpu", threads: int | None = None, engine: str = "auto") -> None:
+    def __init__(self, provider: str = "cpu", threads: int | None = None, engine: str = "auto",
+                 verify: str = "sha256", public_key: str | os.PathLike[str] | None = None) -> None:
         self.provider, self.threads, self.engine = provider, threads, engine
+        self.verify, self.public_key = verify, public_key
         self._opened: dict[Path, tuple[Any, Any]] = {}
 
     def max_positions(self, folder: Path) -> int:
@@ -135,9 +138,15 @@ class RuntimeSteps:
             from chattts_forge.runtime.pipeline import open_gpt_step
             from chattts_forge.runtime.session import Artifact
 
-            artifact = Artifact(folder, provider=self.provider, threads=self.threads)
+            artifact = Artifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
+                                public_key=self.public_key)
             self._opened[folder] = (artifact, open_gpt_step(artifact, self.engine))
         return self._opened[folder]
+
+    def opened_artifact(self, folder: Path) -> Any:
+        """The `runtime.session.Artifact` measured for `folder` (its sessions open), or None."""
+        entry = self._opened.get(folder)
+        return None if entry is None else entry[0]
 
     def __call__(self, folder: Path, context: int) -> Callable[[], object]:
         artifact, step = self._open(folder)
@@ -154,8 +163,7 @@ def cache_key(table: dict[str, Any], contexts: dict[str, int], *, provider: str,
               engine: str, bound: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from chattts_forge.runtime.costmodel import cpu_flags
-    from chattts_forge.runtime.timing import cpu_model
+    from chattts_forge.runtime.machine import cpu_flags, cpu_model
 
     return {"schema": AUTOTUNE_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
             "onnxruntime": ort.__version__,
@@ -206,15 +214,18 @@ def choose_routes(
     provider: str = "cpu",
     threads: int | None = None,
     engine: str = "auto",
+    steps: RuntimeSteps | None = None,
 ) -> dict[str, Any]:
     """The host's choice per bucket (cached; see the module docstring). Returns the record:
     {"schema", "source": "measured" | "cache", "cache_file", "seconds", "key",
-     "buckets": {name: {"variant", "build_variant", "passing", "reason", "context", "comparison"}}}."""
+     "buckets": {name: {"variant", "build_variant", "passing", "reason", "context", "comparison"}}}.
+    `steps`: the caller's `RuntimeSteps` (left open: a Router reuses the artifacts it measured);
+    default a private one, closed at the end."""
     settings = settings or AutotuneSettings()
     factory = settings.step_factory
     runtime_steps = None
     if factory is None:
-        factory = runtime_steps = RuntimeSteps(provider, threads, engine)
+        factory = runtime_steps = steps if steps is not None else RuntimeSteps(provider, threads, engine)
     entries = {b["name"]: b for b in table["buckets"]}
     to_rank = {n: bucket_passing(b, table["fallback"]) for n, b in entries.items()}
     to_rank = {n: p for n, p in to_rank.items() if len(p) > 1}
@@ -253,7 +264,7 @@ def choose_routes(
             record["buckets"][name] = {"variant": choice, "build_variant": build_variant, "passing": passing,
                                        "reason": reason, "context": contexts[name], "comparison": comparison.to_dict()}
     finally:
-        if runtime_steps is not None:
+        if runtime_steps is not None and runtime_steps is not steps:
             runtime_steps.close()
     record["seconds"] = round(settings.clock() - t0, 3)
     if to_rank and settings.use_cache:

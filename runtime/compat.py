@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +67,7 @@ from chattts_forge.runtime.router import ROUTING_NAME, Router
 if TYPE_CHECKING:
     from chattts_forge.runtime.autotune import AutotuneSettings
 
-__all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "Normalizer"]
+__all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "InferConfig", "LoadConfig", "Normalizer"]
 
 # ChatTTS's silence threshold: `Chat.infer` drops samples with |x| <= 1e-5 from non-streamed audio.
 _SILENCE = np.float32(1e-5)
@@ -225,6 +225,39 @@ class Normalizer:
         return self.base(text, do_text_normalization, do_homophone_replacement, lang)
 
 
+@dataclass(frozen=True)
+class LoadConfig:
+    """What `Chat.load` opens once ChatTTS's arguments are mapped: the folder, the onnxruntime provider
+    (resolved from ChatTTS's `device`), ChatTTS's `coef` (checked against the artifact's) and our extras."""
+
+    path: Path
+    provider: str = "cpu"
+    coef: str | None = None
+    variant: str | None = None
+    threads: int | None = None
+    engine: str = "auto"
+    public_key: str | Path | None = None
+    verify: str = "sha256"
+    autotune: bool | AutotuneSettings | None = None
+
+
+@dataclass(frozen=True)
+class InferConfig:
+    """`Chat.infer`'s arguments (ChatTTS's names and defaults) as one record."""
+
+    stream: bool = False
+    lang: str | None = None
+    skip_refine_text: bool = False
+    refine_text_only: bool = False
+    use_decoder: bool = True
+    do_text_normalization: bool = True
+    do_homophone_replacement: bool = True
+    split_text: bool = True
+    max_split_batch: int = 4
+    params_refine_text: RefineTextParams = field(default_factory=lambda: RefineTextParams())
+    params_infer_code: InferCodeParams = field(default_factory=lambda: InferCodeParams())
+
+
 class Chat:
     """ChatTTS 0.2.5's `Chat` on an ONNX artifact. See the module docstring."""
 
@@ -280,11 +313,14 @@ class Chat:
     ) -> bool:
         """Open an artifact (`source="custom"`, `custom_path=` an artifact or version folder).
 
-        Extra keyword-only arguments of ours: `variant` (pick from a version folder), `threads`
-        (onnxruntime intra-op threads), `engine` (GPT engine, see Pipeline), `public_key` (a PEM
-        public key: the published folder's model.sig must verify with it), `verify` (how the files
-        are checked against their sha256, see Pipeline), `autotune` (a version folder with routing.json:
-        rank its variants on this host; see the module docstring). Returns True."""
+        The signature is ChatTTS's `Chat.load` (drop-in compatibility; kept on purpose, however long):
+        its PyTorch and download arguments are refused unless left at their defaults, and what is left
+        maps onto a `LoadConfig` for `open_config`. Extra keyword-only arguments of ours: `variant`
+        (pick from a version folder), `threads` (onnxruntime intra-op threads), `engine` (GPT engine,
+        see Pipeline), `public_key` (a PEM public key: the published folder's model.sig must verify
+        with it), `verify` (how the files are checked against their sha256, see Pipeline), `autotune`
+        (a version folder with routing.json: rank its variants on this host; see the module
+        docstring). Returns True."""
         _refuse_unknown("load", unknown)
         if source != "custom":
             raise CompatArgumentError(f"load: source={source!r} is not supported; {_SOURCE_HINT}")
@@ -298,25 +334,34 @@ class Chat:
                                           "on onnxruntime (leave it False)")
         if not enable_cache:
             raise CompatArgumentError("load: enable_cache=False is not supported (the runtime always keeps a KV cache)")
-        provider = _provider(device)
+        self.open_config(LoadConfig(path=Path(custom_path), provider=_provider(device), coef=coef, variant=variant,
+                                    threads=threads, engine=engine, public_key=public_key, verify=verify,
+                                    autotune=autotune))
+        return True
+
+    def open_config(self, cfg: LoadConfig) -> None:
+        """Open the artifact `cfg` names (what `load` does once ChatTTS's arguments are mapped)."""
         self.autotune = None
-        version = Path(custom_path).expanduser()
-        if variant is None and (version / ROUTING_NAME).is_file():
-            router = Router(version, autotune=autotune, provider=provider, threads=threads, engine=engine,
-                            verify=verify, public_key=public_key)
+        version = cfg.path.expanduser()
+        runtime = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine, "verify": cfg.verify,
+                   "public_key": cfg.public_key}
+        if cfg.variant is None and (version / ROUTING_NAME).is_file():
+            router = Router(version, autotune=cfg.autotune, keep_measured=True, **runtime)
             variant = router.routes[router.buckets[-1].name]
             self.autotune = router.autotune
             self.logger.info("load: %s serves %s, the host's choice for its longest bucket (%s)", version, variant,
                              router.autotune["buckets"][router.buckets[-1].name]["reason"])
-        folder = resolve_artifact(custom_path, variant, provider)
-        pipe = Pipeline(folder, provider=provider, threads=threads, engine=engine, verify=verify, public_key=public_key)
-        if coef is not None and coef != artifact_coef(pipe):
+            folder = resolve_artifact(cfg.path, variant, cfg.provider)
+            pipe = router.pipeline(variant)  # the sessions autotune opened for it, not a second copy
+        else:
+            folder = resolve_artifact(cfg.path, cfg.variant, cfg.provider)
+            pipe = Pipeline(folder, **runtime)
+        if cfg.coef is not None and cfg.coef != artifact_coef(pipe):
             raise CompatArgumentError("load: coef differs from the artifact's DVAE coefficients (baked into its "
                                       "graphs at convert time); leave coef=None")
         self.pipe = pipe
         self.normalizer.base = pipe.normalizer
-        self.logger.info("loaded artifact %s (variant %s, %s)", folder, pipe.artifact.variant, provider)
-        return True
+        self.logger.info("loaded artifact %s (variant %s, %s)", folder, pipe.artifact.variant, cfg.provider)
 
     def unload(self) -> None:
         """Drop the artifact and the registered normalizers (ChatTTS re-initialises the Chat)."""
@@ -371,42 +416,54 @@ class Chat:
           removed; one per text, or a single joined one when `split_text` is True;
         - `stream=True`: a generator of float32 arrays [texts in the batch, samples];
         - `[]` for an empty list of texts.
+
+        The signature is ChatTTS's (drop-in compatibility; kept on purpose): the arguments map onto an
+        `InferConfig` for `infer_config`.
         """
         _refuse_unknown("infer", unknown)
+        return self.infer_config(text, InferConfig(
+            stream=stream, lang=lang, skip_refine_text=skip_refine_text, refine_text_only=refine_text_only,
+            use_decoder=use_decoder, do_text_normalization=do_text_normalization,
+            do_homophone_replacement=do_homophone_replacement, split_text=split_text,
+            max_split_batch=max_split_batch, params_refine_text=params_refine_text or RefineTextParams(),
+            params_infer_code=params_infer_code or InferCodeParams(),
+        ))
+
+    def infer_config(self, text: str | Sequence[str], cfg: InferConfig) -> Any:
+        """`infer` once its arguments are mapped onto `cfg` (same returns)."""
         pipe = self._pipe()
-        params_refine_text = params_refine_text or RefineTextParams()
-        params_infer_code = params_infer_code or InferCodeParams()
-        _check_type("params_refine_text", params_refine_text, RefineTextParams)
-        _check_type("params_infer_code", params_infer_code, InferCodeParams)
-        if max_split_batch < 1:
-            raise CompatArgumentError(f"infer: max_split_batch must be >= 1, got {max_split_batch}")
-        if lang not in (None, "zh", "en"):
-            raise CompatArgumentError(f"infer: lang must be None, 'zh' or 'en', got {lang!r}")
-        _check_params(pipe, params_refine_text, params_infer_code)
-        self._check_speakers(params_infer_code)
+        _check_type("params_refine_text", cfg.params_refine_text, RefineTextParams)
+        _check_type("params_infer_code", cfg.params_infer_code, InferCodeParams)
+        if cfg.max_split_batch < 1:
+            raise CompatArgumentError(f"infer: max_split_batch must be >= 1, got {cfg.max_split_batch}")
+        if cfg.lang not in (None, "zh", "en"):
+            raise CompatArgumentError(f"infer: lang must be None, 'zh' or 'en', got {cfg.lang!r}")
+        _check_params(pipe, cfg.params_refine_text, cfg.params_infer_code)
+        self._check_speakers(cfg.params_infer_code)
         self._interrupted = False
 
-        texts = self._split(text, split_text)
+        texts = self._split(text, cfg.split_text)
         if not texts:
             return []
-        texts = [self._normalize(t, do_text_normalization, do_homophone_replacement, lang) for t in texts]
-        if not skip_refine_text:
-            texts = self._refine(texts, params_refine_text)
-            if refine_text_only:
-                return "\n".join(texts) if split_text else texts
-        code_params = _runtime_code(params_infer_code)
-        if split_text and len(texts) > 1 and code_params.spk_smp is None:
-            code_params = self._reference_speaker(texts[0], code_params, use_decoder, params_infer_code.show_tqdm)
-        batch = max_split_batch if split_text else len(texts)
+        texts = [self._normalize(t, cfg.do_text_normalization, cfg.do_homophone_replacement, cfg.lang) for t in texts]
+        if not cfg.skip_refine_text:
+            texts = self._refine(texts, cfg.params_refine_text)
+            if cfg.refine_text_only:
+                return "\n".join(texts) if cfg.split_text else texts
+        compat = cfg.params_infer_code
+        code_params = _runtime_code(compat)
+        if cfg.split_text and len(texts) > 1 and code_params.spk_smp is None:
+            code_params = self._reference_speaker(texts[0], code_params, cfg.use_decoder, compat.show_tqdm)
+        batch = cfg.max_split_batch if cfg.split_text else len(texts)
         groups = [texts[i : i + batch] for i in range(0, len(texts), batch)]
-        if stream:
-            return self._stream(groups, code_params, params_infer_code, use_decoder)
+        if cfg.stream:
+            return self._stream(groups, code_params, compat, cfg.use_decoder)
         wavs: list[np.ndarray] = []
         for group in groups:
-            gen = self._generate_codes(group, code_params, params_infer_code.show_tqdm)
-            batch_wavs = pipe.decode_to_wavs(gen.hiddens if use_decoder else gen.ids, use_decoder)
+            gen = self._generate_codes(group, code_params, compat.show_tqdm)
+            batch_wavs = pipe.decode_to_wavs(gen.hiddens if cfg.use_decoder else gen.ids, cfg.use_decoder)
             wavs += [w[np.abs(w) > _SILENCE] for w in batch_wavs]
-        return [np.concatenate(wavs)] if split_text else wavs
+        return [np.concatenate(wavs)] if cfg.split_text else wavs
 
     # ---- the steps of infer ---------------------------------------------------------------
 

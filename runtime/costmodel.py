@@ -29,28 +29,14 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.machine import cpu_flags, cpu_model
 
 log = get_logger(__name__)
 
 BANDWIDTH_SCHEMA = "chattts-forge/bandwidth/1"
 BANDWIDTH_MB = 256
 BANDWIDTH_REPEATS = 5
-# CPU features that decide which kernels onnxruntime runs (x86 /proc/cpuinfo flag names).
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-              "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 _CACHE_DTYPE_BYTES = {1: 4, 3: 1, 2: 1, 10: 2}  # ONNX elem types: float, int8, uint8, float16
-
-
-def cpu_flags() -> list[str]:
-    """The SIMD features of this CPU that matter to onnxruntime's kernels (x86 Linux; [] elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in SIMD_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
 
 
 def _graph_bytes(folder: Path, meta: ArtifactMeta, component: str) -> int:
@@ -101,7 +87,6 @@ def read_bandwidth(use_cache: bool = True, cache_dir: Path | None = None,
                    measure: Callable[[], dict[str, Any]] = measure_read_bandwidth) -> dict[str, Any]:
     """`measure()` (the numpy sum), cached per CPU model (see the module docstring)."""
     from chattts_forge.runtime.autotune import user_cache_dir
-    from chattts_forge.runtime.timing import cpu_model
 
     key = {"schema": BANDWIDTH_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "mb": BANDWIDTH_MB,
            "repeats": BANDWIDTH_REPEATS}
@@ -130,7 +115,7 @@ def floor_ms(total_bytes: int, gb_per_s: float) -> float:
 
 
 def host_speed_info(use_cache: bool = True) -> dict[str, Any]:
-    """What a speed figure needs to say about the machine beyond `timing.machine_info`: the CPU's
+    """What a speed figure needs to say about the machine beyond `machine.machine_info`: the CPU's
     SIMD flags and its measured read bandwidth."""
     return {"cpu_flags": cpu_flags(), "read_bandwidth": read_bandwidth(use_cache)}
 

@@ -55,7 +55,7 @@ from chattts_forge.runtime.frontend import (
     split_sentences,
 )
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
-from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits, softmax
+from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
 log = get_logger(__name__)
@@ -220,7 +220,7 @@ def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
     return GptStep(artifact.session("gpt"), artifact.dims)
 
 
-def _position_ids(attention_mask: np.ndarray) -> np.ndarray:
+def position_ids(attention_mask: np.ndarray) -> np.ndarray:
     """ChatTTS: cumsum(attention_mask) - 1, masked positions set to 1."""
     pos = np.cumsum(attention_mask, axis=1) - 1
     pos[attention_mask == 0] = 1
@@ -371,7 +371,22 @@ class Pipeline:
         """`verify`: how the artifact's files are checked before use (sha256 (default, cached), full,
         size, none: chattts_forge.integrity); `public_key`: the folder's model.sig must verify with it."""
         check_engine(engine)  # before opening the artifact: a typo is reported first
-        self.artifact = Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key)
+        self._open(Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key),
+                   engine, cache)
+
+    @classmethod
+    def from_artifact(
+        cls, artifact: Artifact, engine: str = "auto", cache: PhraseCache | str | os.PathLike[str] | None = None
+    ) -> Pipeline:
+        """A Pipeline over an artifact already open (its files checked, its sessions reused: the Router
+        hands on what its autotune measured, so those sessions are opened once)."""
+        check_engine(engine)
+        pipe = cls.__new__(cls)
+        pipe._open(artifact, engine, cache)
+        return pipe
+
+    def _open(self, artifact: Artifact, engine: str, cache: PhraseCache | str | os.PathLike[str] | None) -> None:
+        self.artifact = artifact
         self.engine = choose_engine(self.artifact, engine)
         self.dims = self.artifact.dims
         self.num_vq = self.dims.num_vq
@@ -538,7 +553,6 @@ class Pipeline:
         seed: int | None,
         ensure_non_empty: bool = True,
         forced: Sequence[np.ndarray] | None = None,
-        record_logits: bool = False,
     ) -> Iterator[StepState]:
         """ChatTTS's `GPT.generate` with a KV cache, one yielded `StepState` per step.
 
@@ -557,7 +571,7 @@ class Pipeline:
             end_idx=np.zeros(batch, dtype=np.int64),
             finish=np.zeros(batch, dtype=bool),
             infer_text=infer_text,
-            record_logits=record_logits or forced is not None,
+            record_logits=forced is not None,
             forced_lengths=None if forced is None else [len(f) for f in forced],
         )
         mask = attention_mask.astype(np.int64)
@@ -565,7 +579,7 @@ class Pipeline:
         if reserve is not None:  # size the cache by the request, not by the model's positions
             reserve(mask.shape[1] + max_new_token)
         self.gpt.reset(batch)
-        hidden = self.gpt(emb, mask, _position_ids(mask))[:, -1]
+        hidden = self.gpt(emb, mask, position_ids(mask))[:, -1]
         for step in range(max_new_token):
             if step > 0:
                 new_ids = state.tokens[:, step - 1 : step, :]
@@ -585,15 +599,7 @@ class Pipeline:
                 eos_row = np.full(streams, cfg.eos_token, dtype=np.int64)
                 idx = np.stack([f[step] if step < len(f) else eos_row for f in forced])
             else:
-                probs = softmax(scores)
-                idx = sampler.draw(probs).reshape(batch, streams)
-                if step == 0 and ensure_non_empty:
-                    # ChatTTS regenerates when a row ends at once; step 0's logits would be the same.
-                    for _ in range(16):
-                        ended = (idx == cfg.eos_token).any(axis=1)
-                        if not ended.any():
-                            break
-                        idx = np.where(ended[:, None], sampler.draw(probs).reshape(batch, streams), idx)
+                idx = sampler.next_tokens(scores, redraw_ended=step == 0 and ensure_non_empty)
             state.tokens[:, step] = idx
             state.finish |= (idx == cfg.eos_token).any(axis=1)
             state.end_idx += ~state.finish

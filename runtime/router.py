@@ -262,6 +262,8 @@ class Router:
     runtime.autotune) - True, False (the build's ranking), an `AutotuneSettings`, or None (the
     `CHATTTS_FORGE_AUTOTUNE` environment variable, on unless "0"). `self.autotune` records the
     choice, why, and its figures (`autotune.describe` / `autotune.metrics` render it).
+    `keep_measured`: the variants it routes to keep the artifacts (open sessions) autotune measured,
+    for their Pipelines (`Chat.load` serves one at once); off, they are dropped after measuring.
     """
 
     def __init__(
@@ -270,6 +272,7 @@ class Router:
         variant: str | None = None,
         cache: PhraseCache | str | os.PathLike[str] | None = None,
         autotune: bool | AutotuneSettings | None = None,
+        keep_measured: bool = False,
         **pipeline_kwargs: Any,
     ) -> None:
         from chattts_forge.runtime import autotune as tuning
@@ -290,6 +293,7 @@ class Router:
             published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
             raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
         self.pipeline_kwargs = pipeline_kwargs
+        steps = None
         if autotune is None:
             autotune = tuning.autotune_default()
         if variant is not None:
@@ -298,10 +302,21 @@ class Router:
             self.autotune = tuning.build_choice(self.table, "autotune off")
         else:
             settings = autotune if isinstance(autotune, tuning.AutotuneSettings) else tuning.AutotuneSettings()
-            self.autotune = tuning.choose_routes(
-                self.path, self.table, settings, provider=pipeline_kwargs.get("provider", "cpu"),
-                threads=pipeline_kwargs.get("threads"), engine=pipeline_kwargs.get("engine", "auto"))
+            provider, threads = pipeline_kwargs.get("provider", "cpu"), pipeline_kwargs.get("threads")
+            engine = pipeline_kwargs.get("engine", "auto")
+            steps = tuning.RuntimeSteps(provider, threads, engine, verify=pipeline_kwargs.get("verify", "sha256"),
+                                        public_key=pipeline_kwargs.get("public_key"))
+            self.autotune = tuning.choose_routes(self.path, self.table, settings, provider=provider, threads=threads,
+                                                 engine=engine, steps=steps)
         self.routes = {name: b["variant"] for name, b in self.autotune["buckets"].items()}
+        # keep_measured: the artifacts autotune opened for the variants served here become their
+        # Pipelines' (sessions opened once); else they go now and a variant opens on its first text.
+        self._measured: dict[str, Any] = {}
+        if steps is not None:
+            if keep_measured:
+                opened = {v: steps.opened_artifact(self.path / v) for v in self.variants_in_use()}
+                self._measured = {v: a for v, a in opened.items() if a is not None}
+            steps.close()
         where = f" ({self.autotune['source']}{': ' + self.autotune['cache_file'] if self.autotune.get('cache_file') else ''})"
         for line in tuning.describe(self.autotune):
             log.info("router%s: %s", where, line)
@@ -330,8 +345,14 @@ class Router:
             from chattts_forge.runtime.pipeline import Pipeline
 
             cache = self.cache if variant in self._cached_variants else None
-            log.info("router: opening variant %s (%s)", variant, self.path / variant)
-            self._pipes[variant] = Pipeline(self.path / variant, cache=cache, **self.pipeline_kwargs)
+            measured = self._measured.pop(variant, None)
+            if measured is not None:
+                log.info("router: serving variant %s with the sessions autotune opened (%s)", variant, measured.path)
+                self._pipes[variant] = Pipeline.from_artifact(measured, self.pipeline_kwargs.get("engine", "auto"),
+                                                              cache=cache)
+            else:
+                log.info("router: opening variant %s (%s)", variant, self.path / variant)
+                self._pipes[variant] = Pipeline(self.path / variant, cache=cache, **self.pipeline_kwargs)
         return self._pipes[variant]
 
     @property

@@ -30,6 +30,7 @@ import numpy as np
 REPETITION_WINDOW = 16
 MIN_TOKENS_TO_KEEP = 3
 TOP_P_SLICE = 64  # top-p sorts this many top scores per row (all of them when more are kept)
+EMPTY_REDRAWS = 16  # draws again of a row that ends at step 0 (ChatTTS regenerates an empty result)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,23 @@ class Sampler:
     def draw(self, probs: np.ndarray) -> np.ndarray:
         """One token per row of `probs` [B * num_streams, vocab]."""
         return sample_rows(probs, self.rngs, self.num_streams)
+
+    def next_tokens(self, scores: np.ndarray, redraw_ended: bool = False) -> np.ndarray:
+        """The sampling step of a generation: tokens [B, num_streams] from processed `scores`
+        [B * num_streams, vocab] (`process_logits`'s output). `redraw_ended` (step 0 of a generation
+        that must not be empty): a batch row that drew EOS in any stream draws again, up to
+        `EMPTY_REDRAWS` times, as ChatTTS regenerates when a row ends at once (step 0's logits would
+        be the same). `Pipeline.iter_generate` and the scheduler both sample through here."""
+        probs = softmax(scores)
+        shape = (len(self.rngs), self.num_streams)
+        idx = self.draw(probs).reshape(shape)
+        if redraw_ended:
+            for _ in range(EMPTY_REDRAWS):
+                ended = (idx == self.cfg.eos_token).any(axis=1)
+                if not ended.any():
+                    break
+                idx = np.where(ended[:, None], self.draw(probs).reshape(shape), idx)
+        return idx
 
     def __call__(self, logits: np.ndarray, history: np.ndarray, step: int) -> np.ndarray:
         scores = process_logits(logits, history, step, self.cfg, self.num_streams)

@@ -69,11 +69,11 @@ from chattts_forge.runtime.pipeline import (
     Result,
     StreamDecoder,
     SynthParams,
-    _position_ids,
     check_synth_params,
     check_text_length,
+    position_ids,
 )
-from chattts_forge.runtime.sampling import Sampler, process_logits, softmax
+from chattts_forge.runtime.sampling import Sampler, process_logits
 
 log = get_logger(__name__)
 
@@ -419,7 +419,7 @@ class Scheduler:
         prompt = mask.shape[1]
         self._prefill.reserve(prompt + code.max_new_token)
         self._prefill.reset(1)
-        hidden = self._prefill(emb, mask, _position_ids(mask))[:, -1]
+        hidden = self._prefill(emb, mask, position_ids(mask))[:, -1]
         slot = len(self._active)
         self._rows.load_row(slot, self._prefill, prompt)
         act = _Active(
@@ -457,14 +457,7 @@ class Scheduler:
         logits = logits.reshape(vq, -1)
         history = act.tokens[:step].T  # [streams, step]
         scores = process_logits(logits, history, step, act.cfg, vq)
-        probs = softmax(scores)
-        idx = act.sampler.draw(probs).reshape(1, vq)
-        if step == 0 and act.params.code.ensure_non_empty:
-            for _ in range(16):  # as iter_generate: redraw a row that ends at once
-                ended = (idx == act.cfg.eos_token).any(axis=1)
-                if not ended.any():
-                    break
-                idx = np.where(ended[:, None], act.sampler.draw(probs).reshape(1, vq), idx)
+        idx = act.sampler.next_tokens(scores, redraw_ended=step == 0 and act.params.code.ensure_non_empty)
         act.tokens[step] = idx[0]
         act.finished = bool((idx == act.cfg.eos_token).any())
         act.end += 0 if act.finished else 1

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.bench import RATIO_KEYS, RATIO_KEYS_HIGHER, format_table, run_bench
+from chattts_forge.evaluate.bench import RATIO_KEYS, RATIO_KEYS_HIGHER, BenchConfig, format_table, run_bench
 from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench.md"
@@ -51,10 +51,9 @@ def test_bench_against_pytorch_writes_every_documented_key(
     fast_tiny: Path, tiny_ckpt: Path, tiny_chat: Any, tmp_path: Path
 ) -> None:
     out = tmp_path / "bench.json"
-    report = run_bench(
-        fast_tiny, baseline="pytorch", checkpoint=tiny_ckpt, chat=tiny_chat, batches=(1, 2), steps=10, threads=1,
-        reps=2, warmup_steps=4, json_out=out,
-    )
+    config = BenchConfig(baseline="pytorch", checkpoint=tiny_ckpt, batches=(1, 2), steps=10, threads=1, reps=2,
+                         warmup_steps=4)
+    report = run_bench(fast_tiny, config, chat=tiny_chat, json_out=out)
     # the shared ChatTTS oracle is left without the benchmark's timing hooks
     assert not tiny_chat.gpt.gpt._forward_hooks and not tiny_chat.gpt.gpt._forward_pre_hooks
     on_disk = json.loads(out.read_text())

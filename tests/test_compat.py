@@ -382,3 +382,36 @@ def test_synth_speaker_audio_clones_like_chattts(tiny_chat, tiny_artifacts, tmp_
                           (tmp_path / "missing.wav", "does not exist")):
         res = CliRunner().invoke(main, args[:-6] + ["--speaker-audio", str(path)])
         assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_load_of_a_version_opens_each_session_once(tiny_artifacts, tmp_path: Path, monkeypatch) -> None:
+    """Chat.load on a version folder: the Router's autotune opens every passing variant's GPT step to
+    time it, and the variant it serves is built on those sessions, not opened a second time."""
+    import onnxruntime as ort
+    from stand_in_report import publish_stand_in_version
+
+    from chattts_forge.runtime.autotune import AutotuneSettings
+
+    # fp32 passes everywhere, fp16 only short and medium texts: autotune times both there, and the
+    # longest bucket (the one Chat serves) has fp32 alone
+    version = publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (False, 1.0)}})
+    opened: list[str] = []
+    real = ort.InferenceSession
+
+    def counting(path, *args, **kwargs):
+        opened.append(str(Path(path).relative_to(version)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", counting)
+    c = ChatTTS.Chat()
+    c.load(source="custom", custom_path=version, device="cpu", threads=1,
+           autotune=AutotuneSettings(time_cap_s=0.3, use_cache=False))
+    assert c.autotune["source"] == "measured" and c.pipe.artifact.variant == "fp32"
+    gpt = [p for p in opened if p.startswith("fp32/gpt")]
+    assert gpt and sorted({p.split("/")[0] for p in opened}) == ["fp16", "fp32"]  # both were timed
+    wavs = c.infer("你好。", skip_refine_text=True, params_infer_code=ChatTTS.Chat.InferCodeParams(**GREEDY))
+    assert len(wavs) == 1 and wavs[0].size > 0
+    assert len(opened) == len(set(opened)), f"sessions opened twice: {opened}"
+    assert [p for p in opened if p.startswith("fp32/gpt")] == gpt  # synthesis ran on the timed session

@@ -26,20 +26,23 @@ ROOT = Path(__file__).resolve().parents[1]
 # docs/architecture.md. `chattts_forge` itself holds the core's top-level modules; `chattts_forge.cli`
 # is the command line, which loads every stage (lazily, by name), so it sits with the build driver.
 LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
-    "core": (("chattts_forge", "chattts_forge.checkpoint", "chattts_forge.torch_ref"), frozenset()),
+    "core": (("chattts_forge", "chattts_forge.checkpoint"), frozenset()),
     # chattts_forge.compat: the drop-in ChatTTS API, a re-export of chattts_forge.runtime.compat
     # chattts_forge.runtime.serve: the HTTP server (`chattts-forge serve`) over the runtime's scheduler
     "runtime": (("chattts_forge.runtime", "chattts_forge.runtime.serve", "chattts_forge.compat"), frozenset({"core"})),
     # the torch export side: uses the runtime's fused-graph builder and parity driver; only the
     # command line and the build driver import it, so no torch-free stage depends on it.
-    "convert": (("chattts_forge.convert",), frozenset({"core", "runtime"})),
+    # the PyTorch side: ChatTTS's own code (the reference, the parity oracle) and its timed engine,
+    # which counts with the runtime's definitions; the torch-free layers import it only inside functions.
+    "torch": (("chattts_forge.torch_ref",), frozenset({"core", "runtime"})),
+    "convert": (("chattts_forge.convert",), frozenset({"core", "runtime", "torch"})),
     "calibration": (("chattts_forge.calibration_data",), frozenset({"core", "runtime"})),
     "quantize": (("chattts_forge.quantize",), frozenset({"core", "runtime", "calibration"})),
-    "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "calibration", "quantize"})),
+    "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "torch", "calibration", "quantize"})),
     "publish": (("chattts_forge.publish",), frozenset({"core", "runtime", "calibration", "quantize", "evaluate"})),
     "build": (
         ("chattts_forge.cli", "chattts_forge.driver"),
-        frozenset({"core", "runtime", "convert", "calibration", "quantize", "evaluate", "publish"}),
+        frozenset({"core", "runtime", "torch", "convert", "calibration", "quantize", "evaluate", "publish"}),
     ),
 }
 PACKAGE_LAYER = {pkg: layer for layer, (pkgs, _) in LAYERS.items() for pkg in pkgs}
@@ -136,7 +139,7 @@ def upward_imports(module: Module, source: str, known: set[str]) -> list[Upward]
     return found
 
 
-# torch and the chattts package: only the export side (core's torch_ref, convert) imports them at import time.
+# torch and the chattts package: only the torch side (torch_ref, convert) imports them at import time.
 TORCH_MODULES = ("torch", "torchaudio", "ChatTTS", "transformers", "vocos", "chattts_forge.torch_ref")
 TORCH_FREE_LAYERS = ("runtime", "calibration", "quantize", "evaluate", "publish")
 
@@ -200,6 +203,9 @@ def test_imports_run_one_way() -> None:
         ("chattts_forge.calibration_data.recorder",
          "from ..evaluate import gate\nimport importlib\nimportlib.import_module('chattts_forge.publish.cli')\n",
          [(1, "chattts_forge.evaluate.gate", "evaluate"), (3, "chattts_forge.publish.cli", "publish")]),
+        # the torch-free runtime may not reach for the PyTorch side, not even inside a function
+        ("chattts_forge.runtime.timed_engine", "def f():\n    from chattts_forge.torch_ref.engine import TorchEngine\n",
+         [(2, "chattts_forge.torch_ref.engine", "torch")]),
         # core may not import a stage, not even the command line
         ("chattts_forge.fsutil", "from chattts_forge import cli\n", [(1, "chattts_forge.cli", "build")]),
         # downward and same-layer imports, and third-party ones, are fine

@@ -38,6 +38,39 @@ def test_synth_writes_wav_and_codes(art, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "d.npy"), c)
 
 
+def test_the_library_config_writes_what_the_command_writes(art, tmp_path):
+    """`synth` maps its options onto a SynthConfig: the library call with the same knobs writes the same
+    samples and codes; a cache's knobs replace only those the config does not name as given."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files, with_cache_knobs
+
+    r = synth("--artifact", art, "--text", "你好。", "--out", str(tmp_path / "cli.wav"), "--seed", "3", "--no-refine",
+              "--max-new-token", "20", "--codes-out", str(tmp_path / "cli.npy"), "--threads", "1")
+    assert r.exit_code == 0, r.output
+    synthesize_to_files(SynthConfig(artifact=Path(art), out=tmp_path / "lib.wav", text="你好。", seed=3, refine=False,
+                                    max_new_token=20, codes_out=tmp_path / "lib.npy", threads=1))
+    np.testing.assert_array_equal(sf.read(tmp_path / "lib.wav", dtype="float32")[0],
+                                  sf.read(tmp_path / "cli.wav", dtype="float32")[0])
+    np.testing.assert_array_equal(np.load(tmp_path / "lib.npy"), np.load(tmp_path / "cli.npy"))
+    warm = CliRunner().invoke(main, ["warm", "--artifact", art, "--phrases", str(_phrases(tmp_path)), "--out",
+                                     str(tmp_path / "p.cache"), "--seed", "5", "--max-new-token", "16"])
+    assert warm.exit_code == 0, warm.output
+    cfg = SynthConfig(artifact=Path(art), out=tmp_path / "x.wav", text="你好。", cache_path=tmp_path / "p.cache",
+                      seed=1, given=frozenset({"seed"}))
+    taken = with_cache_knobs(cfg, 4)
+    assert (taken.seed, taken.max_new_token, taken.refine) == (1, 16, False)  # seed given: kept
+    library = replace(cfg, given=None)  # a library config means every field as given: nothing is taken
+    assert with_cache_knobs(library, 4) == library
+
+
+def _phrases(tmp_path):
+    path = tmp_path / "phrases.txt"
+    path.write_text("你好。\n", encoding="utf-8")
+    return path
+
+
 def test_batch_file_and_stream(art, tmp_path):
     lines = tmp_path / "lines.txt"
     lines.write_text("你好。\n\nHello there.\n", encoding="utf-8")

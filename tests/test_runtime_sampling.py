@@ -158,6 +158,23 @@ def test_seeded_sampler_is_reproducible_and_rows_independent():
     np.testing.assert_array_equal(np.stack(draws_a)[:, 4:8], np.stack(draws_single))
 
 
+def test_next_tokens_redraws_only_rows_that_end_at_once():
+    """The one sampling step of the pipeline and the scheduler: a row that drew EOS at step 0 draws
+    again from the same probabilities (the next draws of its own generator); other rows keep theirs."""
+    cfg = sp.SamplingConfig(temperature=(1.0,), eos_token=0)
+    # row 0: EOS or token 1 at even odds; row 1: never EOS
+    scores = np.log(np.array([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]], dtype=np.float32) + 1e-30)
+    ended_seed = next(s for s in range(100) if sp.Sampler(cfg, 1, 2, seed=s).next_tokens(scores)[0, 0] == 0)
+    plain = sp.Sampler(cfg, 1, 2, seed=ended_seed)
+    draws = [plain.draw(sp.softmax(scores)) for _ in range(sp.EMPTY_REDRAWS + 1)]
+    redrawn = sp.Sampler(cfg, 1, 2, seed=ended_seed).next_tokens(scores, redraw_ended=True)
+    first_live = next(d[0] for d in draws if d[0] != 0)
+    assert redrawn[0, 0] == first_live != 0
+    # row 1 never ended: it keeps its first draw although its generator drew again alongside row 0
+    assert redrawn[1, 0] == draws[0][1]
+    assert sp.Sampler(cfg, 1, 2, seed=ended_seed).next_tokens(scores).shape == (2, 1)
+
+
 def test_tiny_temperature_is_argmax():
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((8, 626)).astype(np.float32)

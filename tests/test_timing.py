@@ -14,16 +14,15 @@ import pytest
 
 from chattts_forge.evaluate.bench import _summarize
 from chattts_forge.evaluate.latency import measure_utterances
+from chattts_forge.runtime.machine import machine_info
+from chattts_forge.runtime.memory_probe import RssSampler
+from chattts_forge.runtime.timed_engine import OnnxEngine, decode_step_call
 from chattts_forge.runtime.timing import (
-    OnnxEngine,
     Request,
-    RssSampler,
     RunFigures,
     audio_seconds,
     codes_per_audio_second,
-    decode_step_call,
     first_audio_seconds,
-    machine_info,
     per_second,
     percentiles,
     rtf,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -175,54 +176,82 @@ def _prompt_ids(
     return input_ids[..., 0].cpu().numpy().astype(np.int64), attention_mask.cpu().numpy().astype(np.int64)
 
 
-def _run(
-    chat: ChatTTS.Chat,
-    texts: Sequence[str],
-    *,
-    spk_emb: str | None,
-    max_new_token: int,
-    min_new_token: int,
-    temperature: float,
-    top_p: float | None,
-    top_k: int | None,
-    repetition_penalty: float | None,
-    prompt: str,
-    normalize: bool,
-    seed: int,
-    forced: list[np.ndarray] | None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OracleParams:
+    """The knobs of ChatTTS's code generation the oracle runs with (temperature ~0: argmax codes)."""
+
+    spk_emb: str | None = None
+    max_new_token: int = 2048
+    min_new_token: int = 0
+    temperature: float = 1e-9
+    top_p: float | None = 0.7
+    top_k: int | None = 20
+    repetition_penalty: float | None = 1.05
+    prompt: str = "[speed_5]"
+    normalize: bool = True
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.max_new_token < 1:
+            raise ForgeError("max_new_token must be at least 1")
+        if self.min_new_token < 0 or self.min_new_token > self.max_new_token:
+            raise ForgeError("min_new_token must lie between 0 and max_new_token")
+        if not self.temperature > 0:
+            raise ForgeError("temperature must be > 0")
+
+
+def _run(chat: ChatTTS.Chat, texts: Sequence[str], p: OracleParams, forced: list[np.ndarray] | None) -> dict[str, Any]:
     import torch
     from ChatTTS.core import Chat
 
     _check_chat(chat)
-    if max_new_token < 1:
-        raise ForgeError("max_new_token must be at least 1")
-    if min_new_token < 0 or min_new_token > max_new_token:
-        raise ForgeError("min_new_token must lie between 0 and max_new_token")
-    if not temperature > 0:
-        raise ForgeError("temperature must be > 0")
-    norm = normalize_texts(chat, texts, normalize)
-    recorder = _Recorder(chat, len(norm), min_new_token, forced)
+    p.check()
+    norm = normalize_texts(chat, texts, p.normalize)
+    recorder = _Recorder(chat, len(norm), p.min_new_token, forced)
     params = Chat.InferCodeParams(
-        prompt=prompt,
-        spk_emb=spk_emb,
-        top_P=top_p,
-        top_K=top_k,
-        temperature=float(temperature),
-        repetition_penalty=repetition_penalty,
-        max_new_token=max_new_token,
+        prompt=p.prompt,
+        spk_emb=p.spk_emb,
+        top_P=p.top_p,
+        top_K=p.top_k,
+        temperature=float(p.temperature),
+        repetition_penalty=p.repetition_penalty,
+        max_new_token=p.max_new_token,
         # Teacher forcing masks EOS itself (recorded logits); a masked forced EOS would be all -inf.
-        min_new_token=0 if forced is not None else min_new_token,
+        min_new_token=0 if forced is not None else p.min_new_token,
         show_tqdm=False,
         ensure_non_empty=False,
-        manual_seed=seed,
+        manual_seed=p.seed,
     )
     with torch.no_grad(), quiet_chattts(), _instrumented(chat, recorder):
         result = next(chat._infer_code(list(norm), False, chat.device, True, params))
     codes = [ids.cpu().numpy().astype(np.int64) for ids in result.ids]
     hiddens = [h.detach().float().cpu().numpy() for h in result.hiddens]
     result.destroy()
+    input_ids, attention_mask = _prompt_ids(chat, norm, p.prompt, p.spk_emb)
+    return {
+        "texts": norm,
+        "codes": codes,
+        "hiddens": hiddens,
+        **_decisions(recorder, codes, p.min_new_token),
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "params": {
+            "prompt": p.prompt,
+            "spk_emb": p.spk_emb,
+            "temperature": float(p.temperature),
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+            "repetition_penalty": p.repetition_penalty,
+            "max_new_token": p.max_new_token,
+            "min_new_token": p.min_new_token,
+            "seed": p.seed,
+            "eos": recorder.eos,
+        },
+    }
 
+
+def _decisions(recorder: _Recorder, codes: list[np.ndarray], min_new_token: int) -> dict[str, list[np.ndarray]]:
+    """Per row, what was recorded at each of its decisions: processed and raw logits, top-2 gaps."""
     processed = np.stack(recorder.processed, 1)  # [B, steps, num_vq, V]
     raw = np.stack(recorder.raw, 1)
     penalized = np.stack(recorder.penalized, 1)
@@ -242,45 +271,14 @@ def _run(
             raw_b[: min(n, min_new_token), :, recorder.eos] = -np.inf
         per_row["top2_gap"].append(top2_gap(raw_b))
         per_row["top2_gap_penalized"].append(top2_gap(penalized[b, :n]))
-    input_ids, attention_mask = _prompt_ids(chat, norm, prompt, spk_emb)
-    return {
-        "texts": norm,
-        "codes": codes,
-        "hiddens": hiddens,
-        **per_row,
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "params": {
-            "prompt": prompt,
-            "spk_emb": spk_emb,
-            "temperature": float(temperature),
-            "top_p": top_p,
-            "top_k": top_k,
-            "repetition_penalty": repetition_penalty,
-            "max_new_token": max_new_token,
-            "min_new_token": min_new_token,
-            "seed": seed,
-            "eos": recorder.eos,
-        },
-    }
+    return per_row
 
 
 def chattts_codes(
-    chat: ChatTTS.Chat,
-    texts: Sequence[str],
-    *,
-    spk_emb: str | None = None,
-    max_new_token: int,
-    min_new_token: int,
-    temperature: float = 1e-9,
-    top_p: float | None = 0.7,
-    top_k: int | None = 20,
-    repetition_penalty: float | None = 1.05,
-    prompt: str = "[speed_5]",
-    normalize: bool = True,
-    seed: int = 0,
+    chat: ChatTTS.Chat, texts: Sequence[str], params: OracleParams | None = None, **knobs: Any
 ) -> dict[str, Any]:
     """ChatTTS's own `_infer_code` on `texts` (one batch), with what it decided at every step.
+    `knobs`: fields of `OracleParams` replacing `params`' (`chattts_codes(chat, texts, max_new_token=24)`).
 
     Returns a dict; per-text lists (index = position in `texts`):
     - `codes`: int64 [steps, num_vq] (ChatTTS's result ids; EOS excluded);
@@ -294,39 +292,15 @@ def chattts_codes(
       actually decides the argmax (compare either with `NEAR_TIE`);
     plus `texts` (normalised), `input_ids`/`attention_mask` (the prompt, [B, T]) and `params`.
     """
-    return _run(
-        chat,
-        texts,
-        spk_emb=spk_emb,
-        max_new_token=max_new_token,
-        min_new_token=min_new_token,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        repetition_penalty=repetition_penalty,
-        prompt=prompt,
-        normalize=normalize,
-        seed=seed,
-        forced=None,
-    )
+    return _run(chat, texts, replace(params or OracleParams(), **knobs), forced=None)
 
 
 def chattts_teacher_forced_logits(
-    chat: ChatTTS.Chat,
-    texts: Sequence[str],
-    codes: Sequence[np.ndarray],
-    *,
-    spk_emb: str | None = None,
-    min_new_token: int = 0,
-    temperature: float = 1e-9,
-    top_p: float | None = 0.7,
-    top_k: int | None = 20,
-    repetition_penalty: float | None = 1.05,
-    prompt: str = "[speed_5]",
-    normalize: bool = True,
-    seed: int = 0,
+    chat: ChatTTS.Chat, texts: Sequence[str], codes: Sequence[np.ndarray], params: OracleParams | None = None,
+    **knobs: Any,
 ) -> dict[str, Any]:
-    """ChatTTS's per-step code logits when it is fed `codes[b]` ([steps, num_vq]) for text b.
+    """ChatTTS's per-step code logits when it is fed `codes[b]` ([steps, num_vq]) for text b
+    (`params`/`knobs` as in `chattts_codes`; `max_new_token` is the longest row's steps).
 
     Runs ChatTTS's own `GPT.generate` (same prompt, embeddings, KV cache and processors) while
     forcing each step's token to the given code. Logits at step i predict code i from codes < i;
@@ -341,21 +315,7 @@ def chattts_teacher_forced_logits(
         if c.ndim != 2 or c.shape[0] < 1:
             raise ForgeError(f"codes must be int arrays [steps, num_vq] with steps >= 1, got shape {c.shape}")
     steps = max(len(c) for c in forced)
-    run = _run(
-        chat,
-        texts,
-        spk_emb=spk_emb,
-        max_new_token=steps,
-        min_new_token=min_new_token,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        repetition_penalty=repetition_penalty,
-        prompt=prompt,
-        normalize=normalize,
-        seed=seed,
-        forced=forced,
-    )
+    run = _run(chat, texts, replace(params or OracleParams(), **{**knobs, "max_new_token": steps}), forced=forced)
     for b, (got, want) in enumerate(zip(run["codes"], forced, strict=True)):
         if not np.array_equal(got, want):
             raise RuntimeError(f"teacher forcing failed on row {b}: ChatTTS did not take the given codes")

@@ -18,11 +18,12 @@ are recorded from `Chat._infer_code` without changing it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import lzma
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,77 +83,127 @@ def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
     return speaker.strip()
 
 
+@dataclass(frozen=True)
+class ReferenceParams:
+    """The knobs of a reference synthesis (defaults = ChatTTS's InferCodeParams).
+
+    `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both the text
+    refiner and the code generator. `speaker` is a ChatTTS speaker string (or a file holding one),
+    "random" (sampled with `seed`) or None (ChatTTS's empty speaker). The refiner runs with ChatTTS's
+    RefineTextParams (only its token budget, `refine_max_new_token`, is exposed). `split_text` is
+    `Chat.infer`'s: split a str into sentences (and use the first as a speaker sample)."""
+
+    seed: int | None = None
+    speaker: str | None = None
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    max_new_token: int = 2048
+    min_new_token: int = 0
+    refine: bool = True
+    use_decoder: bool = True
+    prompt: str = "[speed_5]"
+    refine_max_new_token: int = 384
+    split_text: bool = True
+    show_progress: bool = False
+
+    def check(self) -> None:
+        """ForgeError naming the option of the first knob out of range."""
+        if not self.temperature > 0:
+            raise ForgeError("--temperature must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ForgeError("--top-p must lie in (0, 1]")
+        if self.top_k < 1:
+            raise ForgeError("--top-k must be >= 1")
+        if not self.repetition_penalty > 0:
+            raise ForgeError("--repetition-penalty must be > 0")
+        if self.max_new_token < 1:
+            raise ForgeError("--max-new-token must be >= 1")
+        if not 0 <= self.min_new_token <= self.max_new_token:
+            raise ForgeError("--min-new-token must lie between 0 and --max-new-token")
+
+
 def reference_synthesize(
-    chat: ChatTTS.Chat,
-    text: str | list[str],
-    *,
-    seed: int | None = None,
-    speaker: str | None = None,
-    temperature: float = 0.3,
-    top_p: float = 0.7,
-    top_k: int = 20,
-    repetition_penalty: float = 1.05,
-    max_new_token: int = 2048,
-    min_new_token: int = 0,
-    refine: bool = True,
-    use_decoder: bool = True,
-    prompt: str = "[speed_5]",
-    refine_max_new_token: int = 384,
-    split_text: bool = True,
-    show_progress: bool = False,
+    chat: ChatTTS.Chat, text: str | list[str], params: ReferenceParams | None = None, **knobs: Any
 ) -> ReferenceResult:
-    """Synthesize `text` with ChatTTS's `Chat.infer` (defaults = ChatTTS's InferCodeParams).
-
-    `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both
-    the text refiner and the code generator. `speaker` is a ChatTTS speaker string, "random"
-    (sampled with `seed`) or None (ChatTTS's empty speaker). The refiner runs with ChatTTS's
-    RefineTextParams (only its token budget, `refine_max_new_token`, is exposed). `split_text`
-    is `Chat.infer`'s: split a str into sentences (and use the first as a speaker sample).
-    """
+    """Synthesize `text` with ChatTTS's `Chat.infer` with `params` (`knobs`: fields of
+    `ReferenceParams` that replace its, e.g. `reference_synthesize(chat, text, seed=0, refine=False)`)."""
     import torch
-    from ChatTTS.core import Chat
 
+    p = replace(params or ReferenceParams(), **knobs)
     texts = [text] if isinstance(text, str) else list(text)
     if not texts or any(not t or not t.strip() for t in texts):
         raise ForgeError("empty text")
-    if not temperature > 0:
-        raise ForgeError("--temperature must be > 0")
-    if not 0 < top_p <= 1:
-        raise ForgeError("--top-p must lie in (0, 1]")
-    if top_k < 1:
-        raise ForgeError("--top-k must be >= 1")
-    if not repetition_penalty > 0:
-        raise ForgeError("--repetition-penalty must be > 0")
-    if max_new_token < 1:
-        raise ForgeError("--max-new-token must be >= 1")
-    if not 0 <= min_new_token <= max_new_token:
-        raise ForgeError("--min-new-token must lie between 0 and --max-new-token")
+    p.check()
     with quiet_chattts():
         for t in texts:
             if not chat.normalizer(t, True, True, None).strip():
                 raise ForgeError(f"text {t!r} normalises to nothing ChatTTS can read")
-
+    speaker = p.speaker
     if speaker is not None and speaker.strip().lower() == "random":
-        speaker = sample_speaker(chat, seed)
+        speaker = sample_speaker(chat, p.seed)
     elif speaker is not None:
         speaker = check_speaker(chat, speaker)
+    params_code, params_refine = _chattts_params(p, speaker)
+    with _recorded_codes(chat) as batches:
+        with quiet_chattts(), torch.random.fork_rng(devices=[]):
+            if p.seed is not None:
+                torch.manual_seed(p.seed)
+            wavs = chat.infer(
+                text if isinstance(text, str) else texts,  # a str is split into sentences by ChatTTS
+                split_text=p.split_text,
+                skip_refine_text=not p.refine,
+                use_decoder=p.use_decoder,
+                params_refine_text=params_refine,
+                params_infer_code=params_code,
+            )
+    wav = np.concatenate([np.asarray(w, dtype=np.float32).reshape(-1) for w in wavs]) if wavs else np.zeros(0)
+    num_vq = int(chat.config.gpt.num_vq)
+    hidden = int(chat.config.gpt.hidden_size)
+    parts = [c for _, ids, _ in batches for c in ids]
+    hid = [h for _, _, hs in batches for h in hs]
+    codes = np.concatenate(parts) if parts else np.zeros((0, num_vq), dtype=np.int64)
+    hiddens = np.concatenate(hid) if hid else np.zeros((0, hidden), dtype=np.float32)
+    if wav.size == 0:
+        raise ForgeError(f"ChatTTS produced no audio ({len(codes)} code steps; all samples were silent)")
+    return ReferenceResult(
+        wav=wav.astype(np.float32),
+        codes=codes,
+        hiddens=hiddens.astype(np.float32),
+        sample_rate=int(chat.config.vocos.feature_extractor.init_args.sample_rate),
+        speaker=speaker,
+        texts=[t for rows, _, _ in batches for t in rows],
+        parts=parts,
+    )
+
+
+def _chattts_params(p: ReferenceParams, speaker: str | None) -> tuple[Any, Any]:
+    """ChatTTS's (InferCodeParams, RefineTextParams) for `p`."""
+    from ChatTTS.core import Chat
 
     params_code = Chat.InferCodeParams(
-        prompt=prompt,
+        prompt=p.prompt,
         spk_emb=speaker,
-        temperature=float(temperature),
-        top_P=float(top_p),
-        top_K=int(top_k),
-        repetition_penalty=float(repetition_penalty),
-        max_new_token=int(max_new_token),
-        min_new_token=int(min_new_token),
-        show_tqdm=show_progress,
-        manual_seed=seed,
+        temperature=float(p.temperature),
+        top_P=float(p.top_p),
+        top_K=int(p.top_k),
+        repetition_penalty=float(p.repetition_penalty),
+        max_new_token=int(p.max_new_token),
+        min_new_token=int(p.min_new_token),
+        show_tqdm=p.show_progress,
+        manual_seed=p.seed,
     )
     params_refine = Chat.RefineTextParams(
-        max_new_token=refine_max_new_token, show_tqdm=show_progress, manual_seed=seed
+        max_new_token=p.refine_max_new_token, show_tqdm=p.show_progress, manual_seed=p.seed
     )
+    return params_code, params_refine
 
+
+@contextlib.contextmanager
+def _recorded_codes(chat: ChatTTS.Chat) -> Iterator[list[tuple[list[str], list[np.ndarray], list[np.ndarray]]]]:
+    """(texts, codes per row, hidden states per row) of every batch `Chat._infer_code` generates
+    while the block runs, recorded without changing what it yields."""
     batches: list[tuple[list[str], list[np.ndarray], list[np.ndarray]]] = []
     orig = chat._infer_code
 
@@ -172,37 +223,61 @@ def reference_synthesize(
 
     chat._infer_code = recording  # type: ignore[method-assign]
     try:
-        with quiet_chattts(), torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            wavs = chat.infer(
-                text if isinstance(text, str) else texts,  # a str is split into sentences by ChatTTS
-                split_text=split_text,
-                skip_refine_text=not refine,
-                use_decoder=use_decoder,
-                params_refine_text=params_refine,
-                params_infer_code=params_code,
-            )
+        yield batches
     finally:
         del chat._infer_code  # back to the class method
-    wav = np.concatenate([np.asarray(w, dtype=np.float32).reshape(-1) for w in wavs]) if wavs else np.zeros(0)
-    num_vq = int(chat.config.gpt.num_vq)
-    hidden = int(chat.config.gpt.hidden_size)
-    parts = [c for _, ids, _ in batches for c in ids]
-    hid = [h for _, _, hs in batches for h in hs]
-    codes = np.concatenate(parts) if parts else np.zeros((0, num_vq), dtype=np.int64)
-    hiddens = np.concatenate(hid) if hid else np.zeros((0, hidden), dtype=np.float32)
-    if wav.size == 0:
-        raise ForgeError(f"ChatTTS produced no audio ({len(codes)} code steps; all samples were silent)")
-    return ReferenceResult(
-        wav=wav.astype(np.float32),
-        codes=codes,
-        hiddens=hiddens.astype(np.float32),
-        sample_rate=int(chat.config.vocos.feature_extractor.init_args.sample_rate),
-        speaker=speaker,
-        texts=[t for rows, _, _ in batches for t in rows],
-        parts=parts,
-    )
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """One `chattts-forge reference` run: the checkpoint, the text, where the files go, the torch device."""
+
+    checkpoint: Path
+    text: str
+    out: Path
+    params: ReferenceParams = field(default_factory=ReferenceParams)
+    speaker_out: Path | None = None
+    codes_out: Path | None = None
+    device: str = "cpu"
+
+
+def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
+    """`chattts-forge reference`: load the checkpoint, synthesize, write the WAV (and codes, speaker)."""
+    import time
+
+    from chattts_forge.fsutil import atomic_write_text
+    from chattts_forge.torch_ref.chat import load_chat
+
+    if not cfg.text.strip():
+        raise ForgeError("--text is empty")
+    if cfg.out.is_dir():
+        raise ForgeError(f"--out {cfg.out} is a folder; give a .wav file path")
+    if cfg.speaker_out is not None and cfg.params.speaker is None:
+        raise ForgeError("--speaker-out needs --speaker (a string or 'random')")
+    device = cfg.device.strip()
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ForgeError(f"--device {device}: CUDA is not available to torch on this machine")
+    elif device != "cpu":
+        raise ForgeError(f"--device {device}: use cpu or cuda[:N]")
+    t0 = time.perf_counter()
+    chat = load_chat(cfg.checkpoint, device=device)
+    t1 = time.perf_counter()
+    res = reference_synthesize(chat, cfg.text, cfg.params)
+    t2 = time.perf_counter()
+    write_wav(cfg.out, res.wav, res.sample_rate)
+    log.info("wrote %s: %.2f s of audio at %d Hz, %d code steps (load %.1f s, synthesis %.1f s)", cfg.out,
+             res.wav.size / res.sample_rate, res.sample_rate, len(res.codes), t1 - t0, t2 - t1)
+    if cfg.codes_out is not None:
+        write_codes(cfg.codes_out, res.codes)
+        log.info("wrote codes %s: shape %s", cfg.codes_out, tuple(res.codes.shape))
+    if cfg.speaker_out is not None:
+        assert res.speaker is not None
+        atomic_write_text(cfg.speaker_out, res.speaker + "\n")
+        log.info("wrote speaker string %s", cfg.speaker_out)
+    return res
 
 
 def write_wav(path: str | os.PathLike[str], wav: np.ndarray, sample_rate: int) -> Path:

@@ -1,0 +1,397 @@
+"""The library behind `chattts-forge synth` and `warm`: a `SynthConfig` / `WarmConfig` (one field per
+command-line option, ChatTTS's defaults) in, WAV files / a phrase cache out.
+
+    from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files
+    synthesize_to_files(SynthConfig(artifact=Path("build/artifacts/fp32"), out=Path("a.wav"), text="你好。",
+                                    seed=0, refine=False))
+
+The command line maps its options onto these configs (runtime/cli.py); every check and log line is
+here, so a library caller gets the same one-line errors and the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
+from chattts_forge.log import get_logger
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.pipeline import Pipeline, SynthParams
+    from chattts_forge.runtime.router import Router
+
+log = get_logger(__name__)
+
+# The knobs a phrase cache records: `synth --cache` takes the cache's for those not given explicitly.
+CACHE_KNOBS = ("seed", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_token", "min_new_token",
+               "prompt", "refine", "use_decoder")
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """One `synth` run: what `chattts-forge synth --help` documents, one field per option.
+
+    `given`: the knobs set explicitly (the command line: the options on it); with `cache_path`, the
+    knobs of `CACHE_KNOBS` not given take the cache's, so a plain `synth --cache` is served from it.
+    None: every field is meant as given (a library caller's config is used as it is)."""
+
+    artifact: Path
+    out: Path
+    text: str | None = None
+    batch_file: Path | None = None
+    variant: str | None = None
+    autotune: bool | None = None
+    cache_path: Path | None = None
+    seed: int | None = None
+    speaker: str | None = None
+    speaker_out: Path | None = None
+    speaker_audio: Path | None = None
+    speaker_text: str | None = None
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    max_new_token: int = 2048
+    min_new_token: int = 0
+    prompt: str = "[speed_5]"
+    refine: bool = True
+    use_decoder: bool = True
+    codes_out: Path | None = None
+    stream: bool = False
+    stream_batch: int = 24
+    stream_lookahead: int | None = None
+    split_sentences: bool = False
+    batch_size: int = 8
+    engine: str = "auto"
+    provider: str = "cpu"
+    threads: int | None = None
+    public_key: Path | None = None
+    verify: str = "sha256"
+    given: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`)."""
+
+    artifact: Path
+    phrases: Path
+    out: Path
+    seed: int = 0
+    speaker: str | None = None
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    min_new_token: int = 0
+    use_decoder: bool = True
+    max_new_token: int = 2048
+    prompt: str = "[speed_5]"
+    engine: str = "auto"
+    provider: str = "cpu"
+    threads: int | None = None
+
+
+def read_batch_file(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ForgeError(f"--batch-file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ForgeError(f"--batch-file {path} is unreadable: {e}") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise ForgeError(f"--batch-file {path} has no text lines")
+    return texts
+
+
+def resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
+    if speaker is None:
+        return None
+    value = speaker.strip()
+    if value.lower() == "random":
+        return pipe.random_speaker(seed)
+    p = Path(value)
+    if len(value) < 256 and p.is_file():
+        from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars
+
+        limit = 4 * max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES)  # bytes of UTF-8: 3 a character + room
+        if p.stat().st_size > limit:
+            raise ForgeError(f"--speaker file {p} has {p.stat().st_size} bytes; a speaker string is far shorter")
+        try:
+            value = p.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ForgeError(f"--speaker file {p} is not a readable UTF-8 text file ({type(e).__name__})") from None
+    from chattts_forge.runtime.frontend import speaker_vector
+
+    speaker_vector(value, pipe.dims.hidden_size)  # validates: one-line ForgeError if malformed
+    return value
+
+
+def output_paths(out: Path, count: int, suffix: str) -> list[Path]:
+    """One path per text: `out` itself for one text; `DIR/NNN.wav` when `out` is a folder (existing,
+    or written with a trailing slash); else `STEM_NNN.wav` beside `out`."""
+    if count == 1 and not (out.is_dir() or str(out).endswith(os.sep)):
+        return [out]
+    if out.is_dir() or str(out).endswith(os.sep):
+        return [out / f"{i:03d}{suffix}" for i in range(count)]
+    return [out.with_name(f"{out.stem}_{i:03d}{out.suffix or suffix}") for i in range(count)]
+
+
+def write_codes(path: Path, codes: np.ndarray) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(codes, dtype=np.int64))
+    atomic_write_bytes(path, buf.getvalue())
+
+
+class StreamingWav:
+    """A float32 WAV written chunk by chunk into a temp file, renamed into place on close."""
+
+    def __init__(self, path: Path, sample_rate: int) -> None:
+        import soundfile as sf
+
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        self.f = sf.SoundFile(self.tmp, "w", samplerate=sample_rate, channels=1, format="WAV", subtype="FLOAT")
+        self.samples = 0
+
+    def write(self, chunk: np.ndarray) -> None:
+        if len(chunk):
+            self.f.write(np.asarray(chunk, dtype=np.float32))
+            self.samples += len(chunk)
+
+    def commit(self) -> None:
+        self.f.close()
+        fsync_file(self.tmp)
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+def with_cache_knobs(cfg: SynthConfig, num_vq: int) -> SynthConfig:
+    """`synth --cache`: the knobs not given (`cfg.given`) take the cache's (the ones `warm` used), as a
+    request that sets nothing is served by `serve`. Knobs given explicitly win (a request the cache
+    cannot serve is then a miss, synthesized as usual)."""
+    from chattts_forge.runtime.phrase_cache import PhraseCache, replay_params
+
+    assert cfg.cache_path is not None
+    cache = PhraseCache(cfg.cache_path)
+    try:
+        cached = replay_params(cache.knobs, num_vq)
+    except ForgeError as e:  # e.g. a speaker known only by its hash: synth's own defaults stay
+        log.info("phrase cache %s: its knobs are not synth's defaults here (%s)", cfg.cache_path, e)
+        return cfg
+    finally:
+        cache.close()
+    code = cached.code
+    theirs = {"seed": code.seed, "temperature": code.temperature, "top_p": code.top_p, "top_k": code.top_k,
+              "repetition_penalty": code.repetition_penalty, "max_new_token": code.max_new_token,
+              "min_new_token": code.min_new_token, "prompt": code.prompt, "refine": False,
+              "use_decoder": cached.use_decoder}
+    given = set(CACHE_KNOBS) if cfg.given is None else cfg.given
+    taken = {name: value for name, value in theirs.items() if name not in given and getattr(cfg, name) != value}
+    if taken:
+        log.info("phrase cache %s: knobs not given take the cache's: %s", cfg.cache_path,
+                 ", ".join(f"{name}={value!r}" for name, value in taken.items()))
+    return replace(cfg, **taken)
+
+
+def _check_texts(cfg: SynthConfig) -> list[str]:
+    """The texts to speak, after the checks that need no artifact (one-line errors naming the option)."""
+    if (cfg.text is None) == (cfg.batch_file is None):
+        raise ForgeError("give exactly one of --text or --batch-file")
+    if cfg.text is not None and not cfg.text.strip():
+        raise ForgeError("--text is empty")
+    texts = [cfg.text] if cfg.text is not None else read_batch_file(cfg.batch_file)  # type: ignore[arg-type]
+    if cfg.batch_size < 1:
+        raise ForgeError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.speaker_out is not None and cfg.speaker is None and cfg.speaker_audio is None:
+        raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random') or --speaker-audio")
+    if cfg.speaker_text is not None and cfg.speaker_audio is None:
+        raise ForgeError("--speaker-text is the transcript of --speaker-audio: give --speaker-audio too")
+    return texts
+
+
+def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline]:
+    """A version folder's Router (and the pipeline a stream or the speaker use), or one artifact's Pipeline."""
+    from chattts_forge.runtime.pipeline import Pipeline
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
+
+    if cfg.cache_path is not None and cfg.stream:
+        raise ForgeError("--cache serves whole waveforms; it cannot be combined with --stream")
+    runtime = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine, "verify": cfg.verify,
+               "public_key": cfg.public_key}
+    if (cfg.artifact / ROUTING_NAME).is_file():
+        router = Router(cfg.artifact, variant=cfg.variant, cache=cfg.cache_path, autotune=cfg.autotune, **runtime)
+        if cfg.stream and cfg.variant is None:
+            raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
+        return router, router.pipeline(cfg.variant) if cfg.variant is not None else router.front
+    if cfg.variant is not None:
+        raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {cfg.artifact} has none")
+    if cfg.autotune is not None:
+        raise ForgeError(f"--autotune/--no-autotune choose among a version folder's variants; {cfg.artifact} has no "
+                         f"{ROUTING_NAME}")
+    return None, Pipeline(cfg.artifact, cache=cfg.cache_path, **runtime)
+
+
+def synth_params(cfg: SynthConfig, pipe: Pipeline) -> tuple[SynthParams, str | None]:
+    """The runtime's `SynthParams` for `cfg`, and the speaker string it uses (for --speaker-out:
+    --speaker's, else the spk_smp string made from --speaker-audio)."""
+    from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
+
+    spk = resolve_speaker(cfg.speaker, cfg.seed, pipe)
+    spk_smp = None
+    if cfg.speaker_audio is not None:
+        from chattts_forge.runtime.audio import read_wav
+
+        spk_smp = pipe.sample_audio_speaker(read_wav(cfg.speaker_audio, pipe.sample_rate, "--speaker-audio",
+                                                     max_samples=pipe.max_recording_samples()))
+        log.info("speaker sample from %s (%d characters)", cfg.speaker_audio, len(spk_smp))
+    params = SynthParams(
+        code=InferCodeParams(
+            prompt=cfg.prompt, spk_emb=spk, spk_smp=spk_smp, txt_smp=cfg.speaker_text, temperature=cfg.temperature,
+            top_p=cfg.top_p, top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty,
+            max_new_token=cfg.max_new_token, min_new_token=cfg.min_new_token, stream_batch=cfg.stream_batch,
+            seed=cfg.seed,
+        ),
+        refine=RefineTextParams(seed=cfg.seed) if cfg.refine else None,
+        use_decoder=cfg.use_decoder,
+        split_sentences=cfg.split_sentences,
+    )
+    return params, spk if spk is not None else spk_smp
+
+
+def synthesize_to_files(cfg: SynthConfig) -> None:
+    """`chattts-forge synth`: speak `cfg`'s texts into WAV files (and codes, the speaker string)."""
+    texts = _check_texts(cfg)
+    t0 = time.perf_counter()
+    router, pipe = open_target(cfg)
+    if cfg.cache_path is not None:
+        cfg = with_cache_knobs(cfg, pipe.num_vq)
+    params, speaker_used = synth_params(cfg, pipe)
+    wav_paths = output_paths(cfg.out, len(texts), ".wav")
+    code_paths = output_paths(cfg.codes_out, len(texts), ".npy") if cfg.codes_out is not None else None
+    t1 = time.perf_counter()
+    if cfg.stream:
+        _stream_to_files(cfg, pipe, texts, params, wav_paths, code_paths, t1)
+    else:
+        _synthesize_to_files(cfg, router or pipe, pipe, texts, params, wav_paths, code_paths, t1 - t0)
+    if cfg.speaker_out is not None:
+        assert speaker_used is not None
+        atomic_write_text(cfg.speaker_out, speaker_used + "\n")
+        log.info("wrote speaker string %s", cfg.speaker_out)
+
+
+def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params: SynthParams,
+                     wav_paths: list[Path], code_paths: list[Path] | None, t1: float) -> None:
+    writers = [StreamingWav(p, pipe.sample_rate) for p in wav_paths]
+    first_audio = None
+    chunks = 0
+    codes: list[np.ndarray] = []
+    batch_size = cfg.batch_size
+    try:
+        for start in range(0, len(texts), batch_size):
+            group = writers[start : start + batch_size]
+            done = lambda gen: codes.extend(gen.ids)  # noqa: E731
+            for chunk in pipe.stream(
+                texts[start : start + batch_size], params, on_done=done, lookahead_frames=cfg.stream_lookahead
+            ):
+                chunks += 1
+                for w, c in zip(group, chunk, strict=True):
+                    w.write(c)
+                if first_audio is None and any(len(c) for c in chunk):
+                    first_audio = time.perf_counter() - t1
+        for w in writers:
+            w.commit()
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
+    t2 = time.perf_counter()
+    total = sum(w.samples for w in writers)
+    log.info(
+        "streamed %d chunks, first audio after %.2f s; %.2f s of audio in %.2f s",
+        chunks, first_audio or 0.0, total / pipe.sample_rate, t2 - t1,
+    )
+    for p, w in zip(wav_paths, writers, strict=True):
+        log.info("wrote %s (%.2f s)", p, w.samples / pipe.sample_rate)
+    if code_paths is not None:
+        for p, c in zip(code_paths, codes, strict=True):
+            write_codes(p, c)
+            log.info("wrote codes %s: shape %s", p, tuple(c.shape))
+
+
+def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, pipe: Pipeline, texts: list[str],
+                         params: SynthParams, wav_paths: list[Path], code_paths: list[Path] | None,
+                         load_s: float) -> None:
+    from chattts_forge.runtime.audio import write_wav
+
+    t1 = time.perf_counter()
+    results = []
+    for start in range(0, len(texts), cfg.batch_size):
+        results += target.synthesize(texts[start : start + cfg.batch_size], params)
+    t2 = time.perf_counter()
+    if cfg.cache_path is not None:
+        log.info("phrase cache %s: %d of %d text(s) served from it", cfg.cache_path, sum(r.cached for r in results),
+                 len(results))
+    steps = max(len(r.codes) for r in results)
+    for i, r in enumerate(results):
+        if len(r.wav) == 0:
+            raise ForgeError(f"text {i} produced no audio (the model ended at once); try --min-new-token")
+        write_wav(wav_paths[i], r.wav, r.sample_rate)
+        log.info("wrote %s: %.2f s of audio, %d code steps", wav_paths[i], len(r.wav) / r.sample_rate, len(r.codes))
+        if code_paths is not None:
+            write_codes(code_paths[i], r.codes)
+            log.info("wrote codes %s: shape %s", code_paths[i], tuple(r.codes.shape))
+    audio_s = sum(len(r.wav) for r in results) / pipe.sample_rate
+    log.info(
+        "load %.2f s, synthesis %.2f s (%d steps, %.1f ms/step incl. decode), RTF %.2f",
+        load_s, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
+    )
+    log.info("checked before loading: %s%s", pipe.artifact.verification.summary(),
+             f"; model.sig verified with {cfg.public_key}" if cfg.public_key is not None else "")
+
+
+def warm_phrase_cache(cfg: WarmConfig) -> dict[str, Any]:
+    """`chattts-forge warm`: pre-synthesize `cfg.phrases` into the phrase cache `cfg.out`; its summary."""
+    from chattts_forge.runtime.phrase_cache import build_phrase_cache
+    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
+
+    t0 = time.perf_counter()
+    kwargs = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine}
+    artifact = cfg.artifact
+    front = Router(artifact, autotune=False, **kwargs).front if (artifact / ROUTING_NAME).is_file() else Pipeline(artifact, **kwargs)
+    spk = resolve_speaker(cfg.speaker, cfg.seed, front)
+    params = SynthParams(
+        code=InferCodeParams(
+            prompt=cfg.prompt, spk_emb=spk, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            repetition_penalty=cfg.repetition_penalty, max_new_token=cfg.max_new_token,
+            min_new_token=cfg.min_new_token, seed=cfg.seed,
+        ),
+        refine=None,
+        use_decoder=cfg.use_decoder,
+    )
+    summary = build_phrase_cache(artifact, cfg.phrases, cfg.out, params, **kwargs)
+    per_variant = ", ".join(f"{v}: {n}" for v, n in summary["variants"].items())
+    log.info("wrote phrase cache %s: %d phrases (%s), %.1f MB in %.1f s", summary["path"], summary["phrases"],
+             per_variant, summary["bytes"] / 1e6, time.perf_counter() - t0)
+    return summary
