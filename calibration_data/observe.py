@@ -63,7 +63,9 @@ class Observer:
         # Weights in external data stay on disk until the session maps them: the graph alone is loaded
         # (a full-size GPT's 750 MB would otherwise be held twice while the session is built).
         model = onnx.load(str(path), load_external_data=False)
-        self.tensors = sorted({n.input[0] for n in const_weight_matmuls(model)})
+        dims = {i.name: list(i.dims) for i in model.graph.initializer}
+        self.widths = {n.input[0]: int(dims[n.input[1]][0]) for n in const_weight_matmuls(model)}  # input channels
+        self.tensors = sorted(self.widths)
         self.inputs = [i.name for i in model.graph.input]
         del model.graph.output[:]
         model.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in self.tensors)

@@ -18,10 +18,12 @@ Every field is a sum, a min or a max over samples, so `merge` of the statistics 
 equals the statistics of one run over both (up to float64 summation order), like `llama-imatrix
 --in-file`. The size depends on the graphs only, never on the corpus.
 
-No X^T X (GPTQ's Hessian) is accumulated: onnxruntime's GPTQ (`GPTQWeightOnlyQuantConfig`) takes
-only a calibration data reader and computes its Hessians itself, and at full size they would not fit
-the disk budget (20 down_proj inputs of width 3072: 20 x 3072^2 x 4 B = 755 MB). GPTQ reads the
-bounded raw sample (`store.RawSample`) instead.
+And, for the graphs named in `Statistics.hessian_graphs` (calibrate: gpt and head_code), X^T X of
+every MatMul input (`TensorStats.xtx`: GPTQ's Hessian, `quantize.gptq`), block-diagonal in blocks of
+`HESSIAN_BLOCK` input channels when the width is a multiple of it: the full 3072^2 Hessians of the
+20 down_proj inputs would take 755 MB, the 768-channel blocks 189 MB (float32; upper triangles on
+disk: half that). The fused graph's MatMul inputs are the same activations as gpt.onnx's, so its
+GPTQ reads gpt's Hessians (`match_tensors`) instead of a second copy.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ STATS_SCHEMA = "chattts-forge/calibration-statistics/1"
 # power of two up to 2**HIST_HIGH_EXP; the last bin also holds anything larger.
 HIST_LOW_EXP, HIST_HIGH_EXP, HIST_BINS_PER_OCTAVE = -20, 20, 32
 HIST_BINS = 1 + (HIST_HIGH_EXP - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE
+# X^T X is kept in diagonal blocks of this many input channels (whole when the width is no multiple).
+HESSIAN_BLOCK = 768
+
+
+def hessian_block(channels: int) -> int:
+    return HESSIAN_BLOCK if channels % HESSIAN_BLOCK == 0 else channels
 
 
 def hist_edges() -> np.ndarray:
@@ -71,12 +79,26 @@ class TensorStats:
     sum_sq: np.ndarray = field(default_factory=lambda: np.zeros(0))
     rows: int = 0
     samples: int = 0
+    xtx: np.ndarray | None = None  # [blocks, block, block] float32 X^T X (GPTQ's Hessian), or None
 
     def __post_init__(self) -> None:
         if self.absmax.size == 0:
             self.absmax = np.zeros(self.channels, np.float32)
         if self.sum_sq.size == 0:
             self.sum_sq = np.zeros(self.channels, np.float64)
+
+    def with_hessian(self) -> TensorStats:
+        """Start accumulating X^T X (block-diagonal, `hessian_block`)."""
+        if self.xtx is None:
+            b = hessian_block(self.channels)
+            self.xtx = np.zeros((self.channels // b, b, b), np.float32)
+        return self
+
+    def hessian(self) -> np.ndarray:
+        """E[x x^T] [blocks, block, block] (float64), the mean over every row seen."""
+        if self.xtx is None:
+            raise ForgeError("these calibration statistics hold no X^T X (re-run `calibrate`)")
+        return self.xtx.astype(np.float64) / max(self.rows, 1)
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32)
@@ -91,8 +113,11 @@ class TensorStats:
         self.hist += _hist_of(absx)
         np.maximum(self.absmax, absx.max(axis=0), out=self.absmax)
         self.sum_sq += np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+        if self.xtx is not None:
+            blocks = flat.reshape(flat.shape[0], self.xtx.shape[0], -1).transpose(1, 2, 0)  # [k, b, rows]
+            self.xtx += np.matmul(blocks, blocks.transpose(0, 2, 1))
         self.rows += flat.shape[0]
-        self.samples += 1
+        self.samples += x.shape[0] if x.ndim >= 2 else 1  # a batch of rows: one sample each
 
     def merge(self, other: TensorStats) -> None:
         if other.channels != self.channels:
@@ -101,6 +126,10 @@ class TensorStats:
         self.hist += other.hist
         np.maximum(self.absmax, other.absmax, out=self.absmax)
         self.sum_sq += other.sum_sq
+        if self.xtx is not None and other.xtx is not None:
+            self.xtx += other.xtx
+        elif self.xtx is not None or other.xtx is not None:
+            raise ForgeError("cannot merge statistics with and without X^T X (re-run `calibrate` on both)")
         self.rows += other.rows
         self.samples += other.samples
 
@@ -130,7 +159,7 @@ class KVStats:
         x = np.abs(np.asarray(past, dtype=np.float32)).transpose(0, 2, 1, 3)[valid]  # [positions, heads, dim]
         np.maximum(self.absmax, x.max(axis=0), out=self.absmax)
         self.positions += int(valid.sum())
-        self.samples += 1
+        self.samples += int(valid.any(axis=1).sum())  # one per batch row with a past
 
     def merge(self, other: KVStats) -> None:
         np.maximum(self.absmax, other.absmax, out=self.absmax)
@@ -146,6 +175,7 @@ class Statistics:
         self.graph_sha256: dict[str, str] = {}  # graph -> sha256 of the FP32 file the stats were observed on
         self.kv: dict[str, KVStats] = {}  # "{layer}.key" / "{layer}.value"
         self.kv_samples = 0
+        self.hessian_graphs: set[str] = set()  # graphs whose MatMul inputs also accumulate X^T X
 
     # -- accumulating ----------------------------------------------------------------------------
 
@@ -155,6 +185,8 @@ class Statistics:
             st = tensors.get(name)
             if st is None:
                 st = tensors[name] = TensorStats(int(value.shape[-1]))
+                if graph in self.hessian_graphs:
+                    st.with_hessian()
             st.update(value)
 
     def update_kv(self, feed: Mapping[str, np.ndarray]) -> bool:
@@ -175,7 +207,7 @@ class Statistics:
             if st is None:
                 st = self.kv[key] = KVStats(np.zeros((arr.shape[1], arr.shape[3]), np.float32))
             st.update(arr, valid)
-        self.kv_samples += 1
+        self.kv_samples += int(valid.any(axis=1).sum())
         return True
 
     def merge(self, other: Statistics) -> None:
@@ -189,7 +221,8 @@ class Statistics:
                     mine[name].merge(st)
                 else:
                     mine[name] = TensorStats(st.channels, st.min, st.max, st.hist.copy(), st.absmax.copy(),
-                                             st.sum_sq.copy(), st.rows, st.samples)
+                                             st.sum_sq.copy(), st.rows, st.samples,
+                                             None if st.xtx is None else st.xtx.copy())
         for key, kv in other.kv.items():
             if key in self.kv:
                 self.kv[key].merge(kv)
@@ -230,6 +263,7 @@ class Statistics:
         for tensors in self.graphs.values():
             for st in tensors.values():
                 total += st.hist.nbytes + st.absmax.nbytes + st.sum_sq.nbytes + 64
+                total += 0 if st.xtx is None else st.xtx.nbytes
         return total + sum(kv.absmax.nbytes + 16 for kv in self.kv.values())
 
     # -- storage ---------------------------------------------------------------------------------
@@ -247,6 +281,10 @@ class Statistics:
                 arrays[f"{tag}.hist"], arrays[f"{tag}.absmax"], arrays[f"{tag}.sum_sq"] = st.hist, st.absmax, st.sum_sq
                 entries[name] = {"tag": tag, "channels": st.channels, "min": st.min, "max": st.max,
                                  "rows": st.rows, "samples": st.samples}
+                if st.xtx is not None:  # symmetric: the upper triangle of each block is enough
+                    iu = np.triu_indices(st.xtx.shape[1])
+                    arrays[f"{tag}.xtx"] = st.xtx[:, iu[0], iu[1]]
+                    entries[name]["hessian_block"] = int(st.xtx.shape[1])
             index["graphs"][g] = entries
         for key in sorted(self.kv, key=lambda k: (int(k.split(".")[0]), k)):
             kv = self.kv[key]
@@ -274,7 +312,8 @@ class Statistics:
                 for g, entries in index["graphs"].items():
                     out.graphs[g] = {
                         name: TensorStats(e["channels"], e["min"], e["max"], z[f"{e['tag']}.hist"],
-                                          z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"])
+                                          z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"],
+                                          _unpack_xtx(z, e))
                         for name, e in entries.items()
                     }
                 for key, e in index["kv"].items():
@@ -284,6 +323,37 @@ class Statistics:
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
             raise ForgeError(f"calibration statistics {path} are unreadable ({e}); re-run `calibrate`") from None
         return out
+
+
+def _unpack_xtx(z: Any, entry: Mapping[str, Any]) -> np.ndarray | None:
+    block = entry.get("hessian_block")
+    if block is None:
+        return None
+    packed = z[f"{entry['tag']}.xtx"]
+    iu = np.triu_indices(int(block))
+    full = np.zeros((packed.shape[0], block, block), np.float32)
+    full[:, iu[0], iu[1]] = packed
+    full[:, iu[1], iu[0]] = packed
+    return full
+
+
+def match_tensors(source: Mapping[str, TensorStats], target: Mapping[str, TensorStats],
+                  rtol: float = 1e-3) -> dict[str, str]:
+    """For each tensor of `target`, the tensor of `source` that is the same activation (same width and
+    per-channel mean squares within `rtol` of the largest): e.g. the fused graph's qkv input is gpt's
+    q/k/v input. Tensors without a match are left out."""
+    out: dict[str, str] = {}
+    by_width: dict[int, list[tuple[str, np.ndarray]]] = {}
+    for name, st in source.items():
+        by_width.setdefault(st.channels, []).append((name, st.mean_square))
+    for name, st in target.items():
+        ms = st.mean_square
+        for cand, cms in by_width.get(st.channels, []):
+            scale = float(np.abs(cms).max(initial=0.0))
+            if np.allclose(ms, cms, rtol=rtol, atol=1e-12 + rtol * scale):
+                out[name] = cand
+                break
+    return out
 
 
 def sample_key(seed: int, sentence_sha256: str, component: str, index: int) -> float:

@@ -117,7 +117,8 @@ def test_nothing_but_the_sample_grows_with_the_corpus(calib_dir: Path, tiny_arti
 
 def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Path):
     fp32 = tiny_artifacts["fp32"]
-    args = {**SMALL, "max_samples": "all"}
+    # Exact at batch size 1 (a batch's sampling seed and observed steps come from its first sentence).
+    args = {**SMALL, "max_samples": "all", "batch_size": 1}
     a = calibrate(fp32, _corpus(tmp_path / "a", zh=ZH[:1], en=EN[:1]), tmp_path / "A", **args)
     b = calibrate(fp32, _corpus(tmp_path / "b", zh=ZH[1:], en=EN[1:]), tmp_path / "B", merge=[a], **args)
     both = calibrate(fp32, _corpus(tmp_path / "ab", zh=ZH, en=EN), tmp_path / "AB", **args)
@@ -141,6 +142,45 @@ def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Pa
     # A folder merged into itself adds nothing new: its sentences are not synthesized again.
     again = calibrate(fp32, _corpus(tmp_path / "ab2", zh=ZH, en=EN), tmp_path / "again", merge=[both], **args)
     assert CalibrationStore(again).manifest["sentences"]["already_in_merged_runs"] == 4
+
+
+def test_batched_rows_observe_each_sentence_as_alone(tiny_artifacts, tmp_path: Path):
+    """In a batch every sentence's prefill is observed on its own unpadded row: with no decode or head
+    steps observed, batch 3 and batch 1 give the same prefill statistics and the same raw inputs."""
+    fp32 = tiny_artifacts["fp32"]
+    args = {**SMALL, "decode_positions": 0, "head_steps": 0}
+    one = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "b1", batch_size=1, **args))
+    three = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "b3", batch_size=3, **args))
+    assert three.manifest["gpt_samples"]["batches"] == 1 and one.manifest["gpt_samples"]["batches"] == 3
+    assert three.manifest["gpt_samples"]["prefill"] == 3 and three.manifest["gpt_samples"]["decode"] == 0
+    for g in ("gpt", "gpt_fast"):
+        for name, st in one.statistics.graphs[g].items():
+            other = three.statistics.graphs[g][name]
+            assert (other.rows, other.samples) == (st.rows, st.samples)
+            np.testing.assert_allclose((other.min, other.max), (st.min, st.max), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(other.sum_sq, st.sum_sq, rtol=1e-4)
+    assert one.manifest["components"]["gpt"]["keys"] == three.manifest["components"]["gpt"]["keys"]
+    for a, b in zip(one.iter_samples("gpt"), three.iter_samples("gpt"), strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_hessians_are_streamed_for_gptq(calib_dir: Path):
+    """X^T X of gpt's MatMul inputs: symmetric, its diagonal the streamed sum of squares; the fused
+    graph's inputs are matched to gpt's (same activations) rather than stored twice."""
+    from chattts_forge.calibration_data.statistics import match_tensors
+
+    stats = CalibrationStore(calib_dir).statistics
+    for st in stats.graphs["gpt"].values():
+        h = st.hessian()
+        np.testing.assert_allclose(h, h.transpose(0, 2, 1))
+        np.testing.assert_allclose(np.concatenate([np.diag(b) for b in h]), st.mean_square, rtol=1e-3, atol=1e-7)
+    assert all(st.xtx is None for st in stats.graphs["gpt_fast"].values())
+    matched = match_tensors(stats.graphs["gpt"], stats.graphs["gpt_fast"])
+    assert set(matched) == set(stats.graphs["gpt_fast"])
+    for fast, plain in matched.items():
+        np.testing.assert_allclose(stats.graphs["gpt_fast"][fast].max, stats.graphs["gpt"][plain].max, rtol=1e-4)
 
 
 def test_statistics_merge_is_exact_for_min_max_and_histograms():
