@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, is_builtin_spec, load_corpus
-from chattts_forge.calibration_data.observe import Observer, fused_feed
+from chattts_forge.calibration_data.observe import Observer, fused_feed, release_freed_memory
 from chattts_forge.calibration_data.recorder import check_recorded, instrument, new_pipeline, synth_params
 from chattts_forge.calibration_data.statistics import (
     HIST_BINS,
@@ -342,21 +342,70 @@ def _plan_sentences(pipe: Any, corp: Corpus, earlier: list[CalibrationStore], co
     return _SentencePlan(stems, picked, skipped, already, seen)
 
 
-def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> dict[str, Observer]:
+@dataclass
+class _Observers:
+    """The observer sessions run, and the fused graph when its statistics are derived instead."""
+
+    run: dict[str, Observer]
+    derived: dict[str, str]  # fused MatMul input -> the gpt.onnx tensor that is the same activation
+    derived_path: Path | None = None  # the fused graph whose statistics are gpt's under its own names
+
+
+def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> _Observers:
+    """Observer sessions. When every MatMul input of the fused graph is the same activation as a
+    gpt.onnx one (checked on a probe feed), the fused graph is not observed: its statistics are gpt's
+    under its own names (one 755 MB session and a third of the observing less at full size)."""
     meta = pipe.artifact.meta
-    observers = {"gpt": Observer(meta.component_file(artifact_dir, "gpt"), threads)}
+    out = _Observers({"gpt": Observer(meta.component_file(artifact_dir, "gpt"), threads)}, {})
     if meta.has_component(FAST_GPT):
-        observers[FAST_GPT] = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
+        fused = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
+        derived = _same_activations(out.run["gpt"], fused)
+        if len(derived) == len(fused.tensors):
+            out.derived, out.derived_path = derived, fused.path
+            del fused
+            release_freed_memory()
+        else:
+            log.warning("calibrate: %d of %d %s MatMul inputs match no gpt.onnx tensor: observing it too",
+                        len(fused.tensors) - len(derived), len(fused.tensors), FAST_GPT)
+            out.run[FAST_GPT] = fused
     if pipe.artifact.has_component("head_code"):
-        observers["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
-    return observers
+        out.run["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
+    return out
 
 
-def _statistics_bytes(observers: dict[str, Observer]) -> int:
+def _same_activations(plain: Observer, fused: Observer) -> dict[str, str]:
+    """fused tensor -> gpt.onnx tensor holding the same values on a seeded 5-token probe prompt."""
+    session = plain.session
+    hidden = next(int(i.shape[2]) for i in session.get_inputs() if i.name == "inputs_embeds")
+    tokens = 5
+    probe: dict[str, np.ndarray] = {
+        "inputs_embeds": np.random.default_rng(0).normal(size=(1, tokens, hidden)).astype(np.float32),
+        "attention_mask": np.ones((1, tokens), np.int64),
+        "position_ids": np.arange(tokens, dtype=np.int64)[None],
+    }
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            probe[i.name] = np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), np.float32)
+    a, b = plain.run(probe), fused.run(fused_feed(probe))
+    out: dict[str, str] = {}
+    for name, value in b.items():
+        scale = float(np.abs(value).max(initial=0.0)) or 1.0
+        for cand, ref in a.items():
+            if ref.shape == value.shape and np.allclose(ref, value, rtol=1e-3, atol=1e-4 * scale):
+                out[name] = cand
+                break
+    return out
+
+
+def _statistics_bytes(observers: _Observers) -> int:
     """statistics.npz's size, known before any work (the graphs fix it): for the reserve."""
+    gpt = observers.run["gpt"].widths
+    graphs = {g: obs.widths for g, obs in observers.run.items()}
+    if observers.derived:
+        graphs[FAST_GPT] = {t: gpt[src] for t, src in observers.derived.items()}
     total = 0
-    for graph, obs in observers.items():
-        for width in obs.widths.values():
+    for graph, widths in graphs.items():
+        for width in widths.values():
             total += HIST_BINS * 8 + width * 12 + 256
             if graph in HESSIAN_GRAPHS:
                 b = hessian_block(width)
@@ -410,13 +459,14 @@ class _Batch:
 class _Recorder:
     """Folds what the runtime's sessions are fed into the statistics and the raw sample, batch by batch."""
 
-    def __init__(self, pipe: Any, observers: dict[str, Observer], cfg: CalibrateConfig,
-                 raw: dict[str, RawSample]) -> None:
-        self.pipe, self.observers, self.cfg, self.raw = pipe, observers, cfg, raw
+    def __init__(self, pipe: Any, observers: _Observers, cfg: CalibrateConfig, raw: dict[str, RawSample]) -> None:
+        self.pipe, self.observers, self.derived, self.cfg, self.raw = pipe, observers.run, observers.derived, cfg, raw
         self.stats = Statistics()
         self.stats.hessian_graphs = set(HESSIAN_GRAPHS)
-        for g, obs in observers.items():
+        for g, obs in observers.run.items():
             self.stats.graph_sha256[g] = sha256_file(obs.path)
+        if observers.derived_path is not None:
+            self.stats.graph_sha256[FAST_GPT] = sha256_file(observers.derived_path)
         self.sample_sentence: dict[str, str] = {}
         self.counters: dict[str, Any] = {"prefill": 0, "decode": 0, "head": 0, "past_min": None, "past_max": 0,
                                          "batches": 0}
@@ -444,6 +494,7 @@ class _Recorder:
             self.sample_sentence[f"{component}/sample-{int(key * 2**64):016x}.npz"] = sha
 
     def observe_gpt(self, feed: Mapping[str, np.ndarray]) -> None:
+        """gpt.onnx's (and, unless derived, the fused graph's) MatMul inputs and the KV cache of one feed."""
         self.stats.update_graph("gpt", self.observers["gpt"].run(feed))
         if FAST_GPT in self.observers:
             self.stats.update_graph(FAST_GPT, self.observers[FAST_GPT].run(fused_feed(feed)))
@@ -508,6 +559,8 @@ class _Recorder:
             check_recorded(recording, "gpt")
         recording.remove()
         plan.skipped.extend(self.skipped)
+        if self.derived and "gpt" in self.stats.graphs:
+            self.stats.derive(FAST_GPT, "gpt", self.derived)
         return sorted(used)
 
     def _batches(self, corp: Corpus, plan: _SentencePlan) -> list[list[tuple[int, Any]]]:

@@ -79,7 +79,7 @@ class Observer:
         del model
         self.session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
         del blob
-        _release_freed_memory()
+        release_freed_memory()
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [n for n in self.inputs if n not in feed]
@@ -89,7 +89,7 @@ class Observer:
         return dict(zip(self.tensors, outs, strict=True))
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Hand the protobuf copies freed above back to the OS (glibc keeps them in the heap otherwise)."""
     import ctypes
     import ctypes.util

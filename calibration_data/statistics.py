@@ -176,6 +176,7 @@ class Statistics:
         self.kv: dict[str, KVStats] = {}  # "{layer}.key" / "{layer}.value"
         self.kv_samples = 0
         self.hessian_graphs: set[str] = set()  # graphs whose MatMul inputs also accumulate X^T X
+        self.derived: dict[str, dict[str, str]] = {}  # graph -> its tensor -> the source graph's (`derive`)
 
     # -- accumulating ----------------------------------------------------------------------------
 
@@ -230,7 +231,23 @@ class Statistics:
                 self.kv[key] = KVStats(kv.absmax.copy(), kv.positions, kv.samples)
         self.kv_samples += other.kv_samples
 
+    def derive(self, graph: str, source: str, names: Mapping[str, str]) -> None:
+        """`graph`'s statistics as copies of `source`'s (`names`: its tensor -> the source tensor holding
+        the same activation), without X^T X (its consumers read the source's: `match_tensors`)."""
+        src = self.tensors(source)
+        self.derived[graph] = {"": source, **names}
+        self.graphs[graph] = {
+            name: TensorStats(src[s].channels, src[s].min, src[s].max, src[s].hist.copy(), src[s].absmax.copy(),
+                              src[s].sum_sq.copy(), src[s].rows, src[s].samples)
+            for name, s in names.items()
+        }
+
     # -- reading ---------------------------------------------------------------------------------
+
+    def source_tensors(self, graph: str) -> tuple[str, dict[str, str]] | None:
+        """(source graph, this graph's tensor -> the source's) when `graph`'s statistics were derived."""
+        m = self.derived.get(graph)
+        return None if not m else (m[""], {k: v for k, v in m.items() if k})
 
     def tensors(self, graph: str) -> dict[str, TensorStats]:
         if graph not in self.graphs:
@@ -272,7 +289,7 @@ class Statistics:
         """Arrays (for the .npz) and the JSON index describing them, in a fixed order."""
         arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {"schema": STATS_SCHEMA, "graphs": {}, "graph_sha256": dict(self.graph_sha256),
-                                 "kv": {}, "kv_samples": self.kv_samples}
+                                 "kv": {}, "kv_samples": self.kv_samples, "derived": self.derived}
         for g in sorted(self.graphs):
             entries = {}
             for i, name in enumerate(sorted(self.graphs[g])):
@@ -309,6 +326,7 @@ class Statistics:
                 out = cls()
                 out.graph_sha256 = dict(index["graph_sha256"])
                 out.kv_samples = int(index["kv_samples"])
+                out.derived = {g: dict(m) for g, m in (index.get("derived") or {}).items()}
                 for g, entries in index["graphs"].items():
                     out.graphs[g] = {
                         name: TensorStats(e["channels"], e["min"], e["max"], z[f"{e['tag']}.hist"],
