@@ -73,6 +73,10 @@ DEFAULT_MAX_SAMPLES = 512  # the seed note's "500 business sentences"
 DEFAULT_BATCH_SIZE = 8
 # Graphs whose MatMul inputs also accumulate X^T X (GPTQ; the fused graph reads gpt's: same activations).
 HESSIAN_GRAPHS = ("gpt", "head_code")
+# X^T X of a prefill sums at most this many of its tokens (a seeded draw per sentence; decode steps: all
+# rows): the products cost K^2 per token and 140 of them per GPT token at full size, while a few dozen
+# thousand rows over the corpus already pin a 768-channel Hessian down.
+HESSIAN_PREFILL_TOKENS = 32
 COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
 # The raw sample: enough for GPTQ (MAX_GPTQ_SAMPLES 32 per graph), auto's sensitivity (8) and the fused
 # graph's parity check (8), with room to spare; its byte share of the disk budget per component.
@@ -493,9 +497,15 @@ class _Recorder:
         if self.raw[component].offer(key, sample):
             self.sample_sentence[f"{component}/sample-{int(key * 2**64):016x}.npz"] = sha
 
-    def observe_gpt(self, feed: Mapping[str, np.ndarray]) -> None:
-        """gpt.onnx's (and, unless derived, the fused graph's) MatMul inputs and the KV cache of one feed."""
-        self.stats.update_graph("gpt", self.observers["gpt"].run(feed))
+    def observe_gpt(self, feed: Mapping[str, np.ndarray], sha: str | None = None) -> None:
+        """gpt.onnx's (and, unless derived, the fused graph's) MatMul inputs and the KV cache of one feed;
+        `sha`: a one-sentence prefill, whose X^T X sums a seeded draw of `HESSIAN_PREFILL_TOKENS` tokens."""
+        rows = None
+        tokens = int(feed["inputs_embeds"].shape[1])
+        if sha is not None and tokens > HESSIAN_PREFILL_TOKENS:
+            rng = np.random.default_rng([self.cfg.seed, int(sha[:8], 16)])
+            rows = np.sort(rng.choice(tokens, size=HESSIAN_PREFILL_TOKENS, replace=False))
+        self.stats.update_graph("gpt", self.observers["gpt"].run(feed), hessian_rows=rows)
         if FAST_GPT in self.observers:
             self.stats.update_graph(FAST_GPT, self.observers[FAST_GPT].run(fused_feed(feed)))
         self.stats.update_kv(feed)
@@ -509,13 +519,15 @@ class _Recorder:
             batch.call += 1
             if call == 0:  # the prefill, row by row: each sentence's own (unpadded) prompt
                 for row in range(len(batch.shas)):
-                    self._observe_step(row_feed(feeds, row), row, "prefill")
+                    feed = row_feed(feeds, row)
+                    self.observe_gpt(feed, sha=batch.shas[row])
+                    self._observe_step(feed, row, "prefill")
             elif call in batch.positions:
                 active = np.flatnonzero(batch.active())
                 if len(active):  # one batched observation of the rows still generating
                     self.observe_gpt(_rows_feed(feeds, active))
                     for row in active:
-                        self._observe_step(row_feed(feeds, int(row)), int(row), "decode", observe=False)
+                        self._observe_step(row_feed(feeds, int(row)), int(row), "decode")
         elif component == "head_code":
             call = batch.head_call
             batch.head_call += 1
@@ -531,9 +543,8 @@ class _Recorder:
 
     _decoding_row = 0
 
-    def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str, observe: bool = True) -> None:
-        if observe:
-            self.observe_gpt(feed)
+    def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str) -> None:
+        """Count one observed GPT step of a row and offer its feed to the raw sample."""
         first = feed.get("past_key_values.0.key")
         past = 0 if first is None else int(first.shape[2])
         c = self.counters
@@ -698,6 +709,8 @@ def _manifest(run: _RunSummary) -> dict[str, Any]:
             "kinds": "per tensor min/max and |x| histogram; per channel max |x| and mean square; KV per channel max "
                      "|x|; X^T X (block-diagonal) of the MatMul inputs of " + ", ".join(HESSIAN_GRAPHS),
             "hessian_graphs": list(HESSIAN_GRAPHS),
+            "hessian_rows": f"X^T X: every observed decode row and code-head row; of a prefill, a seeded draw of at most "
+                            f"{HESSIAN_PREFILL_TOKENS} of its tokens (all when shorter)",
         },
         "merged": [str(s.path.resolve()) for s in earlier],
         "settings": run.settings,

@@ -80,6 +80,7 @@ class TensorStats:
     rows: int = 0
     samples: int = 0
     xtx: np.ndarray | None = None  # [blocks, block, block] float32 X^T X (GPTQ's Hessian), or None
+    xtx_rows: int = 0  # rows X^T X summed (a prefill may give it a subsample of its tokens)
 
     def __post_init__(self) -> None:
         if self.absmax.size == 0:
@@ -98,9 +99,10 @@ class TensorStats:
         """E[x x^T] [blocks, block, block] (float64), the mean over every row seen."""
         if self.xtx is None:
             raise ForgeError("these calibration statistics hold no X^T X (re-run `calibrate`)")
-        return self.xtx.astype(np.float64) / max(self.rows, 1)
+        return self.xtx.astype(np.float64) / max(self.xtx_rows, 1)
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: np.ndarray, hessian_rows: np.ndarray | None = None) -> None:
+        """Fold `x` in; `hessian_rows`: the rows (of x flattened to [rows, channels]) X^T X sums, all when None."""
         x = np.asarray(x, dtype=np.float32)
         if x.shape[-1] != self.channels:
             raise ForgeError(f"activation has {x.shape[-1]} channels, its statistics {self.channels}")
@@ -114,8 +116,12 @@ class TensorStats:
         np.maximum(self.absmax, absx.max(axis=0), out=self.absmax)
         self.sum_sq += np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
         if self.xtx is not None:
-            blocks = flat.reshape(flat.shape[0], self.xtx.shape[0], -1).transpose(1, 2, 0)  # [k, b, rows]
-            self.xtx += np.matmul(blocks, blocks.transpose(0, 2, 1))
+            part = flat if hessian_rows is None else flat[hessian_rows]
+            b = self.xtx.shape[1]
+            for k in range(self.xtx.shape[0]):  # one BLAS product per diagonal block
+                cols = np.ascontiguousarray(part[:, k * b : (k + 1) * b])
+                self.xtx[k] += cols.T @ cols
+            self.xtx_rows += part.shape[0]
         self.rows += flat.shape[0]
         self.samples += x.shape[0] if x.ndim >= 2 else 1  # a batch of rows: one sample each
 
@@ -128,6 +134,7 @@ class TensorStats:
         self.sum_sq += other.sum_sq
         if self.xtx is not None and other.xtx is not None:
             self.xtx += other.xtx
+            self.xtx_rows += other.xtx_rows
         elif self.xtx is not None or other.xtx is not None:
             raise ForgeError("cannot merge statistics with and without X^T X (re-run `calibrate` on both)")
         self.rows += other.rows
@@ -180,7 +187,8 @@ class Statistics:
 
     # -- accumulating ----------------------------------------------------------------------------
 
-    def update_graph(self, graph: str, outputs: Mapping[str, np.ndarray]) -> None:
+    def update_graph(self, graph: str, outputs: Mapping[str, np.ndarray], hessian_rows: np.ndarray | None = None,
+                     ) -> None:
         tensors = self.graphs.setdefault(graph, {})
         for name, value in outputs.items():
             st = tensors.get(name)
@@ -188,7 +196,7 @@ class Statistics:
                 st = tensors[name] = TensorStats(int(value.shape[-1]))
                 if graph in self.hessian_graphs:
                     st.with_hessian()
-            st.update(value)
+            st.update(value, hessian_rows)
 
     def update_kv(self, feed: Mapping[str, np.ndarray]) -> bool:
         """Fold the past key/values of one plain-GPT feed in; False for a step without a past."""
@@ -223,7 +231,7 @@ class Statistics:
                 else:
                     mine[name] = TensorStats(st.channels, st.min, st.max, st.hist.copy(), st.absmax.copy(),
                                              st.sum_sq.copy(), st.rows, st.samples,
-                                             None if st.xtx is None else st.xtx.copy())
+                                             None if st.xtx is None else st.xtx.copy(), st.xtx_rows)
         for key, kv in other.kv.items():
             if key in self.kv:
                 self.kv[key].merge(kv)
@@ -302,6 +310,7 @@ class Statistics:
                     iu = np.triu_indices(st.xtx.shape[1])
                     arrays[f"{tag}.xtx"] = st.xtx[:, iu[0], iu[1]]
                     entries[name]["hessian_block"] = int(st.xtx.shape[1])
+                    entries[name]["hessian_rows"] = st.xtx_rows
             index["graphs"][g] = entries
         for key in sorted(self.kv, key=lambda k: (int(k.split(".")[0]), k)):
             kv = self.kv[key]
@@ -331,7 +340,7 @@ class Statistics:
                     out.graphs[g] = {
                         name: TensorStats(e["channels"], e["min"], e["max"], z[f"{e['tag']}.hist"],
                                           z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"],
-                                          _unpack_xtx(z, e))
+                                          _unpack_xtx(z, e), int(e.get("hessian_rows", 0)))
                         for name, e in entries.items()
                     }
                 for key, e in index["kv"].items():
