@@ -167,20 +167,44 @@ def test_batched_rows_observe_each_sentence_as_alone(tiny_artifacts, tmp_path: P
 
 
 def test_hessians_are_streamed_for_gptq(calib_dir: Path):
-    """X^T X of gpt's MatMul inputs: symmetric, its diagonal the streamed sum of squares; the fused
-    graph's inputs are matched to gpt's (same activations) rather than stored twice."""
+    """X^T X of gpt's MatMul inputs: symmetric, positive on its diagonal, summed over every decode row
+    and a bounded draw of each prefill's tokens; the fused graph's inputs are matched to gpt's (same
+    activations) rather than stored twice."""
     from chattts_forge.calibration_data.statistics import match_tensors
 
     stats = CalibrationStore(calib_dir).statistics
     for st in stats.graphs["gpt"].values():
         h = st.hessian()
         np.testing.assert_allclose(h, h.transpose(0, 2, 1))
-        np.testing.assert_allclose(np.concatenate([np.diag(b) for b in h]), st.mean_square, rtol=1e-3, atol=1e-7)
+        assert 0 < st.xtx_rows <= st.rows and (np.concatenate([np.diag(b) for b in h]) > 0).all()
+        if st.xtx_rows == st.rows:  # every row summed: the diagonal is the streamed mean square
+            np.testing.assert_allclose(np.concatenate([np.diag(b) for b in h]), st.mean_square, rtol=1e-3)
     assert all(st.xtx is None for st in stats.graphs["gpt_fast"].values())
     matched = match_tensors(stats.graphs["gpt"], stats.graphs["gpt_fast"])
     assert set(matched) == set(stats.graphs["gpt_fast"])
     for fast, plain in matched.items():
         np.testing.assert_allclose(stats.graphs["gpt_fast"][fast].max, stats.graphs["gpt"][plain].max, rtol=1e-4)
+
+
+def test_hessian_blocks_and_row_draws():
+    """X^T X in diagonal blocks of HESSIAN_BLOCK channels, over the rows asked for; merges add."""
+    from chattts_forge.calibration_data.statistics import HESSIAN_BLOCK
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 2 * HESSIAN_BLOCK)).astype(np.float32)
+    st = TensorStats(2 * HESSIAN_BLOCK).with_hessian()
+    rows = np.array([0, 3, 7])
+    st.update(x, hessian_rows=rows)
+    flat = x.reshape(-1, 2 * HESSIAN_BLOCK)[rows].astype(np.float64)
+    full = flat.T @ flat / 3
+    assert st.xtx.shape == (2, HESSIAN_BLOCK, HESSIAN_BLOCK) and st.xtx_rows == 3 and st.rows == 10
+    np.testing.assert_allclose(st.hessian()[1], full[HESSIAN_BLOCK:, HESSIAN_BLOCK:], rtol=1e-4, atol=1e-5)
+    other = TensorStats(2 * HESSIAN_BLOCK).with_hessian()
+    other.update(x)
+    st.merge(other)
+    assert st.xtx_rows == 13
+    with pytest.raises(ForgeError, match="with and without X"):
+        st.merge(TensorStats(2 * HESSIAN_BLOCK))
 
 
 def test_statistics_merge_is_exact_for_min_max_and_histograms():
