@@ -505,8 +505,7 @@ class Int4(QuantizationMethod):
         for c in self.calibration_components:  # GPTQ reads calibrate's streamed X^T X: checked up front
             graph_hessians(self.statistics(c), c)
 
-    def _int4(self, src: Path, dst: Path, feeds: list[dict[str, Any]] | None, exclude: list[str] | None = None,
-              graph: str = "gpt") -> dict[str, Any]:
+    def _int4(self, src: Path, dst: Path, exclude: list[str] | None = None, graph: str = "gpt") -> dict[str, Any]:
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
@@ -523,13 +522,13 @@ class Int4(QuantizationMethod):
             return quantize_gptq_int4_graph(src, dst, hessians, self.cfg.block_size, self.cfg.accuracy_level,
                                             rows=rows, **extra)
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
-                                   feeds=feeds, **extra)
+                                   **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
-        return self._int4(graphs.base[component], dst, None, exclude, graph=component)
+        return self._int4(graphs.base[component], dst, exclude, graph=component)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
-        return self._int4(src, dst, None, graph=FAST_GPT)
+        return self._int4(src, dst, graph=FAST_GPT)
 
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,

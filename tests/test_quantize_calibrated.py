@@ -138,15 +138,20 @@ def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_pat
 
 def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path: Path):
     from chattts_forge.quantize.int4 import quantize_int4_graph
+    from chattts_forge.quantize.int4_gptq import graph_hessians, quantize_gptq_int4_graph
 
     src = tiny_artifacts["fp32"] / "gpt.onnx"
-    samples = list(CalibrationStore(calib).iter_samples("gpt"))
     hashes = set()
-    for algorithm in ("rtn", "k_quant", "gptq"):
+    for algorithm in ("rtn", "k_quant"):
         dst = tmp_path / f"{algorithm}.onnx"
-        quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm, feeds=samples)
+        quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm)
         hashes.add(sha256_file(dst))
+    hessians, rows = graph_hessians(CalibrationStore(calib).statistics, "gpt")
+    quantize_gptq_int4_graph(src, tmp_path / "gptq.onnx", hessians, block_size=32, rows=rows)
+    hashes.add(sha256_file(tmp_path / "gptq.onnx"))
     assert len(hashes) == 3
+    with pytest.raises(ForgeError, match="needs calibration statistics"):
+        quantize_int4_graph(src, tmp_path / "x.onnx", block_size=32, algorithm="gptq")
 
 
 def test_importance_blocks_are_onnxruntime_rtn_at_scale_one_and_weigh_channels(monkeypatch, tmp_path: Path):
