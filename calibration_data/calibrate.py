@@ -5,14 +5,17 @@
     calibrate("artifacts/fp32", "builtin:calibration", "build/calib2", max_samples="all",
               merge=["build/calib"])                                           # the rest, merged in
 
-What is recorded (with the torch-free runtime, `chattts_forge.runtime.Pipeline`, whose session runs
-`recorder.instrument` observes through the runtime's public observer hook):
+Sentences are generated `batch_size` at a time (each row its own speaker) by the torch-free runtime,
+`chattts_forge.runtime.Pipeline`, whose session runs `recorder.instrument` observes through the
+runtime's public observer hook. What is recorded:
 
-- `gpt`: the prefill of every sentence plus `decode_positions` decode steps per sentence (drawn with
-  the seed); each is run at once through observer sessions of gpt.onnx and the fused gpt_fast.onnx
-  (`observe.Observer`) and folded into `statistics.Statistics` (ranges, |x| histograms, per-channel
-  importance of every projection MatMul input; the KV cache's per-channel max |x|);
-- `head_code`: the hidden state of up to `head_steps` steps per sentence (statistics likewise);
+- `gpt`: the prefill of every sentence (its own unpadded row) plus `decode_positions` decode steps per
+  batch (drawn with the seed of its first sentence; one row per sentence still generating); each is
+  run at once through an observer session of gpt.onnx (`observe.Observer`) and folded into
+  `statistics.Statistics` (ranges, |x| histograms, per-channel importance and X^T X of every
+  projection MatMul input; the KV cache's per-channel max |x|). The fused gpt_fast.onnx's statistics
+  are gpt.onnx's under its names (the same activations, matched on a probe at start-up);
+- `head_code`: the hidden state of `head_steps` steps per batch (statistics likewise);
 - `decoder`, `dvae`: the GPT hidden states and the codes of each sentence (raw sample only).
 
 Only a seeded sample of the raw inputs is kept (`store.RawSample`: at most `RAW_SAMPLE_COUNTS` per
@@ -22,9 +25,10 @@ statistics plus the raw sample. Neither grows with the corpus.
 
 Sentences: `select_sentences` draws `max_samples` (default 512; "all" for every usable one) stratified
 by corpus file (every file represented). Lines the runtime's front end refuses are skipped and
-counted before any synthesis. A sentence's speaker, code sampling and recorded steps depend on the
-seed and its text only, so a run is deterministic, and `merge` of earlier runs (their sentences are
-not synthesized again) gives the statistics and raw sample of one run over all their sentences.
+counted before any synthesis. A sentence's speaker depends on the seed and its text only; its code
+sampling and observed steps on its batch's first sentence. A run is deterministic, and `merge` of
+earlier runs (their sentences are not synthesized again) gives, at batch size 1, the statistics and
+raw sample of one run over all their sentences.
 """
 
 from __future__ import annotations
@@ -78,15 +82,15 @@ HESSIAN_GRAPHS = ("gpt", "head_code")
 # thousand rows over the corpus already pin a 768-channel Hessian down.
 HESSIAN_PREFILL_TOKENS = 32
 COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
-# The raw sample: enough for GPTQ (MAX_GPTQ_SAMPLES 32 per graph), auto's sensitivity (8) and the fused
-# graph's parity check (8), with room to spare; its byte share of the disk budget per component.
+# The raw sample: enough for auto's sensitivity (8), the fused graph's parity check (8) and legacy static,
+# with room to spare; its byte share of the disk budget per component.
 RAW_SAMPLE_COUNTS = {"gpt": 64, "head_code": 64, "decoder": 16, "dvae": 16}
 RAW_SAMPLE_SHARES = {"gpt": 0.80, "head_code": 0.05, "decoder": 0.10, "dvae": 0.05}
 # Disk kept free of raw samples for statistics.npz and the manifest at least (more when the graphs'
 # Hessians need it: ~170 MB at full size).
 STATISTICS_RESERVE_BYTES = 32 << 20
 # Settings that shape the statistics: runs merge only when they agree on all of them.
-MERGE_SETTINGS = ("max_new_token", "decode_positions_per_sentence", "head_steps_per_sentence")
+MERGE_SETTINGS = ("max_new_token", "decode_positions_per_batch", "head_steps_per_batch")
 
 
 def sentence_sha256(text: str) -> str:
@@ -231,9 +235,9 @@ class CalibrateConfig:
         return {
             "max_samples": count if count is not None else "all",
             "max_new_token": self.max_new_token,
-            "decode_positions_per_sentence": self.decode_positions,
+            "decode_positions_per_batch": self.decode_positions,
             "max_past": self.max_past,
-            "head_steps_per_sentence": self.head_steps,
+            "head_steps_per_batch": self.head_steps,
             "threads": self.threads,
             "batch_size": self.batch_size,
             "observed_steps": (

@@ -283,7 +283,7 @@ def test_bad_input_is_refused_before_any_work(calib_dir: Path, tiny_artifacts, t
     (version / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ForgeError, match="corpus version v0"):
         calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[version], **SMALL)
-    with pytest.raises(ForgeError, match="head_steps_per_sentence"):
+    with pytest.raises(ForgeError, match="head_steps_per_batch"):
         calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[calib_dir], **{**SMALL, "head_steps": 5})
     old = tmp_path / "old"
     shutil.copytree(calib_dir, old)
