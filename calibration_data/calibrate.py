@@ -710,6 +710,7 @@ def _manifest(run: _RunSummary) -> dict[str, Any]:
             "graphs": {g: {"tensors": len(t), "steps": stats.samples(g), "sha256": stats.graph_sha256.get(g)}
                        for g, t in sorted(stats.graphs.items())},
             "kv_cache_steps": stats.kv_samples,
+            "nonfinite_rows_left_out": stats.nonfinite_rows(),
             "kinds": "per tensor min/max and |x| histogram; per channel max |x| and mean square; KV per channel max "
                      "|x|; X^T X (block-diagonal) of the MatMul inputs of " + ", ".join(HESSIAN_GRAPHS),
             "hessian_graphs": list(HESSIAN_GRAPHS),

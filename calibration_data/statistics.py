@@ -81,6 +81,7 @@ class TensorStats:
     samples: int = 0
     xtx: np.ndarray | None = None  # [blocks, block, block] float32 X^T X (GPTQ's Hessian), or None
     xtx_rows: int = 0  # rows X^T X summed (a prefill may give it a subsample of its tokens)
+    nonfinite_rows: int = 0  # rows holding inf/NaN, left out of every statistic (and counted)
 
     def __post_init__(self) -> None:
         if self.absmax.size == 0:
@@ -109,6 +110,15 @@ class TensorStats:
         if x.size == 0:
             return
         flat = x.reshape(-1, self.channels)
+        finite = np.isfinite(flat).all(axis=1)
+        if not finite.all():  # an overflowing row would poison min/max and every sum: left out, counted
+            self.nonfinite_rows += int((~finite).sum())
+            if hessian_rows is not None:
+                hessian_rows = hessian_rows[finite[hessian_rows]]
+                hessian_rows = np.searchsorted(np.flatnonzero(finite), hessian_rows)
+            flat = flat[finite]
+            if flat.shape[0] == 0:
+                return
         absx = np.abs(flat)
         self.min = min(self.min, float(flat.min()))
         self.max = max(self.max, float(flat.max()))
@@ -139,6 +149,7 @@ class TensorStats:
             raise ForgeError("cannot merge statistics with and without X^T X (re-run `calibrate` on both)")
         self.rows += other.rows
         self.samples += other.samples
+        self.nonfinite_rows += other.nonfinite_rows
 
     @property
     def mean_square(self) -> np.ndarray:
@@ -164,6 +175,7 @@ class KVStats:
 
     def update(self, past: np.ndarray, valid: np.ndarray) -> None:
         x = np.abs(np.asarray(past, dtype=np.float32)).transpose(0, 2, 1, 3)[valid]  # [positions, heads, dim]
+        x = np.where(np.isfinite(x), x, 0.0)  # an overflowed key/value would make the cache's scale inf
         np.maximum(self.absmax, x.max(axis=0), out=self.absmax)
         self.positions += int(valid.sum())
         self.samples += int(valid.any(axis=1).sum())  # one per batch row with a past
@@ -246,7 +258,7 @@ class Statistics:
         self.derived[graph] = {"": source, **names}
         self.graphs[graph] = {
             name: TensorStats(src[s].channels, src[s].min, src[s].max, src[s].hist.copy(), src[s].absmax.copy(),
-                              src[s].sum_sq.copy(), src[s].rows, src[s].samples)
+                              src[s].sum_sq.copy(), src[s].rows, src[s].samples, nonfinite_rows=src[s].nonfinite_rows)
             for name, s in names.items()
         }
 
@@ -280,6 +292,10 @@ class Statistics:
             out[n] = (max(tensors[n].min, -clip), min(tensors[n].max, clip))
         return out
 
+    def nonfinite_rows(self) -> dict[str, int]:
+        """Per graph, the most activation rows with inf/NaN any tensor left out (0 for a healthy run)."""
+        return {g: max((st.nonfinite_rows for st in t.values()), default=0) for g, t in sorted(self.graphs.items())}
+
     def samples(self, graph: str) -> int:
         return max((st.samples for st in self.tensors(graph).values()), default=0)
 
@@ -306,6 +322,8 @@ class Statistics:
                 arrays[f"{tag}.hist"], arrays[f"{tag}.absmax"], arrays[f"{tag}.sum_sq"] = st.hist, st.absmax, st.sum_sq
                 entries[name] = {"tag": tag, "channels": st.channels, "min": st.min, "max": st.max,
                                  "rows": st.rows, "samples": st.samples}
+                if st.nonfinite_rows:
+                    entries[name]["nonfinite_rows"] = st.nonfinite_rows
                 if st.xtx is not None:  # symmetric: the upper triangle of each block is enough
                     iu = np.triu_indices(st.xtx.shape[1])
                     arrays[f"{tag}.xtx"] = st.xtx[:, iu[0], iu[1]]
@@ -343,6 +361,8 @@ class Statistics:
                                           _unpack_xtx(z, e), int(e.get("hessian_rows", 0)))
                         for name, e in entries.items()
                     }
+                    for name, e in entries.items():
+                        out.graphs[g][name].nonfinite_rows = int(e.get("nonfinite_rows", 0))
                 for key, e in index["kv"].items():
                     out.kv[key] = KVStats(z[f"kv/{key}"], e["positions"], e["samples"])
         except ForgeError:

@@ -317,3 +317,17 @@ def test_bad_settings(tiny_artifacts, tmp_path: Path):
         calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", max_samples=0)
     with pytest.raises(ForgeError, match="does not exist"):
         calibrate(tmp_path / "no-artifact", "builtin:calibration", tmp_path / "x")
+
+
+def test_nonfinite_rows_are_left_out_and_counted(tmp_path: Path):
+    """An overflowing activation row (inf/NaN) is kept out of min/max, histograms and sums, and counted."""
+    x = np.ones((4, 3), np.float32)
+    x[1, 2], x[3, 0] = np.inf, np.nan
+    stats = Statistics()
+    stats.hessian_graphs = {"g"}
+    stats.update_graph("g", {"t": x}, hessian_rows=np.array([0, 1, 2]))
+    st = stats.graphs["g"]["t"]
+    assert (st.min, st.max, st.rows, st.nonfinite_rows, st.xtx_rows) == (1.0, 1.0, 2, 2, 2)
+    assert int(st.hist.sum()) == 6 and np.isfinite(st.hessian()).all()
+    stats.save(tmp_path / "s.npz")
+    assert Statistics.load(tmp_path / "s.npz").nonfinite_rows() == {"g": 2}
