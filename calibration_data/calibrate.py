@@ -480,6 +480,8 @@ class _Recorder:
                                          "batches": 0}
         self.skipped: list[dict[str, str]] = []
         self.batch: _Batch | None = None
+        self._decoding_row = 0  # the batch row whose Decoder/DVAE input is being recorded
+        self._source: list[str] = []  # the corpus sentences (by index)
 
     def adopt(self, earlier: Sequence[CalibrationStore]) -> None:
         """Earlier runs' statistics and raw samples, as if recorded here."""
@@ -544,8 +546,6 @@ class _Recorder:
                     self.keep_raw("head_code", int(row), _rows_feed(feeds, np.array([row])))
         elif component in ("decoder", "dvae"):
             self.keep_raw(component, self._decoding_row, feeds)
-
-    _decoding_row = 0
 
     def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str) -> None:
         """Count one observed GPT step of a row and offer its feed to the raw sample."""
