@@ -62,8 +62,8 @@ def hist_edges() -> np.ndarray:
 def _hist_of(absx: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         log2 = np.log2(absx, dtype=np.float64)
-    idx = np.floor((log2 - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE).astype(np.int64) + 1
-    idx = np.clip(idx, 0, HIST_BINS - 1)  # -inf (zeros) -> 0
+    # Clipped before the cast: exact zeros give log2 = -inf, which no integer holds (bin 0 takes them).
+    idx = np.clip(np.floor((log2 - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE) + 1, 0, HIST_BINS - 1).astype(np.int64)
     return np.bincount(idx.ravel(), minlength=HIST_BINS).astype(np.int64)
 
 
