@@ -317,6 +317,11 @@ def test_bad_settings(tiny_artifacts, tmp_path: Path):
         calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", max_samples=0)
     with pytest.raises(ForgeError, match="does not exist"):
         calibrate(tmp_path / "no-artifact", "builtin:calibration", tmp_path / "x")
+    with pytest.raises(ForgeError, match="batch-size"):
+        calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", batch_size=0)
+    with pytest.raises(ForgeError, match="unexpected keyword"):
+        calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", batchsize=2)
+    assert not (tmp_path / "x").exists()
 
 
 def test_nonfinite_rows_are_left_out_and_counted(tmp_path: Path):
