@@ -2,8 +2,9 @@
 
 - `corpus`: the versioned corpora under `corpora/vN/{calibration,evaluation}/*.txt` (held-out split
   disjoint by construction), `load_corpus(spec)` with validation, manifests.
-- `calibrate`: `calibrate(artifact_dir, corpus, out_dir, ...)` runs an FP32 artifact over a corpus
-  and records the real inputs of every quantizable graph as sharded .npz files (CLI: `calibrate`).
+- `calibrate`: `calibrate(artifact_dir, corpus, out_dir, CalibrateConfig(...))` runs an FP32 artifact
+  over a corpus and streams the statistics quantize reads (ranges, histograms, importance, X^T X, KV
+  ranges) plus a bounded raw sample of graph inputs (CLI: `calibrate`).
 """
 
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus

@@ -5,14 +5,17 @@
     calibrate("artifacts/fp32", "builtin:calibration", "build/calib2", max_samples="all",
               merge=["build/calib"])                                           # the rest, merged in
 
-What is recorded (with the torch-free runtime, `chattts_forge.runtime.Pipeline`, whose session runs
-`recorder.instrument` observes through the runtime's public observer hook):
+Sentences are generated `batch_size` at a time (each row its own speaker) by the torch-free runtime,
+`chattts_forge.runtime.Pipeline`, whose session runs `recorder.instrument` observes through the
+runtime's public observer hook. What is recorded:
 
-- `gpt`: the prefill of every sentence plus `decode_positions` decode steps per sentence (drawn with
-  the seed); each is run at once through observer sessions of gpt.onnx and the fused gpt_fast.onnx
-  (`observe.Observer`) and folded into `statistics.Statistics` (ranges, |x| histograms, per-channel
-  importance of every projection MatMul input; the KV cache's per-channel max |x|);
-- `head_code`: the hidden state of up to `head_steps` steps per sentence (statistics likewise);
+- `gpt`: the prefill of every sentence (its own unpadded row) plus `decode_positions` decode steps per
+  batch (drawn with the seed of its first sentence; one row per sentence still generating); each is
+  run at once through an observer session of gpt.onnx (`observe.Observer`) and folded into
+  `statistics.Statistics` (ranges, |x| histograms, per-channel importance and X^T X of every
+  projection MatMul input; the KV cache's per-channel max |x|). The fused gpt_fast.onnx's statistics
+  are gpt.onnx's under its names (the same activations, matched on a probe at start-up);
+- `head_code`: the hidden state of `head_steps` steps per batch (statistics likewise);
 - `decoder`, `dvae`: the GPT hidden states and the codes of each sentence (raw sample only).
 
 Only a seeded sample of the raw inputs is kept (`store.RawSample`: at most `RAW_SAMPLE_COUNTS` per
@@ -22,9 +25,10 @@ statistics plus the raw sample. Neither grows with the corpus.
 
 Sentences: `select_sentences` draws `max_samples` (default 512; "all" for every usable one) stratified
 by corpus file (every file represented). Lines the runtime's front end refuses are skipped and
-counted before any synthesis. A sentence's speaker, code sampling and recorded steps depend on the
-seed and its text only, so a run is deterministic, and `merge` of earlier runs (their sentences are
-not synthesized again) gives the statistics and raw sample of one run over all their sentences.
+counted before any synthesis. A sentence's speaker depends on the seed and its text only; its code
+sampling and observed steps on its batch's first sentence. A run is deterministic, and `merge` of
+earlier runs (their sentences are not synthesized again) gives, at batch size 1, the statistics and
+raw sample of one run over all their sentences.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import math
 import os
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +48,15 @@ from tqdm import tqdm
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, is_builtin_spec, load_corpus
-from chattts_forge.calibration_data.observe import Observer, fused_feed
+from chattts_forge.calibration_data.observe import Observer, fused_feed, release_freed_memory
 from chattts_forge.calibration_data.recorder import check_recorded, instrument, new_pipeline, synth_params
-from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics, sample_key
+from chattts_forge.calibration_data.statistics import (
+    HIST_BINS,
+    STATS_FILE,
+    Statistics,
+    hessian_block,
+    sample_key,
+)
 from chattts_forge.calibration_data.store import (
     MANIFEST,
     SCHEMA,
@@ -61,15 +72,25 @@ from chattts_forge.versions import build_timestamp, library_versions, toolchain_
 log = get_logger(__name__)
 
 DEFAULT_MAX_SAMPLES = 512  # the seed note's "500 business sentences"
+# Sentences generated as one batch: a GPT step reads the whole 755 MB graph whatever the rows, so 8 rows
+# cost about one (docs/measurements/2026-12-01-xeon/calibration-curve.md); the prefill stays per row.
+DEFAULT_BATCH_SIZE = 8
+# Graphs whose MatMul inputs also accumulate X^T X (GPTQ; the fused graph reads gpt's: same activations).
+HESSIAN_GRAPHS = ("gpt", "head_code")
+# X^T X of a prefill sums at most this many of its tokens (a seeded draw per sentence; decode steps: all
+# rows): the products cost K^2 per token and 140 of them per GPT token at full size, while a few dozen
+# thousand rows over the corpus already pin a 768-channel Hessian down.
+HESSIAN_PREFILL_TOKENS = 32
 COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
-# The raw sample: enough for GPTQ (MAX_GPTQ_SAMPLES 32 per graph), auto's sensitivity (8) and the fused
-# graph's parity check (8), with room to spare; its byte share of the disk budget per component.
+# The raw sample: enough for auto's sensitivity (8), the fused graph's parity check (8) and legacy static,
+# with room to spare; its byte share of the disk budget per component.
 RAW_SAMPLE_COUNTS = {"gpt": 64, "head_code": 64, "decoder": 16, "dvae": 16}
 RAW_SAMPLE_SHARES = {"gpt": 0.80, "head_code": 0.05, "decoder": 0.10, "dvae": 0.05}
-# Disk kept free of raw samples for statistics.npz and the manifest (a few MB at full size).
+# Disk kept free of raw samples for statistics.npz and the manifest at least (more when the graphs'
+# Hessians need it: ~170 MB at full size).
 STATISTICS_RESERVE_BYTES = 32 << 20
 # Settings that shape the statistics: runs merge only when they agree on all of them.
-MERGE_SETTINGS = ("max_new_token", "decode_positions_per_sentence", "head_steps_per_sentence")
+MERGE_SETTINGS = ("max_new_token", "decode_positions_per_batch", "head_steps_per_batch")
 
 
 def sentence_sha256(text: str) -> str:
@@ -168,16 +189,6 @@ def _check_merge(paths: Sequence[Path], identity: dict[str, Any], corp: Corpus, 
     return stores
 
 
-def _check_settings(max_new_token: int, decode_positions: int, max_past: int, head_steps: int,
-                    disk_budget_mb: float) -> None:
-    if max_new_token < 2:
-        raise ForgeError(f"--max-new-token must be >= 2, got {max_new_token}")
-    if decode_positions < 0 or max_past < 1 or head_steps < 0:
-        raise ForgeError("decode positions and head steps must be >= 0 and max past >= 1")
-    if disk_budget_mb <= 0:
-        raise ForgeError(f"--disk-budget-mb must be > 0, got {disk_budget_mb}")
-
-
 def parse_max_samples(value: int | str | None) -> int | None:
     """`--max-samples`: a count >= 1, or "all" (None: every usable sentence)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
@@ -191,59 +202,134 @@ def parse_max_samples(value: int | str | None) -> int | None:
     return n
 
 
-def calibrate(
-    artifact_dir: str | os.PathLike[str],
-    corpus: str | os.PathLike[str] | Corpus,
-    out_dir: str | os.PathLike[str],
-    max_samples: int | str | None = DEFAULT_MAX_SAMPLES,
-    seed: int = 0,
-    max_new_token: int = 96,
-    decode_positions: int = 6,
-    max_past: int = 192,
-    head_steps: int = 16,
-    disk_budget_mb: float = 512.0,
-    threads: int | None = None,
-    progress: bool | None = None,
-    merge: Sequence[str | os.PathLike[str]] = (),
-    allow_one_language: bool = False,
-    raw_sample_counts: dict[str, int] | None = None,
-) -> Path:
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """The settings of one `calibrate` run (the CLI maps its options to these fields)."""
+
+    max_samples: int | str | None = DEFAULT_MAX_SAMPLES  # a count, or "all"
+    seed: int = 0
+    max_new_token: int = 96
+    decode_positions: int = 6  # decode steps observed per batch (every row of it), besides each prefill
+    max_past: int = 192  # only steps whose past is at most this enter the raw sample
+    head_steps: int = 16  # code-head steps observed per batch
+    disk_budget_mb: float = 512.0
+    threads: int | None = None
+    progress: bool | None = None
+    merge: Sequence[str | os.PathLike[str]] = ()
+    allow_one_language: bool = False
+    raw_sample_counts: dict[str, int] | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE  # sentences synthesized (and their decode steps observed) together
+
+    def check(self) -> None:
+        if self.max_new_token < 2:
+            raise ForgeError(f"--max-new-token must be >= 2, got {self.max_new_token}")
+        if self.decode_positions < 0 or self.max_past < 1 or self.head_steps < 0:
+            raise ForgeError("decode positions and head steps must be >= 0 and max past >= 1")
+        if self.disk_budget_mb <= 0:
+            raise ForgeError(f"--disk-budget-mb must be > 0, got {self.disk_budget_mb}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ForgeError(f"--batch-size must be a whole number >= 1, got {self.batch_size!r}")
+
+    def settings(self, count: int | None) -> dict[str, Any]:
+        """What the manifest records (and `--merge` compares: `MERGE_SETTINGS`)."""
+        return {
+            "max_samples": count if count is not None else "all",
+            "max_new_token": self.max_new_token,
+            "decode_positions_per_batch": self.decode_positions,
+            "max_past": self.max_past,
+            "head_steps_per_batch": self.head_steps,
+            "threads": self.threads,
+            "batch_size": self.batch_size,
+            "observed_steps": (
+                f"every sentence's prefill (its own row, unpadded); {self.decode_positions} decode steps and "
+                f"{self.head_steps} code-head steps per batch of up to {self.batch_size} sentences (drawn with the "
+                "seed of the batch's first sentence), every row still generating contributing one sample each"),
+            "batches": "sentences sorted by normalised length, then cut into batches (corpus order at batch size 1)",
+            "sampling": "ChatTTS InferCodeParams defaults; each sentence's speaker from the run seed and its text; "
+                        "the code sampling seed of a batch from its first sentence",
+            "past_kv_storage": "float16",
+        }
+
+
+def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[str] | Corpus,
+              out_dir: str | os.PathLike[str], config: CalibrateConfig | None = None, **options: Any) -> Path:
     """Stream calibration statistics (and a bounded raw sample) into `out_dir` (written atomically).
-    See the module docstring."""
+    `options`: `CalibrateConfig` fields (overriding `config`'s). See the module docstring."""
     started = time.perf_counter()
+    try:
+        cfg = replace(config or CalibrateConfig(), **options)
+    except TypeError as e:
+        raise ForgeError(f"calibrate: {e}") from None
     artifact_dir, out_dir = Path(artifact_dir), Path(out_dir)
-    count = parse_max_samples(max_samples)
-    _check_settings(max_new_token, decode_positions, max_past, head_steps, disk_budget_mb)
-    budget = int(disk_budget_mb * (1 << 20))
-    reserve = min(STATISTICS_RESERVE_BYTES, budget // 2)
+    count = parse_max_samples(cfg.max_samples)
+    cfg.check()
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+    _check_corpus(corp, cfg.allow_one_language)
+    settings = cfg.settings(count)
+    pipe = new_pipeline(artifact_dir, cfg.threads)
+    meta = pipe.artifact.meta
+    if meta.quantization or meta.component("gpt").get("precision", "fp32") != "fp32":
+        raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
+    identity = _artifact_identity(artifact_dir, meta)
+    earlier = _check_merge([Path(p) for p in cfg.merge], identity, corp, cfg.seed, settings)
+    plan = _plan_sentences(pipe, corp, earlier, count, cfg.seed)
+    observers = _observers(pipe, artifact_dir, cfg.threads)
+    budget = int(cfg.disk_budget_mb * (1 << 20))
+    reserve = min(max(STATISTICS_RESERVE_BYTES, _statistics_bytes(observers) + (8 << 20)), budget // 2)
+    counts = {**RAW_SAMPLE_COUNTS, **(cfg.raw_sample_counts or {})}
+    bounds = {c: RawSampleBounds(counts[c], int((budget - reserve) * RAW_SAMPLE_SHARES[c])) for c in COMPONENTS}
+
+    with atomic_output_dir(out_dir) as tmp:
+        rec = _Recorder(pipe, observers, cfg, {c: RawSample(tmp, c, bounds[c]) for c in COMPONENTS})
+        rec.adopt(earlier)
+        used = rec.record_sentences(corp, plan)
+        if not used and not earlier:
+            raise ForgeError(f"no sentence of corpus '{corp.name}' could be synthesized")
+        rec.stats.save(tmp / STATS_FILE)
+        stats_bytes = (tmp / STATS_FILE).stat().st_size
+        if stats_bytes > reserve:
+            log.warning("statistics take %.2f MB, more than the %.2f MB of the disk budget reserved for them",
+                        stats_bytes / (1 << 20), reserve / (1 << 20))
+        manifest = _manifest(_RunSummary(identity, corp, cfg.seed, settings, plan, used, earlier, rec, stats_bytes,
+                                         budget, reserve, started))
+        atomic_write_json(tmp / MANIFEST, manifest)
+    c = rec.counters
+    log.info(
+        "calibration statistics written to %s: %d sentences (+%d merged), gpt %d steps (%d prefill, %d decode), "
+        "raw sample %.1f MB, statistics %.1f MB, peak RSS %.0f MB, %.0f s",
+        out_dir, len(used), len(plan.seen), c["prefill"] + c["decode"], c["prefill"], c["decode"],
+        sum(r.bytes for r in rec.raw.values()) / (1 << 20), stats_bytes / (1 << 20),
+        manifest["run"]["peak_rss_bytes"] / (1 << 20), manifest["run"]["seconds"],
+    )
+    return out_dir
+
+
+def _check_corpus(corp: Corpus, allow_one_language: bool) -> None:
     if not corp.sentences:
         raise ForgeError(f"corpus '{corp.name}' has no sentences")
     languages = _languages(corp.sentences)
     if len(languages) < 2 and not allow_one_language:
         raise ForgeError(f"corpus '{corp.name}' holds only {next(iter(languages))} sentences: static ranges would "
                          "miss the other language (pass --allow-one-language to calibrate on it anyway)")
-    settings = {
-        "max_samples": count if count is not None else "all",
-        "max_new_token": max_new_token,
-        "decode_positions_per_sentence": decode_positions,
-        "max_past": max_past,
-        "head_steps_per_sentence": head_steps,
-        "threads": threads,
-        "sampling": "ChatTTS InferCodeParams defaults; speaker and code seed from the run seed and the sentence",
-        "past_kv_storage": "float16",
-    }
-    pipe = new_pipeline(artifact_dir, threads)
-    meta = pipe.artifact.meta
-    if meta.quantization or meta.component("gpt").get("precision", "fp32") != "fp32":
-        raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
-    identity = _artifact_identity(artifact_dir, meta)
-    earlier = _check_merge([Path(p) for p in merge], identity, corp, seed, settings)
-    seen = {sha for s in earlier for sha in s.manifest.get("sentence_sha256", [])}
 
-    # Lines the front end refuses, and sentences an earlier (merged) run saw, are set aside first.
+
+@dataclass
+class _SentencePlan:
+    """Which corpus sentences this run synthesizes, and what was set aside before any synthesis."""
+
+    stems: list[str]  # the corpus file of every sentence
+    picked: list[int]
+    skipped: list[dict[str, str]]
+    already: int  # sentences an earlier (merged) run saw
+    seen: set[str]
+
+
+def _plan_sentences(pipe: Any, corp: Corpus, earlier: list[CalibrationStore], count: int | None,
+                    seed: int) -> _SentencePlan:
+    """Lines the front end refuses, and sentences an earlier (merged) run saw, are set aside first."""
     from chattts_forge.runtime.frontend import is_speakable
 
+    seen = {sha for s in earlier for sha in s.manifest.get("sentence_sha256", [])}
     stems = _file_stems(corp)
     usable: list[int] = []
     skipped: list[dict[str, str]] = []
@@ -261,128 +347,334 @@ def calibrate(
     if skipped:
         log.warning("calibrate: %d corpus line(s) the front end refuses are skipped", len(skipped))
     picked = [usable[j] for j in select_sentences([stems[i] for i in usable], count, seed)]
+    return _SentencePlan(stems, picked, skipped, already, seen)
 
-    counts = {**RAW_SAMPLE_COUNTS, **(raw_sample_counts or {})}
-    raw_budget = budget - reserve
-    bounds = {c: RawSampleBounds(counts[c], int(raw_budget * RAW_SAMPLE_SHARES[c])) for c in COMPONENTS}
-    gpt_file = meta.component_file(artifact_dir, "gpt")
-    observers = {"gpt": Observer(gpt_file, threads)}
+
+@dataclass
+class _Observers:
+    """The observer sessions run, and the fused graph when its statistics are derived instead."""
+
+    run: dict[str, Observer]
+    derived: dict[str, str]  # fused MatMul input -> the gpt.onnx tensor that is the same activation
+    derived_path: Path | None = None  # the fused graph whose statistics are gpt's under its own names
+
+
+def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> _Observers:
+    """Observer sessions. When every MatMul input of the fused graph is the same activation as a
+    gpt.onnx one (checked on a probe feed), the fused graph is not observed: its statistics are gpt's
+    under its own names (one 755 MB session and a third of the observing less at full size)."""
+    meta = pipe.artifact.meta
+    out = _Observers({"gpt": Observer(meta.component_file(artifact_dir, "gpt"), threads)}, {})
     if meta.has_component(FAST_GPT):
-        observers[FAST_GPT] = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
+        fused = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
+        derived = _same_activations(out.run["gpt"], fused)
+        if len(derived) == len(fused.tensors):
+            out.derived, out.derived_path = derived, fused.path
+            del fused
+            release_freed_memory()
+        else:
+            log.warning("calibrate: %d of %d %s MatMul inputs match no gpt.onnx tensor: observing it too",
+                        len(fused.tensors) - len(derived), len(fused.tensors), FAST_GPT)
+            out.run[FAST_GPT] = fused
     if pipe.artifact.has_component("head_code"):
-        observers["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
+        out.run["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
+    return out
 
-    with atomic_output_dir(out_dir) as tmp:
-        stats = Statistics()
-        for g, obs in observers.items():
-            stats.graph_sha256[g] = sha256_file(obs.path)
-        raw = {c: RawSample(tmp, c, bounds[c]) for c in COMPONENTS}
-        sample_sentence: dict[str, str] = {}
-        for store in earlier:  # their statistics and raw samples, as if recorded here
-            stats.merge(store.statistics)
+
+def _same_activations(plain: Observer, fused: Observer) -> dict[str, str]:
+    """fused tensor -> gpt.onnx tensor holding the same values on a seeded 5-token probe prompt."""
+    session = plain.session
+    hidden = next(int(i.shape[2]) for i in session.get_inputs() if i.name == "inputs_embeds")
+    tokens = 5
+    probe: dict[str, np.ndarray] = {
+        "inputs_embeds": np.random.default_rng(0).normal(size=(1, tokens, hidden)).astype(np.float32),
+        "attention_mask": np.ones((1, tokens), np.int64),
+        "position_ids": np.arange(tokens, dtype=np.int64)[None],
+    }
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            probe[i.name] = np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), np.float32)
+    a, b = plain.run(probe), fused.run(fused_feed(probe))
+    out: dict[str, str] = {}
+    for name, value in b.items():
+        scale = float(np.abs(value).max(initial=0.0)) or 1.0
+        for cand, ref in a.items():
+            if ref.shape == value.shape and np.allclose(ref, value, rtol=1e-3, atol=1e-4 * scale):
+                out[name] = cand
+                break
+    return out
+
+
+def _statistics_bytes(observers: _Observers) -> int:
+    """statistics.npz's size, known before any work (the graphs fix it): for the reserve."""
+    gpt = observers.run["gpt"].widths
+    graphs = {g: obs.widths for g, obs in observers.run.items()}
+    if observers.derived:
+        graphs[FAST_GPT] = {t: gpt[src] for t, src in observers.derived.items()}
+    total = 0
+    for graph, widths in graphs.items():
+        for width in widths.values():
+            total += HIST_BINS * 8 + width * 12 + 256
+            if graph in HESSIAN_GRAPHS:
+                b = hessian_block(width)
+                total += (width // b) * b * (b + 1) // 2 * 4
+    return total
+
+
+def row_feed(feed: Mapping[str, np.ndarray], row: int) -> dict[str, np.ndarray]:
+    """One batch row of a plain-GPT feed without its left padding: the feed of that sentence alone."""
+    mask = np.asarray(feed["attention_mask"])[row]
+    pad = int(np.argmax(mask != 0)) if mask.any() else 0
+    first = feed.get("past_key_values.0.key")
+    past = 0 if first is None else int(first.shape[2])
+    cut_past, cut_new = min(pad, past), pad - min(pad, past)
+    out: dict[str, np.ndarray] = {}
+    for name, arr in feed.items():
+        a = np.asarray(arr)[row : row + 1]
+        if name == "attention_mask":
+            a = a[:, pad:]
+        elif name in ("inputs_embeds", "position_ids"):
+            a = a[:, cut_new:]
+        elif name.startswith("past_key_values."):
+            a = a[:, :, cut_past:]
+        out[name] = np.ascontiguousarray(a)
+    return out
+
+
+def _rows_feed(feed: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: np.ascontiguousarray(np.asarray(arr)[rows]) for name, arr in feed.items()}
+
+
+@dataclass
+class _Batch:
+    """The sentences being synthesized together and which of their steps are observed."""
+
+    shas: list[str]
+    positions: set[int]  # observed decode steps (GPT calls after the prefill)
+    heads: set[int]  # observed code-head calls
+    index: list[dict[str, int]]  # per row: raw inputs offered so far per component (their keys)
+    call: int = 0
+    head_call: int = 0
+    state: Any = None  # the runtime's StepState once the first step is out (rows that ended)
+
+    def active(self) -> np.ndarray:
+        """Rows still generating: finished rows keep running in a batch but are not observed."""
+        if self.state is None:
+            return np.ones(len(self.shas), dtype=bool)
+        return ~np.asarray(self.state.finish, dtype=bool)
+
+
+class _Recorder:
+    """Folds what the runtime's sessions are fed into the statistics and the raw sample, batch by batch."""
+
+    def __init__(self, pipe: Any, observers: _Observers, cfg: CalibrateConfig, raw: dict[str, RawSample]) -> None:
+        self.pipe, self.observers, self.derived, self.cfg, self.raw = pipe, observers.run, observers.derived, cfg, raw
+        self.stats = Statistics()
+        self.stats.hessian_graphs = set(HESSIAN_GRAPHS)
+        for g, obs in observers.run.items():
+            self.stats.graph_sha256[g] = sha256_file(obs.path)
+        if observers.derived_path is not None:
+            self.stats.graph_sha256[FAST_GPT] = sha256_file(observers.derived_path)
+        self.sample_sentence: dict[str, str] = {}
+        self.counters: dict[str, Any] = {"prefill": 0, "decode": 0, "head": 0, "past_min": None, "past_max": 0,
+                                         "batches": 0}
+        self.skipped: list[dict[str, str]] = []
+        self.batch: _Batch | None = None
+        self._decoding_row = 0  # the batch row whose Decoder/DVAE input is being recorded
+        self._source: list[str] = []  # the corpus sentences (by index)
+
+    def adopt(self, earlier: Sequence[CalibrationStore]) -> None:
+        """Earlier runs' statistics and raw samples, as if recorded here."""
+        for store in earlier:
+            self.stats.merge(store.statistics)
             for c in COMPONENTS:
                 rec = store.manifest["components"].get(c, {})
                 for key, size, rel in zip(rec.get("keys", []), rec.get("sizes", []), rec.get("shards", []), strict=True):
-                    raw[c].adopt(key, size, store.path / rel)
-                    sample_sentence[f"{c}/{Path(rel).name}"] = store.manifest.get("sample_sentences", {}).get(rel, "")
-        counters = {"prefill": 0, "decode": 0, "head": 0, "past_min": None, "past_max": 0}
-        state: dict[str, Any] = {"call": 0, "head_call": 0, "positions": set(), "heads": set(), "sha": "", "index": {}}
+                    self.raw[c].adopt(key, size, store.path / rel)
+                    self.sample_sentence[f"{c}/{Path(rel).name}"] = store.manifest.get("sample_sentences", {}).get(rel, "")
 
-        def keep_raw(component: str, feeds: Any, condition: bool = True) -> None:
-            idx = state["index"].get(component, 0)
-            state["index"][component] = idx + 1
-            key = sample_key(seed, state["sha"], component, idx)
-            sample = {k: np.asarray(v) for k, v in feeds.items()} if condition and raw[component].would_keep(key) else None
-            if raw[component].offer(key, sample):
-                sample_sentence[f"{component}/sample-{int(key * 2**64):016x}.npz"] = state["sha"]
+    def keep_raw(self, component: str, row: int, feed: Mapping[str, Any], condition: bool = True) -> None:
+        assert self.batch is not None
+        sha = self.batch.shas[row]
+        idx = self.batch.index[row].get(component, 0)
+        self.batch.index[row][component] = idx + 1
+        key = sample_key(self.cfg.seed, sha, component, idx)
+        sample = {k: np.asarray(v) for k, v in feed.items()} if condition and self.raw[component].would_keep(key) else None
+        if self.raw[component].offer(key, sample):
+            self.sample_sentence[f"{component}/sample-{int(key * 2**64):016x}.npz"] = sha
 
-        def on_run(component: str, feeds: Any, names: list[str], outs: list[Any]) -> None:
-            if component == "gpt":
-                call = state["call"]
-                state["call"] += 1
-                if not (call == 0 or call in state["positions"]):
-                    return
-                past = int(feeds["past_key_values.0.key"].shape[2]) if "past_key_values.0.key" in feeds else 0
-                stats.update_graph("gpt", observers["gpt"].run(feeds))
-                if FAST_GPT in observers:
-                    stats.update_graph(FAST_GPT, observers[FAST_GPT].run(fused_feed(feeds)))
-                stats.update_kv(feeds)
-                counters["prefill" if call == 0 else "decode"] += 1
-                counters["past_min"] = past if counters["past_min"] is None else min(counters["past_min"], past)
-                counters["past_max"] = max(counters["past_max"], past)
-                keep_raw("gpt", feeds, past <= max_past)
-            elif component == "head_code":
-                call = state["head_call"]
-                state["head_call"] += 1
-                if call in state["heads"]:
-                    if "head_code" in observers:
-                        stats.update_graph("head_code", observers["head_code"].run(feeds))
-                    counters["head"] += 1
-                    keep_raw("head_code", feeds)
-            elif component in ("decoder", "dvae"):
-                keep_raw(component, feeds)
+    def observe_gpt(self, feed: Mapping[str, np.ndarray], sha: str | None = None) -> None:
+        """gpt.onnx's (and, unless derived, the fused graph's) MatMul inputs and the KV cache of one feed;
+        `sha`: a one-sentence prefill, whose X^T X sums a seeded draw of `HESSIAN_PREFILL_TOKENS` tokens."""
+        rows = None
+        tokens = int(feed["inputs_embeds"].shape[1])
+        if sha is not None and tokens > HESSIAN_PREFILL_TOKENS:
+            rng = np.random.default_rng([self.cfg.seed, int(sha[:8], 16)])
+            rows = np.sort(rng.choice(tokens, size=HESSIAN_PREFILL_TOKENS, replace=False))
+        self.stats.update_graph("gpt", self.observers["gpt"].run(feed), hessian_rows=rows)
+        if FAST_GPT in self.observers:
+            self.stats.update_graph(FAST_GPT, self.observers[FAST_GPT].run(fused_feed(feed)))
+        self.stats.update_kv(feed)
 
-        recording = instrument(pipe, on_run, COMPONENTS)
+    def on_run(self, component: str, feeds: Any, names: list[str], outs: list[Any]) -> None:
+        batch = self.batch
+        if batch is None:
+            return
+        if component == "gpt":
+            call = batch.call
+            batch.call += 1
+            if call == 0:  # the prefill, row by row: each sentence's own (unpadded) prompt
+                for row in range(len(batch.shas)):
+                    feed = row_feed(feeds, row)
+                    self.observe_gpt(feed, sha=batch.shas[row])
+                    self._observe_step(feed, row, "prefill")
+            elif call in batch.positions:
+                active = np.flatnonzero(batch.active())
+                if len(active):  # one batched observation of the rows still generating
+                    self.observe_gpt(_rows_feed(feeds, active))
+                    for row in active:
+                        self._observe_step(row_feed(feeds, int(row)), int(row), "decode")
+        elif component == "head_code":
+            call = batch.head_call
+            batch.head_call += 1
+            active = np.flatnonzero(batch.active())
+            if call in batch.heads and len(active):
+                if "head_code" in self.observers:
+                    self.stats.update_graph("head_code", self.observers["head_code"].run(_rows_feed(feeds, active)))
+                self.counters["head"] += len(active)
+                for row in active:
+                    self.keep_raw("head_code", int(row), _rows_feed(feeds, np.array([row])))
+        elif component in ("decoder", "dvae"):
+            self.keep_raw(component, self._decoding_row, feeds)
+
+    def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str) -> None:
+        """Count one observed GPT step of a row and offer its feed to the raw sample."""
+        first = feed.get("past_key_values.0.key")
+        past = 0 if first is None else int(first.shape[2])
+        c = self.counters
+        c[kind] += 1
+        c["past_min"] = past if c["past_min"] is None else min(c["past_min"], past)
+        c["past_max"] = max(c["past_max"], past)
+        self.keep_raw("gpt", row, feed, past <= self.cfg.max_past)
+
+    def record_sentences(self, corp: Corpus, plan: _SentencePlan) -> list[int]:
+        """Synthesize the planned sentences in batches (recording as they run); the indices used."""
+        recording = instrument(self.pipe, self.on_run, COMPONENTS)
         used: list[int] = []
-        bar = tqdm(picked, desc="calibrate", unit="sent", disable=progress is False if progress is not None else None)
-        for i in bar:
-            text = corp.sentences[i]
-            sha = sentence_sha256(text)
-            sseed = _sentence_seed(seed, sha)
-            srng = np.random.default_rng(sseed)
-            steps = np.arange(1, max_new_token)
-            state.update(
-                call=0, head_call=0, sha=sha, index={},
-                positions=set(srng.choice(steps, size=min(decode_positions, len(steps)), replace=False).tolist()),
-                heads=set(srng.choice(max_new_token, size=min(head_steps, max_new_token), replace=False).tolist()),
-            )
-            try:
-                with quiet_logger():
-                    results = pipe.synthesize(text, synth_params(pipe, sseed, max_new_token))
-            except ForgeError as e:  # refused late (e.g. by the tokenizer): skipped and counted
-                skipped.append({"sentence": text, "file": stems[i], "reason": str(e)})
-                continue
-            used.append(i)
-            codes = results[0].codes
-            if len(codes) and pipe.artifact.has_component("dvae"):
-                pipe.decode_mel(codes, use_decoder=False)  # records the DVAE input
-            bar.set_postfix(raw_MB=f"{sum(r.bytes for r in raw.values()) / (1 << 20):.0f}")
+        self._source = corp.sentences
+        batches = self._batches(corp, plan)
+        bar = tqdm(total=len(plan.picked), desc="calibrate", unit="sent",
+                   disable=self.cfg.progress is False if self.cfg.progress is not None else None)
+        for batch in batches:
+            used.extend(self._record_batch(batch, plan.stems))
+            bar.update(len(batch))
+            bar.set_postfix(raw_MB=f"{sum(r.bytes for r in self.raw.values()) / (1 << 20):.0f}")
         bar.close()
-        if picked:
+        if plan.picked:
             check_recorded(recording, "gpt")
         recording.remove()
-        if not used and not earlier:
-            raise ForgeError(f"no sentence of corpus '{corp.name}' could be synthesized")
-        stats.save(tmp / STATS_FILE)
-        stats_bytes = (tmp / STATS_FILE).stat().st_size
-        if stats_bytes > reserve:
-            log.warning("statistics take %.2f MB, more than the %.2f MB of the disk budget reserved for them",
-                        stats_bytes / (1 << 20), reserve / (1 << 20))
-        manifest = _manifest(
-            identity=identity, corp=corp, seed=seed, settings=settings, stems=stems, picked=picked, used=used,
-            skipped=skipped, already=already, earlier=earlier, stats=stats, raw=raw, stats_bytes=stats_bytes,
-            budget=budget, reserve=reserve, counters=counters, sample_sentence=sample_sentence, started=started,
+        plan.skipped.extend(self.skipped)
+        if self.derived and "gpt" in self.stats.graphs:
+            self.stats.derive(FAST_GPT, "gpt", self.derived)
+        return sorted(used)
+
+    def _batches(self, corp: Corpus, plan: _SentencePlan) -> list[list[tuple[int, Any]]]:
+        """(corpus index, code-stage inputs) batches; sentences the runtime refuses here (normalisation,
+        length) are skipped and counted. Each row's speaker comes from its own seed."""
+        pipe, cfg = self.pipe, self.cfg
+        rows: list[tuple[int, Any]] = []
+        with quiet_logger():
+            for i in plan.picked:
+                params = synth_params(pipe, _sentence_seed(cfg.seed, sentence_sha256(corp.sentences[i])),
+                                      cfg.max_new_token)
+                try:
+                    norm = pipe.prepare_texts([corp.sentences[i]], params)[0]
+                    rows.append((i, pipe.prepare_code_inputs(norm, params.code)))
+                except ForgeError as e:
+                    self.skipped.append({"sentence": corp.sentences[i], "file": plan.stems[i], "reason": str(e)})
+        if cfg.batch_size > 1:  # similar prompt lengths together: less padding in the batched prefill
+            rows.sort(key=lambda r: r[1][0].shape[1])
+        size = cfg.batch_size
+        return [rows[k : k + size] for k in range(0, len(rows), size)]
+
+    def _record_batch(self, rows: list[tuple[int, Any]], stems: list[str]) -> list[int]:
+        """Generate one batch (each row its own speaker), observe it, record the Decoder/DVAE inputs."""
+        pipe, cfg = self.pipe, self.cfg
+        shas = [sentence_sha256(self._source[i]) for i, _ in rows]
+        seeds = [_sentence_seed(cfg.seed, sha) for sha in shas]
+        srng = np.random.default_rng(seeds[0])  # the batch's observed steps: from its first sentence
+        steps = np.arange(1, cfg.max_new_token)
+        self.batch = _Batch(
+            shas=shas, index=[{} for _ in rows],
+            positions=set(srng.choice(steps, size=min(cfg.decode_positions, len(steps)), replace=False).tolist()),
+            heads=set(srng.choice(cfg.max_new_token, size=min(cfg.head_steps, cfg.max_new_token),
+                                  replace=False).tolist()),
         )
-        atomic_write_json(tmp / MANIFEST, manifest)
-    log.info(
-        "calibration statistics written to %s: %d sentences (+%d merged), gpt %d steps (%d prefill, %d decode), "
-        "raw sample %.1f MB, statistics %.1f MB, peak RSS %.0f MB, %.0f s",
-        out_dir, len(used), len(seen), counters["prefill"] + counters["decode"], counters["prefill"],
-        counters["decode"], sum(r.bytes for r in raw.values()) / (1 << 20), stats_bytes / (1 << 20),
-        manifest["run"]["peak_rss_bytes"] / (1 << 20), manifest["run"]["seconds"],
-    )
-    return out_dir
+        try:
+            with quiet_logger():
+                gen = self._generate([p for _, p in rows], seeds[0])
+        except ForgeError as e:  # refused late: the batch is skipped and counted
+            for i, _ in rows:
+                self.skipped.append({"sentence": self._source[i], "file": stems[i], "reason": str(e)})
+            self.batch = None
+            return []
+        self.counters["batches"] += 1
+        for row, (codes, hiddens) in enumerate(zip(gen.ids, gen.hiddens, strict=True)):
+            self._decoding_row = row
+            if len(hiddens) and pipe.artifact.has_component("decoder"):
+                pipe.decode_mel(hiddens)  # records the Decoder input
+            if len(codes) and pipe.artifact.has_component("dvae"):
+                pipe.decode_mel(codes, use_decoder=False)  # records the DVAE input
+        self.batch = None
+        return [i for i, _ in rows]
+
+    def _generate(self, parts: list[Any], seed: int) -> Any:
+        """The code stage of the rows' (embeds, ids, mask) as one left-padded batch (what the runtime's
+        tokenizer does for a batch), sampled with `seed`."""
+        pipe, cfg = self.pipe, self.cfg
+        width = max(p[0].shape[1] for p in parts)
+        emb = np.zeros((len(parts), width, parts[0][0].shape[2]), np.float32)
+        ids = np.zeros((len(parts), width, parts[0][1].shape[2]), np.int64)
+        mask = np.zeros((len(parts), width), np.int64)
+        for b, (e, i, m) in enumerate(parts):
+            emb[b, width - e.shape[1]:], ids[b, width - e.shape[1]:], mask[b, width - e.shape[1]:] = e[0], i[0], m[0]
+        params = synth_params(pipe, seed, cfg.max_new_token).code
+        state = None
+        for state in pipe.iter_generate(emb, ids, mask, pipe.code_sampling(params), infer_text=False,
+                                        max_new_token=params.max_new_token, seed=params.seed,
+                                        ensure_non_empty=params.ensure_non_empty):
+            assert self.batch is not None
+            self.batch.state = state
+        assert state is not None
+        return state.result()
+
+
+@dataclass
+class _RunSummary:
+    """What the manifest is written from."""
+
+    identity: dict[str, Any]
+    corp: Corpus
+    seed: int
+    settings: dict[str, Any]
+    plan: _SentencePlan
+    used: list[int]
+    earlier: list[CalibrationStore]
+    rec: _Recorder
+    stats_bytes: int
+    budget: int
+    reserve: int
+    started: float
+
 
 
 def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-def _manifest(*, identity: dict[str, Any], corp: Corpus, seed: int, settings: dict[str, Any], stems: list[str],
-              picked: list[int], used: list[int], skipped: list[dict[str, str]], already: int,
-              earlier: list[CalibrationStore], stats: Statistics, raw: dict[str, RawSample], stats_bytes: int,
-              budget: int, reserve: int, counters: dict[str, Any], sample_sentence: dict[str, str], started: float,
-              ) -> dict[str, Any]:
+def _manifest(run: _RunSummary) -> dict[str, Any]:
+    corp, stems, used, earlier, stats, raw = run.corp, run.plan.stems, run.used, run.earlier, run.rec.stats, run.rec.raw
+    counters = run.rec.counters
     per_file: dict[str, dict[str, int]] = {}
     for stem in stems:
         per_file.setdefault(stem, {"available": 0, "used": 0})["available"] += 1
@@ -401,46 +693,52 @@ def _manifest(*, identity: dict[str, Any], corp: Corpus, seed: int, settings: di
     raw_bytes = sum(r.bytes for r in raw.values())
     return {
         "schema": SCHEMA,
-        "artifact": identity,
+        "artifact": run.identity,
         "corpus": describe,
-        "seed": seed,
+        "seed": run.seed,
         "sentences": {
-            "requested": len(picked), "used": len(sha_list), "skipped": skipped, "merged_from_earlier_runs":
+            "requested": len(run.plan.picked), "used": len(sha_list), "skipped": run.plan.skipped, "merged_from_earlier_runs":
             sum(len(s.manifest.get("sentence_sha256", [])) for s in earlier),
-            "already_in_merged_runs": already, "per_file": dict(sorted(per_file.items())),
+            "already_in_merged_runs": run.plan.already, "per_file": dict(sorted(per_file.items())),
             "selection": "stratified by corpus file (largest remainder, at least one each), seeded within a file",
         },
         "sentence_sha256": sorted(sha_list),
         "statistics": {
             "file": STATS_FILE,
-            "bytes": stats_bytes,
+            "bytes": run.stats_bytes,
             "sentences": "every used sentence (sentence_sha256)",
             "graphs": {g: {"tensors": len(t), "steps": stats.samples(g), "sha256": stats.graph_sha256.get(g)}
                        for g, t in sorted(stats.graphs.items())},
             "kv_cache_steps": stats.kv_samples,
-            "kinds": "per tensor min/max and |x| histogram; per channel max |x| and mean square; KV per channel max |x|",
+            "nonfinite_rows_left_out": stats.nonfinite_rows(),
+            "kinds": "per tensor min/max and |x| histogram; per channel max |x| and mean square; KV per channel max "
+                     "|x|; X^T X (block-diagonal) of the MatMul inputs of " + ", ".join(HESSIAN_GRAPHS),
+            "hessian_graphs": list(HESSIAN_GRAPHS),
+            "hessian_rows": f"X^T X: every observed decode row and code-head row; of a prefill, a seeded draw of at most "
+                            f"{HESSIAN_PREFILL_TOKENS} of its tokens (all when shorter)",
         },
         "merged": [str(s.path.resolve()) for s in earlier],
-        "settings": settings,
+        "settings": run.settings,
         "bounds": {
-            "disk_budget_bytes": budget,
-            "statistics_reserve_bytes": reserve,
+            "disk_budget_bytes": run.budget,
+            "statistics_reserve_bytes": run.reserve,
             "raw_sample": {c: {"count": r.bounds.count, "bytes": r.bounds.bytes} for c, r in raw.items()},
             "memory": "statistics (fixed by the graphs) + one sentence's synthesis + the raw sample's keys; "
                       "raw inputs are spilled to disk as they are kept",
         },
-        "disk_budget_bytes": budget,
-        "bytes_total": raw_bytes + stats_bytes,
+        "disk_budget_bytes": run.budget,
+        "bytes_total": raw_bytes + run.stats_bytes,
         "truncated_by_budget": any(r.offered > len(r.kept) for r in raw.values()),
         "components": components,
-        "sample_sentences": {rel: sample_sentence.get(rel, "") for r in raw.values() for _, _, rel in r.kept},
+        "sample_sentences": {rel: run.rec.sample_sentence.get(rel, "") for r in raw.values() for _, _, rel in r.kept},
         "gpt_samples": {
+            "batches": counters["batches"],
             "prefill": counters["prefill"],
             "decode": counters["decode"],
             "past_length_min": int(counters["past_min"] or 0),
             "past_length_max": int(counters["past_max"]),
         },
-        "run": {"seconds": round(time.perf_counter() - started, 1), "peak_rss_bytes": _peak_rss_bytes()},
+        "run": {"seconds": round(time.perf_counter() - run.started, 1), "peak_rss_bytes": _peak_rss_bytes()},
         "versions": library_versions(),
         "toolchain": toolchain_info(),
         "created_at": build_timestamp(),

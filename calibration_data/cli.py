@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,18 +33,18 @@ log = get_logger(__name__)
                    "its sentences are not synthesized again.")
 @click.option("--allow-one-language", is_flag=True, help="Accept a corpus whose sentences are all one language.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all).")
-def calibrate(artifact_dir: Path, corpus: str, out_dir: Path, max_samples: str, seed: int, max_new_token: int,
-              decode_positions: int, max_past: int, disk_budget_mb: float, merge: tuple[Path, ...],
-              allow_one_language: bool, threads: int | None) -> None:
+@click.option("--batch-size", default=8, show_default=True, type=int,
+              help="Sentences generated together (each its own speaker; decode steps observed per batch).")
+def calibrate(artifact_dir: Path, corpus: str, out_dir: Path, **options: Any) -> None:
     """Run the FP32 artifact over a corpus and record the inputs of every quantizable graph.
 
-    Streams statistics (activation ranges and histograms, per-channel importance, KV-cache ranges)
-    plus a small seeded sample of raw inputs into OUT, in bounded memory and disk, with a manifest
-    (corpus, sentences by sha256 and per file, bounds) that `chattts-forge quantize --calibration OUT` reads.
+    Streams statistics (activation ranges and histograms, per-channel importance, X^T X for GPTQ,
+    KV-cache ranges) plus a small seeded sample of raw inputs into OUT, in bounded memory and disk, with
+    a manifest (corpus, sentences by sha256 and per file, bounds) that `chattts-forge quantize
+    --calibration OUT` reads.
     """
+    from chattts_forge.calibration_data.calibrate import CalibrateConfig
     from chattts_forge.calibration_data.calibrate import calibrate as run
 
-    out = run(artifact_dir, corpus, out_dir, max_samples=max_samples, seed=seed, max_new_token=max_new_token,
-              decode_positions=decode_positions, max_past=max_past, disk_budget_mb=disk_budget_mb, threads=threads,
-              merge=merge, allow_one_language=allow_one_language)
+    out = run(artifact_dir, corpus, out_dir, CalibrateConfig(**options))
     click.echo(str(out))

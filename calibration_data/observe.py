@@ -63,7 +63,9 @@ class Observer:
         # Weights in external data stay on disk until the session maps them: the graph alone is loaded
         # (a full-size GPT's 750 MB would otherwise be held twice while the session is built).
         model = onnx.load(str(path), load_external_data=False)
-        self.tensors = sorted({n.input[0] for n in const_weight_matmuls(model)})
+        dims = {i.name: list(i.dims) for i in model.graph.initializer}
+        self.widths = {n.input[0]: int(dims[n.input[1]][0]) for n in const_weight_matmuls(model)}  # input channels
+        self.tensors = sorted(self.widths)
         self.inputs = [i.name for i in model.graph.input]
         del model.graph.output[:]
         model.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in self.tensors)
@@ -77,7 +79,7 @@ class Observer:
         del model
         self.session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
         del blob
-        _release_freed_memory()
+        release_freed_memory()
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [n for n in self.inputs if n not in feed]
@@ -87,7 +89,7 @@ class Observer:
         return dict(zip(self.tensors, outs, strict=True))
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Hand the protobuf copies freed above back to the OS (glibc keeps them in the heap otherwise)."""
     import ctypes
     import ctypes.util

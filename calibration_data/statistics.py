@@ -18,10 +18,12 @@ Every field is a sum, a min or a max over samples, so `merge` of the statistics 
 equals the statistics of one run over both (up to float64 summation order), like `llama-imatrix
 --in-file`. The size depends on the graphs only, never on the corpus.
 
-No X^T X (GPTQ's Hessian) is accumulated: onnxruntime's GPTQ (`GPTQWeightOnlyQuantConfig`) takes
-only a calibration data reader and computes its Hessians itself, and at full size they would not fit
-the disk budget (20 down_proj inputs of width 3072: 20 x 3072^2 x 4 B = 755 MB). GPTQ reads the
-bounded raw sample (`store.RawSample`) instead.
+And, for the graphs named in `Statistics.hessian_graphs` (calibrate: gpt and head_code), X^T X of
+every MatMul input (`TensorStats.xtx`: GPTQ's Hessian, `quantize.gptq`), block-diagonal in blocks of
+`HESSIAN_BLOCK` input channels when the width is a multiple of it: the full 3072^2 Hessians of the
+20 down_proj inputs would take 755 MB, the 768-channel blocks 189 MB (float32; upper triangles on
+disk: half that). The fused graph's MatMul inputs are the same activations as gpt.onnx's, so its
+GPTQ reads gpt's Hessians (`match_tensors`) instead of a second copy.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ STATS_SCHEMA = "chattts-forge/calibration-statistics/1"
 # power of two up to 2**HIST_HIGH_EXP; the last bin also holds anything larger.
 HIST_LOW_EXP, HIST_HIGH_EXP, HIST_BINS_PER_OCTAVE = -20, 20, 32
 HIST_BINS = 1 + (HIST_HIGH_EXP - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE
+# X^T X is kept in diagonal blocks of this many input channels (whole when the width is no multiple).
+HESSIAN_BLOCK = 768
+
+
+def hessian_block(channels: int) -> int:
+    return HESSIAN_BLOCK if channels % HESSIAN_BLOCK == 0 else channels
 
 
 def hist_edges() -> np.ndarray:
@@ -54,8 +62,8 @@ def hist_edges() -> np.ndarray:
 def _hist_of(absx: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         log2 = np.log2(absx, dtype=np.float64)
-    idx = np.floor((log2 - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE).astype(np.int64) + 1
-    idx = np.clip(idx, 0, HIST_BINS - 1)  # -inf (zeros) -> 0
+    # Clipped before the cast: exact zeros give log2 = -inf, which no integer holds (bin 0 takes them).
+    idx = np.clip(np.floor((log2 - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE) + 1, 0, HIST_BINS - 1).astype(np.int64)
     return np.bincount(idx.ravel(), minlength=HIST_BINS).astype(np.int64)
 
 
@@ -71,6 +79,9 @@ class TensorStats:
     sum_sq: np.ndarray = field(default_factory=lambda: np.zeros(0))
     rows: int = 0
     samples: int = 0
+    xtx: np.ndarray | None = None  # [blocks, block, block] float32 X^T X (GPTQ's Hessian), or None
+    xtx_rows: int = 0  # rows X^T X summed (a prefill may give it a subsample of its tokens)
+    nonfinite_rows: int = 0  # rows holding inf/NaN, left out of every statistic (and counted)
 
     def __post_init__(self) -> None:
         if self.absmax.size == 0:
@@ -78,21 +89,51 @@ class TensorStats:
         if self.sum_sq.size == 0:
             self.sum_sq = np.zeros(self.channels, np.float64)
 
-    def update(self, x: np.ndarray) -> None:
+    def with_hessian(self) -> TensorStats:
+        """Start accumulating X^T X (block-diagonal, `hessian_block`)."""
+        if self.xtx is None:
+            b = hessian_block(self.channels)
+            self.xtx = np.zeros((self.channels // b, b, b), np.float32)
+        return self
+
+    def hessian(self) -> np.ndarray:
+        """E[x x^T] [blocks, block, block] (float64), the mean over every row seen."""
+        if self.xtx is None:
+            raise ForgeError("these calibration statistics hold no X^T X (re-run `calibrate`)")
+        return self.xtx.astype(np.float64) / max(self.xtx_rows, 1)
+
+    def update(self, x: np.ndarray, hessian_rows: np.ndarray | None = None) -> None:
+        """Fold `x` in; `hessian_rows`: the rows (of x flattened to [rows, channels]) X^T X sums, all when None."""
         x = np.asarray(x, dtype=np.float32)
         if x.shape[-1] != self.channels:
             raise ForgeError(f"activation has {x.shape[-1]} channels, its statistics {self.channels}")
         if x.size == 0:
             return
         flat = x.reshape(-1, self.channels)
+        finite = np.isfinite(flat).all(axis=1)
+        if not finite.all():  # an overflowing row would poison min/max and every sum: left out, counted
+            self.nonfinite_rows += int((~finite).sum())
+            if hessian_rows is not None:
+                hessian_rows = hessian_rows[finite[hessian_rows]]
+                hessian_rows = np.searchsorted(np.flatnonzero(finite), hessian_rows)
+            flat = flat[finite]
+            if flat.shape[0] == 0:
+                return
         absx = np.abs(flat)
         self.min = min(self.min, float(flat.min()))
         self.max = max(self.max, float(flat.max()))
         self.hist += _hist_of(absx)
         np.maximum(self.absmax, absx.max(axis=0), out=self.absmax)
         self.sum_sq += np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+        if self.xtx is not None:
+            part = flat if hessian_rows is None else flat[hessian_rows]
+            b = self.xtx.shape[1]
+            for k in range(self.xtx.shape[0]):  # one BLAS product per diagonal block
+                cols = np.ascontiguousarray(part[:, k * b : (k + 1) * b])
+                self.xtx[k] += cols.T @ cols
+            self.xtx_rows += part.shape[0]
         self.rows += flat.shape[0]
-        self.samples += 1
+        self.samples += x.shape[0] if x.ndim >= 2 else 1  # a batch of rows: one sample each
 
     def merge(self, other: TensorStats) -> None:
         if other.channels != self.channels:
@@ -101,8 +142,14 @@ class TensorStats:
         self.hist += other.hist
         np.maximum(self.absmax, other.absmax, out=self.absmax)
         self.sum_sq += other.sum_sq
+        if self.xtx is not None and other.xtx is not None:
+            self.xtx += other.xtx
+            self.xtx_rows += other.xtx_rows
+        elif self.xtx is not None or other.xtx is not None:
+            raise ForgeError("cannot merge statistics with and without X^T X (re-run `calibrate` on both)")
         self.rows += other.rows
         self.samples += other.samples
+        self.nonfinite_rows += other.nonfinite_rows
 
     @property
     def mean_square(self) -> np.ndarray:
@@ -128,9 +175,10 @@ class KVStats:
 
     def update(self, past: np.ndarray, valid: np.ndarray) -> None:
         x = np.abs(np.asarray(past, dtype=np.float32)).transpose(0, 2, 1, 3)[valid]  # [positions, heads, dim]
+        x = np.where(np.isfinite(x), x, 0.0)  # an overflowed key/value would make the cache's scale inf
         np.maximum(self.absmax, x.max(axis=0), out=self.absmax)
         self.positions += int(valid.sum())
-        self.samples += 1
+        self.samples += int(valid.any(axis=1).sum())  # one per batch row with a past
 
     def merge(self, other: KVStats) -> None:
         np.maximum(self.absmax, other.absmax, out=self.absmax)
@@ -146,16 +194,21 @@ class Statistics:
         self.graph_sha256: dict[str, str] = {}  # graph -> sha256 of the FP32 file the stats were observed on
         self.kv: dict[str, KVStats] = {}  # "{layer}.key" / "{layer}.value"
         self.kv_samples = 0
+        self.hessian_graphs: set[str] = set()  # graphs whose MatMul inputs also accumulate X^T X
+        self.derived: dict[str, dict[str, str]] = {}  # graph -> its tensor -> the source graph's (`derive`)
 
     # -- accumulating ----------------------------------------------------------------------------
 
-    def update_graph(self, graph: str, outputs: Mapping[str, np.ndarray]) -> None:
+    def update_graph(self, graph: str, outputs: Mapping[str, np.ndarray], hessian_rows: np.ndarray | None = None,
+                     ) -> None:
         tensors = self.graphs.setdefault(graph, {})
         for name, value in outputs.items():
             st = tensors.get(name)
             if st is None:
                 st = tensors[name] = TensorStats(int(value.shape[-1]))
-            st.update(value)
+                if graph in self.hessian_graphs:
+                    st.with_hessian()
+            st.update(value, hessian_rows)
 
     def update_kv(self, feed: Mapping[str, np.ndarray]) -> bool:
         """Fold the past key/values of one plain-GPT feed in; False for a step without a past."""
@@ -175,7 +228,7 @@ class Statistics:
             if st is None:
                 st = self.kv[key] = KVStats(np.zeros((arr.shape[1], arr.shape[3]), np.float32))
             st.update(arr, valid)
-        self.kv_samples += 1
+        self.kv_samples += int(valid.any(axis=1).sum())
         return True
 
     def merge(self, other: Statistics) -> None:
@@ -189,7 +242,8 @@ class Statistics:
                     mine[name].merge(st)
                 else:
                     mine[name] = TensorStats(st.channels, st.min, st.max, st.hist.copy(), st.absmax.copy(),
-                                             st.sum_sq.copy(), st.rows, st.samples)
+                                             st.sum_sq.copy(), st.rows, st.samples,
+                                             None if st.xtx is None else st.xtx.copy(), st.xtx_rows)
         for key, kv in other.kv.items():
             if key in self.kv:
                 self.kv[key].merge(kv)
@@ -197,7 +251,23 @@ class Statistics:
                 self.kv[key] = KVStats(kv.absmax.copy(), kv.positions, kv.samples)
         self.kv_samples += other.kv_samples
 
+    def derive(self, graph: str, source: str, names: Mapping[str, str]) -> None:
+        """`graph`'s statistics as copies of `source`'s (`names`: its tensor -> the source tensor holding
+        the same activation), without X^T X (its consumers read the source's: `match_tensors`)."""
+        src = self.tensors(source)
+        self.derived[graph] = {"": source, **names}
+        self.graphs[graph] = {
+            name: TensorStats(src[s].channels, src[s].min, src[s].max, src[s].hist.copy(), src[s].absmax.copy(),
+                              src[s].sum_sq.copy(), src[s].rows, src[s].samples, nonfinite_rows=src[s].nonfinite_rows)
+            for name, s in names.items()
+        }
+
     # -- reading ---------------------------------------------------------------------------------
+
+    def source_tensors(self, graph: str) -> tuple[str, dict[str, str]] | None:
+        """(source graph, this graph's tensor -> the source's) when `graph`'s statistics were derived."""
+        m = self.derived.get(graph)
+        return None if not m else (m[""], {k: v for k, v in m.items() if k})
 
     def tensors(self, graph: str) -> dict[str, TensorStats]:
         if graph not in self.graphs:
@@ -222,6 +292,10 @@ class Statistics:
             out[n] = (max(tensors[n].min, -clip), min(tensors[n].max, clip))
         return out
 
+    def nonfinite_rows(self) -> dict[str, int]:
+        """Per graph, the most activation rows with inf/NaN any tensor left out (0 for a healthy run)."""
+        return {g: max((st.nonfinite_rows for st in t.values()), default=0) for g, t in sorted(self.graphs.items())}
+
     def samples(self, graph: str) -> int:
         return max((st.samples for st in self.tensors(graph).values()), default=0)
 
@@ -230,6 +304,7 @@ class Statistics:
         for tensors in self.graphs.values():
             for st in tensors.values():
                 total += st.hist.nbytes + st.absmax.nbytes + st.sum_sq.nbytes + 64
+                total += 0 if st.xtx is None else st.xtx.nbytes
         return total + sum(kv.absmax.nbytes + 16 for kv in self.kv.values())
 
     # -- storage ---------------------------------------------------------------------------------
@@ -238,7 +313,7 @@ class Statistics:
         """Arrays (for the .npz) and the JSON index describing them, in a fixed order."""
         arrays: dict[str, np.ndarray] = {}
         index: dict[str, Any] = {"schema": STATS_SCHEMA, "graphs": {}, "graph_sha256": dict(self.graph_sha256),
-                                 "kv": {}, "kv_samples": self.kv_samples}
+                                 "kv": {}, "kv_samples": self.kv_samples, "derived": self.derived}
         for g in sorted(self.graphs):
             entries = {}
             for i, name in enumerate(sorted(self.graphs[g])):
@@ -247,6 +322,13 @@ class Statistics:
                 arrays[f"{tag}.hist"], arrays[f"{tag}.absmax"], arrays[f"{tag}.sum_sq"] = st.hist, st.absmax, st.sum_sq
                 entries[name] = {"tag": tag, "channels": st.channels, "min": st.min, "max": st.max,
                                  "rows": st.rows, "samples": st.samples}
+                if st.nonfinite_rows:
+                    entries[name]["nonfinite_rows"] = st.nonfinite_rows
+                if st.xtx is not None:  # symmetric: the upper triangle of each block is enough
+                    iu = np.triu_indices(st.xtx.shape[1])
+                    arrays[f"{tag}.xtx"] = st.xtx[:, iu[0], iu[1]]
+                    entries[name]["hessian_block"] = int(st.xtx.shape[1])
+                    entries[name]["hessian_rows"] = st.xtx_rows
             index["graphs"][g] = entries
         for key in sorted(self.kv, key=lambda k: (int(k.split(".")[0]), k)):
             kv = self.kv[key]
@@ -271,12 +353,16 @@ class Statistics:
                 out = cls()
                 out.graph_sha256 = dict(index["graph_sha256"])
                 out.kv_samples = int(index["kv_samples"])
+                out.derived = {g: dict(m) for g, m in (index.get("derived") or {}).items()}
                 for g, entries in index["graphs"].items():
                     out.graphs[g] = {
                         name: TensorStats(e["channels"], e["min"], e["max"], z[f"{e['tag']}.hist"],
-                                          z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"])
+                                          z[f"{e['tag']}.absmax"], z[f"{e['tag']}.sum_sq"], e["rows"], e["samples"],
+                                          _unpack_xtx(z, e), int(e.get("hessian_rows", 0)))
                         for name, e in entries.items()
                     }
+                    for name, e in entries.items():
+                        out.graphs[g][name].nonfinite_rows = int(e.get("nonfinite_rows", 0))
                 for key, e in index["kv"].items():
                     out.kv[key] = KVStats(z[f"kv/{key}"], e["positions"], e["samples"])
         except ForgeError:
@@ -284,6 +370,37 @@ class Statistics:
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
             raise ForgeError(f"calibration statistics {path} are unreadable ({e}); re-run `calibrate`") from None
         return out
+
+
+def _unpack_xtx(z: Any, entry: Mapping[str, Any]) -> np.ndarray | None:
+    block = entry.get("hessian_block")
+    if block is None:
+        return None
+    packed = z[f"{entry['tag']}.xtx"]
+    iu = np.triu_indices(int(block))
+    full = np.zeros((packed.shape[0], block, block), np.float32)
+    full[:, iu[0], iu[1]] = packed
+    full[:, iu[1], iu[0]] = packed
+    return full
+
+
+def match_tensors(source: Mapping[str, TensorStats], target: Mapping[str, TensorStats],
+                  rtol: float = 1e-3) -> dict[str, str]:
+    """For each tensor of `target`, the tensor of `source` that is the same activation (same width and
+    per-channel mean squares within `rtol` of the largest): e.g. the fused graph's qkv input is gpt's
+    q/k/v input. Tensors without a match are left out."""
+    out: dict[str, str] = {}
+    by_width: dict[int, list[tuple[str, np.ndarray]]] = {}
+    for name, st in source.items():
+        by_width.setdefault(st.channels, []).append((name, st.mean_square))
+    for name, st in target.items():
+        ms = st.mean_square
+        for cand, cms in by_width.get(st.channels, []):
+            scale = float(np.abs(cms).max(initial=0.0))
+            if np.allclose(ms, cms, rtol=rtol, atol=1e-12 + rtol * scale):
+                out[name] = cand
+                break
+    return out
 
 
 def sample_key(seed: int, sentence_sha256: str, component: str, index: int) -> float:

@@ -150,8 +150,7 @@ def plain_nodes(fused_node: str, plain_names: Sequence[str]) -> list[str]:
 
 
 def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path, *, block_size: int,
-                   accuracy_level: int, algorithm: str = "rtn",
-                   feeds: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+                   accuracy_level: int, algorithm: str = "rtn") -> dict[str, Any]:
     """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32): INT8 as
     dynamic INT8 (`dynamic_fused`), INT4 as MatMulNBits."""
     from chattts_forge.quantize.int4 import quantize_int4_graph
@@ -168,7 +167,7 @@ def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path,
     keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in set(int4)]
     del model
     rec = quantize_int4_graph(mid, dst, block_size=block_size, accuracy_level=accuracy_level,
-                              exclude_nodes=keep, algorithm=algorithm, feeds=feeds)
+                              exclude_nodes=keep, algorithm=algorithm)
     mid.unlink()
     return {"int8": len(int8), "int4": len(int4), "int4_options": rec}
 

@@ -12,6 +12,7 @@ and scales change, so speed is RTN's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +50,24 @@ def importance_blocks(w: np.ndarray, importance: np.ndarray, block_size: int) ->
         best_scale = np.where(better, s, best_scale)
     safe = np.where(best_scale == 0, 1.0, best_scale)
     q = np.clip(np.rint(wp / safe[:, None, :]) + 8, 0, 15).astype(np.uint8)  # [b, j, n]
-    q = q.transpose(2, 0, 1)  # [n, b, j]
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    return packed, best_scale.T.astype(np.float32)
+    return pack_int4(q.transpose(2, 0, 1)), best_scale.T.astype(np.float32)
 
 
-def quantize_importance_int4_graph(src: Path, dst: Path, mean_square: dict[str, np.ndarray], block_size: int = 128,
-                                   accuracy_level: int = 4, exclude_nodes: list[str] | None = None) -> dict[str, Any]:
-    """RTN's MatMulNBits graph of `src` with importance-weighted blocks; `mean_square`: per MatMul input
-    tensor, E[x^2] per channel (calibrate's statistics of this very graph)."""
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """4-bit codes [N, blocks, block] (0..15) -> MatMulNBits' packed bytes [N, blocks, block/2]
+    (the even element in the low nibble)."""
+    q = q.astype(np.uint8)
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+BlockQuantizer = Callable[[str, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def rewrite_rtn_blocks(src: Path, dst: Path, block_size: int, accuracy_level: int, exclude_nodes: list[str] | None,
+                       blocks: BlockQuantizer) -> tuple[dict[str, Any], int]:
+    """onnxruntime's symmetric RTN graph of `src` at `dst`, each MatMulNBits' packed weights and scales
+    replaced by `blocks(node name, input tensor, fp32 weight [K, N])`; returns RTN's record and how many
+    MatMuls were rewritten."""
     record = quantize_int4_graph(src, dst, block_size, accuracy_level, symmetric=True, exclude_nodes=exclude_nodes,
                                  algorithm="rtn")
     fp32 = onnx.load(str(src))
@@ -72,16 +82,27 @@ def quantize_importance_int4_graph(src: Path, dst: Path, mean_square: dict[str, 
         x_name, w_name = weights.get(node.name[: -len("_Q4")], (None, None))
         if x_name is None:
             continue
-        if x_name not in mean_square:
-            raise ForgeError(f"no importance statistics for {x_name} (input of {node.name}); re-run `calibrate`")
-        w = numpy_helper.to_array(inits[w_name]).astype(np.float32)
-        packed, scales = importance_blocks(w, mean_square[x_name].astype(np.float64), block_size)
+        packed, scales = blocks(node.name, x_name, numpy_helper.to_array(inits[w_name]).astype(np.float32))
         for name, arr in ((node.input[1], packed), (node.input[2], scales)):
             if tuple(qinits[name].dims) != arr.shape:
                 raise ForgeError(f"{node.name}: onnxruntime's MatMulNBits layout changed ({name} {list(qinits[name].dims)})")
             qinits[name].CopyFrom(numpy_helper.from_array(arr, name))
         done += 1
     onnx.save(model, str(dst))
+    return record, done
+
+
+def quantize_importance_int4_graph(src: Path, dst: Path, mean_square: dict[str, np.ndarray], block_size: int = 128,
+                                   accuracy_level: int = 4, exclude_nodes: list[str] | None = None) -> dict[str, Any]:
+    """RTN's MatMulNBits graph of `src` with importance-weighted blocks; `mean_square`: per MatMul input
+    tensor, E[x^2] per channel (calibrate's statistics of this very graph)."""
+
+    def blocks(node: str, x_name: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if x_name not in mean_square:
+            raise ForgeError(f"no importance statistics for {x_name} (input of {node}); re-run `calibrate`")
+        return importance_blocks(w, mean_square[x_name].astype(np.float64), block_size)
+
+    record, done = rewrite_rtn_blocks(src, dst, block_size, accuracy_level, exclude_nodes, blocks)
     record.update(algorithm="importance", symmetric=True, importance_matmuls=done,
                   importance="per-channel mean square of each MatMul input (streamed calibration statistics)",
                   scale_grid=[float(f) for f in SCALE_GRID])

@@ -503,20 +503,15 @@ class Int4(QuantizationMethod):
         check_int4_options(self.cfg.block_size, self.cfg.accuracy_level, self.algorithm)
 
     def open_calibration(self) -> None:
-        from chattts_forge.quantize.int4 import MIN_GPTQ_SAMPLES, check_gptq_block
-
         super().open_calibration()
         if not self.gptq:
             return
-        assert self.store is not None
-        for c in self.calibration_components:
-            if self.store.count(c) < MIN_GPTQ_SAMPLES:
-                raise ForgeError(f"calibration {self.cfg.calibration} has {self.store.count(c)} {c} samples; GPTQ "
-                                 f"needs at least {MIN_GPTQ_SAMPLES} (record more with `calibrate --max-samples`)")
-            check_gptq_block(self.meta.component_file(self.src, c), self.cfg.block_size)
+        from chattts_forge.quantize.int4_gptq import graph_hessians
 
-    def _int4(self, src: Path, dst: Path, feeds: list[dict[str, Any]] | None, exclude: list[str] | None = None,
-              graph: str = "gpt") -> dict[str, Any]:
+        for c in self.calibration_components:  # GPTQ reads calibrate's streamed X^T X: checked up front
+            graph_hessians(self.statistics(c), c)
+
+    def _int4(self, src: Path, dst: Path, exclude: list[str] | None = None, graph: str = "gpt") -> dict[str, Any]:
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
@@ -526,18 +521,20 @@ class Int4(QuantizationMethod):
             stats = self.statistics(graph).tensors(graph)
             return quantize_importance_int4_graph(src, dst, {t: st.mean_square for t, st in stats.items()},
                                                   self.cfg.block_size, self.cfg.accuracy_level, **extra)
+        if self.gptq:  # from the Hessians calibrate streamed (int4_gptq.py), not raw inputs
+            from chattts_forge.quantize.int4_gptq import graph_hessians, quantize_gptq_int4_graph
+
+            hessians, rows = graph_hessians(self.statistics(graph), graph)
+            return quantize_gptq_int4_graph(src, dst, hessians, self.cfg.block_size, self.cfg.accuracy_level,
+                                            rows=rows, **extra)
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
-                                   feeds=feeds, **extra)
+                                   **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
-        feeds = self.samples(component) if self.gptq else None
-        return self._int4(graphs.base[component], dst, feeds, exclude, graph=component)
+        return self._int4(graphs.base[component], dst, exclude, graph=component)
 
     def quantize_fast_graph(self, src: Path, dst: Path) -> dict[str, Any]:
-        from chattts_forge.quantize.static_fused import fused_feed
-
-        feeds = [fused_feed(s) for s in self.samples("gpt")] if self.gptq else None
-        return self._int4(src, dst, feeds, graph=FAST_GPT)
+        return self._int4(src, dst, graph=FAST_GPT)
 
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,

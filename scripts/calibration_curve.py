@@ -3,7 +3,7 @@
     .venv/bin/python scripts/calibration_curve.py FP32_ARTIFACT OUT_DIR [--sizes 8,32,128,500] [--preset tiny]
 
 For each size: `calibrate` (time and peak RSS measured in a child process, as the CLI runs it), then
-static INT8, dynamic INT8 with an INT8 KV cache (kv8), INT4 GPTQ and auto quantized from it; prints
+static INT8, dynamic INT8 with an INT8 KV cache (kv8), INT4 GPTQ and importance, and auto quantized from it; prints
 and writes (OUT_DIR/curve.json) each variant's teacher-forced top-1 agreement, hidden-state cosine
 and mel SNR from quantize's fidelity record (held-out evaluation split, same settings for every size).
 """
@@ -24,6 +24,7 @@ VARIANTS = {
     "int8-static": {"method": "static"},
     "int8-dynamic-kv8": {"method": "dynamic", "kv_cache": "int8"},
     "int4-gptq": {"method": "int4", "algorithm": "gptq"},
+    "int4-importance": {"method": "int4", "algorithm": "importance"},
     "auto": {"method": "auto"},
 }
 

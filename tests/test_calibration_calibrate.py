@@ -117,7 +117,8 @@ def test_nothing_but_the_sample_grows_with_the_corpus(calib_dir: Path, tiny_arti
 
 def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Path):
     fp32 = tiny_artifacts["fp32"]
-    args = {**SMALL, "max_samples": "all"}
+    # Exact at batch size 1 (a batch's sampling seed and observed steps come from its first sentence).
+    args = {**SMALL, "max_samples": "all", "batch_size": 1}
     a = calibrate(fp32, _corpus(tmp_path / "a", zh=ZH[:1], en=EN[:1]), tmp_path / "A", **args)
     b = calibrate(fp32, _corpus(tmp_path / "b", zh=ZH[1:], en=EN[1:]), tmp_path / "B", merge=[a], **args)
     both = calibrate(fp32, _corpus(tmp_path / "ab", zh=ZH, en=EN), tmp_path / "AB", **args)
@@ -141,6 +142,69 @@ def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Pa
     # A folder merged into itself adds nothing new: its sentences are not synthesized again.
     again = calibrate(fp32, _corpus(tmp_path / "ab2", zh=ZH, en=EN), tmp_path / "again", merge=[both], **args)
     assert CalibrationStore(again).manifest["sentences"]["already_in_merged_runs"] == 4
+
+
+def test_batched_rows_observe_each_sentence_as_alone(tiny_artifacts, tmp_path: Path):
+    """In a batch every sentence's prefill is observed on its own unpadded row: with no decode or head
+    steps observed, batch 3 and batch 1 give the same prefill statistics and the same raw inputs."""
+    fp32 = tiny_artifacts["fp32"]
+    args = {**SMALL, "decode_positions": 0, "head_steps": 0}
+    one = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "b1", batch_size=1, **args))
+    three = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "b3", batch_size=3, **args))
+    assert three.manifest["gpt_samples"]["batches"] == 1 and one.manifest["gpt_samples"]["batches"] == 3
+    assert three.manifest["gpt_samples"]["prefill"] == 3 and three.manifest["gpt_samples"]["decode"] == 0
+    for g in ("gpt", "gpt_fast"):
+        for name, st in one.statistics.graphs[g].items():
+            other = three.statistics.graphs[g][name]
+            assert (other.rows, other.samples) == (st.rows, st.samples)
+            np.testing.assert_allclose((other.min, other.max), (st.min, st.max), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(other.sum_sq, st.sum_sq, rtol=1e-4)
+    assert one.manifest["components"]["gpt"]["keys"] == three.manifest["components"]["gpt"]["keys"]
+    for a, b in zip(one.iter_samples("gpt"), three.iter_samples("gpt"), strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_hessians_are_streamed_for_gptq(calib_dir: Path):
+    """X^T X of gpt's MatMul inputs: symmetric, positive on its diagonal, summed over every decode row
+    and a bounded draw of each prefill's tokens; the fused graph's inputs are matched to gpt's (same
+    activations) rather than stored twice."""
+    from chattts_forge.calibration_data.statistics import match_tensors
+
+    stats = CalibrationStore(calib_dir).statistics
+    for st in stats.graphs["gpt"].values():
+        h = st.hessian()
+        np.testing.assert_allclose(h, h.transpose(0, 2, 1))
+        assert 0 < st.xtx_rows <= st.rows and (np.concatenate([np.diag(b) for b in h]) > 0).all()
+        if st.xtx_rows == st.rows:  # every row summed: the diagonal is the streamed mean square
+            np.testing.assert_allclose(np.concatenate([np.diag(b) for b in h]), st.mean_square, rtol=1e-3)
+    assert all(st.xtx is None for st in stats.graphs["gpt_fast"].values())
+    matched = match_tensors(stats.graphs["gpt"], stats.graphs["gpt_fast"])
+    assert set(matched) == set(stats.graphs["gpt_fast"])
+    for fast, plain in matched.items():
+        np.testing.assert_allclose(stats.graphs["gpt_fast"][fast].max, stats.graphs["gpt"][plain].max, rtol=1e-4)
+
+
+def test_hessian_blocks_and_row_draws():
+    """X^T X in diagonal blocks of HESSIAN_BLOCK channels, over the rows asked for; merges add."""
+    from chattts_forge.calibration_data.statistics import HESSIAN_BLOCK
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 2 * HESSIAN_BLOCK)).astype(np.float32)
+    st = TensorStats(2 * HESSIAN_BLOCK).with_hessian()
+    rows = np.array([0, 3, 7])
+    st.update(x, hessian_rows=rows)
+    flat = x.reshape(-1, 2 * HESSIAN_BLOCK)[rows].astype(np.float64)
+    full = flat.T @ flat / 3
+    assert st.xtx.shape == (2, HESSIAN_BLOCK, HESSIAN_BLOCK) and st.xtx_rows == 3 and st.rows == 10
+    np.testing.assert_allclose(st.hessian()[1], full[HESSIAN_BLOCK:, HESSIAN_BLOCK:], rtol=1e-4, atol=1e-5)
+    other = TensorStats(2 * HESSIAN_BLOCK).with_hessian()
+    other.update(x)
+    st.merge(other)
+    assert st.xtx_rows == 13
+    with pytest.raises(ForgeError, match="with and without X"):
+        st.merge(TensorStats(2 * HESSIAN_BLOCK))
 
 
 def test_statistics_merge_is_exact_for_min_max_and_histograms():
@@ -219,7 +283,7 @@ def test_bad_input_is_refused_before_any_work(calib_dir: Path, tiny_artifacts, t
     (version / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ForgeError, match="corpus version v0"):
         calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[version], **SMALL)
-    with pytest.raises(ForgeError, match="head_steps_per_sentence"):
+    with pytest.raises(ForgeError, match="head_steps_per_batch"):
         calibrate(fp32, "builtin:calibration", tmp_path / "x", merge=[calib_dir], **{**SMALL, "head_steps": 5})
     old = tmp_path / "old"
     shutil.copytree(calib_dir, old)
@@ -253,3 +317,22 @@ def test_bad_settings(tiny_artifacts, tmp_path: Path):
         calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", max_samples=0)
     with pytest.raises(ForgeError, match="does not exist"):
         calibrate(tmp_path / "no-artifact", "builtin:calibration", tmp_path / "x")
+    with pytest.raises(ForgeError, match="batch-size"):
+        calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", batch_size=0)
+    with pytest.raises(ForgeError, match="unexpected keyword"):
+        calibrate(tiny_artifacts["fp32"], "builtin:calibration", tmp_path / "x", batchsize=2)
+    assert not (tmp_path / "x").exists()
+
+
+def test_nonfinite_rows_are_left_out_and_counted(tmp_path: Path):
+    """An overflowing activation row (inf/NaN) is kept out of min/max, histograms and sums, and counted."""
+    x = np.ones((4, 3), np.float32)
+    x[1, 2], x[3, 0] = np.inf, np.nan
+    stats = Statistics()
+    stats.hessian_graphs = {"g"}
+    stats.update_graph("g", {"t": x}, hessian_rows=np.array([0, 1, 2]))
+    st = stats.graphs["g"]["t"]
+    assert (st.min, st.max, st.rows, st.nonfinite_rows, st.xtx_rows) == (1.0, 1.0, 2, 2, 2)
+    assert int(st.hist.sum()) == 6 and np.isfinite(st.hessian()).all()
+    stats.save(tmp_path / "s.npz")
+    assert Statistics.load(tmp_path / "s.npz").nonfinite_rows() == {"g": 2}

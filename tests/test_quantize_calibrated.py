@@ -10,7 +10,6 @@ import numpy as np
 import onnx
 import pytest
 
-from chattts_forge.calibration_data.calibrate import calibrate
 from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
@@ -129,23 +128,31 @@ def test_int4_algorithms_quantize_both_gpt_graphs(tiny_artifacts, calib, tmp_pat
         assert "MatMulNBits" in _ops(out / graph), graph
     assert meta["components"]["gpt_fast"]["precision"] == "int4"
     assert meta["fidelity"]["gpt_fast"]["teacher_forced"]["top1_agreement"]["mean"] > 0
-    if algorithm == "gptq":
-        assert meta["quantization"]["components"]["gpt"]["calibration_samples"] >= 8
+    if algorithm == "gptq":  # from calibrate's streamed Hessians, every projection of each graph
+        recs = {c: meta["quantization"]["components"][c] for c in ("gpt", "head_code")}
+        recs["gpt_fast"] = meta["components"]["gpt_fast"]["quantization"]
+        for c, rec in recs.items():
+            assert rec["gptq_matmuls"] > 0 and rec["calibration_rows"] > 0, c
     if algorithm == "importance":  # every projection got its importance-weighted blocks
         assert meta["quantization"]["components"]["gpt"]["importance_matmuls"] > 0
 
 
 def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path: Path):
     from chattts_forge.quantize.int4 import quantize_int4_graph
+    from chattts_forge.quantize.int4_gptq import graph_hessians, quantize_gptq_int4_graph
 
     src = tiny_artifacts["fp32"] / "gpt.onnx"
-    samples = list(CalibrationStore(calib).iter_samples("gpt"))
     hashes = set()
-    for algorithm in ("rtn", "k_quant", "gptq"):
+    for algorithm in ("rtn", "k_quant"):
         dst = tmp_path / f"{algorithm}.onnx"
-        quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm, feeds=samples)
+        quantize_int4_graph(src, dst, block_size=32, algorithm=algorithm)
         hashes.add(sha256_file(dst))
+    hessians, rows = graph_hessians(CalibrationStore(calib).statistics, "gpt")
+    quantize_gptq_int4_graph(src, tmp_path / "gptq.onnx", hessians, block_size=32, rows=rows)
+    hashes.add(sha256_file(tmp_path / "gptq.onnx"))
     assert len(hashes) == 3
+    with pytest.raises(ForgeError, match="needs calibration statistics"):
+        quantize_int4_graph(src, tmp_path / "x.onnx", block_size=32, algorithm="gptq")
 
 
 def test_importance_blocks_are_onnxruntime_rtn_at_scale_one_and_weigh_channels(monkeypatch, tmp_path: Path):
@@ -362,16 +369,17 @@ def test_bad_calibration_is_refused_up_front(tiny_artifacts, calib, tmp_path: Pa
     stats = Statistics.load(foreign / STATS_FILE)
     stats.graph_sha256["gpt"] = "0" * 64
     stats.save(foreign / STATS_FILE)
-    few = calibrate(fp32, "builtin:calibration", tmp_path / "few", max_samples=1, max_new_token=4,
-                    decode_positions=1, head_steps=2, threads=1)
+    no_hessian = _copy_calib(calib, tmp_path / "no-hessian")  # statistics of a calibrate without X^T X
+    stats = Statistics.load(no_hessian / STATS_FILE)
+    for st in stats.graphs["gpt"].values():
+        st.xtx = None
+    stats.save(no_hessian / STATS_FILE)
     cases = [
         (other, "static", {}, "different artifact"),
         (empty, "auto", {}, "no gpt samples"),
         (truncated, "static", {}, "unreadable|corrupt"),
         (foreign, "static", {}, "gpt statistics were observed on another graph"),
-        (few, "int4", {"algorithm": "gptq"}, "GPTQ needs at least 8"),
-        # The tiny GPT's projections are 64 wide: GPTQ cannot use the default 128 block.
-        (calib, "int4", {"algorithm": "gptq"}, "GPTQ needs --block-size <= the narrowest MatMul input"),
+        (no_hessian, "int4", {"algorithm": "gptq"}, "hold no X.T X"),
     ]
     for folder, method, extra, message in cases:
         with pytest.raises(ForgeError, match=message) as err:
