@@ -153,3 +153,24 @@ def test_tiny_artifacts_interleaved_record(tiny_artifacts) -> None:
     assert ratio["stopped"] in ("spread within bound", "time cap", "round cap") and ratio["spread"] >= 0
     assert pair.artifact["artifact"] == str(tiny_artifacts["fp16"]) and len(pair.reference_waves) == 2
     assert all(u["runs"] >= 1 and u["rtf"] > 0 for u in pair.artifact["utterances"])
+
+
+def test_evaluate_records_the_interleaved_gate_ratio_and_its_spread(tiny_artifacts, tmp_path) -> None:
+    import json
+
+    from chattts_forge.evaluate.evaluate import evaluate_artifact
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("您好，请问有什么可以帮您？\nYour order has shipped today.\n", encoding="utf-8")
+    out = tmp_path / "report"
+    report = evaluate_artifact(tiny_artifacts["fp16"], tiny_artifacts["fp32"], corpus, out=out,
+                               baseline_checkpoint=None, progress=False, max_sentences=2, max_new_token=16,
+                               fidelity_sentences=1, fidelity_steps=8, batch_sizes=(1,), threads=1)
+    ratios = report["latency"]["ratios"]
+    inter = ratios["vs_reference_rtf_interleaved"]
+    assert inter["sentences"] == 2 and inter["rounds"] >= latency_mod.RATIO_MIN_ROUNDS and inter["spread"] >= 0
+    assert report["metrics"]["rtf_ratio_vs_reference"] == inter["ratio"] == ratios["vs_reference"]["rtf_p50"]
+    assert "rtf_p50_of_p50s" in ratios["vs_reference"] and ratios["vs_reference_interleaved"] is not None
+    on_disk = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert on_disk["latency"]["ratios"]["vs_reference_rtf_interleaved"]["spread"] == inter["spread"]
+    assert "interleaved: 90% interval" in (out / "report.md").read_text(encoding="utf-8")
