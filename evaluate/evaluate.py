@@ -412,19 +412,21 @@ def evaluate_artifact(
     log.info("evaluating %s (%s) against %s on %d sentences of %s", artifact, art_desc["variant"],
              reference, len(sentences), corp.name)
 
-    # Latency (and the audio for ASR): reference first, then the artifact, same settings.
-    lat_kwargs = dict(threads=threads, max_new_token=max_new_token, seed=seed, batch_sizes=batch_sizes,
-                      progress=show, provider=provider)
+    # Latency (and the audio for ASR): the artifact and the reference interleaved, same settings.
+    lat_cfg = latency_mod.LatencyConfig(threads=threads, max_new_token=max_new_token, seed=seed,
+                                        batch_sizes=tuple(batch_sizes), progress=show, provider=provider)
     # The FP32 artifact judged against itself (the pipeline's fp32 step) is timed once, not twice.
     self_reference = artifact.resolve() == reference.resolve()
+    pair = None
     with quiet_logger(enabled=synthetic):
-        ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, desc="synth fp32 reference",
-                                                          **lat_kwargs)
         if self_reference:
+            ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, lat_cfg, desc="synth fp32 reference")
             art_lat, art_waves = ref_lat, ref_waves
-        else:
-            art_lat, art_waves = latency_mod.measure_artifact(artifact, sentences,
-                                                              desc=f"synth {art_desc['variant']}", **lat_kwargs)
+        else:  # sentence by sentence in turn until the RTF ratio's spread is within its bound (issue 27)
+            pair = latency_mod.measure_against(artifact, reference, sentences, lat_cfg,
+                                               desc=f"synth {art_desc['variant']}")
+            art_lat, art_waves, ref_lat, ref_waves = pair.artifact, pair.artifact_waves, pair.reference, \
+                pair.reference_waves
     baseline_checkpoint, baseline_note = _resolve_baseline(baseline_checkpoint, art_desc, ref_desc)
     pt_lat = None
     if baseline_checkpoint is not None:
@@ -436,12 +438,13 @@ def evaluate_artifact(
         "reference": ref_lat,
         "pytorch": pt_lat,
         "ratios": {
-            "vs_reference": _ratios(art_lat, ref_lat),
+            "vs_reference": latency_mod.interleaved_ratios(_ratios(art_lat, ref_lat), pair),
             "vs_pytorch": _ratios(art_lat, pt_lat) if pt_lat else None,
             "reference_vs_pytorch": _ratios(ref_lat, pt_lat) if pt_lat else None,
             # the same comparison on one clock (issue 27): decode steps interleaved, with its interval
             "vs_reference_interleaved": None if self_reference else interleaved_step_ratio(
                 artifact, reference, threads=threads, provider=provider),
+            "vs_reference_rtf_interleaved": pair.ratio if pair else None,  # the gate's rtf_p50 ratio, with spread
         },
         "method": f"runtime.timing engines, one sentence per run (synthesize's path) after {art_lat['warmup_runs']} "
         f"warm-up run(s); {threads} threads; max_new_token {max_new_token}; RTF = end-to-end seconds / audio "

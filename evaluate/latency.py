@@ -2,17 +2,27 @@
 
 The evaluate stage's workload on the engines of `chattts_forge.runtime.timed_engine` and
 `chattts_forge.torch_ref.engine` (the same engines,
-spans and definitions as `bench`; docs/bench.md "Definitions"):
+spans and definitions as `bench`; docs/bench.md "Definitions"), set by one `LatencyConfig`:
 
-`measure_artifact(artifact_dir, sentences, threads=2, max_new_token=96, seed=0, batch_sizes=(1, 4, 8))`
-loads the runtime (`load_seconds`), runs `warmup` untimed syntheses, then synthesizes every
-sentence alone (batch 1, EOS free, a random speaker of seed `seed + i`) and records per utterance:
-end-to-end seconds, audio seconds, codes and RTF (end-to-end seconds / audio seconds); RTF
-p50/p95/p99; codes per second; first audio when streaming (`stream_batch` steps); throughput at
-each batch size (one call with B sentences: streams = audio seconds of all rows per wall second,
-codes/s); memory: the peak RSS of a fresh process that loads the artifact and synthesizes once
-(`memory_probe.measure_memory`; the evaluating process's own peak is also recorded but is confounded by
-what ran before); bytes on disk. The waveforms are returned too (the evaluate stage scores them).
+`measure_artifact(artifact_dir, sentences, config)` loads the runtime (`load_seconds`), runs
+`warmup` untimed syntheses, then synthesizes every sentence alone (batch 1, EOS free, a random
+speaker of seed `seed + i`) and records per utterance: end-to-end seconds, audio seconds, codes and
+RTF (end-to-end seconds / audio seconds); RTF p50/p95/p99; codes per second; first audio when
+streaming (`stream_batch` steps); throughput at each batch size (one call with B sentences: streams
+= audio seconds of all rows per wall second, codes/s); memory: the peak RSS of a fresh process that
+loads the artifact and synthesizes once (`memory_probe.measure_memory`; the evaluating process's own peak
+is also recorded but is confounded by what ran before); bytes on disk. The waveforms are returned
+too (the evaluate stage scores them).
+
+`measure_against(artifact_dir, reference_dir, sentences, config)` is the gate's comparison (issue
+27): both are loaded side by side and every sentence is synthesized by the two in turn, the order
+rotated each round (`runtime.interleave.compare_rounds`), so load on a shared machine hits both
+alike. Each round's artifact RTF over the reference's RTF (same sentence, same request) is one
+ratio sample; after every sentence ran once, rounds go on over the sentences again until the 90%
+interval of the median ratio is within +-`ratio_bound` or `ratio_time_cap_s` more seconds are spent
+(and no longer than that first pass took: `RATIO_CAP_SCALE`) (`ratio`: the median, the interval, its `spread`, the rounds and what stopped it). Both records are
+built as `measure_artifact`'s, an utterance's seconds being the median of its runs; first audio and
+throughput are interleaved the same way (one run each in turn).
 
 `measure_pytorch(checkpoint, sentences, ...)` measures ChatTTS's own PyTorch pipeline
 (`torch_ref.engine.TorchEngine`: normalizer, code stage, Decoder + Vocos; no refinement, no sentence split)
@@ -23,14 +33,20 @@ The report's `machine` section is `machine.machine_info(threads)`.
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
 from chattts_forge.runtime.memory_probe import measure_memory
 from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
@@ -46,6 +62,57 @@ from chattts_forge.runtime.timing import (
 log = get_logger(__name__)
 
 MB = 1 / 2**20
+
+# The gate's RTF ratio: known to +-5% (90% interval of the median per-round ratio), or further
+# interleaved rounds after one pass over the sentences for at most 30 s and at most as long as that
+# pass took (a tiny model's pass is well under a second: its noise does not buy 30 s).
+RATIO_BOUND = 0.05
+RATIO_TIME_CAP_S = 30.0
+RATIO_CAP_SCALE = 1.0
+RATIO_MIN_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """How evaluate times an artifact: `threads` (onnxruntime intra-op), `max_new_token` (EOS free
+    below it), `seed` (sentence i: sampling and speaker seed `seed + i`), `batch_sizes` (throughput),
+    `warmup` untimed syntheses, `stream_batch` and `first_audio_runs` (first audio when streaming),
+    `isolate_memory` (peak RSS of a fresh process), `provider` (cpu or cuda, resolved), `progress`
+    (tqdm); for `measure_against`, the RTF ratio's `ratio_bound` and `ratio_time_cap_s` (module doc)."""
+
+    threads: int | None = 2
+    max_new_token: int = 96
+    seed: int = 0
+    batch_sizes: tuple[int, ...] = (1, 4, 8)
+    warmup: int = 1
+    stream_batch: int = 24
+    first_audio_runs: int = 3
+    isolate_memory: bool = True
+    provider: str = "cpu"
+    progress: bool = True
+    ratio_bound: float = RATIO_BOUND
+    ratio_time_cap_s: float = RATIO_TIME_CAP_S
+
+    def __post_init__(self) -> None:
+        if self.max_new_token < 1 or self.warmup < 0 or self.first_audio_runs < 0 or self.stream_batch < 1:
+            raise ForgeError("latency: max_new_token and stream_batch must be >= 1, warmup and first_audio_runs >= 0")
+        if any(b < 1 for b in self.batch_sizes):
+            raise ForgeError(f"latency: batch sizes must be >= 1, got {self.batch_sizes}")
+        if not (self.ratio_bound > 0 and self.ratio_time_cap_s >= 0):
+            raise ForgeError(f"latency: ratio_bound must be > 0 and ratio_time_cap_s >= 0, got {self.ratio_bound} "
+                             f"and {self.ratio_time_cap_s}")
+
+    def request(self, i: int) -> Request:
+        """Sentence i's request (the same for every engine)."""
+        return Request(max_new_token=self.max_new_token, seed=self.seed + i, speaker_seed=self.seed + i,
+                       stream_batch=self.stream_batch)
+
+    def ratio_settings(self, sentences: int) -> RatioSettings:
+        """The interleaved comparison's stopping rules: every sentence at least once (uncapped), then
+        until the bound or the cap; a round cap large enough that the time cap decides."""
+        rounds = max(RATIO_MIN_ROUNDS, sentences)
+        return RatioSettings(bound=self.ratio_bound, time_cap_s=max(self.ratio_time_cap_s, 1e-9), min_rounds=rounds,
+                             max_rounds=max(400, 4 * rounds), warmup_rounds=0)
 
 
 def dir_bytes(path: Path) -> int:
@@ -63,6 +130,17 @@ def _summary(utterances: list[dict[str, Any]]) -> dict[str, Any]:
         "total_seconds": seconds,
         "total_audio_seconds": sum(u["audio_seconds"] for u in utterances),
         "total_steps": steps,
+    }
+
+
+def _utterance(i: int, text: str, run: RunFigures) -> dict[str, Any]:
+    return {
+        "id": f"{i + 1:03d}",
+        "text": text,
+        "seconds": run.e2e_s,
+        "audio_seconds": run.audio_s,
+        "steps": run.row_codes[0],
+        "rtf": run.e2e_rtf,
     }
 
 
@@ -85,52 +163,36 @@ def measure_utterances(
     waves: dict[str, tuple[np.ndarray, int]] = {}
     for i, text in enumerate(tqdm(sentences, desc=desc, unit="utt", disable=not progress, leave=False)):
         run: RunFigures = engine.run([text], request_of(i), keep_audio=keep_audio)
-        utt_id = f"{i + 1:03d}"
+        utterances.append(_utterance(i, text, run))
         if run.wavs is not None:
-            waves[utt_id] = (run.wavs[0], run.sample_rate)
-        utterances.append({
-            "id": utt_id,
-            "text": text,
-            "seconds": run.e2e_s,
-            "audio_seconds": run.audio_s,
-            "steps": run.row_codes[0],
-            "rtf": run.e2e_rtf,
-        })
+            waves[utterances[-1]["id"]] = (run.wavs[0], run.sample_rate)
     return utterances, waves, warmup_seconds
 
 
-def measure_artifact(
-    artifact_dir: str | os.PathLike[str],
-    sentences: list[str],
-    threads: int | None = 2,
-    max_new_token: int = 96,
-    seed: int = 0,
-    batch_sizes: tuple[int, ...] = (1, 4, 8),
-    warmup: int = 1,
-    stream_batch: int = 24,
-    first_audio_runs: int = 3,
-    progress: bool = True,
-    desc: str = "synth",
-    isolate_memory: bool = True,
-    provider: str = "cpu",
-) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
-    """(latency record, {utterance id: (waveform, sample_rate)}) of the artifact; see module doc.
-    `provider`: the runtime's onnxruntime provider, resolved (cpu or cuda)."""
-    rss_before = current_rss_bytes()
-    engine = OnnxEngine(artifact_dir, threads, provider=provider)
-    rss_loaded = current_rss_bytes()
+class _Measured:
+    """One artifact's engine under measurement and what its record is built from."""
 
-    def request(i: int) -> Request:
-        return Request(max_new_token=max_new_token, seed=seed + i, speaker_seed=seed + i, stream_batch=stream_batch)
+    def __init__(self, artifact_dir: str | os.PathLike[str], config: LatencyConfig) -> None:
+        self.artifact_dir = artifact_dir
+        self.config = config
+        self.rss_before = current_rss_bytes()
+        self.engine = OnnxEngine(artifact_dir, config.threads, provider=config.provider)
+        self.rss_loaded = current_rss_bytes()
+        self.warmup_seconds = 0.0
+        self.first_audio: list[float] = []
+        self.throughput: dict[str, dict[str, Any]] = {}
 
-    utterances, waves, warmup_seconds = measure_utterances(engine, sentences, request, warmup, progress, desc, True)
-    first_audio = [engine.first_audio(sentences[i], request(i)) for i in range(min(first_audio_runs, len(sentences)))]
-    first_audio = [s for s in first_audio if not np.isnan(s)]  # runs that streamed no audio measured nothing
+    def warm_up(self, text: str) -> None:
+        self.warmup_seconds += sum(time_calls(lambda: self.engine.run([text], self.config.request(0)), 1))
 
-    throughput = {}
-    for b in batch_sizes:
-        run = engine.run([sentences[j % len(sentences)] for j in range(b)], request(0))
-        throughput[str(b)] = {
+    def time_first_audio(self, text: str, i: int) -> None:
+        s = self.engine.first_audio(text, self.config.request(i))
+        if not np.isnan(s):  # a run that streamed no audio measured nothing
+            self.first_audio.append(s)
+
+    def time_batch(self, sentences: list[str], b: int) -> None:
+        run = self.engine.run([sentences[j % len(sentences)] for j in range(b)], self.config.request(0))
+        self.throughput[str(b)] = {
             "batch": b,
             "seconds": run.e2e_s,
             "audio_seconds": run.total_audio_s,
@@ -140,24 +202,148 @@ def measure_artifact(
             "steps_per_second": per_second(sum(run.row_codes), run.e2e_s),
         }
 
-    record = {
-        "artifact": str(artifact_dir),
-        "threads": threads,
-        "max_new_token": max_new_token,
-        "gpt_engine": engine.gpt_engine,
-        "load_seconds": engine.load_seconds,
-        "warmup_runs": warmup,
-        "warmup_seconds": warmup_seconds,
-        "utterances": utterances,
-        **_summary(utterances),
-        "first_audio_seconds": {**percentiles(first_audio), "stream_batch": stream_batch, "runs": len(first_audio)},
-        "throughput": throughput,
-        "rss_mb": {"before_load": rss_before * MB, "after_load": rss_loaded * MB, "after_run": current_rss_bytes() * MB},
-        "peak_rss_process_mb": peak_rss_bytes() * MB,  # of the whole evaluating process, for reference
-        "memory": measure_memory(artifact_dir, sentences[0], threads, provider=provider) if isolate_memory else None,
-        "bytes_on_disk": dir_bytes(Path(artifact_dir)),
+    def record(self, utterances: list[dict[str, Any]], sentence: str) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "artifact": str(self.artifact_dir),
+            "threads": cfg.threads,
+            "max_new_token": cfg.max_new_token,
+            "gpt_engine": self.engine.gpt_engine,
+            "load_seconds": self.engine.load_seconds,
+            "warmup_runs": cfg.warmup,
+            "warmup_seconds": self.warmup_seconds,
+            "utterances": utterances,
+            **_summary(utterances),
+            "first_audio_seconds": {**percentiles(self.first_audio), "stream_batch": cfg.stream_batch,
+                                    "runs": len(self.first_audio)},
+            "throughput": self.throughput,
+            "rss_mb": {"before_load": self.rss_before * MB, "after_load": self.rss_loaded * MB,
+                       "after_run": current_rss_bytes() * MB},
+            "peak_rss_process_mb": peak_rss_bytes() * MB,  # of the whole evaluating process, for reference
+            "memory": measure_memory(self.artifact_dir, sentence, cfg.threads, provider=cfg.provider)
+            if cfg.isolate_memory else None,
+            "bytes_on_disk": dir_bytes(Path(self.artifact_dir)),
+        }
+
+
+def measure_artifact(
+    artifact_dir: str | os.PathLike[str],
+    sentences: list[str],
+    config: LatencyConfig | None = None,
+    desc: str = "synth",
+) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
+    """(latency record, {utterance id: (waveform, sample_rate)}) of one artifact; see module doc."""
+    cfg = config or LatencyConfig()
+    if not sentences:
+        raise ForgeError("latency: no sentences to time")
+    m = _Measured(artifact_dir, cfg)
+    utterances, waves, m.warmup_seconds = measure_utterances(m.engine, sentences, cfg.request, cfg.warmup,
+                                                             cfg.progress, desc, True)
+    for i in range(min(cfg.first_audio_runs, len(sentences))):
+        m.time_first_audio(sentences[i], i)
+    for b in cfg.batch_sizes:
+        m.time_batch(sentences, b)
+    return m.record(utterances, sentences[0]), waves
+
+
+@dataclass(frozen=True)
+class PairLatency:
+    """`measure_against`'s result: each side's record and audio, and the interleaved RTF ratio."""
+
+    artifact: dict[str, Any]
+    artifact_waves: dict[str, tuple[np.ndarray, int]]
+    reference: dict[str, Any]
+    reference_waves: dict[str, tuple[np.ndarray, int]]
+    ratio: dict[str, Any]
+
+
+def measure_against(
+    artifact_dir: str | os.PathLike[str],
+    reference_dir: str | os.PathLike[str],
+    sentences: list[str],
+    config: LatencyConfig | None = None,
+    desc: str = "synth",
+    clock: Callable[[], float] = time.perf_counter,
+) -> PairLatency:
+    """The artifact and its reference timed interleaved, with the RTF ratio and its spread (module doc)."""
+    from tqdm import tqdm
+
+    cfg = config or LatencyConfig()
+    if not sentences:
+        raise ForgeError("latency: no sentences to time")
+    n = len(sentences)
+    sides = {"reference": _Measured(reference_dir, cfg), "artifact": _Measured(artifact_dir, cfg)}
+    for _ in range(cfg.warmup):
+        for side in sides.values():
+            side.warm_up(sentences[0])
+    firsts: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    runs: dict[str, list[list[float]]] = {name: [[] for _ in sentences] for name in sides}
+    waves: dict[str, dict[str, tuple[np.ndarray, int]]] = {name: {} for name in sides}
+    bar = tqdm(total=n, desc=f"{desc} vs reference", unit="utt", disable=not cfg.progress, leave=False)
+
+    def measure(round_: int, name: str) -> float:
+        i = round_ % n
+        first = round_ < n
+        run = sides[name].engine.run([sentences[i]], cfg.request(i), keep_audio=first)
+        runs[name][i].append(run.e2e_s)
+        if first:
+            firsts[name].append(_utterance(i, sentences[i], run))
+            if run.wavs is not None:
+                waves[name][firsts[name][-1]["id"]] = (run.wavs[0], run.sample_rate)
+        if name == "artifact" and first:
+            bar.update(1)
+        elif name == "artifact":
+            bar.set_postfix_str(f"round {round_ + 1}")
+        return run.e2e_rtf if run.e2e_rtf is not None else math.inf
+
+    settings = cfg.ratio_settings(n)
+    try:
+        comparison = compare_rounds("reference", ["artifact"], measure, settings, clock, cap_after_rounds=n,
+                                    cap_scale=RATIO_CAP_SCALE)
+    finally:
+        bar.close()
+    for i in range(min(cfg.first_audio_runs, n)):
+        for name in (("reference", "artifact") if i % 2 == 0 else ("artifact", "reference")):
+            sides[name].time_first_audio(sentences[i], i)
+    for k, b in enumerate(cfg.batch_sizes):
+        for name in (("reference", "artifact") if k % 2 == 0 else ("artifact", "reference")):
+            sides[name].time_batch(sentences, b)
+    records = {name: sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
+               for name in sides}
+    est = comparison.estimates["artifact"]
+    ratio = {
+        "ratio": round(est.ratio, 4), "low": round(est.low, 4), "high": round(est.high, 4),
+        "spread": round(est.spread, 4), "artifact_rtf": est.seconds, "reference_rtf": est.reference_seconds,
+        "rounds": comparison.rounds, "sentences": n, "stopped": comparison.stopped,
+        "converged": comparison.converged, "bound": cfg.ratio_bound, "time_cap_s": cfg.ratio_time_cap_s,
+        "seconds": round(comparison.seconds, 3),
+        "method": f"artifact and FP32 reference synthesize each sentence in turn (order rotated per round; "
+                  f"{cfg.threads} threads, max_new_token {cfg.max_new_token}); ratio = median of the per-round "
+                  f"RTF ratios; after one pass over the {n} sentences, rounds repeat until the ratio's 90% "
+                  f"interval is within +-{cfg.ratio_bound} or {cfg.ratio_time_cap_s:g} s more (at most the first pass's "
+                  f"time again)",
     }
-    return record, waves
+    log.info("latency: RTF ratio vs reference %.3f (90%% interval %.3f-%.3f, %d interleaved rounds, %s)",
+             est.ratio, est.low, est.high, comparison.rounds, comparison.stopped)
+    return PairLatency(records["artifact"], waves["artifact"], records["reference"], waves["reference"], ratio)
+
+
+def _with_median_seconds(firsts: list[dict[str, Any]], runs: list[list[float]]) -> list[dict[str, Any]]:
+    """The first pass's utterance records, seconds (and RTF) the median of every run of the sentence."""
+    out = []
+    for u, seconds in zip(firsts, runs, strict=True):
+        mid = statistics.median(seconds)
+        out.append({**u, "seconds": mid, "rtf": mid / u["audio_seconds"] if u["audio_seconds"] > 0 else None,
+                    "runs": len(seconds)})
+    return out
+
+
+def interleaved_ratios(ratios: dict[str, float | None], pair: PairLatency | None) -> dict[str, float | None]:
+    """The gate's `vs_reference` ratios with `rtf_p50` the interleaved median RTF ratio when there is
+    one (the ratio of the two p50s is kept as `rtf_p50_of_p50s`)."""
+    if pair is None:
+        return ratios
+    return {**ratios, "rtf_p50_of_p50s": ratios.get("rtf_p50"), "rtf_p50": pair.ratio["ratio"]}
 
 
 def measure_pytorch(

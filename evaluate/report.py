@@ -96,6 +96,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     ratios = report["latency"]["ratios"]
     lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios['vs_reference']['rtf_p50'])}x**"]
+    inter = ratios.get("vs_reference_rtf_interleaved")  # issue 27; absent in earlier reports
+    if inter:
+        lines[-1] += (f" (interleaved: 90% interval {_f(inter['low'])}-{_f(inter['high'])}, spread "
+                      f"{_f(inter['spread'])}, {inter['rounds']} rounds over {inter['sentences']} sentences, "
+                      f"{inter['stopped']})")
     if ratios.get("vs_pytorch"):
         lines[-1] += (f"; vs ChatTTS PyTorch FP32: **{_f(ratios['vs_pytorch']['rtf_p50'])}x** "
                       f"(speed-up {_f(ratios['vs_pytorch']['speedup_p50'])}x)")

@@ -22,7 +22,15 @@ accepted (`TOP_LEVEL`):
 - ``fidelity``: `chattts_forge.quantize.measure_fidelity`'s record;
 - ``latency``: ``{"artifact", "reference", "pytorch" (or null), "ratios": {"vs_reference",
   "vs_pytorch", "reference_vs_pytorch", "vs_reference_interleaved" (evaluate.step_ratio; null for
-  FP32 against itself)}, "method"}`` (records of `latency.measure_artifact`);
+  FP32 against itself), "vs_reference_rtf_interleaved" (since issue 27; absent in earlier reports,
+  null for FP32 against itself)}, "method"}`` (records of `latency.measure_against`, or
+  `latency.measure_artifact` for FP32 against itself). ``vs_reference_rtf_interleaved`` is the
+  gate's RTF ratio measured with the two interleaved: ``{"ratio", "low", "high", "spread",
+  "artifact_rtf", "reference_rtf", "rounds", "sentences", "stopped", "converged", "bound",
+  "time_cap_s", "seconds", "method"}``; ``vs_reference.rtf_p50`` (the gate's
+  ``rtf_ratio_vs_reference``) is its ``ratio``, the ratio of the two p50s kept as
+  ``vs_reference.rtf_p50_of_p50s``; utterance records then carry ``runs`` (their seconds the
+  median of those runs);
 - ``size`` (`SIZE_KEYS`), ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
 - ``buckets``: per length bucket of the held-out corpus, fidelity/intelligibility/latency and the
   bucket's gate verdict (`evaluate.buckets`; the routing table is made from it);

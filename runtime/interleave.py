@@ -14,6 +14,9 @@ timing, routing, the gate's latency ratio where it compares) goes through `compa
   `time_cap_s` (measured with the same clock) or `max_rounds` is reached; which one stopped it is
   recorded (`stopped`), with the spread reached.
 
+`compare_rounds` is the same loop for figures other than one call's seconds (the gate's RTF ratio
+of whole syntheses, evaluate.latency): the caller measures and returns the figure of each turn.
+
 A decision is taken only outside the noise (`clearly_faster`: the interval's upper end below 1);
 inside it the caller keeps the simpler variant and says so (`prefer_simpler`).
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,38 +148,79 @@ def compare_interleaved(
     ref_name, ref_call = reference
     if ref_name in candidates:
         raise ForgeError(f"candidate {ref_name!r} is also the reference")
-    names = [ref_name, *candidates]
-    calls = [ref_call, *candidates.values()]
+    calls = {ref_name: ref_call, **candidates}
     start = clock()
     for _ in range(settings.warmup_rounds):
-        for call in calls:
+        for call in calls.values():
             call()
     t0 = clock()
     ref_call()
     one_call = max(clock() - t0, 1e-9)
     per_sample = max(1, math.ceil(settings.min_sample_s / one_call))
-    times: list[list[float]] = [[] for _ in calls]
+
+    def sample(_round: int, name: str) -> float:
+        call = calls[name]
+        for _ in range(settings.untimed_calls):
+            call()
+        t0 = clock()
+        for _ in range(per_sample):
+            call()
+        return (clock() - t0) / per_sample
+
+    return compare_rounds(ref_name, list(candidates), sample, settings, clock, start=start,
+                          calls_per_sample=per_sample)
+
+
+def compare_rounds(
+    reference: str,
+    candidates: Sequence[str],
+    measure: Callable[[int, str], float],
+    settings: RatioSettings | None = None,
+    clock: Clock = time.perf_counter,
+    *,
+    start: float | None = None,
+    cap_after_rounds: int = 0,
+    cap_scale: float | None = None,
+    calls_per_sample: int = 1,
+) -> Comparison:
+    """The round loop of `compare_interleaved` for callers whose figure is not the seconds of one
+    call: `measure(round, name)` runs `name` once in round `round` and returns its figure (seconds
+    of a sample, or an RTF: anything where lower is faster); the order is rotated every round and
+    each round's candidate figure over the reference's is one ratio sample. Stops like
+    `compare_interleaved`; the time cap counts from `start` (default: now) or, with
+    `cap_after_rounds`, from the end of that round (work every caller needs, such as one pass over a
+    corpus, is not cut by the cap; `settings.min_rounds` should then be at least that many) and, with
+    `cap_scale`, is at most `cap_scale` times the seconds those rounds took (further rounds cost at
+    most that share of the work already done)."""
+    settings = settings or RatioSettings()
+    if reference in candidates:
+        raise ForgeError(f"candidate {reference!r} is also the reference")
+    if not candidates:
+        raise ForgeError("an interleaved comparison needs at least one candidate")
+    names = [reference, *candidates]
+    start = clock() if start is None else start
+    cap_from, cap_s = start, settings.time_cap_s
+    figures: dict[str, list[float]] = {n: [] for n in names}
     rounds, stopped = 0, "round cap"
     while rounds < settings.max_rounds:
-        order = [(rounds + i) % len(calls) for i in range(len(calls))]  # rotated: no fixed position
-        for i in order:
-            for _ in range(settings.untimed_calls):
-                calls[i]()
-            t0 = clock()
-            for _ in range(per_sample):
-                calls[i]()
-            times[i].append((clock() - t0) / per_sample)
+        for i in range(len(names)):  # rotated: no fixed position
+            name = names[(rounds + i) % len(names)]
+            figures[name].append(float(measure(rounds, name)))
         rounds += 1
+        if rounds == cap_after_rounds:
+            cap_from = clock()
+            if cap_scale is not None:
+                cap_s = min(cap_s, cap_scale * (cap_from - start))
         if rounds >= settings.min_rounds:
-            if max(_estimate(n, t, times[0], rounds).spread for n, t in zip(names[1:], times[1:], strict=True)) \
+            if max(_estimate(n, figures[n], figures[reference], rounds).spread for n in candidates) \
                     <= settings.bound:
                 stopped = "spread within bound"
                 break
-            if clock() - start >= settings.time_cap_s:
+            if clock() - cap_from >= cap_s:
                 stopped = "time cap"
                 break
-    estimates = {n: _estimate(n, t, times[0], rounds) for n, t in zip(names[1:], times[1:], strict=True)}
-    return Comparison(ref_name, estimates, rounds, clock() - start, stopped, per_sample, settings)
+    estimates = {n: _estimate(n, figures[n], figures[reference], rounds) for n in candidates}
+    return Comparison(reference, estimates, rounds, clock() - start, stopped, calls_per_sample, settings)
 
 
 def _estimate(name: str, cand: list[float], ref: list[float], rounds: int) -> RatioEstimate:

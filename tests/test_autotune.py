@@ -255,6 +255,78 @@ def test_compat_load_of_a_version_serves_the_host_choice_of_its_longest_bucket(v
     assert chat.pipe.artifact.variant == "fp32" and chat.autotune["buckets"]["long"]["variant"] == "fp32"
 
 
+def test_a_version_loaded_on_another_cpu_is_ranked_there_and_says_why(version: Path, tmp_path: Path,
+                                                                       monkeypatch, caplog) -> None:
+    """Built on one machine (its ranking: fp16 first), loaded on two others: each routes to the
+    variant fastest there among those that passed, measured there (one CPU's cache is not another's)."""
+    from chattts_forge.runtime import timing
+
+    hosts = {"CPU A": {"fp32": 0.002, "fp16": 0.005}, "CPU B": {"fp32": 0.006, "fp16": 0.003}}
+    got = {}
+    for cpu, costs in hosts.items():
+        monkeypatch.setattr(timing, "cpu_model", lambda cpu=cpu: cpu)
+        opened: list = []
+        with caplog.at_level(logging.INFO, logger="chattts_forge.runtime.router"):
+            caplog.clear()
+            router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), costs, opened))
+        rec = router.autotune
+        assert rec["source"] == "measured" and opened and rec["key"]["cpu_model"] == cpu
+        got[cpu] = (router.routes["short"], rec["buckets"]["short"]["reason"], caplog.text)
+    fastest = {cpu: min(costs, key=costs.get) for cpu, costs in hosts.items()}
+    assert {cpu: g[0] for cpu, g in got.items()} == fastest == {"CPU A": "fp32", "CPU B": "fp16"}
+    assert "faster beyond the noise" in got["CPU A"][1] and "bucket short -> fp32 (build: fp16)" in got["CPU A"][2]
+    assert "the simpler fp16 is kept" in got["CPU B"][1] and "bucket short -> fp16 (build: fp16)" in got["CPU B"][2]
+    # back on the first machine: its own cached choice, no timing
+    monkeypatch.setattr(timing, "cpu_model", lambda: "CPU A")
+    opened = []
+    again = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), hosts["CPU A"], opened))
+    assert again.autotune["source"] == "cache" and opened == [] and again.routes["short"] == "fp32"
+
+
+def test_synth_verbose_logs_the_host_choice_and_why(version: Path, tmp_path: Path, monkeypatch) -> None:
+    from chattts_forge.runtime import autotune as tuning
+
+    real = tuning.choose_routes
+    injected = _settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005})  # this host: fp32 faster
+    monkeypatch.setattr(tuning, "choose_routes", lambda folder, table, _settings, **kw: real(folder, table, injected, **kw))
+    res = CliRunner().invoke(main, ["-v", "synth", "--artifact", str(version), "--autotune", "--text", "请稍等",
+                                    "--no-refine", "--seed", "0", "--max-new-token", "8", "--threads", "1",
+                                    "--out", str(tmp_path / "a.wav")])
+    assert res.exit_code == 0, res.output
+    assert "bucket short -> fp32 (build: fp16): fp32 steps 0.400x of fp16" in res.output
+    assert "faster beyond the noise" in res.output
+
+
+def test_server_metrics_show_the_host_choice_and_its_ratios(version: Path, tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client", reason="serve's metrics need the serve extra")
+    from chattts_forge.runtime.serve.metrics import Metrics
+
+    router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005}))
+    text = Metrics(lambda: 0.0, lambda: 0.0, lambda: 1.0, routing=lambda: router.autotune).render()[0].decode()
+    [short] = [line for line in text.splitlines() if line.startswith('forge_route{bucket="short"')]
+    assert 'variant="fp32"' in short and 'build_variant="fp16"' in short and 'source="measured"' in short
+    assert "faster beyond the noise" in short and short.endswith(" 1.0")
+    assert 'forge_route_step_ratio{bucket="short",reference="fp16",variant="fp32"} 0.4' in text
+    assert 'forge_route_step_ratio_spread{bucket="short",reference="fp16",variant="fp32"} 0.0' in text
+    assert 'forge_route{bucket="long",build_variant="fp32"' in text  # one passing variant: still named
+    # nothing served yet (or a plain artifact folder): no route lines, the rest of /metrics intact
+    empty = Metrics(lambda: 0.0, lambda: 0.0, lambda: 1.0, routing=lambda: None).render()[0].decode()
+    assert "forge_route{" not in empty and "forge_ready 1.0" in empty
+
+
+def test_server_state_exports_the_serving_versions_routing(version: Path, tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="serve needs the serve extra")
+    from types import SimpleNamespace
+
+    from chattts_forge.runtime.serve.app import ServeConfig, ServerState
+
+    router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005}))
+    state = ServerState(ServeConfig(artifact=str(version)))
+    state.current = SimpleNamespace(router=router, waiting=0, running=0)
+    text = state.metrics.render()[0].decode()
+    assert 'forge_route{bucket="short"' in text and 'variant="fp32"' in text
+
+
 # ---- the cost model -----------------------------------------------------------------------------
 
 

@@ -68,7 +68,8 @@ class ServerState:
         self._reload_lock = threading.Lock()
         self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
         self._voices = load_voices(cfg.voices_file)
-        self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0)
+        self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0,
+                               routing=lambda: getattr(getattr(self.current, "router", None), "autotune", None))
         self._rng = random.Random(cfg.seed)
 
     def _live(self) -> list[ServedVersion]:

@@ -16,13 +16,17 @@
 | forge_process_cpu_seconds | gauge | CPU seconds (user + system, every thread) the server process has used |
 | forge_ready | gauge | 1 once the version is loaded, verified and warmed |
 | forge_reloads_total | counter | version swaps by `result` (ok, failed) |
+| forge_route | gauge | 1 per length bucket of a version folder: the `variant` it routes to on this host, the build's (`build_variant`), the choice's `source` (measured, cache, build) and its `reason` (runtime.autotune) |
+| forge_route_step_ratio / _spread | gauge | per bucket and passing `variant`: its decode step over the `reference`'s as the host's autotune measured it, and that ratio's spread (90% interval half-width) |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
@@ -30,7 +34,7 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 
 class Metrics:
     def __init__(self, queue_depth: Callable[[], float], running_rows: Callable[[], float],
-                 ready: Callable[[], float]) -> None:
+                 ready: Callable[[], float], routing: Callable[[], dict[str, Any] | None] | None = None) -> None:
         import psutil
 
         self.registry = CollectorRegistry()
@@ -56,6 +60,8 @@ class Metrics:
         self.requests = Counter("forge_requests", "Responses by endpoint and status", ["endpoint", "status"],
                                 registry=r)
         self.reloads = Counter("forge_reloads", "Version swaps", ["result"], registry=r)
+        if routing is not None:
+            r.register(_RoutingCollector(routing))
 
     def served(self, seconds: float, audio_s: float, cached: bool) -> None:
         self.latency.labels(cached=str(cached).lower()).observe(seconds)
@@ -68,3 +74,31 @@ class Metrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _RoutingCollector:
+    """The serving version's host routing choice (`Router.autotune`), read at every scrape."""
+
+    def __init__(self, routing: Callable[[], dict[str, Any] | None]) -> None:
+        self.routing = routing
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the label sets depend on the version served
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        record = self.routing()
+        route = GaugeMetricFamily("forge_route", "The variant a length bucket routes to on this host, and why",
+                                  labels=["bucket", "variant", "build_variant", "source", "reason"])
+        ratio = GaugeMetricFamily("forge_route_step_ratio", "A passing variant's decode step over the reference's "
+                                  "(host autotune)", labels=["bucket", "variant", "reference"])
+        spread = GaugeMetricFamily("forge_route_step_ratio_spread", "Half-width of that ratio's 90% interval",
+                                   labels=["bucket", "variant", "reference"])
+        for name, b in ((record or {}).get("buckets") or {}).items():
+            route.add_metric([name, b["variant"], b["build_variant"], record["source"], b["reason"]], 1.0)
+            comparison = b.get("comparison") or {}
+            for variant, c in (comparison.get("candidates") or {}).items():
+                ratio.add_metric([name, variant, comparison["reference"]], c["ratio"])
+                spread.add_metric([name, variant, comparison["reference"]], c["spread"])
+        yield route
+        yield ratio
+        yield spread
