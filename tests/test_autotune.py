@@ -259,12 +259,12 @@ def test_a_version_loaded_on_another_cpu_is_ranked_there_and_says_why(version: P
                                                                        monkeypatch, caplog) -> None:
     """Built on one machine (its ranking: fp16 first), loaded on two others: each routes to the
     variant fastest there among those that passed, measured there (one CPU's cache is not another's)."""
-    from chattts_forge.runtime import timing
+    from chattts_forge.runtime import machine
 
     hosts = {"CPU A": {"fp32": 0.002, "fp16": 0.005}, "CPU B": {"fp32": 0.006, "fp16": 0.003}}
     got = {}
     for cpu, costs in hosts.items():
-        monkeypatch.setattr(timing, "cpu_model", lambda cpu=cpu: cpu)
+        monkeypatch.setattr(machine, "cpu_model", lambda cpu=cpu: cpu)
         opened: list = []
         with caplog.at_level(logging.INFO, logger="chattts_forge.runtime.router"):
             caplog.clear()
@@ -277,7 +277,7 @@ def test_a_version_loaded_on_another_cpu_is_ranked_there_and_says_why(version: P
     assert "faster beyond the noise" in got["CPU A"][1] and "bucket short -> fp32 (build: fp16)" in got["CPU A"][2]
     assert "the simpler fp16 is kept" in got["CPU B"][1] and "bucket short -> fp16 (build: fp16)" in got["CPU B"][2]
     # back on the first machine: its own cached choice, no timing
-    monkeypatch.setattr(timing, "cpu_model", lambda: "CPU A")
+    monkeypatch.setattr(machine, "cpu_model", lambda: "CPU A")
     opened = []
     again = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), hosts["CPU A"], opened))
     assert again.autotune["source"] == "cache" and opened == [] and again.routes["short"] == "fp32"
