@@ -178,8 +178,8 @@ def config_from_options(options: dict[str, Any]) -> Any:
 @_settings_options
 @click.option("--reference-run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A folder `chattts-forge evaluate-reference` wrote with the same settings: the FP32 reference's "
-              "latency run, audio, PyTorch baseline and ASR are read from it, not measured again (the build does "
-              "this once for all its variants).")
+              "latency run, audio, PyTorch baseline, ASR and fidelity runs are read from it, not measured again (the "
+              "build does this once for all its variants).")
 def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -201,10 +201,11 @@ def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
 @_settings_options
 def evaluate_reference(reference: Path, **options: Any) -> None:
     """Measure what every evaluation against REFERENCE shares, once: its latency run and audio, ChatTTS's
-    PyTorch baseline and the ASR of its audio, into --out (read by `evaluate --reference-run`).
+    PyTorch baseline, the ASR of its audio and the FP32 runs fidelity replays, into --out (read by
+    `evaluate --reference-run`).
 
     Takes evaluate's options, so that one set of options serves both; those that only shape the
-    artifact's side (gate, fidelity, buckets, phrase cache, listening, seams, cloning, Ray) are ignored.
+    artifact's side (gate, buckets, phrase cache, listening, seams, cloning, Ray) are ignored.
     """
     from chattts_forge.evaluate.reference_run import evaluate_reference as measure
 

@@ -206,9 +206,11 @@ def score_intelligibility(
 
 
 def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, steps: int, seed: int,
-              threads: int | None, progress: bool) -> tuple[dict[str, Any], list[dict[str, float]]]:
+              threads: int | None, progress: bool, trajectories: list[Any] | None = None,
+              ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """`measure_fidelity`'s record, made of its own steps so the per-sentence comparisons are kept too
-    (the intervals' input): (record, per-sentence agreement and mel energies)."""
+    (the intervals' input): (record, per-sentence agreement and mel energies). `trajectories`: the FP32
+    runs already recorded (the build's shared reference run); None: recorded here."""
     try:
         from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
     except ImportError as e:
@@ -216,7 +218,8 @@ def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, step
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
     sessions = ReplaySessions(reference, artifact, threads)
-    trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=progress)
+    if trajectories is None:
+        trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=progress)
     comparisons = [sessions.compare(t) for t in trajectories]
     result = summarize_fidelity(reference, corpus, comparisons,
                                 {"max_sentences": sentences, "max_new_token": steps, "seed": seed})
@@ -337,8 +340,8 @@ class EvaluateConfig:
     `clone_reference`: a recording to clone (its transcript `clone_transcript`, optional): SIM of the
     artifact's cloned output to it is the ``clone_similarity`` metric.
     `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
-    latency run, audio, PyTorch baseline and ASR are read from it instead of measured again (the
-    build measures them once for all its variants); None: measured here.
+    latency run, audio, PyTorch baseline, ASR and the FP32 runs fidelity replays are read from it
+    instead of measured again (the build measures them once for all its variants); None: measured here.
     """
 
     corpus: str | os.PathLike[str] = "builtin:evaluation"
@@ -520,7 +523,7 @@ def corpus_phase(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, art_waves: W
         with quiet_logger(enabled=j.synthetic):
             if shards is None:
                 fidelity, rows = _fidelity(j.reference, j.artifact, j.corpus, fid_sentences, cfg.fidelity_steps,
-                                           cfg.seed, cfg.threads, cfg.show)
+                                           cfg.seed, cfg.threads, cfg.show, ref.trajectories)
             else:  # the shards return corpus figures only: no per-sentence fidelity rows
                 fidelity, rows = shards.fidelity(j.corpus, fid_sentences, cfg.fidelity_steps, cfg.seed), None
         return CorpusFigures(intelligibility, fidelity, rows, shards.describe() if shards else None)
@@ -620,9 +623,9 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
                      + f"); latency was measured in the evaluating process on {distributed['latency_measured_on']['hostname']}"
                      " before the workers started.")
     if cfg.reference_run is not None:
-        notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline and the ASR of the reference's "
-                     f"audio were measured once for the build ({cfg.reference_run}) with these settings and shared "
-                     "by every variant's evaluation.")
+        notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline, the ASR of the reference's "
+                     f"audio and the FP32 runs fidelity replays were measured once for the build ({cfg.reference_run}) "
+                     "with these settings and shared by every variant's evaluation.")
     if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "

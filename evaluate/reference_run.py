@@ -3,7 +3,8 @@
 Every variant of a build is judged against the same FP32 reference on the same held-out sentences
 with the same settings, so the reference's side of an evaluation is the same for all of them: its
 latency run (and the audio of it, which ASR, speaker similarity, DNSMOS and the listen files
-compare against), ChatTTS's PyTorch FP32 baseline, and the ASR of the reference's audio. The build
+compare against), ChatTTS's PyTorch FP32 baseline, the ASR of the reference's audio, and the FP32
+runs that fidelity replays the artifact on. The build
 driver computes it once per build as its own keyed step (`chattts-forge evaluate-reference`, the
 folder `BUILD/<run>/reference_run`), and each `chattts-forge evaluate --reference-run DIR` reads it
 instead of measuring it again. Without `--reference-run` evaluate measures it itself, as it always
@@ -11,7 +12,9 @@ did, so `chattts-forge evaluate` alone needs nothing else.
 
 The folder: ``reference_run.json`` (schema ``chattts-forge/reference-run/1``: the settings it was
 measured with, the latency and baseline records, the reference's ASR scores) and
-``reference_waves.npz`` (the reference's audio, float32, exactly as synthesized). An evaluation
+``reference_waves.npz`` (the reference's audio, float32, exactly as synthesized) and
+``trajectories.npz`` (the FP32 runs fidelity teacher-forces the artifact on: every GPT step's inputs,
+hidden state and code logits, as `quantize.fidelity.record_trajectories` recorded them). An evaluation
 whose settings differ from the recorded ones (another reference, corpus, token budget, seed, threads,
 batch sizes, provider, baseline or ASR) refuses the folder with a one-line error, never mixing runs.
 """
@@ -39,6 +42,7 @@ log = get_logger(__name__)
 REFERENCE_RUN_SCHEMA = "chattts-forge/reference-run/1"
 RECORD_FILE = "reference_run.json"
 WAVES_FILE = "reference_waves.npz"
+TRAJECTORIES_FILE = "trajectories.npz"
 
 
 @dataclass
@@ -51,6 +55,7 @@ class ReferenceRun:
     baseline_checkpoint: Path | None
     baseline_note: str | None
     asr: dict[str, dict[str, Any]] | None = None  # score_languages of the reference's audio; None: not scored
+    trajectories: list[Any] | None = None  # quantize.fidelity.Trajectory of the fidelity sentences; None: not recorded
 
 
 def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConfig, provider: str) -> dict[str, Any]:
@@ -62,6 +67,8 @@ def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConf
         "corpus_sha256": corpus.sha256,
         "sentences": len(corpus.sentences),
         "max_new_token": cfg.max_new_token,
+        "fidelity_sentences": min(cfg.fidelity_sentences, len(corpus.sentences)),
+        "fidelity_steps": cfg.fidelity_steps,
         "seed": cfg.seed,
         "threads": cfg.threads,
         "batch_sizes": list(cfg.batch_sizes),
@@ -78,6 +85,9 @@ def write_reference_run(run: ReferenceRun, folder: Path, settings: dict[str, Any
     arrays = {f"wav_{k}": np.asarray(w) for k, (w, _) in run.waves.items()}
     arrays |= {f"sr_{k}": np.asarray(sr) for k, (_, sr) in run.waves.items()}
     np.savez(buf, **arrays)
+    traj_arrays, traj_index = _trajectory_arrays(run.trajectories or [])
+    traj_buf = io.BytesIO()
+    np.savez(traj_buf, **traj_arrays)
     record = {
         "schema": REFERENCE_RUN_SCHEMA,
         "settings": settings,
@@ -87,9 +97,11 @@ def write_reference_run(run: ReferenceRun, folder: Path, settings: dict[str, Any
         "baseline_note": run.baseline_note,
         "asr": run.asr,
         "waves": sorted(run.waves),
+        "trajectories": None if run.trajectories is None else traj_index,
     }
     with atomic_output_dir(folder) as tmp:
         atomic_write_bytes(tmp / WAVES_FILE, buf.getvalue())
+        atomic_write_bytes(tmp / TRAJECTORIES_FILE, traj_buf.getvalue())
         atomic_write_json(tmp / RECORD_FILE, record)
     log.info("reference run written to %s (%d utterances)", folder, len(run.waves))
 
@@ -101,6 +113,10 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
         record = json.loads(path.read_text(encoding="utf-8"))
         with np.load(Path(folder) / WAVES_FILE, allow_pickle=False) as z:
             waves = {k: (z[f"wav_{k}"], int(z[f"sr_{k}"])) for k in record["waves"]}
+        trajectories = None
+        if record["trajectories"] is not None:
+            with np.load(Path(folder) / TRAJECTORIES_FILE, allow_pickle=False) as z:
+                trajectories = _trajectories(z, record["trajectories"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ForgeError(f"reference run {folder} is unreadable ({type(e).__name__}: {e}); "
                          "run `chattts-forge evaluate-reference` again") from None
@@ -113,7 +129,7 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
                          "evaluate without --reference-run or measure it again with these settings")
     baseline = record["baseline_checkpoint"]
     return ReferenceRun(record["latency"], waves, record["pytorch"], None if baseline is None else Path(baseline),
-                        record["baseline_note"], record["asr"])
+                        record["baseline_note"], record["asr"], trajectories)
 
 
 def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: dict[str, Any], corpus: Any,
@@ -137,10 +153,55 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
         log.info("measuring ChatTTS's PyTorch FP32 pipeline on %s", baseline)
         pt_lat = latency_mod.measure_pytorch(baseline, corpus.sentences, threads=cfg.threads,
                                              max_new_token=cfg.max_new_token, seed=cfg.seed, progress=show)
-    asr = None
-    if score_asr and not synthetic:
-        asr = score_languages(corpus.sentences, {"reference": ref_waves}, cfg.asr, cfg.asr_model, cfg.threads, show)
-    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr)
+    asr, trajectories = None, None
+    if score_asr:  # the shared step: everything the evaluations would otherwise each do again
+        if not synthetic:
+            asr = score_languages(corpus.sentences, {"reference": ref_waves}, cfg.asr, cfg.asr_model, cfg.threads,
+                                  show)
+        trajectories = fidelity_trajectories(reference, corpus, cfg, show)
+    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr, trajectories)
+
+
+def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, progress: bool) -> list[Any]:
+    """The FP32 runs fidelity replays the artifact on: the first `fidelity_sentences` sentences,
+    `fidelity_steps` GPT steps each (what evaluate's fidelity phase records when it is not given them)."""
+    from chattts_forge.quantize.fidelity import record_trajectories
+
+    log.info("recording the FP32 runs fidelity replays (%d sentences)", min(cfg.fidelity_sentences,
+                                                                             len(corpus.sentences)))
+    return record_trajectories(reference, corpus, min(cfg.fidelity_sentences, len(corpus.sentences)),
+                               cfg.fidelity_steps, cfg.seed, cfg.threads, progress=progress)
+
+
+def _trajectory_arrays(trajectories: list[Any]) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+    """The recorded FP32 trajectories as npz arrays and their JSON index (text, step and sample counts)."""
+    arrays: dict[str, np.ndarray] = {}
+    index = []
+    for i, t in enumerate(trajectories):
+        for j, feeds in enumerate(t.step_feeds):
+            arrays |= {f"t{i}.feed{j}.{name}": v for name, v in feeds.items()}
+        for j, (h, lg) in enumerate(zip(t.hidden, t.logits, strict=True)):
+            arrays[f"t{i}.hidden{j}"], arrays[f"t{i}.logits{j}"] = h, lg
+        for j, sample in enumerate(t.full_samples):
+            arrays |= {f"t{i}.full{j}.{name}": v for name, v in sample.items()}
+        index.append({"text": t.text, "feeds": [list(f) for f in t.step_feeds], "steps": len(t.hidden),
+                      "full": [list(s) for s in t.full_samples]})
+    return arrays, index
+
+
+def _trajectories(z: Any, index: list[dict[str, Any]]) -> list[Any]:
+    from chattts_forge.quantize.fidelity import Trajectory
+
+    out = []
+    for i, rec in enumerate(index):
+        out.append(Trajectory(
+            text=rec["text"],
+            step_feeds=[{name: z[f"t{i}.feed{j}.{name}"] for name in names} for j, names in enumerate(rec["feeds"])],
+            hidden=[z[f"t{i}.hidden{j}"] for j in range(rec["steps"])],
+            logits=[z[f"t{i}.logits{j}"] for j in range(rec["steps"])],
+            full_samples=[{name: z[f"t{i}.full{j}.{name}"] for name in names} for j, names in enumerate(rec["full"])],
+        ))
+    return out
 
 
 def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConfig) -> ReferenceRun:

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -363,7 +363,7 @@ def summarize_fidelity(fp32_dir: Path, corp: Corpus, comparisons: list[SentenceC
         result[FAST_GPT] = {
             "teacher_forced": code_metrics(ref_logits, [x for c in comparisons for x in c.fast_logits or []]),
             "hidden_cosine": {"mean": float(f_cos.mean()), "min": float(f_cos.min())}}
-    return result
+    return Fidelity.from_dict(result).to_dict()  # the record's one shape (artifact.Fidelity)
 
 
 @dataclass(frozen=True)
