@@ -205,21 +205,23 @@ def score_intelligibility(
     return out
 
 
-def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, steps: int, seed: int,
-              threads: int | None, progress: bool, trajectories: list[Any] | None = None,
+def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = None,
               ) -> tuple[dict[str, Any], list[dict[str, float]]]:
-    """`measure_fidelity`'s record, made of its own steps so the per-sentence comparisons are kept too
-    (the intervals' input): (record, per-sentence agreement and mel energies). `trajectories`: the FP32
-    runs already recorded (the build's shared reference run); None: recorded here."""
+    """`measure_fidelity`'s record on the first `cfg.fidelity_sentences` sentences, made of its own
+    steps so the per-sentence comparisons are kept too (the intervals' input): (record, per-sentence
+    agreement and mel energies). `trajectories`: the FP32 runs already recorded (the build's shared
+    reference run); None: recorded here."""
     try:
         from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
+    reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
+    sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
     sessions = ReplaySessions(reference, artifact, threads)
     if trajectories is None:
-        trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=progress)
+        trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=cfg.show)
     comparisons = [sessions.compare(t) for t in trajectories]
     result = summarize_fidelity(reference, corpus, comparisons,
                                 {"max_sentences": sentences, "max_new_token": steps, "seed": seed})
@@ -522,8 +524,7 @@ def corpus_phase(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, art_waves: W
         fid_sentences = min(cfg.fidelity_sentences, len(j.sentences))
         with quiet_logger(enabled=j.synthetic):
             if shards is None:
-                fidelity, rows = _fidelity(j.reference, j.artifact, j.corpus, fid_sentences, cfg.fidelity_steps,
-                                           cfg.seed, cfg.threads, cfg.show, ref.trajectories)
+                fidelity, rows = _fidelity(j, cfg, ref.trajectories)
             else:  # the shards return corpus figures only: no per-sentence fidelity rows
                 fidelity, rows = shards.fidelity(j.corpus, fid_sentences, cfg.fidelity_steps, cfg.seed), None
         return CorpusFigures(intelligibility, fidelity, rows, shards.describe() if shards else None)
