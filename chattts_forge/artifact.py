@@ -660,3 +660,53 @@ def write_component(model: Any, folder: str | os.PathLike[str], name: str,
         atomic_write_bytes(path, model.SerializeToString())
         data_file_of(path).unlink(missing_ok=True)  # no stale weights beside an inline graph
     return storage_record(folder, rec)
+
+
+# ---- the fidelity record (artifact.json `fidelity`, the report's `fidelity`) -----------------
+# Written by `quantize.fidelity.summarize_fidelity` (the quantize stage stores it in artifact.json,
+# evaluate in its report); read through this type, whose `gate_metrics` is the one mapping of a
+# fidelity record to the gate's metric names (chattts_forge.gate).
+
+
+@dataclass(kw_only=True)
+class Fidelity:
+    """A fidelity measurement against the FP32 reference (docs/artifact-format.md, `chattts_forge.quantize`):
+    teacher-forced code agreement and KL per stream, hidden-state cosine, mel after the Decoder; the
+    fused graph's own figures under `gpt_fast`. A search candidate's record has only the three figures."""
+
+    reference: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+    corpus: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+    method: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+    settings: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+    teacher_forced: dict[str, Any]  # {"top1_agreement": {"mean", "min_stream", ...}, "kl": {"mean", "max_stream", ...}}
+    hidden_cosine: dict[str, float]  # {"mean", "min"}
+    mel: dict[str, Any]  # {"snr_db", "lsd_db", "frames"}
+    gpt_fast: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # {"teacher_forced", "hidden_cosine"} | {"error"}
+    per_tensor: dict[str, Any] | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+    per_tensor_unavailable: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record_dict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any, what: str = "fidelity") -> Fidelity:
+        return cls(**_record_values(cls, doc, what))
+
+    def gate_metrics(self, fused: bool = True) -> dict[str, float]:
+        """The gate's fidelity metrics (chattts_forge.gate.FIDELITY_METRICS). The runtime runs the fused
+        gpt_fast graph when the artifact has one (with its own KV cache precision), gpt.onnx otherwise:
+        with `fused`, each metric is the worse of the GPT graphs measured; without, gpt.onnx's."""
+        fast = self.gpt_fast or {}
+        measured = fused and "teacher_forced" in fast
+        tfs = [self.teacher_forced] + ([fast["teacher_forced"]] if measured else [])
+        coss = [self.hidden_cosine] + ([fast["hidden_cosine"]] if measured else [])
+        return {
+            "code_agreement": min(t["top1_agreement"]["mean"] for t in tfs),
+            "code_agreement_stream": min(t["top1_agreement"]["min_stream"] for t in tfs),
+            "code_kl": max(t["kl"]["mean"] for t in tfs),
+            "code_kl_stream": max(t["kl"]["max_stream"] for t in tfs),
+            "hidden_cosine": min(c["mean"] for c in coss),
+            "hidden_cosine_min": min(c["min"] for c in coss),
+            "mel_snr_db": self.mel["snr_db"],
+            "mel_lsd_db": self.mel["lsd_db"],
+        }

@@ -61,6 +61,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "evaluate",
         "Run the quality gate on an artifact and write JSON/Markdown/HTML reports.",
     ),
+    "evaluate-reference": (
+        "chattts_forge.evaluate.cli",
+        "evaluate_reference",
+        "Measure the FP32 reference's side of every evaluation once (evaluate --reference-run).",
+    ),
     "score": (
         "chattts_forge.evaluate.cli",
         "score",

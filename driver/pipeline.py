@@ -6,8 +6,9 @@
 Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
 checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp16) -> calibrate
 (calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto / dynamic with an INT8 KV cache
-(int8-dynamic-kv8, cache scales from the calibration split) -> evaluate every variant against fp32
-(held-out split) -> publish the variants whose gate passed -> print where the reports are.
+(int8-dynamic-kv8, cache scales from the calibration split) -> the FP32 reference's side of every
+evaluation, once (evaluate-reference: its latency run and audio, the PyTorch baseline, the ASR of its
+audio) -> evaluate every variant against fp32 (held-out split; each reads that shared run) -> publish the variants whose gate passed -> print where the reports are.
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
 of its inputs (upstream outputs, corpus and gate files), the fingerprint of the toolchain code it
@@ -336,6 +337,7 @@ class Build:
         for variant in self.quantized_variants():
             if variant not in self.broken:
                 yield self.quantize_step(variant)
+        yield self.reference_step()
         for variant in self.variants:
             if variant not in self.broken:
                 yield self.evaluate_step(variant)
@@ -396,6 +398,29 @@ class Build:
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
 
+    @property
+    def reference_run_dir(self) -> Path:
+        return self.work / "reference_run"
+
+    def _baseline_args(self, inputs: dict[str, str]) -> list[str]:
+        """The PyTorch baseline options of the evaluate steps (and their input, the checkpoint)."""
+        if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
+            inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
+            return ["--baseline-checkpoint", str(self.ckpt_dir)]
+        return ["--no-baseline"]  # evaluate would otherwise find the artifact's source checkpoint by itself
+
+    def reference_step(self) -> Step:
+        """What every evaluation shares, measured once per build (evaluate.reference_run): the FP32
+        reference's latency run and audio, ChatTTS's PyTorch baseline, the ASR of the reference's
+        audio. It takes the evaluate steps' options (its kind is "evaluate"), so it is measured with
+        exactly the settings they read it with; every variant's evaluation needs it."""
+        fp32 = self.artifact_dir("fp32")
+        argv = ["evaluate-reference", "--reference", str(fp32), "--corpus", self.eval_corpus,
+                "--out", str(self.reference_run_dir)]
+        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
+        argv += self._baseline_args(inputs)
+        return Step("evaluate-reference", "evaluate", argv, self.reference_run_dir, inputs)
+
     def evaluate_step(self, variant: str) -> Step:
         fp32 = self.artifact_dir("fp32")
         argv = [
@@ -414,14 +439,13 @@ class Build:
             "reference": self.cache.tree(fp32),
             "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
         }
-        if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
-            argv += ["--baseline-checkpoint", str(self.ckpt_dir)]
-            inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
-        else:  # evaluate would otherwise find the artifact's source checkpoint by itself
-            argv += ["--no-baseline"]
+        argv += self._baseline_args(inputs)
         if self.gate:
             argv += ["--gate", self.gate]
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+        # the reference's side, measured once for the build by `reference_step`
+        argv += ["--reference-run", str(self.reference_run_dir)]
+        inputs["reference_run"] = self.cache.tree(self.reference_run_dir)
         return Step(
             f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
         )
@@ -577,6 +601,9 @@ def run_pipeline(
                 pipe.set_aside(step, e)
         if ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
             from chattts_forge.driver.ray_steps import run_variant_steps
+
+            if STAGES.index(until or "evaluate") >= STAGES.index("evaluate"):  # the evaluations' shared step, here
+                pipe.run(pipe.reference_step())
 
             run_variant_steps(pipe, ray, ray_step_cpus, until or "evaluate")
         if until:

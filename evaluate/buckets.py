@@ -29,12 +29,15 @@ Report section ``buckets``::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from chattts_forge.evaluate import gate as gate_mod
+from chattts_forge.artifact import Fidelity
+from chattts_forge.gate import intelligibility_waivers, judge
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.router import LENGTH_DEFINITION, Bucket, text_length
 from chattts_forge.runtime.timing import percentiles, rtf
@@ -86,6 +89,22 @@ def time_sentences(pipe: Any, sentences: list[str], max_new_token: int, seed: in
             "seconds": percentiles([u["seconds"] for u in utterances])}, waves
 
 
+@dataclass(frozen=True)
+class BucketSettings:
+    """How the buckets are measured: `per_bucket` sentences each, the whole-corpus evaluation's token
+    budgets, seed, threads and provider; `synthetic`: no ASR (random weights make noise);
+    `score(sentences, waves)`: evaluate's ASR scorer (None: intelligibility not measured)."""
+
+    per_bucket: int = 4
+    max_new_token: int = 96
+    fidelity_steps: int = 48
+    seed: int = 0
+    threads: int | None = 2
+    provider: str = "cpu"
+    synthetic: bool = True
+    score: Callable[[list[str], dict[str, Any]], dict[str, Any]] | None = None
+
+
 def measure_buckets(
     artifact: Path,
     reference: Path,
@@ -94,26 +113,20 @@ def measure_buckets(
     overall_metrics: dict[str, float | None],
     *,
     waived: dict[str, str],
-    per_bucket: int = 4,
-    max_new_token: int = 96,
-    fidelity_steps: int = 48,
-    seed: int = 0,
-    threads: int | None = 2,
-    provider: str = "cpu",
-    synthetic: bool = True,
-    score: Any = None,
+    settings: BucketSettings = BucketSettings(),
 ) -> dict[str, Any]:
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
-    `score(sentences, waves)`: the ASR scorer of evaluate (None or synthetic: not measured)."""
+    `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers."""
     from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import measure_fidelity
     from chattts_forge.runtime import Pipeline
 
+    st = settings
     buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]
-    ref_pipe = Pipeline(reference, threads=threads, provider=provider)
+    ref_pipe = Pipeline(reference, threads=st.threads, provider=st.provider)
     same = artifact.resolve() == reference.resolve()
-    art_pipe = ref_pipe if same else Pipeline(artifact, threads=threads, provider=provider)
-    chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, per_bucket)
+    art_pipe = ref_pipe if same else Pipeline(artifact, threads=st.threads, provider=st.provider)
+    chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, st.per_bucket)
     results: dict[str, Any] = {}
     for b, spec in zip(buckets, gate["buckets"], strict=True):
         picked = chosen[b.name]
@@ -126,45 +139,48 @@ def measure_buckets(
             continue
         texts = record["sentences"]
         log.info("bucket %s (%s): %d sentences", b.name, b.describe(), len(texts))
-        ref_lat, ref_waves = time_sentences(ref_pipe, texts, max_new_token, seed)
-        art_lat, art_waves = (ref_lat, ref_waves) if same else time_sentences(art_pipe, texts, max_new_token, seed)
+        ref_lat, ref_waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed)
+        art_lat, art_waves = (ref_lat, ref_waves) if same else time_sentences(art_pipe, texts, st.max_new_token,
+                                                                                             st.seed)
         ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
         record["latency"] = {"artifact": art_lat, "reference": ref_lat, "ratio_vs_reference": ratio}
         fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
-                               max_sentences=len(texts), max_new_token=fidelity_steps, seed=seed, threads=threads,
+                               max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed, threads=st.threads,
                                per_tensor=False, progress=False)
         record["fidelity"] = fid
-        if score is not None and not synthetic:
-            record["intelligibility"] = score(texts, {"artifact": art_waves, "reference": ref_waves})
+        if st.score is not None and not st.synthetic:
+            record["intelligibility"] = st.score(texts, {"artifact": art_waves, "reference": ref_waves})
         else:
             record["intelligibility"] = {"measured": False, "reason": "synthetic checkpoint (random weights)"}
-        tf = fid["teacher_forced"]
-        measured: dict[str, float | None] = {
-            "code_agreement": tf["top1_agreement"]["mean"], "code_agreement_stream": tf["top1_agreement"]["min_stream"],
-            "code_kl": tf["kl"]["mean"], "code_kl_stream": tf["kl"]["max_stream"],
-            "hidden_cosine": fid["hidden_cosine"]["mean"], "hidden_cosine_min": fid["hidden_cosine"]["min"],
-            "mel_snr_db": fid["mel"]["snr_db"], "mel_lsd_db": fid["mel"]["lsd_db"],
-            "rtf_p50": art_lat["rtf"]["p50"], "rtf_p95": art_lat["rtf"]["p95"], "rtf_p99": art_lat["rtf"]["p99"],
-            "rtf_ratio_vs_reference": ratio,
-        }
-        intel = record["intelligibility"]
-        for key in ("wer", "cer", "wer_delta", "cer_delta"):
-            measured[key] = intel.get(key) if intel.get("measured") else None
-        metrics = {**{k: v for k, v in overall_metrics.items() if k not in BUCKET_METRICS}, **measured}
-        bucket_waived = dict(waived)
-        if not synthetic:  # a bucket in one language leaves the other language's metric unmeasured
-            for key in ("wer", "wer_delta", "cer", "cer_delta"):
-                if metrics.get(key) is None:
-                    bucket_waived[key] = "no sentence of that language in this bucket"
-        verdict = gate_mod.judge({**gate, "rules": spec["rules"]}, metrics, waived=bucket_waived)
+        metrics = bucket_metrics(fid, art_lat, ratio, record["intelligibility"], overall_metrics)
+        bucket_waived = dict(waived)  # a bucket in one language leaves the other language's metric unmeasured
+        if not st.synthetic:
+            bucket_waived.update(intelligibility_waivers(metrics, False,
+                                                         unmeasured="no sentence of that language in this bucket"))
+        verdict = judge({**gate, "rules": spec["rules"]}, metrics, waived=bucket_waived)
         record["metrics"] = metrics
         record["gate"] = {k: verdict[k] for k in ("passed", "checks", "failed", "waived")}
         record["passed"] = verdict["passed"]
         log.info("bucket %s: gate %s (agreement %.3f, RTF p50 %.3f)", b.name, "PASSED" if verdict["passed"] else "FAILED",
-                 measured["code_agreement"] or 0.0, measured["rtf_p50"] or 0.0)
+                 metrics["code_agreement"] or 0.0, metrics["rtf_p50"] or 0.0)
         results[b.name] = record
-    return {"length": LENGTH_DEFINITION, "per_bucket": per_bucket,
+    return {"length": LENGTH_DEFINITION, "per_bucket": st.per_bucket,
             "definition": [b.to_dict() for b in buckets], "results": results}
+
+
+def bucket_metrics(fid: dict[str, Any], art_lat: dict[str, Any], ratio: float | None, intel: dict[str, Any],
+                   overall_metrics: dict[str, float | None]) -> dict[str, float | None]:
+    """A bucket's gate metrics: its own fidelity, timings and intelligibility (`BUCKET_METRICS`), the
+    whole corpus's for the rest. The buckets judge gpt.onnx's fidelity figures (as they always have;
+    the whole corpus judges the worse of gpt and gpt_fast)."""
+    measured: dict[str, float | None] = {
+        **Fidelity.from_dict(fid).gate_metrics(fused=False),
+        "rtf_p50": art_lat["rtf"]["p50"], "rtf_p95": art_lat["rtf"]["p95"], "rtf_p99": art_lat["rtf"]["p99"],
+        "rtf_ratio_vs_reference": ratio,
+    }
+    for key in ("wer", "cer", "wer_delta", "cer_delta"):
+        measured[key] = intel.get(key) if intel.get("measured") else None
+    return {**{k: v for k, v in overall_metrics.items() if k not in BUCKET_METRICS}, **measured}
 
 
 def bucket_table_rows(section: dict[str, Any]) -> list[list[str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -45,33 +46,14 @@ log = get_logger(__name__)
 )
 @click.option("--mos", is_flag=True, help="DNSMOS SIG/BAK/OVRL (P.835) and P.808 per utterance and their means.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the full result here.")
-def score(
-    audio_dir: Path,
-    transcripts: Path | None,
-    asr: str,
-    asr_model: Path | None,
-    lang: str | None,
-    threads: int | None,
-    speaker_reference: Path | None,
-    mos: bool,
-    json_out: Path | None,
-) -> None:
+def score(audio_dir: Path, transcripts: Path | None, json_out: Path | None, **options: Any) -> None:
     """Score audio: WER/CER against transcripts with a real ASR (ours and Seed-TTS-eval's), speaker
     similarity to a reference (--speaker-reference) and DNSMOS naturalness (--mos), each corpus figure
     with its 95% bootstrap interval over utterances."""
-    from chattts_forge.evaluate.score import score_audio_dir
+    from chattts_forge.evaluate.score import ScoreSettings, score_audio_dir
     from chattts_forge.fsutil import atomic_write_json
 
-    result = score_audio_dir(
-        audio_dir,
-        transcripts,
-        asr=asr,
-        asr_model=asr_model,
-        lang=lang,
-        threads=threads,
-        speaker_reference=speaker_reference,
-        mos=mos,
-    )
+    result = score_audio_dir(audio_dir, transcripts, ScoreSettings(**options))
     for u in result["utterances"]:
         fields = [u["id"]]
         if "wer" in u:
@@ -115,120 +97,119 @@ def _iv(interval: list[float] | None) -> str:
     return "[n/a]" if interval is None else f"[{interval[0]:.4f}, {interval[1]:.4f}]"
 
 
-@click.command("evaluate")
-@click.option("--artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder to judge.")
-@click.option("--reference", required=True, type=click.Path(path_type=Path), help="The FP32 artifact it came from.")
-@click.option(
-    "--corpus", required=True, help="Held-out corpus: a .txt file (one sentence per line), a folder, or builtin:evaluation."
-)
-@click.option("--gate", "gate_path", type=click.Path(path_type=Path), default=None, help="GATE.toml (default: shipped).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Report folder (report.json/.md/.html).")
-@click.option("--max-sentences", type=int, default=8, show_default=True, help="Sentences synthesized per variant.")
-@click.option("--max-new-token", type=int, default=96, show_default=True, help="GPT steps budget per sentence.")
-@click.option("--fidelity-sentences", type=int, default=8, show_default=True)
-@click.option("--fidelity-steps", type=int, default=48, show_default=True)
-@click.option("--threads", type=int, default=2, show_default=True, help="Threads for every runtime (fixed).")
-@click.option("--batch", "batches", default="1,4,8", show_default=True, help="Batch sizes for throughput.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--asr", default="faster-whisper", show_default=True, help="ASR backend for WER/CER (real checkpoints).")
-@click.option("--asr-model", type=click.Path(path_type=Path), default=None, help="A faster-whisper model folder.")
-@click.option(
-    "--baseline-checkpoint",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in this run (default: the checkpoint "
-    "the artifact was converted from, when present and torch is installed).",
-)
-@click.option("--no-baseline", is_flag=True, help="Skip the PyTorch FP32 baseline.")
-@provider_option
-@click.option("--bucket-sentences", type=int, default=4, show_default=True,
-              help="Held-out sentences per length bucket (the report's buckets section, the routing table's input).")
-@click.option("--cache-phrases", type=int, default=8, show_default=True,
-              help="Shipped customer-service phrases timed with and without a phrase cache (0: skip).")
-@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
-              help="Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here).")
-@click.option("--ray-workers", type=int, default=2, show_default=True, help="Ray actors (one corpus shard each).")
-@click.option("--listen-sentences", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Held-out sentences written beside the report as MP3 + mel spectrograms (the version page's players).")
-@click.option("--seam-sentences", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip).")
-@click.option("--seam-lookahead", type=click.IntRange(min=1), default=None,
-              help="Mel frames of the lookahead stream judged beside the default chunking (default: 2).")
-@click.option("--clone-reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it.")
-@click.option("--clone-transcript", default=None, help="What --clone-reference says (ChatTTS's txt_smp).")
-def evaluate(
-    artifact: Path,
-    reference: Path,
-    corpus: str,
-    gate_path: Path | None,
-    out: Path,
-    max_sentences: int,
-    max_new_token: int,
-    fidelity_sentences: int,
-    fidelity_steps: int,
-    threads: int,
-    batches: str,
-    seed: int,
-    asr: str,
-    asr_model: Path | None,
-    baseline_checkpoint: Path | None,
-    no_baseline: bool,
-    provider: str,
-    bucket_sentences: int,
-    cache_phrases: int,
-    ray_address: str | None,
-    ray_workers: int,
-    listen_sentences: int,
-    seam_sentences: int,
-    seam_lookahead: int | None,
-    clone_reference: Path | None,
-    clone_transcript: str | None,
-) -> None:
-    """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
+# The options of an evaluation's settings (EvaluateConfig), shared by `evaluate` and
+# `evaluate-reference`: the build driver gives both the same evaluate options, and the reference run
+# must be measured with exactly the settings the evaluations read it with.
+_SETTINGS_OPTIONS = [
+    click.option("--reference", required=True, type=click.Path(path_type=Path), help="The FP32 artifact it came from."),
+    click.option("--corpus", required=True,
+                 help="Held-out corpus: a .txt file (one sentence per line), a folder, or builtin:evaluation."),
+    click.option("--gate", "gate_path", type=click.Path(path_type=Path), default=None,
+                 help="GATE.toml (default: shipped)."),
+    click.option("--out", required=True, type=click.Path(path_type=Path), help="Report folder (report.json/.md/.html)."),
+    click.option("--max-sentences", type=int, default=8, show_default=True, help="Sentences synthesized per variant."),
+    click.option("--max-new-token", type=int, default=96, show_default=True, help="GPT steps budget per sentence."),
+    click.option("--fidelity-sentences", type=int, default=8, show_default=True),
+    click.option("--fidelity-steps", type=int, default=48, show_default=True),
+    click.option("--threads", type=int, default=2, show_default=True, help="Threads for every runtime (fixed)."),
+    click.option("--batch", "batches", default="1,4,8", show_default=True, help="Batch sizes for throughput."),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option("--asr", default="faster-whisper", show_default=True, help="ASR backend for WER/CER (real checkpoints)."),
+    click.option("--asr-model", type=click.Path(path_type=Path), default=None, help="A faster-whisper model folder."),
+    click.option(
+        "--baseline-checkpoint",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in this run (default: the checkpoint "
+        "the artifact was converted from, when present and torch is installed).",
+    ),
+    click.option("--no-baseline", is_flag=True, help="Skip the PyTorch FP32 baseline."),
+    provider_option,
+    click.option("--bucket-sentences", type=int, default=4, show_default=True,
+                 help="Held-out sentences per length bucket (the report's buckets section, the routing table's input)."),
+    click.option("--cache-phrases", type=int, default=8, show_default=True,
+                 help="Shipped customer-service phrases timed with and without a phrase cache (0: skip)."),
+    click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
+                 help="Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here)."),
+    click.option("--ray-workers", type=int, default=2, show_default=True, help="Ray actors (one corpus shard each)."),
+    click.option("--listen-sentences", type=click.IntRange(min=0), default=3, show_default=True,
+                 help="Held-out sentences written beside the report as MP3 + mel spectrograms (the version page's "
+                 "players)."),
+    click.option("--seam-sentences", type=click.IntRange(min=0), default=3, show_default=True,
+                 help="Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip)."),
+    click.option("--seam-lookahead", type=click.IntRange(min=1), default=None,
+                 help="Mel frames of the lookahead stream judged beside the default chunking (default: 2)."),
+    click.option("--clone-reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                 help="A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it."),
+    click.option("--clone-transcript", default=None, help="What --clone-reference says (ChatTTS's txt_smp)."),
+]
 
-    Exits 0 when every threshold passes, 1 when any fails (the report names which and by how much),
-    2 on bad input.
-    """
+
+def _settings_options(command: Any) -> Any:
+    for option in reversed(_SETTINGS_OPTIONS):
+        command = option(command)
+    return command
+
+
+def config_from_options(options: dict[str, Any]) -> Any:
+    """The `EvaluateConfig` the command line's options describe (`--batch 1,4` -> (1, 4), ...)."""
     from chattts_forge.errors import ForgeError
-    from chattts_forge.evaluate.evaluate import evaluate_artifact
+    from chattts_forge.evaluate.evaluate import EvaluateConfig
 
+    batches = options.pop("batches")
     try:
         batch_sizes = tuple(int(b) for b in batches.split(",") if b.strip())
     except ValueError:
         raise ForgeError(f"--batch must be comma-separated integers, got {batches!r}") from None
     if not batch_sizes or min(batch_sizes) < 1:
         raise ForgeError("--batch needs batch sizes >= 1")
-    report = evaluate_artifact(
-        artifact,
-        reference,
-        corpus,
-        gate=gate_path,
-        out=out,
-        max_sentences=max_sentences,
-        max_new_token=max_new_token,
-        fidelity_sentences=fidelity_sentences,
-        fidelity_steps=fidelity_steps,
-        threads=threads,
-        seed=seed,
+    baseline, no_baseline = options.pop("baseline_checkpoint"), options.pop("no_baseline")
+    return EvaluateConfig(
         batch_sizes=batch_sizes,
-        asr=asr,
-        asr_model=asr_model,
-        baseline_checkpoint=None if no_baseline else (baseline_checkpoint or "auto"),
-        provider=provider,
-        bucket_sentences=bucket_sentences,
-        cache_phrases=cache_phrases,
-        ray=ray_address,
-        ray_workers=ray_workers,
-        listen_sentences=listen_sentences,
-        seam_sentences=seam_sentences,
-        seam_lookahead=seam_lookahead,
-        clone_reference=clone_reference,
-        clone_transcript=clone_transcript,
+        baseline_checkpoint=None if no_baseline else (baseline or "auto"),
+        gate=options.pop("gate_path"),
+        ray=options.pop("ray_address"),
+        **options,
     )
+
+
+@click.command("evaluate")
+@click.option("--artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder to judge.")
+@_settings_options
+@click.option("--reference-run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A folder `chattts-forge evaluate-reference` wrote with the same settings: the FP32 reference's "
+              "latency run, audio, PyTorch baseline, ASR and fidelity runs are read from it, not measured again (the "
+              "build does this once for all its variants).")
+def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
+    """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
+
+    Exits 0 when every threshold passes, 1 when any fails (the report names which and by how much),
+    2 on bad input.
+    """
+    from chattts_forge.evaluate.evaluate import evaluate_artifact
+
+    report = evaluate_artifact(artifact, reference, config_from_options(options))
     for c in report["gate"]["checks"]:
         click.echo(f"{c['status']:>12}  {c['message']}")
     verdict = "PASSED" if report["passed"] else "FAILED (" + ", ".join(report["gate"]["failed"]) + ")"
-    click.echo(f"gate {verdict}; reports in {out}")
+    click.echo(f"gate {verdict}; reports in {options['out']}")
     if not report["passed"]:
         sys.exit(1)
+
+
+@click.command("evaluate-reference")
+@_settings_options
+def evaluate_reference(reference: Path, **options: Any) -> None:
+    """Measure what every evaluation against REFERENCE shares, once: its latency run and audio, ChatTTS's
+    PyTorch baseline, the ASR of its audio and the FP32 runs fidelity replays, into --out (read by
+    `evaluate --reference-run`).
+
+    Takes evaluate's options, so that one set of options serves both; those that only shape the
+    artifact's side (gate, buckets, phrase cache, listening, seams, cloning, Ray) are ignored.
+    """
+    from chattts_forge.evaluate.reference_run import evaluate_reference as measure
+
+    out = options["out"]
+    options["out"] = None  # the config's `out` is a report folder; the run goes to --out itself
+    measure(reference, out, config_from_options(options))
+    click.echo(f"reference run written to {out}")

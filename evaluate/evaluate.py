@@ -2,10 +2,14 @@
 
 Library::
 
-    from chattts_forge.evaluate.evaluate import evaluate_artifact
-    report = evaluate_artifact("artifacts/int8-dynamic", "artifacts/fp32", "builtin:evaluation",
-                               gate=None, out="reports/int8-dynamic")
+    from chattts_forge.evaluate.evaluate import EvaluateConfig, evaluate_artifact
+    cfg = EvaluateConfig(corpus="builtin:evaluation", gate=None, out="reports/int8-dynamic")
+    report = evaluate_artifact("artifacts/int8-dynamic", "artifacts/fp32", cfg)
     report["passed"]    # the gate's verdict; report.json / report.md / report.html are in `out`
+
+With `EvaluateConfig(reference_run=DIR)` the FP32 reference's side (its latency run and audio, the
+PyTorch baseline, the ASR of its audio) is read from a folder `evaluate-reference` wrote, once for a
+whole build (`reference_run`), instead of measured here; the figures are the same.
 
 What one run measures (all on the same machine, in the same process; with `ray=ADDRESS|local`,
 fidelity and the ASR transcription run sharded over Ray actors instead, with the same figures:
@@ -36,7 +40,8 @@ fidelity and the ASR transcription run sharded over Ray actors instead, with the
 6. stream seams (`seams`): streamed against whole-text audio of the artifact, default chunking and
    with a stream lookahead, on the first `seam_sentences` sentences;
 7. a 95% bootstrap interval per corpus figure and per-sentence rows (`intervals`);
-8. the gate (`gate.judge`) on the flat `metrics`, then the reports (`report.write_reports`).
+8. the gate (`chattts_forge.gate.judge`, waivers and the integrity check included) on the flat
+   `metrics`, then the reports (`report.write_reports`).
 
 The report's JSON layout (schema ``chattts-forge/report/1``), its seal and its strict validation
 live in `report_schema`; `report.write_reports` writes it with its Markdown and HTML renderings.
@@ -45,27 +50,30 @@ live in `report_schema`; `report.write_reports` writes it with its Markdown and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta, hash_tree, verify_files
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity, hash_tree, verify_files
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate import gate as gate_mod
 from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
-from chattts_forge.evaluate.buckets import measure_buckets
+from chattts_forge.evaluate.buckets import BucketSettings, measure_buckets
 from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
+from chattts_forge.evaluate.reference_run import ReferenceRun
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
 from chattts_forge.fsutil import recorded_path
+from chattts_forge.gate import intelligibility_waivers, judge, load_gate
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.providers import resolve_provider
@@ -89,6 +97,7 @@ SYNTHETIC_HEARING_NOTE = (
     "(they compare the variant's own streamed and whole-text audio)."
 )
 CLONE_MISSING = "no cloning recording was given (evaluate_artifact(clone_reference=WAV))"
+Waves = dict[str, tuple[np.ndarray, int]]  # utterance id "001", ... -> (waveform, sample rate)
 
 
 
@@ -117,7 +126,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     }
 
 
-def score_intelligibility(
+def score_languages(
     sentences: list[str],
     waves: dict[str, dict[str, tuple[np.ndarray, int]]],
     asr: str,
@@ -125,13 +134,14 @@ def score_intelligibility(
     threads: int | None,
     progress: bool,
     transcriber: Callable[..., Any] | None = None,
-) -> dict[str, Any]:
-    """ASR scores of each variant's audio, per language of the sentences, and the deltas.
+) -> dict[str, dict[str, Any]]:
+    """ASR scores of each variant's audio per language of the sentences: {lang: {"asr": the backend's
+    description, "variants": {variant: {"corpus", "utterances"}}}}, languages sorted.
 
-    `waves` is {"artifact": {id: (wav, sr)}, "reference": {...}} with ids "001", "002", ... in
-    sentence order; each sentence is scored in its own language (`textnorm.detect_lang`).
-    `transcriber(lang, waves, ids) -> (hypotheses, timing, asr description)` transcribes elsewhere
-    (`RayShards.transcriber`); the scores are computed here from the hypotheses either way.
+    `waves` is {variant: {id: (wav, sr)}} with ids "001", "002", ... in sentence order; each sentence
+    is scored in its own language (`textnorm.detect_lang`). `transcriber(lang, waves, ids) ->
+    (hypotheses, timing, asr description)` transcribes elsewhere (`RayShards.transcriber`); the scores
+    are computed here from the hypotheses either way.
     """
     from chattts_forge.evaluate.asr import get_backend
     from chattts_forge.evaluate.score import score_hypotheses, score_waveforms
@@ -140,10 +150,10 @@ def score_intelligibility(
     by_lang: dict[str, dict[str, str]] = {}
     for utt_id, text in zip(ids, sentences, strict=True):
         by_lang.setdefault(textnorm.detect_lang([text]), {})[utt_id] = text
-    out: dict[str, Any] = {"measured": True, "languages": {}}
+    out: dict[str, dict[str, Any]] = {}
     for lang, refs in sorted(by_lang.items()):
         backend = get_backend(asr, lang, asr_model, threads) if transcriber is None else None
-        per_variant = {}
+        per_variant, asr_desc = {}, None
         for variant, wv in waves.items():
             if backend is not None:
                 res = score_waveforms(wv, refs, backend, lang, progress=progress, desc=f"ASR {variant} {lang}")
@@ -153,6 +163,31 @@ def score_intelligibility(
                 hyps, timing, asr_desc = transcriber(lang, wv, list(refs))
                 res = score_hypotheses(refs, hyps, timing, asr_desc, lang, time.perf_counter() - t0)
             per_variant[variant] = {"corpus": res["corpus"], "utterances": res["utterances"]}
+        out[lang] = {"asr": asr_desc, "variants": per_variant}
+    return out
+
+
+def score_intelligibility(
+    sentences: list[str],
+    waves: dict[str, dict[str, tuple[np.ndarray, int]]],
+    asr: str,
+    asr_model: str | os.PathLike[str] | None,
+    threads: int | None,
+    progress: bool,
+    transcriber: Callable[..., Any] | None = None,
+    reference_scores: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """ASR scores of the artifact's and the reference's audio per language (`score_languages`), and
+    the deltas. `waves` is {"artifact": ..., "reference": ...}; with `reference_scores` (a
+    `score_languages` result of the reference's audio: the build's shared reference run) the
+    reference's audio is not transcribed again and `waves` needs only "artifact"."""
+    langs = score_languages(sentences, waves, asr, asr_model, threads, progress, transcriber)
+    out: dict[str, Any] = {"measured": True, "languages": {}}
+    for lang, entry in langs.items():
+        per_variant, asr_desc = entry["variants"], entry["asr"]
+        if reference_scores is not None:  # scored last before, so its backend description is the one kept
+            per_variant["reference"] = reference_scores[lang]["variants"]["reference"]
+            asr_desc = reference_scores[lang]["asr"]
         out["languages"][lang] = {"asr": asr_desc, "variants": per_variant}
         art, ref = per_variant["artifact"]["corpus"], per_variant["reference"]["corpus"]
         key = "cer" if lang == "zh" else "wer"
@@ -162,18 +197,23 @@ def score_intelligibility(
     return out
 
 
-def _fidelity(reference: Path, artifact: Path, corpus: Any, sentences: int, steps: int, seed: int,
-              threads: int | None, progress: bool) -> tuple[dict[str, Any], list[dict[str, float]]]:
-    """`measure_fidelity`'s record, made of its own steps so the per-sentence comparisons are kept too
-    (the intervals' input): (record, per-sentence agreement and mel energies)."""
+def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = None,
+              ) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """`measure_fidelity`'s record on the first `cfg.fidelity_sentences` sentences, made of its own
+    steps so the per-sentence comparisons are kept too (the intervals' input): (record, per-sentence
+    agreement and mel energies). `trajectories`: the FP32 runs already recorded (the build's shared
+    reference run); None: recorded here."""
     try:
         from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
+    reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
+    sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
     sessions = ReplaySessions(reference, artifact, threads)
-    trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=progress)
+    if trajectories is None:
+        trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=cfg.show)
     comparisons = [sessions.compare(t) for t in trajectories]
     result = summarize_fidelity(reference, corpus, comparisons,
                                 {"max_sentences": sentences, "max_new_token": steps, "seed": seed})
@@ -199,23 +239,8 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
         m[key] = intel.get(key) if intel.get("measured") else None
         if m[key] is None:
             why[key] = intel.get("reason") or f"no {'Mandarin' if 'cer' in key else 'English'} sentence in the corpus"
-    fid = report.get("fidelity")
-    if fid:
-        # The runtime runs the fused gpt_fast graph when the artifact has one (with its own KV cache
-        # precision), gpt.onnx otherwise: the gate judges the worse of the GPT graphs measured.
-        graphs = [fid] + ([fid[FAST_GPT]] if "teacher_forced" in (fid.get(FAST_GPT) or {}) else [])
-        tfs = [g["teacher_forced"] for g in graphs]
-        coss = [g["hidden_cosine"] for g in graphs]
-        m.update(
-            code_agreement=min(t["top1_agreement"]["mean"] for t in tfs),
-            code_agreement_stream=min(t["top1_agreement"]["min_stream"] for t in tfs),
-            code_kl=max(t["kl"]["mean"] for t in tfs),
-            code_kl_stream=max(t["kl"]["max_stream"] for t in tfs),
-            hidden_cosine=min(c["mean"] for c in coss),
-            hidden_cosine_min=min(c["min"] for c in coss),
-            mel_snr_db=fid["mel"]["snr_db"],
-            mel_lsd_db=fid["mel"]["lsd_db"],
-        )
+    if report.get("fidelity"):
+        m.update(Fidelity.from_dict(report["fidelity"]).gate_metrics())  # the worse of gpt / gpt_fast
     lat = report["latency"]
     art, pt = lat["artifact"], lat.get("pytorch")
     m["rtf_p50"], m["rtf_p95"], m["rtf_p99"] = (art["rtf"][k] for k in ("p50", "p95", "p99"))
@@ -248,7 +273,7 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     return m, why
 
 
-def _resolve_baseline(
+def resolve_baseline(
     requested: str | os.PathLike[str] | None, art: dict[str, Any], ref: dict[str, Any]
 ) -> tuple[Path | None, str | None]:
     """(checkpoint to time ChatTTS's PyTorch pipeline on, or None; a note when it is skipped)."""
@@ -283,84 +308,17 @@ def _ratios(art: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None
     }
 
 
-def _hear(
-    artifact: Path,
-    variant: str | None,
-    sentences: list[str],
-    art_waves: dict[str, tuple[np.ndarray, int]],
-    ref_waves: dict[str, tuple[np.ndarray, int]],
-    *,
-    synthetic: bool,
-    listen_sentences: int,
-    seam_sentences: int,
-    seam_lookahead: int | None,
-    clone_reference: str | os.PathLike[str] | None,
-    clone_transcript: str | None,
-    max_new_token: int,
-    seed: int,
-    threads: int | None,
-    provider: str,
-) -> dict[str, Any]:
-    """The report's speaker / naturalness / streaming / listen sections and the listen files."""
-    from chattts_forge.evaluate import listening, seams
 
-    texts = {f"{i + 1:03d}": t for i, t in enumerate(sentences)}
-    clone = None
-    if clone_reference is not None:
-        log.info("voice cloning from %s with %s", clone_reference, artifact)
-        with quiet_logger(enabled=synthetic):
-            clone = listening.clone_waves(artifact, sentences, clone_reference, clone_transcript,
-                                          max_new_token=max_new_token, seed=seed, threads=threads, provider=provider)
-    log.info("scoring speaker similarity and DNSMOS of %d sentences against the fp32 reference's audio", len(texts))
-    speaker = listening.speaker_section(art_waves, ref_waves, texts, synthetic=synthetic, clone=clone)
-    naturalness = listening.naturalness_section(art_waves, ref_waves, texts, synthetic=synthetic, threads=threads)
-    log.info("measuring stream seams on %d sentence(s)", min(seam_sentences, len(sentences)))
-    with quiet_logger(enabled=synthetic):
-        streaming = seams.measure_seams(
-            artifact, sentences[:seam_sentences], max_new_token=max_new_token, seed=seed, threads=threads,
-            provider=provider,
-            lookahead_frames=seams.DEFAULT_LOOKAHEAD_FRAMES if seam_lookahead is None else seam_lookahead)
-    listen, files = listening.listen_files(art_waves, ref_waves, texts, str(variant), listen_sentences)
-    return {"speaker": speaker, "naturalness": naturalness, "streaming": streaming, "listen": listen, "files": files}
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """How one evaluation runs (`evaluate_artifact`; the `chattts-forge evaluate` options map onto it).
 
-
-def evaluate_artifact(
-    artifact: str | os.PathLike[str],
-    reference: str | os.PathLike[str],
-    corpus: str | os.PathLike[str],
-    gate: str | os.PathLike[str] | None = None,
-    out: str | os.PathLike[str] | None = None,
-    *,
-    max_sentences: int = 8,
-    max_new_token: int = 96,
-    fidelity_sentences: int = 8,
-    fidelity_steps: int = 48,
-    threads: int | None = 2,
-    seed: int = 0,
-    batch_sizes: tuple[int, ...] = (1, 4, 8),
-    asr: str = "faster-whisper",
-    asr_model: str | os.PathLike[str] | None = None,
-    baseline_checkpoint: str | os.PathLike[str] | None = "auto",
-    progress: bool | None = None,
-    provider: str = "cpu",
-    bucket_sentences: int = 4,
-    cache_phrases: int = 8,
-    ray: str | None = None,
-    ray_workers: int = 2,
-    ray_retries: int = 1,
-    ray_shard_hook: Callable[[str, int], None] | None = None,
-    listen_sentences: int = 3,
-    seam_sentences: int = 3,
-    seam_lookahead: int | None = None,
-    clone_reference: str | os.PathLike[str] | None = None,
-    clone_transcript: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate `artifact` against the FP32 `reference` on `corpus`; write reports to `out` (if given).
-
+    `corpus`: the held-out sentences (a .txt file, a folder, or builtin:evaluation), the first
+    `max_sentences` synthesized per variant with `max_new_token` GPT steps; `gate`: a GATE.toml
+    (None: the shipped one); `out`: the report folder (None: nothing written).
     `provider` (cpu, cuda, auto) is where the artifacts are synthesized and timed (latency, and the
-    audio for ASR); fidelity is a numeric comparison of graphs and always runs on the CPU.
-
-    Returns the sealed report dict (see report_schema.py); ``report["passed"]`` is the gate's verdict.
+    audio for ASR); fidelity (`fidelity_sentences` x `fidelity_steps`) is a numeric comparison of
+    graphs and always runs on the CPU.
     `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
     same run; "auto" (default) uses the checkpoint the artifact was converted from (artifact.json
     ``source.asset_dir``) when it still exists and torch is installed; None skips it.
@@ -375,64 +333,144 @@ def evaluate_artifact(
     and with `seam_lookahead` mel frames of right context (default `seams.DEFAULT_LOOKAHEAD_FRAMES`);
     `clone_reference`: a recording to clone (its transcript `clone_transcript`, optional): SIM of the
     artifact's cloned output to it is the ``clone_similarity`` metric.
+    `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
+    latency run, audio, PyTorch baseline, ASR and the FP32 runs fidelity replays are read from it
+    instead of measured again (the build measures them once for all its variants); None: measured here.
     """
-    from chattts_forge.calibration_data.corpus import load_corpus
-    from chattts_forge.evaluate.report import write_reports
-    from chattts_forge.evaluate.report_schema import REPORT_SCHEMA, headline, seal
-    from chattts_forge.versions import library_versions, toolchain_info
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    progress = bool(progress) if progress is not None else None  # None: tqdm decides (terminal only)
-    show = True if progress is None else progress
-    artifact, reference = Path(artifact), Path(reference)
+    corpus: str | os.PathLike[str] = "builtin:evaluation"
+    gate: str | os.PathLike[str] | None = None
+    out: str | os.PathLike[str] | None = None
+    max_sentences: int = 8
+    max_new_token: int = 96
+    fidelity_sentences: int = 8
+    fidelity_steps: int = 48
+    threads: int | None = 2
+    seed: int = 0
+    batch_sizes: tuple[int, ...] = (1, 4, 8)
+    asr: str = "faster-whisper"
+    asr_model: str | os.PathLike[str] | None = None
+    baseline_checkpoint: str | os.PathLike[str] | None = "auto"
+    progress: bool | None = None
+    provider: str = "cpu"
+    bucket_sentences: int = 4
+    cache_phrases: int = 8
+    ray: str | None = None
+    ray_workers: int = 2
+    ray_retries: int = 1
+    ray_shard_hook: Callable[[str, int], None] | None = None
+    listen_sentences: int = 3
+    seam_sentences: int = 3
+    seam_lookahead: int | None = None
+    clone_reference: str | os.PathLike[str] | None = None
+    clone_transcript: str | None = None
+    reference_run: str | os.PathLike[str] | None = None
+
+    def check(self) -> None:
+        """One-line ForgeError on settings no evaluation can run with."""
+        if self.max_sentences < 1 or self.max_new_token < 1:
+            raise ForgeError("max_sentences and max_new_token must be >= 1")
+        if self.bucket_sentences < 1 or self.cache_phrases < 0:
+            raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
+        if self.listen_sentences < 0 or self.seam_sentences < 1:
+            raise ForgeError("listen_sentences must be >= 0 and seam_sentences >= 1")
+        if self.clone_reference is not None and not Path(self.clone_reference).is_file():
+            raise ForgeError(f"cloning recording {self.clone_reference} does not exist")
+
+    @property
+    def show(self) -> bool:
+        """Progress bars: None lets tqdm decide (terminal only), which the phases pass on as True."""
+        return True if self.progress is None else bool(self.progress)
+
+
+@dataclass
+class Judged:
+    """What one evaluation judges, described once: the two folders, their descriptions, the corpus,
+    the gate and where the artifacts run."""
+
+    artifact: Path
+    reference: Path
+    art_desc: dict[str, Any]
+    ref_desc: dict[str, Any]
+    corpus: Any  # calibration_data.corpus.Corpus
+    gate: dict[str, Any]
+    provider: str
+
+    @property
+    def sentences(self) -> list[str]:
+        return self.corpus.sentences
+
+    @property
+    def synthetic(self) -> bool:
+        return (self.art_desc["source"].get("kind") or self.ref_desc["source"].get("kind")) == "synthetic"
+
+    @property
+    def tiny(self) -> bool:
+        presets = (self.art_desc["source"].get("preset"), self.ref_desc["source"].get("preset"))
+        return self.synthetic and "tiny" in presets
+
+    @property
+    def self_reference(self) -> bool:
+        """The FP32 artifact judged against itself (the build's fp32 step): timed once, not twice."""
+        return self.artifact.resolve() == self.reference.resolve()
+
+
+def prepare(artifact: Path, reference: Path, cfg: EvaluateConfig) -> Judged:
+    """Check everything that can fail before any work (folders, settings, Ray, gate file, provider,
+    corpus) and describe both artifacts."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+
     for p, what in ((artifact, "artifact"), (reference, "reference")):
         if not p.is_dir():
             raise ForgeError(f"{what} folder {p} does not exist")
-    if max_sentences < 1 or max_new_token < 1:
-        raise ForgeError("max_sentences and max_new_token must be >= 1")
-    if bucket_sentences < 1 or cache_phrases < 0:
-        raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
-    if listen_sentences < 0 or seam_sentences < 1:
-        raise ForgeError("listen_sentences must be >= 0 and seam_sentences >= 1")
-    if clone_reference is not None and not Path(clone_reference).is_file():
-        raise ForgeError(f"cloning recording {clone_reference} does not exist")
-    if ray is not None:
+    cfg.check()
+    if cfg.ray is not None:
         from chattts_forge.raycluster import import_ray
 
         import_ray()  # fail before any work when the extra is missing
-    gate_cfg = gate_mod.load_gate(gate)  # fail early on a bad gate file
-    provider = resolve_provider(provider)  # likewise a `cuda` without a usable GPU
-    corp = load_corpus(corpus, max_sentences=max_sentences)
-    sentences = corp.sentences
-    art_desc, ref_desc = describe_artifact(artifact), describe_artifact(reference)
-    if ref_desc["variant"] not in (None, "fp32"):
-        log.warning("reference %s is variant %s, not fp32", reference, ref_desc["variant"])
-    synthetic = (art_desc["source"].get("kind") or ref_desc["source"].get("kind")) == "synthetic"
-    t_start = time.perf_counter()
-    log.info("evaluating %s (%s) against %s on %d sentences of %s", artifact, art_desc["variant"],
-             reference, len(sentences), corp.name)
+    gate_cfg = load_gate(cfg.gate)  # fail early on a bad gate file
+    provider = resolve_provider(cfg.provider)  # likewise a `cuda` without a usable GPU
+    corp = load_corpus(cfg.corpus, max_sentences=cfg.max_sentences)
+    judged = Judged(artifact, reference, describe_artifact(artifact), describe_artifact(reference), corp, gate_cfg,
+                    provider)
+    if judged.ref_desc["variant"] not in (None, "fp32"):
+        log.warning("reference %s is variant %s, not fp32", reference, judged.ref_desc["variant"])
+    return judged
 
-    # Latency (and the audio for ASR): the artifact and the reference interleaved, same settings.
-    lat_cfg = latency_mod.LatencyConfig(threads=threads, max_new_token=max_new_token, seed=seed,
-                                        batch_sizes=tuple(batch_sizes), progress=show, provider=provider)
-    # The FP32 artifact judged against itself (the pipeline's fp32 step) is timed once, not twice.
-    self_reference = artifact.resolve() == reference.resolve()
+
+def latency_config(cfg: EvaluateConfig, provider: str, progress: bool) -> latency_mod.LatencyConfig:
+    """How this evaluation times an artifact (and its reference, with the same settings)."""
+    return latency_mod.LatencyConfig(threads=cfg.threads, max_new_token=cfg.max_new_token, seed=cfg.seed,
+                                     batch_sizes=tuple(cfg.batch_sizes), progress=progress, provider=provider)
+
+
+def reference_side(j: Judged, cfg: EvaluateConfig) -> ReferenceRun:
+    """The FP32 reference's run: read from `cfg.reference_run` (the build's shared step), else measured
+    here (its audio is then transcribed with the artifact's, in the corpus phase)."""
+    from chattts_forge.evaluate.reference_run import measure_reference_run, read_reference_run, run_settings
+
+    if cfg.reference_run is not None:
+        run = read_reference_run(Path(cfg.reference_run), run_settings(j.ref_desc["files"], j.corpus, cfg, j.provider))
+        log.info("reference run read from %s (measured once for the build)", cfg.reference_run)
+        return run
+    return measure_reference_run(j.reference, j.ref_desc, j.art_desc, j.corpus, cfg, j.synthetic, score_asr=False)
+
+
+def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[dict[str, Any], Waves]:
+    """The report's ``latency`` section (the artifact timed with the reference's settings) and the
+    artifact's audio (the input of ASR and hearing)."""
     pair = None
-    with quiet_logger(enabled=synthetic):
-        if self_reference:
-            ref_lat, ref_waves = latency_mod.measure_artifact(reference, sentences, lat_cfg, desc="synth fp32 reference")
-            art_lat, art_waves = ref_lat, ref_waves
-        else:  # sentence by sentence in turn until the RTF ratio's spread is within its bound (issue 27)
-            pair = latency_mod.measure_against(artifact, reference, sentences, lat_cfg,
-                                               desc=f"synth {art_desc['variant']}")
-            art_lat, art_waves, ref_lat, ref_waves = pair.artifact, pair.artifact_waves, pair.reference, \
-                pair.reference_waves
-    baseline_checkpoint, baseline_note = _resolve_baseline(baseline_checkpoint, art_desc, ref_desc)
-    pt_lat = None
-    if baseline_checkpoint is not None:
-        log.info("measuring ChatTTS's PyTorch FP32 pipeline on %s", baseline_checkpoint)
-        pt_lat = latency_mod.measure_pytorch(baseline_checkpoint, sentences, threads=threads,
-                                             max_new_token=max_new_token, seed=seed, progress=show)
+    ref_lat, pt_lat = ref.latency, ref.pytorch
+    if j.self_reference:
+        art_lat, art_waves = ref.latency, ref.waves
+    else:  # sentence by sentence in turn with the reference until the RTF ratio's spread is within its
+        # bound (issue 27): the ratio needs both on one clock, so the reference is timed again here
+        # (its audio, ASR and fidelity stay the shared run's)
+        with quiet_logger(enabled=j.synthetic):
+            pair = latency_mod.measure_against(j.artifact, j.reference, j.sentences,
+                                               latency_config(cfg, j.provider, cfg.show),
+                                               desc=f"synth {j.art_desc['variant']}")
+        art_lat, art_waves, ref_lat = pair.artifact, pair.artifact_waves, pair.reference
     latency = {
         "artifact": art_lat,
         "reference": ref_lat,
@@ -442,63 +480,106 @@ def evaluate_artifact(
             "vs_pytorch": _ratios(art_lat, pt_lat) if pt_lat else None,
             "reference_vs_pytorch": _ratios(ref_lat, pt_lat) if pt_lat else None,
             # the same comparison on one clock (issue 27): decode steps interleaved, with its interval
-            "vs_reference_interleaved": None if self_reference else interleaved_step_ratio(
-                artifact, reference, threads=threads, provider=provider),
+            "vs_reference_interleaved": None if j.self_reference else interleaved_step_ratio(
+                j.artifact, j.reference, threads=cfg.threads, provider=j.provider),
             "vs_reference_rtf_interleaved": pair.ratio if pair else None,  # the gate's rtf_p50 ratio, with spread
         },
         "method": f"runtime.timing engines, one sentence per run (synthesize's path) after {art_lat['warmup_runs']} "
-        f"warm-up run(s); {threads} threads; max_new_token {max_new_token}; RTF = end-to-end seconds / audio "
+        f"warm-up run(s); {cfg.threads} threads; max_new_token {cfg.max_new_token}; RTF = end-to-end seconds / audio "
         "seconds of the generated codes (docs/bench.md)",
     }
-
     log.info("latency done: RTF p50 %.3f (artifact) vs %.3f (fp32 reference)", art_lat["rtf"]["p50"] or 0,
              ref_lat["rtf"]["p50"] or 0)
-    # The corpus-level work, here or (ray) on a pool of Ray actors started only now, after latency.
+    return latency, art_waves
+
+
+@dataclass
+class CorpusFigures:
+    """The corpus-level figures of the corpus phase."""
+
+    intelligibility: dict[str, Any]
+    fidelity: dict[str, Any]
+    fidelity_rows: list[dict[str, float]] | None  # per sentence (None when sharded over Ray)
+    distributed: dict[str, Any] | None  # the Ray workers, when sharded
+
+
+def corpus_phase(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, art_waves: Waves) -> CorpusFigures:
+    """Intelligibility (ASR) and fidelity on the corpus, here or (ray) on a pool of Ray actors started
+    only now, after latency."""
     with contextlib.ExitStack() as stack:
         shards = None
-        if ray is not None:
+        if cfg.ray is not None:
             from chattts_forge.evaluate.ray_shards import RayShards
 
-            shards = stack.enter_context(RayShards(ray, ray_workers, reference, artifact, threads,
-                                                   retries=ray_retries, hook=ray_shard_hook))
-        if synthetic:
+            shards = stack.enter_context(RayShards(cfg.ray, cfg.ray_workers, j.reference, j.artifact, cfg.threads,
+                                                   retries=cfg.ray_retries, hook=cfg.ray_shard_hook))
+        if j.synthetic:
             intelligibility: dict[str, Any] = {"measured": False, "reason": "synthetic checkpoint (random weights)",
                                                "note": SYNTHETIC_NOTE}
         else:
+            waves = {"artifact": art_waves} if ref.asr is not None else {"artifact": art_waves, "reference": ref.waves}
             intelligibility = score_intelligibility(
-                sentences, {"artifact": art_waves, "reference": ref_waves}, asr, asr_model, threads, show,
-                transcriber=shards.transcriber(asr, asr_model) if shards else None,
+                j.sentences, waves, cfg.asr, cfg.asr_model, cfg.threads, cfg.show,
+                transcriber=shards.transcriber(cfg.asr, cfg.asr_model) if shards else None, reference_scores=ref.asr,
             )
-
-        log.info("measuring teacher-forced fidelity against %s", reference)
-        fid_sentences = min(fidelity_sentences, len(sentences))
-        with quiet_logger(enabled=synthetic):
+        log.info("measuring teacher-forced fidelity against %s", j.reference)
+        fid_sentences = min(cfg.fidelity_sentences, len(j.sentences))
+        with quiet_logger(enabled=j.synthetic):
             if shards is None:
-                fidelity, fidelity_rows = _fidelity(reference, artifact, corp, fid_sentences, fidelity_steps, seed,
-                                                    threads, show)
+                fidelity, rows = _fidelity(j, cfg, ref.trajectories)
             else:  # the shards return corpus figures only: no per-sentence fidelity rows
-                fidelity, fidelity_rows = shards.fidelity(corp, fid_sentences, fidelity_steps, seed), None
-        distributed = shards.describe() if shards else None
+                fidelity, rows = shards.fidelity(j.corpus, fid_sentences, cfg.fidelity_steps, cfg.seed), None
+        return CorpusFigures(intelligibility, fidelity, rows, shards.describe() if shards else None)
 
-    hearing = _hear(artifact, art_desc["variant"], sentences, art_waves, ref_waves, synthetic=synthetic,
-                    listen_sentences=listen_sentences, seam_sentences=seam_sentences, seam_lookahead=seam_lookahead,
-                    clone_reference=clone_reference, clone_transcript=clone_transcript,
-                    max_new_token=max_new_token, seed=seed, threads=threads, provider=provider)
 
-    report: dict[str, Any] = {
+def _hear(j: Judged, cfg: EvaluateConfig, art_waves: Waves, ref_waves: Waves) -> dict[str, Any]:
+    """The report's speaker / naturalness / streaming / listen sections and the listen files."""
+    from chattts_forge.evaluate import listening, seams
+
+    texts = {f"{i + 1:03d}": t for i, t in enumerate(j.sentences)}
+    clone = None
+    if cfg.clone_reference is not None:
+        log.info("voice cloning from %s with %s", cfg.clone_reference, j.artifact)
+        with quiet_logger(enabled=j.synthetic):
+            clone = listening.clone_waves(j.artifact, j.sentences, cfg.clone_reference, cfg.clone_transcript,
+                                          max_new_token=cfg.max_new_token, seed=cfg.seed, threads=cfg.threads,
+                                          provider=j.provider)
+    log.info("scoring speaker similarity and DNSMOS of %d sentences against the fp32 reference's audio", len(texts))
+    speaker = listening.speaker_section(art_waves, ref_waves, texts, synthetic=j.synthetic, clone=clone)
+    naturalness = listening.naturalness_section(art_waves, ref_waves, texts, synthetic=j.synthetic, threads=cfg.threads)
+    log.info("measuring stream seams on %d sentence(s)", min(cfg.seam_sentences, len(j.sentences)))
+    lookahead = seams.DEFAULT_LOOKAHEAD_FRAMES if cfg.seam_lookahead is None else cfg.seam_lookahead
+    with quiet_logger(enabled=j.synthetic):
+        streaming = seams.measure_seams(j.artifact, j.sentences[:cfg.seam_sentences], max_new_token=cfg.max_new_token,
+                                        seed=cfg.seed, threads=cfg.threads, provider=j.provider,
+                                        lookahead_frames=lookahead)
+    listen, files = listening.listen_files(art_waves, ref_waves, texts, str(j.art_desc["variant"]),
+                                           cfg.listen_sentences)
+    return {"speaker": speaker, "naturalness": naturalness, "streaming": streaming, "listen": listen, "files": files}
+
+
+def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: CorpusFigures,
+                latency: dict[str, Any], hearing: dict[str, Any]) -> dict[str, Any]:
+    """The report's measured sections, in their order (the gate, buckets and seal come after)."""
+    from chattts_forge.evaluate.report_schema import REPORT_SCHEMA
+    from chattts_forge.versions import library_versions, toolchain_info
+
+    art_desc, ref_desc, distributed = j.art_desc, j.ref_desc, figures.distributed
+    return {
         "schema": REPORT_SCHEMA,
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "artifact": art_desc,
         "reference": ref_desc,
-        "corpus": {**corp.describe(), "files": [str(f) for f in corp.files], "sentences_used": len(sentences),
-                   "spec": str(corpus)},
-        "settings": {"max_sentences": max_sentences, "max_new_token": max_new_token, "threads": threads,
-                     "bucket_sentences": bucket_sentences, "cache_phrases": cache_phrases,
-                     "seed": seed, "batch_sizes": list(batch_sizes), "fidelity_sentences": fidelity_sentences,
-                     "fidelity_steps": fidelity_steps, "asr": asr, "asr_model": str(asr_model) if asr_model else None,
-                     "baseline_checkpoint": str(baseline_checkpoint) if baseline_checkpoint else None},
-        "intelligibility": intelligibility,
-        "fidelity": fidelity,
+        "corpus": {**j.corpus.describe(), "files": [str(f) for f in j.corpus.files], "sentences_used": len(j.sentences),
+                   "spec": str(cfg.corpus)},
+        "settings": {"max_sentences": cfg.max_sentences, "max_new_token": cfg.max_new_token, "threads": cfg.threads,
+                     "bucket_sentences": cfg.bucket_sentences, "cache_phrases": cfg.cache_phrases,
+                     "seed": cfg.seed, "batch_sizes": list(cfg.batch_sizes), "fidelity_sentences": cfg.fidelity_sentences,
+                     "fidelity_steps": cfg.fidelity_steps, "asr": cfg.asr,
+                     "asr_model": str(cfg.asr_model) if cfg.asr_model else None,
+                     "baseline_checkpoint": str(ref.baseline_checkpoint) if ref.baseline_checkpoint else None},
+        "intelligibility": figures.intelligibility,
+        "fidelity": figures.fidelity,
         "speaker": hearing["speaker"],
         "naturalness": hearing["naturalness"],
         "streaming": hearing["streaming"],
@@ -509,83 +590,125 @@ def evaluate_artifact(
             "reference_bytes": ref_desc["bytes_total"],
             "ratio_vs_reference": art_desc["bytes_total"] / ref_desc["bytes_total"],
         },
-        "machine": {**machine_info(threads, provider), **({"ray": distributed} if distributed else {})},
+        "machine": {**machine_info(cfg.threads, j.provider), **({"ray": distributed} if distributed else {})},
         "versions": library_versions(),
         "toolchain": toolchain_info(),
     }
-    metrics, reasons = flat_metrics(report)
-    waived = {}
-    if synthetic:
-        waived = {k: "synthetic checkpoint: intelligibility cannot be measured on random weights"
-                  for k in ("wer", "cer", "wer_delta", "cer_delta")}
+
+
+def waivers(j: Judged, metrics: dict[str, float | None], reasons: dict[str, str]) -> dict[str, str]:
+    """What the gate does not judge here, and why: intelligibility (and hearing) on synthetic
+    checkpoints, a language the corpus lacks, timings on tiny checkpoints."""
+    waived = intelligibility_waivers(metrics, j.synthetic, reasons)
+    if j.synthetic:
         waived.update(dict.fromkeys(HEARING_METRICS, SYNTHETIC_REASON))
-    else:
-        # A corpus in one language leaves the other language's metric unmeasured: nothing to judge.
-        for key in ("wer", "wer_delta", "cer", "cer_delta"):
-            if metrics.get(key) is None:
-                waived[key] = reasons.get(key, "not applicable")
-    tiny = synthetic and "tiny" in (art_desc["source"].get("preset"), ref_desc["source"].get("preset"))
-    if tiny:
+    if j.tiny:
         # A tiny model's step takes well under a millisecond: its timings are Python and onnxruntime
         # call overhead, so a ratio between two of them is machine noise, not a property of the variant.
         for key in LATENCY_METRICS:
             if key in metrics:
                 waived[key] = TINY_LATENCY_REASON
-    verdict = gate_mod.judge(gate_cfg, metrics, waived=waived, reasons=reasons)
+    return waived
+
+
+def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed: dict[str, Any] | None) -> list[str]:
+    """The report's notes: what was not measured or judged, and how the run was arranged."""
     notes = []
-    if synthetic:
+    if j.synthetic:
         notes += [SYNTHETIC_NOTE, SYNTHETIC_HEARING_NOTE]
-    if baseline_note:
-        notes.append(baseline_note)
-    if tiny:
+    if ref.baseline_note:
+        notes.append(ref.baseline_note)
+    if j.tiny:
         notes.append(f"Latency is measured and reported but not gated: {TINY_LATENCY_REASON}.")
     if distributed:
-        notes.append(f"Fidelity and ASR ran on {len(distributed['workers'])} Ray worker(s) at {ray} ("
+        notes.append(f"Fidelity and ASR ran on {len(distributed['workers'])} Ray worker(s) at {cfg.ray} ("
                      + ", ".join(f"{w['name']}: {w['hostname']} pid {w['pid']}" for w in distributed["workers"])
                      + f"); latency was measured in the evaluating process on {distributed['latency_measured_on']['hostname']}"
                      " before the workers started.")
-    if self_reference:
+    if cfg.reference_run is not None:
+        notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline, the ASR of the reference's "
+                     f"audio and the FP32 runs fidelity replays were measured once for the build ({cfg.reference_run}) "
+                     "with these settings and shared by every variant's evaluation.")
+    if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "
                      "when present, against the plain one).")
-    for mismatch in art_desc["manifest_mismatches"]:
+    for mismatch in j.art_desc["manifest_mismatches"]:
         notes.append(f"artifact file does not match its artifact.json: {mismatch}")
-    if art_desc["manifest_mismatches"]:
-        verdict["passed"] = False
-        verdict["failed"].append("artifact_integrity")
-        verdict["checks"].append({
-            "section": "integrity", "metric": "artifact_integrity", "rule": "equal", "threshold": None,
-            "value": None, "unit": "", "status": "fail", "margin": None, "passed": False,
-            "message": "; ".join(art_desc["manifest_mismatches"]),
-        })
-    log.info("measuring per length bucket (%d sentences each) against %s", bucket_sentences, reference)
-    with quiet_logger(enabled=synthetic):
-        report["buckets"] = measure_buckets(
-            artifact, reference, load_corpus(corpus).sentences, gate_cfg, metrics, waived=waived,
-            per_bucket=bucket_sentences, max_new_token=max_new_token, fidelity_steps=fidelity_steps, seed=seed,
-            threads=threads, provider=provider, synthetic=synthetic,
-            score=lambda texts, waves: score_intelligibility(texts, waves, asr, asr_model, threads, False),
-        )
-        report["phrase_cache"] = None
-        if cache_phrases:
+    return notes
+
+
+def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | None],
+                     waived: dict[str, str]) -> dict[str, Any]:
+    """The report's ``buckets`` (per length bucket, the routing table's input) and ``phrase_cache`` sections."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+
+    log.info("measuring per length bucket (%d sentences each) against %s", cfg.bucket_sentences, j.reference)
+    settings = BucketSettings(per_bucket=cfg.bucket_sentences, max_new_token=cfg.max_new_token,
+                              fidelity_steps=cfg.fidelity_steps, seed=cfg.seed, threads=cfg.threads,
+                              provider=j.provider, synthetic=j.synthetic,
+                              score=lambda texts, waves: score_intelligibility(texts, waves, cfg.asr, cfg.asr_model,
+                                                                               cfg.threads, False))
+    with quiet_logger(enabled=j.synthetic):
+        buckets = measure_buckets(
+            j.artifact, j.reference, load_corpus(cfg.corpus).sentences, j.gate, metrics, waived=waived,
+            settings=settings)
+        phrase_cache = None
+        if cfg.cache_phrases:
             from chattts_forge.calibration_data.phrases import shipped_phrases
 
-            report["phrase_cache"] = measure_cache_effect(artifact, shipped_phrases()[:cache_phrases],
-                                                          max_new_token=max_new_token, seed=seed, threads=threads,
-                                                          provider=provider)
+            phrase_cache = measure_cache_effect(j.artifact, shipped_phrases()[:cfg.cache_phrases],
+                                                max_new_token=cfg.max_new_token, seed=cfg.seed, threads=cfg.threads,
+                                                provider=j.provider)
+    return {"buckets": buckets, "phrase_cache": phrase_cache}
+
+
+def evaluate_artifact(
+    artifact: str | os.PathLike[str],
+    reference: str | os.PathLike[str],
+    config: EvaluateConfig | str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Evaluate `artifact` against the FP32 `reference` as `config` says; write reports to `config.out`.
+
+    `config` is an `EvaluateConfig`; the shorthand `evaluate_artifact(art, ref, CORPUS, **options)`
+    (options: EvaluateConfig's fields) builds one. Returns the sealed report dict (see
+    report_schema.py); ``report["passed"]`` is the gate's verdict.
+    """
+    from chattts_forge.evaluate.report import write_reports
+    from chattts_forge.evaluate.report_schema import headline, seal
+
+    if not isinstance(config, EvaluateConfig):
+        config = EvaluateConfig(**({"corpus": config} if config is not None else {}), **options)
+    elif options:
+        config = dataclasses.replace(config, **options)
+    cfg = config
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    j = prepare(Path(artifact), Path(reference), cfg)
+    t_start = time.perf_counter()
+    log.info("evaluating %s (%s) against %s on %d sentences of %s", j.artifact, j.art_desc["variant"],
+             j.reference, len(j.sentences), j.corpus.name)
+    # Latency (and the audio for ASR): the reference's side first, then the artifact, same settings.
+    ref = reference_side(j, cfg)
+    latency, art_waves = latency_section(j, cfg, ref)
+    figures = corpus_phase(j, cfg, ref, art_waves)
+    hearing = _hear(j, cfg, art_waves, ref.waves)
+    report = report_body(j, cfg, ref, figures, latency, hearing)
+    metrics, reasons = flat_metrics(report)
+    waived = waivers(j, metrics, reasons)
+    verdict = judge(j.gate, metrics, waived=waived, reasons=reasons, integrity=j.art_desc["manifest_mismatches"])
+    notes = report_notes(j, cfg, ref, figures.distributed)
+    report.update(serving_sections(j, cfg, metrics, waived))
     report["metrics"] = metrics
-    report["intervals"], report["sentences"] = intervals_mod.build(report, fidelity_rows)
-    report["gate"] = {
-        **verdict,
-        "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in gate_cfg["rules"]},
-    }
+    report["intervals"], report["sentences"] = intervals_mod.build(report, figures.fidelity_rows)
+    report["gate"] = {**verdict, "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in j.gate["rules"]}}
     report["passed"] = verdict["passed"]
-    report["headline"] = headline(art_desc["variant"], verdict["passed"], metrics)
+    report["headline"] = headline(j.art_desc["variant"], verdict["passed"], metrics)
     report["notes"] = notes
     report["timing"] = {"evaluate_seconds": time.perf_counter() - t_start}
     report = seal(report)
-    if out is not None:
-        write_reports(report, Path(out), files=hearing["files"])
+    if cfg.out is not None:
+        write_reports(report, Path(cfg.out), files=hearing["files"])
     failed = ", ".join(verdict["failed"]) or "none"
-    log.info("gate %s for %s (failed: %s)", "PASSED" if report["passed"] else "FAILED", artifact, failed)
+    log.info("gate %s for %s (failed: %s)", "PASSED" if report["passed"] else "FAILED", j.artifact, failed)
     return report

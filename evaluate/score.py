@@ -9,8 +9,8 @@ Library:
 - `seed_tts_eval_rates(references, hypotheses, lang)` -> the same texts scored exactly as
   Seed-TTS-eval's ``run_wer.py`` + ``average_wer.py`` do (see there), for comparison with
   published tables.
-- `score_audio_dir(audio_dir, transcripts=None, asr="faster-whisper", asr_model=None, lang=None,
-  speaker_reference=None, mos=False)` -> the result dict below; audio files are ``<id>.wav`` (any
+- `score_audio_dir(audio_dir, transcripts=None, ScoreSettings(asr="faster-whisper", asr_model=None,
+  lang=None, speaker_reference=None, mos=False))` (or those as keywords) -> the result dict below; audio files are ``<id>.wav`` (any
   rate, mono or stereo). Without transcripts no ASR runs: every ``*.wav`` of the folder is scored
   for SIM and/or DNSMOS only.
 - `score_waveforms({id: (audio, sample_rate)}, references, backend, lang)` for audio in memory
@@ -45,9 +45,11 @@ the utterances' pooled embedding to it. A reference folder is pooled the same wa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -438,80 +440,103 @@ def naturalness_section(
     return corpus, per_utt
 
 
-def score_audio_dir(
-    audio_dir: str | os.PathLike[str],
-    transcripts: str | os.PathLike[str] | dict[str, str] | None = None,
-    asr: str = "faster-whisper",
-    asr_model: str | os.PathLike[str] | None = None,
-    lang: str | None = None,
-    threads: int | None = None,
-    backend: Any = None,
-    progress: bool = True,
-    speaker_reference: str | os.PathLike[str] | None = None,
-    mos: bool = False,
-    encoder: Any = None,
-    dnsmos: Any = None,
-) -> dict[str, Any]:
-    """Score ``<audio_dir>/<id>.wav`` (see the module doc).
+@dataclass(frozen=True)
+class ScoreSettings:
+    """How `score_audio_dir` scores: the ASR (`asr`, `asr_model`, `lang`: guessed from the transcripts
+    when None), `threads`, progress bars; SIM to `speaker_reference` and DNSMOS (`mos`). `backend`,
+    `encoder` and `dnsmos` may be ready models (reused across calls, e.g. in tests)."""
 
-    With `transcripts`, every transcript line is transcribed and scored (WER/CER, both ways);
-    without, every ``*.wav`` in the folder is scored for SIM (`speaker_reference`) and/or DNSMOS
-    (`mos`) only. `lang` defaults to what the transcripts look like; `backend`, `encoder` and
-    `dnsmos` may be ready models (reused across calls, e.g. in tests).
-    """
-    from chattts_forge.evaluate.asr import get_backend, load_audio
+    asr: str = "faster-whisper"
+    asr_model: str | os.PathLike[str] | None = None
+    lang: str | None = None
+    threads: int | None = None
+    progress: bool = True
+    speaker_reference: str | os.PathLike[str] | None = None
+    mos: bool = False
+    backend: Any = None
+    encoder: Any = None
+    dnsmos: Any = None
 
-    audio_dir = Path(audio_dir)
-    if not audio_dir.is_dir():
-        raise ForgeError(f"audio folder {audio_dir} does not exist")
-    if transcripts is None and speaker_reference is None and not mos:
-        raise ForgeError("nothing to score: give transcripts, a speaker reference or --mos")
-    if transcripts is not None:
-        references = transcripts if isinstance(transcripts, dict) else read_transcripts(transcripts)
-        lang = lang or textnorm.detect_lang(list(references.values()))
-        if lang not in ("en", "zh"):
-            raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
-        paths = {utt_id: audio_dir / f"{utt_id}.wav" for utt_id in references}
-        missing = [str(p) for p in paths.values() if not p.is_file()]
-        if missing:
-            raise ForgeError(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
-    else:
+
+def _audio_to_score(audio_dir: Path, transcripts: str | os.PathLike[str] | dict[str, str] | None,
+                    lang: str | None) -> tuple[dict[str, Path], dict[str, str] | None, str | None]:
+    """(the audio files by id, the transcripts or None, the language) of a `score_audio_dir` call."""
+    if transcripts is None:
         paths = {p.stem: p for p in _wav_files(audio_dir)}
         if not paths:
             raise ForgeError(f"audio folder {audio_dir} has no .wav files")
+        return paths, None, lang
+    references = transcripts if isinstance(transcripts, dict) else read_transcripts(transcripts)
+    lang = lang or textnorm.detect_lang(list(references.values()))
+    if lang not in ("en", "zh"):
+        raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+    paths = {utt_id: audio_dir / f"{utt_id}.wav" for utt_id in references}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise ForgeError(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
+    return paths, references, lang
+
+
+def score_audio_dir(
+    audio_dir: str | os.PathLike[str],
+    transcripts: str | os.PathLike[str] | dict[str, str] | None = None,
+    settings: ScoreSettings | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Score ``<audio_dir>/<id>.wav`` (see the module doc) as `settings` says (`options`: ScoreSettings'
+    fields, the shorthand).
+
+    With `transcripts`, every transcript line is transcribed and scored (WER/CER, both ways);
+    without, every ``*.wav`` in the folder is scored for SIM (`speaker_reference`) and/or DNSMOS
+    (`mos`) only.
+    """
+    from chattts_forge.evaluate.asr import get_backend, load_audio
+
+    st = dataclasses.replace(settings or ScoreSettings(), **options)
+    audio_dir = Path(audio_dir)
+    if not audio_dir.is_dir():
+        raise ForgeError(f"audio folder {audio_dir} does not exist")
+    if transcripts is None and st.speaker_reference is None and not st.mos:
+        raise ForgeError("nothing to score: give transcripts, a speaker reference or --mos")
+    paths, references, lang = _audio_to_score(audio_dir, transcripts, st.lang)
     waveforms = {utt_id: (load_audio(p), 16000) for utt_id, p in paths.items()}
-    if transcripts is not None:
+    if references is not None:
+        backend, load_seconds = st.backend, 0.0
         if backend is None:
             t0 = time.perf_counter()
-            backend = get_backend(asr, lang, asr_model, threads)
+            backend = get_backend(st.asr, lang, st.asr_model, st.threads)
             load_seconds = time.perf_counter() - t0
-        else:
-            load_seconds = 0.0
         log.info("scoring %d utterances in %s with %s (%s)", len(paths), audio_dir, backend.name, lang)
-        result = score_waveforms(waveforms, references, backend, lang, progress=progress)
+        result = score_waveforms(waveforms, references, backend, lang, progress=st.progress)
         result["timing"]["asr_load_seconds"] = load_seconds
     else:
         result = {"schema": SCORE_SCHEMA, "lang": lang, "utterances": [{"id": utt_id} for utt_id in paths]}
     result["audio_dir"] = str(audio_dir)
+    _score_voice(result, waveforms, st)
+    return result
+
+
+def _score_voice(result: dict[str, Any], waveforms: dict[str, tuple[np.ndarray, int]], st: ScoreSettings) -> None:
+    """`score_audio_dir`'s speaker similarity and DNSMOS sections, per utterance too (in `result`)."""
     rows = {u["id"]: u for u in result["utterances"]}
-    if speaker_reference is not None:
+    if st.speaker_reference is not None:
         from chattts_forge.evaluate.speaker import SpeakerEncoder
 
-        encoder = encoder or SpeakerEncoder.load()
-        reference, files = load_speaker_reference(speaker_reference, encoder)
-        log.info("speaker similarity of %d utterances to %s (%d file(s))", len(paths), speaker_reference, len(files))
-        corpus, sims = speaker_section(waveforms, reference, encoder, progress)
-        result["speaker"] = {"reference": str(speaker_reference), "reference_files": files,
+        encoder = st.encoder or SpeakerEncoder.load()
+        reference, files = load_speaker_reference(st.speaker_reference, encoder)
+        log.info("speaker similarity of %d utterances to %s (%d file(s))", len(waveforms), st.speaker_reference,
+                 len(files))
+        corpus, sims = speaker_section(waveforms, reference, encoder, st.progress)
+        result["speaker"] = {"reference": str(st.speaker_reference), "reference_files": files,
                              "encoder": encoder.describe(), **corpus}
         for utt_id, sim in sims.items():
             rows[utt_id]["sim"] = sim
-    if mos:
+    if st.mos:
         from chattts_forge.evaluate.naturalness import Dnsmos
 
-        dnsmos = dnsmos or Dnsmos.load(threads=threads)
-        log.info("DNSMOS of %d utterances", len(paths))
-        corpus, per_utt = naturalness_section(waveforms, dnsmos, progress)
+        dnsmos = st.dnsmos or Dnsmos.load(threads=st.threads)
+        log.info("DNSMOS of %d utterances", len(waveforms))
+        corpus, per_utt = naturalness_section(waveforms, dnsmos, st.progress)
         result["naturalness"] = {"model": dnsmos.describe(), **corpus}
         for utt_id, m in per_utt.items():
             rows[utt_id]["dnsmos"] = m
-    return result

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import read_toml, sha256_file
+from chattts_forge.gate import fidelity_rules, judge, load_gate
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
 from chattts_forge.quantize.int4 import evenly_spaced
@@ -59,19 +59,6 @@ log = get_logger(__name__)
 CHOICES = ("fp32", "int8", "int4")  # a MatMul's precision in an assignment
 FP32, INT8, INT4 = CHOICES
 SENSITIVITY_SAMPLES = 8
-# The gate's fidelity metrics (evaluate.gate.METRICS) and where measure_fidelity keeps them.
-FIDELITY_METRICS: dict[str, Callable[[dict[str, Any]], float]] = {
-    "code_agreement": lambda f: f["teacher_forced"]["top1_agreement"]["mean"],
-    "code_agreement_stream": lambda f: f["teacher_forced"]["top1_agreement"]["min_stream"],
-    "code_kl": lambda f: f["teacher_forced"]["kl"]["mean"],
-    "code_kl_stream": lambda f: f["teacher_forced"]["kl"]["max_stream"],
-    "hidden_cosine": lambda f: f["hidden_cosine"]["mean"],
-    "hidden_cosine_min": lambda f: f["hidden_cosine"]["min"],
-    "mel_snr_db": lambda f: f["mel"]["snr_db"],
-    "mel_lsd_db": lambda f: f["mel"]["lsd_db"],
-}
-# The shipped gate (a data file of the evaluate stage; read as a file, evaluate is not imported).
-DEFAULT_GATE = Path(__file__).resolve().parent.parent / "evaluate" / "default_gate.toml"
 # The search judges a candidate on other sentences (and fewer steps) than evaluate will: a candidate
 # just over a threshold here can land just under it there (tiny: 0.748 vs 0.698 worst-stream
 # agreement). So thresholds of the metrics bounded by 1 (agreement, cosine) are tightened by this
@@ -101,20 +88,10 @@ _UNPACKED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 def fidelity_targets(gate: str | Path | None) -> dict[str, Any]:
-    """The fidelity rules of a gate file: {"path", "sha256", "rules": [[rule, metric, threshold]]}."""
-    path = Path(gate) if gate is not None else DEFAULT_GATE
-    raw = read_toml(path, "gate file")
-    rules = []
-    for table in raw.values():
-        if isinstance(table, dict):
-            for key, value in table.items():
-                rule, _, metric = key.partition("_")
-                if (rule in ("min", "max") and metric in FIDELITY_METRICS and isinstance(value, int | float)
-                        and not isinstance(value, bool) and math.isfinite(value)):
-                    rules.append([rule, metric, float(value)])
-    if not rules:
-        raise ForgeError(f"gate file {path} has no fidelity thresholds ({', '.join(FIDELITY_METRICS)}) to search for")
-    return {"path": str(path), "sha256": sha256_file(path), "rules": rules}
+    """The fidelity rules of a gate file (the shipped one for None), read by the one gate parser:
+    {"path", "sha256", "rules": [[rule, metric, threshold]]}; a gate evaluate would refuse is refused here."""
+    parsed = load_gate(gate)
+    return {"path": parsed["path"], "sha256": parsed["sha256"], "rules": fidelity_rules(parsed)}
 
 
 def with_headroom(rules: Sequence[Sequence[Any]], headroom: float) -> list[list[Any]]:
@@ -127,13 +104,12 @@ def with_headroom(rules: Sequence[Sequence[Any]], headroom: float) -> list[list[
 
 
 def judge_fidelity(rules: Sequence[Sequence[Any]], fid: dict[str, Any]) -> tuple[bool, list[str]]:
-    failed = []
-    for rule, metric, threshold in rules:
-        value = FIDELITY_METRICS[metric](fid)
-        ok = (value >= threshold) if rule == "min" else (value <= threshold)
-        if not ok or (isinstance(value, float) and math.isnan(value)):
-            failed.append(metric)
-    return not failed, failed
+    """(passed, failed metrics) of a candidate's fidelity record under `rules` ([[rule, metric, threshold]]),
+    by the gate's own judge (a NaN is never a pass)."""
+    verdict = judge({"path": None, "sha256": None, "schema": None,
+                     "rules": [("fidelity", rule, metric, threshold) for rule, metric, threshold in rules]},
+                    Fidelity.from_dict(fid).gate_metrics())
+    return verdict["passed"], verdict["failed"]
 
 
 # ---- graphs --------------------------------------------------------------------------------------
@@ -450,12 +426,13 @@ class Ladder:
                        accuracy_level=st.accuracy_level)
         fid = fast_fidelity(self.fp32_dir, path, self.trajectories, self.dims, st.threads, head=head_path)
         ok, failed = judge_fidelity(self.rules, fid)
+        figures = Fidelity.from_dict(fid).gate_metrics()
         counts = {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES}
         row = {"candidate": i, "head_code": head_label, **counts, "bytes": path.stat().st_size,
                **self.time_step(path, i),
-               "code_agreement": round(FIDELITY_METRICS["code_agreement"](fid), 5),
-               "hidden_cosine": round(FIDELITY_METRICS["hidden_cosine"](fid), 6),
-               "mel_snr_db": round(FIDELITY_METRICS["mel_snr_db"](fid), 3), "passed": ok, "failed": failed}
+               "code_agreement": round(figures["code_agreement"], 5),
+               "hidden_cosine": round(figures["hidden_cosine"], 6),
+               "mel_snr_db": round(figures["mel_snr_db"], 3), "passed": ok, "failed": failed}
         tried[i] = row
         if ok or i == 0:
             self.graphs[(head_label, i)] = path

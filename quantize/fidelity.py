@@ -18,6 +18,7 @@ step sees the FP32 code history. Compared per step:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -362,38 +363,52 @@ def summarize_fidelity(fp32_dir: Path, corp: Corpus, comparisons: list[SentenceC
         result[FAST_GPT] = {
             "teacher_forced": code_metrics(ref_logits, [x for c in comparisons for x in c.fast_logits or []]),
             "hidden_cosine": {"mean": float(f_cos.mean()), "min": float(f_cos.min())}}
-    return result
+    return Fidelity.from_dict(result).to_dict()  # the record's one shape (artifact.Fidelity)
+
+
+@dataclass(frozen=True)
+class FidelitySettings:
+    """How `measure_fidelity` measures: the first `max_sentences` sentences, `max_new_token` GPT steps
+    each (sentence i seeded `seed + i`), on `threads`; `per_tensor`: the per-tensor error table (its
+    `top_tensors` worst rows, every row with `keep_all_tensors`)."""
+
+    max_sentences: int = 8
+    max_new_token: int = 48
+    seed: int = 0
+    threads: int | None = None
+    progress: bool | None = None
+    per_tensor: bool = True
+    top_tensors: int = 10
+    keep_all_tensors: bool = False
 
 
 def measure_fidelity(
     fp32_dir: str | os.PathLike[str],
     quant_dir: str | os.PathLike[str],
     corpus: str | os.PathLike[str] | Corpus = "builtin:evaluation",
-    max_sentences: int = 8,
-    max_new_token: int = 48,
-    seed: int = 0,
-    threads: int | None = None,
-    per_tensor: bool = True,
-    top_tensors: int = 10,
+    settings: FidelitySettings | None = None,
+    *,
     trajectories: list[Trajectory] | None = None,
-    progress: bool | None = None,
-    keep_all_tensors: bool = False,
     quant_meta: ArtifactMeta | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`.
+    """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`
+    (`artifact.Fidelity`). `options` (FidelitySettings' fields) are the shorthand for `settings`.
 
-    `quant_meta`: the artifact.json of `quant_dir` when it is not written yet (the quantize stage
-    measures before it writes the description once)."""
+    `trajectories`: the FP32 runs to replay, when already recorded; `quant_meta`: the artifact.json of
+    `quant_dir` when it is not written yet (the quantize stage measures before it writes the
+    description once)."""
+    st = dataclasses.replace(settings or FidelitySettings(), **options)
     fp32_dir, quant_dir = Path(fp32_dir), Path(quant_dir)
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-    sessions = ReplaySessions(fp32_dir, quant_dir, threads, quant_meta)
+    sessions = ReplaySessions(fp32_dir, quant_dir, st.threads, quant_meta)
     if trajectories is None:
-        trajectories = record_trajectories(fp32_dir, corp, max_sentences, max_new_token, seed, threads,
-                                           progress=progress)
+        trajectories = record_trajectories(fp32_dir, corp, st.max_sentences, st.max_new_token, st.seed, st.threads,
+                                           progress=st.progress)
     result = summarize_fidelity(fp32_dir, corp, [sessions.compare(t) for t in trajectories],
-                                {"max_sentences": max_sentences, "max_new_token": max_new_token, "seed": seed})
-    if per_tensor:
-        result["per_tensor"] = sessions.tensor_table(trajectories, top_tensors, keep_all_tensors)
+                                {"max_sentences": st.max_sentences, "max_new_token": st.max_new_token, "seed": st.seed})
+    if st.per_tensor:
+        result["per_tensor"] = sessions.tensor_table(trajectories, st.top_tensors, st.keep_all_tensors)
     return result
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from chattts_forge.gate import DEFAULT_GATE
 from chattts_forge.publish import verify_path
 
 FAKE_FORGE = r'''
@@ -103,8 +104,12 @@ elif argv[0] == "warm":  # a real (empty) phrase cache made for the variants rou
     version = Path(opt("--artifact"))
     routed = sorted({b["variant"] for b in json.loads((version / "routing.json").read_text())["buckets"]})
     atomic_write_bytes(opt("--out"), encode_cache({"seed": 0}, {v: payload_sha256(version / v) for v in routed}, []))
+elif argv[0] == "evaluate-reference":  # the FP32 reference's side of every evaluation, once per build
+    ref = (Path(opt("--reference")) / "gpt.onnx").read_bytes()
+    atomic_dir(opt("--out"), lambda d: (d / "reference_run.json").write_text(sha(ref + content(opt("--corpus")))))
 else:
     assert argv[0] == "evaluate", argv
+    assert Path(opt("--reference-run"), "reference_run.json").is_file(), "evaluated before its reference run"
     art = Path(opt("--artifact"))
     variant = json.loads((art / "artifact.json").read_text())["variant"]
     passed = variant not in os.environ.get("FAKE_FAIL", "").split(",")
@@ -182,6 +187,10 @@ def test_pipeline_publishes_what_passes_and_second_run_redoes_nothing(clean_run)
     calls = r.calls()
     assert calls[:3] == ["checkpoint:synthesize", "checkpoint:verify", "convert"]
     assert sorted(c for c in calls if c.startswith("evaluate:")) == sorted(f"evaluate:{v}" for v in VARIANTS)
+    # the reference's side of the seven evaluations (its audio, the PyTorch baseline, its ASR): once,
+    # before the first evaluation
+    assert calls.count("evaluate-reference") == 1
+    assert calls.index("evaluate-reference") < min(i for i, c in enumerate(calls) if c.startswith("evaluate:"))
     index = json.loads((r.to / "index.json").read_text())
     assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"int8-static"})
     assert verify_path(r.to).ok
@@ -272,10 +281,16 @@ def test_tiny_runs_skip_the_pytorch_baseline_unless_asked(tmp_path: Path, flag: 
     argv_log = tmp_path / "argv.log"
     proc = r.run(*flag, FAKE_ARGV_LOG=str(argv_log))
     assert proc.returncode == 0, proc.stderr
-    evaluations = [a for a in map(json.loads, argv_log.read_text().splitlines()) if a[0] == "evaluate"]
+    argvs = list(map(json.loads, argv_log.read_text().splitlines()))
+    evaluations = [a for a in argvs if a[0] == "evaluate"]
+    [reference_run] = [a for a in argvs if a[0] == "evaluate-reference"]
     assert len(evaluations) == len(VARIANTS)
-    for argv in evaluations:
+    for argv in [*evaluations, reference_run]:  # the shared run is measured with the evaluations' baseline
         assert expected in argv and not ({"--no-baseline", "--baseline-checkpoint"} - {expected}) & set(argv)
+    # every evaluation reads the one reference run, measured with its own evaluate options (the preset's)
+    out = reference_run[reference_run.index("--out") + 1]
+    assert all(a[a.index("--reference-run") + 1] == out for a in evaluations)
+    assert reference_run[reference_run.index("--max-new-token") + 1] == "48"
 
 
 def test_the_int8_kv_cache_variant_is_quantized_from_the_calibration_set(tmp_path: Path) -> None:
@@ -299,7 +314,7 @@ def test_only_the_method_that_searches_against_a_gate_is_given_it(tmp_path: Path
     """--gate reaches `quantize` for the method the registry says takes one (auto's search), not the others."""
     r = Runner(tmp_path)
     gate = tmp_path / "gate.toml"
-    gate.write_text((Path(__file__).parent.parent / "evaluate" / "default_gate.toml").read_text())
+    gate.write_text(DEFAULT_GATE.read_text())
     argv_log = tmp_path / "argv.log"
     proc = r.run("--variants", "fp32,int8-dynamic,auto", "--gate", str(gate), FAKE_ARGV_LOG=str(argv_log))
     assert proc.returncode == 0, proc.stderr

@@ -37,12 +37,16 @@ LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "torch": (("chattts_forge.torch_ref",), frozenset({"core", "runtime"})),
     "convert": (("chattts_forge.convert",), frozenset({"core", "runtime", "torch"})),
     "calibration": (("chattts_forge.calibration_data",), frozenset({"core", "runtime"})),
-    "quantize": (("chattts_forge.quantize",), frozenset({"core", "runtime", "calibration"})),
-    "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "torch", "calibration", "quantize"})),
-    "publish": (("chattts_forge.publish",), frozenset({"core", "runtime", "calibration", "quantize", "evaluate"})),
+    # the quality gate: the one judge (and gate-file parser) quantize's auto search, evaluate and its
+    # length buckets share; it reads the runtime's length buckets
+    "gate": (("chattts_forge.gate",), frozenset({"core", "runtime"})),
+    "quantize": (("chattts_forge.quantize",), frozenset({"core", "runtime", "calibration", "gate"})),
+    "evaluate": (("chattts_forge.evaluate",), frozenset({"core", "runtime", "torch", "calibration", "gate", "quantize"})),
+    "publish": (("chattts_forge.publish",),
+                frozenset({"core", "runtime", "calibration", "gate", "quantize", "evaluate"})),
     "build": (
         ("chattts_forge.cli", "chattts_forge.driver"),
-        frozenset({"core", "runtime", "torch", "convert", "calibration", "quantize", "evaluate", "publish"}),
+        frozenset({"core", "runtime", "torch", "convert", "calibration", "gate", "quantize", "evaluate", "publish"}),
     ),
 }
 PACKAGE_LAYER = {pkg: layer for layer, (pkgs, _) in LAYERS.items() for pkg in pkgs}
@@ -141,7 +145,7 @@ def upward_imports(module: Module, source: str, known: set[str]) -> list[Upward]
 
 # torch and the chattts package: only the torch side (torch_ref, convert) imports them at import time.
 TORCH_MODULES = ("torch", "torchaudio", "ChatTTS", "transformers", "vocos", "chattts_forge.torch_ref")
-TORCH_FREE_LAYERS = ("runtime", "calibration", "quantize", "evaluate", "publish")
+TORCH_FREE_LAYERS = ("runtime", "calibration", "gate", "quantize", "evaluate", "publish")
 
 
 def import_time_imports(source: str) -> list[tuple[int, str]]:
@@ -208,6 +212,9 @@ def test_imports_run_one_way() -> None:
          [(2, "chattts_forge.torch_ref.engine", "torch")]),
         # core may not import a stage, not even the command line
         ("chattts_forge.fsutil", "from chattts_forge import cli\n", [(1, "chattts_forge.cli", "build")]),
+        # the gate sits below quantize and evaluate: it may not import them (they import it)
+        ("chattts_forge.gate", "from chattts_forge.evaluate import report\nfrom chattts_forge.runtime import router\n",
+         [(1, "chattts_forge.evaluate.report", "evaluate")]),
         # downward and same-layer imports, and third-party ones, are fine
         ("chattts_forge.evaluate.gate", "from chattts_forge.runtime import Pipeline\nfrom . import report\nimport numpy\n", []),
     ],

@@ -180,3 +180,15 @@ def test_intelligibility_delta_against_the_reference_audio(data_dir: Path) -> No
     worse = score_intelligibility(sentences, {"artifact": noisy, "reference": clean}, "faster-whisper", None, 2, False)
     assert worse["wer_delta"] > 0.3 and worse["reference_wer"] == same["wer"]
     assert set(worse["languages"]["en"]["variants"]) == {"artifact", "reference"}
+    # The build's shared reference run: the reference's audio transcribed once (score_languages), then
+    # only the artifact's; the same figures as scoring both together.
+    from chattts_forge.evaluate.evaluate import score_languages
+
+    once = score_languages(sentences, {"reference": clean}, "faster-whisper", None, 2, False)
+    shared = score_intelligibility(sentences, {"artifact": noisy}, "faster-whisper", None, 2, False,
+                                   reference_scores=once)
+    assert (shared["wer"], shared["reference_wer"], shared["wer_delta"]) == (
+        worse["wer"], worse["reference_wer"], worse["wer_delta"])
+    hyps = {v: [u.get("hypothesis") for u in r["utterances"]] for v, r in worse["languages"]["en"]["variants"].items()}
+    assert {v: [u.get("hypothesis") for u in r["utterances"]]
+            for v, r in shared["languages"]["en"]["variants"].items()} == hyps
