@@ -21,7 +21,7 @@ from pathlib import Path
 from chattts_forge.runtime.autotune import RuntimeSteps
 from chattts_forge.runtime.costmodel import bytes_per_step, floor_ms, measure_read_bandwidth
 from chattts_forge.runtime.interleave import RatioSettings, compare_interleaved
-from chattts_forge.runtime.timing import cpu_model
+from chattts_forge.runtime.machine import cpu_model
 
 
 def main() -> None:
