@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -529,27 +529,9 @@ class VariantOutcome:
     status: str = ""
 
 
-def run_pipeline(
-    *,
-    build: Path = Path("build"),
-    to: Path = Path("artifacts"),
-    preset: str = "full",
-    seed: int = 0,
-    checkpoint: str | os.PathLike[str] | None = None,
-    variants: tuple[str, ...] = VARIANTS,
-    calib_corpus: str = DEFAULT_CALIB_CORPUS,
-    eval_corpus: str = DEFAULT_EVAL_CORPUS,
-    gate: str | None = None,
-    extra: dict[str, list[str]] | None = None,
-    until: str | None = None,
-    forge_cmd: list[str] | None = None,
-    pytorch_baseline: bool | None = None,
-    code_root: str | os.PathLike[str] | None = None,
-    ray: str | None = None,
-    ray_step_cpus: float = 2,
-    sign_key: str | os.PathLike[str] | None = None,
-) -> list[VariantOutcome]:
-    """Run (or resume) the pipeline; returns what happened to each variant.
+@dataclass
+class BuildConfig:
+    """What `run_pipeline` builds (the options of `python -m chattts_forge.driver`).
 
     `pytorch_baseline`: time ChatTTS's PyTorch pipeline in every evaluation (ratios in the reports).
     None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
@@ -561,72 +543,40 @@ def run_pipeline(
     `sign_key`: the PEM private key every published folder is signed with (None: the user's own key
     pair, chattts_forge.signing); its public half is written to `to/signing-key.pub`.
     """
-    from chattts_forge.evaluate.report_schema import read_report
-    from chattts_forge.publish.publish import publish_artifact
-    from chattts_forge.publish.verify import verify_path
 
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or "fp32" not in variants:
-        raise ForgeError(f"variants must include fp32 and be among {', '.join(VARIANTS)} (got {', '.join(variants)})")
-    ckpt: Path | None = None
-    if checkpoint:
-        from chattts_forge.checkpoint.layout import resolve_asset_dir
+    build: Path = Path("build")
+    to: Path = Path("artifacts")
+    preset: str = "full"
+    seed: int = 0
+    checkpoint: str | os.PathLike[str] | None = None
+    variants: tuple[str, ...] = VARIANTS
+    calib_corpus: str = DEFAULT_CALIB_CORPUS
+    eval_corpus: str = DEFAULT_EVAL_CORPUS
+    gate: str | None = None
+    extra: dict[str, list[str]] | None = None
+    until: str | None = None
+    forge_cmd: list[str] | None = None
+    pytorch_baseline: bool | None = None
+    code_root: str | os.PathLike[str] | None = None
+    ray: str | None = None
+    ray_step_cpus: float = 2
+    sign_key: str | os.PathLike[str] | None = None
 
-        ckpt = resolve_asset_dir(checkpoint).resolve()
-    # Absolute paths: step keys hold command lines, which must not depend on how paths were spelled.
-    build, to = Path(build).resolve(), Path(to).resolve()
-    work = build / run_tag(ckpt, preset, seed)
-    stage_args: dict[str, list[str]] = {}
-    for source in (PRESET_STAGE_ARGS.get(preset, {}) if ckpt is None else {}, extra or {}):
-        for stage, args in source.items():
-            stage_args.setdefault(stage, []).extend(args)
-    pipe = Build(work, to, variants, ckpt, preset, seed, calib_corpus, eval_corpus, gate, stage_args, until)
-    if pytorch_baseline is None:
-        pytorch_baseline = not (ckpt is None and preset == "tiny")
-    pipe.pytorch_baseline = pytorch_baseline
-    if forge_cmd:
-        pipe.forge = list(forge_cmd)
-    if code_root is not None:
-        pipe.code = CodeGraph(Layout.from_pyproject(code_root))
+
+def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[VariantOutcome]:
+    """Run (or resume) the pipeline; returns what happened to each variant. `fields` replace those
+    of `config` (default `BuildConfig()`), so `run_pipeline(build=..., preset="tiny")` works too."""
+    cfg = replace(config or BuildConfig(), **fields)
+    pipe = _prepared_build(cfg)
     started = time.perf_counter()
-    with run_lock(work):
-        sweep_leftovers(work)
-        # With Ray, only the shared steps run here; the variants' steps run as Ray tasks below.
-        for step in pipe.shared_steps() if ray is not None else pipe.steps():
-            if until and STAGES.index(step.kind) > STAGES.index(until):
-                break
-            try:
-                pipe.run(step)
-            except ForgeError as e:
-                pipe.set_aside(step, e)
-        if ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
-            from chattts_forge.driver.ray_steps import run_variant_steps
-
-            if STAGES.index(until or "evaluate") >= STAGES.index("evaluate"):  # the evaluations' shared step, here
-                pipe.run(pipe.reference_step())
-
-            run_variant_steps(pipe, ray, ray_step_cpus, until or "evaluate")
-        if until:
+    with run_lock(pipe.work):
+        sweep_leftovers(pipe.work)
+        _run_steps(pipe, cfg)
+        if cfg.until:
             pipe.cache.save()
-            print(f"stopped after {until}: {pipe.work}")
+            print(f"stopped after {cfg.until}: {pipe.work}")
             return []
-        outcomes: list[VariantOutcome] = []
-        for variant in variants:
-            rdir = pipe.report_dir(variant)
-            if variant in pipe.broken:
-                outcomes.append(VariantOutcome(variant, rdir, None, status=pipe.broken[variant]))
-                continue
-            report = read_report(rdir)
-            outcome = VariantOutcome(variant, rdir, report.passed)
-            if report.passed:
-                result = publish_artifact(pipe.artifact_dir(variant), rdir, to, sign_key=sign_key)
-                outcome.published, outcome.status = result.path, result.status
-                problems = verify_path(result.path, public_key=result.public_key).problems
-                if problems:
-                    raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
-            outcomes.append(outcome)
-        for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
-            publish_serving_files(pipe, version_dir, outcomes, sign_key)
+        outcomes = _publish_passing(pipe, cfg)
         pipe.cache.save()
     _print_summary(pipe, outcomes, time.perf_counter() - started)
     if pipe.broken:
@@ -636,6 +586,80 @@ def run_pipeline(
         )
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
+    return outcomes
+
+
+def _prepared_build(cfg: BuildConfig) -> Build:
+    """The build's step graph for `cfg` (variants checked, paths absolute, stage options merged)."""
+    unknown = [v for v in cfg.variants if v not in VARIANTS]
+    if unknown or "fp32" not in cfg.variants:
+        raise ForgeError(f"variants must include fp32 and be among {', '.join(VARIANTS)} "
+                         f"(got {', '.join(cfg.variants)})")
+    ckpt: Path | None = None
+    if cfg.checkpoint:
+        from chattts_forge.checkpoint.layout import resolve_asset_dir
+
+        ckpt = resolve_asset_dir(cfg.checkpoint).resolve()
+    # Absolute paths: step keys hold command lines, which must not depend on how paths were spelled.
+    build, to = Path(cfg.build).resolve(), Path(cfg.to).resolve()
+    work = build / run_tag(ckpt, cfg.preset, cfg.seed)
+    stage_args: dict[str, list[str]] = {}
+    for source in (PRESET_STAGE_ARGS.get(cfg.preset, {}) if ckpt is None else {}, cfg.extra or {}):
+        for stage, args in source.items():
+            stage_args.setdefault(stage, []).extend(args)
+    pipe = Build(work, to, cfg.variants, ckpt, cfg.preset, cfg.seed, cfg.calib_corpus, cfg.eval_corpus, cfg.gate,
+                 stage_args, cfg.until)
+    pipe.pytorch_baseline = (not (ckpt is None and cfg.preset == "tiny") if cfg.pytorch_baseline is None
+                             else cfg.pytorch_baseline)
+    if cfg.forge_cmd:
+        pipe.forge = list(cfg.forge_cmd)
+    if cfg.code_root is not None:
+        pipe.code = CodeGraph(Layout.from_pyproject(cfg.code_root))
+    return pipe
+
+
+def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
+    """Every step up to `cfg.until`, each redone only when its key changed; a step that fails sets
+    its variant aside (the others go on). With Ray, the variants' steps run as Ray tasks."""
+    until = cfg.until
+    for step in pipe.shared_steps() if cfg.ray is not None else pipe.steps():
+        if until and STAGES.index(step.kind) > STAGES.index(until):
+            break
+        try:
+            pipe.run(step)
+        except ForgeError as e:
+            pipe.set_aside(step, e)
+    if cfg.ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
+        from chattts_forge.driver.ray_steps import run_variant_steps
+
+        if STAGES.index(until or "evaluate") >= STAGES.index("evaluate"):  # the evaluations' shared step, here
+            pipe.run(pipe.reference_step())
+        run_variant_steps(pipe, cfg.ray, cfg.ray_step_cpus, until or "evaluate")
+
+
+def _publish_passing(pipe: Build, cfg: BuildConfig) -> list[VariantOutcome]:
+    """Publish (and verify) every variant whose report passed, then each version's serving files."""
+    from chattts_forge.evaluate.report_schema import read_report
+    from chattts_forge.publish.publish import publish_artifact
+    from chattts_forge.publish.verify import verify_path
+
+    outcomes: list[VariantOutcome] = []
+    for variant in cfg.variants:
+        rdir = pipe.report_dir(variant)
+        if variant in pipe.broken:
+            outcomes.append(VariantOutcome(variant, rdir, None, status=pipe.broken[variant]))
+            continue
+        report = read_report(rdir)
+        outcome = VariantOutcome(variant, rdir, report.passed)
+        if report.passed:
+            result = publish_artifact(pipe.artifact_dir(variant), rdir, Path(cfg.to).resolve(), sign_key=cfg.sign_key)
+            outcome.published, outcome.status = result.path, result.status
+            problems = verify_path(result.path, public_key=result.public_key).problems
+            if problems:
+                raise ForgeError(f"published {result.path} does not verify: {problems[0]}")
+        outcomes.append(outcome)
+    for version_dir in sorted({o.published.parent for o in outcomes if o.published}):
+        publish_serving_files(pipe, version_dir, outcomes, cfg.sign_key)
     return outcomes
 
 
@@ -711,6 +735,13 @@ def publish_serving_files(pipe: Build, version_dir: Path, outcomes: list[Variant
 def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) -> None:
     ran = ", ".join(pipe.ran) if pipe.ran else "nothing (everything up to date)"
     print(f"\npipeline finished in {seconds:.1f} s; ran: {ran}")
+    per_stage: dict[str, float] = {}
+    for name, took in pipe.timings.items():  # step names start with their stage: quantize-int4, evaluate-fp16
+        per_stage[name.split("-")[0]] = per_stage.get(name.split("-")[0], 0.0) + took
+    if per_stage:
+        rest = max(0.0, seconds - sum(per_stage.values()))  # publishing, warming the phrase cache, signing
+        print("time per stage (steps run now): " + ", ".join(f"{k} {v:.1f} s" for k, v in per_stage.items())
+              + f"; publish and the rest {rest:.1f} s")
     print(f"{'variant':<14} {'gate':<7} {'published':<60} report")
     for o in outcomes:
         gate = "pass" if o.passed else "FAIL" if o.passed is False else "ERROR"

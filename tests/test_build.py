@@ -195,6 +195,9 @@ def test_pipeline_publishes_what_passes_and_second_run_redoes_nothing(clean_run)
     assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"int8-static"})
     assert verify_path(r.to).ok
     assert "int8-static    FAIL" in proc.stdout and "reports:" in proc.stdout
+    # the build's time per stage, from the steps' own records (every stage that ran is named)
+    [per_stage] = [line for line in proc.stdout.splitlines() if line.startswith("time per stage")]
+    assert all(f"{stage} " in per_stage for stage in ("checkpoint", "convert", "calibrate", "quantize", "evaluate"))
     # the version page: every variant with its verdict (the refused one too), listed and linked
     [version] = index["versions"]
     page = r.to / version["path"] / "report.html"
