@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +48,11 @@ from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
 from chattts_forge.runtime.memory_probe import measure_memory
 from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
+    CLOCK,
     Request,
     RunFigures,
     current_rss_bytes,
+    median,
     peak_rss_bytes,
     per_second,
     percentiles,
@@ -263,7 +263,7 @@ def measure_against(
     sentences: list[str],
     config: LatencyConfig | None = None,
     desc: str = "synth",
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = CLOCK,
 ) -> PairLatency:
     """The artifact and its reference timed interleaved, with the RTF ratio and its spread (module doc)."""
     from tqdm import tqdm
@@ -332,7 +332,7 @@ def _with_median_seconds(firsts: list[dict[str, Any]], runs: list[list[float]]) 
     """The first pass's utterance records, seconds (and RTF) the median of every run of the sentence."""
     out = []
     for u, seconds in zip(firsts, runs, strict=True):
-        mid = statistics.median(seconds)
+        mid = median(seconds)
         out.append({**u, "seconds": mid, "rtf": mid / u["audio_seconds"] if u["audio_seconds"] > 0 else None,
                     "runs": len(seconds)})
     return out

@@ -40,6 +40,7 @@ from typing import TypeVar
 import numpy as np
 
 Clock = Callable[[], float]
+CLOCK: Clock = time.perf_counter  # the one clock every harness times with (tests pass a fake one)
 T = TypeVar("T")
 
 # ChatTTS's Decoder/DVAE turn T codes into 2T mel frames (docs/artifact-format.md), each `hop` samples.
@@ -112,6 +113,12 @@ def spread(values: Iterable[float | None]) -> dict[str, float | int | None]:
         return {"median": None, "p10": None, "p90": None, "min": None, "n": 0}
     p10, p50, p90 = quantiles(v, [10, 50, 90]) or []
     return {"median": float(p50), "p10": float(p10), "p90": float(p90), "min": float(v.min()), "n": int(v.size)}
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """The median of the measured values (None when nothing was measured)."""
+    arr = _measured(values)
+    return float(np.median(arr)) if arr.size else None
 
 
 def percentiles(values: Iterable[float | None]) -> dict[str, float | None]:
