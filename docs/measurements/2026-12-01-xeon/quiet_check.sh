@@ -10,7 +10,7 @@
 #      240 and 40 steps each; per step = (t240 - t40) / 200 per round (load and decode cancel),
 #      ratio auto/int8 per round, median and 90% interval.
 # Usage (repo root): docs/measurements/2026-12-01-xeon/quiet_check.sh [AUTO_DIR] [INT8_DIR] [ROUNDS]
-# Env: PY (python with chattts_forge; default /work/wt-speed/.venv/bin/python), THREADS (2).
+# Env: PY (python with chattts_forge; default .venv/bin/python), THREADS (2).
 set -euo pipefail
 AUTO=${1:-/tmp/speed-full/auto}
 INT8=${2:-/tmp/speed-full/int8-dynamic}
