@@ -64,6 +64,20 @@ CODES_PER_AUDIO_SECOND = codes_per_audio_second(24000, 256)  # ChatTTS's audio: 
 _MIN_STEPS, _MAX_STEPS = 24, 430
 
 
+def start_request_thread(target: Callable[[], None], done: Callable[[], None] | None) -> threading.Thread:
+    """A daemon thread that runs one replayed request, then `done()` (the pacer's slot), however it ends."""
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            if done is not None:
+                done()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
 def speech_steps(text: str) -> int:
     """Code steps a voice would take for `text` (Latin ~14 chars/s, CJK ~4.5 chars/s)."""
     cjk = sum(1 for ch in text if "\u3400" <= ch <= "\u9fff")
@@ -226,17 +240,7 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
             else:
                 handle = sched.submit(req.text, req.params)
                 target = lambda: scheduled(req, handle, asked)  # noqa: E731
-
-            def run() -> None:
-                try:
-                    target()
-                finally:
-                    if done is not None:
-                        done()
-
-            t = threading.Thread(target=run, daemon=True)
-            t.start()
-            return t
+            return start_request_thread(target, done)
 
         t0 = time.perf_counter()
         arrival.pace(plan, concurrency, start)
@@ -303,16 +307,7 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
             outcomes[req.index] = Outcome(req.index, False, time.perf_counter() - asked, first, samples=samples)
 
         def start(req: LoadRequest, done: Callable[[], None] | None) -> threading.Thread:
-            def run() -> None:
-                try:
-                    one(req)
-                finally:
-                    if done is not None:
-                        done()
-
-            t = threading.Thread(target=run, daemon=True)
-            t.start()
-            return t
+            return start_request_thread(lambda: one(req), done)
 
         server0, client0 = server_cpu_s(client, url), time.process_time()
         t0 = time.perf_counter()
