@@ -417,6 +417,7 @@ class QuantizationOptions:
     block_size: int | None  # int4 and auto
     accuracy_level: int | None  # int4 and auto
     algorithm: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # int4 only: rtn | k_quant | gptq
+    smooth_alpha: float | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static: SmoothQuant's alpha
     quantize_head: bool
     decoder: str  # DECODER_WEIGHTS
     exclude_patterns: list[str]

@@ -86,6 +86,7 @@ class QuantizeConfig:
     calibrate_method: str = "minmax"
     symmetric_activations: bool = False
     activation_type: str = "uint8"
+    smooth_alpha: float | None = None  # static: SmoothQuant migration (quantize/smooth.py), None: off
     exclude: tuple[str, ...] = ()
     block_size: int = 128
     accuracy_level: int = 4

@@ -8,9 +8,10 @@ raw tensors. Per MatMul weight W [K, N] (y = x W) and H = E[x x^T] + damping:
 - the columns of W^T (input channels k) are quantized in order; each one's rounding error, divided
   by the Cholesky factor U of H^-1 (U[k, k]), is carried onto the channels not yet quantized
   (W^T[:, j] -= err * U[k, j]): Frantar et al.'s GPTQ with lazy batches of `LAZY_BATCH` columns;
-- each block of `block_size` input channels gets RTN's symmetric scale (its largest weight / -8,
-  zero point 8) taken from the weights as they are when the block is reached (error already
-  carried in), so the graph is RTN's (same nodes, block size, accuracy level; speed is RTN's);
+- each block of `block_size` input channels gets a symmetric scale (zero point 8) chosen from the
+  weights as they are when the block is reached (error already carried in) by the importance
+  search of `int4_importance.block_scales`, weighted by H's diagonal; the graph is RTN's (same
+  nodes, block size, accuracy level; speed is RTN's);
 - H is block-diagonal when calibrate kept it so (`HESSIAN_BLOCK`: the 3072-wide down_proj inputs in
   768-channel blocks): each diagonal block is its own GPTQ problem, errors are carried within it.
 
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.quantize.int4_importance import pack_int4, rewrite_rtn_blocks
+from chattts_forge.quantize.int4_importance import block_scales, pack_int4, rewrite_rtn_blocks
 
 PERCDAMP = 0.01  # damping, a share of the mean diagonal of H (GPTQ's and onnxruntime's default)
 LAZY_BATCH = 128  # columns updated together before the rest of the matrix is touched
@@ -68,9 +69,7 @@ def gptq_columns(wt: np.ndarray, h: np.ndarray, block_size: int, offset: int = 0
         for i in range(i0, i1):
             if (offset + i) % block_size == 0 or i == 0:  # a new block: its scale from the current weights
                 end = min(i + block_size - (offset + i) % block_size, b)
-                block = wt[:, i:end]
-                signed_max = block[np.arange(n), np.abs(block).argmax(axis=1)]
-                scale = np.where(signed_max == 0, 1.0, signed_max / -8.0)
+                scale = block_scales(wt[:, i:end], np.diag(h)[i:end])[:, 0]
             q = np.clip(np.rint(wt[:, i] / scale) + 8, 0, 15)
             codes[:, i], scales[:, i] = q, scale
             e = (wt[:, i] - (q - 8) * scale) / u[i, i]

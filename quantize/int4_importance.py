@@ -2,10 +2,12 @@
 weighted by how large its input channels are, from calibrate's streamed statistics.
 
 onnxruntime's symmetric RTN (`int4.py`, `rtn`) sets every block's scale from its largest weight
-(scale = w_max / -8, zero point 8). Like llama.cpp's importance matrix, this searches, per block and
-output column, a few smaller scales and keeps the one with the least error
-sum_k E[x_k^2] (w_kn - s (q_kn - 8))^2, where E[x_k^2] is the mean square of input channel k of the
-MatMul (`TensorStats.mean_square`): a weight on a channel that is usually near zero matters little.
+(scale = w_max / -8, zero point 8). Like llama.cpp's importance matrix (`make_qx_quants`), this
+tries, per block and output column, smaller scales with the largest weight at either end of the
+code range (-8 or +7), refits each candidate's scale to its codes by weighted least squares, and
+keeps the one with the least error sum_k E[x_k^2] (w_kn - s (q_kn - 8))^2, where E[x_k^2] is the
+mean square of input channel k of the MatMul (`TensorStats.mean_square`): a weight on a channel
+that is usually near zero matters little. GPTQ (`int4_gptq.py`) picks its block scales the same way.
 The graph is RTN's (same MatMulNBits nodes, block size and accuracy level); only the packed weights
 and scales change, so speed is RTN's.
 """
@@ -28,6 +30,27 @@ from chattts_forge.quantize.int4 import quantize_int4_graph
 SCALE_GRID = tuple(np.round(np.arange(1.0, 0.69, -0.025), 3))
 
 
+def block_scales(w: np.ndarray, importance: np.ndarray) -> np.ndarray:
+    """The symmetric 4-bit scale of each block of `w` (a block: the values along axis 1) with the
+    least importance-weighted rounding error; `importance` broadcasts against `w`. Returns the
+    scales with axis 1 kept (size 1); an all-zero block gets 1."""
+    w = w.astype(np.float64)
+    signed_max = np.take_along_axis(w, np.abs(w).argmax(axis=1)[:, None], axis=1)  # RTN's reference weight
+    best_scale = np.where(signed_max == 0, 1.0, signed_max / -8.0)
+    best_err = np.full(signed_max.shape, np.inf)
+    for base in (signed_max / -8.0, signed_max / 7.0):  # the largest weight at code 0 or at code 15
+        for frac in SCALE_GRID:
+            s = base * frac
+            codes = np.clip(np.rint(w / np.where(s == 0, 1.0, s)) + 8, 0, 15) - 8
+            den = (importance * codes * codes).sum(axis=1, keepdims=True)
+            fit = np.where(den > 0, (importance * w * codes).sum(axis=1, keepdims=True) / np.where(den > 0, den, 1), 0)
+            err = (importance * (w - codes * fit) ** 2).sum(axis=1, keepdims=True)
+            better = (err < best_err) & (fit != 0)
+            best_err = np.where(better, err, best_err)
+            best_scale = np.where(better, fit, best_scale)
+    return best_scale
+
+
 def importance_blocks(w: np.ndarray, importance: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Packed 4-bit blocks [N, blocks, block/2] and scales [N, blocks] of a MatMul weight w [K, N]."""
     k, n = w.shape
@@ -35,22 +58,9 @@ def importance_blocks(w: np.ndarray, importance: np.ndarray, block_size: int) ->
     pad = blocks * block_size - k
     wp = np.pad(w, ((0, pad), (0, 0))).reshape(blocks, block_size, n)  # [b, j, n]
     imp = np.pad(np.maximum(importance, 0), (0, pad)).reshape(blocks, block_size, 1)
-    amax_idx = np.abs(wp).argmax(axis=1)  # signed maximum per block and column, as RTN
-    signed_max = np.take_along_axis(wp, amax_idx[:, None, :], axis=1)[:, 0, :]  # [b, n]
-    base = signed_max / -8.0
-    best_err = np.full(base.shape, np.inf)
-    best_scale = base.copy()
-    for frac in SCALE_GRID:
-        s = base * frac
-        safe = np.where(s == 0, 1.0, s)
-        q = np.clip(np.rint(wp / safe[:, None, :]) + 8, 0, 15)
-        err = (imp * (wp - (q - 8) * s[:, None, :]) ** 2).sum(axis=1)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_scale = np.where(better, s, best_scale)
-    safe = np.where(best_scale == 0, 1.0, best_scale)
-    q = np.clip(np.rint(wp / safe[:, None, :]) + 8, 0, 15).astype(np.uint8)  # [b, j, n]
-    return pack_int4(q.transpose(2, 0, 1)), best_scale.T.astype(np.float32)
+    scale = block_scales(wp, imp)  # [b, 1, n]
+    q = np.clip(np.rint(wp / scale) + 8, 0, 15).astype(np.uint8)  # [b, j, n]
+    return pack_int4(q.transpose(2, 0, 1)), scale[:, 0, :].T.astype(np.float32)
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -105,5 +115,5 @@ def quantize_importance_int4_graph(src: Path, dst: Path, mean_square: dict[str, 
     record, done = rewrite_rtn_blocks(src, dst, block_size, accuracy_level, exclude_nodes, blocks)
     record.update(algorithm="importance", symmetric=True, importance_matmuls=done,
                   importance="per-channel mean square of each MatMul input (streamed calibration statistics)",
-                  scale_grid=[float(f) for f in SCALE_GRID])
+                  scale_grid=[float(f) for f in SCALE_GRID], scale_fit="weighted least squares per candidate")
     return record

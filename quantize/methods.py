@@ -96,6 +96,7 @@ class QuantizationMethod:
     can_rebuild_fast_graph: ClassVar[bool] = False  # `fast_graph_quantizer` exists
     # The build hands it the calibration folder (static's ranges, int4's GPTQ, auto's search).
     build_calibrates: ClassVar[bool] = False
+    smooths: ClassVar[bool] = False  # reads --smooth-alpha (SmoothQuant migration, quantize/smooth.py)
     nbits_label: ClassVar[str] = "int4"  # per_op_precision of MatMulNBits ops
 
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
@@ -170,6 +171,9 @@ class QuantizationMethod:
 
     def check_request(self) -> None:
         """Every option and input the method reads, checked up front (the source's files already were)."""
+        if self.cfg.smooth_alpha is not None and not self.smooths:
+            raise ForgeError("--smooth-alpha applies to --method static with minmax ranges and asymmetric "
+                             f"activations, not {self.request}")
         self.check_options()
         if self.needs_calibration and self.cfg.calibration is None:
             raise ForgeError(f"{self.request} needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
@@ -411,6 +415,7 @@ class StaticInt8(QuantizationMethod):
     default_per_channel = True
     supports_fallback = True
     build_calibrates = True
+    smooths = True
 
     @property
     def needs_calibration(self) -> bool:
@@ -419,7 +424,14 @@ class StaticInt8(QuantizationMethod):
     def recorded_options(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
-                "symmetric_activations": cfg.symmetric_activations}
+                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": cfg.smooth_alpha}
+
+    def check_options(self) -> None:
+        from chattts_forge.quantize.smooth import check_alpha
+
+        if self.cfg.algorithm is not None:
+            raise ForgeError(f"--algorithm applies to --method int4, not {self.name}")
+        check_alpha(self.cfg.smooth_alpha)
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
@@ -427,7 +439,8 @@ class StaticInt8(QuantizationMethod):
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
         return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
-                                      statistics=(self.statistics(graph), graph), **extra)
+                                      statistics=(self.statistics(graph), graph),
+                                      smooth_alpha=self.cfg.smooth_alpha, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, component, exclude)
@@ -441,6 +454,13 @@ class LegacyStaticInt8(StaticInt8):
     `quantize_static` (`static.py`) on pre-processed plain graphs; the fused graph is dropped."""
 
     preprocesses = True
+    smooths = False  # onnxruntime's own quantize_static: no migration
+
+    @property
+    def request(self) -> str:
+        cfg = self.cfg
+        ranges = "" if cfg.calibrate_method == "minmax" else f" --calibrate-method {cfg.calibrate_method}"
+        return f"--method static{ranges}" + (" --symmetric-activations" if cfg.symmetric_activations else "")
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.static import StaticOptions, quantize_static_graph

@@ -34,6 +34,7 @@ from chattts_forge.calibration_data.observe import const_weight_matmuls, fused_f
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import replace_nodes
+from chattts_forge.quantize.smooth import smooth_inputs
 
 log = get_logger(__name__)
 
@@ -148,10 +149,12 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
 def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.ndarray]] | None = None, *,
                            activation_type: str = "uint8", reduce_range: bool = True,
                            exclude_nodes: Iterable[str] = (), threads: int = 1,
-                           statistics: tuple[Any, str] | None = None) -> dict[str, Any]:
+                           statistics: tuple[Any, str] | None = None,
+                           smooth_alpha: float | None = None) -> dict[str, Any]:
     """Static INT8 of every constant-weight MatMul of `src`. Ranges from `statistics` = (a
     `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's streamed min/max
     of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own inputs).
+    `smooth_alpha`: SmoothQuant migration first (`smooth.py`; needs `statistics`).
     Returns the options record for artifact.json."""
     if activation_type not in ACTIVATION_TYPES:
         raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
@@ -166,6 +169,12 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
         ranges, count = record_ranges(src, tensors, feeds, threads=threads)
     else:
         raise ForgeError(f"static INT8 of {src.name} needs calibration statistics or feeds")
+    smoothing = None
+    if smooth_alpha is not None:
+        if statistics is None:
+            raise ForgeError("SmoothQuant migration needs calibration statistics (per-channel absmax)")
+        smoothed = smooth_inputs(model, targets, statistics[0].tensors(statistics[1]), ranges, smooth_alpha)
+        ranges, smoothing = smoothed.ranges, smoothed.record(smooth_alpha)
     insert_qdq(model, ranges, [n.name for n in targets], activation_type, reduce_range)
     onnx.save(model, str(dst))
     log.info("static INT8 %s: %d MatMuls, %d activation ranges from %d samples", src.name,
@@ -183,4 +192,5 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
         "calibration_samples": count,
         "ranges_from": "streamed calibration statistics" if statistics is not None else "calibration feeds",
         "activation_ranges": {t: [round(lo, 6), round(hi, 6)] for t, (lo, hi) in ranges.items()},
+        **({"smoothing": smoothing} if smoothing else {}),
     }

@@ -155,8 +155,9 @@ def test_int4_algorithms_give_different_weights(tiny_artifacts, calib, tmp_path:
         quantize_int4_graph(src, tmp_path / "x.onnx", block_size=32, algorithm="gptq")
 
 
-def test_importance_blocks_are_onnxruntime_rtn_at_scale_one_and_weigh_channels(monkeypatch, tmp_path: Path):
+def test_importance_blocks_are_what_matmulnbits_computes_and_weigh_channels(tmp_path: Path):
     import numpy as np
+    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     import chattts_forge.quantize.int4_importance as imp
@@ -171,18 +172,22 @@ def test_importance_blocks_are_onnxruntime_rtn_at_scale_one_and_weigh_channels(m
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mm.onnx")
     quantize_int4_graph(tmp_path / "mm.onnx", tmp_path / "rtn.onnx", block_size=32, algorithm="rtn")
     ort_rtn = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "rtn.onnx")).graph.initializer}
-    with monkeypatch.context() as m:
-        m.setattr(imp, "SCALE_GRID", (1.0,))
-        packed, scales = imp.importance_blocks(w, np.ones(64), 32)
-    np.testing.assert_array_equal(packed, ort_rtn["W_Q4"])  # the same layout as onnxruntime's MatMulNBits
-    np.testing.assert_array_equal(scales, ort_rtn["W_scales"])
+
+    def dequant(packed, scales):
+        q = np.stack([packed & 15, packed >> 4], -1).reshape(48, 2, 32).astype(np.float32)
+        return ((q - 8) * scales[:, :, None]).reshape(48, 64).T
 
     def weighted_error(packed, scales, importance):
-        q = np.stack([packed & 15, packed >> 4], -1).reshape(48, 2, 32).astype(np.float32)
-        deq = ((q - 8) * scales[:, :, None]).reshape(48, 64).T
-        return float((importance[:, None] * (w - deq) ** 2).sum())
+        return float((importance[:, None] * (w - dequant(packed, scales)) ** 2).sum())
 
     importance = rng.uniform(0, 1, 64) ** 4  # a few input channels dominate
+    # The rewritten MatMulNBits computes x @ dequant(blocks): its layout is onnxruntime's.
+    imp.quantize_importance_int4_graph(tmp_path / "mm.onnx", tmp_path / "imp.onnx", {"x": importance}, block_size=32)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    rows = ort.InferenceSession(str(tmp_path / "imp.onnx"), opts, providers=["CPUExecutionProvider"])
+    got = np.concatenate([rows.run(["y"], {"x": np.eye(64, dtype=np.float32)[i:i + 1]})[0] for i in range(64)])
+    np.testing.assert_allclose(got, dequant(*imp.importance_blocks(w, importance, 32)), rtol=1e-5, atol=1e-6)
     searched = imp.importance_blocks(w, importance, 32)
     assert weighted_error(*searched, importance) < weighted_error(ort_rtn["W_Q4"], ort_rtn["W_scales"], importance)
 
@@ -410,4 +415,62 @@ def test_damaged_input_artifact_is_named_up_front(tiny_artifacts, tmp_path: Path
     (src / "decoder.onnx").write_bytes(b"short")
     with pytest.raises(ForgeError, match="decoder.onnx has 5 bytes"):
         quantize_artifact(src, tmp_path / "out", QuantizeConfig("dynamic", **FID))
+    assert not (tmp_path / "out").exists()
+
+
+def test_smoothing_moves_the_range_into_the_weights_and_keeps_the_function(tiny_artifacts, calib):
+    """SmoothQuant's migration alone (no rounding) computes what the FP32 graph computes; 1/s folds
+    into the normalizations before qkv and gate_up, a Mul stays before o_proj and down_proj."""
+    import onnxruntime as ort
+
+    from chattts_forge.quantize.smooth import smooth_inputs
+    from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
+
+    src = tiny_artifacts["fp32"] / "gpt_fast.onnx"
+    model = onnx.load(str(src))
+    targets = const_weight_matmuls(model)
+    stats = Statistics.load(calib / STATS_FILE).tensors("gpt_fast")
+    inputs = sorted({n.input[0] for n in targets})
+    ranges = {x: (stats[x].min, stats[x].max) for x in inputs}
+    done = smooth_inputs(model, targets, stats, ranges, alpha=0.5)
+    layers = len(targets) // 4
+    assert (done.folded, done.mul_nodes) == (2 * layers, 2 * layers)
+    assert set(done.inputs) == set(inputs) and len(done.ranges) == len(inputs)
+
+    def run(m: onnx.ModelProto, feed: dict) -> np.ndarray:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return sess.run(["last_hidden_state"], feed)[0]
+
+    original = onnx.load(str(src))
+    for sample in list(CalibrationStore(calib).iter_samples("gpt"))[:3]:
+        feed = fused_feed(sample)
+        a, b = run(model, feed), run(original, feed)
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
+def test_static_with_smoothing_records_it_and_keeps_integer_kernels(tiny_artifacts, calib, static, tmp_path: Path):
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "smooth",
+                            QuantizeConfig("static", calibration=calib, smooth_alpha=0.5, **FID))
+    meta = _meta(out)
+    assert meta["quantization"]["options"]["smooth_alpha"] == 0.5
+    for rec in (meta["quantization"]["components"]["gpt"], meta["components"]["gpt_fast"]["quantization"]):
+        assert rec["smoothing"]["alpha"] == 0.5 and rec["smoothing"]["folded_into_normalization"] > 0
+    ops = _ops(out / "gpt_fast.onnx")
+    assert {"QuantizeLinear", "DequantizeLinear", "Mul"} <= ops
+    assert meta["components"]["gpt_fast"]["parity"]["max_rel"] < 2 / 127  # both graphs smoothed alike
+    # Without the option nothing is recorded: static's artifact.json is what it was.
+    plain = _meta(static)["quantization"]
+    assert "smooth_alpha" not in plain["options"] and "smoothing" not in plain["components"]["gpt"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"method": "static", "smooth_alpha": 1.5}, "within 0..1"),
+    ({"method": "dynamic", "smooth_alpha": 0.5}, "applies to --method static"),
+    ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "percentile"}, "--calibrate-method percentile"),
+])
+def test_smoothing_options_are_refused_before_any_work(tiny_artifacts, calib, tmp_path: Path, options, message):
+    with pytest.raises(ForgeError, match=message):
+        quantize_artifact(tiny_artifacts["fp32"], tmp_path / "out", QuantizeConfig(calibration=calib, **options, **FID))
     assert not (tmp_path / "out").exists()
