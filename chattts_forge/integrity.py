@@ -53,6 +53,11 @@ log = get_logger(__name__)
 PUBLISHED_MANIFEST = "manifest.json"
 PUBLISHED_SUMS = "SHA256SUMS"
 SIGNATURE_NAME = "model.sig"  # the OpenSSF Model Signing signature of a published folder
+PUBLISHED_CARD = "README.md"  # the model card
+PUBLISHED_REPORT = "report.json"  # the gate report's copy (evaluate.report_schema.REPORT_NAME)
+# Every name publish adds: they describe one published folder, so an artifact made from it (quantize)
+# does not carry them, and publish refuses an artifact that does.
+PUBLISHED_NAMES = frozenset({PUBLISHED_MANIFEST, PUBLISHED_SUMS, SIGNATURE_NAME, PUBLISHED_CARD, PUBLISHED_REPORT})
 
 VERIFY_MODES = ("sha256", "full", "size", "none")
 VERIFY_ALIASES = {"cheap": "sha256"}  # the name of the default before every file was hashed

@@ -65,11 +65,12 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
-REPORT_NAME = "report.json"
+REPORT_NAME = PUBLISHED_REPORT
 REPORT_SCHEMA = "chattts-forge/report/1"
 INTEGRITY_KEY = "integrity"
 

@@ -24,17 +24,22 @@ from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta, FileEntry
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
-from chattts_forge.integrity import PUBLISHED_MANIFEST, PUBLISHED_SUMS, SIGNATURE_NAME
+from chattts_forge.integrity import (
+    PUBLISHED_CARD,
+    PUBLISHED_MANIFEST,
+    PUBLISHED_NAMES,
+    PUBLISHED_SUMS,
+)
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
 MANIFEST_NAME = PUBLISHED_MANIFEST  # the runtime reads it back (chattts_forge.integrity)
 SUMS_NAME = PUBLISHED_SUMS
-CARD_NAME = "README.md"
+CARD_NAME = PUBLISHED_CARD
 REPORT_COPY_NAME = REPORT_NAME
 # Names publish adds to a variant folder; an artifact carrying one of them is refused. model.sig (the
 # OpenSSF Model Signing signature, chattts_forge.signing) is written last, over every other file, and
 # so is in neither the manifest nor SHA256SUMS.
-RESERVED_NAMES = frozenset({MANIFEST_NAME, SUMS_NAME, CARD_NAME, REPORT_COPY_NAME, SIGNATURE_NAME})
+RESERVED_NAMES = PUBLISHED_NAMES
 
 LICENSES: dict[str, dict[str, str]] = {
     "chattts_code": {

@@ -39,6 +39,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
+from chattts_forge.integrity import PUBLISHED_NAMES
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
     component_fields,
@@ -124,7 +125,9 @@ class SourceGraphs:
 
 
 def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str]:
-    """Source files not copied as they are: the graphs quantized and any fused fast GPT graph.
+    """Source files not copied as they are: the graphs quantized, any fused fast GPT graph, and what
+    publish added when the source is a published folder (its manifest, sums, signature, card and
+    report describe that folder, not the quantized one).
 
     The fast graph of the source (runtime.fast_gpt_graph) is FP32, and the runtime would prefer it over
     the quantized gpt.onnx; the method rebuilds or quantizes it, or drops it
@@ -133,7 +136,7 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
     if cfg.decoder == "int8" and meta.has_component(DECODER):
         names.append(DECODER)
-    return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)}
+    return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)} | PUBLISHED_NAMES
 
 
 # ---- 3. quantizing the graphs ------------------------------------------------------------------
