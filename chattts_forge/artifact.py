@@ -418,6 +418,7 @@ class QuantizationOptions:
     accuracy_level: int | None  # int4 and auto
     algorithm: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # int4 only: rtn | k_quant | gptq
     smooth_alpha: float | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static: SmoothQuant's alpha
+    percentile: float | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static percentile ranges
     quantize_head: bool
     decoder: str  # DECODER_WEIGHTS
     exclude_patterns: list[str]

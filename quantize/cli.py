@@ -24,6 +24,9 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
 @click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
               help="Static: activation type (int8 is a ~20x slower onnxruntime CPU path).")
 @click.option("--symmetric-activations", is_flag=True, help="Static: symmetric activation ranges.")
+@click.option("--percentile", type=float, default=None,
+              help="Static with --calibrate-method percentile: clip each activation range at this percentile "
+                   "of |x| (from the streamed histograms; default 99.99).")
 @click.option("--smooth-alpha", type=float, default=None,
               help="Static: SmoothQuant migration of each MatMul input's per-channel range into its weights "
                    "(0..1; from the calibration statistics; default off).")

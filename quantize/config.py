@@ -87,6 +87,7 @@ class QuantizeConfig:
     symmetric_activations: bool = False
     activation_type: str = "uint8"
     smooth_alpha: float | None = None  # static: SmoothQuant migration (quantize/smooth.py), None: off
+    percentile: float | None = None  # static --calibrate-method percentile: the |x| percentile (default 99.99)
     exclude: tuple[str, ...] = ()
     block_size: int = 128
     accuracy_level: int = 4

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 PARITY_SAMPLES = 8  # recorded samples the quantized fused graph is compared with gpt.onnx on
+DEFAULT_PERCENTILE = 99.99  # static --calibrate-method percentile: the |x| percentile of each range
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
     "head_text": "fp32 (text head: only used by text refinement)",
@@ -424,7 +425,15 @@ class StaticInt8(QuantizationMethod):
     def recorded_options(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
-                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": cfg.smooth_alpha}
+                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": cfg.smooth_alpha,
+                "percentile": self.percentile}
+
+    @property
+    def percentile(self) -> float | None:
+        """The |x| percentile ranges are clipped at (`--calibrate-method percentile`), else None."""
+        if self.cfg.calibrate_method != "percentile":
+            return None
+        return DEFAULT_PERCENTILE if self.cfg.percentile is None else self.cfg.percentile
 
     def check_options(self) -> None:
         from chattts_forge.quantize.smooth import check_alpha
@@ -432,6 +441,10 @@ class StaticInt8(QuantizationMethod):
         if self.cfg.algorithm is not None:
             raise ForgeError(f"--algorithm applies to --method int4, not {self.name}")
         check_alpha(self.cfg.smooth_alpha)
+        if self.cfg.percentile is not None and self.cfg.calibrate_method != "percentile":
+            raise ForgeError("--percentile applies to --calibrate-method percentile")
+        if self.percentile is not None and not 50.0 < self.percentile <= 100.0:
+            raise ForgeError(f"--percentile must be within 50..100, got {self.percentile}")
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
@@ -440,7 +453,7 @@ class StaticInt8(QuantizationMethod):
         extra = {} if exclude is None else {"exclude_nodes": exclude}
         return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
                                       statistics=(self.statistics(graph), graph),
-                                      smooth_alpha=self.cfg.smooth_alpha, **extra)
+                                      smooth_alpha=self.cfg.smooth_alpha, percentile=self.percentile, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, component, exclude)
@@ -450,11 +463,21 @@ class StaticInt8(QuantizationMethod):
 
 
 class LegacyStaticInt8(StaticInt8):
-    """Static INT8 with entropy/percentile ranges or symmetric activations: onnxruntime's own
+    """Static INT8 with entropy ranges or symmetric activations: onnxruntime's own
     `quantize_static` (`static.py`) on pre-processed plain graphs; the fused graph is dropped."""
 
     preprocesses = True
     smooths = False  # onnxruntime's own quantize_static: no migration
+
+    @property
+    def percentile(self) -> float | None:
+        return None  # onnxruntime's percentile calibrator keeps its own setting
+
+    def check_options(self) -> None:
+        super().check_options()
+        if self.cfg.percentile is not None:
+            raise ForgeError("--percentile reads the streamed histograms: not with --symmetric-activations "
+                             "(onnxruntime's own quantize_static)")
 
     @property
     def request(self) -> str:
@@ -712,9 +735,9 @@ def method_class(name: str) -> type[QuantizationMethod]:
 
 
 def open_method(cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> QuantizationMethod:
-    """The method object `cfg` asks for (static with entropy/percentile ranges or symmetric
-    activations: onnxruntime's own quantize_static path)."""
+    """The method object `cfg` asks for (static with entropy ranges or symmetric activations:
+    onnxruntime's own quantize_static path)."""
     cls: Callable[..., QuantizationMethod] = method_class(cfg.method)
-    if cls is StaticInt8 and (cfg.calibrate_method != "minmax" or cfg.symmetric_activations):
+    if cls is StaticInt8 and (cfg.calibrate_method == "entropy" or cfg.symmetric_activations):
         cls = LegacyStaticInt8
     return cls(cfg, src, meta)

@@ -150,11 +150,12 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
                            activation_type: str = "uint8", reduce_range: bool = True,
                            exclude_nodes: Iterable[str] = (), threads: int = 1,
                            statistics: tuple[Any, str] | None = None,
-                           smooth_alpha: float | None = None) -> dict[str, Any]:
+                           smooth_alpha: float | None = None, percentile: float | None = None) -> dict[str, Any]:
     """Static INT8 of every constant-weight MatMul of `src`. Ranges from `statistics` = (a
     `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's streamed min/max
     of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own inputs).
-    `smooth_alpha`: SmoothQuant migration first (`smooth.py`; needs `statistics`).
+    `percentile`: each range clipped at that percentile of |x| (the streamed histograms);
+    `smooth_alpha`: SmoothQuant migration first (`smooth.py`). Both need `statistics`.
     Returns the options record for artifact.json."""
     if activation_type not in ACTIVATION_TYPES:
         raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
@@ -164,7 +165,9 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
     tensors = sorted({n.input[0] for n in targets})
     if statistics is not None:
         stats, graph = statistics
-        ranges, count = stats.ranges(graph, tensors), stats.samples(graph)
+        ranges, count = stats.ranges(graph, tensors, percentile=percentile), stats.samples(graph)
+    elif percentile is not None:
+        raise ForgeError("percentile ranges are read from calibration statistics (their histograms)")
     elif feeds is not None:
         ranges, count = record_ranges(src, tensors, feeds, threads=threads)
     else:
@@ -181,7 +184,8 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
              len(targets), len(tensors), count)
     return {
         "format": "QDQ (activation inputs only; fused by onnxruntime into MatMulIntegerToFloat)",
-        "calibrate_method": "minmax",
+        "calibrate_method": "minmax" if percentile is None else "percentile",
+        **({"percentile": percentile} if percentile is not None else {}),
         "per_channel": True,
         "weight_type": "int8 (symmetric, per output channel)",
         "weight_range": "7-bit (+-63, reduce_range)" if reduce_range else "8-bit (+-127)",

@@ -465,10 +465,27 @@ def test_static_with_smoothing_records_it_and_keeps_integer_kernels(tiny_artifac
     assert "smooth_alpha" not in plain["options"] and "smoothing" not in plain["components"]["gpt"]
 
 
+def test_percentile_ranges_come_from_the_streamed_histograms(tiny_artifacts, calib, static, tmp_path: Path):
+    """--calibrate-method percentile clips each range at a percentile of the streamed |x| histogram,
+    on both GPT graphs (the fused one is kept), never wider than minmax."""
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "p", QuantizeConfig(
+        "static", calibration=calib, calibrate_method="percentile", percentile=99.0, smooth_alpha=0.5, **FID))
+    meta, plain = _meta(out), _meta(static)
+    assert meta["quantization"]["options"]["percentile"] == 99.0
+    rec, minmax = meta["components"]["gpt_fast"]["quantization"], plain["components"]["gpt_fast"]["quantization"]
+    assert rec["calibrate_method"] == "percentile" and rec["percentile"] == 99.0
+    stats = Statistics.load(calib / STATS_FILE).ranges("gpt_fast", minmax["activation_ranges"], percentile=99.0)
+    assert any(hi < minmax["activation_ranges"][t][1] - 1e-6 for t, (_, hi) in stats.items())
+    assert all(hi <= minmax["activation_ranges"][t][1] + 1e-6 for t, (_, hi) in stats.items())
+    assert "percentile" not in plain["quantization"]["options"]
+
+
 @pytest.mark.parametrize("options, message", [
     ({"method": "static", "smooth_alpha": 1.5}, "within 0..1"),
     ({"method": "dynamic", "smooth_alpha": 0.5}, "applies to --method static"),
-    ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "percentile"}, "--calibrate-method percentile"),
+    ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "entropy"}, "--calibrate-method entropy"),
+    ({"method": "static", "percentile": 99.9}, "applies to --calibrate-method percentile"),
+    ({"method": "static", "calibrate_method": "percentile", "percentile": 10.0}, "within 50..100"),
 ])
 def test_smoothing_options_are_refused_before_any_work(tiny_artifacts, calib, tmp_path: Path, options, message):
     with pytest.raises(ForgeError, match=message):

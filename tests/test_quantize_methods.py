@@ -42,6 +42,7 @@ def test_the_registry_holds_every_method_of_the_contract() -> None:
 def test_options_select_the_class_and_its_defaults() -> None:
     assert type(_open("static")) is StaticInt8
     assert type(_open("static", calibrate_method="entropy")) is LegacyStaticInt8
+    assert type(_open("static", calibrate_method="percentile")) is StaticInt8  # the streamed histograms
     assert type(_open("static", symmetric_activations=True)) is LegacyStaticInt8
     assert _open("static").per_channel and not _open("dynamic").per_channel
     assert not _open("static", per_channel=False).per_channel
