@@ -419,6 +419,7 @@ class QuantizationOptions:
     algorithm: str | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # int4 only: rtn | k_quant | gptq
     smooth_alpha: float | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static: SmoothQuant's alpha
     percentile: float | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static percentile ranges
+    weight_bits: int | None = field(default=None, metadata=_OMITTED_WHEN_NONE)  # static, when not 7: 8 (VNNI CPUs)
     quantize_head: bool
     decoder: str  # DECODER_WEIGHTS
     exclude_patterns: list[str]

@@ -27,6 +27,10 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
 @click.option("--percentile", type=float, default=None,
               help="Static with --calibrate-method percentile: clip each activation range at this percentile "
                    "of |x| (from the streamed histograms; default 99.99).")
+@click.option("--weight-bits", type=click.Choice(["7", "8"]), default="7", show_default=True,
+              callback=lambda _ctx, _param, v: int(v),
+              help="Static: weight bits per channel. 8 is finer, but onnxruntime's u8s8 kernels saturate "
+                   "on CPUs without AVX-512 VNNI, AVX-VNNI or AMX (the runtime warns there).")
 @click.option("--smooth-alpha", type=float, default=None,
               help="Static: SmoothQuant migration of each MatMul input's per-channel range into its weights "
                    "(0..1; from the calibration statistics; default off).")

@@ -88,6 +88,7 @@ class QuantizeConfig:
     activation_type: str = "uint8"
     smooth_alpha: float | None = None  # static: SmoothQuant migration (quantize/smooth.py), None: off
     percentile: float | None = None  # static --calibrate-method percentile: the |x| percentile (default 99.99)
+    weight_bits: int = 7  # static: 7 (+-63: exact on every x86 CPU) or 8 (exact with VNNI/AMX only)
     exclude: tuple[str, ...] = ()
     block_size: int = 128
     accuracy_level: int = 4

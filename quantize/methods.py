@@ -58,6 +58,7 @@ log = get_logger(__name__)
 
 PARITY_SAMPLES = 8  # recorded samples the quantized fused graph is compared with gpt.onnx on
 DEFAULT_PERCENTILE = 99.99  # static --calibrate-method percentile: the |x| percentile of each range
+DEFAULT_WEIGHT_BITS = 7  # static: +-63 weights, exact in every x86 u8s8 kernel (quantize/static_fused.py)
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
     "head_text": "fp32 (text head: only used by text refinement)",
@@ -97,7 +98,8 @@ class QuantizationMethod:
     can_rebuild_fast_graph: ClassVar[bool] = False  # `fast_graph_quantizer` exists
     # The build hands it the calibration folder (static's ranges, int4's GPTQ, auto's search).
     build_calibrates: ClassVar[bool] = False
-    smooths: ClassVar[bool] = False  # reads --smooth-alpha (SmoothQuant migration, quantize/smooth.py)
+    # Static INT8 from the streamed statistics: reads --smooth-alpha (quantize/smooth.py) and --weight-bits.
+    statistics_static: ClassVar[bool] = False
     nbits_label: ClassVar[str] = "int4"  # per_op_precision of MatMulNBits ops
 
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
@@ -172,9 +174,11 @@ class QuantizationMethod:
 
     def check_request(self) -> None:
         """Every option and input the method reads, checked up front (the source's files already were)."""
-        if self.cfg.smooth_alpha is not None and not self.smooths:
-            raise ForgeError("--smooth-alpha applies to --method static with minmax ranges and asymmetric "
-                             f"activations, not {self.request}")
+        for flag, given in (("--smooth-alpha", self.cfg.smooth_alpha is not None),
+                            ("--weight-bits", self.cfg.weight_bits != DEFAULT_WEIGHT_BITS)):
+            if given and not self.statistics_static:
+                raise ForgeError(f"{flag} applies to --method static with minmax or percentile ranges and "
+                                 f"asymmetric activations, not {self.request}")
         self.check_options()
         if self.needs_calibration and self.cfg.calibration is None:
             raise ForgeError(f"{self.request} needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
@@ -416,7 +420,7 @@ class StaticInt8(QuantizationMethod):
     default_per_channel = True
     supports_fallback = True
     build_calibrates = True
-    smooths = True
+    statistics_static = True
 
     @property
     def needs_calibration(self) -> bool:
@@ -426,7 +430,8 @@ class StaticInt8(QuantizationMethod):
         cfg = self.cfg
         return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
                 "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": cfg.smooth_alpha,
-                "percentile": self.percentile}
+                "percentile": self.percentile,
+                "weight_bits": None if cfg.weight_bits == DEFAULT_WEIGHT_BITS else cfg.weight_bits}
 
     @property
     def percentile(self) -> float | None:
@@ -445,6 +450,8 @@ class StaticInt8(QuantizationMethod):
             raise ForgeError("--percentile applies to --calibrate-method percentile")
         if self.percentile is not None and not 50.0 < self.percentile <= 100.0:
             raise ForgeError(f"--percentile must be within 50..100, got {self.percentile}")
+        if self.cfg.weight_bits not in (7, 8):
+            raise ForgeError(f"--weight-bits must be 7 or 8, got {self.cfg.weight_bits}")
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
@@ -453,7 +460,8 @@ class StaticInt8(QuantizationMethod):
         extra = {} if exclude is None else {"exclude_nodes": exclude}
         return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
                                       statistics=(self.statistics(graph), graph),
-                                      smooth_alpha=self.cfg.smooth_alpha, percentile=self.percentile, **extra)
+                                      smooth_alpha=self.cfg.smooth_alpha, percentile=self.percentile,
+                                      reduce_range=self.cfg.weight_bits == 7, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, component, exclude)
@@ -467,7 +475,7 @@ class LegacyStaticInt8(StaticInt8):
     `quantize_static` (`static.py`) on pre-processed plain graphs; the fused graph is dropped."""
 
     preprocesses = True
-    smooths = False  # onnxruntime's own quantize_static: no migration
+    statistics_static = False  # onnxruntime's own quantize_static
 
     @property
     def percentile(self) -> float | None:

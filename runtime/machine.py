@@ -37,6 +37,17 @@ def cpu_flags() -> list[str]:
     return []
 
 
+# onnxruntime's u8 x s8 kernels add products in int32 with these (VPDPBUSD, AMX); without them
+# (VPMADDUBSW) two products share a saturating int16, which full-range (8-bit) weights overflow.
+UNSATURATED_U8S8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def u8s8_saturates() -> bool:
+    """Whether this CPU's u8s8 INT8 kernels saturate 8-bit weights (x86 without VNNI/AMX)."""
+    flags = cpu_flags()
+    return bool(flags) and "avx2" in flags and not any(f in flags for f in UNSATURATED_U8S8_FLAGS)
+
+
 def machine_info(threads: int | None, provider: str = "cpu") -> dict[str, Any]:
     """Where a measurement ran: CPU, cores, memory, threads, the onnxruntime provider the runtime used
     (`cpu` or `cuda`, resolved) and those available, platform, load, library versions and the

@@ -105,6 +105,16 @@ def _shrink_arena_options() -> Any:
     return options
 
 
+def warn_if_kernels_saturate(folder: Path, meta: ArtifactMeta) -> None:
+    """Static INT8 with 8-bit weights (`quantize --weight-bits 8`) computes what its gate measured only
+    where onnxruntime's u8s8 kernels do not saturate (`machine.u8s8_saturates`): say so elsewhere."""
+    from chattts_forge.runtime.machine import u8s8_saturates
+
+    if ((meta.quantization or {}).get("options") or {}).get("weight_bits") == 8 and u8s8_saturates():
+        log.warning("%s has 8-bit static INT8 weights, which this CPU's u8s8 kernels (no VNNI/AMX) saturate: "
+                    "its outputs are less faithful than its gate measured; use a 7-bit build here", folder)
+
+
 class ObservedSession:
     """A component's onnxruntime session whose `run` reports to the artifact's observers.
 
@@ -173,6 +183,8 @@ class Artifact:
         # Every recorded file, before the first session: a changed byte anywhere is refused here.
         self._expected = expected_files(self.path, self.meta)
         self.verification: CheckReport = check_files(self.path, self._expected, verify)
+        if self.provider == "cpu":
+            warn_if_kernels_saturate(self.path, self.meta)
         # debug: a command's one-line error must stay its only output (synth logs the summary at the end)
         log.debug("%s: %s", self.path, self.verification.summary())
         if self.public_key is not None:

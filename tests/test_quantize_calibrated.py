@@ -480,7 +480,35 @@ def test_percentile_ranges_come_from_the_streamed_histograms(tiny_artifacts, cal
     assert "percentile" not in plain["quantization"]["options"]
 
 
+def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_saturate(
+        tiny_artifacts, calib, static, tmp_path: Path, monkeypatch, caplog):
+    import logging
+
+    import chattts_forge.runtime.machine as machine
+    from chattts_forge.runtime import Artifact
+
+    out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "w8",
+                            QuantizeConfig("static", calibration=calib, weight_bits=8, **FID))
+    meta = _meta(out)
+    assert meta["quantization"]["options"]["weight_bits"] == 8
+    assert meta["components"]["gpt_fast"]["quantization"]["weight_range"] == "8-bit (+-127)"
+    w = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(out / "gpt_fast.onnx")).graph.initializer}
+    assert max(int(np.abs(v).max()) for k, v in w.items() if k.endswith("_quantized")) == 127
+    assert "weight_bits" not in _meta(static)["quantization"]["options"]  # 7 stays the unrecorded default
+    # The runtime warns only on a CPU whose u8s8 kernels saturate (AVX2 without VNNI or AMX).
+    for flags, warned in ((["avx2", "avx512_vnni"], False), (["avx2", "amx_int8"], False), (["avx2"], True)):
+        monkeypatch.setattr(machine, "cpu_flags", lambda flags=flags: flags)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            Artifact(out, verify="size")
+            Artifact(static, verify="size")
+        assert ("saturate" in caplog.text) == warned, flags
+        assert caplog.text.count("saturate") == int(warned)  # the 7-bit build never
+
+
 @pytest.mark.parametrize("options, message", [
+    ({"method": "static", "weight_bits": 9}, "7 or 8"),
+    ({"method": "dynamic", "weight_bits": 8}, "--weight-bits applies to --method static"),
     ({"method": "static", "smooth_alpha": 1.5}, "within 0..1"),
     ({"method": "dynamic", "smooth_alpha": 0.5}, "applies to --method static"),
     ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "entropy"}, "--calibrate-method entropy"),
