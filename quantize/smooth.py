@@ -85,8 +85,8 @@ def _foldable_weight(model: onnx.ModelProto, x: str, readers: int, inits: dict[s
 def smooth_inputs(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stats: dict[str, Any],
                   ranges: dict[str, tuple[float, float]], alpha: float) -> Smoothed:
     """Migrate the activation range of every input of `nodes` (constant-weight MatMuls of `model`)
-    into their weights, in place; `stats`: TensorStats per input, `ranges`: their ranges (minmax or
-    percentile-clipped)."""
+    into their weights, in place; `stats`: TensorStats per input, `ranges`: their minmax ranges (only
+    their signs are read: the migrated range is the largest max|x_j| / s_j)."""
     inits = {i.name: i for i in model.graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
@@ -105,11 +105,7 @@ def smooth_inputs(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stats: di
         for n, w in zip(group, weights, strict=True):
             inits[n.input[1]].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), n.input[1]))
         lo, hi = ranges[x]
-        # The given range's clipping share carries over (a percentile range; 1 for minmax): no
-        # histogram of x / s is streamed, s being chosen here.
-        widest = max(abs(stats[x].min), abs(stats[x].max))
-        share = max(abs(lo), abs(hi)) / widest if widest > 0 else 1.0
-        m = float(np.max(np.asarray(stats[x].absmax, np.float64) / s)) * min(share, 1.0)
+        m = float(np.max(np.asarray(stats[x].absmax, np.float64) / s))
         new_range = (-m if lo < 0 else 0.0, m if hi > 0 else 0.0)
         folded = _foldable_weight(model, x, len(group), inits)
         if folded is not None:

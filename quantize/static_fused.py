@@ -154,8 +154,8 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
     """Static INT8 of every constant-weight MatMul of `src`. Ranges from `statistics` = (a
     `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's streamed min/max
     of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own inputs).
-    `percentile`: each range clipped at that percentile of |x| (the streamed histograms);
-    `smooth_alpha`: SmoothQuant migration first (`smooth.py`). Both need `statistics`.
+    `percentile`: each range clipped at that percentile of |x| (the streamed histograms), or
+    `smooth_alpha`: SmoothQuant migration first (`smooth.py`); either needs `statistics`.
     Returns the options record for artifact.json."""
     if activation_type not in ACTIVATION_TYPES:
         raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
@@ -174,6 +174,8 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
         raise ForgeError(f"static INT8 of {src.name} needs calibration statistics or feeds")
     smoothing = None
     if smooth_alpha is not None:
+        if percentile is not None:
+            raise ForgeError("SmoothQuant migration takes minmax ranges, not percentile ones")
         if statistics is None:
             raise ForgeError("SmoothQuant migration needs calibration statistics (per-channel absmax)")
         smoothed = smooth_inputs(model, targets, statistics[0].tensors(statistics[1]), ranges, smooth_alpha)

@@ -469,7 +469,7 @@ def test_percentile_ranges_come_from_the_streamed_histograms(tiny_artifacts, cal
     """--calibrate-method percentile clips each range at a percentile of the streamed |x| histogram,
     on both GPT graphs (the fused one is kept), never wider than minmax."""
     out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "p", QuantizeConfig(
-        "static", calibration=calib, calibrate_method="percentile", percentile=99.0, smooth_alpha=0.5, **FID))
+        "static", calibration=calib, calibrate_method="percentile", percentile=99.0, **FID))
     meta, plain = _meta(out), _meta(static)
     assert meta["quantization"]["options"]["percentile"] == 99.0
     rec, minmax = meta["components"]["gpt_fast"]["quantization"], plain["components"]["gpt_fast"]["quantization"]
@@ -514,6 +514,7 @@ def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_sa
     ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "entropy"}, "--calibrate-method entropy"),
     ({"method": "static", "percentile": 99.9}, "applies to --calibrate-method percentile"),
     ({"method": "static", "calibrate_method": "percentile", "percentile": 10.0}, "within 50..100"),
+    ({"method": "static", "calibrate_method": "percentile", "smooth_alpha": 0.5}, "not with --calibrate-method"),
 ])
 def test_smoothing_options_are_refused_before_any_work(tiny_artifacts, calib, tmp_path: Path, options, message):
     with pytest.raises(ForgeError, match=message):
