@@ -32,8 +32,10 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
               help="Static: weight bits per channel. 8 is finer, but onnxruntime's u8s8 kernels saturate "
                    "on CPUs without AVX-512 VNNI, AVX-VNNI or AMX (the runtime warns there).")
 @click.option("--smooth-alpha", type=float, default=None,
-              help="Static: SmoothQuant migration of each MatMul input's per-channel range into its weights "
-                   "(0..1; from the calibration statistics; default off).")
+              help="Static: SmoothQuant migration strength (0..1, default 0.75): each MatMul input's per-channel "
+                   "range moved into its weights, from the calibration statistics.")
+@click.option("--smooth/--no-smooth", default=True, show_default=True,
+              help="Static: the SmoothQuant migration (off by itself with --calibrate-method percentile).")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep nodes whose name matches this glob in FP32 (repeatable).")
 @click.option("--block-size", default=128, show_default=True, type=int,

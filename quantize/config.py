@@ -86,7 +86,8 @@ class QuantizeConfig:
     calibrate_method: str = "minmax"
     symmetric_activations: bool = False
     activation_type: str = "uint8"
-    smooth_alpha: float | None = None  # static: SmoothQuant migration (quantize/smooth.py), None: off
+    smooth_alpha: float | None = None  # static: SmoothQuant's alpha (quantize/smooth.py), None: the default
+    smooth: bool = True  # static: the SmoothQuant migration at all
     percentile: float | None = None  # static --calibrate-method percentile: the |x| percentile (default 99.99)
     weight_bits: int = 7  # static: 7 (+-63: exact on every x86 CPU) or 8 (exact with VNNI/AMX only)
     exclude: tuple[str, ...] = ()

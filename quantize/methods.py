@@ -59,6 +59,9 @@ log = get_logger(__name__)
 PARITY_SAMPLES = 8  # recorded samples the quantized fused graph is compared with gpt.onnx on
 DEFAULT_PERCENTILE = 99.99  # static --calibrate-method percentile: the |x| percentile of each range
 DEFAULT_WEIGHT_BITS = 7  # static: +-63 weights, exact in every x86 u8s8 kernel (quantize/static_fused.py)
+# static: SmoothQuant's migration strength by default (full size, 512 sentences: agreement 0.754 without,
+# 0.793 at 0.5, 0.803 at 0.75; docs/measurements/2026-12-02-xeon).
+DEFAULT_SMOOTH_ALPHA = 0.75
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
     "head_text": "fp32 (text head: only used by text refinement)",
@@ -98,7 +101,8 @@ class QuantizationMethod:
     can_rebuild_fast_graph: ClassVar[bool] = False  # `fast_graph_quantizer` exists
     # The build hands it the calibration folder (static's ranges, int4's GPTQ, auto's search).
     build_calibrates: ClassVar[bool] = False
-    # Static INT8 from the streamed statistics: reads --smooth-alpha (quantize/smooth.py) and --weight-bits.
+    # Static INT8 from the streamed statistics: reads --smooth-alpha/--no-smooth (quantize/smooth.py)
+    # and --weight-bits.
     statistics_static: ClassVar[bool] = False
     nbits_label: ClassVar[str] = "int4"  # per_op_precision of MatMulNBits ops
 
@@ -174,7 +178,7 @@ class QuantizationMethod:
 
     def check_request(self) -> None:
         """Every option and input the method reads, checked up front (the source's files already were)."""
-        for flag, given in (("--smooth-alpha", self.cfg.smooth_alpha is not None),
+        for flag, given in (("--smooth-alpha", self.cfg.smooth_alpha is not None), ("--no-smooth", not self.cfg.smooth),
                             ("--weight-bits", self.cfg.weight_bits != DEFAULT_WEIGHT_BITS)):
             if given and not self.statistics_static:
                 raise ForgeError(f"{flag} applies to --method static with minmax or percentile ranges and "
@@ -429,7 +433,7 @@ class StaticInt8(QuantizationMethod):
     def recorded_options(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
-                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": cfg.smooth_alpha,
+                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": self.smooth_alpha,
                 "percentile": self.percentile,
                 "weight_bits": None if cfg.weight_bits == DEFAULT_WEIGHT_BITS else cfg.weight_bits}
 
@@ -440,12 +444,22 @@ class StaticInt8(QuantizationMethod):
             return None
         return DEFAULT_PERCENTILE if self.cfg.percentile is None else self.cfg.percentile
 
+    @property
+    def smooth_alpha(self) -> float | None:
+        """SmoothQuant's alpha: --smooth-alpha, else the default, except with --no-smooth and with
+        percentile ranges (which it does not combine with)."""
+        if not self.cfg.smooth or (self.cfg.smooth_alpha is None and self.percentile is not None):
+            return None
+        return DEFAULT_SMOOTH_ALPHA if self.cfg.smooth_alpha is None else self.cfg.smooth_alpha
+
     def check_options(self) -> None:
         from chattts_forge.quantize.smooth import check_alpha
 
         if self.cfg.algorithm is not None:
             raise ForgeError(f"--algorithm applies to --method int4, not {self.name}")
         check_alpha(self.cfg.smooth_alpha)
+        if self.cfg.smooth_alpha is not None and not self.cfg.smooth:
+            raise ForgeError("--smooth-alpha and --no-smooth contradict each other")
         if self.cfg.percentile is not None and self.cfg.calibrate_method != "percentile":
             raise ForgeError("--percentile applies to --calibrate-method percentile")
         if self.cfg.smooth_alpha is not None and self.cfg.calibrate_method == "percentile":
@@ -465,7 +479,7 @@ class StaticInt8(QuantizationMethod):
         extra = {} if exclude is None else {"exclude_nodes": exclude}
         return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
                                       statistics=(self.statistics(graph), graph),
-                                      smooth_alpha=self.cfg.smooth_alpha, percentile=self.percentile,
+                                      smooth_alpha=self.smooth_alpha, percentile=self.percentile,
                                       reduce_range=self.cfg.weight_bits == 7, **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
@@ -485,6 +499,10 @@ class LegacyStaticInt8(StaticInt8):
     @property
     def percentile(self) -> float | None:
         return None  # onnxruntime's percentile calibrator keeps its own setting
+
+    @property
+    def smooth_alpha(self) -> float | None:
+        return None
 
     def check_options(self) -> None:
         super().check_options()

@@ -460,24 +460,29 @@ def test_static_with_smoothing_records_it_and_keeps_integer_kernels(tiny_artifac
     ops = _ops(out / "gpt_fast.onnx")
     assert {"QuantizeLinear", "DequantizeLinear", "Mul"} <= ops
     assert meta["components"]["gpt_fast"]["parity"]["max_rel"] < 2 / 127  # both graphs smoothed alike
-    # Without the option nothing is recorded: static's artifact.json is what it was.
-    plain = _meta(static)["quantization"]
-    assert "smooth_alpha" not in plain["options"] and "smoothing" not in plain["components"]["gpt"]
+    # The default (the session's static artifact) smooths at 0.75; --no-smooth records none.
+    assert _meta(static)["quantization"]["components"]["gpt"]["smoothing"]["alpha"] == 0.75
+    off = _meta(quantize_artifact(tiny_artifacts["fp32"], tmp_path / "off", QuantizeConfig(
+        "static", calibration=calib, smooth=False, fidelity=False)))["quantization"]
+    assert "smooth_alpha" not in off["options"] and "smoothing" not in off["components"]["gpt"]
 
 
 def test_percentile_ranges_come_from_the_streamed_histograms(tiny_artifacts, calib, static, tmp_path: Path):
     """--calibrate-method percentile clips each range at a percentile of the streamed |x| histogram,
-    on both GPT graphs (the fused one is kept), never wider than minmax."""
+    on both GPT graphs (the fused one is kept), never wider than minmax; the default smoothing is off
+    with it."""
     out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "p", QuantizeConfig(
         "static", calibration=calib, calibrate_method="percentile", percentile=99.0, **FID))
-    meta, plain = _meta(out), _meta(static)
+    meta = _meta(out)
     assert meta["quantization"]["options"]["percentile"] == 99.0
-    rec, minmax = meta["components"]["gpt_fast"]["quantization"], plain["components"]["gpt_fast"]["quantization"]
-    assert rec["calibrate_method"] == "percentile" and rec["percentile"] == 99.0
-    stats = Statistics.load(calib / STATS_FILE).ranges("gpt_fast", minmax["activation_ranges"], percentile=99.0)
-    assert any(hi < minmax["activation_ranges"][t][1] - 1e-6 for t, (_, hi) in stats.items())
-    assert all(hi <= minmax["activation_ranges"][t][1] + 1e-6 for t, (_, hi) in stats.items())
-    assert "percentile" not in plain["quantization"]["options"]
+    assert "smooth_alpha" not in meta["quantization"]["options"]
+    rec = meta["components"]["gpt_fast"]["quantization"]
+    assert rec["calibrate_method"] == "percentile" and rec["percentile"] == 99.0 and "smoothing" not in rec
+    recorded = {t: tuple(r) for t, r in rec["activation_ranges"].items()}
+    minmax = Statistics.load(calib / STATS_FILE).ranges("gpt_fast", recorded)
+    assert any(recorded[t][1] < hi - 1e-6 for t, (_, hi) in minmax.items())
+    assert all(recorded[t][1] <= hi + 1e-6 and recorded[t][0] >= lo - 1e-6 for t, (lo, hi) in minmax.items())
+    assert "percentile" not in _meta(static)["quantization"]["options"]
 
 
 def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_saturate(
@@ -515,6 +520,8 @@ def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_sa
     ({"method": "static", "percentile": 99.9}, "applies to --calibrate-method percentile"),
     ({"method": "static", "calibrate_method": "percentile", "percentile": 10.0}, "within 50..100"),
     ({"method": "static", "calibrate_method": "percentile", "smooth_alpha": 0.5}, "not with --calibrate-method"),
+    ({"method": "static", "smooth": False, "smooth_alpha": 0.5}, "contradict"),
+    ({"method": "dynamic", "smooth": False}, "--no-smooth applies to --method static"),
 ])
 def test_smoothing_options_are_refused_before_any_work(tiny_artifacts, calib, tmp_path: Path, options, message):
     with pytest.raises(ForgeError, match=message):
