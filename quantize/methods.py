@@ -59,8 +59,8 @@ log = get_logger(__name__)
 PARITY_SAMPLES = 8  # recorded samples the quantized fused graph is compared with gpt.onnx on
 DEFAULT_PERCENTILE = 99.99  # static --calibrate-method percentile: the |x| percentile of each range
 DEFAULT_WEIGHT_BITS = 7  # static: +-63 weights, exact in every x86 u8s8 kernel (quantize/static_fused.py)
-# static: SmoothQuant's migration strength by default (full size, 512 sentences: agreement 0.754 without,
-# 0.793 at 0.5, 0.803 at 0.75; docs/measurements/2026-12-02-xeon).
+# static: SmoothQuant's migration strength, the best of those measured with 7-bit weights at full size
+# (docs/measurements/2026-12-02-xeon).
 DEFAULT_SMOOTH_ALPHA = 0.75
 NOT_QUANTIZED = {
     "embed": "fp32 (Gather lookups; no integer kernel gain)",
@@ -464,7 +464,7 @@ class StaticInt8(QuantizationMethod):
             raise ForgeError("--percentile applies to --calibrate-method percentile")
         if self.cfg.smooth_alpha is not None and self.cfg.calibrate_method == "percentile":
             # No histogram of x / s is streamed (s is chosen here); clipping it by x's own percentile
-            # cut real signal once the outlier channels had moved into the weights (measured: 0.72 vs 0.82).
+            # cut real signal once the outlier channels had moved into the weights.
             raise ForgeError("--smooth-alpha takes its ranges from the per-channel maxima: not with "
                              "--calibrate-method percentile")
         if self.percentile is not None and not 50.0 < self.percentile <= 100.0:

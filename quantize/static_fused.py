@@ -18,6 +18,7 @@ this build machine) multiply u8 x s8 with `vpmaddubsw`, which adds two products 
 int16 (255 * 127 * 2 > 32767). Per-channel scales put a +-127 weight in every column, so full-range
 weights saturate often: measured on the tiny checkpoint (fused graph, 4 held-out sentences), top-1
 agreement 0.83 with 8-bit per-channel weights, 0.94 with 7-bit ones (dynamic INT8: 0.96).
+`--weight-bits 8` is for CPUs with VNNI or AMX, whose kernels add in int32 (the runtime warns elsewhere).
 """
 
 from __future__ import annotations
