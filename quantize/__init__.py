@@ -25,13 +25,14 @@ stage) and the convolutions (Decoder, DVAE: dynamic ConvInteger is a slow CPU pa
 vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The fused GPT and the
 Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`).
 The stage's steps: `quantize.py`; the methods: `methods.py` (quantizers: `dynamic.py`, `static.py`,
-`static_fused.py`, `int4.py`, `auto.py`).
+`static_fused.py` with `smooth.py`, `int4.py`, `int4_gptq.py`, `int4_importance.py`, `auto.py`).
 A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: each method
 says what becomes of it (`QuantizationMethod.write_fast_graph`): dynamic and RTN int4 rebuild it with
-the same quantizer (`fast_graph_quantizer`), static (minmax), calibrated int4 (k_quant, gptq) and
+the same quantizer (`fast_graph_quantizer`), static (minmax or percentile ranges, SmoothQuant),
+calibrated int4 (k_quant, gptq, importance) and
 auto quantize the source's own gpt_fast.onnx with the same per-MatMul choices as gpt.onnx
 (`fused.py`; parity of the two graphs on the recorded samples is recorded); fallback runs and
-legacy static (entropy/percentile/symmetric, via onnxruntime's quantize_static) drop it so the
+legacy static (entropy/symmetric, via onnxruntime's quantize_static) drop it so the
 runtime uses the quantized `gpt.onnx`. Before any work the input artifact's files are checked
 against their recorded sizes and sha256, and the calibration folder against the artifact (`inputs.py`). Calibration: `chattts-forge calibrate`
 (`chattts_forge.calibration_data`). Decode-step timing of the results:

@@ -73,8 +73,9 @@ def quantize(artifact_dir: Path, out_dir: Path, **options: Any) -> None:
 
     \b
     dynamic  onnxruntime dynamic INT8 (GPT + code head), signed weights, per tensor
-    static   INT8 from `calibrate` data on gpt.onnx and the fused gpt_fast.onnx (per-channel weights, uint8 activations)
-    int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4; rtn, k_quant or calibrated gptq)
+    static   INT8 from `calibrate` statistics on gpt.onnx and the fused gpt_fast.onnx (per-channel weights,
+             uint8 activations, SmoothQuant migration)
+    int4     MatMulNBits 4-bit weight-only (block 128, accuracy_level 4; rtn, k_quant, calibrated gptq or importance)
     auto     per-MatMul FP32/INT8/INT4 from sensitivity + search: the fastest that meets --gate's fidelity
     Every method also stores the Decoder's MatMuls as weight-only INT8 unless --decoder fp32.
     With --min-agreement/--min-cosine/--max-kl, static and dynamic keep the most harmful nodes in FP32,
