@@ -16,6 +16,7 @@ graph's Mul by its weight), else a Mul node is inserted before the QuantizeLinea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,13 +62,12 @@ class Smoothed:
                 "factors_from": "per-channel absmax of each MatMul input (streamed calibration statistics)"}
 
 
-def _foldable_weight(model: onnx.ModelProto, x: str, readers: int, inits: dict[str, onnx.TensorProto]) -> str | None:
-    """The per-channel weight initializer of the node producing `x` when 1/s can be folded into it."""
-    producer = next((n for n in model.graph.node if x in n.output), None)
-    if producer is None:
-        return None
-    uses = sum(1 for n in model.graph.node for i in n.input if i == x)
-    if uses != readers or any(o.name == x for o in model.graph.output):
+def _foldable_weight(producer: onnx.NodeProto | None, x: str, readers: int, uses: Mapping[str, int],
+                     inits: Mapping[str, onnx.TensorProto]) -> str | None:
+    """The per-channel weight initializer of `producer` (the node writing `x`) when 1/s can be folded
+    into it: x has no reader but the `readers` smoothed MatMuls, the weight no other user.
+    `uses`: how many node inputs read each tensor (graph outputs counted)."""
+    if producer is None or uses.get(x, 0) != readers:
         return None
     if producer.op_type in FOLDABLE and producer.output[0] == x:
         name = producer.input[FOLDABLE[producer.op_type]]
@@ -75,9 +75,7 @@ def _foldable_weight(model: onnx.ModelProto, x: str, readers: int, inits: dict[s
         name = next((i for i in producer.input if i in inits and len(inits[i].dims) == 1), None)
     else:
         return None
-    if name is None or name not in inits:
-        return None
-    if sum(1 for n in model.graph.node for i in n.input if i == name) != 1:
+    if name is None or name not in inits or uses.get(name, 0) != 1:
         return None  # shared with another node: folding would change it too
     return name
 
@@ -91,15 +89,15 @@ def smooth_inputs(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stats: di
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
         readers.setdefault(n.input[0], []).append(n)
-    weight_users: dict[str, int] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            weight_users[i] = weight_users.get(i, 0) + 1
+    producers = {o: n for n in model.graph.node for o in n.output}
+    uses: dict[str, int] = {}  # node inputs reading each tensor, and a graph output as one more
+    for name in [i for n in model.graph.node for i in n.input] + [o.name for o in model.graph.output]:
+        uses[name] = uses.get(name, 0) + 1
     out = Smoothed({}, {}, 0, 0)
     inserted: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (mul, the first reader)
     for x, group in readers.items():
         weights = [numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in group]
-        if any(weight_users[n.input[1]] != 1 for n in group):
+        if any(uses[n.input[1]] != 1 for n in group):
             raise ForgeError(f"a weight read by {group[0].name} is shared with another node: cannot smooth it")
         s = smoothing_factors(stats[x].absmax, weights, alpha)
         for n, w in zip(group, weights, strict=True):
@@ -107,7 +105,7 @@ def smooth_inputs(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stats: di
         lo, hi = ranges[x]
         m = float(np.max(np.asarray(stats[x].absmax, np.float64) / s))
         new_range = (-m if lo < 0 else 0.0, m if hi > 0 else 0.0)
-        folded = _foldable_weight(model, x, len(group), inits)
+        folded = _foldable_weight(producers.get(x), x, len(group), uses, inits)
         if folded is not None:
             gamma = numpy_helper.to_array(inits[folded]).astype(np.float32)
             if gamma.shape != s.shape:

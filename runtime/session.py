@@ -35,6 +35,7 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.machine import u8s8_saturates
 from chattts_forge.runtime.providers import resolve_provider, session_providers
 
 log = get_logger(__name__)
@@ -108,8 +109,6 @@ def _shrink_arena_options() -> Any:
 def warn_if_kernels_saturate(folder: Path, meta: ArtifactMeta) -> None:
     """Static INT8 with 8-bit weights (`quantize --weight-bits 8`) computes what its gate measured only
     where onnxruntime's u8s8 kernels do not saturate (`machine.u8s8_saturates`): say so elsewhere."""
-    from chattts_forge.runtime.machine import u8s8_saturates
-
     if ((meta.quantization or {}).get("options") or {}).get("weight_bits") == 8 and u8s8_saturates():
         log.warning("%s has 8-bit static INT8 weights, which this CPU's u8s8 kernels (no VNNI/AMX) saturate: "
                     "its outputs are less faithful than its gate measured; use a 7-bit build here", folder)
