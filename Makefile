@@ -39,6 +39,7 @@ help:
 	@echo "make artifacts   build, gate and publish the default artifacts (PRESET=$(PRESET) SEED=$(SEED) CHECKPOINT=$(CHECKPOINT))"
 	@echo "make test        run the test suite"
 	@echo "make env GPU=1   a CUDA environment (onnxruntime-gpu) in $(if $(GPU),$(VENV),.venv-gpu)"
+	@echo "make full-check  the full-size check: every stage at the released size, fewer sentences (docs/testing.md)"
 	@echo "make lint        ruff"
 	@echo "variables: VENV=$(VENV) BUILD=$(BUILD) ARTIFACTS=$(ARTIFACTS)"
 
@@ -119,6 +120,22 @@ artifacts: env
 
 checkpoint: env
 	$(PIPELINE) --until checkpoint
+
+# The full-size check (docs/testing.md): the released dimensions through every stage with fewer
+# calibration and evaluation sentences, every variant gated and published into its own folder, and
+# a non-zero exit when a quantized variant that should publish does not. Run it before closing an
+# issue that touches convert, calibrate, quantize, evaluate or publish.
+FULL_CHECK_DIR ?= $(BUILD)/full-check
+FULL_CHECK_REQUIRED ?= int8-dynamic,int8-dynamic-kv8,int8-static,auto
+FULL_CHECK_ARGS := --stage-args 'calibrate=--max-samples 48' \
+	--stage-args 'quantize=--fidelity-sentences 4' \
+	--stage-args 'evaluate=--max-sentences 4 --fidelity-sentences 4 --bucket-sentences 2 --cache-phrases 2' \
+	--no-pytorch-baseline
+.PHONY: full-check
+full-check: env
+	$(PY) -m chattts_forge.driver --preset full --seed $(SEED) --build $(FULL_CHECK_DIR) --to $(FULL_CHECK_DIR)/artifacts \
+		$(if $(strip $(SIGN_KEY)),--sign-key '$(SIGN_KEY)') $(FULL_CHECK_ARGS) --require-published $(FULL_CHECK_REQUIRED)
+	$(FORGE) verify $(FULL_CHECK_DIR)/artifacts --public-key $(FULL_CHECK_DIR)/artifacts/signing-key.pub
 
 
 .PHONY: verify

@@ -7,7 +7,8 @@
 
 Sentences are generated `batch_size` at a time (each row its own speaker) by the torch-free runtime,
 `chattts_forge.runtime.Pipeline`, whose session runs `recorder.instrument` observes through the
-runtime's public observer hook. What is recorded:
+runtime's public observer hook (the fused GPT graph generates; its observed steps are replayed as the
+plain graph's feeds, `recorder.PlainFeedGptStep`). What is recorded:
 
 - `gpt`: the prefill of every sentence (its own unpadded row) plus `decode_positions` decode steps per
   batch (drawn with the seed of its first sentence; one row per sentence still generating); each is
@@ -16,7 +17,8 @@ runtime's public observer hook. What is recorded:
   projection MatMul input; the KV cache's per-channel max |x|). The fused gpt_fast.onnx's statistics
   are gpt.onnx's under its names (the same activations, matched on a probe at start-up);
 - `head_code`: the hidden state of `head_steps` steps per batch (statistics likewise);
-- `decoder`, `dvae`: the GPT hidden states and the codes of each sentence (raw sample only).
+- `decoder`, `dvae`: the GPT hidden states and the codes of each sentence (raw sample only: a
+  sentence the raw sample would not keep is counted without running the graph).
 
 Only a seeded sample of the raw inputs is kept (`store.RawSample`: at most `RAW_SAMPLE_COUNTS` per
 component, within the disk budget, and only steps whose past is at most `max_past`). Memory: the
@@ -44,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, is_builtin_spec, load_corpus
@@ -67,6 +68,7 @@ from chattts_forge.calibration_data.store import (
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.progress import Progress
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
@@ -493,6 +495,12 @@ class _Recorder:
                     self.raw[c].adopt(key, size, store.path / rel)
                     self.sample_sentence[f"{c}/{Path(rel).name}"] = store.manifest.get("sample_sentences", {}).get(rel, "")
 
+    def raw_wanted(self, component: str, row: int) -> bool:
+        """Whether the raw sample would keep `row`'s next input of `component` (its key is below the cut)."""
+        assert self.batch is not None
+        idx = self.batch.index[row].get(component, 0)
+        return self.raw[component].would_keep(sample_key(self.cfg.seed, self.batch.shas[row], component, idx))
+
     def keep_raw(self, component: str, row: int, feed: Mapping[str, Any], condition: bool = True) -> None:
         assert self.batch is not None
         sha = self.batch.shas[row]
@@ -563,13 +571,11 @@ class _Recorder:
         used: list[int] = []
         self._source = corp.sentences
         batches = self._batches(corp, plan)
-        bar = tqdm(total=len(plan.picked), desc="calibrate", unit="sent",
-                   disable=self.cfg.progress is False if self.cfg.progress is not None else None)
-        for batch in batches:
-            used.extend(self._record_batch(batch, plan.stems))
-            bar.update(len(batch))
-            bar.set_postfix(raw_MB=f"{sum(r.bytes for r in self.raw.values()) / (1 << 20):.0f}")
-        bar.close()
+        with Progress(len(plan.picked), "calibrate", "sent", enabled=self.cfg.progress) as bar:
+            for batch in batches:
+                used.extend(self._record_batch(batch, plan.stems))
+                bar.update(len(batch))
+                bar.set_postfix_str(f"raw sample {sum(r.bytes for r in self.raw.values()) / (1 << 20):.0f} MB")
         if plan.picked:
             check_recorded(recording, "gpt")
         recording.remove()
@@ -621,10 +627,13 @@ class _Recorder:
         self.counters["batches"] += 1
         for row, (codes, hiddens) in enumerate(zip(gen.ids, gen.hiddens, strict=True)):
             self._decoding_row = row
-            if len(hiddens) and pipe.artifact.has_component("decoder"):
-                pipe.decode_mel(hiddens)  # records the Decoder input
-            if len(codes) and pipe.artifact.has_component("dvae"):
-                pipe.decode_mel(codes, use_decoder=False)  # records the DVAE input
+            for component, steps in (("decoder", hiddens), ("dvae", codes)):
+                if not (len(steps) and pipe.artifact.has_component(component)):
+                    continue
+                if self.raw_wanted(component, row):  # records the input (on_run); its mel is not needed
+                    pipe.decode_mel(steps, use_decoder=component == "decoder")
+                else:  # counted as offered, as if decoded, without running the graph
+                    self.keep_raw(component, row, {}, condition=False)
         self.batch = None
         return [i for i, _ in rows]
 

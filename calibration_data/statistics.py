@@ -47,6 +47,10 @@ HIST_LOW_EXP, HIST_HIGH_EXP, HIST_BINS_PER_OCTAVE = -20, 20, 32
 HIST_BINS = 1 + (HIST_HIGH_EXP - HIST_LOW_EXP) * HIST_BINS_PER_OCTAVE
 # X^T X is kept in diagonal blocks of this many input channels (whole when the width is no multiple).
 HESSIAN_BLOCK = 768
+# Rows X^T X gathers before one product: a prefill's 32 rows or a decode step's 8 make a thin product
+# that writes the whole 768^2 block for little arithmetic; 256 rows per product cost a third per row,
+# for ~110 MB of pending rows over a full-size GPT's 80 MatMul inputs.
+HESSIAN_FLUSH_ROWS = 256
 
 
 def hessian_block(channels: int) -> int:
@@ -82,6 +86,8 @@ class TensorStats:
     xtx: np.ndarray | None = None  # [blocks, block, block] float32 X^T X (GPTQ's Hessian), or None
     xtx_rows: int = 0  # rows X^T X summed (a prefill may give it a subsample of its tokens)
     nonfinite_rows: int = 0  # rows holding inf/NaN, left out of every statistic (and counted)
+    # rows counted in xtx_rows whose product is not yet in xtx (`flush_hessian` adds them)
+    pending: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.absmax.size == 0:
@@ -100,7 +106,19 @@ class TensorStats:
         """E[x x^T] [blocks, block, block] (float64), the mean over every row seen."""
         if self.xtx is None:
             raise ForgeError("these calibration statistics hold no X^T X (re-run `calibrate`)")
+        self.flush_hessian()
         return self.xtx.astype(np.float64) / max(self.xtx_rows, 1)
+
+    def flush_hessian(self) -> None:
+        """Add the pending rows' X^T X (one BLAS product per diagonal block)."""
+        if not self.pending or self.xtx is None:
+            return
+        rows = self.pending[0] if len(self.pending) == 1 else np.concatenate(self.pending)
+        self.pending = []
+        b = self.xtx.shape[1]
+        for k in range(self.xtx.shape[0]):
+            cols = np.ascontiguousarray(rows[:, k * b : (k + 1) * b])
+            self.xtx[k] += cols.T @ cols
 
     def update(self, x: np.ndarray, hessian_rows: np.ndarray | None = None) -> None:
         """Fold `x` in; `hessian_rows`: the rows (of x flattened to [rows, channels]) X^T X sums, all when None."""
@@ -127,11 +145,10 @@ class TensorStats:
         self.sum_sq += np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
         if self.xtx is not None:
             part = flat if hessian_rows is None else flat[hessian_rows]
-            b = self.xtx.shape[1]
-            for k in range(self.xtx.shape[0]):  # one BLAS product per diagonal block
-                cols = np.ascontiguousarray(part[:, k * b : (k + 1) * b])
-                self.xtx[k] += cols.T @ cols
+            self.pending.append(part)
             self.xtx_rows += part.shape[0]
+            if sum(len(p) for p in self.pending) >= HESSIAN_FLUSH_ROWS:
+                self.flush_hessian()
         self.rows += flat.shape[0]
         self.samples += x.shape[0] if x.ndim >= 2 else 1  # a batch of rows: one sample each
 
@@ -143,6 +160,8 @@ class TensorStats:
         np.maximum(self.absmax, other.absmax, out=self.absmax)
         self.sum_sq += other.sum_sq
         if self.xtx is not None and other.xtx is not None:
+            self.flush_hessian()
+            other.flush_hessian()
             self.xtx += other.xtx
             self.xtx_rows += other.xtx_rows
         elif self.xtx is not None or other.xtx is not None:
@@ -241,6 +260,7 @@ class Statistics:
                 if name in mine:
                     mine[name].merge(st)
                 else:
+                    st.flush_hessian()
                     mine[name] = TensorStats(st.channels, st.min, st.max, st.hist.copy(), st.absmax.copy(),
                                              st.sum_sq.copy(), st.rows, st.samples,
                                              None if st.xtx is None else st.xtx.copy(), st.xtx_rows)
@@ -325,6 +345,7 @@ class Statistics:
                 if st.nonfinite_rows:
                     entries[name]["nonfinite_rows"] = st.nonfinite_rows
                 if st.xtx is not None:  # symmetric: the upper triangle of each block is enough
+                    st.flush_hessian()
                     iu = np.triu_indices(st.xtx.shape[1])
                     arrays[f"{tag}.xtx"] = st.xtx[:, iu[0], iu[1]]
                     entries[name]["hessian_block"] = int(st.xtx.shape[1])

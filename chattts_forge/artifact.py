@@ -77,7 +77,10 @@ METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4", "auto":
 # the method's variant plus a suffix, so it is published beside the float-cache one, never over it.
 KV_CACHES = ("fp32", "int8")
 # The Decoder of a quantized variant (`quantize --decoder`): its MatMuls weight-only int8, or fp32.
-DECODER_WEIGHTS = ("int8", "fp32")
+# The Decoder's MatMuls in quantized variants: weight-only INT8 computed in float ("int8", the default:
+# streamed audio equals whole-text audio), the same with int8 activations ("int8-a8": faster, but a
+# rounding difference at a stream window's edge flips activation codes, so streams are inexact), or FP32.
+DECODER_WEIGHTS = ("int8", "int8-a8", "fp32")
 KV_CACHE_SUFFIX = {"fp32": "", "int8": "-kv8"}
 
 

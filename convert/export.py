@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from chattts_forge.artifact import (
     COMPONENTS,
     EXTERNAL_DATA_SUFFIX,
@@ -69,6 +67,7 @@ from chattts_forge.convert.parity import ParityCase, check_parity, make_session
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.log import get_logger
+from chattts_forge.progress import Progress
 
 log = get_logger(__name__)
 
@@ -201,8 +200,8 @@ def _export_all(src: SourceModules, to: _Targets) -> tuple[dict[str, Any], dict[
     comps32: dict[str, Any] = {}
     comps16: dict[str, Any] = {}
     fp16_info: dict[str, Any] = {"converter": "", "converters": {}, "op_block_list": [], "error_vs_fp32": {}}
-    bar = tqdm(COMPONENTS, desc="convert", unit="graph", leave=False)
-    for name in bar:
+    bar = Progress(len(COMPONENTS), "convert", "graph", leave=False)
+    for name in COMPONENTS:
         bar.set_postfix_str(name)
         spec = SPEC_BUILDERS[name](src, to.dims)
         model = export_model(spec, to.opset)
@@ -223,6 +222,7 @@ def _export_all(src: SourceModules, to: _Targets) -> tuple[dict[str, Any], dict[
             fp16_info["converters"][name] = f"{KEPT_FP32}, byte-identical to fp32/)"
         # Free the graph and the cases now (the full GPT is ~0.8 GB in each form).
         del model, cases, outputs32, spec
+        bar.update(1)
     bar.close()
     if to.dir16 is not None:
         _fp16_summary(fp16_info)

@@ -55,6 +55,7 @@ from chattts_forge.artifact import (
     VARIANTS,
 )
 from chattts_forge.codegraph import CodeGraph, Layout
+from chattts_forge.driver.steplog import run_stage
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs, sha256_file
 from chattts_forge.log import get_logger, setup_logging
@@ -274,8 +275,8 @@ class Build:
             return False
         key, cmd, shown = prepared
         start = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE if step.capture_stdout else None, env=stage_env())
-        self.finish(step, key, shown, proc.returncode, proc.stdout, time.perf_counter() - start)
+        returncode, stdout = run_stage(cmd, stage_env(), step.capture_stdout, step.name)
+        self.finish(step, key, shown, returncode, stdout, time.perf_counter() - start)
         return True
 
     def set_aside(self, step: Step, error: ForgeError) -> None:
@@ -561,6 +562,7 @@ class BuildConfig:
     ray: str | None = None
     ray_step_cpus: float = 2
     sign_key: str | os.PathLike[str] | None = None
+    require_published: tuple[str, ...] = ()  # variants whose absence from the publication fails the run
 
 
 def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[VariantOutcome]:
@@ -586,7 +588,21 @@ def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[Varia
         )
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
+    missing = [o for o in outcomes if o.variant in cfg.require_published and not o.published]
+    if missing:
+        raise ForgeError("required variant(s) not published: " + "; ".join(
+            f"{o.variant} ({_why_not_published(o)})" for o in missing))
     return outcomes
+
+
+def _why_not_published(outcome: VariantOutcome) -> str:
+    """A refused variant's failed gate rules (from its report), or why it was not built."""
+    if outcome.passed is None:
+        return outcome.status or "not built"
+    from chattts_forge.evaluate.report_schema import read_report
+
+    failed = read_report(outcome.report_dir).data.get("gate", {}).get("failed", [])
+    return "gate failed: " + (", ".join(map(str, failed)) or "see its report")
 
 
 def _prepared_build(cfg: BuildConfig) -> Build:
@@ -595,6 +611,9 @@ def _prepared_build(cfg: BuildConfig) -> Build:
     if unknown or "fp32" not in cfg.variants:
         raise ForgeError(f"variants must include fp32 and be among {', '.join(VARIANTS)} "
                          f"(got {', '.join(cfg.variants)})")
+    not_built = [v for v in cfg.require_published if v not in cfg.variants]
+    if not_built:
+        raise ForgeError(f"--require-published names variant(s) this build does not build: {', '.join(not_built)}")
     ckpt: Path | None = None
     if cfg.checkpoint:
         from chattts_forge.checkpoint.layout import resolve_asset_dir
@@ -794,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
                     help="EC private key to sign the published folders with (default: your own key pair in "
                          "$XDG_CONFIG_HOME/chattts-forge/, made on first use)")
+    ap.add_argument("--require-published", default="", metavar="VARIANTS",
+                    help="comma-separated variants that must pass the gate and be published, else exit 2 "
+                         "(the full-size check: docs/testing.md)")
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -818,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
             ray=args.ray or None,
             ray_step_cpus=args.ray_step_cpus,
             sign_key=args.sign_key,
+            require_published=tuple(v for v in args.require_published.split(",") if v),
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -44,6 +44,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.progress import Progress, track
 from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
 from chattts_forge.runtime.memory_probe import measure_memory
 from chattts_forge.runtime.timed_engine import OnnxEngine
@@ -156,12 +157,10 @@ def measure_utterances(
     """(per-utterance records, {id: (waveform, sample_rate)} if kept, warm-up seconds): `warmup`
     untimed runs of the first sentence, then every sentence alone (batch 1) with `request_of(i)`.
     An utterance's `rtf` is the engine run's end-to-end RTF: bench's `e2e_rtf` at batch 1."""
-    from tqdm import tqdm
-
     warmup_seconds = sum(time_calls(lambda: engine.run([sentences[0]], request_of(0)), warmup))
     utterances: list[dict[str, Any]] = []
     waves: dict[str, tuple[np.ndarray, int]] = {}
-    for i, text in enumerate(tqdm(sentences, desc=desc, unit="utt", disable=not progress, leave=False)):
+    for i, text in enumerate(track(sentences, desc, "utt", enabled=progress, leave=False)):
         run: RunFigures = engine.run([text], request_of(i), keep_audio=keep_audio)
         utterances.append(_utterance(i, text, run))
         if run.wavs is not None:
@@ -239,11 +238,18 @@ def measure_artifact(
     m = _Measured(artifact_dir, cfg)
     utterances, waves, m.warmup_seconds = measure_utterances(m.engine, sentences, cfg.request, cfg.warmup,
                                                              cfg.progress, desc, True)
+    _log_tail_phases(cfg, min(cfg.first_audio_runs, len(sentences)))
     for i in range(min(cfg.first_audio_runs, len(sentences))):
         m.time_first_audio(sentences[i], i)
     for b in cfg.batch_sizes:
         m.time_batch(sentences, b)
     return m.record(utterances, sentences[0]), waves
+
+
+def _log_tail_phases(cfg: LatencyConfig, first_audio_runs: int) -> None:
+    """What runs after the per-sentence timing (silent otherwise for a minute at full size)."""
+    log.info("latency: first audio (%d streamed runs), throughput at batch %s%s", first_audio_runs,
+             "/".join(map(str, cfg.batch_sizes)), ", peak RSS in a fresh process" if cfg.isolate_memory else "")
 
 
 @dataclass(frozen=True)
@@ -266,8 +272,6 @@ def measure_against(
     clock: Callable[[], float] = CLOCK,
 ) -> PairLatency:
     """The artifact and its reference timed interleaved, with the RTF ratio and its spread (module doc)."""
-    from tqdm import tqdm
-
     cfg = config or LatencyConfig()
     if not sentences:
         raise ForgeError("latency: no sentences to time")
@@ -279,7 +283,7 @@ def measure_against(
     firsts: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     runs: dict[str, list[list[float]]] = {name: [[] for _ in sentences] for name in sides}
     waves: dict[str, dict[str, tuple[np.ndarray, int]]] = {name: {} for name in sides}
-    bar = tqdm(total=n, desc=f"{desc} vs reference", unit="utt", disable=not cfg.progress, leave=False)
+    bar = Progress(n, f"{desc} vs reference", "utt", enabled=cfg.progress, leave=False)
 
     def measure(round_: int, name: str) -> float:
         i = round_ % n
@@ -302,6 +306,7 @@ def measure_against(
                                     cap_scale=RATIO_CAP_SCALE)
     finally:
         bar.close()
+    _log_tail_phases(cfg, min(cfg.first_audio_runs, n))
     for i in range(min(cfg.first_audio_runs, n)):
         for name in (("reference", "artifact") if i % 2 == 0 else ("artifact", "reference")):
             sides[name].time_first_audio(sentences[i], i)

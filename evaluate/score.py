@@ -59,6 +59,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.stats import bootstrap_interval, bootstrap_ratio_interval
 from chattts_forge.log import get_logger
+from chattts_forge.progress import track
 
 log = get_logger(__name__)
 
@@ -299,13 +300,12 @@ def transcribe_waveforms(
     desc: str = "ASR",
 ) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
     """({id: hypothesis}, {id: asr/audio seconds}) of the utterances `ids` of in-memory audio."""
-    from tqdm import tqdm
 
     from chattts_forge.evaluate.asr import ASR_SAMPLE_RATE, resample
 
     hypotheses: dict[str, str] = {}
     timing: dict[str, dict[str, float]] = {}
-    for utt_id in tqdm(ids, desc=desc, unit="utt", disable=not progress, leave=False):
+    for utt_id in track(ids, desc, "utt", enabled=progress, leave=False):
         if utt_id not in waveforms:
             raise ForgeError(f"no audio for utterance '{utt_id}'")
         audio, sr = waveforms[utt_id]
@@ -397,7 +397,6 @@ def speaker_section(
     waveforms: dict[str, tuple[np.ndarray, int]], reference: np.ndarray, encoder: Any, progress: bool = True
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """(corpus SIM figures, {id: SIM}) of every waveform to the reference embedding."""
-    from tqdm import tqdm
 
     from chattts_forge.evaluate.speaker import pooled_reference, similarity
 
@@ -406,7 +405,7 @@ def speaker_section(
     ids = list(waveforms)
     chunks = [ids[i : i + 16] for i in range(0, len(ids), 16)]
     embeddings: dict[str, np.ndarray] = {}
-    for chunk in tqdm(chunks, desc="speaker", unit="batch", disable=not progress, leave=False):
+    for chunk in track(chunks, "speaker", "batch", enabled=progress, leave=False):
         embeddings.update(zip(chunk, encoder.embed_many([waveforms[i] for i in chunk]), strict=True))
     sims = {utt_id: similarity(e, reference) for utt_id, e in embeddings.items()}
     values = list(sims.values())
@@ -424,14 +423,13 @@ def naturalness_section(
     waveforms: dict[str, tuple[np.ndarray, int]], dnsmos: Any, progress: bool = True
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """(corpus means with intervals, {id: {sig, bak, ovrl, p808}}) of DNSMOS on every waveform."""
-    from tqdm import tqdm
 
     from chattts_forge.evaluate.naturalness import KEYS
 
     if not waveforms:
         raise ForgeError("no utterances to score with DNSMOS")
     per_utt = {}
-    for utt_id in tqdm(list(waveforms), desc="DNSMOS", unit="utt", disable=not progress, leave=False):
+    for utt_id in track(list(waveforms), "DNSMOS", "utt", enabled=progress, leave=False):
         per_utt[utt_id] = dnsmos.score(*waveforms[utt_id])
     corpus: dict[str, Any] = {"n": len(per_utt)}
     for key in KEYS:

@@ -66,8 +66,9 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
                    "calibrated from --calibration; its fidelity is measured like the weights'. It names its "
                    f"own variant ({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).")
 @click.option("--decoder", "decoder", type=click.Choice(DECODER_WEIGHTS), default="int8", show_default=True,
-              help="The Decoder's pointwise MatMuls: weight-only INT8 (MatMulNBits 8-bit, convolutions FP32; "
-                   "judged by fidelity's mel) or kept FP32.")
+              help="The Decoder's pointwise MatMuls: int8 = weight-only INT8 computed in float (MatMulNBits "
+                   "8-bit, convolutions FP32; streams exactly), int8-a8 = the same with int8 activations "
+                   "(faster; streamed audio no longer equals whole-text audio), or fp32.")
 def quantize(artifact_dir: Path, out_dir: Path, **options: Any) -> None:
     """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
 

@@ -4,15 +4,17 @@ The Decoder (ChatTTS's DVAE decoder on GPT hidden states) is 12 ConvNeXt blocks 
 pointwise projections (512 -> 2048 -> 512, `nn.Linear`) hold 97% of its 104 MB; the depthwise and
 in/out convolutions are small. Dynamic INT8 would turn the convolutions into ConvInteger (a slow
 onnxruntime CPU path), so only the MatMuls are quantized, weight-only: 8-bit symmetric blocks of
-`BLOCK_SIZE` along the input dimension (round to nearest), computed by onnxruntime's MatMulNBits
-with `ACCURACY_LEVEL` 4 (int8 compute of the activations; level 0 dequantizes to float).
+`BLOCK_SIZE` along the input dimension (round to nearest), run by onnxruntime's MatMulNBits.
 
-Measured on the full synthetic checkpoint (batch 1, 844 frames, 2 threads, AVX-512 VNNI), against
-the FP32 graph on the same input: file 104 -> 29 MB, session RSS 115 -> 43 MB, 111 -> 87 ms a call,
-output cosine 0.99997 (block 32: 31 MB, 105 ms, 0.99998; 4-bit block 32: cosine 0.998). The
-runtime keeps every graph it runs in memory, so this is most of what separates a batch-1 run from
-the 0.5 GB it is meant to fit in. Its effect on the mel is measured by fidelity like any other
-quantization (`fidelity.mel`: each artifact's own Decoder on the hidden states).
+The compute precision decides whether streaming stays exact. A stream decodes each chunk in a window
+(runtime.StreamDecoder); the convolutions over a shorter window round differently in the last bits
+(~1e-6), and with int8 activations (`accuracy_level` 4) such a difference can move an activation
+across a rounding boundary, a whole int8 step, which twelve blocks amplify: the streamed mel is then
+no longer the whole-text mel (45 dB instead of 124 dB at full size, under the gate's 60 dB seam rule).
+With float compute (`ACCURACY_LEVEL` 1, the default `--decoder int8`) the weights are dequantized and
+the activations never rounded, so the stream is as exact as FP32's; `--decoder int8-a8` keeps int8
+compute for its speed. Figures (time, size, stream SNR per option):
+docs/measurements/2026-12-02-epyc/README.md#the-decoder.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from chattts_forge.quantize.int4 import initializers_in_use_order
 
 BITS = 8
 BLOCK_SIZE = 128
-ACCURACY_LEVEL = 4
+ACCURACY_LEVEL = 1  # fp32 compute: window-independent, so streams stay exact
+INT8_ACCURACY_LEVEL = 4  # int8 activations (--decoder int8-a8)
 
 
-def quantize_decoder(src: Path, dst: Path) -> dict[str, Any]:
+def quantize_decoder(src: Path, dst: Path, int8_activations: bool = False) -> dict[str, Any]:
     """Write the Decoder at `src` with weight-only INT8 MatMuls to `dst` (inline; the stage moves
-    its weights to external data at the end). Returns the options record for artifact.json."""
+    its weights to external data at the end), computed in float unless `int8_activations`.
+    Returns the options record for artifact.json."""
+    level = INT8_ACCURACY_LEVEL if int8_activations else ACCURACY_LEVEL
     model = onnx.load(str(src))
     counts = {"MatMul": 0, "Conv": 0}
     inits = {t.name for t in model.graph.initializer}
@@ -47,7 +52,7 @@ def quantize_decoder(src: Path, dst: Path) -> dict[str, Any]:
     if counts["MatMul"] == 0:
         raise ForgeError(f"{src.name}: no MatMul with a constant weight to quantize (is it ChatTTS's Decoder?)")
     config = DefaultWeightOnlyQuantConfig(
-        block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL, bits=BITS,
+        block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=level, bits=BITS,
         quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",),
     )
     root = logging.getLogger()
@@ -56,7 +61,7 @@ def quantize_decoder(src: Path, dst: Path) -> dict[str, Any]:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             quantizer = MatMulNBitsQuantizer(model, bits=BITS, block_size=BLOCK_SIZE, is_symmetric=True,
-                                             accuracy_level=ACCURACY_LEVEL, algo_config=config)
+                                             accuracy_level=level, algo_config=config)
             quantizer.process()
         out = getattr(quantizer.model, "model", quantizer.model)
         initializers_in_use_order(out)  # the same bytes on every run
@@ -71,7 +76,8 @@ def quantize_decoder(src: Path, dst: Path) -> dict[str, Any]:
         "method": "weight-only, round to nearest (onnxruntime MatMulNBits)",
         "bits": BITS,
         "block_size": BLOCK_SIZE,
-        "accuracy_level": ACCURACY_LEVEL,
+        "accuracy_level": level,
+        "compute": "int8" if int8_activations else "fp32",  # int8 activations: streams are inexact
         "symmetric": True,
         "matmuls_quantized": quantized,
         "kept_fp32": f"{counts['Conv']} Conv (depthwise, input and output convolutions), norms, activations",

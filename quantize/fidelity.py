@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from tqdm import tqdm
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
@@ -41,6 +40,7 @@ from chattts_forge.calibration_data.recorder import (
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.progress import track
 from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 from chattts_forge.runtime import Artifact, GptStep, GptStepLike, open_gpt_step
 
@@ -97,7 +97,7 @@ def record_trajectories(
     recording = instrument(pipe, on_run, ("gpt", "head_code"))
     sentences = corpus.sentences[:max_sentences]
     chosen = list(range(len(sentences))) if indices is None else [i for i in indices if i < len(sentences)]
-    for i in tqdm(chosen, desc="fidelity: fp32 run", unit="sent", disable=not progress):
+    for i in track(chosen, "fidelity: fp32 run", "sent", enabled=progress):
         text = sentences[i]
         current["traj"] = Trajectory(text)
         try:
@@ -405,7 +405,8 @@ def measure_fidelity(
     if trajectories is None:
         trajectories = record_trajectories(fp32_dir, corp, st.max_sentences, st.max_new_token, st.seed, st.threads,
                                            progress=st.progress)
-    result = summarize_fidelity(fp32_dir, corp, [sessions.compare(t) for t in trajectories],
+    compared = [sessions.compare(t) for t in track(trajectories, "fidelity: replay", "sent", enabled=st.progress)]
+    result = summarize_fidelity(fp32_dir, corp, compared,
                                 {"max_sentences": st.max_sentences, "max_new_token": st.max_new_token, "seed": st.seed})
     if st.per_tensor:
         result["per_tensor"] = sessions.tensor_table(trajectories, st.top_tensors, st.keep_all_tensors)

@@ -17,11 +17,15 @@ raw tensors. Per MatMul weight W [K, N] (y = x W) and H = E[x x^T] + damping:
 
 The fused graph's MatMul inputs are gpt.onnx's activations (`statistics.match_tensors`): its fused
 qkv / gate_up weights are the concatenated q, k, v / gate, up weights, and GPTQ treats every output
-column alone given H, so the same Hessian gives the same numbers.
+column alone given H, so the same Hessian gives the same numbers. `GptqMemo` keeps each output
+column's result by (Hessian block, column) while gpt.onnx is quantized, so the fused graph's columns
+are looked up instead of solved a second time (half of GPTQ's time; the two graphs' codes are then
+equal bit for bit, where solving again could differ in a rounding tie).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,9 +83,33 @@ def gptq_columns(wt: np.ndarray, h: np.ndarray, block_size: int, offset: int = 0
     return codes, scales
 
 
-def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+class GptqMemo:
+    """GPTQ's result per output column (one row of W^T over one Hessian block), keyed by the block's and
+    the column's bytes: an identical column under an identical Hessian has the identical result."""
+
+    def __init__(self) -> None:
+        self.columns: dict[tuple[bytes, int, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
+        self.hits = 0
+
+    def solve(self, wt: np.ndarray, h: np.ndarray, block_size: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """`gptq_columns(wt, h, block_size, offset)`, solving only the rows not seen before."""
+        hkey = hashlib.sha256(np.ascontiguousarray(h).tobytes()).digest()
+        keys = [(hkey, offset, block_size, row.tobytes()) for row in np.ascontiguousarray(wt)]
+        todo = [i for i, k in enumerate(keys) if k not in self.columns]
+        if todo:
+            codes, scales = gptq_columns(wt[todo], h, block_size, offset)
+            for j, i in enumerate(todo):
+                self.columns[keys[i]] = (codes[j], scales[j].astype(np.float32))
+        self.hits += len(keys) - len(todo)
+        rows = [self.columns[k] for k in keys]
+        return np.stack([c for c, _ in rows]), np.stack([s for _, s in rows]).astype(np.float64)
+
+
+def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int,
+                memo: GptqMemo | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Packed 4-bit blocks [N, blocks, block/2] and scales [N, blocks] of a MatMul weight w [K, N];
-    `hessian` [hblocks, hb, hb]: E[x x^T] of its input, block-diagonal (hblocks * hb == K)."""
+    `hessian` [hblocks, hb, hb]: E[x x^T] of its input, block-diagonal (hblocks * hb == K); `memo`:
+    columns already solved under the same Hessian are reused (`GptqMemo`)."""
     k, n = w.shape
     hblocks, hb, _ = hessian.shape
     if hblocks * hb != k:
@@ -92,7 +120,8 @@ def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int) -> tuple[np
     scales = np.zeros((n, k), np.float64)
     for j in range(hblocks):
         sl = slice(j * hb, (j + 1) * hb)
-        codes[:, sl], scales[:, sl] = gptq_columns(w[sl].T, hessian[j], block_size, offset=j * hb)
+        solve = memo.solve if memo is not None else gptq_columns
+        codes[:, sl], scales[:, sl] = solve(w[sl].T, hessian[j], block_size, j * hb)
     blocks = -(-k // block_size)
     pad = blocks * block_size - k
     q = np.pad(codes, ((0, 0), (0, pad)), constant_values=8).reshape(n, blocks, block_size)
@@ -101,14 +130,15 @@ def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int) -> tuple[np
 
 def quantize_gptq_int4_graph(src: Path, dst: Path, hessians: Mapping[str, np.ndarray], block_size: int = 128,
                              accuracy_level: int = 4, exclude_nodes: list[str] | None = None,
-                             rows: int = 0) -> dict[str, Any]:
+                             rows: int = 0, memo: GptqMemo | None = None) -> dict[str, Any]:
     """RTN's MatMulNBits graph of `src` with GPTQ blocks; `hessians`: per MatMul input tensor of `src`,
-    E[x x^T] in diagonal blocks (calibrate's statistics). `rows`: how many activation rows they saw."""
+    E[x x^T] in diagonal blocks (calibrate's statistics). `rows`: how many activation rows they saw;
+    `memo`: shared by the graphs of one artifact, so a column is solved once (`GptqMemo`)."""
 
     def blocks(node: str, x_name: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if x_name not in hessians:
             raise ForgeError(f"no Hessian for {x_name} (input of {node}); re-run `calibrate`")
-        return gptq_blocks(w, hessians[x_name], block_size)
+        return gptq_blocks(w, hessians[x_name], block_size, memo)
 
     record, done = rewrite_rtn_blocks(src, dst, block_size, accuracy_level, exclude_nodes, blocks)
     record.update(algorithm="gptq", symmetric=True, gptq_matmuls=done, percdamp=PERCDAMP, actorder=False,

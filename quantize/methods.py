@@ -550,6 +550,16 @@ class Int4(QuantizationMethod):
         # With --kv-cache int8 the calibration folder serves the cache scales of the rebuilt (rtn) fused graph.
         calibrated = cfg.calibration is not None and cfg.kv_cache == KV_CACHES[0]
         self.algorithm = cfg.algorithm or ("gptq" if calibrated else "rtn")
+        self._gptq_memo: Any = None
+
+    @property
+    def gptq_memo(self) -> Any:
+        """The GPTQ columns solved for gpt.onnx, looked up again by the fused graph (int4_gptq.GptqMemo)."""
+        if self._gptq_memo is None:
+            from chattts_forge.quantize.int4_gptq import GptqMemo
+
+            self._gptq_memo = GptqMemo()
+        return self._gptq_memo
 
     @property
     def gptq(self) -> bool:
@@ -600,7 +610,7 @@ class Int4(QuantizationMethod):
 
             hessians, rows = graph_hessians(self.statistics(graph), graph)
             return quantize_gptq_int4_graph(src, dst, hessians, self.cfg.block_size, self.cfg.accuracy_level,
-                                            rows=rows, **extra)
+                                            rows=rows, memo=self.gptq_memo, **extra)
         return quantize_int4_graph(src, dst, self.cfg.block_size, self.cfg.accuracy_level, algorithm=self.algorithm,
                                    **extra)
 

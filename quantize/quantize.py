@@ -134,7 +134,7 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     (`QuantizationMethod.write_fast_graph`).
     """
     names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
-    if cfg.decoder == "int8" and meta.has_component(DECODER):
+    if cfg.decoder != "fp32" and meta.has_component(DECODER):
         names.append(DECODER)
     return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)} | PUBLISHED_NAMES
 
@@ -263,7 +263,7 @@ def check_vocoder_copied(out_dir: Path, meta: ArtifactMeta) -> bool | None:
 
 def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: Path,
                   qmeta: ArtifactMeta) -> dict[str, Any] | None:
-    """`--decoder int8`: the Decoder with weight-only INT8 MatMuls (quantize/decoder.py), written
+    """`--decoder int8|int8-a8`: the Decoder with weight-only INT8 MatMuls (quantize/decoder.py), written
     before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
     if cfg.decoder == "fp32" or not meta.has_component(DECODER):
         return None
@@ -273,12 +273,13 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
 
     source = meta.component_file(src, DECODER)
     dst = out_dir / source.name
-    record = quantize_decoder(source, dst)
+    record = quantize_decoder(source, dst, int8_activations=cfg.decoder == "int8-a8")
     copy_metadata_props(source, dst, "int8")
     # Stored as the runtime maps it (graph_storage); fidelity then runs the final files.
     qmeta.components[DECODER] = write_component(onnx.load(str(dst)), out_dir, DECODER,
                                                 component_fields(dst, meta.components[DECODER], "int8"))
-    log.info("decoder: %d MatMuls weight-only int8 (%.1f -> %.1f MB)", record["matmuls_quantized"],
+    log.info("decoder: %d MatMuls weight-only int8, %s compute (%.1f -> %.1f MB)", record["matmuls_quantized"],
+             record["compute"],
              sum(f.stat().st_size for f in meta.component_files(src, DECODER)) / 1e6,
              sum(f.stat().st_size for f in qmeta.component_files(out_dir, DECODER)) / 1e6)
     return record

@@ -129,6 +129,14 @@ class FastGptStep:
     def past_length(self) -> int:
         return self._past
 
+    def cache_buffer(self, past_name: str) -> np.ndarray:
+        """The cache buffer bound as input `past_name` ([B, kv_heads, capacity, head_dim]; slots below
+        `past_length` are valid): a read-only look, e.g. to observe a step as the plain graph's feed."""
+        try:
+            return self._buffers[self.past_names.index(past_name)]
+        except ValueError:
+            raise KeyError(past_name) from None
+
     def rewind(self, past: int) -> None:
         """Keep only the first `past` cached positions (a benchmark repeats one step at a fixed context)."""
         if not 0 <= past <= self._past:

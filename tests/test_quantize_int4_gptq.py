@@ -81,3 +81,25 @@ def test_graph_is_rtns_layout_with_gptq_blocks(tmp_path: Path):
     assert [n.op_type for n in onnx.load(str(tmp_path / "g.onnx")).graph.node] == ["MatMulNBits"]
     with pytest.raises(ForgeError, match="no Hessian for x"):
         quantize_gptq_int4_graph(src, tmp_path / "h.onnx", {}, block_size=32)
+
+
+def test_memo_solves_a_column_once_and_fused_weights_match_their_parts():
+    """The fused graph's qkv weight is q, k, v side by side under the same Hessian: with the memo its
+    columns are looked up, not solved again, and its blocks are the parts' blocks column for column."""
+    from chattts_forge.quantize.int4_gptq import GptqMemo
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(256, 64))
+    h = (x.T @ x / len(x))[None]
+    q, k = rng.normal(size=(64, 24)).astype(np.float32), rng.normal(size=(64, 8)).astype(np.float32)
+    memo = GptqMemo()
+    parts = [gptq_blocks(w, h, 16, memo) for w in (q, k)]
+    assert memo.hits == 0
+    fused = gptq_blocks(np.concatenate([q, k], axis=1), h, 16, memo)
+    assert memo.hits == 32  # every column of the fused weight was known
+    np.testing.assert_array_equal(fused[0], np.concatenate([p[0] for p in parts]))
+    np.testing.assert_array_equal(fused[1], np.concatenate([p[1] for p in parts]))
+    # and the memo gives what solving without it gives
+    alone = gptq_blocks(q, h, 16)
+    np.testing.assert_array_equal(alone[0], parts[0][0])
+    np.testing.assert_allclose(alone[1], parts[0][1], rtol=1e-6)
