@@ -335,10 +335,13 @@ class Build:
     def steps(self) -> Iterator[Step]:
         """Yield steps in order; inputs are computed when each step is reached (after its upstream ran)."""
         yield from self.shared_steps()
+        if self.quantized_variants():  # first: its FP32 runs are also every quantize step's fidelity runs
+            yield self.reference_step()
         for variant in self.quantized_variants():
             if variant not in self.broken:
                 yield self.quantize_step(variant)
-        yield self.reference_step()
+        if not self.quantized_variants():
+            yield self.reference_step()
         for variant in self.variants:
             if variant not in self.broken:
                 yield self.evaluate_step(variant)
@@ -394,6 +397,10 @@ class Build:
         kv_cache = VARIANT_KV_CACHE.get(variant)
         if kv_cache is not None:  # appended, so the float-cache variants keep their command (and step key)
             argv += ["--kv-cache", kv_cache]
+        runs = self.reference_run_dir / "trajectories.npz"
+        if runs.is_file():  # recorded once by evaluate-reference (read when its settings are fidelity's)
+            argv += ["--fp32-runs", str(runs)]
+            inputs["fp32_runs"] = self.cache.sha256(runs)
         if method_class(VARIANT_METHOD[variant]).takes_gate and self.gate:  # auto: meets the gate evaluate applies
             argv += ["--gate", self.gate]
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
@@ -643,7 +650,7 @@ def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
     until = cfg.until
     for step in pipe.shared_steps() if cfg.ray is not None else pipe.steps():
         if until and STAGES.index(step.kind) > STAGES.index(until):
-            break
+            continue  # the FP32 reference run (an evaluate step) comes before the quantize steps
         try:
             pipe.run(step)
         except ForgeError as e:

@@ -118,7 +118,7 @@ def measure_buckets(
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
     `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers."""
     from chattts_forge.calibration_data.corpus import Corpus
-    from chattts_forge.quantize.fidelity import measure_fidelity
+    from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
     from chattts_forge.runtime import Pipeline
 
     st = settings
@@ -128,6 +128,8 @@ def measure_buckets(
     art_pipe = ref_pipe if same else Pipeline(artifact, threads=st.threads, provider=st.provider)
     chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, st.per_bucket)
     results: dict[str, Any] = {}
+    replay: ReplaySessions | None = None  # every bucket's fidelity: the same sessions, loaded once
+    recorder: Any = None
     for b, spec in zip(buckets, gate["buckets"], strict=True):
         picked = chosen[b.name]
         record: dict[str, Any] = {**b.to_dict(), "sentences": [s for s, _ in picked], "chars": [n for _, n in picked],
@@ -144,9 +146,11 @@ def measure_buckets(
                                                                                              st.seed)
         ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
         record["latency"] = {"artifact": art_lat, "reference": ref_lat, "ratio_vs_reference": ratio}
+        if replay is None:
+            replay, recorder = ReplaySessions(reference, artifact, st.threads), recording_pipeline(reference, st.threads)
         fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
                                max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed, threads=st.threads,
-                               per_tensor=False, progress=False)
+                               per_tensor=False, progress=False, sessions=replay, recorder=recorder)
         record["fidelity"] = fid
         if st.score is not None and not st.synthetic:
             record["intelligibility"] = st.score(texts, {"artifact": art_waves, "reference": ref_waves})

@@ -56,6 +56,7 @@ class ReferenceRun:
     baseline_note: str | None
     asr: dict[str, dict[str, Any]] | None = None  # score_languages of the reference's audio; None: not scored
     trajectories: list[Any] | None = None  # quantize.fidelity.Trajectory of the fidelity sentences; None: not recorded
+    fp32_runs_settings: dict[str, Any] | None = None  # what they were recorded with (quantize --fp32-runs checks it)
 
 
 def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConfig, provider: str) -> dict[str, Any]:
@@ -85,7 +86,10 @@ def write_reference_run(run: ReferenceRun, folder: Path, settings: dict[str, Any
     arrays = {f"wav_{k}": np.asarray(w) for k, (w, _) in run.waves.items()}
     arrays |= {f"sr_{k}": np.asarray(sr) for k, (_, sr) in run.waves.items()}
     np.savez(buf, **arrays)
-    traj_arrays, traj_index = _trajectory_arrays(run.trajectories or [])
+    from chattts_forge.quantize.fidelity import trajectory_arrays
+
+    traj_arrays = trajectory_arrays(run.trajectories or [], run.fp32_runs_settings)
+    traj_index = json.loads(bytes(traj_arrays["index"]).decode("utf-8"))["trajectories"]
     traj_buf = io.BytesIO()
     np.savez(traj_buf, **traj_arrays)
     record = {
@@ -113,10 +117,12 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
         record = json.loads(path.read_text(encoding="utf-8"))
         with np.load(Path(folder) / WAVES_FILE, allow_pickle=False) as z:
             waves = {k: (z[f"wav_{k}"], int(z[f"sr_{k}"])) for k in record["waves"]}
+        from chattts_forge.quantize.fidelity import trajectories_from
+
         trajectories = None
         if record["trajectories"] is not None:
             with np.load(Path(folder) / TRAJECTORIES_FILE, allow_pickle=False) as z:
-                trajectories = _trajectories(z, record["trajectories"])
+                trajectories = trajectories_from(z, record["trajectories"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ForgeError(f"reference run {folder} is unreadable ({type(e).__name__}: {e}); "
                          "run `chattts-forge evaluate-reference` again") from None
@@ -158,7 +164,11 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
             asr = score_languages(corpus.sentences, {"reference": ref_waves}, cfg.asr, cfg.asr_model, cfg.threads,
                                   show)
         trajectories = fidelity_trajectories(reference, corpus, cfg, show)
-    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr, trajectories)
+    from chattts_forge.quantize.fidelity import fp32_runs_settings
+
+    settings = fp32_runs_settings(reference, corpus, min(cfg.fidelity_sentences, len(corpus.sentences)),
+                                  cfg.fidelity_steps, cfg.seed)
+    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr, trajectories, settings)
 
 
 def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, progress: bool) -> list[Any]:
@@ -170,37 +180,6 @@ def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, pro
                                                                              len(corpus.sentences)))
     return record_trajectories(reference, corpus, min(cfg.fidelity_sentences, len(corpus.sentences)),
                                cfg.fidelity_steps, cfg.seed, cfg.threads, progress=progress)
-
-
-def _trajectory_arrays(trajectories: list[Any]) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
-    """The recorded FP32 trajectories as npz arrays and their JSON index (text, step and sample counts)."""
-    arrays: dict[str, np.ndarray] = {}
-    index = []
-    for i, t in enumerate(trajectories):
-        for j, feeds in enumerate(t.step_feeds):
-            arrays |= {f"t{i}.feed{j}.{name}": v for name, v in feeds.items()}
-        for j, (h, lg) in enumerate(zip(t.hidden, t.logits, strict=True)):
-            arrays[f"t{i}.hidden{j}"], arrays[f"t{i}.logits{j}"] = h, lg
-        for j, sample in enumerate(t.full_samples):
-            arrays |= {f"t{i}.full{j}.{name}": v for name, v in sample.items()}
-        index.append({"text": t.text, "feeds": [list(f) for f in t.step_feeds], "steps": len(t.hidden),
-                      "full": [list(s) for s in t.full_samples]})
-    return arrays, index
-
-
-def _trajectories(z: Any, index: list[dict[str, Any]]) -> list[Any]:
-    from chattts_forge.quantize.fidelity import Trajectory
-
-    out = []
-    for i, rec in enumerate(index):
-        out.append(Trajectory(
-            text=rec["text"],
-            step_feeds=[{name: z[f"t{i}.feed{j}.{name}"] for name in names} for j, names in enumerate(rec["feeds"])],
-            hidden=[z[f"t{i}.hidden{j}"] for j in range(rec["steps"])],
-            logits=[z[f"t{i}.logits{j}"] for j in range(rec["steps"])],
-            full_samples=[{name: z[f"t{i}.full{j}.{name}"] for name in names} for j, names in enumerate(rec["full"])],
-        ))
-    return out
 
 
 def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConfig) -> ReferenceRun:

@@ -59,6 +59,9 @@ from chattts_forge.artifact import DECODER_WEIGHTS, KV_CACHES, QUANTIZE_METHODS,
               help="Held-out corpus for fidelity and fallback.")
 @click.option("--fidelity-sentences", default=8, show_default=True, type=int)
 @click.option("--fidelity-steps", default=48, show_default=True, type=int, help="GPT steps per sentence at most.")
+@click.option("--fp32-runs", "fp32_runs", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="FP32 runs recorded once for the build (evaluate-reference's trajectories.npz): replayed "
+                   "instead of recorded again when their sentences, steps and seed are fidelity's.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads for fidelity runs.")
 @click.option("--kv-cache", type=click.Choice(KV_CACHES), default="fp32", show_default=True,

@@ -67,6 +67,7 @@ class FidelityConfig:
     progress: bool | None = None
     targets: Targets = field(default_factory=Targets)
     step_nodes: int | None = None
+    fp32_runs: str | os.PathLike[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class QuantizeConfig:
     fidelity_corpus: str = "builtin:evaluation"
     fidelity_sentences: int = 8
     fidelity_steps: int = 48
+    fp32_runs: str | os.PathLike[str] | None = None  # a trajectories.npz recorded once (fidelity.read_fp32_runs)
     min_agreement: float | None = None
     min_cosine: float | None = None
     max_kl: float | None = None
@@ -127,4 +129,5 @@ class QuantizeConfig:
     def fidelity_config(self) -> FidelityConfig:
         return FidelityConfig(enabled=self.fidelity, corpus=self.fidelity_corpus, sentences=self.fidelity_sentences,
                               steps=self.fidelity_steps, seed=self.seed, threads=self.threads, progress=self.progress,
+                              fp32_runs=self.fp32_runs,
                               targets=self.targets, step_nodes=self.step_nodes)

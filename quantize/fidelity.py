@@ -19,6 +19,8 @@ step sees the FP32 code history. Compared per step:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -74,12 +76,14 @@ def record_trajectories(
     threads: int | None,
     progress: bool | None = None,
     indices: Sequence[int] | None = None,
+    pipe: Any = None,
 ) -> list[Trajectory]:
     """Synthesize up to `max_sentences` corpus sentences with the FP32 artifact and record them.
 
     `indices`: only these sentences of the first `max_sentences` (a shard of a distributed run);
-    sentence i is seeded `seed + i` either way, so a shard records what the whole run records."""
-    pipe = new_pipeline(fp32_dir, threads)
+    sentence i is seeded `seed + i` either way, so a shard records what the whole run records.
+    `pipe`: a `recording_pipeline(fp32_dir)` to record with (reused by callers that record often)."""
+    pipe = pipe if pipe is not None else recording_pipeline(fp32_dir, threads)
     trajs: list[Trajectory] = []
     current: dict[str, Any] = {}
 
@@ -111,9 +115,80 @@ def record_trajectories(
             raise ForgeError("the runtime's gpt and head_code calls do not pair up; cannot teacher-force")
         trajs.append(t)
     check_recorded(recording, "gpt")
+    recording.remove()
     if not trajs and indices is None:
         raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
     return trajs
+
+
+# ---- the FP32 runs as a file: evaluate-reference writes it once per build, quantize and evaluate read it --
+
+FP32_RUNS_SCHEMA = "chattts-forge/fp32-runs/1"
+
+
+def fp32_runs_settings(fp32_dir: Path, corpus: Corpus, max_sentences: int, max_new_token: int,
+                       seed: int) -> dict[str, Any]:
+    """What recorded FP32 runs depend on: the FP32 GPT and code head, the sentences, steps and seed."""
+    meta = ArtifactMeta.load(fp32_dir)
+    texts = corpus.sentences[:max_sentences]
+    return {"gpt_sha256": meta.component("gpt").get("sha256"), "head_sha256": meta.component("head_code").get("sha256"),
+            "sentences_sha256": hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest(),
+            "sentences": len(texts), "max_new_token": max_new_token, "seed": seed}
+
+
+def trajectory_arrays(trajectories: list[Trajectory], settings: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """Recorded FP32 trajectories as npz arrays, with their JSON index (and `settings`) under ``index``."""
+    arrays: dict[str, np.ndarray] = {}
+    index = []
+    for i, t in enumerate(trajectories):
+        for j, feeds in enumerate(t.step_feeds):
+            arrays |= {f"t{i}.feed{j}.{name}": v for name, v in feeds.items()}
+        for j, (h, lg) in enumerate(zip(t.hidden, t.logits, strict=True)):
+            arrays[f"t{i}.hidden{j}"], arrays[f"t{i}.logits{j}"] = h, lg
+        for j, sample in enumerate(t.full_samples):
+            arrays |= {f"t{i}.full{j}.{name}": v for name, v in sample.items()}
+        index.append({"text": t.text, "feeds": [list(f) for f in t.step_feeds], "steps": len(t.hidden),
+                      "full": [list(s) for s in t.full_samples]})
+    head = {"schema": FP32_RUNS_SCHEMA, "settings": settings, "trajectories": index}
+    arrays["index"] = np.frombuffer(json.dumps(head, sort_keys=True).encode(), dtype=np.uint8)
+    return arrays
+
+
+def trajectories_from(z: Any, index: list[dict[str, Any]]) -> list[Trajectory]:
+    out = []
+    for i, rec in enumerate(index):
+        out.append(Trajectory(
+            text=rec["text"],
+            step_feeds=[{name: z[f"t{i}.feed{j}.{name}"] for name in names} for j, names in enumerate(rec["feeds"])],
+            hidden=[z[f"t{i}.hidden{j}"] for j in range(rec["steps"])],
+            logits=[z[f"t{i}.logits{j}"] for j in range(rec["steps"])],
+            full_samples=[{name: z[f"t{i}.full{j}.{name}"] for name in names} for j, names in enumerate(rec["full"])],
+        ))
+    return out
+
+
+def read_fp32_runs(path: Path, settings: dict[str, Any]) -> list[Trajectory] | None:
+    """The trajectories in `path` when they were recorded with `settings`; None (logged) otherwise."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            head = json.loads(bytes(z["index"]).decode("utf-8"))
+            if head.get("schema") != FP32_RUNS_SCHEMA or head.get("settings") != settings:
+                theirs = head.get("settings") or {}
+                differ = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
+                log.info("fidelity: %s holds FP32 runs of other settings (%s); recording them here", path,
+                         ", ".join(differ) or "schema")
+                return None
+            trajs = trajectories_from(z, head["trajectories"])
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
+        raise ForgeError(f"FP32 runs {path} are unreadable ({type(e).__name__}: {e})") from None
+    log.info("fidelity: the FP32 runs of %d sentences read from %s (recorded once for the build)", len(trajs), path)
+    return trajs
+
+
+def recording_pipeline(fp32_dir: Path, threads: int | None) -> Any:
+    """The pipeline FP32 runs are recorded with: the plain graph, as fidelity always recorded (the fused
+    graph's hidden states differ by ~1e-6)."""
+    return new_pipeline(fp32_dir, threads, engine="plain")
 
 
 def make_session(path: Path, threads: int | None = 1) -> Any:
@@ -303,6 +378,13 @@ class ReplaySessions:
         self.q_dec = make_session(self.qmeta.component_file(self.quant_dir, "decoder"), threads)
         self.q_step = plain_step(q_gpt, self.fmeta.require_dims())
         self.has_fast = self.qmeta.has_component(FAST_GPT)
+        self._fast: GptStepLike | None = None  # the fused graph's step, opened on first use and kept
+
+    def fast(self) -> GptStepLike:
+        """The quantized fused graph's step, one session for every trajectory (each replay resets it)."""
+        if self._fast is None:
+            self._fast = fast_step(self.quant_dir, self.threads, self.quant_meta)
+        return self._fast
 
     def compare(self, t: Trajectory) -> SentenceComparison:
         hidden, logits = replay(self.q_step, self.q_head, t)
@@ -315,8 +397,7 @@ class ReplaySessions:
         )
         if self.has_fast:
             try:
-                f_hidden, cmp.fast_logits = replay(fast_step(self.quant_dir, self.threads, self.quant_meta),
-                                                   self.q_head, t)
+                f_hidden, cmp.fast_logits = replay(self.fast(), self.q_head, t)
                 cmp.fast_cosine = cosine_rows(np.stack(t.hidden, 1), np.stack(f_hidden, 1))
             except (ImportError, ForgeError) as e:
                 cmp.fast_error = f"could not replay {FAST_GPT}: {e}"
@@ -390,6 +471,8 @@ def measure_fidelity(
     *,
     trajectories: list[Trajectory] | None = None,
     quant_meta: ArtifactMeta | None = None,
+    sessions: ReplaySessions | None = None,
+    recorder: Any = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Fidelity of the artifact at `quant_dir` vs `fp32_dir`; the schema is in `chattts_forge.quantize`
@@ -397,14 +480,15 @@ def measure_fidelity(
 
     `trajectories`: the FP32 runs to replay, when already recorded; `quant_meta`: the artifact.json of
     `quant_dir` when it is not written yet (the quantize stage measures before it writes the
-    description once)."""
+    description once). `sessions` and `recorder` (`recording_pipeline`): opened by a caller that
+    measures several times on the same pair (evaluate's length buckets), so they are loaded once."""
     st = dataclasses.replace(settings or FidelitySettings(), **options)
     fp32_dir, quant_dir = Path(fp32_dir), Path(quant_dir)
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-    sessions = ReplaySessions(fp32_dir, quant_dir, st.threads, quant_meta)
+    sessions = sessions if sessions is not None else ReplaySessions(fp32_dir, quant_dir, st.threads, quant_meta)
     if trajectories is None:
         trajectories = record_trajectories(fp32_dir, corp, st.max_sentences, st.max_new_token, st.seed, st.threads,
-                                           progress=st.progress)
+                                           progress=st.progress, pipe=recorder)
     compared = [sessions.compare(t) for t in track(trajectories, "fidelity: replay", "sent", enabled=st.progress)]
     result = summarize_fidelity(fp32_dir, corp, compared,
                                 {"max_sentences": st.max_sentences, "max_new_token": st.max_new_token, "seed": st.seed})

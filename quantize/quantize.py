@@ -51,7 +51,14 @@ from chattts_forge.quantize.artifact import (
 )
 from chattts_forge.quantize.config import FidelityConfig, QuantizeConfig
 from chattts_forge.quantize.fallback import producers_of, run_fallback
-from chattts_forge.quantize.fidelity import Trajectory, measure_fidelity, record_trajectories, summary_line
+from chattts_forge.quantize.fidelity import (
+    Trajectory,
+    fp32_runs_settings,
+    measure_fidelity,
+    read_fp32_runs,
+    record_trajectories,
+    summary_line,
+)
 from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
 
 log = get_logger(__name__)
@@ -197,11 +204,16 @@ def record_fp32_runs(src: Path, fid: FidelityConfig, needed: bool = False) -> li
     """The FP32 trajectories fidelity (and auto's search, `needed`) replays; None when nothing asks."""
     if not (fid.enabled or fid.targets.any() or needed):
         return None
-    log.info("fidelity: running the FP32 artifact on %s (%d sentences)", fid.corpus, fid.sentences)
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    return record_trajectories(src, load_corpus(fid.corpus), fid.sentences, fid.steps, fid.seed, fid.threads,
-                               progress=fid.progress)
+    corpus = load_corpus(fid.corpus)
+    if fid.fp32_runs is not None:
+        recorded = read_fp32_runs(Path(fid.fp32_runs), fp32_runs_settings(src, corpus, fid.sentences, fid.steps,
+                                                                           fid.seed))
+        if recorded is not None:
+            return recorded
+    log.info("fidelity: running the FP32 artifact on %s (%d sentences)", fid.corpus, fid.sentences)
+    return record_trajectories(src, corpus, fid.sentences, fid.steps, fid.seed, fid.threads, progress=fid.progress)
 
 
 def quantize_and_measure(quantizer: ComponentQuantizer, out_dir: Path, qmeta: ArtifactMeta,

@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from chattts_forge.quantize import decoder as qdec
-from chattts_forge.runtime.session import Artifact
 from chattts_forge.runtime.pipeline import Pipeline, StreamDecoder, SynthParams
+from chattts_forge.runtime.session import Artifact
 
 
 def snr(ref: np.ndarray, test: np.ndarray) -> float:
