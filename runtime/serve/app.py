@@ -408,6 +408,8 @@ class _Handlers:
                     return
             tail = enc.close()
             if tail:
+                if not first_sent and samples:  # a buffered format (flac, mp3) sends its audio only now
+                    metrics.first_audio.observe(time.perf_counter() - job.t0)
                 yield _sse_delta(tail) if sse else tail
             if sse:
                 yield _sse_done(len(req.text), samples)
