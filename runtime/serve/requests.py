@@ -8,9 +8,10 @@ or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus, default mp3 as OpenAI
 (0.25..4.0, default 1.0; ChatTTS's `[speed_N]` with N = round(5 x speed) clipped to 0..9, so 1.0 is
 ChatTTS's default `[speed_5]`), `stream_format` (audio|sse), `instructions` (accepted, unused).
 Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `top_k`,
-`repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool), `stream`
-(bool, default true: chunked from the first final chunk; false: the whole waveform decoded at once,
-byte for byte what `synth` writes), `deadline_s`.
+`repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool, default
+true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool, default true:
+chunked from the first final chunk; false: the whole waveform decoded at once, `synth`'s samples),
+`deadline_s`. Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
 
 Native `POST /v1/chattts/speech`: ChatTTS's `Chat.infer` arguments: `text`, `model`, `voice`,
 `params_infer_code` (InferCodeParams: prompt, spk_emb, spk_smp, txt_smp, temperature (one or one per
@@ -206,7 +207,7 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
     code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
                    **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE)))
-    refine = RefineTextParams(seed=seed) if _flag(body, "refine", False) else None
+    refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
     params = replace(defaults, code=code, refine=refine)
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
 
