@@ -308,7 +308,7 @@ class _Handlers:
         if kind == "openai":
             req = parse_openai(body, version.default_params, self.cfg.max_input_chars)
         else:
-            req = parse_native(body, self.cfg.max_input_chars)
+            req = parse_native(body, self.cfg.max_input_chars, version.default_params.code.seed)
         if req.params.code.spk_emb is None:
             spk = version.speaker_for(req.voice)
             req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))

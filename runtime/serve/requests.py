@@ -20,7 +20,9 @@ ensure_non_empty, manual_seed), `params_refine_text` (RefineTextParams: prompt, 
 temperature, repetition_penalty, max_new_token, min_new_token, ensure_non_empty, manual_seed),
 `skip_refine_text` (default false, as ChatTTS and `synth`), `use_decoder`, `do_text_normalization`,
 `do_homophone_replacement`, `lang`, `response_format` (default wav), `stream`, `stream_format`,
-`deadline_s`. Knobs not given take `synth`'s defaults (the refinement seed is the code seed).
+`deadline_s`. Knobs not given take `synth`'s defaults: `manual_seed` the server's `--seed` (0; a
+seeded default makes a plain request reproducible and servable from a phrase cache warmed with the
+defaults), the refinement seed the code seed.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def _section(body: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]
     return section
 
 
-def parse_native(body: Any, max_chars: int) -> SpeechRequest:
+def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> SpeechRequest:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     _unknown(body, _NATIVE_FIELDS, "the request")
@@ -250,7 +252,7 @@ def parse_native(body: Any, max_chars: int) -> SpeechRequest:
             raise BadRequest(f"params_infer_code.temperature must be > 0, got {temps}", "temperature")
     else:
         temps = _number(c, "temperature", 0.0, 5.0, base.temperature, open_low=True)
-    seed = _integer(c, "manual_seed", 0, _SEED_MAX, None)
+    seed = _integer(c, "manual_seed", 0, _SEED_MAX, default_seed)
     strings = {k: _get(c, k, (str,), "a string") for k in ("prompt", "spk_emb", "spk_smp", "txt_smp")}
     code = replace(base, prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
                    spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
