@@ -50,13 +50,8 @@ from chattts_forge.cli_options import provider_option, sampling_options
     help="Output WAV. With several texts: OUT_000.wav, OUT_001.wav, ... beside it, or DIR/000.wav ... "
     "when OUT is a folder (existing, or ending in '/').",
 )
-@click.option(
-    "--sample-format",
-    type=click.Choice(["float32", "pcm16"]),
-    default="float32",
-    show_default=True,
-    help="WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).",
-)
+@click.option("--sample-format", type=click.Choice(["float32", "pcm16"]), default="float32", show_default=True,
+              help="WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of sampling and refinement (and of --speaker random); the default is warm's and serve's.")
 @click.option(

@@ -17,8 +17,9 @@ float32 audio), and it keeps the cache independent of the waveform length arithm
 An entry's key is the sha256 of (the artifact's payload hash, the normalised text before refinement,
 the knobs): the code prompt (speed), speaker string, speaker/text prompt samples, temperature(s),
 top-p, top-k, repetition penalty, max/min new tokens, ensure-non-empty, seed, Decoder-or-DVAE, and
-refinement: off, or every knob of it (prompt, sampling, token budget, seed). The whole request is
-recorded: an entry also holds the text the code stage spoke (`spoken`, the refined text). One cache
+refinement: `false` (off), or every knob of it (prompt, sampling, token budget, seed). The whole
+request is recorded: an entry also holds the text the code stage spoke (`spoken`, the refined text,
+where it is not the entry's text). One cache
 holds one set of knobs (recorded in its header) and may hold entries of several artifacts (the
 variants a routing table sends phrases to). What is refused or not served:
 
@@ -36,8 +37,8 @@ File format (one file, deterministic bytes: same artifact, phrases and knobs -> 
     sha256 of everything before (32 bytes)
 
 Header: ``{"schema", "knobs", "artifacts": [{"variant", "payload_sha256"}], "entries": [{"key",
-"text", "spoken", "payload_sha256", "variant", "offset", "n_mels", "frames", "steps", "num_vq",
-"sha256"}]}``. Schema 2 (schema 1 recorded refinement as a flag and was never refined).
+"text", "spoken" (optional), "payload_sha256", "variant", "offset", "n_mels", "frames", "steps",
+"num_vq", "sha256"}]}``. Schema 2 (schema 1 recorded refinement as a flag and was never refined).
 
 In memory, entries are read through a memory map into an LRU of decoded mels bounded by
 `max_bytes` (default 64 MiB), so a large cache costs only the entries in use.
@@ -99,10 +100,10 @@ _REFINE_KNOBS = ("prompt", "top_p", "top_k", "temperature", "repetition_penalty"
                  "ensure_non_empty", "seed")
 
 
-def refine_knobs(refine: RefineTextParams | None) -> dict[str, Any] | None:
-    """Every knob of a refinement (None: no refinement), JSON-ready."""
+def refine_knobs(refine: RefineTextParams | None) -> dict[str, Any] | bool:
+    """Every knob of a refinement (False: no refinement, as schema 1 wrote it), JSON-ready."""
     if refine is None:
-        return None
+        return False
     return {name: getattr(refine, name) for name in _REFINE_KNOBS}
 
 
@@ -153,7 +154,7 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
             ensure_non_empty=bool(knobs["ensure_non_empty"]), seed=knobs["seed"],
         )
         refine = knobs["refine"]
-        refine = None if refine is None else RefineTextParams(**{name: refine[name] for name in _REFINE_KNOBS})
+        refine = None if refine is False else RefineTextParams(**{name: refine[name] for name in _REFINE_KNOBS})
         params = SynthParams(code=code, refine=refine, use_decoder=bool(knobs["use_decoder"]))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ForgeError(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
@@ -196,7 +197,7 @@ class CachedPhrase:
 
 def encode_cache(knobs: dict[str, Any], artifacts: dict[str, str], phrases: Sequence[tuple[str, str, str, CachedPhrase]]) -> bytes:
     """The file's bytes. `artifacts`: {variant: payload}; `phrases`: (text, variant, payload, phrase);
-    an entry's `spoken` is its phrase's (the text itself when the phrase does not say)."""
+    an entry's `spoken` is its phrase's, recorded where it is not the text itself."""
     entries, blobs, offset = [], [], 0
     for text, variant, payload, phrase in phrases:
         mel = np.ascontiguousarray(phrase.mel, dtype="<f4")
@@ -205,13 +206,15 @@ def encode_cache(knobs: dict[str, Any], artifacts: dict[str, str], phrases: Sequ
             raise ForgeError(f"codes of phrase {text!r} do not fit int16")
         codes16 = np.ascontiguousarray(codes, dtype="<i2")
         blob = mel.tobytes() + codes16.tobytes()
-        entries.append({
-            "key": entry_key(payload, text, knobs), "text": text, "spoken": phrase.spoken or text, "variant": variant,
-            "payload_sha256": payload,
+        entry = {
+            "key": entry_key(payload, text, knobs), "text": text, "variant": variant, "payload_sha256": payload,
             "offset": offset, "n_mels": int(mel.shape[0]), "frames": int(mel.shape[1]),
             "steps": int(codes16.shape[0]), "num_vq": int(codes16.shape[1]) if codes16.ndim == 2 else 0,
             "sha256": hashlib.sha256(blob).hexdigest(),
-        })
+        }
+        if phrase.spoken is not None and phrase.spoken != text:  # refined: what the code stage spoke
+            entry["spoken"] = phrase.spoken
+        entries.append(entry)
         blobs.append(blob)
         offset += len(blob)
     header = {
@@ -280,8 +283,10 @@ def check_cache_header(header: dict[str, Any], data_bytes: int, where: str) -> N
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise ForgeError(f"{where}: entries[{i}] is not an object")
-        if not all(isinstance(e.get(k), str) for k in ("key", "text", "spoken", "variant")):
-            raise ForgeError(f"{where}: entries[{i}] needs 'key', 'text', 'spoken' and 'variant' strings")
+        if not all(isinstance(e.get(k), str) for k in ("key", "text", "variant")):
+            raise ForgeError(f"{where}: entries[{i}] needs 'key', 'text' and 'variant' strings")
+        if not isinstance(e.get("spoken", ""), str):
+            raise ForgeError(f"{where}: entries[{i}] 'spoken' must be a string")
         if not (_is_sha(e.get("payload_sha256")) and _is_sha(e.get("sha256"))):
             raise ForgeError(f"{where}: entries[{i}] payload_sha256/sha256 must be 64 hex digits")
         counts = [e.get(k) for k in _ENTRY_COUNTS]
@@ -399,7 +404,8 @@ class PhraseCache:
             raise ForgeError(f"phrase cache {self.path}: the entry of {entry['text']!r} is damaged (sha256 mismatch)")
         mel = np.frombuffer(blob, dtype="<f4", count=entry["n_mels"] * entry["frames"]).reshape(entry["n_mels"], entry["frames"])
         codes = np.frombuffer(blob, dtype="<i2", offset=mel_bytes).reshape(entry["steps"], entry["num_vq"])
-        return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64), spoken=entry["spoken"])
+        return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64),
+                            spoken=entry.get("spoken", entry["text"]))
 
     def close(self) -> None:
         self._map.close()

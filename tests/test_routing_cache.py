@@ -124,7 +124,7 @@ def test_other_knobs_are_misses_synthesized_as_usual(tiny_artifacts, fp32_cache:
             np.testing.assert_array_equal(got.wav, want.wav)
     refined = SynthParams(code=params().code, refine=RefineTextParams(seed=0, max_new_token=8))
     [got] = cached.synthesize("请稍等", refined)
-    assert not got.cached and "refine: cache None, request {" in caplog.text
+    assert not got.cached and "refine: cache False, request {" in caplog.text
     assert cached.cache.cache.hits == 0
 
 

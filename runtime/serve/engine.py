@@ -36,7 +36,7 @@ from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
-from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler
@@ -304,9 +304,18 @@ class ServedVersion:
             prep = Prepared(variant, self.pipes[variant].normalize("Hello.", short), short)
             self.submit(prep).result(timeout=600)
             done += 1
-        for text in texts or []:
-            self.prepare(text, self.default_params)
-            done += 1
+        if not texts or self.file_cache is None:
+            return done
+        try:  # the cache's own request (only to read its entries: serving never takes a knob from it)
+            params = replay_params(self.file_cache.knobs, self.front.num_vq)
+        except ForgeError as e:
+            log.info("phrase cache %s: entries not warmed (%s)", self.file_cache.path, e)
+            return done
+        for text in texts:
+            variant = self.variant_for(None, text)
+            cache = self.caches.get(variant)
+            if cache is not None and cache.lookup(self.pipes[variant], text, params) is not None:
+                done += 1
         return done
 
     def close(self, drain_s: float = 0.0) -> None:
