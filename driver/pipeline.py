@@ -84,14 +84,15 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
             "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
             "--bucket-sentences", "2", "--cache-phrases", "4",
         ],  # fmt: skip
-        "warm": ["--max-new-token", "48"],
     },
-    # Random weights rarely emit EOS: every phrase would run to WARM_ARGS' token budget.
-    "full": {"warm": ["--max-new-token", "96"]},
+    # The full synthetic model's random weights rarely emit EOS: every phrase would run to 2048 code
+    # steps (and 384 refinement steps), hours on a CPU. Its cache serves only requests with these knobs.
+    "full": {"warm": ["--max-new-token", "96", "--no-refine"]},
 }
-# The phrase cache a build publishes with each version (shipped customer-service list, seed 0,
-# no speaker, ChatTTS's default knobs; a request must use the same knobs to be served from it).
-WARM_ARGS = ["--seed", "0", "--max-new-token", "384"]
+# The phrase cache a build publishes with each version: the shipped customer-service list with
+# `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
+# default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
+WARM_ARGS = ["--seed", "0"]
 
 
 # ---- content fingerprints --------------------------------------------------------------------

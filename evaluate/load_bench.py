@@ -250,10 +250,12 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
 
 
 def http_body(variant: str, req: LoadRequest) -> dict[str, Any]:
-    """The OpenAI speech request of a replayed request (extensions: seed, token budget; pcm, streamed)."""
+    """The OpenAI speech request of a replayed request (extensions: seed, token budget, refinement; pcm,
+    streamed)."""
     code = req.params.code
     return {"model": variant, "input": req.text, "voice": "default", "response_format": "pcm",
-            "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token}
+            "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token,
+            "refine": req.params.refine is not None}
 
 
 def server_cpu_s(client: Any, url: str) -> float | None:

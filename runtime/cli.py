@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from chattts_forge.cli_options import provider_option, sampling_options
 
@@ -51,7 +50,10 @@ from chattts_forge.cli_options import provider_option, sampling_options
     help="Output WAV. With several texts: OUT_000.wav, OUT_001.wav, ... beside it, or DIR/000.wav ... "
     "when OUT is a folder (existing, or ending in '/').",
 )
-@click.option("--seed", type=int, default=None, help="Seed of sampling (and of --speaker random).")
+@click.option("--sample-format", type=click.Choice(["float32", "pcm16"]), default="float32", show_default=True,
+              help="WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of sampling and refinement (and of --speaker random); the default is warm's and serve's.")
 @click.option(
     "--speaker-out",
     type=click.Path(path_type=Path),
@@ -122,7 +124,8 @@ from chattts_forge.cli_options import provider_option, sampling_options
 def synth(**options: Any) -> None:
     """Synthesize speech from an ONNX artifact (no torch), as ChatTTS would.
 
-    Defaults are ChatTTS's InferCodeParams / RefineTextParams. The WAV is float32, mono, 24 kHz.
+    Defaults are ChatTTS's InferCodeParams / RefineTextParams, seed 0. The WAV is mono, 24 kHz, float32
+    (--sample-format pcm16: 16-bit PCM, the server's `wav`, which Python's `wave` and every player read).
     Text is normalised like ChatTTS: characters it cannot speak are dropped with a warning; text
     left with nothing speakable, empty text or input longer than the model's 4096 positions
     (prompt + --max-new-token) is an error. Several texts (--batch-file) share the GPT steps in
@@ -135,14 +138,12 @@ def synth(**options: Any) -> None:
           --codes-out codes.npy --out a.wav
       chattts-forge synth --artifact A --batch-file lines.txt --out out/ --stream
       chattts-forge synth --artifact A --text "Hi." --speaker-audio me.wav --speaker-text "what I said" --out a.wav
-      chattts-forge synth --artifact artifacts/M/v1 --text "请稍等" --seed 0 --no-refine \\
+      chattts-forge synth --artifact artifacts/M/v1 --text "请稍等" \\
           --cache artifacts/M/v1/phrase_cache.bin --out a.wav
     """
     from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files
 
-    ctx = click.get_current_context()
-    given = frozenset(name for name in options if ctx.get_parameter_source(name) != ParameterSource.DEFAULT)
-    synthesize_to_files(SynthConfig(**options, given=given))
+    synthesize_to_files(SynthConfig(**options))
 
 
 @click.command("warm")
@@ -158,16 +159,21 @@ def synth(**options: Any) -> None:
 @sampling_options
 @click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
 @click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
+@click.option(
+    "--refine/--no-refine", default=True, show_default=True,
+    help="Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
+)
 @click.option("--engine", type=click.Choice(["auto", "fast", "plain"]), default="auto", show_default=True)
 @provider_option
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 def warm(**options: Any) -> None:
     """Pre-synthesize a phrase list into a phrase cache (for `synth --cache`, `Pipeline(cache=...)`).
 
-    Each phrase's mel is stored, keyed by its normalised text, the knobs (speaker, prompt, sampling,
-    seed, Decoder/DVAE) and the artifact's payload hash; a request served from the cache must use
-    the same knobs and --no-refine. Blank and duplicate lines are skipped with a warning naming the
-    line; a line with nothing speakable is an error naming the line.
+    Each phrase's mel is stored, keyed by its normalised text, the whole request (speaker, prompt,
+    sampling, token budget, seed, refinement and its knobs, Decoder/DVAE) and the artifact's payload
+    hash. The defaults are synth's and serve's, so their default requests are served from it; a
+    request with other knobs is synthesized as usual. Blank and duplicate lines are skipped with a
+    warning naming the line; a line with nothing speakable is an error naming the line.
 
     \b
     Example:

@@ -3,23 +3,29 @@
 A service's frequent phrases ("你好，很高兴为您服务", "请稍等", "Please hold on a moment") are
 synthesized once, offline (`chattts-forge warm`, `build_phrase_cache`), and their Decoder output
 (the mel, float32 [n_mels, 2T]) and codes are stored. At run time (`Pipeline(..., cache=...)`,
-`synth --cache FILE`) a text whose normalised form, knobs and artifact match an entry skips the
-code stage (GPT steps, heads, sampling) and the Decoder: Vocos turns the stored mel into the same
-waveform a miss computes (the miss runs Vocos on the very same mel).
+`synth --cache FILE`, `serve`) a text whose normalised form, knobs and artifact match an entry skips
+refinement, the code stage (GPT steps, heads, sampling) and the Decoder: Vocos turns the stored mel
+into the same waveform a miss computes (the miss runs Vocos on the very same mel).
+
+The cache is transparent: it never changes a knob of a request. A hit returns the audio the same
+request synthesizes without the cache; a request whose knobs differ is a miss, synthesized as usual.
 
 Why the mel: it is exactly what the vocoder needs (a hit is one Vocos run), it is 2T x n_mels
 floats (at full size 800 bytes a code step, against 3 KB of GPT hidden states or ~96 KB of 24 kHz
 float32 audio), and it keeps the cache independent of the waveform length arithmetic.
 
-An entry's key is the sha256 of (the artifact's payload hash, the normalised text, the knobs): the
-code prompt (speed), speaker string, speaker/text prompt samples, temperature(s), top-p, top-k,
-repetition penalty, max/min new tokens, ensure-non-empty, seed and Decoder-or-DVAE. One cache holds
-one set of knobs (recorded in its header) and may hold entries of several artifacts (the variants a
-routing table sends phrases to). What is refused or not served:
+An entry's key is the sha256 of (the artifact's payload hash, the normalised text before refinement,
+the knobs): the code prompt (speed), speaker string, speaker/text prompt samples, temperature(s),
+top-p, top-k, repetition penalty, max/min new tokens, ensure-non-empty, seed, Decoder-or-DVAE, and
+refinement: `false` (off), or every knob of it (prompt, sampling, token budget, seed). The whole
+request is recorded: an entry also holds the text the code stage spoke (`spoken`, the refined text,
+where it is not the entry's text). One cache
+holds one set of knobs (recorded in its header) and may hold entries of several artifacts (the
+variants a routing table sends phrases to). What is refused or not served:
 
 - a cache built for other artifacts: `check_artifact` (payload hash not among the cache's);
-- a request with other knobs (seed, speaker, sampling, prompt, refinement, Decoder/DVAE) or no seed
-  is never served from the cache: `PipelineCache.servable` says so (logging the first knob that
+- a request with other knobs (seed, speaker, sampling, prompt, refinement or its knobs,
+  Decoder/DVAE) or no seed is never served from the cache: `PipelineCache.servable` says so (logging the first knob that
   differs once) and the request is a miss, synthesized as usual, never an error;
 - a damaged or tampered file: the trailing sha256 of the file is checked on open and each entry's
   own sha256 when it is read, naming the file.
@@ -31,7 +37,8 @@ File format (one file, deterministic bytes: same artifact, phrases and knobs -> 
     sha256 of everything before (32 bytes)
 
 Header: ``{"schema", "knobs", "artifacts": [{"variant", "payload_sha256"}], "entries": [{"key",
-"text", "payload_sha256", "variant", "offset", "n_mels", "frames", "steps", "num_vq", "sha256"}]}``.
+"text", "spoken" (optional), "payload_sha256", "variant", "offset", "n_mels", "frames", "steps",
+"num_vq", "sha256"}]}``. Schema 2 (schema 1 recorded refinement as a flag and was never refined).
 
 In memory, entries are read through a memory map into an LRU of decoded mels bounded by
 `max_bytes` (default 64 MiB), so a large cache costs only the entries in use.
@@ -59,11 +66,11 @@ from chattts_forge.fsutil import atomic_write_bytes, sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 
 if TYPE_CHECKING:
-    from chattts_forge.runtime.pipeline import Pipeline, Row, SynthParams
+    from chattts_forge.runtime.pipeline import Pipeline, RefineTextParams, Row, SynthParams
 
 log = get_logger(__name__)
 
-CACHE_SCHEMA = "chattts-forge/phrase-cache/1"
+CACHE_SCHEMA = "chattts-forge/phrase-cache/2"
 MAGIC = b"CHATTTS-FORGE-PHRASE-CACHE/1"
 _LEN = struct.Struct("<Q")
 _DIGEST = 32
@@ -89,6 +96,17 @@ def _sha(value: str | None) -> str | None:
     return None if value is None else hashlib.sha256(value.encode("utf-8")).hexdigest()
 
 
+_REFINE_KNOBS = ("prompt", "top_p", "top_k", "temperature", "repetition_penalty", "max_new_token", "min_new_token",
+                 "ensure_non_empty", "seed")
+
+
+def refine_knobs(refine: RefineTextParams | None) -> dict[str, Any] | bool:
+    """Every knob of a refinement (False: no refinement, as schema 1 wrote it), JSON-ready."""
+    if refine is None:
+        return False
+    return {name: getattr(refine, name) for name in _REFINE_KNOBS}
+
+
 def cache_knobs(params: SynthParams, num_vq: int) -> dict[str, Any]:
     """What, besides the text and the artifact, decides a phrase's audio (JSON-ready, canonical)."""
     code = params.code
@@ -108,7 +126,7 @@ def cache_knobs(params: SynthParams, num_vq: int) -> dict[str, Any]:
         "ensure_non_empty": code.ensure_non_empty,
         "seed": code.seed,
         "use_decoder": params.use_decoder,
-        "refine": params.refine is not None,
+        "refine": refine_knobs(params.refine),
     }
 
 
@@ -119,9 +137,9 @@ def entry_key(payload: str, text: str, knobs: dict[str, Any]) -> str:
 
 def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
     """The SynthParams of a request that a cache built with `knobs` serves (e.g. to replay its phrases
-    under load). Refused with a one-line ForgeError: knobs that name a speaker, a sample or a refinement
-    only by hash or flag (they cannot be rebuilt from the header), or knobs this runtime cannot rebuild."""
-    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
+    under load). Refused with a one-line ForgeError: knobs that name a speaker or a sample only by
+    hash (they cannot be rebuilt from the header), or knobs this runtime cannot rebuild."""
+    from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 
     for name in ("speaker_sha256", "spk_smp_sha256", "txt_smp_sha256"):
         if knobs.get(name) is not None:
@@ -135,20 +153,30 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
             max_new_token=int(knobs["max_new_token"]), min_new_token=int(knobs["min_new_token"]),
             ensure_non_empty=bool(knobs["ensure_non_empty"]), seed=knobs["seed"],
         )
-        params = SynthParams(code=code, use_decoder=bool(knobs["use_decoder"]))
+        refine = knobs["refine"]
+        refine = None if refine is False else RefineTextParams(**{name: refine[name] for name in _REFINE_KNOBS})
+        params = SynthParams(code=code, refine=refine, use_decoder=bool(knobs["use_decoder"]))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ForgeError(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
-    if knobs.get("refine") or cache_knobs(params, num_vq) != knobs:  # e.g. a knob a newer writer added
+    if cache_knobs(params, num_vq) != knobs:  # e.g. a knob a newer writer added
         raise ForgeError("the cache's knobs cannot be replayed: they hold a knob this runtime does not rebuild")
     return params
 
 
-def check_cacheable(params: SynthParams) -> None:
-    """Only a reproducible request can be cached: seeded, unrefined."""
+def unseeded(params: SynthParams) -> str | None:
+    """Why a request is not reproducible (so never cached), or None: its sampling or refinement has no seed."""
     if params.code.seed is None:
-        raise ForgeError("a phrase cache needs a seed (unseeded sampling gives different audio every time)")
-    if params.refine is not None:
-        raise ForgeError("a phrase cache holds unrefined audio: synthesize with refinement off (--no-refine)")
+        return "the request has no seed"
+    if params.refine is not None and params.refine.seed is None:
+        return "the request's refinement has no seed"
+    return None
+
+
+def check_cacheable(params: SynthParams) -> None:
+    """Only a reproducible request can be cached: seeded (its refinement too)."""
+    reason = unseeded(params)
+    if reason is not None:
+        raise ForgeError(f"a phrase cache needs a seed ({reason}: unseeded sampling gives different audio every time)")
 
 
 @dataclass(frozen=True)
@@ -157,6 +185,7 @@ class CachedPhrase:
 
     mel: np.ndarray  # float32 [n_mels, frames]
     codes: np.ndarray  # int64 [steps, num_vq]
+    spoken: str | None = None  # the text the code stage saw (refined), when known
 
     @property
     def nbytes(self) -> int:
@@ -167,7 +196,8 @@ class CachedPhrase:
 
 
 def encode_cache(knobs: dict[str, Any], artifacts: dict[str, str], phrases: Sequence[tuple[str, str, str, CachedPhrase]]) -> bytes:
-    """The file's bytes. `artifacts`: {variant: payload}; `phrases`: (text, variant, payload, phrase)."""
+    """The file's bytes. `artifacts`: {variant: payload}; `phrases`: (text, variant, payload, phrase);
+    an entry's `spoken` is its phrase's, recorded where it is not the text itself."""
     entries, blobs, offset = [], [], 0
     for text, variant, payload, phrase in phrases:
         mel = np.ascontiguousarray(phrase.mel, dtype="<f4")
@@ -176,12 +206,15 @@ def encode_cache(knobs: dict[str, Any], artifacts: dict[str, str], phrases: Sequ
             raise ForgeError(f"codes of phrase {text!r} do not fit int16")
         codes16 = np.ascontiguousarray(codes, dtype="<i2")
         blob = mel.tobytes() + codes16.tobytes()
-        entries.append({
+        entry = {
             "key": entry_key(payload, text, knobs), "text": text, "variant": variant, "payload_sha256": payload,
             "offset": offset, "n_mels": int(mel.shape[0]), "frames": int(mel.shape[1]),
             "steps": int(codes16.shape[0]), "num_vq": int(codes16.shape[1]) if codes16.ndim == 2 else 0,
             "sha256": hashlib.sha256(blob).hexdigest(),
-        })
+        }
+        if phrase.spoken is not None and phrase.spoken != text:  # refined: what the code stage spoke
+            entry["spoken"] = phrase.spoken
+        entries.append(entry)
         blobs.append(blob)
         offset += len(blob)
     header = {
@@ -252,6 +285,8 @@ def check_cache_header(header: dict[str, Any], data_bytes: int, where: str) -> N
             raise ForgeError(f"{where}: entries[{i}] is not an object")
         if not all(isinstance(e.get(k), str) for k in ("key", "text", "variant")):
             raise ForgeError(f"{where}: entries[{i}] needs 'key', 'text' and 'variant' strings")
+        if not isinstance(e.get("spoken", ""), str):
+            raise ForgeError(f"{where}: entries[{i}] 'spoken' must be a string")
         if not (_is_sha(e.get("payload_sha256")) and _is_sha(e.get("sha256"))):
             raise ForgeError(f"{where}: entries[{i}] payload_sha256/sha256 must be 64 hex digits")
         counts = [e.get(k) for k in _ENTRY_COUNTS]
@@ -369,7 +404,8 @@ class PhraseCache:
             raise ForgeError(f"phrase cache {self.path}: the entry of {entry['text']!r} is damaged (sha256 mismatch)")
         mel = np.frombuffer(blob, dtype="<f4", count=entry["n_mels"] * entry["frames"]).reshape(entry["n_mels"], entry["frames"])
         codes = np.frombuffer(blob, dtype="<i2", offset=mel_bytes).reshape(entry["steps"], entry["num_vq"])
-        return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64))
+        return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64),
+                            spoken=entry.get("spoken", entry["text"]))
 
     def close(self) -> None:
         self._map.close()
@@ -385,14 +421,10 @@ class PipelineCache:
         self._told: set[str] = set()  # reasons a request was not served, logged once each
 
     def servable(self, pipe: Pipeline, params: SynthParams) -> dict[str, Any] | None:
-        """The request's knobs when the cache can serve it, None when it cannot (unseeded, refined or
-        other knobs than the cache's): such a request is a miss, synthesized as usual (logged once per
+        """The request's knobs when the cache can serve it, None when it cannot (unseeded, or other
+        knobs than the cache's): such a request is a miss, synthesized as usual (logged once per
         reason), never an error."""
-        reason = None
-        if params.code.seed is None:
-            reason = "the request has no seed"
-        elif params.refine is not None:
-            reason = "the request refines its text (a cache holds unrefined audio)"
+        reason = unseeded(params)
         knobs = cache_knobs(params, pipe.num_vq)
         if reason is None:
             diff = self.cache.knob_difference(knobs)
@@ -407,26 +439,35 @@ class PipelineCache:
         self.cache.misses += 1
         return None
 
-    def synthesize_rows(self, pipe: Pipeline, norm: Sequence[str], params: SynthParams) -> list[Row]:
-        """A `Row` per normalised text: hits from the cache (Vocos only), misses synthesized together
-        as one batch. A hit's hiddens are empty [0, hidden]: the code stage did not run. A request the
-        cache cannot serve (`servable`) is synthesized whole."""
+    def synthesize_rows(self, pipe: Pipeline, norm: Sequence[str], params: SynthParams,
+                        owner: Sequence[int] | None = None) -> list[Row]:
+        """A `Row` per normalised text (before refinement): hits from the cache (Vocos only), misses
+        refined (if asked) and synthesized together as one batch, as `Pipeline.synthesize` does
+        without a cache. A hit's hiddens are empty [0, hidden]: the code stage did not run. A request
+        the cache cannot serve (`servable`) is synthesized whole. `owner`: as `refine_texts`'s."""
         knobs = self.servable(pipe, params)
-        if knobs is None:
-            return pipe.synthesize_rows(norm, params)
-        found = [self.cache.get(self.payload, t, knobs) for t in norm]
+        found = [self.cache.get(self.payload, t, knobs) for t in norm] if knobs is not None else [None] * len(norm)
         missing = [r for r, f in enumerate(found) if f is None]
-        synthesized = pipe.synthesize_rows([norm[r] for r in missing], params) if missing else []
+        spoken = pipe.refine_texts([norm[r] for r in missing], params,
+                                   None if owner is None else [owner[r] for r in missing])
+        synthesized = pipe.synthesize_rows(spoken, params) if missing else []
         out: list[Row] = []
-        done = iter(synthesized)
+        done = iter(zip(synthesized, spoken, strict=True))
         for phrase in found:
-            out.append(next(done) if phrase is None else self._row(pipe, phrase))
-        log.debug("phrase cache %s: %d hit(s), %d miss(es)", self.cache.path, len(norm) - len(missing), len(missing))
+            if phrase is None:
+                row, text = next(done)
+                out.append(row._replace(text=text))
+            else:
+                out.append(self._row(pipe, phrase))
+        if knobs is not None:
+            log.debug("phrase cache %s: %d hit(s), %d miss(es)", self.cache.path, len(norm) - len(missing),
+                      len(missing))
         return out
 
     def lookup(self, pipe: Pipeline, norm: str, params: SynthParams) -> Row | None:
-        """One normalised text served from the cache (Vocos only), or None on a miss: what a service
-        does before handing a miss to the scheduler. Thread-safe (Vocos runs outside the cache's lock)."""
+        """One normalised text (before refinement) served from the cache (Vocos only), or None on a
+        miss: what a service does before refining a miss and handing it to the scheduler.
+        Thread-safe (Vocos runs outside the cache's lock)."""
         knobs = self.servable(pipe, params)
         if knobs is None:
             return None
@@ -439,7 +480,8 @@ class PipelineCache:
         from chattts_forge.runtime.pipeline import Row
 
         wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
-        return Row(phrase.codes, np.zeros((0, pipe.dims.hidden_size), dtype=np.float32), wav, cached=True)
+        return Row(phrase.codes, np.zeros((0, pipe.dims.hidden_size), dtype=np.float32), wav, cached=True,
+                   text=phrase.spoken)
 
 
 def open_cache(cache: PhraseCache | str | os.PathLike[str], pipe: Pipeline) -> PipelineCache:
@@ -504,7 +546,8 @@ def build_phrase_cache(
     `target`: an artifact folder, or a published version folder with a routing.json (each phrase is
     then synthesized by the variant its length bucket routes to in the build's ranking, as `Router`
     serves it with autotune off; a host whose autotune routes elsewhere serves those texts uncached). Each
-    phrase is synthesized alone, exactly as a miss of `synthesize([phrase])` would be. `pipeline`: an
+    phrase is refined (when `params` refine) and synthesized alone, exactly as a miss of
+    `synthesize([phrase])` would be; the whole request is recorded (`cache_knobs`). `pipeline`: an
     open Pipeline of the artifact folder `target` to synthesize with (no second copy of its sessions).
     Returns a summary.
     """
@@ -536,7 +579,11 @@ def build_phrase_cache(
             pipe, variant = single, single.artifact.variant
         payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
         with quiet_logger("chattts_forge.runtime.pipeline"):  # one summary line below instead of one per phrase
-            gen = pipe.infer_code([norm], params.code)
+            try:
+                spoken = pipe.refine_texts([norm], params)[0]  # as synthesize refines it (unchanged when off)
+            except ForgeError as e:
+                raise ForgeError(f"phrase {norm!r}: {e}") from None
+            gen = pipe.infer_code([spoken], params.code)
         unfinished += int(not bool(gen.finished[0]))
         src = gen.hiddens[0] if params.use_decoder else gen.ids[0]
         if len(src) == 0:
@@ -544,7 +591,8 @@ def build_phrase_cache(
             mel = np.zeros((pipe.dims.n_mels, 0), dtype=np.float32)
         else:
             mel = pipe.decode_mel(src, params.use_decoder)
-        entries.append((norm, variant, payload, CachedPhrase(mel=np.asarray(mel, np.float32), codes=gen.ids[0])))
+        entries.append((norm, variant, payload,
+                        CachedPhrase(mel=np.asarray(mel, np.float32), codes=gen.ids[0], spoken=spoken)))
     if unfinished:
         log.warning("%d of %d phrases hit max_new_token %d before EOS (cached as generated)", unfinished, len(entries),
                     params.code.max_new_token)

@@ -141,6 +141,7 @@ class Row(NamedTuple):
     hiddens: np.ndarray  # float32 [T, hidden]; [0, hidden] when served from a phrase cache
     wav: np.ndarray
     cached: bool = False
+    text: str | None = None  # what the code stage saw (refined), when it is not the row's normalised text
 
 
 @dataclass
@@ -748,7 +749,13 @@ class Pipeline:
     # ---- whole texts ----------------------------------------------------------------------
 
     def prepare_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
-        """Normalised (and split, if asked) texts, plus for each the index of the input it came from."""
+        """Normalised (and split, if asked) texts, refined if asked, plus for each the index of the
+        input it came from."""
+        out, owner = self.normalize_texts(texts, params)
+        return self.refine_texts(out, params, owner), owner
+
+    def normalize_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
+        """`prepare_texts` before refinement (what a phrase cache is keyed by)."""
         check_synth_params(params, self.dims.max_position_embeddings, self.max_text_chars())
         if isinstance(texts, str):
             texts = [texts]
@@ -766,21 +773,28 @@ class Pipeline:
             for p in parts:
                 out.append(self.normalize(p, params))
                 owner.append(i)
-        if params.refine is not None:
-            out = self.refine_text(out, params.refine)
-            for t, src in zip(out, owner, strict=True):
-                if not is_speakable(t):
-                    raise ForgeError(f"refinement of text {src} produced nothing speakable")
         return out, owner
+
+    def refine_texts(self, norm: Sequence[str], params: SynthParams, owner: Sequence[int] | None = None) -> list[str]:
+        """Normalised texts refined as one batch when `params.refine` asks (else as they are); `owner`:
+        the input index of each, for the error naming a text refined into nothing speakable."""
+        if params.refine is None or not norm:
+            return list(norm)
+        out = self.refine_text(norm, params.refine)
+        for r, t in enumerate(out):
+            if not is_speakable(t):
+                raise ForgeError(f"refinement of text {owner[r] if owner is not None else r} produced nothing speakable")
+        return out
 
     def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
         """One Result per input text; all texts share the GPT steps (one batch). With a phrase cache
         (`cache=`), cached texts skip the code stage and the Decoder (`Result.cached`)."""
         params = params or SynthParams()
-        norm, owner = self.prepare_texts(texts, params)
-        if self.cache is not None:
-            rows = self.cache.synthesize_rows(self, norm, params)
+        if self.cache is not None:  # keyed by the text before refinement: a hit is not refined again
+            norm, owner = self.normalize_texts(texts, params)
+            rows = self.cache.synthesize_rows(self, norm, params, owner)
         else:
+            norm, owner = self.prepare_texts(texts, params)
             rows = self.synthesize_rows(norm, params)
         n_inputs = 1 if isinstance(texts, str) else len(texts)
         results = []
@@ -788,7 +802,7 @@ class Pipeline:
             mine = [r for r, o in enumerate(owner) if o == i]
             results.append(
                 Result(
-                    text=" ".join(norm[r] for r in mine),
+                    text=" ".join(rows[r].text or norm[r] for r in mine),
                     codes=np.concatenate([rows[r].codes for r in mine]).reshape(-1, self.num_vq),
                     hiddens=np.concatenate([rows[r].hiddens for r in mine]).reshape(-1, self.dims.hidden_size),
                     wav=np.concatenate([rows[r].wav for r in mine]).astype(np.float32),

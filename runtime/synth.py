@@ -15,7 +15,7 @@ import contextlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,18 +31,14 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# The knobs a phrase cache records: `synth --cache` takes the cache's for those not given explicitly.
-CACHE_KNOBS = ("seed", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_token", "min_new_token",
-               "prompt", "refine", "use_decoder")
-
-
 @dataclass(frozen=True)
 class SynthConfig:
     """One `synth` run: what `chattts-forge synth --help` documents, one field per option.
 
-    `given`: the knobs set explicitly (the command line: the options on it); with `cache_path`, the
-    knobs of `CACHE_KNOBS` not given take the cache's, so a plain `synth --cache` is served from it.
-    None: every field is meant as given (a library caller's config is used as it is)."""
+    `seed` defaults to 0 (as `warm` and `serve`): a plain run gives the same audio every time, as
+    ChatTTS does in a fresh process (torch's fixed initial seed), and a phrase cache warmed with the
+    defaults serves it. `cache_path` never changes a knob: a text whose request the cache holds is
+    served from it, any other is synthesized as usual."""
 
     artifact: Path
     out: Path
@@ -51,7 +47,7 @@ class SynthConfig:
     variant: str | None = None
     autotune: bool | None = None
     cache_path: Path | None = None
-    seed: int | None = None
+    seed: int | None = 0
     speaker: str | None = None
     speaker_out: Path | None = None
     speaker_audio: Path | None = None
@@ -76,7 +72,7 @@ class SynthConfig:
     threads: int | None = None
     public_key: Path | None = None
     verify: str = "sha256"
-    given: frozenset[str] | None = None
+    sample_format: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -96,6 +92,7 @@ class WarmConfig:
     use_decoder: bool = True
     max_new_token: int = 2048
     prompt: str = "[speed_5]"
+    refine: bool = True
     engine: str = "auto"
     provider: str = "cpu"
     threads: int | None = None
@@ -156,24 +153,43 @@ def write_codes(path: Path, codes: np.ndarray) -> None:
 
 
 class StreamingWav:
-    """A float32 WAV written chunk by chunk into a temp file, renamed into place on close."""
+    """A mono WAV (float32, or 16-bit PCM) written chunk by chunk into a temp file, renamed into place on
+    commit. 16-bit samples are quantized as the server's (`to_int16`), so both write the same samples."""
 
-    def __init__(self, path: Path, sample_rate: int) -> None:
+    def __init__(self, path: Path, sample_rate: int, sample_format: str = "float32") -> None:
         import soundfile as sf
 
+        from chattts_forge.runtime.audio import check_sample_format, pcm16_wav_header
+
         self.path = path
+        self.sample_format = check_sample_format(sample_format)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
-        self.f = sf.SoundFile(self.tmp, "w", samplerate=sample_rate, channels=1, format="WAV", subtype="FLOAT")
+        self.sample_rate = sample_rate
+        if sample_format == "pcm16":  # the header's sizes are written on commit, once they are known
+            self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed by commit/abort
+            self.f.write(pcm16_wav_header(sample_rate, 0))
+        else:
+            self.f = sf.SoundFile(self.tmp, "w", samplerate=sample_rate, channels=1, format="WAV", subtype="FLOAT")
         self.samples = 0
 
     def write(self, chunk: np.ndarray) -> None:
+        from chattts_forge.runtime.audio import to_int16
+
         if len(chunk):
-            self.f.write(np.asarray(chunk, dtype=np.float32))
+            if self.sample_format == "pcm16":
+                self.f.write(to_int16(chunk).tobytes())
+            else:
+                self.f.write(np.asarray(chunk, dtype=np.float32))
             self.samples += len(chunk)
 
     def commit(self) -> None:
+        from chattts_forge.runtime.audio import pcm16_wav_header
+
+        if self.sample_format == "pcm16":
+            self.f.seek(0)
+            self.f.write(pcm16_wav_header(self.sample_rate, 2 * self.samples))
         self.f.close()
         fsync_file(self.tmp)
         os.replace(self.tmp, self.path)
@@ -184,34 +200,6 @@ class StreamingWav:
             self.f.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.tmp)
-
-
-def with_cache_knobs(cfg: SynthConfig, num_vq: int) -> SynthConfig:
-    """`synth --cache`: the knobs not given (`cfg.given`) take the cache's (the ones `warm` used), as a
-    request that sets nothing is served by `serve`. Knobs given explicitly win (a request the cache
-    cannot serve is then a miss, synthesized as usual)."""
-    from chattts_forge.runtime.phrase_cache import PhraseCache, replay_params
-
-    assert cfg.cache_path is not None
-    cache = PhraseCache(cfg.cache_path)
-    try:
-        cached = replay_params(cache.knobs, num_vq)
-    except ForgeError as e:  # e.g. a speaker known only by its hash: synth's own defaults stay
-        log.info("phrase cache %s: its knobs are not synth's defaults here (%s)", cfg.cache_path, e)
-        return cfg
-    finally:
-        cache.close()
-    code = cached.code
-    theirs = {"seed": code.seed, "temperature": code.temperature, "top_p": code.top_p, "top_k": code.top_k,
-              "repetition_penalty": code.repetition_penalty, "max_new_token": code.max_new_token,
-              "min_new_token": code.min_new_token, "prompt": code.prompt, "refine": False,
-              "use_decoder": cached.use_decoder}
-    given = set(CACHE_KNOBS) if cfg.given is None else cfg.given
-    taken = {name: value for name, value in theirs.items() if name not in given and getattr(cfg, name) != value}
-    if taken:
-        log.info("phrase cache %s: knobs not given take the cache's: %s", cfg.cache_path,
-                 ", ".join(f"{name}={value!r}" for name, value in taken.items()))
-    return replace(cfg, **taken)
 
 
 def _check_texts(cfg: SynthConfig) -> list[str]:
@@ -284,8 +272,6 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
     texts = _check_texts(cfg)
     t0 = time.perf_counter()
     router, pipe = open_target(cfg)
-    if cfg.cache_path is not None:
-        cfg = with_cache_knobs(cfg, pipe.num_vq)
     params, speaker_used = synth_params(cfg, pipe)
     wav_paths = output_paths(cfg.out, len(texts), ".wav")
     code_paths = output_paths(cfg.codes_out, len(texts), ".npy") if cfg.codes_out is not None else None
@@ -302,7 +288,7 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
 
 def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params: SynthParams,
                      wav_paths: list[Path], code_paths: list[Path] | None, t1: float) -> None:
-    writers = [StreamingWav(p, pipe.sample_rate) for p in wav_paths]
+    writers = [StreamingWav(p, pipe.sample_rate, cfg.sample_format) for p in wav_paths]
     first_audio = None
     chunks = 0
     codes: list[np.ndarray] = []
@@ -356,7 +342,7 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, pipe: Pipe
     for i, r in enumerate(results):
         if len(r.wav) == 0:
             raise ForgeError(f"text {i} produced no audio (the model ended at once); try --min-new-token")
-        write_wav(wav_paths[i], r.wav, r.sample_rate)
+        write_wav(wav_paths[i], r.wav, r.sample_rate, cfg.sample_format)
         log.info("wrote %s: %.2f s of audio, %d code steps", wav_paths[i], len(r.wav) / r.sample_rate, len(r.codes))
         if code_paths is not None:
             write_codes(code_paths[i], r.codes)
@@ -373,7 +359,7 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, pipe: Pipe
 def warm_phrase_cache(cfg: WarmConfig) -> dict[str, Any]:
     """`chattts-forge warm`: pre-synthesize `cfg.phrases` into the phrase cache `cfg.out`; its summary."""
     from chattts_forge.runtime.phrase_cache import build_phrase_cache
-    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
     t0 = time.perf_counter()
@@ -387,7 +373,7 @@ def warm_phrase_cache(cfg: WarmConfig) -> dict[str, Any]:
             repetition_penalty=cfg.repetition_penalty, max_new_token=cfg.max_new_token,
             min_new_token=cfg.min_new_token, seed=cfg.seed,
         ),
-        refine=None,
+        refine=RefineTextParams(seed=cfg.seed) if cfg.refine else None,  # synth's refinement, as synth does
         use_decoder=cfg.use_decoder,
     )
     summary = build_phrase_cache(artifact, cfg.phrases, cfg.out, params, **kwargs)

@@ -2,9 +2,10 @@
 
     python scripts/serve_hit_miss.py http://127.0.0.1:8000 artifacts/<model>/<version>/phrase_cache.bin [N]
 
-For each of the first N (default 5) phrases of the cache: one request with the server's defaults (the
-cache's knobs: a hit, served by Vocos alone) and one of the same phrase with another seed (a miss,
-synthesized), both whole responses (`"stream": false`, wav); prints the medians and their ratio.
+For each of the first N (default 5) phrases of the cache: one request with the server's defaults (a
+hit when the cache was warmed with the defaults, as a build's is: served by Vocos alone) and one of
+the same phrase with another seed (a miss, synthesized), both whole responses (`"stream": false`,
+wav); prints the medians and their ratio.
 """
 
 from __future__ import annotations

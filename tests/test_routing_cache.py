@@ -105,7 +105,7 @@ def test_hit_gives_the_miss_waveform(tiny_artifacts, fp32_cache: Path) -> None:
 
 
 def test_other_knobs_are_misses_synthesized_as_usual(tiny_artifacts, fp32_cache: Path, caplog) -> None:
-    """A request the cache cannot serve (other knobs, refinement, no seed) is never served from it and
+    """A request the cache cannot serve (other knobs, refinement on, no seed) is never served from it and
     never an error: it is synthesized exactly as without a cache, and the log says why once."""
     plain = Pipeline(tiny_artifacts["fp32"], threads=1)
     cached = Pipeline(tiny_artifacts["fp32"], threads=1, cache=fp32_cache)
@@ -124,7 +124,7 @@ def test_other_knobs_are_misses_synthesized_as_usual(tiny_artifacts, fp32_cache:
             np.testing.assert_array_equal(got.wav, want.wav)
     refined = SynthParams(code=params().code, refine=RefineTextParams(seed=0, max_new_token=8))
     [got] = cached.synthesize("请稍等", refined)
-    assert not got.cached and "refines its text" in caplog.text
+    assert not got.cached and "refine: cache False, request {" in caplog.text
     assert cached.cache.cache.hits == 0
 
 
@@ -176,23 +176,23 @@ def test_synth_cli_cache_matches_uncached(tiny_artifacts, phrase_file, tmp_path)
                                "--out", str(cache), *common])
     assert res.exit_code == 0, res.output
     outs = {}
-    for name, extra in (("plain", []), ("cached", ["--cache", str(cache)])):
-        res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等", "--no-refine",
+    for name, extra in (("plain", []), ("cached", ["--cache", str(cache)])):  # warm refines, as synth does
+        res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等",
                                    "--out", str(tmp_path / f"{name}.wav"), *common, *extra])
         assert res.exit_code == 0, res.output
         outs[name] = sf.read(tmp_path / f"{name}.wav", dtype="float32")[0]
     assert outs["plain"].shape == outs["cached"].shape
     assert float(np.max(np.abs(outs["plain"] - outs["cached"]))) <= 1e-4
-    # knobs not given take the cache's (refinement off, its seed and token budget): served from it
-    res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等",
-                               "--out", str(tmp_path / "d.wav"), "--cache", str(cache), "--threads", "1"])
-    assert res.exit_code == 0, res.output
-    np.testing.assert_array_equal(sf.read(tmp_path / "d.wav", dtype="float32")[0], outs["cached"])
-    # a knob given that differs from the cache's (refinement on): a miss synthesized as usual, never an error
-    res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等", "--refine",
-                               "--out", str(tmp_path / "r.wav"), "--cache", str(cache), *common])
-    assert res.exit_code == 0, res.output
-    assert (tmp_path / "r.wav").is_file()
+    # a knob that differs from the cache's (refinement off; or none given: 2048 steps): a miss
+    # synthesized as usual, never an error, and no knob is taken from the cache
+    for name, knobs in (("plain-nr", ["--no-refine", *common]), ("bare", ["--threads", "1"])):
+        for cached in (False, True):
+            res = runner.invoke(main, ["synth", "--artifact", str(tiny_artifacts["fp32"]), "--text", "请稍等",
+                                       "--out", str(tmp_path / f"{name}-{cached}.wav"), *knobs,
+                                       *(["--cache", str(cache)] if cached else [])])
+            assert res.exit_code == 0, res.output
+        np.testing.assert_array_equal(sf.read(tmp_path / f"{name}-True.wav", dtype="float32")[0],
+                                      sf.read(tmp_path / f"{name}-False.wav", dtype="float32")[0])
 
 
 # ---- routing ---------------------------------------------------------------------------------------

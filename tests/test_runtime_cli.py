@@ -40,29 +40,30 @@ def test_synth_writes_wav_and_codes(art, tmp_path):
 
 def test_the_library_config_writes_what_the_command_writes(art, tmp_path):
     """`synth` maps its options onto a SynthConfig: the library call with the same knobs writes the same
-    samples and codes; a cache's knobs replace only those the config does not name as given."""
-    from dataclasses import replace
+    samples and codes (float32, and 16-bit PCM that Python's `wave` reads: round(x * 32768))."""
+    import wave
     from pathlib import Path
 
-    from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files, with_cache_knobs
+    from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files
 
     r = synth("--artifact", art, "--text", "你好。", "--out", str(tmp_path / "cli.wav"), "--seed", "3", "--no-refine",
               "--max-new-token", "20", "--codes-out", str(tmp_path / "cli.npy"), "--threads", "1")
     assert r.exit_code == 0, r.output
     synthesize_to_files(SynthConfig(artifact=Path(art), out=tmp_path / "lib.wav", text="你好。", seed=3, refine=False,
                                     max_new_token=20, codes_out=tmp_path / "lib.npy", threads=1))
-    np.testing.assert_array_equal(sf.read(tmp_path / "lib.wav", dtype="float32")[0],
-                                  sf.read(tmp_path / "cli.wav", dtype="float32")[0])
+    floats = sf.read(tmp_path / "cli.wav", dtype="float32")[0]
+    np.testing.assert_array_equal(sf.read(tmp_path / "lib.wav", dtype="float32")[0], floats)
     np.testing.assert_array_equal(np.load(tmp_path / "lib.npy"), np.load(tmp_path / "cli.npy"))
-    warm = CliRunner().invoke(main, ["warm", "--artifact", art, "--phrases", str(_phrases(tmp_path)), "--out",
-                                     str(tmp_path / "p.cache"), "--seed", "5", "--max-new-token", "16"])
-    assert warm.exit_code == 0, warm.output
-    cfg = SynthConfig(artifact=Path(art), out=tmp_path / "x.wav", text="你好。", cache_path=tmp_path / "p.cache",
-                      seed=1, given=frozenset({"seed"}))
-    taken = with_cache_knobs(cfg, 4)
-    assert (taken.seed, taken.max_new_token, taken.refine) == (1, 16, False)  # seed given: kept
-    library = replace(cfg, given=None)  # a library config means every field as given: nothing is taken
-    assert with_cache_knobs(library, 4) == library
+    for stream in ([], ["--stream"]):
+        r = synth("--artifact", art, "--text", "你好。", "--out", str(tmp_path / "p16.wav"), "--seed", "3",
+                  "--no-refine", "--max-new-token", "20", "--threads", "1", "--sample-format", "pcm16", *stream)
+        assert r.exit_code == 0, r.output
+        with wave.open(str(tmp_path / "p16.wav"), "rb") as w:
+            assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+            pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+        want = np.clip(np.rint(floats.astype(np.float64) * 32768), -32768, 32767)
+        assert len(pcm) == len(floats)
+        assert np.max(np.abs(pcm - want)) <= (1 if stream else 0)  # a stream differs from a whole decode by ~1e-6
 
 
 def _phrases(tmp_path):

@@ -44,7 +44,7 @@ from chattts_forge.runtime.serve.app import ServeConfig, ServerState  # noqa: E4
 from chattts_forge.runtime.serve.formats import FORMATS, to_int16  # noqa: E402
 from chattts_forge.runtime.serve.server import make_server  # noqa: E402
 
-STEPS = 24  # the phrase cache's (and so the server's default) max_new_token
+STEPS = 24  # the phrase cache's max_new_token (requests that want a hit send it: the cache sets no knob)
 PHRASES = ["请稍等", "Please hold on a moment."]
 TEXT = "Hello there, how are you today?"  # medium bucket: fp32
 SHORT = "你好。"  # short bucket: fp16
@@ -166,9 +166,7 @@ LOSSY_MIN_SNR = {"mp3": 10.0, "opus": 6.0}  # measured on tiny audio: mp3 ~17 dB
 
 def assert_same_audio(data: bytes, fmt: str, ref: np.ndarray) -> None:
     got = decode(data, fmt)
-    if fmt == "wav":
-        np.testing.assert_array_equal(got, ref)
-    elif fmt in ("pcm", "flac"):
+    if fmt in ("wav", "pcm", "flac"):  # 16-bit, as OpenAI's
         np.testing.assert_array_equal(to_int16(got), to_int16(ref))
     else:
         assert snr_db(ref, got) >= LOSSY_MIN_SNR[fmt]
@@ -192,6 +190,7 @@ def synth_wav(tmp_path: Path, version: Path, variant: str, text: str, *extra: st
 
 
 DEFAULT_KNOBS = ("--seed", "0", "--no-refine", "--max-new-token", str(STEPS))
+CACHE_KNOBS = {"refine": False, "max_new_token": STEPS}  # the request DEFAULT_KNOBS make (the cache's)
 
 
 # ---- the OpenAI endpoint -------------------------------------------------------------------------
@@ -207,7 +206,8 @@ def test_openai_client_every_format_streamed_and_whole_equals_synth(server: Runn
     np.testing.assert_allclose(refs[True], refs[False], atol=1e-5)  # a stream is the whole waveform
     for fmt in FORMATS:
         # create(): the server streams from the first final chunk; the client reads it all
-        r = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format=fmt)
+        r = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format=fmt,
+                                       extra_body=CACHE_KNOBS)
         assert r.response.headers["x-forge-variant"] == "fp32"
         assert r.response.headers["content-type"].startswith({"wav": "audio/wav", "pcm": "audio/pcm",
                                                               "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -215,19 +215,19 @@ def test_openai_client_every_format_streamed_and_whole_equals_synth(server: Runn
         assert_same_audio(r.content, fmt, refs[True])
         # its streaming response, read chunk by chunk
         with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",
-                                                                response_format=fmt) as s:
+                                                                response_format=fmt, extra_body=CACHE_KNOBS) as s:
             parts = list(s.iter_bytes())
         assert_same_audio(b"".join(parts), fmt, refs[True])
         # stream: false: the whole waveform decoded at once, synth's bytes
         r = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format=fmt,
-                                       extra_body={"stream": False})
+                                       extra_body={**CACHE_KNOBS, "stream": False})
         assert_same_audio(r.content, fmt, refs[False])
 
 
 def test_sse_stream_and_speed_and_knobs(server: Running, version: Path, tmp_path: Path) -> None:
     import base64
 
-    knobs = {"seed": 7, "temperature": 0.5, "top_p": 0.8, "top_k": 10, "max_new_token": 30}
+    knobs = {"seed": 7, "temperature": 0.5, "top_p": 0.8, "top_k": 10, "max_new_token": 30, "refine": False}
     body = {"model": "fp32", "input": TEXT, "voice": "echo", "response_format": "pcm", "speed": 1.6,
             "stream_format": "sse", **knobs}
     with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
@@ -250,9 +250,9 @@ def test_models_health_and_routing(server: Running, version: Path) -> None:
     assert ids[0] == f"{version.parent.name}/{version.name}" and {"fp32", "fp16"} <= set(ids)
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     assert httpx.get(server.url + "/readyz").json()["status"] == "ready"
-    r = client.audio.speech.create(model="tts-1", input=SHORT, voice="nova", response_format="wav")
+    r = client.audio.speech.create(model="tts-1", input=SHORT, voice="nova", response_format="wav", extra_body=CACHE_KNOBS)
     assert r.response.headers["x-forge-variant"] == "fp16"  # routing.json: short texts to fp16
-    r = client.audio.speech.create(model="fp32", input=SHORT, voice="nova", response_format="wav")
+    r = client.audio.speech.create(model="fp32", input=SHORT, voice="nova", response_format="wav", extra_body=CACHE_KNOBS)
     assert r.response.headers["x-forge-variant"] == "fp32"  # a variant named as the model overrides
 
 
@@ -268,14 +268,14 @@ def test_native_endpoint_full_knobs_with_refinement_equals_synth(server: Running
     assert r.status_code == 200, r.text
     ref = synth_wav(tmp_path, version, "fp32", TEXT, "--seed", "3", "--temperature", "0.5", "--top-p", "0.8",
                     "--top-k", "10", "--max-new-token", "28", name="refined")
-    np.testing.assert_array_equal(decode(r.content, "wav"), ref)  # refinement on, as synth's default
+    np.testing.assert_array_equal(to_int16(decode(r.content, "wav")), to_int16(ref))  # refinement on, as synth's
     body["skip_refine_text"] = True
     body["stream"] = True
     r = httpx.post(server.url + "/v1/chattts/speech", json=body, timeout=120)
     assert r.status_code == 200
     ref = synth_wav(tmp_path, version, "fp32", TEXT, "--seed", "3", "--temperature", "0.5", "--top-p", "0.8",
                     "--top-k", "10", "--max-new-token", "28", "--no-refine", stream=True, name="plain")
-    np.testing.assert_array_equal(decode(r.content, "wav"), ref)
+    np.testing.assert_array_equal(to_int16(decode(r.content, "wav")), to_int16(ref))
 
 
 # ---- bad input, faults ----------------------------------------------------------------------------
@@ -311,7 +311,7 @@ def test_bad_bodies_answer_400_one_line_and_never_disturb_others(server: Running
     def healthy() -> None:
         with httpx.stream("POST", server.url + "/v1/audio/speech", timeout=60,
                           json={"model": "tts-1", "input": TEXT, "response_format": "wav",
-                                "max_new_token": 60, "min_new_token": 60}) as r:
+                                "max_new_token": 60, "min_new_token": 60, "refine": False}) as r:
             good["status"] = str(r.status_code).encode()
             good["audio"] = b"".join(r.iter_bytes())
 
@@ -330,14 +330,14 @@ def test_bad_bodies_answer_400_one_line_and_never_disturb_others(server: Running
     assert good["status"] == b"200"
     ref = synth_wav(tmp_path, version, "fp32", TEXT, "--seed", "0", "--no-refine", "--max-new-token", "60",
                     "--min-new-token", "60", stream=True)
-    np.testing.assert_array_equal(decode(good["audio"], "wav"), ref)
+    np.testing.assert_array_equal(to_int16(decode(good["audio"], "wav")), to_int16(ref))
     assert server.metric("forge_errors_total", kind="bad_request") - before == len(BAD_BODIES) + 1
 
 
 def test_full_queue_429_deadline_504_disconnect_frees_row(version: Path) -> None:
     with running(version, max_batch=1, max_queue=1) as srv:
         long = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": 400,
-                "min_new_token": 400}
+                "min_new_token": 400, "refine": False}
         statuses: list[int] = []
 
         def call() -> None:
@@ -371,8 +371,8 @@ def test_full_queue_429_deadline_504_disconnect_frees_row(version: Path) -> None
         assert srv.state.current.running == 0
         assert srv.metric("forge_errors_total", kind="disconnect") >= 1
         assert srv.metric("forge_errors_total", kind="deadline") >= 1
-        ok = httpx.post(srv.url + "/v1/audio/speech", json={"model": "fp32", "input": "Hi.", "response_format": "wav"},
-                        timeout=60)
+        ok = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
+                        json={"model": "fp32", "input": "Hi.", "response_format": "wav", **CACHE_KNOBS})
         assert ok.status_code == 200
 
 
@@ -385,7 +385,7 @@ def test_phrase_cache_hit_skips_the_gpt_and_other_knobs_are_misses(server: Runni
     steps = {v: s.steps for v, s in sched.items()}
     hits = server.metric("forge_phrase_cache_hits_total", tier="file")
     r = httpx.post(server.url + "/v1/audio/speech", timeout=60,
-                   json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav"})
+                   json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS})
     assert r.status_code == 200 and r.headers["x-forge-cached"] == "true"
     assert {v: s.steps for v, s in sched.items()} == steps  # served without one GPT step
     assert server.metric("forge_phrase_cache_hits_total", tier="file") == hits + 1
@@ -394,7 +394,7 @@ def test_phrase_cache_hit_skips_the_gpt_and_other_knobs_are_misses(server: Runni
     assert float(np.max(np.abs(decode(r.content, "wav") - ref))) <= 1e-4  # the miss's waveform
     # other knobs (seed): a miss, synthesized as usual
     r = httpx.post(server.url + "/v1/audio/speech", timeout=60,
-                   json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", "seed": 5})
+                   json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS, "seed": 5})
     assert r.status_code == 200 and r.headers["x-forge-cached"] == "false"
     assert sum(s.steps for s in sched.values()) > sum(steps.values())
 
@@ -411,7 +411,7 @@ def test_reload_under_load_drops_no_request_and_a_failed_one_keeps_serving(versi
             while not stop.is_set():
                 with httpx.stream("POST", srv.url + "/v1/audio/speech", timeout=60,
                                   json={"model": "tts-1", "input": TEXT, "response_format": "pcm",
-                                        "max_new_token": 40, "min_new_token": 40}) as r:
+                                        "max_new_token": 40, "min_new_token": 40, "refine": False}) as r:
                     results.append((r.status_code, len(b"".join(r.iter_bytes()))))
 
         workers = [threading.Thread(target=load) for _ in range(3)]
@@ -454,13 +454,13 @@ def test_canary_share_then_promote(version: Path, tiny_artifacts) -> None:
         models = set()
         for _ in range(16):
             r = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
-                           json={"model": "tts-1", "input": "Hi there.", "response_format": "wav"})
+                           json={"model": "tts-1", "input": "Hi there.", "response_format": "wav", **CACHE_KNOBS})
             assert r.status_code == 200
             models.add(r.headers["x-forge-model"])
         assert models == {"fp32", f"{version.parent.name}/{version.name}"}
         assert httpx.post(srv.url + "/admin/promote", timeout=30).status_code == 200
         r = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
-                       json={"model": "tts-1", "input": "Hi there.", "response_format": "wav"})
+                       json={"model": "tts-1", "input": "Hi there.", "response_format": "wav", **CACHE_KNOBS})
         assert r.headers["x-forge-model"] == "fp32"
 
 
@@ -516,10 +516,10 @@ def test_redis_cache_shared_by_two_replicas_and_checked(version: Path, redis_url
         assert third.status_code == 200 and third.headers["x-forge-cached"] == "false"
         np.testing.assert_array_equal(decode(third.content, "wav"), decode(first.content, "wav"))
         assert b.state.current.redis.rejected == 1
-        # a request a cache cannot reproduce (refined) never touches Redis
+        # other knobs (refinement off: the default refines): a miss, stored under a key of its own
         n = len(client.keys("*"))
-        r = httpx.post(a.url + "/v1/audio/speech", json={**body, "refine": True}, timeout=120)
-        assert r.status_code == 200 and len(client.keys("*")) == n
+        r = httpx.post(a.url + "/v1/audio/speech", json={**body, "refine": False}, timeout=120)
+        assert r.status_code == 200 and r.headers["x-forge-cached"] == "false" and len(client.keys("*")) == n + 1
 
 
 # ---- the command: bad input, SIGTERM drain, SIGHUP reload ---------------------------------------------
@@ -555,7 +555,7 @@ def test_sigterm_drains_open_streams_and_sighup_reloads(version: Path, tmp_path:
         steps = 300
         with httpx.stream("POST", url + "/v1/audio/speech", timeout=120,
                           json={"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps,
-                                "min_new_token": steps}) as r:
+                                "min_new_token": steps, "refine": False}) as r:
             it = r.iter_bytes()
             got = [next(it)]
             proc.send_signal(signal.SIGTERM)
@@ -604,7 +604,8 @@ def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_art
     pipe = Pipeline(version / "fp32", threads=1)
     params = SynthParams(code=InferCodeParams(seed=0, max_new_token=steps, min_new_token=steps))
     ref = to_int16(np.concatenate([c[0] for c in pipe.stream([TEXT], params)]))
-    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps, "min_new_token": steps}
+    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps, "min_new_token": steps,
+            "refine": False}
     with running(version, max_batch=3, max_queue=1) as srv:
         healthy: list[tuple[int, bytes]] = []
         bad: list[tuple[int, str]] = []

@@ -225,12 +225,16 @@ def _with_header(header: object, raw_len: int | None = None) -> bytes:
 
 
 @pytest.mark.parametrize("header,raw_len", [
-    ([1, 2], None), ({"schema": "chattts-forge/phrase-cache/1"}, None),
-    ({"schema": "chattts-forge/phrase-cache/1", "knobs": {}, "artifacts": [], "entries": [{"key": "k"}]}, None),
-    ({"schema": "chattts-forge/phrase-cache/1", "knobs": {}, "artifacts": [],
+    ([1, 2], None), ({"schema": "chattts-forge/phrase-cache/2"}, None),
+    ({"schema": "chattts-forge/phrase-cache/2", "knobs": {}, "artifacts": [], "entries": [{"key": "k"}]}, None),
+    ({"schema": "chattts-forge/phrase-cache/2", "knobs": {}, "artifacts": [],
       "entries": [{"key": "k", "text": "t", "variant": "v", "payload_sha256": "a" * 64, "sha256": "b" * 64,
                    "offset": 0, "n_mels": 10**9, "frames": 10**9, "steps": 0, "num_vq": 0}]}, None),
-    ({"schema": "chattts-forge/phrase-cache/1"}, 1 << 40),
+    ({"schema": "chattts-forge/phrase-cache/2", "knobs": {}, "artifacts": [],
+      "entries": [{"key": "k", "text": "t", "spoken": 5, "variant": "v", "payload_sha256": "a" * 64,
+                   "sha256": "b" * 64, "offset": 0, "n_mels": 0, "frames": 0, "steps": 0, "num_vq": 0}]}, None),
+    ({"schema": "chattts-forge/phrase-cache/2"}, 1 << 40),
+    ({"schema": "chattts-forge/phrase-cache/1", "knobs": {}, "artifacts": [], "entries": []}, None),  # schema 1
 ])
 def test_a_crafted_phrase_cache_with_a_valid_trailer_is_one_line(tmp_path: Path, header: object, raw_len) -> None:
     from chattts_forge.runtime.phrase_cache import PhraseCache

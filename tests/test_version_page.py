@@ -3,14 +3,13 @@ headless browser, and `verify` covering the page in a published version folder."
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import dump_dom
 from stand_in_report import stand_in_report
 
 from chattts_forge.errors import ForgeError
@@ -65,26 +64,6 @@ def built(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     return entries
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI"):
-        pytest.fail("chromium is not installed (.ci/run installs it)")
-    pytest.skip("no chromium binary on this machine (apt-get install -y chromium)")
-
-
-def _dump_dom(page: Path, tmp_path: Path) -> str:
-    """The page's DOM after its scripts ran (virtual time lets media metadata load first)."""
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--no-first-run", "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-           "--autoplay-policy=no-user-gesture-required", "--virtual-time-budget=15000", "--dump-dom", page.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
-
-
 def test_page_lists_every_variant_with_its_verdict(built: dict[str, VariantEntry]) -> None:
     page = render_version_page("chattts", "v1", list(built.values()), None).decode("utf-8")
     for variant, word in (("fp32", "PUBLISHED"), ("int8-dynamic", "PUBLISHED"), ("int4", "REFUSED"),
@@ -112,7 +91,7 @@ def test_players_load_and_play_in_headless_chromium(built: dict[str, VariantEntr
     page = tmp_path / "version" / PAGE_NAME
     page.parent.mkdir()
     page.write_bytes(render_version_page("chattts", "v1", list(built.values()), None))
-    dom = _dump_dom(page, tmp_path)
+    dom = dump_dom(page, tmp_path / "profile")
     durations = re.findall(r'<audio[^>]*data-duration="([^"]*)"', dom)
     assert len(durations) == 6, dom[:2000]
     seconds = [float(d) for d in durations]  # "error" (a player that failed to load) is not a float

@@ -308,7 +308,7 @@ class _Handlers:
         if kind == "openai":
             req = parse_openai(body, version.default_params, self.cfg.max_input_chars)
         else:
-            req = parse_native(body, self.cfg.max_input_chars)
+            req = parse_native(body, self.cfg.max_input_chars, version.default_params.code.seed)
         if req.params.code.spk_emb is None:
             spk = version.speaker_for(req.voice)
             req.params = replace(req.params, code=replace(req.params.code, spk_emb=spk))
@@ -408,6 +408,8 @@ class _Handlers:
                     return
             tail = enc.close()
             if tail:
+                if not first_sent and samples:  # a buffered format (flac, mp3) sends its audio only now
+                    metrics.first_audio.observe(time.perf_counter() - job.t0)
                 yield _sse_delta(tail) if sse else tail
             if sse:
                 yield _sse_done(len(req.text), samples)

@@ -30,7 +30,7 @@ from chattts_forge.runtime.serve.config import ServeConfig
               help="Phrase cache file (default: the version's phrase_cache.bin).")
 @click.option("--cache-redis", default=None, help="redis://HOST:PORT/DB: a phrase cache shared by replicas.")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="Default seed of requests that give none (without a phrase cache to take the defaults from).")
+              help="Seed of requests that give none (synth's and warm's default; a phrase cache never sets it).")
 @click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds a request may take (a request's deadline_s may lower it).")
 @click.option("--max-input-chars", type=click.IntRange(min=1), default=4096, show_default=True)

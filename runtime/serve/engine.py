@@ -7,17 +7,19 @@ through the verified-hash cache; `public_key`: the signatures too), starts one c
 `Scheduler` per variant and attaches the phrase caches:
 
 - the version's `phrase_cache.bin` (or `phrase_cache=`): hits are served with Vocos only; a request
-  whose knobs differ from the cache's is a miss, synthesized as usual (runtime.phrase_cache);
+  whose knobs differ from the cache's is a miss, synthesized as usual (runtime.phrase_cache). The
+  cache never sets a knob: a request's audio is the same with or without it;
 - optionally a shared Redis cache (`redis_url=`, serve.redis_cache) filled by the misses.
 
-A request goes `prepare` (normalise, route, refine if asked, cache lookups; CPU work on the caller's
-thread) then `submit` (the variant's scheduler). Requests that refine their text share the variant's
+A request goes `prepare` (normalise, route, cache lookups keyed by the text before refinement,
+then on a miss refine if asked; CPU work on the caller's thread) then `submit` (the variant's
+scheduler). Requests that refine their text share the variant's
 GPT step for that pass, so refinement (and only it) is serialised per variant; code generation always
 runs in the scheduler's batch.
 
-Request defaults (`default_params`): the knobs the version's phrase cache was warmed with when it has
-one (so a request that sets nothing is served from the shipped cache), else `synth`'s defaults with
-seed 0 and refinement off.
+Request defaults (`default_params`): `synth`'s and `warm`'s (ChatTTS's knobs, refinement on, seed
+`--seed`, 0), whatever the caches hold, so a request that sets nothing is served from a cache warmed
+with the defaults and is the same audio without one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
-from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler
 from chattts_forge.runtime.serve.config import ServeConfig
@@ -55,11 +57,12 @@ class Prepared:
     """A request ready for the scheduler, or already served from a cache (`wav` set)."""
 
     variant: str
-    text: str  # normalised (and refined, if asked)
+    text: str  # normalised (and refined, if asked): what the code stage speaks
     params: SynthParams
     wav: np.ndarray | None = None  # a cache hit's whole waveform
     cache_tier: str | None = None  # "file" or "redis" for a hit
     mel: np.ndarray | None = None
+    key_text: str | None = None  # the normalised text before refinement (the caches' key); None: `text`
 
 
 def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
@@ -190,13 +193,10 @@ class ServedVersion:
             voices[name] = spk
         return voices
 
-    def _defaults(self, seed: int) -> SynthParams:
-        if self.file_cache is not None:
-            try:
-                return replay_params(self.file_cache.knobs, self.front.num_vq)
-            except ForgeError as e:
-                log.warning("phrase cache %s: its knobs are not the defaults (%s)", self.file_cache.path, e)
-        return SynthParams(code=InferCodeParams(seed=seed))
+    @staticmethod
+    def _defaults(seed: int) -> SynthParams:
+        """`synth`'s defaults with `seed` (never a cache's knobs: a cache must not change what is said)."""
+        return SynthParams(code=InferCodeParams(seed=seed), refine=RefineTextParams(seed=seed))
 
     def model_names(self) -> list[str]:
         names = [self.model_id]
@@ -226,29 +226,32 @@ class ServedVersion:
         return self.router.routes[bucket_of(text_length(normalised), table_buckets(self.router.table)).name]
 
     def prepare(self, text: str, params: SynthParams, model: str | None = None) -> Prepared:
-        """Normalise, route, check, refine (if asked) and look the request up in the caches. Raises a
+        """Normalise, route, check, look the request up in the caches (by the text before
+        refinement: a hit is not refined again) and, on a miss, refine (if asked). Raises a
         ForgeError for a request that cannot be served (the client's error)."""
         norm = self.front.normalize(text, params)
         variant = self.variant_for(model, norm)
         pipe = self.pipes[variant]
-        if params.refine is not None:
-            with self._refine_locks[variant]:  # refinement runs on the variant's one GPT step
-                refined = pipe.refine_text([norm], params.refine)[0]
-            if not is_speakable(refined):
-                raise ForgeError("refinement produced nothing speakable")
-            norm = refined
         check_code_request(pipe, norm, params.code)
-        prep = Prepared(variant, norm, params)
+        prep = Prepared(variant, norm, params, key_text=norm)
         cache = self.caches.get(variant)
         if cache is not None:
             row = cache.lookup(pipe, norm, params)
             if row is not None:
-                prep.wav, prep.cache_tier = row.wav, "file"
+                prep.wav, prep.cache_tier, prep.text = row.wav, "file", row.text or norm
                 return prep
         if self.redis is not None:
             wav = self.redis.lookup(pipe, norm, params)
             if wav is not None:
                 prep.wav, prep.cache_tier = wav, "redis"
+                return prep
+        if params.refine is not None:
+            with self._refine_locks[variant]:  # refinement runs on the variant's one GPT step
+                refined = pipe.refine_text([norm], params.refine)[0]
+            if not is_speakable(refined):
+                raise ForgeError("refinement produced nothing speakable")
+            check_code_request(pipe, refined, params.code)
+            prep.text = refined
         return prep
 
     def submit(self, prep: Prepared) -> Handle:
@@ -266,7 +269,7 @@ class ServedVersion:
         mel = pipe.decode_mel(src, prep.params.use_decoder)
         wav = pipe.vocos(mel)
         if self.redis is not None:
-            self.redis.store(pipe, prep.text, prep.params, mel, result.codes)
+            self.redis.store(pipe, prep.key_text or prep.text, prep.params, mel, result.codes)
         return wav
 
     def begin(self) -> None:
@@ -301,9 +304,18 @@ class ServedVersion:
             prep = Prepared(variant, self.pipes[variant].normalize("Hello.", short), short)
             self.submit(prep).result(timeout=600)
             done += 1
-        for text in texts or []:
-            self.prepare(text, self.default_params)
-            done += 1
+        if not texts or self.file_cache is None:
+            return done
+        try:  # the cache's own request (only to read its entries: serving never takes a knob from it)
+            params = replay_params(self.file_cache.knobs, self.front.num_vq)
+        except ForgeError as e:
+            log.info("phrase cache %s: entries not warmed (%s)", self.file_cache.path, e)
+            return done
+        for text in texts:
+            variant = self.variant_for(None, text)
+            cache = self.caches.get(variant)
+            if cache is not None and cache.lookup(self.pipes[variant], text, params) is not None:
+                done += 1
         return done
 
     def close(self, drain_s: float = 0.0) -> None:

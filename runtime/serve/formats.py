@@ -1,15 +1,25 @@
 """Audio response formats of the server: whole files and chunk-by-chunk streams (soundfile/libsndfile).
 
-| format | what is sent | content type |
-| --- | --- | --- |
-| wav  | float32 mono WAV, as `synth` writes it (a stream's header has unknown sizes, 0xFFFFFFFF) | audio/wav |
-| pcm  | raw 16-bit signed little-endian mono samples (OpenAI's `pcm`) | audio/pcm |
-| flac | 16-bit FLAC (a stream's STREAMINFO has an unknown length, like any live FLAC) | audio/flac |
-| mp3  | MPEG layer III | audio/mpeg |
-| opus | Opus in Ogg | audio/ogg |
+What OpenAI's speech API returns, in the forms other people's decoders read whole (docs/serving.md
+"Audio formats" lists the decoders checked):
+
+| format | whole (`stream: false`, cache hits) | streamed (the default) | content type |
+| --- | --- | --- | --- |
+| wav  | 16-bit PCM mono WAV, true RIFF/data sizes | the same header with sizes 0xFFFFFFFF (OpenAI's), then samples as they become final | audio/wav |
+| pcm  | raw 16-bit signed little-endian mono samples | the same, chunk by chunk | audio/pcm |
+| flac | 16-bit FLAC, STREAMINFO with the sample count and MD5 | buffered: the whole file, sent when the stream ends | audio/flac |
+| mp3  | MPEG layer III with its LAME tag (encoder delay and padding) | buffered: the whole file, sent when the stream ends | audio/mpeg |
+| opus | Opus in Ogg | Ogg pages as they are written (the last page's granule position ends the audio) | audio/ogg |
+
+Why flac and mp3 are buffered: a format whose header must hold the length cannot be streamed
+exactly. A live FLAC stream's STREAMINFO says "0 samples" (libsndfile then reports INT64_MAX frames
+and python-soundfile's `read` fails); a live MP3 stream has no valid LAME tag, so decoders neither
+trim the encoder delay nor the padding (~1,100 samples late; with the zeroed VBR tag libsndfile
+drops the tail). A buffered reply carries the streamed waveform (the same samples as the other
+formats' streams) in the bytes a whole file of it has.
 
 16-bit formats quantize with `to_int16` (round(x * 32768), clipped): a decoder that divides by 32768
-gets every sample within half a step of the float waveform, and the bytes are the same whether a
+gets every sample within half a step of the float waveform, and the samples are the same whether a
 response is whole or streamed. wav, pcm and flac are lossless over what they carry; mp3 and opus are
 lossy (their decoded audio matches only to the codec's tolerance).
 """
@@ -17,15 +27,15 @@ lossy (their decoded audio matches only to the codec's tolerance).
 from __future__ import annotations
 
 import io
-import struct
 
 import numpy as np
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.audio import pcm16_wav_header, to_int16, wav_bytes
 
 # format -> (content type, libsndfile major format, subtype, feeds int16)
 _FORMATS: dict[str, tuple[str, str | None, str | None, bool]] = {
-    "wav": ("audio/wav", None, None, False),
+    "wav": ("audio/wav", None, None, True),
     "pcm": ("audio/pcm", None, None, True),
     "flac": ("audio/flac", "FLAC", "PCM_16", True),
     "mp3": ("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
@@ -33,6 +43,7 @@ _FORMATS: dict[str, tuple[str, str | None, str | None, bool]] = {
 }
 FORMATS = tuple(_FORMATS)
 LOSSLESS = ("wav", "pcm", "flac")
+BUFFERED_WHEN_STREAMED = ("flac", "mp3")  # their headers hold the length (module docstring)
 
 
 def check_format(name: object) -> str:
@@ -45,27 +56,13 @@ def content_type(fmt: str) -> str:
     return _FORMATS[fmt][0]
 
 
-def to_int16(wav: np.ndarray) -> np.ndarray:
-    """float samples -> int16 (round(x * 32768), clipped to [-32768, 32767])."""
-    return np.clip(np.rint(np.asarray(wav, dtype=np.float64) * 32768.0), -32768, 32767).astype("<i2")
-
-
-def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
-    """A float32 mono WAV header (format 3, IEEE float); sizes 0xFFFFFFFF when unknown (a stream)."""
-    riff = 0xFFFFFFFF if data_bytes == 0xFFFFFFFF else 36 + data_bytes
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVE" + b"fmt " + struct.pack("<IHHIIHH", 16, 3, 1, sample_rate,
-            sample_rate * 4, 4, 32) + b"data" + struct.pack("<I", data_bytes))
-
-
 def encode_whole(wav: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """The whole waveform in `fmt` (wav: the bytes `synth` writes)."""
+    """The whole waveform in `fmt` (wav: the bytes `synth --sample-format pcm16` writes)."""
     import soundfile as sf
 
     wav = np.asarray(wav, dtype=np.float32).reshape(-1)
     if fmt == "wav":
-        from chattts_forge.runtime.audio import wav_bytes
-
-        return wav_bytes(wav, sample_rate)
+        return wav_bytes(wav, sample_rate, "pcm16")
     if fmt == "pcm":
         return to_int16(wav).tobytes()
     _, major, subtype, ints = _FORMATS[fmt]
@@ -122,7 +119,8 @@ class _Sink(io.RawIOBase):
 
 
 class StreamEncoder:
-    """Encode a waveform chunk by chunk: `write(chunk)` and `close()` return the bytes to send now."""
+    """Encode a waveform chunk by chunk: `write(chunk)` and `close()` return the bytes to send now
+    (for the buffered formats, nothing until `close()`, which returns the whole file)."""
 
     def __init__(self, fmt: str, sample_rate: int) -> None:
         self.fmt = check_format(fmt)
@@ -130,7 +128,8 @@ class StreamEncoder:
         self._started = False
         self._file = None
         self._sink: _Sink | None = None
-        if fmt not in ("wav", "pcm"):
+        self._held: list[np.ndarray] = []  # a buffered format's chunks
+        if fmt == "opus":
             import soundfile as sf
 
             _, major, subtype, _ = _FORMATS[fmt]
@@ -138,27 +137,30 @@ class StreamEncoder:
             self._file = sf.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1, format=major,
                                       subtype=subtype)
 
+    def _head(self) -> bytes:
+        head = pcm16_wav_header(self.sample_rate, None) if self.fmt == "wav" and not self._started else b""
+        self._started = True
+        return head
+
     def write(self, chunk: np.ndarray) -> bytes:
         chunk = np.asarray(chunk, dtype=np.float32).reshape(-1)
-        head = b""
-        if self.fmt == "wav" and not self._started:
-            head = _wav_header(self.sample_rate, 0xFFFFFFFF)
-        self._started = True
-        if self.fmt == "wav":
-            return head + chunk.astype("<f4").tobytes()
-        if self.fmt == "pcm":
-            return to_int16(chunk).tobytes()
+        if self.fmt in BUFFERED_WHEN_STREAMED:
+            self._held.append(chunk)
+            return b""
+        if self.fmt in ("wav", "pcm"):
+            return self._head() + to_int16(chunk).tobytes()
         assert self._file is not None and self._sink is not None
         if len(chunk):
-            self._file.write(to_int16(chunk) if _FORMATS[self.fmt][3] else chunk)
+            self._file.write(chunk)
             self._file.flush()
         return self._sink.take()
 
     def close(self) -> bytes:
-        out = b""
-        if self.fmt == "wav" and not self._started:
-            out = _wav_header(self.sample_rate, 0xFFFFFFFF)
-        self._started = True
+        if self.fmt in BUFFERED_WHEN_STREAMED:
+            wav = np.concatenate(self._held) if self._held else np.zeros(0, np.float32)
+            self._held = []
+            return encode_whole(wav, self.sample_rate, self.fmt)
+        out = self._head()
         if self._file is not None and self._sink is not None:
             self._file.close()
             self._file = None

@@ -3,8 +3,10 @@
 Seed 004's production setup: every replica looks a miss up in one Redis before synthesizing it and
 stores what it synthesized, so a phrase is synthesized once per fleet. The key is the file cache's
 entry key (runtime.phrase_cache.entry_key: sha256 of the artifact's payload hash, the normalised
-text and every knob: speaker, speed prompt, sampling, token budget, seed, Decoder/DVAE), under the
-prefix `chattts-forge:phrase:`; only requests a cache can reproduce (seeded, unrefined) use it.
+text before refinement and every knob: speaker, speed prompt, sampling, token budget, seed,
+Decoder/DVAE, refinement and its knobs), under the prefix `chattts-forge:phrase:`; only requests a
+cache can reproduce (seeded, refinement included) use it. A hit is the audio the same request
+synthesizes without Redis.
 
 A value is checked like a file-cache entry before it is served: `MAGIC | header length | header
 JSON (key, payload, text, n_mels, frames, steps, num_vq) | float32 mel | int16 codes | sha256 of
@@ -25,7 +27,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.phrase_cache import cache_knobs, entry_key, payload_sha256
+from chattts_forge.runtime.phrase_cache import cache_knobs, entry_key, payload_sha256, unseeded
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, SynthParams
@@ -93,7 +95,7 @@ class RedisPhraseCache:
         self.hits = self.misses = self.rejected = self.errors = 0
 
     def _key(self, pipe: Pipeline, text: str, params: SynthParams) -> str | None:
-        if params.code.seed is None or params.refine is not None:
+        if unseeded(params) is not None:
             return None  # not reproducible: never cached
         path = str(pipe.artifact.path)
         with self._lock:

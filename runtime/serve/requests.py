@@ -8,9 +8,10 @@ or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus, default mp3 as OpenAI
 (0.25..4.0, default 1.0; ChatTTS's `[speed_N]` with N = round(5 x speed) clipped to 0..9, so 1.0 is
 ChatTTS's default `[speed_5]`), `stream_format` (audio|sse), `instructions` (accepted, unused).
 Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `top_k`,
-`repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool), `stream`
-(bool, default true: chunked from the first final chunk; false: the whole waveform decoded at once,
-byte for byte what `synth` writes), `deadline_s`.
+`repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool, default
+true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool, default true:
+chunked from the first final chunk; false: the whole waveform decoded at once, `synth`'s samples),
+`deadline_s`. Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
 
 Native `POST /v1/chattts/speech`: ChatTTS's `Chat.infer` arguments: `text`, `model`, `voice`,
 `params_infer_code` (InferCodeParams: prompt, spk_emb, spk_smp, txt_smp, temperature (one or one per
@@ -19,7 +20,9 @@ ensure_non_empty, manual_seed), `params_refine_text` (RefineTextParams: prompt, 
 temperature, repetition_penalty, max_new_token, min_new_token, ensure_non_empty, manual_seed),
 `skip_refine_text` (default false, as ChatTTS and `synth`), `use_decoder`, `do_text_normalization`,
 `do_homophone_replacement`, `lang`, `response_format` (default wav), `stream`, `stream_format`,
-`deadline_s`. Knobs not given take `synth`'s defaults (the refinement seed is the code seed).
+`deadline_s`. Knobs not given take `synth`'s defaults: `manual_seed` the server's `--seed` (0; a
+seeded default makes a plain request reproducible and servable from a phrase cache warmed with the
+defaults), the refinement seed the code seed.
 """
 
 from __future__ import annotations
@@ -206,7 +209,7 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
     code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
                    **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE)))
-    refine = RefineTextParams(seed=seed) if _flag(body, "refine", False) else None
+    refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
     params = replace(defaults, code=code, refine=refine)
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
 
@@ -230,7 +233,7 @@ def _section(body: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]
     return section
 
 
-def parse_native(body: Any, max_chars: int) -> SpeechRequest:
+def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> SpeechRequest:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     _unknown(body, _NATIVE_FIELDS, "the request")
@@ -249,7 +252,7 @@ def parse_native(body: Any, max_chars: int) -> SpeechRequest:
             raise BadRequest(f"params_infer_code.temperature must be > 0, got {temps}", "temperature")
     else:
         temps = _number(c, "temperature", 0.0, 5.0, base.temperature, open_low=True)
-    seed = _integer(c, "manual_seed", 0, _SEED_MAX, None)
+    seed = _integer(c, "manual_seed", 0, _SEED_MAX, default_seed)
     strings = {k: _get(c, k, (str,), "a string") for k in ("prompt", "spk_emb", "spk_smp", "txt_smp")}
     code = replace(base, prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
                    spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
