@@ -13,6 +13,11 @@ first `per_bucket` sentences of each, and measures on them:
   same waivers as the whole-corpus gate. Metrics a bucket does not measure on its own (size, memory,
   first audio, the PyTorch ratio) are the whole corpus's.
 
+The FP32 reference's side of every bucket (its timing, its audio, the FP32 runs fidelity replays) is
+the same for every variant of a build: `reference_buckets` measures it once in the build's shared
+reference run (evaluate.reference_run), and `measure_buckets` reads it from there (`shared`) for the
+buckets whose sentences and settings it was measured with, measuring the rest itself.
+
 The bucket verdicts do not change the report's own `passed` (a variant fit for short texts only is
 still published); the build's routing table (publish.routing) is made from them.
 
@@ -105,6 +110,48 @@ class BucketSettings:
     score: Callable[[list[str], dict[str, Any]], dict[str, Any]] | None = None
 
 
+@dataclass
+class BucketReference:
+    """The FP32 reference's side of one bucket: its sentences, timing record, audio and FP32 runs."""
+
+    sentences: list[str]
+    latency: dict[str, Any]
+    waves: dict[str, tuple[np.ndarray, int]]
+    trajectories: list[Any]
+    settings: dict[str, Any]
+
+
+def bucket_settings_key(st: BucketSettings) -> dict[str, Any]:
+    """What the reference side of a bucket depends on besides its sentences."""
+    return {"max_new_token": st.max_new_token, "fidelity_steps": st.fidelity_steps, "seed": st.seed,
+            "threads": st.threads, "provider": st.provider}
+
+
+def reference_buckets(reference: Path, sentences: list[str], gate: dict[str, Any],
+                      settings: BucketSettings = BucketSettings()) -> dict[str, BucketReference]:
+    """The FP32 reference's side of every bucket of `gate` (what `measure_buckets` reads as `shared`)."""
+    from chattts_forge.calibration_data.corpus import Corpus
+    from chattts_forge.quantize.fidelity import record_trajectories, recording_pipeline
+    from chattts_forge.runtime import Pipeline
+
+    st = settings
+    buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]
+    ref_pipe = Pipeline(reference, threads=st.threads, provider=st.provider)
+    chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, st.per_bucket)
+    recorder = recording_pipeline(reference, st.threads)
+    out: dict[str, BucketReference] = {}
+    for b in buckets:
+        texts = [t for t, _ in chosen[b.name]]
+        if not texts:
+            continue
+        log.info("bucket %s (%s): the FP32 reference's timing and runs, %d sentences", b.name, b.describe(), len(texts))
+        lat, waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed)
+        trajs = record_trajectories(reference, Corpus(name=f"bucket-{b.name}", sentences=texts), len(texts),
+                                    st.fidelity_steps, st.seed, st.threads, progress=False, pipe=recorder)
+        out[b.name] = BucketReference(texts, lat, waves, trajs, bucket_settings_key(st))
+    return out
+
+
 def measure_buckets(
     artifact: Path,
     reference: Path,
@@ -114,9 +161,11 @@ def measure_buckets(
     *,
     waived: dict[str, str],
     settings: BucketSettings = BucketSettings(),
+    shared: dict[str, BucketReference] | None = None,
 ) -> dict[str, Any]:
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
-    `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers."""
+    `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers; `shared`: the reference
+    side measured once for the build (`reference_buckets`), used where it fits."""
     from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
     from chattts_forge.runtime import Pipeline
@@ -141,7 +190,11 @@ def measure_buckets(
             continue
         texts = record["sentences"]
         log.info("bucket %s (%s): %d sentences", b.name, b.describe(), len(texts))
-        ref_lat, ref_waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed)
+        known = (shared or {}).get(b.name)
+        if known is not None and (known.sentences != texts or known.settings != bucket_settings_key(st)):
+            known = None
+        ref_lat, ref_waves = (known.latency, known.waves) if known is not None else time_sentences(
+            ref_pipe, texts, st.max_new_token, st.seed)
         art_lat, art_waves = (ref_lat, ref_waves) if same else time_sentences(art_pipe, texts, st.max_new_token,
                                                                                              st.seed)
         ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
@@ -150,7 +203,8 @@ def measure_buckets(
             replay, recorder = ReplaySessions(reference, artifact, st.threads), recording_pipeline(reference, st.threads)
         fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
                                max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed, threads=st.threads,
-                               per_tensor=False, progress=False, sessions=replay, recorder=recorder)
+                               per_tensor=False, progress=False, sessions=replay, recorder=recorder,
+                               trajectories=None if known is None else known.trajectories)
         record["fidelity"] = fid
         if st.score is not None and not st.synthetic:
             record["intelligibility"] = st.score(texts, {"artifact": art_waves, "reference": ref_waves})

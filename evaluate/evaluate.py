@@ -638,21 +638,27 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
     return notes
 
 
+def bucket_settings(cfg: EvaluateConfig, provider: str, synthetic: bool,
+                    score: Callable[[list[str], dict[str, Any]], dict[str, Any]] | None = None) -> BucketSettings:
+    """How the length buckets are measured (the same for the shared reference run and each evaluation)."""
+    return BucketSettings(per_bucket=cfg.bucket_sentences, max_new_token=cfg.max_new_token,
+                          fidelity_steps=cfg.fidelity_steps, seed=cfg.seed, threads=cfg.threads,
+                          provider=provider, synthetic=synthetic, score=score)
+
+
 def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | None],
-                     waived: dict[str, str]) -> dict[str, Any]:
+                     waived: dict[str, str], shared_buckets: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's ``buckets`` (per length bucket, the routing table's input) and ``phrase_cache`` sections."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
     log.info("measuring per length bucket (%d sentences each) against %s", cfg.bucket_sentences, j.reference)
-    settings = BucketSettings(per_bucket=cfg.bucket_sentences, max_new_token=cfg.max_new_token,
-                              fidelity_steps=cfg.fidelity_steps, seed=cfg.seed, threads=cfg.threads,
-                              provider=j.provider, synthetic=j.synthetic,
-                              score=lambda texts, waves: score_intelligibility(texts, waves, cfg.asr, cfg.asr_model,
-                                                                               cfg.threads, False))
+    settings = bucket_settings(cfg, j.provider, j.synthetic,
+                               score=lambda texts, waves: score_intelligibility(texts, waves, cfg.asr, cfg.asr_model,
+                                                                                cfg.threads, False))
     with quiet_logger(enabled=j.synthetic):
         buckets = measure_buckets(
             j.artifact, j.reference, load_corpus(cfg.corpus).sentences, j.gate, metrics, waived=waived,
-            settings=settings)
+            settings=settings, shared=shared_buckets)
         phrase_cache = None
         if cfg.cache_phrases:
             from chattts_forge.calibration_data.phrases import shipped_phrases
@@ -698,7 +704,7 @@ def evaluate_artifact(
     waived = waivers(j, metrics, reasons)
     verdict = judge(j.gate, metrics, waived=waived, reasons=reasons, integrity=j.art_desc["manifest_mismatches"])
     notes = report_notes(j, cfg, ref, figures.distributed)
-    report.update(serving_sections(j, cfg, metrics, waived))
+    report.update(serving_sections(j, cfg, metrics, waived, ref.buckets))
     report["metrics"] = metrics
     report["intervals"], report["sentences"] = intervals_mod.build(report, figures.fidelity_rows)
     report["gate"] = {**verdict, "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in j.gate["rules"]}}

@@ -43,6 +43,7 @@ REFERENCE_RUN_SCHEMA = "chattts-forge/reference-run/1"
 RECORD_FILE = "reference_run.json"
 WAVES_FILE = "reference_waves.npz"
 TRAJECTORIES_FILE = "trajectories.npz"
+BUCKETS_FILE = "buckets.npz"  # the reference's side of the length buckets: audio and FP32 runs
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ReferenceRun:
     asr: dict[str, dict[str, Any]] | None = None  # score_languages of the reference's audio; None: not scored
     trajectories: list[Any] | None = None  # quantize.fidelity.Trajectory of the fidelity sentences; None: not recorded
     fp32_runs_settings: dict[str, Any] | None = None  # what they were recorded with (quantize --fp32-runs checks it)
+    buckets: dict[str, Any] | None = None  # evaluate.buckets.BucketReference per length bucket; None: not measured
 
 
 def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConfig, provider: str) -> dict[str, Any]:
@@ -102,8 +104,25 @@ def write_reference_run(run: ReferenceRun, folder: Path, settings: dict[str, Any
         "asr": run.asr,
         "waves": sorted(run.waves),
         "trajectories": None if run.trajectories is None else traj_index,
+        "buckets": None,
     }
+    bucket_buf = None
+    if run.buckets is not None:
+        bucket_arrays: dict[str, np.ndarray] = {}
+        record["buckets"] = {}
+        for name, b in run.buckets.items():
+            arrays_b = trajectory_arrays(b.trajectories)
+            index_b = json.loads(bytes(arrays_b.pop("index")).decode("utf-8"))["trajectories"]
+            bucket_arrays |= {f"{name}/{k}": v for k, v in arrays_b.items()}
+            bucket_arrays |= {f"{name}/wav_{k}": np.asarray(w) for k, (w, _) in b.waves.items()}
+            record["buckets"][name] = {"sentences": b.sentences, "latency": b.latency, "settings": b.settings,
+                                       "waves": {k: sr for k, (_, sr) in sorted(b.waves.items())},
+                                       "trajectories": index_b}
+        bucket_buf = io.BytesIO()
+        np.savez(bucket_buf, **bucket_arrays)
     with atomic_output_dir(folder) as tmp:
+        if bucket_buf is not None:
+            atomic_write_bytes(tmp / BUCKETS_FILE, bucket_buf.getvalue())
         atomic_write_bytes(tmp / WAVES_FILE, buf.getvalue())
         atomic_write_bytes(tmp / TRAJECTORIES_FILE, traj_buf.getvalue())
         atomic_write_json(tmp / RECORD_FILE, record)
@@ -135,7 +154,27 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
                          "evaluate without --reference-run or measure it again with these settings")
     baseline = record["baseline_checkpoint"]
     return ReferenceRun(record["latency"], waves, record["pytorch"], None if baseline is None else Path(baseline),
-                        record["baseline_note"], record["asr"], trajectories)
+                        record["baseline_note"], record["asr"], trajectories,
+                        buckets=_read_buckets(Path(folder), record.get("buckets")))
+
+
+def _read_buckets(folder: Path, index: dict[str, Any] | None) -> dict[str, Any] | None:
+    from chattts_forge.evaluate.buckets import BucketReference
+    from chattts_forge.quantize.fidelity import trajectories_from
+
+    if not index:
+        return None
+    out = {}
+    try:
+        with np.load(folder / BUCKETS_FILE, allow_pickle=False) as z:
+            for name, rec in index.items():
+                view = {k[len(name) + 1:]: z[k] for k in z.files if k.startswith(f"{name}/")}
+                out[name] = BucketReference(rec["sentences"], rec["latency"],
+                                            {k: (view[f"wav_{k}"], int(sr)) for k, sr in rec["waves"].items()},
+                                            trajectories_from(view, rec["trajectories"]), rec["settings"])
+    except (OSError, ValueError, KeyError) as e:
+        raise ForgeError(f"reference run {folder}: {BUCKETS_FILE} is unreadable ({type(e).__name__}: {e})") from None
+    return out
 
 
 def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: dict[str, Any], corpus: Any,
@@ -168,7 +207,17 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
 
     settings = fp32_runs_settings(reference, corpus, min(cfg.fidelity_sentences, len(corpus.sentences)),
                                   cfg.fidelity_steps, cfg.seed)
-    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr, trajectories, settings)
+    buckets = None
+    if score_asr and cfg.bucket_sentences > 0:  # the length buckets' reference side, for every variant
+        from chattts_forge.calibration_data.corpus import load_corpus
+        from chattts_forge.evaluate.buckets import reference_buckets
+        from chattts_forge.evaluate.evaluate import bucket_settings
+        from chattts_forge.gate import load_gate
+
+        with quiet_logger(enabled=synthetic):
+            buckets = reference_buckets(reference, load_corpus(cfg.corpus).sentences, load_gate(cfg.gate),
+                                        bucket_settings(cfg, provider, synthetic))
+    return ReferenceRun(ref_lat, ref_waves, pt_lat, baseline, note, asr, trajectories, settings, buckets)
 
 
 def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, progress: bool) -> list[Any]:
