@@ -87,7 +87,8 @@ def test_a_shared_reference_run_is_read_not_measured_again_and_gives_the_same_fi
     result = CliRunner().invoke(evaluate_reference_cmd, options)
     assert result.exit_code == 0, result.output
     assert calls == ["fp32"] and recorded == ["fp32"]
-    assert {p.name for p in run.iterdir()} == {"reference_run.json", "reference_waves.npz", "trajectories.npz"}
+    assert {p.name for p in run.iterdir()} == {"reference_run.json", "reference_waves.npz", "trajectories.npz",
+                                               "buckets.npz"}
 
     shared = evaluate_artifact(fp16, fp32, dataclasses.replace(cfg, reference_run=run))
     # the reference's own run (audio, record, fidelity replays) was not made again

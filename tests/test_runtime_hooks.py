@@ -67,15 +67,27 @@ def test_observing_changes_nothing(tiny_artifacts: dict[str, Path]) -> None:
     np.testing.assert_array_equal(a.wav, b.wav)
 
 
-def test_recorder_refuses_an_engine_it_cannot_observe(tiny_artifacts: dict[str, Path]) -> None:
-    """The fast engine runs gpt_fast through IO binding: calibration must say so, not record nothing."""
-    pipe = Pipeline(tiny_artifacts["fp32"], threads=1)  # auto: the artifact has gpt_fast
-    assert pipe.engine == "fast"
-    recording = instrument(pipe, lambda *a: None, ("gpt", "head_code"))
-    pipe.synthesize("你好。", _params())
-    assert recording.calls["head_code"] == STEPS
-    with pytest.raises(ForgeError, match="without calling the 'gpt' session's run"):
+def test_the_fused_engine_is_observed_as_the_plain_graphs_feeds(tiny_artifacts: dict[str, Path]) -> None:
+    """The fast engine runs gpt_fast through IO binding (no session.run): calibration's recorder reports
+    each of its steps as the plain gpt.onnx feed it equals, so the plain observer graphs read the same
+    activations (the fused cache's slots are the plain graph's past up to float rounding)."""
+    fused = Pipeline(tiny_artifacts["fp32"], threads=1)  # auto: the artifact has gpt_fast
+    plain = Pipeline(tiny_artifacts["fp32"], threads=1, engine="plain")
+    assert fused.engine == "fast"
+    seen: dict[str, list[dict[str, np.ndarray]]] = {"fused": [], "plain": []}
+    for name, pipe in (("fused", fused), ("plain", plain)):
+        recording = instrument(pipe, lambda c, feeds, names, outs, name=name: seen[name].append(
+            {k: np.array(v) for k, v in feeds.items()}) if c == "gpt" else None, ("gpt", "head_code"))
+        pipe.synthesize("你好。", _params())
         check_recorded(recording, "gpt")
+        recording.remove()
+    assert len(seen["fused"]) == len(seen["plain"]) == STEPS
+    for f, p in zip(seen["fused"], seen["plain"], strict=True):
+        assert set(f) == set(p)
+        for k in p:
+            assert f[k].shape == p[k].shape, k
+            np.testing.assert_allclose(f[k], p[k], atol=1e-4, err_msg=k)
+    assert isinstance(fused.gpt, FastGptStep)  # removing the recording gave the step back
 
 
 def test_replaceable_gpt_step(tiny_artifacts: dict[str, Path]) -> None:
