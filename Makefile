@@ -71,7 +71,10 @@ $(LOCAL_STAMP): $(DEPS_STAMP)
 
 env: $(LOCAL_STAMP)
 
+# redis-server, chromium and ffmpeg (Debian packages some tests run) are installed first when missing
+# (scripts/test_system_deps.sh: quiet, idempotent; a warning where it cannot).
 test: env
+	@bash scripts/test_system_deps.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: env

@@ -66,7 +66,7 @@ from chattts_forge.calibration_data.store import (
     RawSampleBounds,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, sha256_file
+from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_path, sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
@@ -99,10 +99,12 @@ def sentence_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta) -> dict[str, Any]:
+def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta, recorded_in: Path) -> dict[str, Any]:
+    """The FP32 artifact a calibration set was recorded on; its path relative to the set's folder
+    `recorded_in` (a build records the same bytes wherever it sits)."""
     gpt_file = meta.component_path(artifact_dir, "gpt")
     return {
-        "path": str(artifact_dir.resolve()),
+        "path": portable_path(artifact_dir, recorded_in),
         "variant": meta.variant,
         "gpt_sha256": meta.component("gpt").get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
         "source": meta.source,
@@ -272,7 +274,7 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
     meta = pipe.artifact.meta
     if meta.quantization or meta.component("gpt").get("precision", "fp32") != "fp32":
         raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
-    identity = _artifact_identity(artifact_dir, meta)
+    identity = _artifact_identity(artifact_dir, meta, Path(out_dir))
     earlier = _check_merge([Path(p) for p in cfg.merge], identity, corp, cfg.seed, settings)
     plan = _plan_sentences(pipe, corp, earlier, count, cfg.seed)
     observers = _observers(pipe, artifact_dir, cfg.threads)
@@ -695,7 +697,6 @@ def _manifest(run: _RunSummary) -> dict[str, Any]:
         for stem, rec in (store.manifest.get("sentences") or {}).get("per_file", {}).items():
             per_file.setdefault(stem, {"available": rec.get("available", 0), "used": 0})["used"] += rec.get("used", 0)
     describe = corp.describe()
-    describe["file_sha256"] = {Path(f).name: sha256_file(f) for f in corp.files}
     components = {c: r.record() for c, r in raw.items()}
     for c, rec in components.items():
         rec["statistics_steps"] = {"gpt": counters["prefill"] + counters["decode"], "head_code": counters["head"]}.get(c)

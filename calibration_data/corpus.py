@@ -68,19 +68,35 @@ class Corpus:
     files: list[Path] = field(default_factory=list)
     language: str = "unknown"
     origins: list[int] = field(default_factory=list)  # index into `files` of each sentence (if known)
+    root: Path | None = None  # what `files` are recorded relative to: the built-in corpora, the folder given
+
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(("\n".join(self.sentences) + "\n").encode("utf-8")).hexdigest()
 
+    def recorded_files(self) -> list[str]:
+        """`files` as records name them: relative to `root` (POSIX), else by file name, never by a path
+        of the machine (a build records the same bytes wherever the checkout and the corpus sit)."""
+        out = []
+        for p in self.files:
+            try:
+                out.append(Path(p).resolve().relative_to(Path(self.root).resolve()).as_posix() if self.root
+                           else Path(p).name)
+            except ValueError:
+                out.append(Path(p).name)
+        return out
+
     def describe(self) -> dict[str, Any]:
-        """What a manifest records about this corpus."""
+        """What a manifest records about this corpus: its name, content hash and files (each with its
+        sha256, keyed by file name)."""
         return {
             "name": self.name,
             "sha256": self.sha256,
             "sentences": len(self.sentences),
             "language": self.language,
-            "files": [str(p) for p in self.files],
+            "files": self.recorded_files(),
+            "file_sha256": {Path(f).name: sha256_file(f) for f in self.files},
         }
 
 
@@ -162,6 +178,7 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
     spec_str = str(spec)
     if isinstance(spec, str) and is_builtin_spec(spec):
         name, files = _builtin_files(spec)
+        root = CORPORA_DIR
     else:
         path = Path(spec)
         if not path.exists():
@@ -173,6 +190,7 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
         else:
             files = [path]
         name = path.stem if path.is_file() else path.name
+        root = path if path.is_dir() else path.parent
     if not files:
         raise ForgeError(f"corpus '{spec_str}' has no files")
     seen: set[str] = set()
@@ -188,7 +206,8 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
         if max_sentences < 1:
             raise ForgeError(f"max_sentences must be >= 1, got {max_sentences}")
         sentences, origins = sentences[:max_sentences], origins[:max_sentences]
-    return Corpus(name=name, sentences=sentences, files=files, language=_language_of(files), origins=origins)
+    return Corpus(name=name, sentences=sentences, files=files, language=_language_of(files), origins=origins,
+                  root=root)
 
 
 def build_manifest(version_dir: Path) -> dict[str, Any]:

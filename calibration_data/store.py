@@ -210,14 +210,15 @@ class CalibrationStore:
 
         corpus = m.get("corpus")
         if isinstance(corpus, dict) and isinstance(corpus.get("files"), list):
-            corpus["files"] = [rel(f) for f in corpus["files"]]
+            # relative to the corpus root already (absolute in sets recorded before): never rebased
+            corpus["files"] = [Path(f).name if Path(f).is_absolute() else f for f in corpus["files"]]
         art = m.get("artifact")
         if isinstance(art, dict) and art.get("path"):
-            art_dir = Path(art["path"])
+            art_dir = recorded_path(art["path"], self.path)  # relative to this folder (absolute before)
             source = art.get("source")
             if isinstance(source, dict) and source.get("asset_dir"):  # relative to the FP32 folder
                 source["asset_dir"] = rel(str(recorded_path(source["asset_dir"], art_dir)))
-            art["path"] = rel(art["path"])
+            art["path"] = rel(str(art_dir))
         return {
             "path": rel(str(self.path)),
             "corpus": corpus,

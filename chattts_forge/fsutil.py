@@ -97,14 +97,14 @@ def unique_temp_path(path: str | os.PathLike[str], suffix: str = ".tmp") -> Path
     return Path(tmp)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, private: bool = False) -> None:
     """Write `data` to `path` through a temp file in the same folder, fsync, an atomic rename and an
-    fsync of the folder (so the rename itself survives a power cut)."""
+    fsync of the folder (so the rename itself survives a power cut). `private`: mode 0600 (a secret)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, _public_file_mode())
+        os.fchmod(fd, 0o600 if private else _public_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -346,3 +346,12 @@ def installed_file(distribution: str, path_in_wheel: str) -> Path | None:
             path = Path(str(f.locate()))
             return path if path.is_file() else None
     return None
+
+
+def recorded_installed_file(path: str | os.PathLike[str], distribution: str, path_in_wheel: str) -> str:
+    """How a record names a data file: `DISTRIBUTION:path-in-wheel` when `path` is that installed file,
+    else its file name (records keep its sha256 beside), never a path of the machine (a venv, a home)."""
+    installed = installed_file(distribution, path_in_wheel)
+    if installed is not None and installed.resolve() == Path(path).resolve():
+        return f"{distribution}:{path_in_wheel}"
+    return Path(path).name

@@ -43,7 +43,7 @@ from chattts_forge.artifact import (
     recorded_files,
     sha256_or_none,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ArtifactChanged, ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
 
@@ -166,7 +166,8 @@ def user_cache_dir() -> Path:
     return Path(base) / "chattts-forge"
 
 
-def _stat_key(st: os.stat_result) -> str:
+def stat_key(st: os.stat_result) -> str:
+    """What identifies one version of a file on disk (a changed file gets another key)."""
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
@@ -194,10 +195,10 @@ class VerifiedHashCache:
         return {k: v for k, v in entries.items() if isinstance(k, str) and sha256_or_none(v)}
 
     def hit(self, st: os.stat_result, sha256: str) -> bool:
-        return self.entries.get(_stat_key(st)) == sha256
+        return self.entries.get(stat_key(st)) == sha256
 
     def add(self, st: os.stat_result, sha256: str) -> None:
-        key = _stat_key(st)
+        key = stat_key(st)
         self.entries.pop(key, None)
         self.entries[key] = sha256
         self._new[key] = sha256
@@ -288,9 +289,9 @@ def check_files(
     for problem in compare_files(expected, sizes):
         path, entry = folder / problem.rel, expected[problem.rel]
         if problem.problem == MISSING:
-            raise ForgeError(f"artifact file {path} ({entry.describe()}) is missing")
+            raise ArtifactChanged(f"artifact file {path} ({entry.describe()}) is missing")
         if mode != "none" and problem.problem == SIZE:
-            raise ForgeError(f"artifact file {path} has {problem.found} bytes, {entry.recorded_in} says "
+            raise ArtifactChanged(f"artifact file {path} has {problem.found} bytes, {entry.recorded_in} says "
                              f"{problem.recorded}: changed or damaged; refusing to load it")
     if mode in ("size", "none"):
         report.seconds = time.perf_counter() - t0
@@ -318,7 +319,7 @@ def check_files(
     bad = sorted(m.rel for m in compare_files({rel: expected[rel] for rel in digests}, sizes, digests))
     if bad:
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ForgeError(f"artifact file {folder / bad[0]} does not match its sha256 in {expected[bad[0]].recorded_in} "
+        raise ArtifactChanged(f"artifact file {folder / bad[0]} does not match its sha256 in {expected[bad[0]].recorded_in} "
                          f"(changed or damaged){more}; refusing to load it")
     report.hashed = sorted(digests)
     report.bytes_hashed = sum(stats[rel].st_size for rel in digests)
@@ -326,7 +327,7 @@ def check_files(
         cache = cache if cache is not None else VerifiedHashCache()
         for rel in digests:
             with contextlib.suppress(OSError):
-                if _stat_key(os.stat(folder / rel)) == _stat_key(stats[rel]):  # unchanged while it was hashed
+                if stat_key(os.stat(folder / rel)) == stat_key(stats[rel]):  # unchanged while it was hashed
                     cache.add(stats[rel], digests[rel])
         cache.save()
     report.seconds = time.perf_counter() - t0

@@ -6,12 +6,25 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+from chattts_forge.errors import printable
+
 _FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class EscapingFormatter(logging.Formatter):
+    """One line per record: control characters of the message (user text a server logs, say) are
+    escaped (`\\n`, `\\x1b`), so no input can forge log lines or drive a terminal; tracebacks stay."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def setup_logging(verbose: int = 0) -> None:
     level = logging.WARNING if verbose < 0 else logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(EscapingFormatter(_FORMAT, datefmt="%H:%M:%S"))
     # Third-party libraries are chatty at INFO; keep them at WARNING unless debugging.
     for noisy in ("ChatTTS", "transformers", "onnxruntime", "faster_whisper", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)

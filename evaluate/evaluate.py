@@ -72,7 +72,7 @@ from chattts_forge.evaluate.reference_run import ReferenceRun
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
-from chattts_forge.fsutil import recorded_path
+from chattts_forge.fsutil import portable_path, recorded_path
 from chattts_forge.gate import intelligibility_waivers, judge, load_gate
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
@@ -100,6 +100,28 @@ CLONE_MISSING = "no cloning recording was given (evaluate_artifact(clone_referen
 Waves = dict[str, tuple[np.ndarray, int]]  # utterance id "001", ... -> (waveform, sample rate)
 
 
+
+
+def relative_folders(report: dict[str, Any], out: Path) -> None:
+    """The folders a report names (the artifact, its reference, their checkpoint) made relative to the
+    report's own folder `out`, as artifact.json records its paths: a build's reports then hold the
+    same bytes wherever the build sits, and never name the build machine's folders."""
+    def rel(value: Any) -> Any:
+        return portable_path(value, out) if isinstance(value, str) and Path(value).is_absolute() else value
+
+    for side in ("artifact", "reference"):
+        desc = report.get(side) or {}
+        desc["dir"] = rel(desc.get("dir"))
+        if isinstance(desc.get("source"), dict) and desc["source"].get("asset_dir"):
+            desc["source"]["asset_dir"] = rel(desc["source"]["asset_dir"])
+    fidelities = [report.get("fidelity")] + [r.get("fidelity") for r in
+                                             ((report.get("buckets") or {}).get("results") or {}).values()]
+    for fid in fidelities:
+        if isinstance(fid, dict) and fid.get("reference"):
+            fid["reference"] = rel(fid["reference"])
+    for record in (report.get("latency") or {}).values():
+        if isinstance(record, dict) and record.get("artifact"):
+            record["artifact"] = rel(record["artifact"])
 
 
 def describe_artifact(path: Path) -> dict[str, Any]:
@@ -570,7 +592,7 @@ def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: Corp
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "artifact": art_desc,
         "reference": ref_desc,
-        "corpus": {**j.corpus.describe(), "files": [str(f) for f in j.corpus.files], "sentences_used": len(j.sentences),
+        "corpus": {**j.corpus.describe(), "sentences_used": len(j.sentences),
                    "spec": str(cfg.corpus)},
         "settings": {"max_sentences": cfg.max_sentences, "max_new_token": cfg.max_new_token, "threads": cfg.threads,
                      "bucket_sentences": cfg.bucket_sentences, "cache_phrases": cfg.cache_phrases,
@@ -626,9 +648,12 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
                      + f"); latency was measured in the evaluating process on {distributed['latency_measured_on']['hostname']}"
                      " before the workers started.")
     if cfg.reference_run is not None:
+        from chattts_forge.evaluate.reference_run import reference_run_key, run_settings
+
+        key = reference_run_key(run_settings(j.ref_desc["files"], j.corpus, cfg, j.provider))
         notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline, the ASR of the reference's "
-                     f"audio and the FP32 runs fidelity replays were measured once for the build ({cfg.reference_run}) "
-                     "with these settings and shared by every variant's evaluation.")
+                     f"audio and the FP32 runs fidelity replays were measured once for the build (reference run {key}, "
+                     "the sha256 of its settings) with these settings and shared by every variant's evaluation.")
     if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "
@@ -712,6 +737,8 @@ def evaluate_artifact(
     report["headline"] = headline(j.art_desc["variant"], verdict["passed"], metrics)
     report["notes"] = notes
     report["timing"] = {"evaluate_seconds": time.perf_counter() - t_start}
+    if cfg.out is not None:
+        relative_folders(report, Path(cfg.out))
     report = seal(report)
     if cfg.out is not None:
         write_reports(report, Path(cfg.out), files=hearing["files"])

@@ -25,7 +25,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.melspec import mel_power, power_to_db
-from chattts_forge.fsutil import installed_file
+from chattts_forge.fsutil import installed_file, recorded_installed_file
 
 __all__ = ["Dnsmos", "find_models", "KEYS"]
 
@@ -111,8 +111,8 @@ class Dnsmos:
     def describe(self) -> dict[str, Any]:
         return {
             "model": "DNSMOS P.835 (sig_bak_ovr.onnx, non-personalised) + P.808 (model_v8.onnx), speechmos 0.0.1.1",
-            "p835": str(self.paths[0]),
-            "p808": str(self.paths[1]),
+            "p835": recorded_installed_file(self.paths[0], MODELS_DISTRIBUTION, P835_PATH_IN_WHEEL),
+            "p808": recorded_installed_file(self.paths[1], MODELS_DISTRIBUTION, P808_PATH_IN_WHEEL),
         }
 
     def score(self, audio: np.ndarray, sample_rate: int) -> dict[str, float]:

@@ -82,6 +82,11 @@ def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConf
     }
 
 
+def reference_run_key(settings: dict[str, Any]) -> str:
+    """What a report names a reference run by (not its folder): the sha256 of its settings, 16 digits."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def write_reference_run(run: ReferenceRun, folder: Path, settings: dict[str, Any]) -> None:
     """Write the run to `folder` (replaced atomically: a killed run leaves the old folder or none)."""
     buf = io.BytesIO()

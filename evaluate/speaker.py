@@ -38,7 +38,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.melspec import mel_power
-from chattts_forge.fsutil import installed_file
+from chattts_forge.fsutil import installed_file, recorded_installed_file
 
 __all__ = [
     "SpeakerEncoder",
@@ -310,7 +310,7 @@ class SpeakerEncoder:
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
         return {
             "model": "GE2E speaker encoder (resemblyzer 0.1.4 pretrained.pt), numpy",
-            "weights": str(self.path),
+            "weights": recorded_installed_file(self.path, WEIGHTS_DISTRIBUTION, WEIGHTS_PATH_IN_WHEEL),
             "weights_sha256": digest,
             "embedding": EMBEDDING_SIZE,
             "vad": "energy threshold (webrtcvad's decision replaced; see evaluate/speaker.py)",

@@ -43,6 +43,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path, sha256_file
+from chattts_forge.gate import recorded_gate_path
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import QuantizeConfig, Targets
 
@@ -750,8 +751,8 @@ class Auto(QuantizationMethod):
     def extra_record(self, out: Path) -> dict[str, Any]:
         assert self.search is not None
         search = dict(self.search)
-        gate = dict(search["gate"])  # recorded relative to the artifact, as every path is
-        search["gate"] = gate | {"path": portable_path(gate["path"], out)}
+        gate = dict(search["gate"])  # by its builtin name or file name (and sha256), as evaluate records it
+        search["gate"] = gate | {"path": recorded_gate_path(gate["path"])}
         return {"auto": search}
 
 

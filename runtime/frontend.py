@@ -162,6 +162,19 @@ def is_speakable(normalized: str) -> bool:
     return _SPEAKABLE.search(normalized) is not None
 
 
+# The tokens that frame ChatTTS's prompts (decorate_code_prompts / decorate_text_prompts and the ASR
+# ones): inside a text they end or restart the prompt and cut the audio. The prosody tokens
+# ([uv_break], [lbreak], [laugh], [break_N], [oral_N], [speed_N], ...) are not among them.
+STRUCTURAL_TOKENS = ("[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]", "[Sbreak]", "[Pbreak]", "[Ebreak]",
+                     "[spk_emb]", "[empty_spk]")
+
+
+def structural_token_in(text: str) -> str | None:
+    """The first ChatTTS structural token `text` holds (None: none)."""
+    found = [(i, t) for t in STRUCTURAL_TOKENS if (i := text.find(t)) >= 0]
+    return min(found)[1] if found else None
+
+
 def decorate_code_prompts(
     texts: Sequence[str], prompt: str, txt_smp: str | None, spk_emb: str | None
 ) -> list[str]:

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ArtifactChanged, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.pipeline import (
@@ -82,6 +82,10 @@ _END = object()  # the end of a handle's chunk queue
 
 class QueueFullError(ForgeError):
     """`submit` refused a request because `max_queue` requests already wait (a service answers 429)."""
+
+
+class SchedulerClosedError(ForgeError):
+    """The scheduler was closed (its version is being retired): the request may be retried elsewhere."""
 
 
 class Handle:
@@ -234,8 +238,9 @@ def _one_line(e: BaseException) -> str:
 def request_error(handle: Handle, e: BaseException) -> ForgeError:
     """The one-line error a request ends with when something failed for it alone (a ForgeError's own
     message; any other exception named by its type, so a bug is visible without a traceback)."""
-    if isinstance(e, ForgeError):
-        return ForgeError(f"request {handle.id}: {_one_line(e)}")
+    if isinstance(e, ForgeError):  # a changed artifact stays one: a server tells it from a bad request
+        kind = ArtifactChanged if isinstance(e, ArtifactChanged) else ForgeError
+        return kind(f"request {handle.id}: {_one_line(e)}")
     log.error("request %d failed: %s: %s", handle.id, type(e).__name__, _one_line(e))
     return ForgeError(f"request {handle.id} failed ({type(e).__name__}: {_one_line(e)})")
 
@@ -311,7 +316,7 @@ class Scheduler:
         check_request(self.pipe, text, params)
         with self._lock:
             if self._closed:
-                raise ForgeError("the scheduler is closed")
+                raise SchedulerClosedError("the scheduler is closed")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
             handle = Handle(self._next_id, text, normalized)
@@ -525,7 +530,7 @@ class Scheduler:
             if task.final:
                 handle._finish(result=self._result(act))
         except ForgeError as e:
-            handle._finish(error=ForgeError(f"request {handle.id}: {_one_line(e)}"))
+            handle._finish(error=request_error(handle, e))
         except Exception as e:  # noqa: BLE001 - one request's audio failing must not end the others
             log.error("request %d: audio decoding failed: %s", handle.id, _one_line(e))
             handle._finish(error=ForgeError(f"request {handle.id}: audio decoding failed ({type(e).__name__}: {_one_line(e)})"))

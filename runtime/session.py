@@ -32,8 +32,8 @@ import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
-from chattts_forge.errors import ForgeError
-from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
+from chattts_forge.errors import ArtifactChanged, ForgeError
+from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files, stat_key
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.machine import u8s8_saturates
 from chattts_forge.runtime.providers import resolve_provider, session_providers
@@ -114,6 +114,13 @@ def warn_if_kernels_saturate(folder: Path, meta: ArtifactMeta) -> None:
                     "its outputs are less faithful than its gate measured; use a 7-bit build here", folder)
 
 
+def _stat_of(path: Path) -> str | None:
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
 class ObservedSession:
     """A component's onnxruntime session whose `run` reports to the artifact's observers.
 
@@ -182,6 +189,7 @@ class Artifact:
         # Every recorded file, before the first session: a changed byte anywhere is refused here.
         self._expected = expected_files(self.path, self.meta)
         self.verification: CheckReport = check_files(self.path, self._expected, verify)
+        self._verified_stats = {rel: _stat_of(self.path / rel) for rel in self._expected}
         if self.provider == "cpu":
             warn_if_kernels_saturate(self.path, self.meta)
         # debug: a command's one-line error must stay its only output (synth logs the summary at the end)
@@ -227,8 +235,22 @@ class Artifact:
         p = self.component_path(name)
         self.meta.external_data_path(self.path, name)  # confined to the folder, or an error naming the field
         if not p.is_file():
-            raise ForgeError(f"artifact file {p} (component '{name}') is missing")
+            raise ArtifactChanged(f"artifact file {p} (component '{name}') is missing")
         return p
+
+    def _recheck_component(self, name: str) -> None:
+        """A session made after the artifact was opened (sessions are made on first use) reads its files
+        then: those whose stat changed since they were verified are checked again (`verify` mode), so a
+        file changed on disk under a running process is an ArtifactChanged naming it, never loaded."""
+        if self.verify_mode == "none":
+            return
+        paths = [self.component_path(name), self.meta.external_data_path(self.path, name)]
+        rels = [Path(os.path.relpath(p, self.path)).as_posix() for p in paths if p is not None]
+        changed = {rel: self._expected[rel] for rel in rels
+                   if rel in self._expected and _stat_of(self.path / rel) != self._verified_stats.get(rel)}
+        if changed:
+            check_files(self.path, changed, self.verify_mode)
+            self._verified_stats.update({rel: _stat_of(self.path / rel) for rel in changed})
 
     def has_component(self, name: str) -> bool:
         return name in self.components and self.component_path(name).is_file()
@@ -255,6 +277,7 @@ class Artifact:
             import onnxruntime as ort
 
             path = self.check_component(name)
+            self._recheck_component(name)
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

@@ -15,6 +15,7 @@ from chattts_forge.calibration_data.statistics import HIST_BINS, Statistics, Ten
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
+from chattts_forge.fsutil import recorded_path
 
 SMALL = {"max_samples": 3, "max_new_token": 12, "decode_positions": 3, "head_steps": 4, "threads": 1}
 ZH = ["请问我的订单什么时候发货", "今天天气很好，我们出去走走吧"]
@@ -66,7 +67,7 @@ def test_statistics_match_the_raw_inputs(calib_dir: Path):
     assert m["components"]["gpt"]["samples"] == m["components"]["gpt"]["offered"]  # nothing dropped at this size
     import onnx
 
-    fast = Path(m["artifact"]["path"]) / "gpt_fast.onnx"
+    fast = recorded_path(m["artifact"]["path"], calib_dir) / "gpt_fast.onnx"  # relative to the set's folder
     tensors = sorted({n.input[0] for n in const_weight_matmuls(onnx.load(str(fast)))})
     ranges, _ = record_ranges(fast, tensors, (fused_feed(s) for s in store.iter_samples("gpt")))
     streamed = store.statistics.ranges("gpt_fast", tensors)

@@ -94,6 +94,7 @@ def test_a_shared_reference_run_is_read_not_measured_again_and_gives_the_same_fi
     # the reference's own run (audio, record, fidelity replays) was not made again
     assert calls == ["fp32"] and recorded == ["fp32"] and timed_pairs == [("fp16", "fp32")]
     assert any("measured once for the build" in n for n in shared["notes"])
+    assert not any(str(run) in n for n in shared["notes"])  # named by its key, not by a folder of this machine
     own = evaluate_artifact(fp16, fp32, cfg)
     assert calls == ["fp32", "fp32"] and recorded == ["fp32", "fp32"] and timed_pairs == [("fp16", "fp32")] * 2
     assert _figures(shared) == _figures(own)

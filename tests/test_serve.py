@@ -93,6 +93,10 @@ class Running:
             time.sleep(0.1)
         raise AssertionError("server not ready after 120 s")
 
+    def admin(self) -> dict[str, str]:
+        """The headers of an admin call: the token the server generated at start (its cfg holds it)."""
+        return {"Authorization": f"Bearer {self.cfg.admin_token}"}
+
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -418,11 +422,13 @@ def test_reload_under_load_drops_no_request_and_a_failed_one_keeps_serving(versi
         for w in workers:
             w.start()
         time.sleep(0.5)
-        bad = httpx.post(srv.url + "/admin/reload", json={"artifact": "/nonexistent/v9"}, timeout=120)
+        bad = httpx.post(srv.url + "/admin/reload", json={"artifact": "/nonexistent/v9"}, timeout=120,
+                         headers=srv.admin())
         assert bad.status_code == 422 and "still serving" in bad.json()["error"]["message"]
         assert httpx.get(srv.url + "/readyz").json()["model"] == srv.state.current.model_id
         old = srv.state.current
-        r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(tiny_artifacts["fp32"])}, timeout=120)
+        r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(tiny_artifacts["fp32"])}, timeout=120,
+                       headers=srv.admin())
         assert r.status_code == 200, r.text
         assert r.json()["model"] == "fp32" and srv.state.current is not old
         time.sleep(0.5)
@@ -438,10 +444,10 @@ def test_reload_under_load_drops_no_request_and_a_failed_one_keeps_serving(versi
         assert not old.schedulers  # the old version closed once its requests had finished
 
 
-def test_admin_needs_loopback_or_token(version: Path) -> None:
+def test_admin_needs_the_token(version: Path) -> None:
     with running(version, admin_token="s3cret") as srv:
         r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version)}, timeout=60)
-        assert r.status_code == 403 and "Bearer" in r.json()["error"]["message"]
+        assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
         r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version)}, timeout=120,
                        headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200
@@ -449,7 +455,8 @@ def test_admin_needs_loopback_or_token(version: Path) -> None:
 
 def test_canary_share_then_promote(version: Path, tiny_artifacts) -> None:
     with running(version, canary_share=0.5) as srv:
-        r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(tiny_artifacts["fp32"])}, timeout=120)
+        r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(tiny_artifacts["fp32"])}, timeout=120,
+                       headers=srv.admin())
         assert r.status_code == 200 and "canary" in r.json()["serves"]
         models = set()
         for _ in range(16):
@@ -458,7 +465,7 @@ def test_canary_share_then_promote(version: Path, tiny_artifacts) -> None:
             assert r.status_code == 200
             models.add(r.headers["x-forge-model"])
         assert models == {"fp32", f"{version.parent.name}/{version.name}"}
-        assert httpx.post(srv.url + "/admin/promote", timeout=30).status_code == 200
+        assert httpx.post(srv.url + "/admin/promote", json={}, headers=srv.admin(), timeout=30).status_code == 200
         r = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
                        json={"model": "tts-1", "input": "Hi there.", "response_format": "wav", **CACHE_KNOBS})
         assert r.headers["x-forge-model"] == "fp32"
@@ -471,7 +478,7 @@ def test_canary_share_then_promote(version: Path, tiny_artifacts) -> None:
 def redis_url(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)")
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; make test installs it)")
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -624,7 +631,8 @@ def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_art
                 kw = {"content": b} if isinstance(b, bytes) else {"json": b}
                 r = httpx.post(srv.url + "/v1/audio/speech", timeout=30, **kw)
                 bad.append((r.status_code, r.json()["error"]["message"]))
-            r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version / "missing")}, timeout=60)
+            r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version / "missing")}, timeout=60,
+                           headers=srv.admin())
             bad.append((r.status_code, r.json()["error"]["message"]))
 
         # the disconnecting client and two healthy ones take the 3 rows, one more waits, the rest overflow

@@ -91,6 +91,16 @@ SYNTHETIC_INTELLIGIBILITY = "synthetic checkpoint: intelligibility cannot be mea
 INTEGRITY_METRIC = "artifact_integrity"
 
 
+def recorded_gate_path(path: str | os.PathLike[str] | None) -> str | None:
+    """A gate file as records name it (with its sha256 beside): `builtin:default_gate.toml` for the
+    shipped one, else its file name, never a path of the machine (None: rules with no file)."""
+    if path is None:
+        return None
+    if Path(path).resolve() == DEFAULT_GATE:
+        return f"builtin:{DEFAULT_GATE.name}"
+    return Path(path).name
+
+
 def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)],
     "buckets": [{"name", "min_chars", "max_chars", "rules"}]}."""
@@ -241,7 +251,7 @@ def judge(
     failed = [c["metric"] for c in checks if c["status"] in ("fail", "not_measured")]
     measured = [c for c in checks if c["status"] in ("pass", "fail")]
     return {
-        **{k: gate[k] for k in ("path", "sha256", "schema")},
+        "path": recorded_gate_path(gate["path"]), **{k: gate[k] for k in ("sha256", "schema")},
         "passed": not failed and bool(measured),
         "checks": checks,
         "failed": failed,

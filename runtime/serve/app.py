@@ -5,8 +5,16 @@ Endpoints (docs/serving.md "The server"):
 - `POST /v1/audio/speech` (OpenAI), `POST /v1/chattts/speech` (ChatTTS's knobs; serve.requests);
 - `GET /v1/models`, `GET /v1/voices`, `GET /healthz` (the process answers), `GET /readyz` (200 only
   once the version is loaded, verified and warmed, and not draining), `GET /metrics` (serve.metrics);
-- `POST /admin/reload {"artifact": DIR}`, `POST /admin/promote`, `POST /admin/rollback`: loopback
-  clients only, or any client with `Authorization: Bearer TOKEN` when the server has `admin_token`.
+- `POST /admin/reload {"artifact": DIR}`, `POST /admin/promote {}`, `POST /admin/rollback {}`: with
+  `Authorization: Bearer TOKEN` (`admin_token`, or the one generated at start into a 0600 file whose
+  path is logged; loopback clients without one only with `admin_loopback`), `Content-Type:
+  application/json` and a JSON object body, and no foreign `Host` or `Origin` (what a web page in a
+  browser on the serving host would send).
+
+Bodies: at most `max_body_bytes` (413), received within `body_timeout_s` (else 408, counted as a
+client disconnect), valid JSON however deep (400). A file of the served version that changed on disk
+(found when a session or variant is opened) is a 500 `artifact_changed` naming it, and /readyz turns
+503 until a reload succeeds. Error messages are one line of at most `_MESSAGE_CHARS` characters.
 
 A request: checked (400, one JSON line), prepared on a worker thread (normalise, route, refine,
 phrase-cache look-ups: a hit is answered whole at once), queued on its variant's scheduler (429 with
@@ -28,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hmac
 import ipaddress
 import json
 import queue
@@ -41,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ArtifactChanged, ForgeError, printable, quote
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.scheduler import Handle, QueueFullError
-from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion, load_voices
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
 from chattts_forge.runtime.serve.metrics import Metrics
@@ -53,6 +62,7 @@ from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, pars
 log = get_logger(__name__)
 
 _WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadline and its client
+_MESSAGE_CHARS = 300  # an error message is cut to this (bad values inside are quoted to ~100 already)
 
 
 class ServerState:
@@ -65,8 +75,10 @@ class ServerState:
         self.ready = False
         self.draining = False
         self.load_error: str | None = None
+        self.fault: str | None = None  # why a loaded version stopped being ready (a file changed on disk)
         self._reload_lock = threading.Lock()
         self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
+        ensure_admin_token(cfg)
         self._voices = load_voices(cfg.voices_file)
         self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0,
                                routing=lambda: getattr(getattr(self.current, "router", None), "autotune", None))
@@ -130,6 +142,7 @@ class ServerState:
             self._retire(old)
             self._retire(old_canary)
             self.cfg.artifact = path
+            self.load_error = self.fault = None
             self.metrics.reloads.labels(result="ok").inc()
             log.info("reload: %s now serves %s", new.model_id, mode)
             return {"model": new.model_id, "artifact": path, "serves": mode}
@@ -180,6 +193,13 @@ class ServerState:
             version.begin()
             return version
 
+    def artifact_changed(self, e: ArtifactChanged) -> None:
+        """A served file changed on disk: not ready (/readyz 503, new requests 503) until a reload."""
+        if self.ready:
+            log.error("not ready: %s (reload a good version: POST /admin/reload or SIGHUP)", e)
+        self.ready = False
+        self.fault = f"the served artifact changed on disk: {e}"
+
     def shutdown(self) -> None:
         self.draining = True
         for v in self._live():
@@ -197,11 +217,22 @@ class _Disconnected(Exception):
     pass
 
 
+class _BodyRefused(Exception):
+    """A request body refused before it was parsed (too long, incomplete, the client gone)."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None):
     from starlette.responses import JSONResponse
 
-    etype = "invalid_request_error" if status == 400 else kind
-    body = {"error": {"message": message.splitlines()[0] if message else kind, "type": etype, "param": param,
+    etype = "invalid_request_error" if 400 <= status < 500 and status != 429 else kind
+    line = printable(message.splitlines()[0]) if message.strip() else kind
+    if len(line) > _MESSAGE_CHARS:
+        line = line[:_MESSAGE_CHARS] + "..."
+    body = {"error": {"message": line, "type": etype, "param": None if param is None else printable(param),
                       "code": kind}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -261,13 +292,61 @@ class _Handlers:
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.cfg.retry_after_s)}
 
-    @staticmethod
-    async def read_json(request: Any) -> Any:
-        raw = await request.body()
+    async def read_body(self, request: Any) -> bytes:
+        """The request body: at most `max_body_bytes` (413), in `body_timeout_s` (408: a body shorter
+        than its Content-Length, or a client that went away, is a disconnect, not a server error)."""
+        from starlette.requests import ClientDisconnect
+
+        limit = self.cfg.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise _BodyRefused(413, f"the body has {int(declared)} bytes; at most {limit} are accepted", "too_large")
+        chunks: list[bytes] = []
+        size = 0
+
+        async def receive() -> None:
+            nonlocal size
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _BodyRefused(413, f"the body has more than {limit} bytes", "too_large")
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(receive(), timeout=self.cfg.body_timeout_s)
+        except asyncio.TimeoutError:
+            log.info("%s: %d of %s body bytes came in %.1f s; treated as a disconnect", request.url.path, size,
+                     declared or "?", self.cfg.body_timeout_s)
+            raise _BodyRefused(408, f"the body did not arrive within {self.cfg.body_timeout_s:g} s "
+                                    f"({size} of {declared or 'unknown'} bytes)", "disconnect") from None
+        except ClientDisconnect:
+            raise _BodyRefused(499, "the client disconnected while sending the body", "disconnect") from None
+        return b"".join(chunks)
+
+    async def read_json(self, request: Any) -> Any:
+        raw = await self.read_body(request)
         try:
             return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadRequest(f"the body is not valid JSON ({e})") from None
+        except RecursionError:
+            raise BadRequest("the body nests too deeply to be read") from None
+        except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, and ints past the digit limit
+            raise BadRequest(f"the body is not valid JSON ({str(e)[:100]})") from None
+
+    def refused(self, endpoint: str, e: _BodyRefused) -> Any:
+        """The answer to a refused body (a disconnect counts as one, not as an internal error)."""
+        from starlette.responses import Response
+
+        if e.status == 499:  # nobody to answer
+            self.metrics.errors.labels(kind="disconnect").inc()
+            self.count(endpoint, 499)
+            return Response(status_code=499)
+        return self.fail(endpoint, e.status, str(e), e.kind, headers={"Connection": "close"})
+
+    def changed(self, endpoint: str, version: ServedVersion, e: ArtifactChanged) -> Any:
+        """A served file changed on disk: the server's failure (500 naming the file), and not ready."""
+        if version is self.state.current or version is self.state.canary:
+            self.state.artifact_changed(e)
+        return self.fail(endpoint, 500, f"the served artifact changed on disk: {e}", "artifact_changed")
 
     # ---- speech -----------------------------------------------------------------------------
 
@@ -283,11 +362,18 @@ class _Handlers:
         endpoint = "/v1/audio/speech" if kind == "openai" else "/v1/chattts/speech"
         t0 = time.perf_counter()
         if not state.ready or state.draining or state.current is None:
-            why = "the server is draining" if state.draining else state.load_error or "the model is still loading"
+            why = ("the server is draining" if state.draining
+                   else state.fault or state.load_error or "the model is still loading")
             return self.fail(endpoint, 503, why, "not_ready", headers=self.retry_after())
         version = state.acquire()
         try:
             req = await self._parse(request, kind, version)
+        except _BodyRefused as e:
+            version.end()
+            return self.refused(endpoint, e)
+        except ArtifactChanged as e:
+            version.end()
+            return self.changed(endpoint, version, e)
         except ForgeError as e:
             version.end()
             return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
@@ -322,6 +408,8 @@ class _Handlers:
         loop = asyncio.get_running_loop()
         try:
             prep = await loop.run_in_executor(None, version.prepare, req.text, req.params, req.model)
+        except ArtifactChanged as e:
+            return self.changed(endpoint, version, e)
         except ForgeError as e:
             return self.fail(endpoint, 400, str(e), "bad_request")
         deadline = t0 + (req.deadline_s if req.deadline_s is not None else self.cfg.deadline_s)
@@ -333,8 +421,10 @@ class _Handlers:
             handle = version.submit(prep)
         except QueueFullError as e:
             return self.fail(endpoint, 429, str(e), "queue_full", headers=self.retry_after())
-        except ForgeError as e:  # the scheduler closed (a swap raced this request)
+        except SchedulerClosedError as e:  # a swap raced this request
             return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
+        except ForgeError as e:  # what the scheduler refuses about the request itself
+            return self.fail(endpoint, 400, str(e), "bad_request")
         job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline)
         try:
             if not req.stream:
@@ -350,6 +440,8 @@ class _Handlers:
             handle.cancel()
             self.metrics.errors.labels(kind="disconnect").inc()
             return Response(status_code=499)
+        except ArtifactChanged as e:
+            return self.changed(endpoint, version, e)
         except ForgeError as e:
             return self.fail(endpoint, 500, str(e), "internal")
         media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
@@ -401,7 +493,10 @@ class _Handlers:
                         yield _sse_error("deadline passed mid-stream")
                     return
                 except ForgeError as e:
-                    metrics.errors.labels(kind="internal").inc()
+                    if isinstance(e, ArtifactChanged) and job.version in (self.state.current, self.state.canary):
+                        self.state.artifact_changed(e)
+                    metrics.errors.labels(kind="artifact_changed" if isinstance(e, ArtifactChanged)
+                                          else "internal").inc()
                     log.error("request %d failed mid-stream: %s", handle.id, e)
                     if sse:
                         yield _sse_error(str(e))
@@ -460,7 +555,8 @@ class _Handlers:
             body = {"status": "ready", "model": state.current.model_id,
                     "canary": state.canary.model_id if state.canary else None}
             return JSONResponse(body)
-        why = "draining" if state.draining else ("failed: " + state.load_error) if state.load_error else "loading"
+        failure = state.fault or state.load_error
+        why = "draining" if state.draining else f"failed: {failure}" if failure else "loading"
         return JSONResponse({"status": why}, status_code=503)
 
     async def metrics_endpoint(self, request: Any) -> Any:
@@ -471,35 +567,57 @@ class _Handlers:
 
     # ---- admin ------------------------------------------------------------------------------
 
-    def admin_allowed(self, request: Any) -> str | None:
-        """None when `request` may use /admin/*, else why not."""
-        if self.cfg.admin_token:
-            if request.headers.get("authorization", "") != f"Bearer {self.cfg.admin_token}":
-                return "admin endpoints need Authorization: Bearer <token>"
-            return None
-        host = request.client.host if request.client else ""
-        try:
-            if ipaddress.ip_address(host).is_loopback:
-                return None
-        except ValueError:
+    def admin_refusal(self, request: Any) -> tuple[int, str] | None:
+        """None when `request` may use /admin/*, else (status, why not): no foreign Host (DNS rebinding)
+        or Origin (a web page), the bearer token (or a loopback client, with `admin_loopback`), JSON."""
+        cfg = self.cfg
+        host = request.headers.get("host", "")
+        if not _known_host(host, cfg):
+            return 403, (f"admin endpoints answer only the Host names this server is known by (localhost, an IP "
+                         f"address, --host, --admin-host), not {quote(host)}")
+        origin = request.headers.get("origin")
+        if origin is not None and _origin_netloc(origin) != host.lower():
+            return 403, f"admin endpoints refuse cross-origin requests (Origin {quote(origin)})"
+        given = request.headers.get("authorization", "")
+        client = request.client.host if request.client else ""
+        if cfg.admin_token and hmac.compare_digest(given.encode(), f"Bearer {cfg.admin_token}".encode()):
             pass
-        return "admin endpoints answer loopback clients only (start the server with --admin-token to allow others)"
+        elif cfg.admin_loopback and _is_loopback(client):
+            pass
+        elif cfg.admin_token:
+            return 401, ("admin endpoints need Authorization: Bearer <token> (--admin-token, or the token file "
+                         "whose path the server logged at start)")
+        else:
+            return 403, "admin endpoints answer loopback clients only (--admin-loopback); others need --admin-token"
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return 415, f"admin endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"
+        return None
 
     async def admin(self, request: Any, action: str) -> Any:
         from starlette.responses import JSONResponse
 
         endpoint = f"/admin/{action}"
-        refused = self.admin_allowed(request)
-        if refused:
-            return self.fail(endpoint, 403, refused, "admin")
+        refusal = self.admin_refusal(request)
+        if refusal:
+            status, why = refusal
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            return self.fail(endpoint, status, why, "admin", headers=headers)
         try:
+            body = await self.read_json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object ({\"artifact\": DIR} for reload, {} otherwise)")
             if action == "reload":
-                path = await self._reload_path(request)
+                path = _reload_path(body)
                 result = await asyncio.get_running_loop().run_in_executor(None, self.state.reload, path)
+            elif body:
+                raise BadRequest(f"/admin/{action} takes an empty object {{}}, got field {quote(next(iter(body)))}")
             elif action == "promote":
                 result = self.state.promote()
             else:
                 result = self.state.rollback()
+        except _BodyRefused as e:
+            return self.refused(endpoint, e)
         except BadRequest as e:
             return self.fail(endpoint, 400, str(e), "bad_request", e.param)
         except ForgeError as e:
@@ -507,15 +625,6 @@ class _Handlers:
                              "reload_failed" if action == "reload" else "admin")
         self.count(endpoint, 200)
         return JSONResponse(result)
-
-    async def _reload_path(self, request: Any) -> str:
-        body = await self.read_json(request) if (await request.body()) else {}
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        path = body.get("artifact", self.cfg.artifact)
-        if not isinstance(path, str) or not path:
-            raise BadRequest("artifact must be a folder path", "artifact")
-        return path
 
     async def admin_reload(self, request: Any) -> Any:
         return await self.admin(request, "reload")
@@ -602,6 +711,53 @@ class _Waiter:
             await asyncio.wait_for(self.event.wait(), timeout=min(left, _WAKE_S))
         if request is not None and await request.is_disconnected():
             raise _Disconnected()
+
+
+def _reload_path(body: dict[str, Any]) -> str:
+    """The folder a reload body names: `artifact`, required (an empty body never reloads)."""
+    unknown = sorted(set(body) - {"artifact"})
+    if unknown:
+        raise BadRequest(f"unknown field {quote(unknown[0])} in the reload body (known: artifact)")
+    path = body.get("artifact")
+    if not isinstance(path, str) or not path:
+        raise BadRequest("/admin/reload needs {\"artifact\": \"a version or artifact folder\"}", "artifact")
+    return path
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """The name of a Host header (`[::1]:8000` -> `::1`, `Example:80` -> `example`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _known_host(host: str, cfg: ServeConfig) -> bool:
+    """A Host header naming this server: localhost, an IP literal (a rebound DNS name is neither),
+    the --host it listens on, or an --admin-host."""
+    name = _host_name(host)
+    if not name:
+        return False
+    if name == "localhost" or name == cfg.host.lower() or name in {h.lower() for h in cfg.admin_hosts}:
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _origin_netloc(origin: str) -> str:
+    """`scheme://host:port` of an Origin header -> `host:port` ("null" and others -> "")."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    return rest.rstrip("/") if sep and scheme in ("http", "https") else ""
 
 
 def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, str]:

@@ -9,7 +9,7 @@ import click
 
 from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 
 
 @click.command("serve")
@@ -35,7 +35,18 @@ from chattts_forge.runtime.serve.config import ServeConfig
               show_default=True, help="Seconds a request may take (a request's deadline_s may lower it).")
 @click.option("--max-input-chars", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--admin-token", default=None, envvar="FORGE_ADMIN_TOKEN",
-              help="Bearer token for /admin/* (without it only loopback clients may use them).")
+              help="Bearer token for /admin/* (default: a random one, generated at start into --admin-token-file).")
+@click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where the generated admin token is written, mode 0600 (default: "
+                   "$XDG_CONFIG_HOME/chattts-forge/admin-token-PORT); its path is logged.")
+@click.option("--admin-loopback", is_flag=True, default=False,
+              help="Let loopback clients use /admin/* without a token (no token is generated unless given).")
+@click.option("--admin-host", "admin_hosts", multiple=True, metavar="NAME",
+              help="A Host name /admin/* answers besides localhost, IP addresses and --host (repeatable).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="Longest request body accepted (longer: 413).")
+@click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, help="Seconds a request body may take to arrive (else 408, counted as a disconnect).")
 @click.option("--canary-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="On reload, the share of new requests the new version gets until POST /admin/promote.")
 @click.option("--drain", "drain_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -66,6 +77,7 @@ def serve(ray_address: str | None, replicas: int, **options: Any) -> None:
       chattts-forge serve --artifact artifacts/chattts-synthetic-full-seed0/v1 --ray local --replicas 2
     """
     cfg = serve_config(options)
+    ensure_admin_token(cfg)  # once, before any replica starts: every replica takes the same token
     if ray_address is not None:
         from chattts_forge.runtime.serve.ray_serve import serve_on_ray
 
@@ -92,6 +104,7 @@ def serve_config(options: dict[str, Any]) -> ServeConfig:
     if voices_file is not None and not voices_file.is_file():
         raise ForgeError(f"--voices {voices_file} does not exist")
     paths = {k: str(options[k]) if options[k] is not None else None
-             for k in ("voices_file", "phrase_cache", "public_key")}
+             for k in ("voices_file", "phrase_cache", "public_key", "admin_token_file")}
+    options["admin_hosts"] = tuple(options["admin_hosts"])
     return ServeConfig(artifact=str(artifact), **{**options, **paths,
                                                   "provider": resolve_provider(options["provider"])})

@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
-from chattts_forge.runtime.scheduler import Handle, Scheduler
+from chattts_forge.runtime.scheduler import Handle, Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
 
 log = get_logger(__name__)
@@ -159,7 +159,7 @@ class ServedVersion:
         with self._open_lock:
             if variant not in self.pipes:
                 if variant not in self.published:
-                    raise ForgeError(f"model {variant!r} is not served here (models: {', '.join(self.model_names())})")
+                    raise ForgeError(f"model {quote(variant)} is not served here (models: {', '.join(self.model_names())})")
                 assert self.router is not None
                 log.info("opening variant %s of %s", variant, self.path)
                 self._add(variant, self.router.pipeline(variant))
@@ -213,7 +213,7 @@ class ServedVersion:
                 raise ForgeError(f"voice is neither a known name nor a valid speaker string ({e})") from None
             return voice
         names = ", ".join(sorted(self.voices))
-        raise ForgeError(f"unknown voice {voice!r} (voices: {names}; or a raw speaker string)")
+        raise ForgeError(f"unknown voice {quote(voice)} (voices: {names}; or a raw speaker string)")
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -233,6 +233,7 @@ class ServedVersion:
         variant = self.variant_for(model, norm)
         pipe = self.pipes[variant]
         check_code_request(pipe, norm, params.code)
+        check_request(pipe, norm, replace(params, refine=None))  # all that submit checks: a 400 now, not later
         prep = Prepared(variant, norm, params, key_text=norm)
         cache = self.caches.get(variant)
         if cache is not None:
@@ -357,11 +358,11 @@ class SequentialRunner:
         return self
 
     def submit(self, text: str, params: SynthParams, normalized: bool = False) -> Handle:
-        from chattts_forge.runtime.scheduler import QueueFullError
+        from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
 
         with self._lock:
             if self._closed:
-                raise ForgeError("the scheduler is closed")
+                raise SchedulerClosedError("the scheduler is closed")
             if self._queue.qsize() >= self.max_queue:
                 raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
             handle = Handle(self._next_id, text, normalized)

@@ -19,7 +19,7 @@ from typing import Any
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.raycluster import SCALE_HINT, connect
-from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 
 log = get_logger(__name__)
 
@@ -62,6 +62,7 @@ def build_application(cfg: ServeConfig, replicas: int, replica_cpus: float = 1.0
     deployment = serve.deployment(name=DEPLOYMENT_NAME, num_replicas=replicas,
                                   ray_actor_options={"num_cpus": replica_cpus},
                                   graceful_shutdown_timeout_s=max(1.0, cfg.drain_s))(ingress)
+    ensure_admin_token(cfg)  # here, not per replica: every replica takes the same token
     return deployment.bind(dataclasses.asdict(cfg))
 
 

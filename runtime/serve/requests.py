@@ -23,6 +23,12 @@ temperature, repetition_penalty, max_new_token, min_new_token, ensure_non_empty,
 `deadline_s`. Knobs not given take `synth`'s defaults: `manual_seed` the server's `--seed` (0; a
 seeded default makes a plain request reproducible and servable from a phrase cache warmed with the
 defaults), the refinement seed the code seed.
+
+Text fields (`input`; natively `text`, `txt_smp` and the prompts) may hold ChatTTS's prosody tokens
+([uv_break], [lbreak], [laugh], [break_N], ...), which work as in ChatTTS; its structural tokens
+(frontend.STRUCTURAL_TOKENS: [Stts], [Ptts], [Etts], [spk_emb], ...) end or restart the model's
+prompt and cut the audio, so a field holding one is refused (400 naming the token), on both endpoints.
+Error messages quote at most ~100 characters of a bad value (errors.quote).
 """
 
 from __future__ import annotations
@@ -31,13 +37,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, quote
+from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
-from chattts_forge.runtime.serve.formats import check_format
+from chattts_forge.runtime.serve.formats import FORMATS, check_format
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # route by length, as the version itself
 STREAM_FORMATS = ("audio", "sse")
 _SEED_MAX = 2**63 - 1
+QUOTE_PARAM = 64  # an unknown field's name as the error's `param`, cut to this many characters
 
 
 class BadRequest(ForgeError):
@@ -63,7 +71,7 @@ def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, de
         return default
     value = body[name]
     if isinstance(value, bool) and bool not in kinds:
-        raise BadRequest(f"{name} must be {what}, got {value!r}", name)
+        raise BadRequest(f"{name} must be {what}, got {quote(value)}", name)
     if not isinstance(value, kinds):
         raise BadRequest(f"{name} must be {what}, got {type(value).__name__}", name)
     return value
@@ -86,7 +94,7 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int, default: Any = N
     if value is None:
         return None
     if not lo <= value <= hi:
-        raise BadRequest(f"{name} must lie in [{lo}, {hi}], got {value}", name)
+        raise BadRequest(f"{name} must lie in [{lo}, {hi}], got {quote(value)}", name)
     return int(value)
 
 
@@ -102,13 +110,38 @@ def _text(body: dict[str, Any], name: str, max_chars: int) -> str:
         raise BadRequest(f"{name} is empty", name)
     if len(value) > max_chars:
         raise BadRequest(f"{name} has {len(value)} characters; at most {max_chars} are accepted", name)
+    return _plain_text(value, name)
+
+
+def _plain_text(value: str, name: str) -> str:
+    """`value` when it is text the model may read: valid Unicode (JSON can carry a lone surrogate,
+    which no UTF-8 tokenizer takes) without ChatTTS's structural tokens (see the module docstring)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{name} holds a lone surrogate (\\ud800-\\udfff): not valid Unicode text", name) from None
+    token = structural_token_in(value)
+    if token is not None:
+        raise BadRequest(f"{name} holds ChatTTS's structural token {token}, which would cut the audio; remove it "
+                         "(prosody tokens such as [uv_break], [laugh] and [break_N] are accepted)", name)
     return value
+
+
+def _optional_text(section: dict[str, Any], name: str, max_chars: int, where: str) -> str | None:
+    """An optional text field of a native section (prompt, txt_smp): a string of at most `max_chars`."""
+    value = _get(section, name, (str,), "a string")
+    if value is None:
+        return None
+    if len(value) > max_chars:
+        raise BadRequest(f"{where}.{name} has {len(value)} characters; at most {max_chars} are accepted", name)
+    return _plain_text(value, f"{where}.{name}")
 
 
 def _unknown(body: dict[str, Any], known: set[str], where: str) -> None:
     extra = sorted(set(body) - known)
     if extra:
-        raise BadRequest(f"unknown field {extra[0]!r} in {where} (known: {', '.join(sorted(known))})", extra[0])
+        raise BadRequest(f"unknown field {quote(extra[0])} in {where} (known: {', '.join(sorted(known))})",
+                         extra[0][:QUOTE_PARAM])
 
 
 def _voice(body: dict[str, Any], default: str) -> str:
@@ -123,13 +156,15 @@ def _voice(body: dict[str, Any], default: str) -> str:
 
 
 def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, float | None]:
+    given = body.get("response_format") or default_format
     try:
-        fmt = check_format(body.get("response_format") or default_format)
-    except ForgeError as e:
-        raise BadRequest(str(e), "response_format") from None
+        fmt = check_format(given)
+    except ForgeError:
+        raise BadRequest(f"response_format must be one of {', '.join(FORMATS)}, got {quote(given)}",
+                         "response_format") from None
     sfmt = body.get("stream_format") or "audio"
-    if sfmt not in STREAM_FORMATS:
-        raise BadRequest(f"stream_format must be audio or sse, got {sfmt!r}", "stream_format")
+    if not isinstance(sfmt, str) or sfmt not in STREAM_FORMATS:
+        raise BadRequest(f"stream_format must be audio or sse, got {quote(sfmt)}", "stream_format")
     stream = _flag(body, "stream", True)
     deadline = _number(body, "deadline_s", 0.0, 3600.0, open_low=True)
     return fmt, sfmt, stream, deadline
@@ -249,11 +284,12 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
             raise BadRequest("params_infer_code.temperature must be a number or a list of numbers", "temperature")
         temps = [float(t) for t in temps]
         if not all(math.isfinite(t) and t > 0 for t in temps):
-            raise BadRequest(f"params_infer_code.temperature must be > 0, got {temps}", "temperature")
+            raise BadRequest(f"params_infer_code.temperature must be > 0, got {quote(temps)}", "temperature")
     else:
         temps = _number(c, "temperature", 0.0, 5.0, base.temperature, open_low=True)
     seed = _integer(c, "manual_seed", 0, _SEED_MAX, default_seed)
-    strings = {k: _get(c, k, (str,), "a string") for k in ("prompt", "spk_emb", "spk_smp", "txt_smp")}
+    strings = {k: _get(c, k, (str,), "a string") for k in ("spk_emb", "spk_smp")}
+    strings |= {k: _optional_text(c, k, max_chars, "params_infer_code") for k in ("prompt", "txt_smp")}
     code = replace(base, prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
                    spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
                    temperature=temps, seed=seed, **read_knobs(c, "native", CODE_KNOBS))
@@ -262,11 +298,12 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
         r = _section(body, "params_refine_text", _REFINE_FIELDS)
         rb = RefineTextParams()
         rseed = _integer(r, "manual_seed", 0, _SEED_MAX, seed)
-        refine = replace(rb, prompt=_get(r, "prompt", (str,), "a string", rb.prompt), seed=rseed,
+        prompt = _optional_text(r, "prompt", max_chars, "params_refine_text")
+        refine = replace(rb, prompt=rb.prompt if prompt is None else prompt, seed=rseed,
                          **read_knobs(r, "native", REFINE_KNOBS))
     lang = _get(body, "lang", (str,), "zh, en or null")
     if lang not in (None, "zh", "en"):
-        raise BadRequest(f"lang must be zh, en or null, got {lang!r}", "lang")
+        raise BadRequest(f"lang must be zh, en or null, got {quote(lang)}", "lang")
     params = SynthParams(code=code, refine=refine, use_decoder=_flag(body, "use_decoder", True),
                          normalize=_flag(body, "do_text_normalization", True),
                          homophones=_flag(body, "do_homophone_replacement", True), lang=lang)

@@ -61,7 +61,9 @@ def make_server(cfg: ServeConfig, state: ServerState | None = None, install_sign
         except ForgeError as e:
             log.error("%s", e)
 
-    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+    # log_config=None: uvicorn's records go through the process's own handlers (one format, control
+    # characters escaped: log.EscapingFormatter) instead of a handler of its own.
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, log_config=None,
                             timeout_graceful_shutdown=max(1, int(cfg.drain_s)), lifespan="on")
     server = ForgeServer(config)
     server.forge_state = state  # type: ignore[attr-defined]

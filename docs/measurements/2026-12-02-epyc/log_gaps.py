@@ -24,7 +24,7 @@ def main() -> int:
             if stamps and t < stamps[-1][0]:  # past midnight
                 t += 86400
             stamps.append((t, line))
-    gaps = sorted(((b[0] - a[0], a[1]) for a, b in zip(stamps, stamps[1:])), reverse=True)[:5]
+    gaps = sorted(((b[0] - a[0], a[1]) for a, b in zip(stamps, stamps[1:], strict=False)), reverse=True)[:5]
     print(f"{len(stamps)} stamped lines, {stamps[-1][0] - stamps[0][0]} s from first to last")
     for gap, before in gaps:
         print(f"gap {gap:4d} s after: {before[:140]}")
