@@ -68,6 +68,11 @@ CALIBRATED = calibrated_variants()
 DEFAULT_CALIB_CORPUS = "builtin:calibration"
 DEFAULT_EVAL_CORPUS = "builtin:evaluation"
 STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
+
+
+def within(stage: str, until: str | None) -> bool:
+    """Whether a step of `stage` runs in a build stopped after `until` (None: the whole build)."""
+    return until is None or STAGES.index(stage) <= STAGES.index(until)
 # A stage runs as `python -m chattts_forge.cli SUBCOMMAND ...`; the CLI imports the subcommand's
 # module by name (chattts_forge.cli.SUBCOMMANDS), so both are the entries of the step's closure.
 CLI_MODULE = "chattts_forge.cli"
@@ -333,15 +338,23 @@ class Build:
         log.info("%-22s done in %.1f s", step.name, took)
 
     # the plan
-    def steps(self) -> Iterator[Step]:
-        """Yield steps in order; inputs are computed when each step is reached (after its upstream ran)."""
-        yield from self.shared_steps()
-        if self.quantized_variants():  # first: its FP32 runs are also every quantize step's fidelity runs
+    def steps(self, until: str | None = None) -> Iterator[Step]:
+        """Yield steps in order, those of stages after `until` left out; inputs are computed when each
+        step is reached (after its upstream ran), so a left-out step never reads what was not built."""
+        def wanted(stage: str) -> bool:
+            return within(stage, until)
+
+        yield from self.shared_steps(until)
+        # first, and with the quantize steps: its FP32 runs are also every quantize step's fidelity runs
+        reference_first = wanted("quantize") and bool(self.quantized_variants())
+        if reference_first:
             yield self.reference_step()
-        for variant in self.quantized_variants():
+        for variant in self.quantized_variants() if wanted("quantize") else []:
             if variant not in self.broken:
                 yield self.quantize_step(variant)
-        if not self.quantized_variants():
+        if not wanted("evaluate"):
+            return
+        if not reference_first:
             yield self.reference_step()
         for variant in self.variants:
             if variant not in self.broken:
@@ -350,8 +363,9 @@ class Build:
     def quantized_variants(self) -> list[str]:
         return [v for v in self.variants if v in VARIANT_METHOD]
 
-    def shared_steps(self) -> Iterator[Step]:
-        """The steps every variant needs: checkpoint, its verification, convert, calibrate."""
+    def shared_steps(self, until: str | None = None) -> Iterator[Step]:
+        """The steps every variant needs: checkpoint, its verification, convert, calibrate (those of
+        stages after `until` left out)."""
         if self.checkpoint is None:
             yield Step(
                 "checkpoint",
@@ -367,6 +381,8 @@ class Build:
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
             capture_stdout=True,
         )
+        if not within("convert", until):
+            return
         yield Step(
             "convert",
             "convert",
@@ -376,7 +392,7 @@ class Build:
         )
         fp32 = self.artifact_dir("fp32")
         calibrated = tuple(v for v in self.quantized_variants() if v in CALIBRATED)
-        if calibrated:
+        if calibrated and within("calibrate", until):
             yield Step(
                 "calibrate",
                 "calibrate",
@@ -649,9 +665,7 @@ def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
     """Every step up to `cfg.until`, each redone only when its key changed; a step that fails sets
     its variant aside (the others go on). With Ray, the variants' steps run as Ray tasks."""
     until = cfg.until
-    for step in pipe.shared_steps() if cfg.ray is not None else pipe.steps():
-        if until and STAGES.index(step.kind) > STAGES.index(until):
-            continue  # the FP32 reference run (an evaluate step) comes before the quantize steps
+    for step in pipe.shared_steps(until) if cfg.ray is not None else pipe.steps(until):
         try:
             pipe.run(step)
         except ForgeError as e:

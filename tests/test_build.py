@@ -326,3 +326,25 @@ def test_only_the_method_that_searches_against_a_gate_is_given_it(tmp_path: Path
     assert set(quantize) == {"int8-dynamic", "auto"}
     assert quantize["auto"][quantize["auto"].index("--gate") + 1] == str(gate)
     assert "--gate" not in quantize["int8-dynamic"]
+
+
+@pytest.mark.parametrize("until, calls", [
+    ("checkpoint", ["checkpoint:synthesize", "checkpoint:verify"]),
+    ("convert", ["checkpoint:synthesize", "checkpoint:verify", "convert"]),
+    ("calibrate", ["checkpoint:synthesize", "checkpoint:verify", "convert", "calibrate"]),
+    ("quantize", ["checkpoint:synthesize", "checkpoint:verify", "convert", "calibrate", "evaluate-reference",
+                  "quantize:dynamic", "quantize:static", "quantize:int4", "quantize:auto", "quantize:dynamic-kv8"]),
+])  # fmt: skip
+def test_until_stops_after_its_stage_without_reading_what_later_stages_need(tmp_path: Path, until: str,
+                                                                            calls: list[str]) -> None:
+    """`--until STAGE` runs the steps up to STAGE (the FP32 reference run with the quantize steps, whose
+    fidelity runs it records), publishes nothing and exits 0; a later full run does only the rest."""
+    r = Runner(tmp_path)
+    proc = r.run("--until", until)
+    assert proc.returncode == 0, proc.stderr
+    assert r.calls() == calls and f"stopped after {until}" in proc.stdout
+    assert not r.to.exists() or not any(r.to.iterdir())
+    done = len(r.calls())
+    proc = r.run()
+    assert proc.returncode == 0, proc.stderr
+    assert not set(r.calls()[done:]) & set(calls)  # nothing done twice

@@ -266,7 +266,14 @@ def test_artifact_json_records_paths_relative_to_its_folder(quantized, tiny_arti
     if method == "static":
         cal = meta["quantization"]["calibration"]
         assert recorded_path(cal["source_artifact"]["source"]["asset_dir"], quantized[method]) == tiny_ckpt.resolve()
-        assert all(recorded_path(f, quantized[method]).is_file() for f in cal["corpus"]["files"])
+        # corpus files by their path under the corpus root (the built-in corpora here), with sha256
+        from chattts_forge.calibration_data.corpus import CORPORA_DIR
+        from chattts_forge.fsutil import sha256_file
+
+        corpus = cal["corpus"]
+        assert corpus["files"] and not [f for f in corpus["files"] if Path(f).is_absolute()]
+        for f in corpus["files"]:
+            assert corpus["file_sha256"][Path(f).name] == sha256_file(CORPORA_DIR / f)
 
 
 @pytest.mark.parametrize("method", ["dynamic", "static", "int4", "auto"])

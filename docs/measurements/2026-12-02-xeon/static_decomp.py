@@ -6,9 +6,9 @@ Each variant is the FP32 gpt_fast.onnx with some of static INT8's roundings appl
 replayed teacher-forced on the same FP32 trajectories (8 held-out sentences x 48 steps, seed 0: the
 quantize stage's default fidelity settings) with the FP32 code head, so only the GPT's roundings count.
 """
+
 import fnmatch
 import json
-import os
 import pickle
 import shutil
 import sys
@@ -17,14 +17,21 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.calibration_data.observe import const_weight_matmuls
 from chattts_forge.calibration_data.statistics import Statistics
 from chattts_forge.quantize.dynamic_fused import projection_sizes, replace_nodes
-from chattts_forge.quantize.fidelity import code_metrics, cosine_rows, fast_step, make_session, record_trajectories, replay
+from chattts_forge.quantize.fidelity import (
+    code_metrics,
+    cosine_rows,
+    fast_step,
+    make_session,
+    record_trajectories,
+    replay,
+)
 from chattts_forge.quantize.static_fused import activation_qparams, weight_int8_per_channel
 
 fp32, calib, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -60,7 +67,11 @@ def build(spec: str) -> onnx.ModelProto:
     inits = {i.name: i for i in model.graph.initializer}
     targets = [n for n in const_weight_matmuls(model)]
     if "o" in opts:
-        targets = [n for n in targets if fnmatch.fnmatchcase(n.name, opts["o"][4:] if opts["o"].startswith("nly=") else opts["o"])]
+        targets = [
+            n
+            for n in targets
+            if fnmatch.fnmatchcase(n.name, opts["o"][4:] if opts["o"].startswith("nly=") else opts["o"])
+        ]
     chosen = {n.name: n for n in targets}
     alpha = float(opts["s"]) if "s" in opts else None
     pct = float(opts["p"]) if "p" in opts else None
@@ -73,10 +84,12 @@ def build(spec: str) -> onnx.ModelProto:
         w = numpy_helper.to_array(inits[wname]).astype(np.float32)
         st = tensors[x]
         s = None
-        if alpha is not None and ("m" not in opts or any(fnmatch.fnmatchcase(node.name, g) for g in opts["m"].split("|"))):
+        if alpha is not None and (
+            "m" not in opts or any(fnmatch.fnmatchcase(node.name, g) for g in opts["m"].split("|"))
+        ):
             wmax = np.maximum(np.abs(w).max(axis=1), 1e-8)
             amax = np.maximum(st.absmax.astype(np.float64), 1e-8)
-            s = (amax**alpha / wmax**(1 - alpha)).astype(np.float32)
+            s = (amax**alpha / wmax ** (1 - alpha)).astype(np.float32)
             s = np.clip(s, 1e-4, 1e4)
             w = w * s[:, None]
         xin = x
@@ -90,7 +103,9 @@ def build(spec: str) -> onnx.ModelProto:
             if key not in done:
                 if s is not None:
                     m = float((st.absmax / s).max())
-                    if pct is not None:  # the unsmoothed tensor's clip share (no histogram of x/s is streamed)
+                    if (
+                        pct is not None
+                    ):  # the unsmoothed tensor's clip share (no histogram of x/s is streamed)
                         m *= st.percentile_absmax(pct) / max(abs(st.min), abs(st.max))
                     lo, hi = -m, m
                 elif pct is not None:
@@ -100,23 +115,42 @@ def build(spec: str) -> onnx.ModelProto:
                     lo, hi = st.min, st.max
                 scale, zp = activation_qparams(lo, hi, "uint8")
                 base = f"{node.name}_x"
-                model.graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), base + "_s"),
-                                                numpy_helper.from_array(zp, base + "_z")])
-                new_nodes.append(helper.make_node("QuantizeLinear", [xin, base + "_s", base + "_z"], [base + "_q"]))
-                new_nodes.append(helper.make_node("DequantizeLinear", [base + "_q", base + "_s", base + "_z"], [base + "_dq"]))
+                model.graph.initializer.extend(
+                    [
+                        numpy_helper.from_array(np.array(scale, np.float32), base + "_s"),
+                        numpy_helper.from_array(zp, base + "_z"),
+                    ]
+                )
+                new_nodes.append(
+                    helper.make_node("QuantizeLinear", [xin, base + "_s", base + "_z"], [base + "_q"])
+                )
+                new_nodes.append(
+                    helper.make_node(
+                        "DequantizeLinear", [base + "_q", base + "_s", base + "_z"], [base + "_dq"]
+                    )
+                )
                 done[key] = base + "_dq"
             xin = done[key]
         if dyn:
             if key not in done:
                 base = f"{node.name}_x"
-                new_nodes.append(helper.make_node("DynamicQuantizeLinear", [xin], [base + "_q", base + "_s", base + "_z"]))
-                new_nodes.append(helper.make_node("DequantizeLinear", [base + "_q", base + "_s", base + "_z"], [base + "_dq"]))
+                new_nodes.append(
+                    helper.make_node("DynamicQuantizeLinear", [xin], [base + "_q", base + "_s", base + "_z"])
+                )
+                new_nodes.append(
+                    helper.make_node(
+                        "DequantizeLinear", [base + "_q", base + "_s", base + "_z"], [base + "_dq"]
+                    )
+                )
                 done[key] = base + "_dq"
             xin = done[key]
-        if per_projection:  # one scale per projection packed in the weight (q, k, v; gate, up): --method dynamic
+        if (
+            per_projection
+        ):  # one scale per projection packed in the weight (q, k, v; gate, up): --method dynamic
             sizes = projection_sizes(model, node, w.shape[1])
-            ws = np.concatenate([np.full(p.shape[1], np.abs(p).max() / 127)
-                                 for p in np.split(w, np.cumsum(sizes)[:-1], 1)]).astype(np.float32)
+            ws = np.concatenate(
+                [np.full(p.shape[1], np.abs(p).max() / 127) for p in np.split(w, np.cumsum(sizes)[:-1], 1)]
+            ).astype(np.float32)
             w = (np.clip(np.rint(w / ws), -127, 127) * ws).astype(np.float32)
         elif per_tensor:
             ws = np.float32(np.abs(w).max() / 127)
@@ -159,9 +193,14 @@ for spec in variants:
         q += lg
         cos.append(cosine_rows(np.stack(t.hidden, 1), np.stack(h, 1)))
     m = code_metrics(ref, q)
-    row = {"variant": spec, "agreement": round(m["top1_agreement"]["mean"], 4), "kl": round(m["kl"]["mean"], 5),
-           "cosine": round(float(np.concatenate(cos).mean()), 5), "steps": m["steps"],
-           "seconds": round(time.perf_counter() - t0, 1)}
+    row = {
+        "variant": spec,
+        "agreement": round(m["top1_agreement"]["mean"], 4),
+        "kl": round(m["kl"]["mean"], 5),
+        "cosine": round(float(np.concatenate(cos).mean()), 5),
+        "steps": m["steps"],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     print(json.dumps(row), flush=True)
     results.append(row)
     if d != fp32:
