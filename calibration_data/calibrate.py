@@ -66,7 +66,8 @@ from chattts_forge.calibration_data.store import (
     RawSampleBounds,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_path, sha256_file
+from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_path
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_json, sha256_file
+from chattts_forge.fsutil import atomic_write_json
+from chattts_forge.integrity import sha256_file
 
 CORPORA_DIR = Path(__file__).resolve().parent / "corpora"
 MANIFEST_NAME = "manifest.json"

@@ -18,7 +18,6 @@ missing, not UTF-8 or empty.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.integrity import sha256_file
 
 PHRASES_DIR = Path(__file__).resolve().parent / "phrases"
 PHRASES_SCHEMA = "chattts-forge/phrases/1"
@@ -73,7 +73,7 @@ def build_manifest(version_dir: Path) -> dict[str, Any]:
             langs[language_of(p)] = langs.get(language_of(p), 0) + 1
         files.append({"path": path.name, "name": path.stem, "purpose": PURPOSE.get(path.stem, "user-added list"),
                       "lines": len(phrases), "languages": dict(sorted(langs.items())),
-                      "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+                      "sha256": sha256_file(path)})
     return {"schema": PHRASES_SCHEMA, "version": version_dir.name,
             "format": "UTF-8, one phrase per line",
             "license": "written for chattts-forge (no third-party text)", "files": files}

@@ -1,30 +1,30 @@
-"""The artifact contract: file names, components, variants, `artifact.json` as a typed object, hashing.
+"""The artifact contract: file names, components, variants, `artifact.json` as a typed object.
 
 Every stage that reads or writes an artifact folder (docs/artifact-format.md) goes through this
 module, so the layout is defined once. It belongs to the core: it imports nothing above
-`chattts_forge` itself (no runtime, convert, quantize; no torch, no onnx).
+`chattts_forge` itself (no runtime, convert, quantize; no torch, no onnx). Whether files match
+their records (hashing, checking, the verified-hash cache) is `chattts_forge.integrity`; writing a
+component's graph is `chattts_forge.graph_storage.write_component`.
 
 Library::
 
-    from chattts_forge.artifact import ArtifactMeta, hash_tree
+    from chattts_forge.artifact import ArtifactMeta
     meta = ArtifactMeta.load("build/convert/fp32")    # validated; one-line ForgeError when broken
     meta.variant, meta.components["gpt"]["precision"], meta.component_file(folder, "gpt")
     meta.variant = "int4"; meta.write(folder)          # atomic; unchanged keys keep their bytes
-    hash_tree(folder)                                  # {relative path: FileEntry(path, bytes, sha256)}
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_json, resolve_inside, sha256_file
+from chattts_forge.fsutil import atomic_write_json, resolve_inside
 
 # ---- file names ------------------------------------------------------------------------------
 
@@ -323,58 +323,6 @@ def _document_keys() -> tuple[str, ...]:
     return tuple(f.name for f in fields(ArtifactMeta) if f.name not in ("extra", "key_order", "where"))
 
 
-# ---- hashing an artifact's files -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative, '/'-separated
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
-
-
-def file_record(folder: str | os.PathLike[str], rel: str) -> dict[str, Any]:
-    """{"file", "bytes", "sha256"} of a file of an artifact folder: how artifact.json records a support
-    file (and a graph's external data)."""
-    path = Path(folder) / rel
-    return {"file": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def list_files(root: str | os.PathLike[str]) -> list[str]:
-    """Every regular file under root as sorted relative posix paths; symlinks and odd files refused."""
-    root = Path(root)
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                raise ForgeError(f"{p}: symbolic links are not allowed in an artifact")
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_file():
-                raise ForgeError(f"{p}: not a regular file")
-            out.append(p.relative_to(root).as_posix())
-    return sorted(out)
-
-
-def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
-    """Hash every file of a folder, recursively: {relative path: FileEntry}.
-
-    The one definition of "an artifact's files": evaluate records it in its report, publish checks
-    the report against it and copies exactly these files.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise ForgeError(f"{root} is not a folder")
-    return {
-        rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
-    }
-
-
 # ---- the quantization record (artifact.json `quantization`) ----------------------------------
 # Written once by the quantize stage's method object (chattts_forge.quantize.methods); field order
 # is key order in artifact.json. Fields marked `_OMITTED_WHEN_NONE` are absent (not null) when unset,
@@ -479,156 +427,6 @@ class Quantization:
         return cls(**values)
 
 
-# ---- checking files against their records ----------------------------------------------------
-# The one definition of "this file matches its record": `compare_files` (recorded sizes and sha256s
-# against what a folder holds) and `verify_files` (an artifact folder against its artifact.json).
-# The runtime's cached, threaded check (`chattts_forge.integrity.check_files`), quantize's input
-# check, evaluate's identity and publish's report check all judge through `compare_files`.
-
-MISSING, SIZE, SHA256, UNRECORDED = "missing", "size", "sha256", "unrecorded"
-
-
-@dataclass(frozen=True)
-class RecordedFile:
-    """A file as a record describes it (bytes and sha256 may be unrecorded: None)."""
-
-    rel: str  # path relative to the folder, '/'-separated
-    bytes: int | None
-    sha256: str | None
-    recorded_in: str  # the file that records it (artifact.json, manifest.json, SHA256SUMS, report.json)
-    what: str = ""  # what it is, for messages ("component 'embed'", "support file 'tokenizer'")
-
-    def describe(self) -> str:
-        return self.what or f"listed in {self.recorded_in}"
-
-
-@dataclass(frozen=True)
-class FileMismatch:
-    """One file that differs from its record: `problem` is MISSING, SIZE, SHA256 or UNRECORDED (a
-    file that a record meant to list every file does not name)."""
-
-    rel: str
-    problem: str
-    recorded_in: str
-    what: str = ""
-    recorded: int | str | None = None
-    found: int | str | None = None
-
-    def describe(self) -> str:
-        """One line: what is wrong with the file."""
-        if self.problem == MISSING:
-            return f"{self.rel} ({self.what or 'listed in ' + self.recorded_in}) is missing"
-        if self.problem == SIZE:
-            return f"{self.rel} has {self.found} bytes, {self.recorded_in} says {self.recorded}"
-        if self.problem == SHA256:
-            return f"{self.rel} does not match its sha256 in {self.recorded_in}"
-        return f"{self.rel} is not recorded in {self.recorded_in}"
-
-
-def compare_files(
-    expected: dict[str, RecordedFile],
-    sizes: dict[str, int],
-    digests: dict[str, str] | None = None,
-    *,
-    complete: bool = False,
-) -> list[FileMismatch]:
-    """Every mismatch between recorded files and what a folder holds, in `expected`'s order: a file
-    absent from `sizes` is MISSING; a recorded size that differs is SIZE; a recorded sha256 that
-    differs from `digests` (where a digest is given) is SHA256. `complete`: the records list every
-    file, so a file of `sizes` they do not name is UNRECORDED (listed last, sorted)."""
-    out: list[FileMismatch] = []
-    for rel, entry in expected.items():
-        where = {"recorded_in": entry.recorded_in, "what": entry.what}
-        if rel not in sizes:
-            out.append(FileMismatch(rel, MISSING, **where))
-        elif entry.bytes is not None and entry.bytes != sizes[rel]:
-            out.append(FileMismatch(rel, SIZE, **where, recorded=entry.bytes, found=sizes[rel]))
-        elif digests is not None and rel in digests and entry.sha256 and digests[rel] != entry.sha256:
-            out.append(FileMismatch(rel, SHA256, **where, recorded=entry.sha256, found=digests[rel]))
-    if complete:
-        recorded_in = next(iter(expected.values())).recorded_in if expected else ARTIFACT_JSON
-        out += [FileMismatch(rel, UNRECORDED, recorded_in) for rel in sorted(set(sizes) - set(expected))]
-    return out
-
-
-def size_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def sha256_or_none(value: Any) -> str | None:
-    ok = isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-    return value if ok else None
-
-
-def recorded_files(
-    meta: ArtifactMeta,
-    components: tuple[str, ...] | None = None,
-    present: Callable[[str], bool] | None = None,
-) -> dict[str, RecordedFile]:
-    """{relative path: RecordedFile} of what artifact.json records: each component's graph and its
-    external data (of `components`, default all), and the support files that have a record.
-
-    `present(rel)` (how a loader sees the folder): a component whose graph is absent is skipped
-    (optional components, dvae_encoder, gpt_fast: the runtime refuses later, naming it, if it needs
-    one); weights beside a graph that records none are listed unrecorded (they are still opened);
-    every support file is listed, recorded or not, but the DVAE coefficients only when present
-    (the runtime does not read them; older artifacts lack them).
-    """
-    out: dict[str, RecordedFile] = {}
-    for name, info in sorted(meta.components.items()):
-        rel = str(info.get("file", component_file_name(name)))
-        if (components is not None and name not in components) or (present is not None and not present(rel)):
-            continue
-        what = f"component '{name}'"
-        out[rel] = RecordedFile(rel, size_or_none(info.get("bytes")), sha256_or_none(info.get("sha256")),
-                                ARTIFACT_JSON, what)
-        data = info.get("external_data")
-        if isinstance(data, dict) and data.get("file"):
-            data_rel = (Path(rel).parent / str(data["file"])).as_posix()
-            out[data_rel] = RecordedFile(data_rel, size_or_none(data.get("bytes")),
-                                         sha256_or_none(data.get("sha256")), ARTIFACT_JSON, what)
-        elif present is not None and present(rel + EXTERNAL_DATA_SUFFIX):
-            out[rel + EXTERNAL_DATA_SUFFIX] = RecordedFile(rel + EXTERNAL_DATA_SUFFIX, None, None, ARTIFACT_JSON, what)
-    if components is not None:
-        return out
-    for key in SUPPORT_FILES:
-        rel, record = meta.support_file(key), meta.support_record(key)
-        if record is None and present is None:
-            continue  # recorded by name only (older artifacts): nothing to check it against
-        if present is not None and key in OPTIONAL_SUPPORT_FILES and not present(rel):
-            continue
-        out[rel] = RecordedFile(rel, size_or_none((record or {}).get("bytes")),
-                                sha256_or_none((record or {}).get("sha256")), ARTIFACT_JSON, f"support file '{key}'")
-    return out
-
-
-def verify_files(
-    folder: str | os.PathLike[str],
-    meta: ArtifactMeta,
-    *,
-    components: tuple[str, ...] | None = None,
-    hashed: dict[str, FileEntry] | None = None,
-) -> list[FileMismatch]:
-    """Every file artifact.json records (graphs, external data, support files; only `components`'
-    files when given) against `folder`: each missing file, wrong size and wrong sha256, none left
-    out. `hashed`: the folder's files already hashed (`hash_tree`), so nothing is read twice. A
-    recorded path that leads out of the folder is a one-line ForgeError, never followed."""
-    folder = Path(folder)
-    expected = recorded_files(meta, components)
-    sizes: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    for rel in expected:
-        path = resolve_inside(folder, rel, file=meta.where, field="a recorded file")
-        if hashed is not None:
-            if rel in hashed:
-                sizes[rel], digests[rel] = hashed[rel].bytes, hashed[rel].sha256
-        elif path.is_file():
-            sizes[rel] = path.stat().st_size
-            if expected[rel].bytes in (None, sizes[rel]) and expected[rel].sha256:
-                digests[rel] = sha256_file(path)
-    return compare_files(expected, sizes, digests)
-
-
 # ---- writing a component's graph -------------------------------------------------------------
 
 
@@ -640,32 +438,6 @@ def with_record_fields(record: dict[str, Any], **fields_: Any) -> dict[str, Any]
     if data is not None:
         out["external_data"] = data
     return out
-
-
-def write_component(model: Any, folder: str | os.PathLike[str], name: str,
-                    record: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Store `model` (an onnx.ModelProto with its weights loaded) as component `name`'s graph in
-    `folder` and return its artifact.json entry: `record` (precision, opset, converter, inputs,
-    ...) with `file`, `sha256`, `bytes` and, for a graph with external data, `external_data`.
-
-    The runtime's per-request graphs (`EXTERNAL_DATA_COMPONENTS`) and any graph over protobuf's
-    2 GB limit keep their weights in `<file>.data` (chattts_forge.graph_storage: page aligned, so
-    onnxruntime maps them); the others are one file. Both are written atomically; `model` is left
-    as it was. The one place a stage stores, hashes and records a graph.
-    """
-    from chattts_forge.fsutil import atomic_write_bytes
-    from chattts_forge.graph_storage import data_file_of, save_with_external_data, storage_record
-
-    folder = Path(folder)
-    rec = dict(record or {})
-    rec.setdefault("file", component_file_name(name))
-    path = resolve_inside(folder, rec["file"], file=f"{folder}/{ARTIFACT_JSON}", field=f"components.{name}.file")
-    if name in EXTERNAL_DATA_COMPONENTS or model.ByteSize() >= PROTOBUF_LIMIT:
-        save_with_external_data(model, path)
-    else:
-        atomic_write_bytes(path, model.SerializeToString())
-        data_file_of(path).unlink(missing_ok=True)  # no stale weights beside an inline graph
-    return storage_record(folder, rec)
 
 
 # ---- the fidelity record (artifact.json `fidelity`, the report's `fidelity`) -----------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -15,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-
-_CHUNK = 1 << 20
 
 
 def _umask() -> int:
@@ -33,19 +30,6 @@ def _public_file_mode() -> int:
 
 def _public_dir_mode() -> int:
     return 0o777 & ~_umask()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -5,7 +5,7 @@ it out of the protobuf: a session then costs no parse copy while it loads (the f
 a 138 MB transient peak gone), and a table read by Gather costs only the rows a request touches
 (the full embedding: 79 MB of RSS inline, 10 MB mapped). The runtime's per-request CPU graphs
 (`artifact.EXTERNAL_DATA_COMPONENTS`) are therefore stored this way by every stage that writes
-them (`artifact.write_component`, the one writer of a component's graph); the numbers are the
+them (`write_component` here, the one writer of a component's graph); the numbers are the
 same, only the files differ.
 
 Layout (the ONNX external-data convention, written here rather than by `onnx.save_model` for two
@@ -33,9 +33,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.artifact import ARTIFACT_JSON, EXTERNAL_DATA_COMPONENTS, EXTERNAL_DATA_SUFFIX, ArtifactMeta
+from chattts_forge.artifact import (
+    ARTIFACT_JSON,
+    EXTERNAL_DATA_COMPONENTS,
+    EXTERNAL_DATA_SUFFIX,
+    PROTOBUF_LIMIT,
+    ArtifactMeta,
+    component_file_name,
+)
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import fsync_dir, resolve_inside, sha256_file, unique_temp_path
+from chattts_forge.fsutil import atomic_write_bytes, fsync_dir, resolve_inside, unique_temp_path
+from chattts_forge.integrity import sha256_file
 
 SIZE_THRESHOLD = 1024  # bytes: smaller tensors stay in the graph (onnx's own default)
 ALIGN_THRESHOLD = 1 << 20  # bytes: tensors this large start page aligned, so onnxruntime maps them
@@ -145,6 +153,29 @@ def storage_record(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     if data.is_file():
         rec["external_data"] = {"file": data.name, "bytes": data.stat().st_size, "sha256": sha256_file(data)}
     return rec
+
+
+def write_component(model: Any, folder: str | os.PathLike[str], name: str,
+                    record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Store `model` (an onnx.ModelProto with its weights loaded) as component `name`'s graph in
+    `folder` and return its artifact.json entry: `record` (precision, opset, converter, inputs,
+    ...) with `file`, `sha256`, `bytes` and, for a graph with external data, `external_data`.
+
+    The runtime's per-request graphs (`EXTERNAL_DATA_COMPONENTS`) and any graph over protobuf's
+    2 GB limit keep their weights in `<file>.data` (page aligned, so onnxruntime maps
+    them); the others are one file. Both are written atomically; `model` is left
+    as it was. The one place a stage stores, hashes and records a graph.
+    """
+    folder = Path(folder)
+    rec = dict(record or {})
+    rec.setdefault("file", component_file_name(name))
+    path = resolve_inside(folder, rec["file"], file=f"{folder}/{ARTIFACT_JSON}", field=f"components.{name}.file")
+    if name in EXTERNAL_DATA_COMPONENTS or model.ByteSize() >= PROTOBUF_LIMIT:
+        save_with_external_data(model, path)
+    else:
+        atomic_write_bytes(path, model.SerializeToString())
+        data_file_of(path).unlink(missing_ok=True)  # no stale weights beside an inline graph
+    return storage_record(folder, rec)
 
 
 def store_components_externally(

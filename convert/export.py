@@ -12,7 +12,7 @@ What happens (see docs/artifact-format.md for the folder layout and graph interf
 2. Every component (embed, gpt, head_code, head_text, decoder, dvae, dvae_encoder, vocos) is exported with the
    TorchScript exporter (opset 17, dynamic batch/sequence/past axes) from an export-friendly
    wrapper around ChatTTS's modules (`chattts_forge.convert.modules`), and written as the runtime
-   maps it (`artifact.write_component`: external data for the per-request graphs), hashed once.
+   maps it (`graph_storage.write_component`: external data for the per-request graphs), hashed once.
 3. Parity, as Optimum validates exports: each graph runs in onnxruntime (CPU) against ChatTTS's
    PyTorch code path on several shapes (batch 1 and 3, past 0 and > 0, short and long); max
    abs/rel errors go into artifact.json; outside 1e-4 abs the conversion fails and writes nothing.
@@ -44,7 +44,6 @@ from chattts_forge.artifact import (
     FAST_GPT,
     FAST_GPT_FILE,
     with_record_fields,
-    write_component,
 )
 from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
 from chattts_forge.convert.components import SPEC_BUILDERS, ComponentSpec, SourceModules
@@ -66,6 +65,7 @@ from chattts_forge.convert.onnx_export import (
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir
+from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress
 

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from chattts_forge import __version__
-from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta, file_record
+from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import portable_path, sha256_file
+from chattts_forge.fsutil import portable_path
+from chattts_forge.integrity import file_record, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 # Special tokens recorded for the runtime (ChatTTS's tokenizer and Speaker use them).

@@ -57,7 +57,8 @@ from chattts_forge.artifact import (
 from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.driver.steplog import run_stage
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs
+from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.log import get_logger, setup_logging
 from chattts_forge.quantize.methods import calibrated_variants
 
@@ -103,48 +104,6 @@ WARM_ARGS = ["--seed", "0"]
 # ---- content fingerprints --------------------------------------------------------------------
 
 
-class HashCache:
-    """sha256 of files, remembered by (size, mtime_ns, inode) so unchanged files are not re-read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.entries: dict[str, list[Any]] = {}
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                self.entries = loaded
-        self.dirty = False
-
-    def sha256(self, file: Path) -> str:
-        st = file.stat()
-        key = str(file.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-        hit = self.entries.get(key)
-        if hit and hit[:3] == stamp:
-            return hit[3]
-        digest = sha256_file(file)
-        self.entries[key] = [*stamp, digest]
-        self.dirty = True
-        return digest
-
-    def tree(self, root: Path) -> str:
-        """Fingerprint of a file or a folder: every file's relative path and sha256."""
-        if root.is_file():
-            return self.sha256(root)
-        if not root.is_dir():
-            raise ForgeError(f"{root} does not exist")
-        h = hashlib.sha256()
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                h.update(f"{p.relative_to(root).as_posix()}\0{self.sha256(p)}\n".encode())
-        return h.hexdigest()
-
-    def save(self) -> None:
-        if self.dirty:
-            atomic_write_json(self.path, self.entries)
-            self.dirty = False
-
-
 def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
     """The files a `chattts-forge SUBCOMMAND` run executes or reads as package data, by stable name."""
     from chattts_forge.cli import SUBCOMMANDS
@@ -154,7 +113,7 @@ def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
     return graph.files(graph.closure([CLI_MODULE, SUBCOMMANDS[subcommand][0]]))
 
 
-def code_fingerprint(files: dict[str, Path], cache: HashCache) -> str:
+def code_fingerprint(files: dict[str, Path], cache: VerifiedHashCache) -> str:
     """Fingerprint of a set of named files: each name and the sha256 of its content."""
     h = hashlib.sha256()
     for name, path in sorted(files.items()):
@@ -162,7 +121,7 @@ def code_fingerprint(files: dict[str, Path], cache: HashCache) -> str:
     return h.hexdigest()
 
 
-def spec_fingerprint(spec: str | None, cache: HashCache) -> str | None:
+def spec_fingerprint(spec: str | None, cache: VerifiedHashCache) -> str | None:
     """A corpus/gate argument: a path's content fingerprint, or the spec itself (built-in names)."""
     if spec is None:
         return None
@@ -203,7 +162,7 @@ class Build:
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
     # Where step closures are read from: the running toolchain; tests pass a copy of the source tree.
     code: CodeGraph = field(default_factory=CodeGraph)
-    cache: HashCache = field(init=False)
+    cache: VerifiedHashCache = field(init=False)
     code_keys: dict[str, str] = field(default_factory=dict)  # subcommand -> code fingerprint, per run
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -212,7 +171,8 @@ class Build:
     pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
 
     def __post_init__(self) -> None:
-        self.cache = HashCache(self.work / ".steps" / "hashcache.json")
+        # the one stat-keyed cache of known sha256s (chattts_forge.integrity), the build's own file
+        self.cache = VerifiedHashCache(self.work / ".steps" / "hashcache.json", BUILD_CACHE_MAX_ENTRIES)
 
     # paths
     @property

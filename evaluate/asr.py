@@ -32,7 +32,8 @@ from typing import Protocol
 import numpy as np
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import fsync_dir, fsync_tree, replace_dir, sha256_file
+from chattts_forge.fsutil import fsync_dir, fsync_tree, replace_dir
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)

@@ -83,9 +83,10 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
     import onnx
     from onnx import numpy_helper
 
-    from chattts_forge.artifact import ArtifactMeta, write_component
+    from chattts_forge.artifact import ArtifactMeta
     from chattts_forge.errors import ForgeError
     from chattts_forge.fsutil import atomic_output_dir
+    from chattts_forge.graph_storage import write_component
 
     src, out = Path(src_dir), Path(out_dir)
     damaged: list[str] = []

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity, hash_tree, verify_files
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
@@ -74,6 +74,7 @@ from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
 from chattts_forge.fsutil import portable_path, recorded_path
 from chattts_forge.gate import intelligibility_waivers, judge, load_gate
+from chattts_forge.integrity import hash_tree, verify_files
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.providers import resolve_provider
@@ -129,7 +130,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     meta = ArtifactMeta.load(path)
     hashed = hash_tree(path)
     files = {rel: {"sha256": e.sha256, "bytes": e.bytes} for rel, e in hashed.items()}
-    mismatches = [m.describe() for m in verify_files(path, meta, hashed=hashed)]
+    mismatches = [m.describe() for m in verify_files(path, meta, hashed=hashed).mismatches]
     source = dict(meta.source or {})
     if source.get("asset_dir"):  # recorded relative to the artifact folder
         source["asset_dir"] = str(recorded_path(source["asset_dir"], path))

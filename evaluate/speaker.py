@@ -26,7 +26,6 @@ Library: `SpeakerEncoder.load()`, `.embed(audio, sample_rate)` -> float32 (256,)
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import pickle
 from collections import OrderedDict
@@ -39,6 +38,7 @@ import numpy as np
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.melspec import mel_power
 from chattts_forge.fsutil import installed_file, recorded_installed_file
+from chattts_forge.integrity import sha256_file
 
 __all__ = [
     "SpeakerEncoder",
@@ -307,7 +307,7 @@ class SpeakerEncoder:
         return cls(_load_weights(str(path)), path)
 
     def describe(self) -> dict[str, Any]:
-        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        digest = sha256_file(self.path)
         return {
             "model": "GE2E speaker encoder (resemblyzer 0.1.4 pretrained.pt), numpy",
             "weights": recorded_installed_file(self.path, WEIGHTS_DISTRIBUTION, WEIGHTS_PATH_IN_WHEEL),

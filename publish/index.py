@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.integrity import sha256_file
 from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
 
 INDEX_NAME = "index.json"

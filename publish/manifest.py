@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge import __version__
-from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta, FileEntry
+from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
 from chattts_forge.integrity import (
@@ -29,6 +29,7 @@ from chattts_forge.integrity import (
     PUBLISHED_MANIFEST,
     PUBLISHED_NAMES,
     PUBLISHED_SUMS,
+    FileEntry,
 )
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"

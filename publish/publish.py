@@ -36,19 +36,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chattts_forge.artifact import (
+    ArtifactMeta,
+)
+from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_schema import SealedReport, read_report
+from chattts_forge.fsutil import atomic_write_bytes, fsync_dir
+from chattts_forge.integrity import (
     MISSING,
     SHA256,
+    SIGNATURE_NAME,
     UNRECORDED,
-    ArtifactMeta,
     FileEntry,
     RecordedFile,
     compare_files,
     hash_tree,
+    sha256_file,
+    sha256sums_text,
 )
-from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.report_schema import SealedReport, read_report
-from chattts_forge.fsutil import atomic_write_bytes, fsync_dir, sha256_file
-from chattts_forge.integrity import SIGNATURE_NAME, sha256sums_text
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import (
     STAGING_NAME,

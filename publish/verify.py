@@ -14,10 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chattts_forge.artifact import list_files
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import resolve_inside, sha256_file
-from chattts_forge.integrity import SIGNATURE_NAME, sha256sums_text
+from chattts_forge.fsutil import resolve_inside
+from chattts_forge.integrity import SIGNATURE_NAME, list_files, sha256_file, sha256sums_text
 from chattts_forge.publish.index import (
     INDEX_NAME,
     LOCK_NAME,
@@ -69,11 +68,11 @@ def check_signature(folder: Path, public_key: Path | None, result: VerifyResult 
     other files are hashed (without it, the library hashes the whole folder)."""
     if public_key is None:
         return []
-    from chattts_forge.integrity import sha256_stream
+    from chattts_forge.integrity import sha256_file
     from chattts_forge.signing import verify_folder
 
     def hashes(root: Path, rels: list[str]) -> dict[str, str]:
-        return {rel: checked[rel] if checked and rel in checked else sha256_stream(root / rel) for rel in rels}
+        return {rel: checked[rel] if checked and rel in checked else sha256_file(root / rel) for rel in rels}
 
     try:
         verify_folder(folder, public_key, hashes=hashes if checked else None)

@@ -46,8 +46,8 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
-from chattts_forge.fsutil import atomic_write_bytes, resolve_inside, sha256_file
-from chattts_forge.integrity import SIGNATURE_NAME
+from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
+from chattts_forge.integrity import SIGNATURE_NAME, sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
 from chattts_forge.publish.manifest import (

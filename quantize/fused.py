@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta, write_component
+from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
+from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.static_fused import fused_feed
 from chattts_forge.runtime.fast_gpt_graph import RecordedSamples, make_fused_graph

@@ -9,17 +9,17 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from chattts_forge.artifact import ArtifactMeta, verify_files
+from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file, verify_files
 
 
 def check_input_artifact(src: Path, meta: ArtifactMeta) -> None:
     """Every component file recorded in artifact.json exists with its recorded size and sha256."""
     for name in meta.components:
         meta.component_file(src, name)  # a missing graph is a one-line error naming the component
-    problems = verify_files(src, meta, components=tuple(meta.components))
+    problems = verify_files(src, meta, components=tuple(meta.components)).mismatches
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ForgeError(f"input artifact {src}: {problems[0].describe()}{more} (damaged or replaced; re-run convert)")

@@ -42,8 +42,9 @@ from chattts_forge.artifact import (
     quantized_variant,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import portable_path, sha256_file
+from chattts_forge.fsutil import portable_path
 from chattts_forge.gate import recorded_gate_path
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import QuantizeConfig, Targets
 

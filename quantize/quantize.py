@@ -34,12 +34,11 @@ from chattts_forge.artifact import (
     FAST_GPT,
     VOCODER,
     ArtifactMeta,
-    verify_files,
-    write_component,
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
-from chattts_forge.integrity import PUBLISHED_NAMES
+from chattts_forge.graph_storage import write_component
+from chattts_forge.integrity import PUBLISHED_NAMES, verify_files
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import (
     component_fields,
@@ -267,7 +266,7 @@ def check_vocoder_copied(out_dir: Path, meta: ArtifactMeta) -> bool | None:
     (which `check_request` checked the source against); None when the artifact has none."""
     if not meta.has_component(VOCODER):
         return None
-    problems = verify_files(out_dir, meta, components=(VOCODER,))
+    problems = verify_files(out_dir, meta, components=(VOCODER,)).mismatches
     if problems:
         raise ForgeError(f"internal error: {problems[0].rel} changed while copying")
     return True

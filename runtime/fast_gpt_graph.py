@@ -57,9 +57,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge import __version__
-from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta, write_component
+from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path
+from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)

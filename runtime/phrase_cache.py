@@ -62,7 +62,8 @@ import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes, sha256_file
+from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 
 if TYPE_CHECKING:

@@ -199,14 +199,14 @@ class Artifact:
 
     def _check_signature(self) -> None:
         """The folder's model.sig against the public key, from the sha256s just checked (no second read)."""
-        from chattts_forge.integrity import sha256_stream
+        from chattts_forge.integrity import sha256_file
         from chattts_forge.signing import verify_folder
 
         checked = {rel: e.sha256 for rel, e in self._expected.items() if e.sha256}
 
         def hashes(root: Path, rels: list[str]) -> dict[str, str]:
             # Files the records list were hashed (or vouched for) above; any other file is hashed now.
-            return {rel: checked[rel] if rel in checked else sha256_stream(root / rel) for rel in rels}
+            return {rel: checked[rel] if rel in checked else sha256_file(root / rel) for rel in rels}
 
         verify_folder(self.path, self.public_key, hashes=hashes)  # type: ignore[arg-type]
         log.debug("%s: signature model.sig verified with %s", self.path, self.public_key)

@@ -27,11 +27,10 @@ from chattts_forge.artifact import (
     VARIANT_METHOD,
     VARIANTS,
     ArtifactMeta,
-    hash_tree,
     quantized_variant,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import hash_tree, sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 # The installed packages' source folders (pyproject's package-dir), tests excluded.

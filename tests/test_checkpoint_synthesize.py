@@ -16,7 +16,7 @@ from chattts_forge.checkpoint.inventory import GPT_FILE, TENSOR_FILES, checkpoin
 from chattts_forge.checkpoint.layout import ASSET_FILES, MARKER_NAME, TINY, load_dims, read_marker
 from chattts_forge.checkpoint.synthesize import make_tensor, synthesize_checkpoint, tensor_rng
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 
 
 def _all_files(root: Path) -> dict[str, bytes]:

@@ -19,7 +19,7 @@ from chattts_forge.checkpoint.release import release_sha256_map
 from chattts_forge.checkpoint.safetensors_io import build_header
 from chattts_forge.checkpoint.verify import CheckpointError, verify_checkpoint
 from chattts_forge.cli import main
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 from chattts_forge.runtime.fast_gpt_graph import FAST_GPT_OPSET
 
 COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")

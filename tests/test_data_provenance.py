@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from chattts_forge.checkpoint.release import release_sha256_map
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 
 # tests/data path -> path inside the released ChatTTS asset folder
 RELEASED = {

@@ -15,7 +15,6 @@ from onnx import helper, numpy_helper
 
 from chattts_forge.artifact import EXTERNAL_DATA_COMPONENTS, ArtifactMeta
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
 from chattts_forge.graph_storage import (
     ALIGN,
     ALIGN_THRESHOLD,
@@ -24,6 +23,7 @@ from chattts_forge.graph_storage import (
     save_with_external_data,
     store_components_externally,
 )
+from chattts_forge.integrity import sha256_file
 
 
 def _model() -> onnx.ModelProto:

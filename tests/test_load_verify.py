@@ -42,7 +42,7 @@ def flip(path: Path, offset: int | None = None) -> None:
 
 
 def test_convert_records_every_support_file(tiny_artifacts: dict[str, Path]) -> None:
-    from chattts_forge.fsutil import sha256_file
+    from chattts_forge.integrity import sha256_file
 
     for folder in tiny_artifacts.values():
         meta = ArtifactMeta.load(folder)
@@ -141,8 +141,8 @@ def test_second_load_is_vouched_for_by_the_cache(tiny_artifacts: dict[str, Path]
     import chattts_forge.integrity as integrity
 
     hashed: list[str] = []
-    real = integrity.sha256_stream
-    monkeypatch.setattr(integrity, "sha256_stream", lambda path, *a, **k: (hashed.append(path.name), real(path, *a, **k))[1])
+    real = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path, *a, **k: (hashed.append(path.name), real(path, *a, **k))[1])
     folder = copy_of(tiny_artifacts["fp32"], tmp_path)
     first = Artifact(folder).verification
     files = set(first.files)
@@ -198,12 +198,11 @@ def test_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         f = tmp_path / f"f{i}"
         f.write_bytes(bytes([i]) * 10)
         files.append(f)
-    from chattts_forge.fsutil import sha256_file
-    from chattts_forge.integrity import Expected
+    from chattts_forge.integrity import RecordedFile, sha256_file
 
     cache = VerifiedHashCache(tmp_path / "cache.json")
     for f in files:
-        check_files(tmp_path, {f.name: Expected(f.name, 10, sha256_file(f), "test")}, "sha256", cache)
+        check_files(tmp_path, {f.name: RecordedFile(f.name, 10, sha256_file(f), "test")}, "sha256", cache)
     entries = json.loads((tmp_path / "cache.json").read_text())["entries"]
     assert len(entries) == 5 and set(entries.values()) == {sha256_file(f) for f in files[-5:]}
 

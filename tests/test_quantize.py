@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 from chattts_forge.quantize import QuantizeConfig, measure_fidelity, quantize_artifact
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}
@@ -268,7 +268,7 @@ def test_artifact_json_records_paths_relative_to_its_folder(quantized, tiny_arti
         assert recorded_path(cal["source_artifact"]["source"]["asset_dir"], quantized[method]) == tiny_ckpt.resolve()
         # corpus files by their path under the corpus root (the built-in corpora here), with sha256
         from chattts_forge.calibration_data.corpus import CORPORA_DIR
-        from chattts_forge.fsutil import sha256_file
+        from chattts_forge.integrity import sha256_file
 
         corpus = cal["corpus"]
         assert corpus["files"] and not [f for f in corpus["files"] if Path(f).is_absolute()]

@@ -13,7 +13,7 @@ import pytest
 from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
 FID = {"fidelity_sentences": 2, "fidelity_steps": 16, "threads": 1}

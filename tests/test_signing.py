@@ -85,8 +85,7 @@ def test_published_variant_verifies_with_the_library_cli_and_rejects_a_change(tm
 def test_verify_public_key_names_a_coherently_changed_file(tmp_path: Path, own_user: Path) -> None:
     """A file changed together with its manifest and SHA256SUMS passes the manifest check; only the
     signature tells, and `verify --public-key` names the file."""
-    from chattts_forge.fsutil import sha256_file
-    from chattts_forge.integrity import sha256sums_text
+    from chattts_forge.integrity import sha256_file, sha256sums_text
 
     artifact = make_artifact(tmp_path / "build" / "int8-dynamic")
     root = tmp_path / "artifacts"

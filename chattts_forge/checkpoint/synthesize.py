@@ -43,7 +43,8 @@ from chattts_forge.checkpoint.release import release_spk_stat
 from chattts_forge.checkpoint.safetensors_io import write_safetensors
 from chattts_forge.checkpoint.tokenizer import write_tokenizer
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_output_dir, atomic_write_text, sha256_file
+from chattts_forge.fsutil import atomic_output_dir, atomic_write_text
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)

@@ -24,7 +24,6 @@ Checks, cheapest first, so a broken file is named by its most specific fault:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,12 +46,12 @@ from chattts_forge.checkpoint.layout import (
 from chattts_forge.checkpoint.release import release_sha256_map
 from chattts_forge.checkpoint.safetensors_io import SafetensorsError, SafetensorsHeader, read_header
 from chattts_forge.errors import ForgeError
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
 _DTYPE_NAMES = {"float32": "F32"}
-_HASH_CHUNK = 1 << 22
 _PROGRESS_BYTES = 200_000_000  # show a hashing progress bar above this
 
 
@@ -109,16 +108,6 @@ class VerifyReport:
 def _released_dims() -> Dims:
     """Dims a checkpoint without marker must have (the released model's)."""
     return FULL
-
-
-def _sha256(path: Path, bar: tqdm | None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-    return h.hexdigest()
 
 
 def _check_present(asset: Path) -> None:
@@ -183,7 +172,7 @@ def _check_hashes(asset: Path, expected: dict[str, str], against: str) -> dict[s
         disable=True if total < _PROGRESS_BYTES else None,
     ) as bar:
         for rel in ASSET_FILES:
-            got[rel] = _sha256(asset / rel, bar)
+            got[rel] = sha256_file(asset / rel, on_block=bar.update if bar is not None else None)
             if got[rel] != expected[rel]:
                 raise CheckpointError(
                     f"{asset / rel}: sha256 mismatch against {against} "

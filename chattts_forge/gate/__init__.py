@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import read_toml, sha256_file
+from chattts_forge.fsutil import read_toml
+from chattts_forge.integrity import sha256_file
 
 GATE_SCHEMA = "chattts-forge/gate/1"
 DEFAULT_GATE = Path(__file__).resolve().parent / "default_gate.toml"

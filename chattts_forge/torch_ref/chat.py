@@ -32,7 +32,7 @@ from chattts_forge.checkpoint.layout import (
     sha256_map_key,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import sha256_file
+from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
 if TYPE_CHECKING:
