@@ -129,7 +129,7 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except ForgeError as e:
             click.echo(f"error: {e}", err=True)
-            ctx.exit(2)
+            ctx.exit(e.exit_code)  # the error's type decides (chattts_forge.errors)
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)
             ctx.exit(130)

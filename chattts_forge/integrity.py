@@ -58,7 +58,7 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     component_file_name,
 )
-from chattts_forge.errors import ArtifactChanged, ForgeError
+from chattts_forge.errors import ArtifactChanged, BadInput, ForgeError, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
 
@@ -89,7 +89,7 @@ def check_verify_mode(mode: str) -> str:
     """The canonical name of a verify mode; ForgeError for an unknown one."""
     mode = VERIFY_ALIASES.get(mode, mode)
     if mode not in VERIFY_MODES:
-        raise ForgeError(f"unknown verify mode {mode!r} (choose from: {', '.join(VERIFY_MODES)})")
+        raise BadInput(f"unknown verify mode {mode!r} (choose from: {', '.join(VERIFY_MODES)})")
     return mode
 
 
@@ -97,7 +97,7 @@ def sha256sums_text(hashes: dict[str, str]) -> str:
     """`sha256sum -c` format: '<hex>  <path>' per line, sorted by path (SHA256SUMS's one canonical form)."""
     for p in hashes:
         if "\n" in p or "\\" in p:
-            raise ForgeError(f"file name {p!r} cannot be written to {PUBLISHED_SUMS}")
+            raise BadInput(f"file name {p!r} cannot be written to {PUBLISHED_SUMS}")
     return "".join(f"{hashes[p]}  {p}\n" for p in sorted(hashes))
 
 
@@ -250,7 +250,7 @@ def _add(out: dict[str, RecordedFile], entry: RecordedFile) -> None:
         out[entry.rel] = entry
         return
     if entry.sha256 and old.sha256 and entry.sha256 != old.sha256:
-        raise ForgeError(f"{entry.recorded_in} and {old.recorded_in} record different sha256s for {entry.rel}: "
+        raise IntegrityError(f"{entry.recorded_in} and {old.recorded_in} record different sha256s for {entry.rel}: "
                          "the folder was changed after it was made")
     if (old.sha256 is None and entry.sha256 is not None) or (not old.what and entry.what):
         out[entry.rel] = RecordedFile(entry.rel, old.bytes if old.bytes is not None else entry.bytes,
@@ -276,21 +276,21 @@ def published_records(folder: Path) -> list[RecordedFile] | None:
         files = manifest["files"]
         listed = [RecordedFile(str(e["path"]), int(e["bytes"]), str(e["sha256"]), PUBLISHED_MANIFEST) for e in files]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ForgeError(f"{manifest_path} is unreadable or malformed ({type(e).__name__}): the published folder "
+        raise IntegrityError(f"{manifest_path} is unreadable or malformed ({type(e).__name__}): the published folder "
                          "is damaged") from None
     sums_path = folder / PUBLISHED_SUMS
     try:
         sums_bytes = sums_path.read_bytes()
     except OSError:
-        raise ForgeError(f"{sums_path} is missing or unreadable: the published folder is damaged") from None
+        raise IntegrityError(f"{sums_path} is missing or unreadable: the published folder is damaged") from None
     manifest_line = next((line for line in sums_bytes.decode("utf-8", "replace").splitlines()
                           if line.endswith(f"  {PUBLISHED_MANIFEST}")), "")
     manifest_sha = sha256_or_none(manifest_line[:64])
     if manifest_sha is None:
-        raise ForgeError(f"{sums_path} does not list {PUBLISHED_MANIFEST}: the published folder is damaged")
+        raise IntegrityError(f"{sums_path} does not list {PUBLISHED_MANIFEST}: the published folder is damaged")
     want = {e.rel: e.sha256 for e in listed} | {PUBLISHED_MANIFEST: manifest_sha}
     if sums_bytes != sha256sums_text(want).encode("utf-8"):  # type: ignore[arg-type]
-        raise ForgeError(f"{sums_path} does not match {PUBLISHED_MANIFEST} (changed or damaged)")
+        raise IntegrityError(f"{sums_path} does not match {PUBLISHED_MANIFEST} (changed or damaged)")
     return [*listed, RecordedFile(PUBLISHED_MANIFEST, None, manifest_sha, PUBLISHED_SUMS)]
 
 
@@ -338,11 +338,11 @@ def list_files(root: str | os.PathLike[str]) -> list[str]:
         for name in [*dirnames, *filenames]:
             p = Path(dirpath) / name
             if p.is_symlink():
-                raise ForgeError(f"{p}: symbolic links are not allowed in an artifact")
+                raise BadInput(f"{p}: symbolic links are not allowed in an artifact")
         for name in filenames:
             p = Path(dirpath) / name
             if not p.is_file():
-                raise ForgeError(f"{p}: not a regular file")
+                raise BadInput(f"{p}: not a regular file")
             out.append(p.relative_to(root).as_posix())
     return sorted(out)
 
@@ -355,7 +355,7 @@ def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise ForgeError(f"{root} is not a folder")
+        raise NotFound(f"{root} is not a folder")
     return {
         rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
     }
@@ -429,7 +429,7 @@ class VerifiedHashCache:
         if root.is_file():
             return self.sha256(root)
         if not root.is_dir():
-            raise ForgeError(f"{root} does not exist")
+            raise NotFound(f"{root} does not exist")
         h = hashlib.sha256()
         for p in sorted(root.rglob("*")):
             if p.is_file():
@@ -544,7 +544,7 @@ def check_files(
         if not path.is_file():
             if collect:
                 continue  # not the file its record describes: missing
-            raise ForgeError(f"artifact file {path} is not a regular file")
+            raise IntegrityError(f"artifact file {path} is not a regular file")
         stats[rel] = st
         report.bytes_total += st.st_size
     sizes = {rel: st.st_size for rel, st in stats.items()}

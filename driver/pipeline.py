@@ -826,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

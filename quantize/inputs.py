@@ -11,7 +11,7 @@ from pathlib import Path
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.calibration_data.store import CalibrationStore
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file, verify_files
 
 
@@ -22,7 +22,7 @@ def check_input_artifact(src: Path, meta: ArtifactMeta) -> None:
     problems = verify_files(src, meta, components=tuple(meta.components)).mismatches
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ForgeError(f"input artifact {src}: {problems[0].describe()}{more} (damaged or replaced; re-run convert)")
+        raise IntegrityError(f"input artifact {src}: {problems[0].describe()}{more} (damaged or replaced; re-run convert)")
 
 
 def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON, DVAE_ENCODER
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
 from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams, check_synth_params
 from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
@@ -83,7 +83,7 @@ _SOURCE_HINT = (
 )
 
 
-class CompatArgumentError(ForgeError, TypeError):
+class CompatArgumentError(BadInput, TypeError):
     """An argument ChatTTS's API has but this runtime cannot honour, or one neither has.
 
     Also a TypeError, as Python raises for an unknown keyword argument."""

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ArtifactChanged, ForgeError
+from chattts_forge.errors import ArtifactChanged, Busy, ForgeError, Unavailable
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.pipeline import (
@@ -80,11 +80,11 @@ log = get_logger(__name__)
 _END = object()  # the end of a handle's chunk queue
 
 
-class QueueFullError(ForgeError):
+class QueueFullError(Busy):
     """`submit` refused a request because `max_queue` requests already wait (a service answers 429)."""
 
 
-class SchedulerClosedError(ForgeError):
+class SchedulerClosedError(Unavailable):
     """The scheduler was closed (its version is being retired): the request may be retried elsewhere."""
 
 

@@ -280,6 +280,13 @@ def test_admin_loopback_without_a_token_only_with_the_flag(version: Path) -> Non
         assert r.status_code == 422  # admitted (nothing to promote)
         r = httpx.post(srv.url + "/admin/promote", content=b"{}", timeout=30)  # no content type
         assert r.status_code == 415
+        # A reload while another runs is a Conflict: 409, chosen by the error's type (not its message).
+        assert srv.state._reload_lock.acquire(blocking=False)
+        try:
+            r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version)}, timeout=30)
+        finally:
+            srv.state._reload_lock.release()
+        assert r.status_code == 409 and "already running" in error_of(r)["message"]
 
 
 # ---- the log --------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from chattts_forge.checkpoint.layout import (
 )
 from chattts_forge.checkpoint.release import release_sha256_map
 from chattts_forge.checkpoint.safetensors_io import SafetensorsError, SafetensorsHeader, read_header
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
@@ -55,7 +55,7 @@ _DTYPE_NAMES = {"float32": "F32"}
 _PROGRESS_BYTES = 200_000_000  # show a hashing progress bar above this
 
 
-class CheckpointError(ForgeError):
+class CheckpointError(IntegrityError):
     """A broken checkpoint. `kind`: missing | truncated | not_safetensors | corrupt | unreadable |
     wrong_shape | hash_mismatch | inconsistent; `file`: the asset-relative file at fault."""
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ArtifactChanged, ForgeError, printable, quote
+from chattts_forge.errors import ArtifactChanged, Conflict, ForgeError, http_status_of, printable, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
@@ -121,7 +121,7 @@ class ServerState:
     def reload(self, path: str) -> dict[str, Any]:
         """Swap to the version at `path` (see the module docstring); ForgeError leaves the old one serving."""
         if not self._reload_lock.acquire(blocking=False):
-            raise ForgeError("a reload is already running")
+            raise Conflict("a reload is already running")
         try:
             try:
                 new = self.open_version(path)
@@ -621,8 +621,7 @@ class _Handlers:
         except BadRequest as e:
             return self.fail(endpoint, 400, str(e), "bad_request", e.param)
         except ForgeError as e:
-            return self.fail(endpoint, 409 if "already running" in str(e) else 422, str(e),
-                             "reload_failed" if action == "reload" else "admin")
+            return self.fail(endpoint, http_status_of(e, 422), str(e), "reload_failed" if action == "reload" else "admin")
         self.count(endpoint, 200)
         return JSONResponse(result)
 

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from chattts_forge.errors import ForgeError, quote
+from chattts_forge.errors import BadInput, ForgeError, quote
 from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.serve.formats import FORMATS, check_format
@@ -48,7 +48,7 @@ _SEED_MAX = 2**63 - 1
 QUOTE_PARAM = 64  # an unknown field's name as the error's `param`, cut to this many characters
 
 
-class BadRequest(ForgeError):
+class BadRequest(BadInput):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
