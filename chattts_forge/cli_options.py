@@ -1,7 +1,8 @@
 """Click options shared by several commands: ChatTTS sampling knobs (`reference`, `synth`) and the provider.
 
-Both commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults; one
-definition keeps their names and defaults identical, which the parity checks between them rely on.
+Both commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults
+(`chattts_forge.chattts_defaults`); one definition keeps their names and defaults identical, which
+the parity checks between them rely on.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from typing import Any, TypeVar
 
 import click
 
+from chattts_forge.chattts_defaults import (
+    CODE_REPETITION_PENALTY,
+    CODE_TEMPERATURE,
+    MIN_NEW_TOKEN,
+    TOP_K,
+    TOP_P,
+)
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _SAMPLING_OPTIONS = (
@@ -19,13 +28,21 @@ _SAMPLING_OPTIONS = (
         default=None,
         help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
     ),
-    click.option("--temperature", type=float, default=0.3, show_default=True, help="Code sampling temperature."),
-    click.option("--top-p", "top_p", type=float, default=0.7, show_default=True, help="Top-p (keeps >= 3 tokens)."),
-    click.option("--top-k", "top_k", type=int, default=20, show_default=True, help="Top-k (keeps >= 3 tokens)."),
     click.option(
-        "--repetition-penalty", type=float, default=1.05, show_default=True, help="ChatTTS's windowed penalty."
+        "--temperature", type=float, default=CODE_TEMPERATURE, show_default=True, help="Code sampling temperature."
     ),
-    click.option("--min-new-token", type=int, default=0, show_default=True, help="EOS is masked before this."),
+    click.option("--top-p", "top_p", type=float, default=TOP_P, show_default=True, help="Top-p (keeps >= 3 tokens)."),
+    click.option("--top-k", "top_k", type=int, default=TOP_K, show_default=True, help="Top-k (keeps >= 3 tokens)."),
+    click.option(
+        "--repetition-penalty",
+        type=float,
+        default=CODE_REPETITION_PENALTY,
+        show_default=True,
+        help="ChatTTS's windowed penalty.",
+    ),
+    click.option(
+        "--min-new-token", type=int, default=MIN_NEW_TOKEN, show_default=True, help="EOS is masked before this."
+    ),
     click.option(
         "--decoder/--dvae",
         "use_decoder",

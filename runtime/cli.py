@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN, CODE_PROMPT
 from chattts_forge.cli_options import provider_option, sampling_options
 
 
@@ -71,8 +72,8 @@ from chattts_forge.cli_options import provider_option, sampling_options
     "--speaker-text", default=None, help="Transcript of --speaker-audio (ChatTTS's txt_smp; recommended)."
 )
 @sampling_options
-@click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
-@click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
+@click.option("--max-new-token", type=int, default=CODE_MAX_NEW_TOKEN, show_default=True, help="Most code steps.")
+@click.option("--prompt", default=CODE_PROMPT, show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
 @click.option(
     "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT's text head first."
 )
@@ -157,8 +158,8 @@ def synth(**options: Any) -> None:
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Cache file to write.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampling (and of --speaker random).")
 @sampling_options
-@click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps.")
-@click.option("--prompt", default="[speed_5]", show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
+@click.option("--max-new-token", type=int, default=CODE_MAX_NEW_TOKEN, show_default=True, help="Most code steps.")
+@click.option("--prompt", default=CODE_PROMPT, show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
 @click.option(
     "--refine/--no-refine", default=True, show_default=True,
     help="Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",

@@ -56,6 +56,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON, DVAE_ENCODER
+from chattts_forge.chattts_defaults import (
+    CODE_MAX_NEW_TOKEN,
+    CODE_PROMPT,
+    CODE_REPETITION_PENALTY,
+    CODE_TEMPERATURE,
+    MIN_NEW_TOKEN,
+    REFINE_MAX_NEW_TOKEN,
+    REFINE_PROMPT,
+    REFINE_REPETITION_PENALTY,
+    REFINE_TEMPERATURE,
+    STREAM_BATCH,
+    TOP_K,
+    TOP_P,
+)
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
 from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams, check_synth_params
@@ -111,13 +125,13 @@ def _strict(cls: type) -> type:
 class RefineTextParams:
     """ChatTTS 0.2.5 `Chat.RefineTextParams` (same names and defaults)."""
 
-    prompt: str = ""
-    top_P: float = 0.7
-    top_K: int = 20
-    temperature: float = 0.7
-    repetition_penalty: float = 1.0
-    max_new_token: int = 384
-    min_new_token: int = 0
+    prompt: str = REFINE_PROMPT
+    top_P: float = TOP_P
+    top_K: int = TOP_K
+    temperature: float = REFINE_TEMPERATURE
+    repetition_penalty: float = REFINE_REPETITION_PENALTY
+    max_new_token: int = REFINE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
     show_tqdm: bool = True
     ensure_non_empty: bool = True
     manual_seed: int | None = None
@@ -128,14 +142,14 @@ class RefineTextParams:
 class InferCodeParams(RefineTextParams):
     """ChatTTS 0.2.5 `Chat.InferCodeParams` (same names and defaults)."""
 
-    prompt: str = "[speed_5]"
+    prompt: str = CODE_PROMPT
     spk_emb: str | None = None
     spk_smp: str | None = None
     txt_smp: str | None = None
-    temperature: float = 0.3
-    repetition_penalty: float = 1.05
-    max_new_token: int = 2048
-    stream_batch: int = 24
+    temperature: float = CODE_TEMPERATURE
+    repetition_penalty: float = CODE_REPETITION_PENALTY
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    stream_batch: int = STREAM_BATCH
     stream_speed: int = 12000
     pass_first_n_batches: int = 2
 

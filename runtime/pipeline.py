@@ -36,6 +36,20 @@ from typing import NamedTuple
 import numpy as np
 
 from chattts_forge.artifact import DVAE_ENCODER, FAST_GPT
+from chattts_forge.chattts_defaults import (
+    CODE_MAX_NEW_TOKEN,
+    CODE_PROMPT,
+    CODE_REPETITION_PENALTY,
+    CODE_TEMPERATURE,
+    MIN_NEW_TOKEN,
+    REFINE_MAX_NEW_TOKEN,
+    REFINE_PROMPT,
+    REFINE_REPETITION_PENALTY,
+    REFINE_TEMPERATURE,
+    STREAM_BATCH,
+    TOP_K,
+    TOP_P,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -79,13 +93,13 @@ _SAFETY_FRAMES = 2
 class RefineTextParams:
     """ChatTTS's `Chat.RefineTextParams` defaults."""
 
-    prompt: str = ""
-    top_p: float | None = 0.7
-    top_k: int | None = 20
-    temperature: float = 0.7
-    repetition_penalty: float | None = 1.0
-    max_new_token: int = 384
-    min_new_token: int = 0
+    prompt: str = REFINE_PROMPT
+    top_p: float | None = TOP_P
+    top_k: int | None = TOP_K
+    temperature: float = REFINE_TEMPERATURE
+    repetition_penalty: float | None = REFINE_REPETITION_PENALTY
+    max_new_token: int = REFINE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
     ensure_non_empty: bool = True
     seed: int | None = None
 
@@ -94,17 +108,17 @@ class RefineTextParams:
 class InferCodeParams:
     """ChatTTS's `Chat.InferCodeParams` defaults (`seed` plays the role of `manual_seed`)."""
 
-    prompt: str = "[speed_5]"
+    prompt: str = CODE_PROMPT
     spk_emb: str | None = None
     spk_smp: str | None = None
     txt_smp: str | None = None
-    temperature: float | Sequence[float] = 0.3
-    top_p: float | None = 0.7
-    top_k: int | None = 20
-    repetition_penalty: float | None = 1.05
-    max_new_token: int = 2048
-    min_new_token: int = 0
-    stream_batch: int = 24
+    temperature: float | Sequence[float] = CODE_TEMPERATURE
+    top_p: float | None = TOP_P
+    top_k: int | None = TOP_K
+    repetition_penalty: float | None = CODE_REPETITION_PENALTY
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
+    stream_batch: int = STREAM_BATCH
     ensure_non_empty: bool = True
     seed: int | None = None
 

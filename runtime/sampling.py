@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chattts_forge.chattts_defaults import CODE_REPETITION_PENALTY, MIN_NEW_TOKEN, TOP_K, TOP_P
+
 REPETITION_WINDOW = 16
 MIN_TOKENS_TO_KEEP = 3
 TOP_P_SLICE = 64  # top-p sorts this many top scores per row (all of them when more are kept)
@@ -38,10 +40,10 @@ class SamplingConfig:
     """What one generation (code or text) applies to its logits."""
 
     temperature: tuple[float, ...]  # one per stream (num_vq for codes, 1 for text)
-    top_p: float | None = 0.7
-    top_k: int | None = 20
-    repetition_penalty: float | None = 1.05
-    min_new_token: int = 0
+    top_p: float | None = TOP_P
+    top_k: int | None = TOP_K
+    repetition_penalty: float | None = CODE_REPETITION_PENALTY
+    min_new_token: int = MIN_NEW_TOKEN
     eos_token: int = 625
     max_input_ids: int = 625  # ChatTTS's `num_code` argument of the penalty processor
 

@@ -21,6 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.chattts_defaults import (
+    CODE_MAX_NEW_TOKEN,
+    CODE_PROMPT,
+    CODE_REPETITION_PENALTY,
+    CODE_TEMPERATURE,
+    MIN_NEW_TOKEN,
+    STREAM_BATCH,
+    TOP_K,
+    TOP_P,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger
@@ -52,18 +62,18 @@ class SynthConfig:
     speaker_out: Path | None = None
     speaker_audio: Path | None = None
     speaker_text: str | None = None
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    max_new_token: int = 2048
-    min_new_token: int = 0
-    prompt: str = "[speed_5]"
+    temperature: float = CODE_TEMPERATURE
+    top_p: float = TOP_P
+    top_k: int = TOP_K
+    repetition_penalty: float = CODE_REPETITION_PENALTY
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
+    prompt: str = CODE_PROMPT
     refine: bool = True
     use_decoder: bool = True
     codes_out: Path | None = None
     stream: bool = False
-    stream_batch: int = 24
+    stream_batch: int = STREAM_BATCH
     stream_lookahead: int | None = None
     split_sentences: bool = False
     batch_size: int = 8
@@ -84,14 +94,14 @@ class WarmConfig:
     out: Path
     seed: int = 0
     speaker: str | None = None
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    min_new_token: int = 0
+    temperature: float = CODE_TEMPERATURE
+    top_p: float = TOP_P
+    top_k: int = TOP_K
+    repetition_penalty: float = CODE_REPETITION_PENALTY
+    min_new_token: int = MIN_NEW_TOKEN
     use_decoder: bool = True
-    max_new_token: int = 2048
-    prompt: str = "[speed_5]"
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    prompt: str = CODE_PROMPT
     refine: bool = True
     engine: str = "auto"
     provider: str = "cpu"

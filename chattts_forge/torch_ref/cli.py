@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
 from chattts_forge.cli_options import sampling_options
 
 # The options that are `ReferenceParams` fields (the rest say where the files go and which device runs).
@@ -38,7 +39,9 @@ KNOBS = ("seed", "speaker", "temperature", "top_p", "top_k", "repetition_penalty
     help="Write the speaker string used (useful with --speaker random).",
 )
 @sampling_options
-@click.option("--max-new-token", type=int, default=2048, show_default=True, help="Most code steps per part.")
+@click.option(
+    "--max-new-token", type=int, default=CODE_MAX_NEW_TOKEN, show_default=True, help="Most code steps per part."
+)
 @click.option(
     "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT first."
 )

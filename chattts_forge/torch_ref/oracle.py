@@ -29,6 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.chattts_defaults import (
+    CODE_MAX_NEW_TOKEN,
+    CODE_PROMPT,
+    CODE_REPETITION_PENALTY,
+    MIN_NEW_TOKEN,
+    TOP_K,
+    TOP_P,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.torch_ref.chat import quiet_chattts
 
@@ -181,13 +189,13 @@ class OracleParams:
     """The knobs of ChatTTS's code generation the oracle runs with (temperature ~0: argmax codes)."""
 
     spk_emb: str | None = None
-    max_new_token: int = 2048
-    min_new_token: int = 0
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
     temperature: float = 1e-9
-    top_p: float | None = 0.7
-    top_k: int | None = 20
-    repetition_penalty: float | None = 1.05
-    prompt: str = "[speed_5]"
+    top_p: float | None = TOP_P
+    top_k: int | None = TOP_K
+    repetition_penalty: float | None = CODE_REPETITION_PENALTY
+    prompt: str = CODE_PROMPT
     normalize: bool = True
     seed: int = 0
 

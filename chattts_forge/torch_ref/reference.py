@@ -29,6 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.chattts_defaults import (
+    CODE_MAX_NEW_TOKEN,
+    CODE_PROMPT,
+    CODE_REPETITION_PENALTY,
+    CODE_TEMPERATURE,
+    MIN_NEW_TOKEN,
+    REFINE_MAX_NEW_TOKEN,
+    TOP_K,
+    TOP_P,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.log import get_logger
@@ -95,16 +105,16 @@ class ReferenceParams:
 
     seed: int | None = None
     speaker: str | None = None
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    max_new_token: int = 2048
-    min_new_token: int = 0
+    temperature: float = CODE_TEMPERATURE
+    top_p: float = TOP_P
+    top_k: int = TOP_K
+    repetition_penalty: float = CODE_REPETITION_PENALTY
+    max_new_token: int = CODE_MAX_NEW_TOKEN
+    min_new_token: int = MIN_NEW_TOKEN
     refine: bool = True
     use_decoder: bool = True
-    prompt: str = "[speed_5]"
-    refine_max_new_token: int = 384
+    prompt: str = CODE_PROMPT
+    refine_max_new_token: int = REFINE_MAX_NEW_TOKEN
     split_text: bool = True
     show_progress: bool = False
 
