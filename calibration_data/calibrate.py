@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import DECODER, DVAE, FAST_GPT, GPT, HEAD_CODE, ArtifactMeta
 from chattts_forge.calibration_data.corpus import Corpus, is_builtin_spec, load_corpus
 from chattts_forge.calibration_data.observe import Observer, fused_feed, release_freed_memory
 from chattts_forge.calibration_data.recorder import check_recorded, instrument, new_pipeline, synth_params
@@ -79,16 +79,16 @@ DEFAULT_MAX_SAMPLES = 512  # the seed note's "500 business sentences"
 # cost about one (docs/measurements/2026-12-01-xeon/calibration-curve.md); the prefill stays per row.
 DEFAULT_BATCH_SIZE = 8
 # Graphs whose MatMul inputs also accumulate X^T X (GPTQ; the fused graph reads gpt's: same activations).
-HESSIAN_GRAPHS = ("gpt", "head_code")
+HESSIAN_GRAPHS = (GPT, HEAD_CODE)
 # X^T X of a prefill sums at most this many of its tokens (a seeded draw per sentence; decode steps: all
 # rows): the products cost K^2 per token and 140 of them per GPT token at full size, while a few dozen
 # thousand rows over the corpus already pin a 768-channel Hessian down.
 HESSIAN_PREFILL_TOKENS = 32
-COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
+COMPONENTS = (GPT, HEAD_CODE, DECODER, DVAE)
 # The raw sample: enough for auto's sensitivity (8), the fused graph's parity check (8) and legacy static,
 # with room to spare; its byte share of the disk budget per component.
-RAW_SAMPLE_COUNTS = {"gpt": 64, "head_code": 64, "decoder": 16, "dvae": 16}
-RAW_SAMPLE_SHARES = {"gpt": 0.80, "head_code": 0.05, "decoder": 0.10, "dvae": 0.05}
+RAW_SAMPLE_COUNTS = {GPT: 64, HEAD_CODE: 64, DECODER: 16, DVAE: 16}
+RAW_SAMPLE_SHARES = {GPT: 0.80, HEAD_CODE: 0.05, DECODER: 0.10, DVAE: 0.05}
 # Disk kept free of raw samples for statistics.npz and the manifest at least (more when the graphs'
 # Hessians need it: ~170 MB at full size).
 STATISTICS_RESERVE_BYTES = 32 << 20
@@ -103,11 +103,11 @@ def sentence_sha256(text: str) -> str:
 def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta, recorded_in: Path) -> dict[str, Any]:
     """The FP32 artifact a calibration set was recorded on; its path relative to the set's folder
     `recorded_in` (a build records the same bytes wherever it sits)."""
-    gpt_file = meta.component_path(artifact_dir, "gpt")
+    gpt_file = meta.component_path(artifact_dir, GPT)
     return {
         "path": portable_path(artifact_dir, recorded_in),
         "variant": meta.variant,
-        "gpt_sha256": meta.component("gpt").get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
+        "gpt_sha256": meta.component(GPT).get("sha256") or (sha256_file(gpt_file) if gpt_file.is_file() else None),
         "source": meta.source,
     }
 
@@ -273,7 +273,7 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
     settings = cfg.settings(count)
     pipe = new_pipeline(artifact_dir, cfg.threads)
     meta = pipe.artifact.meta
-    if meta.quantization or meta.component("gpt").get("precision", "fp32") != "fp32":
+    if meta.quantization or meta.component(GPT).get("precision", "fp32") != "fp32":
         raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
     identity = _artifact_identity(artifact_dir, meta, Path(out_dir))
     earlier = _check_merge([Path(p) for p in cfg.merge], identity, corp, cfg.seed, settings)
@@ -369,10 +369,10 @@ def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> _Observers
     gpt.onnx one (checked on a probe feed), the fused graph is not observed: its statistics are gpt's
     under its own names (one 755 MB session and a third of the observing less at full size)."""
     meta = pipe.artifact.meta
-    out = _Observers({"gpt": Observer(meta.component_file(artifact_dir, "gpt"), threads)}, {})
+    out = _Observers({GPT: Observer(meta.component_file(artifact_dir, GPT), threads)}, {})
     if meta.has_component(FAST_GPT):
         fused = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
-        derived = _same_activations(out.run["gpt"], fused)
+        derived = _same_activations(out.run[GPT], fused)
         if len(derived) == len(fused.tensors):
             out.derived, out.derived_path = derived, fused.path
             del fused
@@ -381,8 +381,8 @@ def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> _Observers
             log.warning("calibrate: %d of %d %s MatMul inputs match no gpt.onnx tensor: observing it too",
                         len(fused.tensors) - len(derived), len(fused.tensors), FAST_GPT)
             out.run[FAST_GPT] = fused
-    if pipe.artifact.has_component("head_code"):
-        out.run["head_code"] = Observer(meta.component_file(artifact_dir, "head_code"), threads)
+    if pipe.artifact.has_component(HEAD_CODE):
+        out.run[HEAD_CODE] = Observer(meta.component_file(artifact_dir, HEAD_CODE), threads)
     return out
 
 
@@ -412,7 +412,7 @@ def _same_activations(plain: Observer, fused: Observer) -> dict[str, str]:
 
 def _statistics_bytes(observers: _Observers) -> int:
     """statistics.npz's size, known before any work (the graphs fix it): for the reserve."""
-    gpt = observers.run["gpt"].widths
+    gpt = observers.run[GPT].widths
     graphs = {g: obs.widths for g, obs in observers.run.items()}
     if observers.derived:
         graphs[FAST_GPT] = {t: gpt[src] for t, src in observers.derived.items()}
@@ -522,7 +522,7 @@ class _Recorder:
         if sha is not None and tokens > HESSIAN_PREFILL_TOKENS:
             rng = np.random.default_rng([self.cfg.seed, int(sha[:8], 16)])
             rows = np.sort(rng.choice(tokens, size=HESSIAN_PREFILL_TOKENS, replace=False))
-        self.stats.update_graph("gpt", self.observers["gpt"].run(feed), hessian_rows=rows)
+        self.stats.update_graph(GPT, self.observers[GPT].run(feed), hessian_rows=rows)
         if FAST_GPT in self.observers:
             self.stats.update_graph(FAST_GPT, self.observers[FAST_GPT].run(fused_feed(feed)))
         self.stats.update_kv(feed)
@@ -531,7 +531,7 @@ class _Recorder:
         batch = self.batch
         if batch is None:
             return
-        if component == "gpt":
+        if component == GPT:
             call = batch.call
             batch.call += 1
             if call == 0:  # the prefill, row by row: each sentence's own (unpadded) prompt
@@ -545,17 +545,17 @@ class _Recorder:
                     self.observe_gpt(_rows_feed(feeds, active))
                     for row in active:
                         self._observe_step(row_feed(feeds, int(row)), int(row), "decode")
-        elif component == "head_code":
+        elif component == HEAD_CODE:
             call = batch.head_call
             batch.head_call += 1
             active = np.flatnonzero(batch.active())
             if call in batch.heads and len(active):
-                if "head_code" in self.observers:
-                    self.stats.update_graph("head_code", self.observers["head_code"].run(_rows_feed(feeds, active)))
+                if HEAD_CODE in self.observers:
+                    self.stats.update_graph(HEAD_CODE, self.observers[HEAD_CODE].run(_rows_feed(feeds, active)))
                 self.counters["head"] += len(active)
                 for row in active:
-                    self.keep_raw("head_code", int(row), _rows_feed(feeds, np.array([row])))
-        elif component in ("decoder", "dvae"):
+                    self.keep_raw(HEAD_CODE, int(row), _rows_feed(feeds, np.array([row])))
+        elif component in (DECODER, DVAE):
             self.keep_raw(component, self._decoding_row, feeds)
 
     def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str) -> None:
@@ -566,7 +566,7 @@ class _Recorder:
         c[kind] += 1
         c["past_min"] = past if c["past_min"] is None else min(c["past_min"], past)
         c["past_max"] = max(c["past_max"], past)
-        self.keep_raw("gpt", row, feed, past <= self.cfg.max_past)
+        self.keep_raw(GPT, row, feed, past <= self.cfg.max_past)
 
     def record_sentences(self, corp: Corpus, plan: _SentencePlan) -> list[int]:
         """Synthesize the planned sentences in batches (recording as they run); the indices used."""
@@ -580,11 +580,11 @@ class _Recorder:
                 bar.update(len(batch))
                 bar.set_postfix_str(f"raw sample {sum(r.bytes for r in self.raw.values()) / (1 << 20):.0f} MB")
         if plan.picked:
-            check_recorded(recording, "gpt")
+            check_recorded(recording, GPT)
         recording.remove()
         plan.skipped.extend(self.skipped)
-        if self.derived and "gpt" in self.stats.graphs:
-            self.stats.derive(FAST_GPT, "gpt", self.derived)
+        if self.derived and GPT in self.stats.graphs:
+            self.stats.derive(FAST_GPT, GPT, self.derived)
         return sorted(used)
 
     def _batches(self, corp: Corpus, plan: _SentencePlan) -> list[list[tuple[int, Any]]]:
@@ -630,11 +630,11 @@ class _Recorder:
         self.counters["batches"] += 1
         for row, (codes, hiddens) in enumerate(zip(gen.ids, gen.hiddens, strict=True)):
             self._decoding_row = row
-            for component, steps in (("decoder", hiddens), ("dvae", codes)):
+            for component, steps in ((DECODER, hiddens), (DVAE, codes)):
                 if not (len(steps) and pipe.artifact.has_component(component)):
                     continue
                 if self.raw_wanted(component, row):  # records the input (on_run); its mel is not needed
-                    pipe.decode_mel(steps, use_decoder=component == "decoder")
+                    pipe.decode_mel(steps, use_decoder=component == DECODER)
                 else:  # counted as offered, as if decoded, without running the graph
                     self.keep_raw(component, row, {}, condition=False)
         self.batch = None
@@ -700,7 +700,7 @@ def _manifest(run: _RunSummary) -> dict[str, Any]:
     describe = corp.describe()
     components = {c: r.record() for c, r in raw.items()}
     for c, rec in components.items():
-        rec["statistics_steps"] = {"gpt": counters["prefill"] + counters["decode"], "head_code": counters["head"]}.get(c)
+        rec["statistics_steps"] = {GPT: counters["prefill"] + counters["decode"], HEAD_CODE: counters["head"]}.get(c)
     raw_bytes = sum(r.bytes for r in raw.values())
     return {
         "schema": SCHEMA,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import GPT
 from chattts_forge.errors import ForgeError
 
 Callback = Callable[[str, Mapping[str, np.ndarray], list[str], list[np.ndarray]], None]
@@ -96,9 +97,9 @@ def instrument(pipe: Any, callback: Callback, components: Sequence[str]) -> Reco
         callback(component, feeds, names, outs)
 
     remove_observer = art.add_observer(observe, recording.calls)
-    fused = pipe.gpt if "gpt" in recording.calls and hasattr(pipe.gpt, "cache_buffer") else None
+    fused = pipe.gpt if GPT in recording.calls and hasattr(pipe.gpt, "cache_buffer") else None
     if fused is not None:
-        pipe.gpt = PlainFeedGptStep(fused, lambda feeds, names, outs: observe("gpt", feeds, names, outs))
+        pipe.gpt = PlainFeedGptStep(fused, lambda feeds, names, outs: observe(GPT, feeds, names, outs))
 
     def remove() -> None:
         remove_observer()
@@ -109,7 +110,7 @@ def instrument(pipe: Any, callback: Callback, components: Sequence[str]) -> Reco
     return recording
 
 
-def check_recorded(recording: Recording, component: str = "gpt") -> None:
+def check_recorded(recording: Recording, component: str = GPT) -> None:
     if recording.calls.get(component) == 0:
         raise ForgeError(
             f"the runtime ran without calling the '{component}' session's run(): it changed how it calls "

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import DECODER, DVAE, GPT, HEAD_CODE
 from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path, recorded_path, resolve_inside
@@ -38,7 +39,7 @@ from chattts_forge.fsutil import portable_path, recorded_path, resolve_inside
 SCHEMA = "chattts-forge/calibration/2"
 OLD_SCHEMAS = ("chattts-forge/calibration/1",)
 MANIFEST = "manifest.json"
-COMPONENTS = ("gpt", "head_code", "decoder", "dvae")
+COMPONENTS = (GPT, HEAD_CODE, DECODER, DVAE)
 
 
 def _stored(name: str, arr: np.ndarray) -> np.ndarray:

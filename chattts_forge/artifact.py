@@ -30,15 +30,21 @@ from chattts_forge.fsutil import atomic_write_json, resolve_inside
 
 ARTIFACT_JSON = "artifact.json"
 SCHEMA = "chattts-forge/artifact/1"
-# The graphs of an artifact, in the order convert writes them; each is `<name>.onnx` unless its
-# artifact.json entry names another file.
-COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
-VOCODER = "vocos"  # always FP32, byte-identical across variants
+# The component names (each graph's name in artifact.json, and its file `<name>.onnx` unless its entry
+# names another file): the one place they are spelled.
+EMBED = "embed"  # text token and code embeddings
+GPT = "gpt"  # the Llama-style GPT, one step with its KV cache (plain graph; the fused one is FAST_GPT)
+HEAD_CODE = "head_code"  # GPT hidden states -> logits of the 4 audio-code streams
+HEAD_TEXT = "head_text"  # GPT hidden states -> text logits (text refinement)
 DECODER = "decoder"  # GPT hidden states -> mel (ChatTTS's Decoder); quantized variants: weight-only INT8
+DVAE = "dvae"  # codes -> mel (ChatTTS's DVAE decode path, `--dvae`)
 # ChatTTS's DVAE encode path (voice cloning: a recording -> spk_smp codes). Always FP32 and
 # byte-identical across variants (its codes must equal ChatTTS's); optional: artifacts converted
 # before it existed lack it, and only voice cloning then fails.
 DVAE_ENCODER = "dvae_encoder"
+VOCODER = "vocos"  # always FP32, byte-identical across variants
+# The graphs of an artifact, in the order convert writes them.
+COMPONENTS = (EMBED, GPT, HEAD_CODE, HEAD_TEXT, DECODER, DVAE, DVAE_ENCODER, VOCODER)
 # The optional fused GPT graph (runtime.fast_gpt_graph); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"
@@ -49,7 +55,7 @@ EXTERNAL_DATA_SUFFIX = ".data"
 # onnxruntime memory-maps them instead of parsing a copy (chattts_forge.graph_storage). The other
 # graphs (the plain GPT and the heads the quantizers read, the text head, the DVAE encoder) stay
 # inline.
-EXTERNAL_DATA_COMPONENTS = ("embed", "gpt_fast", "decoder", "dvae", "vocos")
+EXTERNAL_DATA_COMPONENTS = (EMBED, FAST_GPT, DECODER, DVAE, VOCODER)
 # A serialized ONNX protobuf cannot exceed 2 GB: graphs near it keep their weights in external data.
 PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2
 # Support files: artifact.json `files` key -> file name (the default when `files` omits the key).

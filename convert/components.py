@@ -18,6 +18,7 @@ import torch
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 
+from chattts_forge.artifact import DECODER, DVAE, EMBED, GPT, HEAD_CODE, HEAD_TEXT
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.convert.modules import (
     DvaeEncoderForExport,
@@ -115,7 +116,7 @@ def embed_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
 
     ids, mask = _embed_ids(dims, 2, 4, _gen(0))
     return ComponentSpec(
-        name="embed",
+        name=EMBED,
         file="embed.onnx",
         wrapper=EmbedForExport(src.embed),
         example=(ids, mask),
@@ -242,7 +243,7 @@ def gpt_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         IOSpec(n, present_shape, "float32") for n in out_names[1:]
     ]
     return ComponentSpec(
-        name="gpt",
+        name=GPT,
         file="gpt.onnx",
         wrapper=GptStepForExport(src.llama),
         example=example,
@@ -275,7 +276,7 @@ def head_code_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         return out
 
     return ComponentSpec(
-        name="head_code",
+        name=HEAD_CODE,
         file="head_code.onnx",
         wrapper=HeadCodeForExport(src.embed.head_code),
         example=(_hidden(dims, 2, _gen(0)),),
@@ -297,7 +298,7 @@ def head_text_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         ]
 
     return ComponentSpec(
-        name="head_text",
+        name=HEAD_TEXT,
         file="head_text.onnx",
         wrapper=HeadTextForExport(src.embed.head_text),
         example=(_hidden(dims, 2, _gen(0)),),
@@ -322,7 +323,7 @@ def decoder_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         return out
 
     return ComponentSpec(
-        name="decoder",
+        name=DECODER,
         file="decoder.onnx",
         wrapper=MelDecoderForExport(src.decoder),
         example=(make(2, 5, 0),),
@@ -348,7 +349,7 @@ def dvae_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         return out
 
     return ComponentSpec(
-        name="dvae",
+        name=DVAE,
         file="dvae.onnx",
         wrapper=MelDecoderForExport(src.dvae),
         example=(make(2, 5, 0),),
@@ -444,12 +445,12 @@ def vocos_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
 
 
 SPEC_BUILDERS: dict[str, Callable[[SourceModules, Dims], ComponentSpec]] = {
-    "embed": embed_spec,
-    "gpt": gpt_spec,
-    "head_code": head_code_spec,
-    "head_text": head_text_spec,
-    "decoder": decoder_spec,
-    "dvae": dvae_spec,
+    EMBED: embed_spec,
+    GPT: gpt_spec,
+    HEAD_CODE: head_code_spec,
+    HEAD_TEXT: head_text_spec,
+    DECODER: decoder_spec,
+    DVAE: dvae_spec,
     "dvae_encoder": dvae_encoder_spec,
     "vocos": vocos_spec,
 }

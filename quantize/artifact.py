@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx
 
-from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
+from chattts_forge.artifact import ARTIFACT_JSON, GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.graph_storage import storage_record
 
@@ -38,7 +38,7 @@ QUANTIZABLE_FLOAT_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"}
 
 def require_fp32_source(meta: ArtifactMeta, artifact_dir: Path) -> None:
     """Quantizing starts from FP32 only (quantizing FP16 or INT8 graphs again loses accuracy twice)."""
-    gpt_precision = meta.component("gpt").get("precision", "fp32")
+    gpt_precision = meta.component(GPT).get("precision", "fp32")
     if meta.quantization or gpt_precision != "fp32":
         raise ForgeError(
             f"{artifact_dir} is a '{meta.variant}' artifact (gpt precision {gpt_precision}); "

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
+from chattts_forge.artifact import DECODER, FAST_GPT, HEAD_CODE, ArtifactMeta, Fidelity
 from chattts_forge.errors import ForgeError
 from chattts_forge.gate import fidelity_rules, judge, load_gate
 from chattts_forge.log import get_logger
@@ -216,8 +216,8 @@ def fast_fidelity(fp32_dir: Path, fast: Path, trajectories: Sequence[Any], dims:
     from chattts_forge.quantize.fidelity import code_metrics, cosine_rows, make_session, mel_metrics, replay
 
     meta = ArtifactMeta.load(fp32_dir)
-    head_sess = make_session(head or meta.component_file(fp32_dir, "head_code"), threads)
-    dec = make_session(meta.component_file(fp32_dir, "decoder"), threads)
+    head_sess = make_session(head or meta.component_file(fp32_dir, HEAD_CODE), threads)
+    dec = make_session(meta.component_file(fp32_dir, DECODER), threads)
     step = _fast_step(fast, dims, threads)
     ref_logits, q_logits, cos, ref_mels, q_mels = [], [], [], [], []
     for t in trajectories:
@@ -470,7 +470,7 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
     targets["headroom"] = settings.headroom
     targets["search_rules"] = with_headroom(targets["rules"], settings.headroom)
     fast = meta.component_file(fp32_dir, FAST_GPT)
-    fp32_head = meta.component_file(fp32_dir, "head_code")
+    fp32_head = meta.component_file(fp32_dir, HEAD_CODE)
     dims = meta.dims or {}
     tiny = (meta.source or {}).get("preset") == "tiny"
     rank_by = settings.rank_by or ("bytes" if tiny else "step_ms")

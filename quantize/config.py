@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from chattts_forge.artifact import GPT, HEAD_CODE
 from chattts_forge.errors import ForgeError
 
 
@@ -119,7 +120,7 @@ class QuantizeConfig:
     @property
     def components(self) -> list[str]:
         """The graphs quantized: the GPT, and the code head unless --no-head."""
-        return ["gpt"] + (["head_code"] if self.quantize_head else [])
+        return [GPT] + ([HEAD_CODE] if self.quantize_head else [])
 
     @property
     def targets(self) -> Targets:

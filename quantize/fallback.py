@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from chattts_forge.artifact import HEAD_CODE
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import Targets
 from chattts_forge.quantize.fidelity import make_session
@@ -34,7 +35,7 @@ from chattts_forge.runtime.timing import time_calls
 
 log = get_logger(__name__)
 
-HEAD_NODE = "head_code"  # pseudo node name: the whole code head kept in FP32
+HEAD_NODE = HEAD_CODE  # pseudo node name: the whole code head kept in FP32
 MAX_STEPS = 50  # exclusion steps at most (each re-quantizes and measures fidelity once)
 BENCH_THREADS = 2  # the threads each step's decode-step latency is timed with
 

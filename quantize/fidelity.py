@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
+from chattts_forge.artifact import DECODER, FAST_GPT, GPT, HEAD_CODE, ArtifactMeta, Fidelity
 from chattts_forge.calibration_data.corpus import Corpus, load_corpus
 from chattts_forge.calibration_data.recorder import (
     check_recorded,
@@ -89,16 +89,16 @@ def record_trajectories(
 
     def on_run(component: str, feeds: dict[str, Any], names: list[str], outs: list[Any]) -> None:
         t: Trajectory = current["traj"]
-        if component == "gpt":
+        if component == GPT:
             call = len(t.step_feeds)
             t.step_feeds.append({k: np.array(feeds[k]) for k in ("inputs_embeds", "attention_mask", "position_ids")})
             t.hidden.append(np.array(outs[0][:, -1]))
             if call in FULL_SAMPLE_STEPS:
                 t.full_samples.append({k: np.array(v) for k, v in feeds.items()})
-        elif component == "head_code":
+        elif component == HEAD_CODE:
             t.logits.append(np.array(outs[0]))
 
-    recording = instrument(pipe, on_run, ("gpt", "head_code"))
+    recording = instrument(pipe, on_run, (GPT, HEAD_CODE))
     sentences = corpus.sentences[:max_sentences]
     chosen = list(range(len(sentences))) if indices is None else [i for i in indices if i < len(sentences)]
     for i in track(chosen, "fidelity: fp32 run", "sent", enabled=progress):
@@ -114,7 +114,7 @@ def record_trajectories(
         if len(t.logits) != len(t.step_feeds):
             raise ForgeError("the runtime's gpt and head_code calls do not pair up; cannot teacher-force")
         trajs.append(t)
-    check_recorded(recording, "gpt")
+    check_recorded(recording, GPT)
     recording.remove()
     if not trajs and indices is None:
         raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
@@ -131,7 +131,7 @@ def fp32_runs_settings(fp32_dir: Path, corpus: Corpus, max_sentences: int, max_n
     """What recorded FP32 runs depend on: the FP32 GPT and code head, the sentences, steps and seed."""
     meta = ArtifactMeta.load(fp32_dir)
     texts = corpus.sentences[:max_sentences]
-    return {"gpt_sha256": meta.component("gpt").get("sha256"), "head_sha256": meta.component("head_code").get("sha256"),
+    return {"gpt_sha256": meta.component(GPT).get("sha256"), "head_sha256": meta.component(HEAD_CODE).get("sha256"),
             "sentences_sha256": hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest(),
             "sentences": len(texts), "max_new_token": max_new_token, "seed": seed}
 
@@ -371,11 +371,11 @@ class ReplaySessions:
         self.threads, self.quant_meta = threads, quant_meta
         self.fmeta = ArtifactMeta.load(self.fp32_dir)
         self.qmeta = quant_meta if quant_meta is not None else ArtifactMeta.load(self.quant_dir)
-        self.q_gpt_path = self.qmeta.component_file(self.quant_dir, "gpt")
-        self.q_head_path = self.qmeta.component_file(self.quant_dir, "head_code")
+        self.q_gpt_path = self.qmeta.component_file(self.quant_dir, GPT)
+        self.q_head_path = self.qmeta.component_file(self.quant_dir, HEAD_CODE)
         q_gpt, self.q_head = make_session(self.q_gpt_path, threads), make_session(self.q_head_path, threads)
-        self.f_dec = make_session(self.fmeta.component_file(self.fp32_dir, "decoder"), threads)
-        self.q_dec = make_session(self.qmeta.component_file(self.quant_dir, "decoder"), threads)
+        self.f_dec = make_session(self.fmeta.component_file(self.fp32_dir, DECODER), threads)
+        self.q_dec = make_session(self.qmeta.component_file(self.quant_dir, DECODER), threads)
         self.q_step = plain_step(q_gpt, self.fmeta.require_dims())
         self.has_fast = self.qmeta.has_component(FAST_GPT)
         self._fast: GptStepLike | None = None  # the fused graph's step, opened on first use and kept
@@ -407,16 +407,16 @@ class ReplaySessions:
                      keep_all_tensors: bool) -> dict[str, Any]:
         """The per-tensor error table on the first recorded whole-graph samples (see tensor_errors)."""
         samples = [s for t in trajectories for s in t.full_samples][:4]
-        rows = tensor_errors(self.fmeta.component_file(self.fp32_dir, "gpt"), self.q_gpt_path, samples, self.threads)
+        rows = tensor_errors(self.fmeta.component_file(self.fp32_dir, GPT), self.q_gpt_path, samples, self.threads)
         worst_abs = sorted(rows, key=lambda r: r["rel_error"], reverse=True)
         return {
-            "graph": "gpt",
+            "graph": GPT,
             "samples": len(samples),
             "tensors_compared": len(rows),
             "worst_local": rows[:top_tensors],
             "worst_output": [{k: r[k] for k in ("node", "rel_error", "cosine")} for r in worst_abs[:top_tensors]],
             "all_local": rows if keep_all_tensors else None,
-            "head_code_rel_error": head_error(self.fmeta.component_file(self.fp32_dir, "head_code"),
+            "head_code_rel_error": head_error(self.fmeta.component_file(self.fp32_dir, HEAD_CODE),
                                               self.q_head_path, trajectories, self.threads),
         }
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, GPT, ArtifactMeta
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.static_fused import fused_feed
@@ -42,7 +42,7 @@ def write_fast_graph(src_dir: Path, meta: ArtifactMeta, tmp: Path, precision: st
 
     src = meta.component_file(src_dir, FAST_GPT)
     dst = tmp / FAST_GPT_FILE
-    options, parity = make_fused_graph(src, dst, quantize, tmp / meta.component_file(src_dir, "gpt").name,
+    options, parity = make_fused_graph(src, dst, quantize, tmp / meta.component_file(src_dir, GPT).name,
                                        sample_cases(samples), threads=threads,
                                        restamp=lambda fp32, out: copy_metadata_props(fp32, out, precision))
     assert options is not None and parity is not None

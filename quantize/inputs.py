@@ -9,7 +9,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.artifact import GPT, ArtifactMeta
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file, verify_files
@@ -26,12 +26,12 @@ def check_input_artifact(src: Path, meta: ArtifactMeta) -> None:
 
 
 def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,
-                     components: tuple[str, ...] = ("gpt",)) -> CalibrationStore:
+                     components: tuple[str, ...] = (GPT,)) -> CalibrationStore:
     """The calibration folder, checked: recorded from this artifact, samples for `components`, and
     every shard readable to its end (a truncated .npz fails its zip check here, not mid-run)."""
     store = CalibrationStore(calibration)
     recorded = (store.manifest.get("artifact") or {}).get("gpt_sha256")
-    current = meta.component("gpt").get("sha256") or sha256_file(meta.component_file(src, "gpt"))
+    current = meta.component(GPT).get("sha256") or sha256_file(meta.component_file(src, GPT))
     if not recorded:
         raise ForgeError(f"calibration {calibration}: its manifest names no source artifact (gpt sha256); "
                          "re-run `chattts-forge calibrate`")

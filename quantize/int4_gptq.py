@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.int4_importance import block_scales, pack_int4, rewrite_rtn_blocks
 
@@ -157,11 +158,11 @@ def graph_hessians(stats: Any, graph: str) -> tuple[dict[str, np.ndarray], int]:
     own = {name: st for name, st in tensors.items() if st.xtx is not None}
     if len(own) == len(tensors):
         return {name: st.hessian() for name, st in own.items()}, max((st.rows for st in own.values()), default=0)
-    if graph == "gpt" or "gpt" not in stats.graphs:
+    if graph == GPT or GPT not in stats.graphs:
         raise ForgeError(f"the calibration statistics of {graph} hold no X^T X (GPTQ's Hessians): re-run `calibrate`")
-    plain = {name: st for name, st in stats.tensors("gpt").items() if st.xtx is not None}
+    plain = {name: st for name, st in stats.tensors(GPT).items() if st.xtx is not None}
     recorded = stats.source_tensors(graph)  # calibrate derived this graph's statistics from gpt's
-    matched = recorded[1] if recorded and recorded[0] == "gpt" else match_tensors(plain, tensors)
+    matched = recorded[1] if recorded and recorded[0] == GPT else match_tensors(plain, tensors)
     matched = {k: v for k, v in matched.items() if v in plain}
     missing = sorted(set(tensors) - set(matched))
     if missing:

@@ -29,8 +29,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from chattts_forge.artifact import (
     ARTIFACT_JSON,
     DECODER,
+    DVAE,
+    EMBED,
     FAST_GPT,
     FAST_GPT_FILE,
+    GPT,
+    HEAD_CODE,
+    HEAD_TEXT,
     KV_CACHE_VARIANTS,
     KV_CACHES,
     METHOD_PRECISION,
@@ -65,10 +70,10 @@ DEFAULT_WEIGHT_BITS = 7  # static: +-63 weights, exact in every x86 u8s8 kernel 
 # (docs/measurements/2026-12-02-xeon).
 DEFAULT_SMOOTH_ALPHA = 0.75
 NOT_QUANTIZED = {
-    "embed": "fp32 (Gather lookups; no integer kernel gain)",
-    "head_text": "fp32 (text head: only used by text refinement)",
-    "decoder": "fp32 (--decoder fp32)",
-    "dvae": "fp32 (convolutions)",
+    EMBED: "fp32 (Gather lookups; no integer kernel gain)",
+    HEAD_TEXT: "fp32 (text head: only used by text refinement)",
+    DECODER: "fp32 (--decoder fp32)",
+    DVAE: "fp32 (convolutions)",
     "dvae_encoder": "fp32, copied byte for byte (voice cloning: its codes must equal ChatTTS's exactly)",
     "vocos": "fp32, copied byte for byte",
 }
@@ -144,7 +149,7 @@ class QuantizationMethod:
     @property
     def calibration_components(self) -> tuple[str, ...]:
         """The components whose calibration samples the method reads (when given a folder)."""
-        return ("gpt", "head_code") if self.cfg.quantize_head else ("gpt",)
+        return (GPT, HEAD_CODE) if self.cfg.quantize_head else (GPT,)
 
     @property
     def needs_calibration(self) -> bool:
@@ -273,7 +278,7 @@ class QuantizationMethod:
 
         precision = self.fast_graph_precision
         record = write_fast_graph(self.src, self.meta, out_dir, precision, self.quantize_fast_graph,
-                                  self.samples("gpt")[:PARITY_SAMPLES], threads=self.threads)
+                                  self.samples(GPT)[:PARITY_SAMPLES], threads=self.threads)
         qmeta.components[FAST_GPT] = record
         return f"quantized from the FP32 {FAST_GPT_FILE} with the same choices as gpt.onnx ({precision})"
 
@@ -354,7 +359,7 @@ class QuantizationMethod:
         not_quantized = {k: v for k, v in NOT_QUANTIZED.items()
                          if k in meta.components and not (k == DECODER and run.decoder is not None)}
         if not cfg.quantize_head:
-            not_quantized["head_code"] = "fp32 (--no-head)"
+            not_quantized[HEAD_CODE] = "fp32 (--no-head)"
         rebuild = {"block_size": None, "accuracy_level": None} | self.rebuild_options()
         return Quantization(
             method=self.name,
@@ -364,7 +369,7 @@ class QuantizationMethod:
                 "path": portable_path(self.src, out),
                 "variant": meta.variant,
                 "artifact_json_sha256": sha256_file(self.src / ARTIFACT_JSON),
-                "gpt_sha256": meta.components["gpt"].get("sha256"),
+                "gpt_sha256": meta.components[GPT].get("sha256"),
             },
             options=self.options_record(),
             components=self.components_record(run),
@@ -581,7 +586,7 @@ class Int4(QuantizationMethod):
 
     @property
     def calibration_components(self) -> tuple[str, ...]:
-        return super().calibration_components if self.gptq else ("gpt",)
+        return super().calibration_components if self.gptq else (GPT,)
 
     def check_options(self) -> None:
         from chattts_forge.quantize.int4 import check_int4_options
@@ -597,7 +602,7 @@ class Int4(QuantizationMethod):
         for c in self.calibration_components:  # GPTQ reads calibrate's streamed X^T X: checked up front
             graph_hessians(self.statistics(c), c)
 
-    def _int4(self, src: Path, dst: Path, exclude: list[str] | None = None, graph: str = "gpt") -> dict[str, Any]:
+    def _int4(self, src: Path, dst: Path, exclude: list[str] | None = None, graph: str = GPT) -> dict[str, Any]:
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
@@ -695,23 +700,23 @@ class Auto(QuantizationMethod):
         super().prepare(work, trajectories)
         # The code head is static INT8 in every candidate: quantize it first, so that the search
         # measures what the gate will judge (the artifact's own head, not the FP32 one).
-        head = self.meta.component_file(self.src, "head_code")
+        head = self.meta.component_file(self.src, HEAD_CODE)
         if self.cfg.quantize_head:
             self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx",
                                                        activation_type=self.cfg.activation_type, threads=self.threads,
-                                                       statistics=(self.statistics("head_code"), "head_code"))
+                                                       statistics=(self.statistics(HEAD_CODE), HEAD_CODE))
             head = work / "head_code.auto.onnx"
         settings = SearchSettings(block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
                                   threads=self.threads)
-        self.search = search(self.src, self.meta, work, self.samples("gpt"), trajectories, self.gate, head=head,
+        self.search = search(self.src, self.meta, work, self.samples(GPT), trajectories, self.gate, head=head,
                              settings=settings)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         from chattts_forge.quantize.auto import FP32
 
         assert self.search is not None
-        if component == "head_code":  # quantized before the search
-            if self.search["head_code"] == FP32:
+        if component == HEAD_CODE:  # quantized before the search
+            if self.search[HEAD_CODE] == FP32:
                 shutil.copyfile(graphs.base[component], dst)
                 return {"kept": "fp32 (auto: no candidate met the gate with the INT8 code head)"}
             shutil.copyfile(self.work / "head_code.auto.onnx", dst)

@@ -32,6 +32,8 @@ from chattts_forge.artifact import (
     DECODER,
     DECODER_WEIGHTS,
     FAST_GPT,
+    GPT,
+    HEAD_CODE,
     VOCODER,
     ArtifactMeta,
 )
@@ -114,7 +116,7 @@ class SourceGraphs:
         onnxruntime's quantizers write temporary "-inferred" models next to their input, and the
         source artifact must stay untouched (it may be read-only), hence the scratch folder.
         """
-        files = {c: meta.component_file(src, c) for c in ("gpt", "head_code")}
+        files = {c: meta.component_file(src, c) for c in (GPT, HEAD_CODE)}
         base = {}
         for c, path in files.items():
             base[c] = work / path.name
@@ -174,16 +176,16 @@ class ComponentQuantizer:
     def __call__(self, excluded_tensors: list[str], keep_head_fp32: bool) -> None:
         """Quantize every component, keeping the producers of `excluded_tensors` (and, if asked, the
         whole code head) in FP32: the fallback loop's callback."""
-        nodes = sorted(set(self.user_nodes["gpt"]) | set(producers_of(self.graphs.base["gpt"], excluded_tensors)))
-        self.quantize_graph("gpt", nodes)
-        if "head_code" not in self.cfg.components:
+        nodes = sorted(set(self.user_nodes[GPT]) | set(producers_of(self.graphs.base[GPT], excluded_tensors)))
+        self.quantize_graph(GPT, nodes)
+        if HEAD_CODE not in self.cfg.components:
             return
         if keep_head_fp32:
-            shutil.copyfile(self.graphs.files["head_code"], self.output("head_code"))
-            self.options["head_code"] = {"kept": "fp32 (fallback)"}
-            self.excluded_nodes["head_code"] = ["<whole graph>"]
+            shutil.copyfile(self.graphs.files[HEAD_CODE], self.output(HEAD_CODE))
+            self.options[HEAD_CODE] = {"kept": "fp32 (fallback)"}
+            self.excluded_nodes[HEAD_CODE] = ["<whole graph>"]
         else:
-            self.quantize_graph("head_code", self.user_nodes["head_code"])
+            self.quantize_graph(HEAD_CODE, self.user_nodes[HEAD_CODE])
 
 
 # ---- 4. quantize, measure, fall back -----------------------------------------------------------
@@ -233,8 +235,8 @@ def quantize_and_measure(quantizer: ComponentQuantizer, out_dir: Path, qmeta: Ar
         if has_fast:
             outcome.fast_gpt_note = "dropped: fallback exclusions apply to gpt.onnx only; the runtime uses gpt.onnx"
         bench = next((s for t in trajs or [] for s in t.full_samples[1:]), None)
-        outcome.fallback = run_fallback(quantizer, lambda: measure(True), quantizer.output("gpt"), bench,
-                                        fid.targets, head_quantized="head_code" in quantizer.cfg.components,
+        outcome.fallback = run_fallback(quantizer, lambda: measure(True), quantizer.output(GPT), bench,
+                                        fid.targets, head_quantized=HEAD_CODE in quantizer.cfg.components,
                                         step_nodes=fid.step_nodes)
         outcome.fidelity = outcome.fallback.pop("final_fidelity")
     else:
@@ -314,8 +316,8 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
     if outcome.decoder is not None:
         summaries[DECODER] = graph_summary(qmeta.component_path(out_dir, DECODER))
     vocos_equal = check_vocoder_copied(out_dir, meta)
-    fp32_gpt_bytes = quantizer.graphs.files["gpt"].stat().st_size
-    gpt_bytes = quantizer.output("gpt").stat().st_size
+    fp32_gpt_bytes = quantizer.graphs.files[GPT].stat().st_size
+    gpt_bytes = quantizer.output(GPT).stat().st_size
     run = GraphRun(
         options=quantizer.options, excluded_nodes=quantizer.excluded_nodes, summaries=summaries,
         decoder=outcome.decoder, fast_gpt_note=outcome.fast_gpt_note, fallback=outcome.fallback,

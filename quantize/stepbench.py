@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.artifact import GPT
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.runtime.timed_engine import OnnxEngine, decode_step_call
 from chattts_forge.runtime.timing import quantiles, time_interleaved
@@ -36,7 +37,7 @@ def time_gpt_steps(
         rows.append({
             "artifact": str(art),
             "variant": eng.pipe.artifact.variant,
-            "gpt_bytes": eng.pipe.artifact.component_path("gpt").stat().st_size,
+            "gpt_bytes": eng.pipe.artifact.component_path(GPT).stat().st_size,
             "step_ms_median": round(float(median), 2),
             "step_ms_q1": round(float(q1), 2),
             "step_ms_q3": round(float(q3), 2),

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.artifact import ARTIFACT_JSON, DVAE_ENCODER
+from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
 from chattts_forge.chattts_defaults import (
     CODE_MAX_NEW_TOKEN,
     CODE_PROMPT,
@@ -292,7 +292,7 @@ class Chat:
         if self.pipe is None:
             self.logger.warning("artifact not loaded.")
             return False
-        name = "decoder" if use_decoder else "dvae"
+        name = DECODER if use_decoder else DVAE
         if not self.pipe.artifact.has_component(name):
             self.logger.warning(f"{name} not initialized.")
             return False

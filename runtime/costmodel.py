@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, ArtifactMeta
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.machine import cpu_flags, cpu_model
@@ -61,8 +61,8 @@ def bytes_per_step(artifact: str | Path, context: int, batch: int = 1, graph: st
     folder = Path(artifact)
     meta = ArtifactMeta.load(folder)
     dims = meta.dims or {}
-    gpt = graph or (FAST_GPT if meta.has_component(FAST_GPT) else "gpt")
-    weights = _graph_bytes(folder, meta, gpt) + _graph_bytes(folder, meta, "head_code")
+    gpt = graph or (FAST_GPT if meta.has_component(FAST_GPT) else GPT)
+    weights = _graph_bytes(folder, meta, gpt) + _graph_bytes(folder, meta, HEAD_CODE)
     value_bytes = _cache_value_bytes(meta.component_file(folder, gpt))
     kv = (2 * int(dims["num_hidden_layers"]) * batch * int(dims["num_key_value_heads"]) * (int(dims["hidden_size"]) // int(dims["num_attention_heads"]))
           * context * value_bytes)

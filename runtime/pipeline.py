@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from chattts_forge.artifact import DVAE_ENCODER, FAST_GPT
+from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
 from chattts_forge.chattts_defaults import (
     CODE_MAX_NEW_TOKEN,
     CODE_PROMPT,
@@ -231,8 +231,8 @@ def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
     if artifact.provider == "cuda":
         from chattts_forge.runtime.device_gpt import DeviceGptStep
 
-        return DeviceGptStep(artifact.session("gpt"), artifact.dims, device="cuda")
-    return GptStep(artifact.session("gpt"), artifact.dims)
+        return DeviceGptStep(artifact.session(GPT), artifact.dims, device="cuda")
+    return GptStep(artifact.session(GPT), artifact.dims)
 
 
 def position_ids(attention_mask: np.ndarray) -> np.ndarray:
@@ -545,7 +545,7 @@ class Pipeline:
             )
 
     def embed(self, input_ids: np.ndarray, text_mask: np.ndarray) -> np.ndarray:
-        out = self.artifact.session("embed").run(
+        out = self.artifact.session(EMBED).run(
             ["inputs_embeds"], {"input_ids": input_ids.astype(np.int64), "text_mask": text_mask.astype(bool)}
         )[0]
         return np.array(out, dtype=np.float32)  # writable copy (speaker injection)
@@ -577,7 +577,7 @@ class Pipeline:
         """
         batch = input_ids.shape[0]
         streams = 1 if infer_text else self.num_vq
-        head = self.artifact.session("head_text" if infer_text else "head_code")
+        head = self.artifact.session(HEAD_TEXT if infer_text else HEAD_CODE)
         head_out = head.get_outputs()[0].name
         sampler = Sampler(cfg, streams, batch, seed)
         state = StepState(
@@ -694,7 +694,7 @@ class Pipeline:
             eos_token=self.tokenizer.eos_id,
             max_input_ids=self.tokenizer.vocab_size,
         )
-        if not self.artifact.has_component("head_text"):
+        if not self.artifact.has_component(HEAD_TEXT):
             raise ForgeError(f"artifact {self.artifact.path} has no head_text.onnx: refinement is unavailable")
         decorated = decorate_text_prompts(list(texts), params.prompt)
         input_ids, mask, text_mask = self.tokenizer.encode(decorated, self.num_vq)
@@ -716,9 +716,9 @@ class Pipeline:
         """Hidden states [T, hidden] (Decoder) or codes [T, num_vq] (DVAE) -> mel [n_mels, 2T]."""
         if use_decoder:
             feed = {"hidden_states": np.ascontiguousarray(x.T[None], dtype=np.float32)}
-            return self.artifact.session("decoder").run(["mel"], feed)[0][0]
+            return self.artifact.session(DECODER).run(["mel"], feed)[0][0]
         feed = {"codes": np.ascontiguousarray(x.T[None], dtype=np.int64)}
-        return self.artifact.session("dvae").run(["mel"], feed)[0][0]
+        return self.artifact.session(DVAE).run(["mel"], feed)[0][0]
 
     def vocos(self, mel: np.ndarray) -> np.ndarray:
         """mel [n_mels, F] -> waveform [hop * (F - 1)] (FP32 Vocos)."""
@@ -743,7 +743,7 @@ class Pipeline:
         batch = np.zeros((len(items), chans, t_max), dtype=np.float32 if use_decoder else np.int64)
         for i, x in enumerate(items):
             batch[i, :, : len(x)] = np.asarray(x).T
-        name, comp = ("hidden_states", "decoder") if use_decoder else ("codes", "dvae")
+        name, comp = ("hidden_states", DECODER) if use_decoder else ("codes", DVAE)
         mel = self.artifact.session(comp).run(["mel"], {name: batch})[0]
         return self.artifact.session("vocos").run(["waveform"], {"mel": mel})[0]
 

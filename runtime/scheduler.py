@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import HEAD_CODE
 from chattts_forge.errors import ArtifactChanged, Busy, ForgeError, Unavailable
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
@@ -295,7 +296,7 @@ class Scheduler:
         self._prefill = FastGptStep.from_artifact(pipe.artifact)
         self._rows = FastGptStep.from_artifact(pipe.artifact)
         self._rows.open_rows(max_batch, 256)
-        self._head = pipe.artifact.session("head_code")
+        self._head = pipe.artifact.session(HEAD_CODE)
         self._head_out = self._head.get_outputs()[0].name
         self._waiting: deque[tuple[Handle, SynthParams]] = deque()
         self._active: list[_Active] = []
