@@ -55,21 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge import chattts_defaults
 from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
-from chattts_forge.chattts_defaults import (
-    CODE_MAX_NEW_TOKEN,
-    CODE_PROMPT,
-    CODE_REPETITION_PENALTY,
-    CODE_TEMPERATURE,
-    MIN_NEW_TOKEN,
-    REFINE_MAX_NEW_TOKEN,
-    REFINE_PROMPT,
-    REFINE_REPETITION_PENALTY,
-    REFINE_TEMPERATURE,
-    STREAM_BATCH,
-    TOP_K,
-    TOP_P,
-)
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
 from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams, check_synth_params
@@ -125,13 +112,13 @@ def _strict(cls: type) -> type:
 class RefineTextParams:
     """ChatTTS 0.2.5 `Chat.RefineTextParams` (same names and defaults)."""
 
-    prompt: str = REFINE_PROMPT
-    top_P: float = TOP_P
-    top_K: int = TOP_K
-    temperature: float = REFINE_TEMPERATURE
-    repetition_penalty: float = REFINE_REPETITION_PENALTY
-    max_new_token: int = REFINE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
+    prompt: str = chattts_defaults.REFINE_PROMPT
+    top_P: float = chattts_defaults.TOP_P
+    top_K: int = chattts_defaults.TOP_K
+    temperature: float = chattts_defaults.REFINE_TEMPERATURE
+    repetition_penalty: float = chattts_defaults.REFINE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
     show_tqdm: bool = True
     ensure_non_empty: bool = True
     manual_seed: int | None = None
@@ -142,14 +129,14 @@ class RefineTextParams:
 class InferCodeParams(RefineTextParams):
     """ChatTTS 0.2.5 `Chat.InferCodeParams` (same names and defaults)."""
 
-    prompt: str = CODE_PROMPT
+    prompt: str = chattts_defaults.CODE_PROMPT
     spk_emb: str | None = None
     spk_smp: str | None = None
     txt_smp: str | None = None
-    temperature: float = CODE_TEMPERATURE
-    repetition_penalty: float = CODE_REPETITION_PENALTY
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    stream_batch: int = STREAM_BATCH
+    temperature: float = chattts_defaults.CODE_TEMPERATURE
+    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    stream_batch: int = chattts_defaults.STREAM_BATCH
     stream_speed: int = 12000
     pass_first_n_batches: int = 2
 

@@ -35,21 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from chattts_forge import chattts_defaults
 from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
-from chattts_forge.chattts_defaults import (
-    CODE_MAX_NEW_TOKEN,
-    CODE_PROMPT,
-    CODE_REPETITION_PENALTY,
-    CODE_TEMPERATURE,
-    MIN_NEW_TOKEN,
-    REFINE_MAX_NEW_TOKEN,
-    REFINE_PROMPT,
-    REFINE_REPETITION_PENALTY,
-    REFINE_TEMPERATURE,
-    STREAM_BATCH,
-    TOP_K,
-    TOP_P,
-)
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -93,13 +80,13 @@ _SAFETY_FRAMES = 2
 class RefineTextParams:
     """ChatTTS's `Chat.RefineTextParams` defaults."""
 
-    prompt: str = REFINE_PROMPT
-    top_p: float | None = TOP_P
-    top_k: int | None = TOP_K
-    temperature: float = REFINE_TEMPERATURE
-    repetition_penalty: float | None = REFINE_REPETITION_PENALTY
-    max_new_token: int = REFINE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
+    prompt: str = chattts_defaults.REFINE_PROMPT
+    top_p: float | None = chattts_defaults.TOP_P
+    top_k: int | None = chattts_defaults.TOP_K
+    temperature: float = chattts_defaults.REFINE_TEMPERATURE
+    repetition_penalty: float | None = chattts_defaults.REFINE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
     ensure_non_empty: bool = True
     seed: int | None = None
 
@@ -108,17 +95,17 @@ class RefineTextParams:
 class InferCodeParams:
     """ChatTTS's `Chat.InferCodeParams` defaults (`seed` plays the role of `manual_seed`)."""
 
-    prompt: str = CODE_PROMPT
+    prompt: str = chattts_defaults.CODE_PROMPT
     spk_emb: str | None = None
     spk_smp: str | None = None
     txt_smp: str | None = None
-    temperature: float | Sequence[float] = CODE_TEMPERATURE
-    top_p: float | None = TOP_P
-    top_k: int | None = TOP_K
-    repetition_penalty: float | None = CODE_REPETITION_PENALTY
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
-    stream_batch: int = STREAM_BATCH
+    temperature: float | Sequence[float] = chattts_defaults.CODE_TEMPERATURE
+    top_p: float | None = chattts_defaults.TOP_P
+    top_k: int | None = chattts_defaults.TOP_K
+    repetition_penalty: float | None = chattts_defaults.CODE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
+    stream_batch: int = chattts_defaults.STREAM_BATCH
     ensure_non_empty: bool = True
     seed: int | None = None
 

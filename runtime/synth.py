@@ -21,16 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.chattts_defaults import (
-    CODE_MAX_NEW_TOKEN,
-    CODE_PROMPT,
-    CODE_REPETITION_PENALTY,
-    CODE_TEMPERATURE,
-    MIN_NEW_TOKEN,
-    STREAM_BATCH,
-    TOP_K,
-    TOP_P,
-)
+from chattts_forge import chattts_defaults
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger
@@ -62,18 +53,18 @@ class SynthConfig:
     speaker_out: Path | None = None
     speaker_audio: Path | None = None
     speaker_text: str | None = None
-    temperature: float = CODE_TEMPERATURE
-    top_p: float = TOP_P
-    top_k: int = TOP_K
-    repetition_penalty: float = CODE_REPETITION_PENALTY
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
-    prompt: str = CODE_PROMPT
+    temperature: float = chattts_defaults.CODE_TEMPERATURE
+    top_p: float = chattts_defaults.TOP_P
+    top_k: int = chattts_defaults.TOP_K
+    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
+    prompt: str = chattts_defaults.CODE_PROMPT
     refine: bool = True
     use_decoder: bool = True
     codes_out: Path | None = None
     stream: bool = False
-    stream_batch: int = STREAM_BATCH
+    stream_batch: int = chattts_defaults.STREAM_BATCH
     stream_lookahead: int | None = None
     split_sentences: bool = False
     batch_size: int = 8
@@ -94,14 +85,14 @@ class WarmConfig:
     out: Path
     seed: int = 0
     speaker: str | None = None
-    temperature: float = CODE_TEMPERATURE
-    top_p: float = TOP_P
-    top_k: int = TOP_K
-    repetition_penalty: float = CODE_REPETITION_PENALTY
-    min_new_token: int = MIN_NEW_TOKEN
+    temperature: float = chattts_defaults.CODE_TEMPERATURE
+    top_p: float = chattts_defaults.TOP_P
+    top_k: int = chattts_defaults.TOP_K
+    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
     use_decoder: bool = True
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    prompt: str = CODE_PROMPT
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    prompt: str = chattts_defaults.CODE_PROMPT
     refine: bool = True
     engine: str = "auto"
     provider: str = "cpu"

@@ -29,14 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.chattts_defaults import (
-    CODE_MAX_NEW_TOKEN,
-    CODE_PROMPT,
-    CODE_REPETITION_PENALTY,
-    MIN_NEW_TOKEN,
-    TOP_K,
-    TOP_P,
-)
+from chattts_forge import chattts_defaults
 from chattts_forge.errors import ForgeError
 from chattts_forge.torch_ref.chat import quiet_chattts
 
@@ -189,13 +182,13 @@ class OracleParams:
     """The knobs of ChatTTS's code generation the oracle runs with (temperature ~0: argmax codes)."""
 
     spk_emb: str | None = None
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
     temperature: float = 1e-9
-    top_p: float | None = TOP_P
-    top_k: int | None = TOP_K
-    repetition_penalty: float | None = CODE_REPETITION_PENALTY
-    prompt: str = CODE_PROMPT
+    top_p: float | None = chattts_defaults.TOP_P
+    top_k: int | None = chattts_defaults.TOP_K
+    repetition_penalty: float | None = chattts_defaults.CODE_REPETITION_PENALTY
+    prompt: str = chattts_defaults.CODE_PROMPT
     normalize: bool = True
     seed: int = 0
 

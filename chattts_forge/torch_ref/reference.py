@@ -29,16 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.chattts_defaults import (
-    CODE_MAX_NEW_TOKEN,
-    CODE_PROMPT,
-    CODE_REPETITION_PENALTY,
-    CODE_TEMPERATURE,
-    MIN_NEW_TOKEN,
-    REFINE_MAX_NEW_TOKEN,
-    TOP_K,
-    TOP_P,
-)
+from chattts_forge import chattts_defaults
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.log import get_logger
@@ -105,16 +96,16 @@ class ReferenceParams:
 
     seed: int | None = None
     speaker: str | None = None
-    temperature: float = CODE_TEMPERATURE
-    top_p: float = TOP_P
-    top_k: int = TOP_K
-    repetition_penalty: float = CODE_REPETITION_PENALTY
-    max_new_token: int = CODE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
+    temperature: float = chattts_defaults.CODE_TEMPERATURE
+    top_p: float = chattts_defaults.TOP_P
+    top_k: int = chattts_defaults.TOP_K
+    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
+    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
+    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
     refine: bool = True
     use_decoder: bool = True
-    prompt: str = CODE_PROMPT
-    refine_max_new_token: int = REFINE_MAX_NEW_TOKEN
+    prompt: str = chattts_defaults.CODE_PROMPT
+    refine_max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
     split_text: bool = True
     show_progress: bool = False
 
