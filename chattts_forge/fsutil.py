@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, Conflict, ForgeError, NotFound
 
 
 def _umask() -> int:
@@ -202,7 +202,7 @@ def atomic_output_dir(final: str | os.PathLike[str], overwrite: bool = True) -> 
         raise ForgeError(f"output folder {parent} is not writable")
     recover_replaced_dirs(parent)
     if final.exists() and not overwrite:
-        raise ForgeError(f"{final} already exists; refusing to overwrite it")
+        raise Conflict(f"{final} already exists; refusing to overwrite it")
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=parent))
     os.chmod(tmp, _public_dir_mode())
     try:
@@ -256,21 +256,21 @@ def resolve_inside(folder: str | os.PathLike[str], relative: object, *, file: st
     """
     where = f"{file}: {field}"
     if not isinstance(relative, str) or not relative or "\0" in relative:
-        raise ForgeError(f"{where} must be a relative path inside {folder}, got {relative!r}")
+        raise BadInput(f"{where} must be a relative path inside {folder}, got {relative!r}")
     rel = Path(relative)
     if rel.is_absolute() or relative.startswith(("/", "\\")) or rel.drive:
-        raise ForgeError(f"{where} is an absolute path ({relative!r}); it must be relative to {folder}")
+        raise BadInput(f"{where} is an absolute path ({relative!r}); it must be relative to {folder}")
     if ".." in rel.parts or ".." in relative.replace("\\", "/").split("/"):
-        raise ForgeError(f"{where} climbs out of {folder} with '..' ({relative!r})")
+        raise BadInput(f"{where} climbs out of {folder} with '..' ({relative!r})")
     base = Path(folder)
     candidate = base / rel
     try:
         real_base = base.resolve()
         real = candidate.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop
-        raise ForgeError(f"{where} ({relative!r}) cannot be resolved: {e}") from None
+        raise BadInput(f"{where} ({relative!r}) cannot be resolved: {e}") from None
     if real != real_base and real_base not in real.parents:
-        raise ForgeError(f"{where} ({relative!r}) resolves to {real}, outside {folder} (a symbolic link points out)")
+        raise BadInput(f"{where} ({relative!r}) resolves to {real}, outside {folder} (a symbolic link points out)")
     return candidate
 
 
@@ -304,15 +304,15 @@ def read_toml(path: str | os.PathLike[str], what: str = "file") -> dict[str, Any
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ForgeError(f"{what} {path} does not exist") from None
+        raise NotFound(f"{what} {path} does not exist") from None
     except IsADirectoryError:
-        raise ForgeError(f"{what} {path} is a folder, not a TOML file") from None
+        raise BadInput(f"{what} {path} is a folder, not a TOML file") from None
     except OSError as e:
-        raise ForgeError(f"{what} {path} is unreadable: {e.strerror}") from None
+        raise BadInput(f"{what} {path} is unreadable: {e.strerror}") from None
     except UnicodeDecodeError as e:
-        raise ForgeError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+        raise BadInput(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
     except (tomllib.TOMLDecodeError, RecursionError) as e:
-        raise ForgeError(f"{what} {path} is not valid TOML: {' '.join(str(e).split())[:200]}") from None
+        raise BadInput(f"{what} {path} is not valid TOML: {' '.join(str(e).split())[:200]}") from None
 
 
 def installed_file(distribution: str, path_in_wheel: str) -> Path | None:

@@ -31,7 +31,7 @@ from chattts_forge.checkpoint.layout import (
     resolve_asset_dir,
     sha256_map_key,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
 
@@ -147,7 +147,7 @@ def quiet_chattts(verbose: bool = False) -> Iterator[None]:
 def _check_files(asset_dir: Path) -> None:
     for rel in ASSET_FILES:
         if not (asset_dir / rel).is_file():
-            raise ForgeError(f"{asset_dir}: checkpoint file {rel} is missing")
+            raise IntegrityError(f"{asset_dir}: checkpoint file {rel} is missing")
 
 
 def _check_released_hashes(asset_dir: Path, sha256_map: dict[str, str]) -> None:
@@ -162,7 +162,7 @@ def _check_released_hashes(asset_dir: Path, sha256_map: dict[str, str]) -> None:
     for rel in ASSET_FILES:
         expected = sha256_map.get(sha256_map_key(rel))
         if expected is not None and sha256_file(asset_dir / rel) != expected:
-            raise ForgeError(
+            raise IntegrityError(
                 f"{asset_dir / rel}: sha256 differs from the released ChatTTS checkpoint and there is no "
                 "synthetic marker (run `chattts-forge checkpoint verify` for details)"
             )

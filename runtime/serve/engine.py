@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON
-from chattts_forge.errors import ForgeError, quote
+from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
@@ -75,11 +75,11 @@ def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
     try:
         table = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ForgeError(f"voices file {p} does not exist") from None
+        raise NotFound(f"voices file {p} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"voices file {p} is not valid JSON ({e})") from None
+        raise BadInput(f"voices file {p} is not valid JSON ({e})") from None
     if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
-        raise ForgeError(f"voices file {p} must hold one JSON object of name -> speaker string")
+        raise BadInput(f"voices file {p} must hold one JSON object of name -> speaker string")
     return {k.strip(): v.strip() for k, v in table.items()}
 
 
@@ -91,7 +91,7 @@ class ServedVersion:
         `voices`: named voices besides OpenAI's six and 'default'."""
         self.path = Path(path)
         if not self.path.is_dir():
-            raise ForgeError(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
+            raise NotFound(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = cfg.max_batch, cfg.max_queue
         kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
                                   "public_key": cfg.public_key, "engine": "auto"}
