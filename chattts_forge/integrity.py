@@ -86,7 +86,7 @@ BUILD_CACHE_MAX_ENTRIES = 1 << 16  # the driver's: every file of a build's folde
 
 
 def check_verify_mode(mode: str) -> str:
-    """The canonical name of a verify mode; ForgeError for an unknown one."""
+    """The canonical name of a verify mode; BadInput for an unknown one."""
     mode = VERIFY_ALIASES.get(mode, mode)
     if mode not in VERIFY_MODES:
         raise BadInput(f"unknown verify mode {mode!r} (choose from: {', '.join(VERIFY_MODES)})")
@@ -251,11 +251,11 @@ def _add(out: dict[str, RecordedFile], entry: RecordedFile) -> None:
         return
     if entry.sha256 and old.sha256 and entry.sha256 != old.sha256:
         raise IntegrityError(f"{entry.recorded_in} and {old.recorded_in} record different sha256s for {entry.rel}: "
-                         "the folder was changed after it was made")
+                             "the folder was changed after it was made")
     if (old.sha256 is None and entry.sha256 is not None) or (not old.what and entry.what):
         out[entry.rel] = RecordedFile(entry.rel, old.bytes if old.bytes is not None else entry.bytes,
-                                  old.sha256 or entry.sha256, old.recorded_in if old.sha256 else entry.recorded_in,
-                                  old.what or entry.what)
+                                      old.sha256 or entry.sha256, old.recorded_in if old.sha256 else entry.recorded_in,
+                                      old.what or entry.what)
 
 
 def artifact_records(meta: ArtifactMeta, present: Callable[[str], bool]) -> list[RecordedFile]:
@@ -277,7 +277,7 @@ def published_records(folder: Path) -> list[RecordedFile] | None:
         listed = [RecordedFile(str(e["path"]), int(e["bytes"]), str(e["sha256"]), PUBLISHED_MANIFEST) for e in files]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise IntegrityError(f"{manifest_path} is unreadable or malformed ({type(e).__name__}): the published folder "
-                         "is damaged") from None
+                             "is damaged") from None
     sums_path = folder / PUBLISHED_SUMS
     try:
         sums_bytes = sums_path.read_bytes()
