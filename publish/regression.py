@@ -18,8 +18,9 @@ reports and re-running it gives the same bytes:
 - first audio (the median; no per-run values are recorded: no interval, never judged) and size (exact).
 
 A figure is a regression when its change is worse than the gate's ``[regression]`` tolerance over its
-whole interval; an improvement when its whole interval is better; otherwise noise ("same") or worse
-within the tolerance. A figure the variant's own gate waived (timings on tiny synthetic checkpoints,
+whole interval; an improvement when its whole interval is better by more than a tenth of the
+tolerance (`_NOISE`); worse within the tolerance when its whole interval is worse by more than that;
+otherwise noise ("same"). A figure the variant's own gate waived (timings on tiny synthetic checkpoints,
 SIM/DNSMOS/WER on synthetic ones) is reported as waived. Beside the figures: what changed between
 the two builds, from their records (checkpoint, toolchain, library versions, quantizer method and
 options, calibration corpus, evaluation corpus, gate file).
@@ -61,9 +62,16 @@ from chattts_forge.publish.manifest import (
 )
 
 REGRESSION_SCHEMA = "chattts-forge/regression/1"
+# how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
+LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
+          "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
+          "rtf_ratio_vs_reference": "RTF over its FP32", "first_audio_seconds": "first audio", "size_mb": "size"}
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 NO_BASELINE = "no baseline: the first version of this model in the artifacts folder"
+# A change smaller than this fraction of a figure's tolerance, even over its whole interval, is counted
+# as no change (an exact figure such as the size moves by a few bytes between two quantizer options).
+_NOISE = 0.1
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,6 @@ def _judge(figure: str, entry: dict[str, Any], tolerance: float | None, waived: 
     sign = -1.0 if better == "higher" else 1.0  # worsening = sign * delta
     entry = {**entry, "tolerance": tolerance, "worse_is": "lower" if better == "higher" else "higher"}
     delta, lo, hi = entry["delta"], entry["low"], entry["high"]
-    unit = "" if not entry["relative"] else " (relative)"
     shown = _fmt_delta(entry)
     if waiver is not None and waiver in waived:
         return {**entry, "status": "waived", "message": f"{what}: {shown}; not judged ({waived[waiver]})"}
@@ -219,14 +226,17 @@ def _judge(figure: str, entry: dict[str, Any], tolerance: float | None, waived: 
     worst, best = sorted((sign * lo, sign * hi))[::-1]  # the worsening interval: [best, worst]
     if tolerance is not None and best > tolerance:
         status = "regression"
-        msg = (f"worse than {baseline_name} by {abs(delta):.3g}{unit} {figure.replace('_', ' ')} "
-               f"[{min(abs(lo), abs(hi)):.3g}, {max(abs(lo), abs(hi)):.3g}] (tolerance {tolerance:.3g})")
-    elif worst < 0:
-        status, msg = "improved", f"better than {baseline_name}: {shown}"
-    elif best > 0:
-        status, msg = "worse", f"worse than {baseline_name} within the tolerance: {shown}"
+        def shown_abs(x: float) -> str:
+            return f"{abs(x) * 100:.1f}%" if entry["relative"] else f"{abs(x):.3g}"
+        msg = (f"worse than {baseline_name} by {shown_abs(delta)} {LABELS[figure]} "
+               f"[{shown_abs(min(abs(lo), abs(hi)))}, {shown_abs(max(abs(lo), abs(hi)))}] "
+               f"(tolerance {shown_abs(tolerance)})")
+    elif worst < -_NOISE * (tolerance or 0.0):
+        status, msg = "improved", f"{LABELS[figure]} better than {baseline_name}: {shown}"
+    elif best > _NOISE * (tolerance or 0.0):
+        status, msg = "worse", f"{LABELS[figure]} worse than {baseline_name} within the tolerance: {shown}"
     else:
-        status, msg = "same", f"within noise of {baseline_name}: {shown}"
+        status, msg = "same", f"{LABELS[figure]} within noise of {baseline_name}: {shown}"
     return {**entry, "status": status, "message": msg}
 
 
@@ -332,7 +342,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
 def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:
     """A regression the build was told to publish anyway, with why (recorded in the manifest)."""
     if not reason or not reason.strip():
-        raise ForgeError("--accept-regression needs --regression-reason: why this regression may ship")
+        raise ForgeError("--accept-regression needs --reason: why this regression may ship")
     return {**record, "accepted": {"reason": reason.strip()}}
 
 
