@@ -760,7 +760,7 @@ def _regression(pipe: Build, cfg: BuildConfig, variant: str, baseline: Any, note
     from chattts_forge.publish.regression import accept, compare_build_variant
 
     record = compare_build_variant(pipe.artifact_dir(variant), pipe.report_dir(variant), baseline,
-                                   load_gate(cfg.gate)["regression"], note)
+                                   load_gate(cfg.gate)["regression"], note, eval_corpus=pipe.eval_corpus)
     if record["verdict"] == "regression" and variant in cfg.accept_regression:
         record = accept(record, cfg.regression_reason)
     elif record["verdict"] == "regression" and baseline is not None:

@@ -195,6 +195,19 @@ def _table(entries: list[VariantEntry]) -> str:
     return f"<table class='variants'><tr><th>variant</th><th>verdict</th>{head}</tr>{''.join(rows)}</table>"
 
 
+def _fp32_against_baseline(m: dict[str, Any] | None, base: str) -> str:
+    """The build's FP32 against the baseline's FP32 (measured by the build, publish.regression)."""
+    if not m:
+        return ""
+    if m.get("identical"):
+        return f"<br>FP32 against {base}'s FP32: the same bytes"
+    parts = [f"{label} {_fmt(m[key]['value'], spec)}" + (f" <span class='iv'>[{_fmt(m[key]['low'], spec)}, "
+                                                         f"{_fmt(m[key]['high'], spec)}]</span>" if "low" in m[key] else "")
+             for key, label, spec in (("code_agreement", "code agreement", ".4f"), ("code_kl", "KL", ".3g"),
+                                      ("mel_snr_db", "mel SNR dB", ".1f")) if key in m]
+    return f"<br>FP32 against {base}'s FP32 (measured now, {m.get('sentences')} sentences): {', '.join(parts)}"
+
+
 def _regression_section(entries: list[VariantEntry]) -> str:
     """Per variant: its verdict against the baseline's same variant and what changed between the two builds."""
     items = []
@@ -218,6 +231,7 @@ def _regression_section(entries: list[VariantEntry]) -> str:
         better = [html.escape(r["figures"][f]["message"]) for f in r.get("improvements") or []]
         if better:
             verdict += "; improved: " + "; ".join(better)
+        verdict += _fp32_against_baseline(r.get("fp32_against_baseline"), base)
         changed = "".join(f"<li>{html.escape(c['what'])}: {html.escape(json.dumps(c['baseline']))} &rarr; "
                           f"{html.escape(json.dumps(c['now']))}</li>" for c in r["changed"])
         items.append(f"<li id='since-{html.escape(e.variant)}'><b>{html.escape(e.variant)}</b> since {base}: {verdict}"

@@ -15,7 +15,11 @@ reports and re-running it gives the same bytes:
 - RTF over its own build's FP32 (per-sentence RTF / FP32's, the median): a relative delta. Each ratio
   is of one run on one machine, so two builds on different machines stay comparable; it is not a
   fresh interleaved timing of both artifacts;
-- first audio (the median; no per-run values are recorded: no interval, never judged) and size (exact).
+- first audio (the median; no per-run values are recorded: no interval, never judged) and size (exact);
+- the FP32 reference against the baseline's FP32: its figures against its own FP32 are trivially
+  perfect, so this one is measured now (`fp32_against_baseline`: code agreement, KL, mel SNR, both
+  replaying the baseline FP32's runs; not measured when the payloads are identical), reported in the
+  FP32 record's ``fp32_against_baseline``, not judged.
 
 A figure is a regression when its change is worse than the gate's ``[regression]`` tolerance over its
 whole interval; an improvement when its whole interval is better by more than a tenth of the
@@ -55,11 +59,14 @@ from chattts_forge.publish.index import iter_variant_dirs, version_number
 from chattts_forge.publish.manifest import (
     MANIFEST_NAME,
     REPORT_COPY_NAME,
+    RESERVED_NAMES,
     build_manifest_core,
     load_manifest,
+    manifest_files,
     read_json_document,
     source_fingerprint,
 )
+from chattts_forge.runtime.router import FALLBACK_VARIANT
 
 REGRESSION_SCHEMA = "chattts-forge/regression/1"
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
@@ -322,21 +329,62 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
     }
 
 
+def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: dict[str, Any],
+                          threads: int | None = None) -> dict[str, Any]:
+    """The build's FP32 against the baseline's FP32, measured now (the one figure not read from
+    records): both replay the baseline FP32's own runs of the held-out sentences (teacher-forced, with
+    the FP32 report's fidelity settings), so a change of exporter or onnxruntime shows here first."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.evaluate.intervals import fidelity_sentences
+    from chattts_forge.evaluate.stats import bootstrap_ratio_interval
+    from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories
+
+    sentences, steps, seed = (int(settings.get(k) or d) for k, d in
+                              (("fidelity_sentences", 8), ("fidelity_steps", 48), ("seed", 0)))
+    corp = load_corpus(corpus, max_sentences=settings.get("max_sentences"))
+    trajectories = record_trajectories(baseline_fp32, corp, min(sentences, len(corp.sentences)), steps, seed, threads)
+    sessions = ReplaySessions(baseline_fp32, new_fp32, threads)
+    rows = fidelity_sentences([sessions.compare(t) for t in trajectories], use_fast=False)
+    steps_of = [r["steps"] for r in rows]
+    out: dict[str, Any] = {"identical": False, "sentences": len(rows),
+                           "how": "measured now: teacher-forced on the baseline FP32's runs, pooled over steps, "
+                                  "95% bootstrap interval over sentences"}
+    for key in ("code_agreement", "code_kl"):
+        num = [r[key] * r["steps"] for r in rows]
+        lo, hi = bootstrap_ratio_interval(num, steps_of, confidence=CONFIDENCE, resamples=RESAMPLES, seed=0)
+        out[key] = {"value": sum(num) / sum(steps_of), "low": lo, "high": hi}
+    noise, signal = sum(r["mel_noise"] for r in rows), sum(r["mel_signal"] for r in rows)
+    out["mel_snr_db"] = {"value": 150.0 if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)}
+    return out
+
+
 def no_baseline(note: str = NO_BASELINE) -> dict[str, Any]:
     return {"schema": REGRESSION_SCHEMA, "baseline": None, "note": note, "figures": {}, "changed": [],
             "regressions": [], "improvements": [], "verdict": "no baseline", "accepted": None}
 
 
 def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseline | None,
-                          tolerances: dict[str, float], note: str = NO_BASELINE) -> dict[str, Any]:
-    """The regression record of a built variant (its artifact folder and evaluation report folder)."""
+                          tolerances: dict[str, float], note: str = NO_BASELINE,
+                          eval_corpus: str | None = None) -> dict[str, Any]:
+    """The regression record of a built variant (its artifact folder and evaluation report folder).
+    For FP32, with `eval_corpus` (the build's held-out corpus), also its fidelity to the baseline's
+    FP32 (`fp32_against_baseline`; identical payloads are not measured: they give the same logits)."""
     sealed = read_report(report_dir)
     meta = ArtifactMeta.load(artifact_dir)
     if baseline is None or meta.variant not in baseline.variants:
         why = note if baseline is None else f"no baseline: {baseline.version} and older hold no {meta.variant}"
         return no_baseline(why)
     core = build_manifest_core(model=baseline.model, version="", variant=meta.variant, meta=meta, report=sealed)
-    return compare(sealed.data, core, baseline.variants[meta.variant], baseline.version, tolerances)
+    record = compare(sealed.data, core, baseline.variants[meta.variant], baseline.version, tolerances)
+    if meta.variant == FALLBACK_VARIANT and eval_corpus is not None:
+        old = baseline.variants[meta.variant]
+        published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
+                     if p not in RESERVED_NAMES}
+        record["fp32_against_baseline"] = (
+            {"identical": True, "how": "the same FP32 bytes as the baseline's: not measured (same logits)"}
+            if published == sealed.artifact_files else
+            fp32_against_baseline(artifact_dir, old, eval_corpus, sealed.data.get("settings") or {}))
+    return record
 
 
 def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.version_page import read_page_data
 from chattts_forge.gate import load_gate
 from chattts_forge.publish import verify_path
-from chattts_forge.publish.regression import accept, compare, what_changed
+from chattts_forge.publish.regression import accept, compare, fp32_against_baseline, what_changed
 
 MODEL = "chattts-synthetic-tiny-seed0"
 WORSE = "quantize=--calibrate-method percentile --percentile 99"
@@ -91,6 +91,8 @@ def test_the_same_inputs_again_show_no_regression(builds) -> None:
     assert {"code_agreement", "code_kl", "mel_snr_db", "size_mb"} <= set(figures)
     assert all(e["status"] in ("same", "waived", "not judged") for e in figures.values()), figures
     assert figures["code_agreement"]["delta"] == 0 and figures["code_agreement"]["n"] == 3
+    # the FP32 reference against the baseline's FP32: the same bytes, so nothing to measure
+    assert records["fp32"]["fp32_against_baseline"]["identical"] is True
     # nothing new: no v2, the published variants untouched
     assert not (builds["to"] / MODEL / "v2").exists()
     assert {k: v for k, v in builds["after_identical"].items() if "/v1/" in k and k.count("/") > 2} == \
@@ -143,6 +145,20 @@ def test_an_accepted_regression_is_published_marked_and_shown_on_its_page_and_th
     v2.write_text(page.replace('"verdict": "regression"', '"verdict": "no regression"'))
     assert any("another comparison with the previous version" in p for p in verify_path(to).problems)
     v2.write_text(page)
+
+
+@pytest.mark.slow
+def test_another_fp32_shows_in_the_fp32_against_baseline_measurement(builds) -> None:
+    """What an exporter or onnxruntime change would show: here v2's int8-static stands in for a changed
+    FP32 (same graphs, other weights' precision), measured against v1's FP32 on the held-out sentences."""
+    to = builds["to"]
+    settings = json.loads((to / MODEL / "v1" / "fp32" / "report.json").read_text())["settings"]
+    same = fp32_against_baseline(to / MODEL / "v1" / "fp32", to / MODEL / "v1" / "fp32", "builtin:evaluation", settings)
+    other = fp32_against_baseline(to / MODEL / "v2" / "int8-static", to / MODEL / "v1" / "fp32", "builtin:evaluation",
+                                  settings)
+    assert same["code_agreement"] == {"value": 1.0, "low": 1.0, "high": 1.0} and same["code_kl"]["value"] < 1e-9
+    assert other["sentences"] == settings["fidelity_sentences"]
+    assert other["code_agreement"]["low"] <= other["code_agreement"]["value"] < 0.99 and other["code_kl"]["value"] > 0.01
 
 
 # ---- the comparison on its own (published records, no build) --------------------------------------------
