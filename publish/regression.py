@@ -37,7 +37,9 @@ The record (``regression`` in a published variant's manifest, schema `REGRESSION
                           "worse_is", "status" ("regression"|"worse"|"same"|"improved"|"waived"|"not judged"),
                           "message"}},
      "changed": [{"what", "baseline", "now"}], "regressions": [figure], "improvements": [figure],
-     "verdict" ("regression"|"no regression"|"no baseline"), "accepted": null | {"reason"}}
+     "verdict" ("regression"|"no regression"|"no baseline"), "accepted": null | {"reason"},
+     "already_published" (a refused variant whose bytes a version already holds: that version; driver only),
+     "fp32_against_baseline" (FP32's record only: `fp32_against_baseline`)}
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> d
             if x is not None and y is not None:
                 # both reports' step counts when both recorded them (evaluate.intervals); else one each
                 wa, wb = (_finite(r.get("fidelity_steps")) for r in (ra[text], rb[text]))
-                pairs.append((x, y, wa or 1.0, wb or 1.0) if wa and wb else (x, y, 1.0, 1.0))
+                pairs.append((x, y, wa, wb) if wa and wb else (x, y, 1.0, 1.0))
     if not pairs:
         return None
     arr = np.asarray(pairs, np.float64)
