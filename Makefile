@@ -107,8 +107,16 @@ RAY_STEP_CPUS ?= 2
 # the user's own key pair in $XDG_CONFIG_HOME/chattts-forge/ (made on first use). The public half is
 # written to $(ARTIFACTS)/signing-key.pub.
 SIGN_KEY ?=
+# The regression gate (docs/manifest.md "The regression record"): BASELINE=vN compares with that published
+# version (default: the newest; BASELINE=none: no comparison); ACCEPT_REGRESSION=VARIANT[,VARIANT]
+# publishes those even when worse than the baseline, REASON='why' is recorded in their manifests.
+BASELINE ?=
+ACCEPT_REGRESSION ?=
+REASON ?=
 PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
 	--build $(BUILD) --to $(ARTIFACTS) \
+	$(if $(filter none,$(BASELINE)),--no-baseline,$(if $(strip $(BASELINE)),--baseline '$(BASELINE)')) \
+	$(if $(strip $(ACCEPT_REGRESSION)),--accept-regression '$(ACCEPT_REGRESSION)' --reason '$(REASON)') \
 	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)') \
 	$(if $(strip $(SIGN_KEY)),--sign-key '$(SIGN_KEY)') \
 	$(if $(strip $(RAY)),--ray '$(RAY)' --ray-step-cpus $(RAY_STEP_CPUS))

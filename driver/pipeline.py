@@ -512,6 +512,13 @@ class VariantOutcome:
     passed: bool | None
     published: Path | None = None
     status: str = ""
+    regression: dict[str, Any] | None = None  # its comparison with the baseline version (publish.regression)
+
+    @property
+    def refused_as_regression(self) -> bool:
+        """Passed its gate, worse than the baseline beyond the tolerance, not accepted: not published."""
+        return bool(self.passed and self.regression and self.regression["verdict"] == "regression"
+                    and not self.regression.get("accepted") and not self.regression.get("already_published"))
 
 
 @dataclass
@@ -547,6 +554,12 @@ class BuildConfig:
     ray_step_cpus: float = 2
     sign_key: str | os.PathLike[str] | None = None
     require_published: tuple[str, ...] = ()  # variants whose absence from the publication fails the run
+    # The regression gate (publish.regression): the version compared with (None: the newest published),
+    # or none at all; variants published despite a regression, and why (recorded in their manifests).
+    baseline: str | None = None
+    compare_baseline: bool = True
+    accept_regression: tuple[str, ...] = ()
+    regression_reason: str = ""
 
 
 def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[VariantOutcome]:
@@ -572,6 +585,12 @@ def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[Varia
         )
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
+    regressions = [o for o in outcomes if o.refused_as_regression]
+    if regressions:
+        raise ForgeError("refused as a regression against the previous version (publish them anyway with "
+                         "--accept-regression VARIANT --reason WHY): " + "; ".join(
+                             f"{o.variant}: " + "; ".join(o.regression["figures"][f]["message"]
+                                                         for f in o.regression["regressions"]) for o in regressions))
     missing = [o for o in outcomes if o.variant in cfg.require_published and not o.published]
     if missing:
         raise ForgeError("required variant(s) not published: " + "; ".join(
@@ -598,6 +617,13 @@ def _prepared_build(cfg: BuildConfig) -> Build:
     not_built = [v for v in cfg.require_published if v not in cfg.variants]
     if not_built:
         raise ForgeError(f"--require-published names variant(s) this build does not build: {', '.join(not_built)}")
+    not_built = [v for v in cfg.accept_regression if v not in cfg.variants]
+    if not_built:
+        raise ForgeError(f"--accept-regression names variant(s) this build does not build: {', '.join(not_built)}")
+    if cfg.accept_regression and not cfg.regression_reason.strip():
+        raise ForgeError("--accept-regression needs --reason: why this regression may ship (it goes into the manifest)")
+    if cfg.baseline is not None and not cfg.compare_baseline:
+        raise ForgeError("--baseline and --no-baseline exclude each other")
     ckpt: Path | None = None
     if cfg.checkpoint:
         from chattts_forge.checkpoint.layout import resolve_asset_dir
@@ -645,6 +671,7 @@ def _publish_passing(pipe: Build, cfg: BuildConfig) -> list[VariantOutcome]:
     from chattts_forge.publish.verify import verify_path
 
     outcomes: list[VariantOutcome] = []
+    baseline, note = _baseline(pipe, cfg)
     for variant in cfg.variants:
         rdir = pipe.report_dir(variant)
         if variant in pipe.broken:
@@ -653,7 +680,12 @@ def _publish_passing(pipe: Build, cfg: BuildConfig) -> list[VariantOutcome]:
         report = read_report(rdir)
         outcome = VariantOutcome(variant, rdir, report.passed)
         if report.passed:
-            result = publish_artifact(pipe.artifact_dir(variant), rdir, Path(cfg.to).resolve(), sign_key=cfg.sign_key)
+            outcome.regression = _regression(pipe, cfg, variant, baseline, note)
+        if outcome.refused_as_regression:
+            outcome.status = "refused as a regression"
+        elif report.passed:
+            result = publish_artifact(pipe.artifact_dir(variant), rdir, Path(cfg.to).resolve(), sign_key=cfg.sign_key,
+                                      regression=outcome.regression)
             outcome.published, outcome.status = result.path, result.status
             problems = verify_path(result.path, public_key=result.public_key).problems
             if problems:
@@ -664,13 +696,52 @@ def _publish_passing(pipe: Build, cfg: BuildConfig) -> list[VariantOutcome]:
     return outcomes
 
 
+def _baseline(pipe: Build, cfg: BuildConfig) -> tuple[Any, str]:
+    """(the version this build is compared with (publish.regression.Baseline) or None, why none)."""
+    from chattts_forge.artifact import ArtifactMeta
+    from chattts_forge.publish.manifest import default_model_name, source_checkpoint
+    from chattts_forge.publish.regression import NO_BASELINE, find_baseline
+
+    if not cfg.compare_baseline:
+        return None, "no baseline: the build was told --no-baseline"
+    meta = ArtifactMeta.load(pipe.artifact_dir("fp32"))
+    model = default_model_name(meta, source_checkpoint(meta))
+    baseline = find_baseline(pipe.to, model, cfg.baseline)
+    if baseline is not None:
+        log.info("regression gate: every variant against %s/%s", model, baseline.version)
+    return baseline, NO_BASELINE
+
+
+def _regression(pipe: Build, cfg: BuildConfig, variant: str, baseline: Any, note: str) -> dict[str, Any]:
+    """A passing variant's comparison with the same variant of the baseline; a regression the build
+    was told to accept carries its reason. A variant whose bytes are already published is never
+    refused (publishing it again is a no-op)."""
+    from chattts_forge.gate import load_gate
+    from chattts_forge.publish.regression import accept, compare_build_variant
+
+    record = compare_build_variant(pipe.artifact_dir(variant), pipe.report_dir(variant), baseline,
+                                   load_gate(cfg.gate)["regression"], note, eval_corpus=pipe.eval_corpus)
+    if record["verdict"] == "regression" and variant in cfg.accept_regression:
+        record = accept(record, cfg.regression_reason)
+    elif record["verdict"] == "regression" and baseline is not None:
+        from chattts_forge.evaluate.report_schema import read_report
+        from chattts_forge.publish.publish import find_identical
+
+        same = find_identical(pipe.to, baseline.model, variant, read_report(pipe.report_dir(variant)).artifact_files)
+        if same is not None:
+            record = {**record, "already_published": same.parent.name}
+    return record
+
+
 def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome]) -> bytes:
     """The version page (evaluate.version_page) of every variant of this run (published, refused by the
     gate, or not built) and of every variant published in this version by an earlier build; its copy
     goes to the build's reports folder."""
     from chattts_forge.evaluate.report_schema import read_report
     from chattts_forge.evaluate.version_page import VariantEntry, render_version_page
+    from chattts_forge.publish.regression import published_regression
     from chattts_forge.publish.version_files import published_variants, routing_table
+    from chattts_forge.runtime.router import FALLBACK_VARIANT
 
     here = published_variants(version_dir)
     entries = []
@@ -683,18 +754,23 @@ def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome])
             published = read_report(here[o.variant] / "report.json").data
             same = published["integrity"] == report["integrity"]
             entries.append(VariantEntry(o.variant, "published", published, o.report_dir if same else None,
-                                        "" if same else "published by an earlier build"))
+                                        "" if same else "published by an earlier build",
+                                        published_regression(here[o.variant])))
         elif not o.passed:
             entries.append(VariantEntry(o.variant, "refused", report, o.report_dir))
+        elif o.refused_as_regression:
+            entries.append(VariantEntry(o.variant, "regression", report, o.report_dir, "", o.regression))
         else:
             where = o.published.parent.name if o.published else "-"
-            entries.append(VariantEntry(o.variant, "other version", report, o.report_dir, f"passed; published in {where}"))
+            entries.append(VariantEntry(o.variant, "other version", report, o.report_dir, f"passed; published in {where}",
+                                        o.regression))
     shown = {o.variant for o in outcomes}
     for variant, vdir in here.items():
         if variant not in shown:
             entries.append(VariantEntry(variant, "published", read_report(vdir / "report.json").data, None,
-                                        "published by an earlier build"))
-    page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
+                                        "published by an earlier build", published_regression(vdir)))
+    routing = routing_table(version_dir) if FALLBACK_VARIANT in here else None
+    page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing)
     copy = pipe.work / "reports" / f"{version_dir.parent.name}-{version_dir.name}.html"
     atomic_write_bytes(copy, page)
     pipe.pages[version_dir / "report.html"] = copy
@@ -710,12 +786,14 @@ def publish_serving_files(pipe: Build, version_dir: Path, outcomes: list[Variant
     from chattts_forge.publish.version_files import publish_version_files
     from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
 
+    page = version_page(pipe, version_dir, outcomes) if outcomes is not None else None
     if not (version_dir / FALLBACK_VARIANT / "manifest.json").is_file():
         # e.g. a version opened by one re-quantized variant: nothing to fall back to, so no routing
+        # (the version page still shows it against its baseline)
         log.info("%s: no %s published in this version, so no routing table or phrase cache", version_dir,
                  FALLBACK_VARIANT)
+        publish_version_files(version_dir, page=page, sign_key=sign_key)
         return
-    page = version_page(pipe, version_dir, outcomes) if outcomes is not None else None
     publish_version_files(version_dir, page=page, sign_key=sign_key, sign=False)  # signed below, with its phrase cache
     phrases = shipped_phrase_file()
     model, version = version_dir.parent.name, version_dir.name
@@ -746,9 +824,18 @@ def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) 
     print(f"{'variant':<14} {'gate':<7} {'published':<60} report")
     for o in outcomes:
         gate = "pass" if o.passed else "FAIL" if o.passed is False else "ERROR"
-        pub = f"{o.published} ({o.status})" if o.published else "-"
+        pub = f"{o.published} ({o.status})" if o.published else "REGRESSION" if o.refused_as_regression else "-"
         report = next((o.report_dir / n for n in ("report.html", "report.md", "report.json") if (o.report_dir / n).exists()), o.report_dir)
         print(f"{o.variant:<14} {gate:<7} {pub:<60} {report if o.passed is not None else o.status}")
+    records = {o.variant: o.regression for o in outcomes if o.regression is not None}
+    if records:
+        from chattts_forge.publish.regression import summary
+
+        print("regression gate (each variant against the same variant of the previous version):")
+        for variant, record in records.items():
+            print(f"  {summary(variant, record)}")
+        atomic_write_json(pipe.work / "reports" / "regression.json", records)
+        print(f"  every figure with its interval: {pipe.work / 'reports' / 'regression.json'}")
     print(f"reports: {pipe.work / 'reports'}/<variant>/report.{{json,md,html}}")
     for page, copy in sorted(pipe.pages.items()):
         print(f"version page (every variant, by eye and by ear): {page} (copy: {copy})")
@@ -798,6 +885,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--require-published", default="", metavar="VARIANTS",
                     help="comma-separated variants that must pass the gate and be published, else exit 2 "
                          "(the full-size check: docs/testing.md)")
+    ap.add_argument("--baseline", default=None, metavar="vN",
+                    help="the published version every variant is compared with (default: the newest of the model)")
+    ap.add_argument("--no-baseline", action="store_true", help="compare with no previous version")
+    ap.add_argument("--accept-regression", action="append", default=[], metavar="VARIANT",
+                    help="publish VARIANT even if it is worse than the baseline's (repeatable; needs --reason)")
+    ap.add_argument("--reason", default="", help="why the accepted regression may ship (recorded in its manifest)")
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -823,6 +916,10 @@ def main(argv: list[str] | None = None) -> int:
             ray_step_cpus=args.ray_step_cpus,
             sign_key=args.sign_key,
             require_published=tuple(v for v in args.require_published.split(",") if v),
+            baseline=args.baseline,
+            compare_baseline=not args.no_baseline,
+            accept_regression=tuple(v for item in args.accept_regression for v in item.split(",") if v),
+            regression_reason=args.reason,
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -47,7 +47,8 @@ def fidelity_sentences(comparisons: list[Any], use_fast: bool) -> list[dict[str,
         ref = np.asarray(c.ref_mel, np.float64)
         noise = float(((ref - np.asarray(c.q_mel, np.float64)) ** 2).sum())
         signal = float((ref**2).sum())
-        rows.append({"code_agreement": cm["top1_agreement"]["mean"], "steps": cm["steps"], "mel_signal": signal,
+        rows.append({"code_agreement": cm["top1_agreement"]["mean"], "code_kl": cm["kl"]["mean"], "steps": cm["steps"],
+                     "mel_signal": signal,
                      "mel_noise": noise,
                      "mel_snr_db": 150.0 if noise == 0 else float(10 * np.log10(max(signal, 1e-300) / noise))})
     return rows
@@ -142,7 +143,9 @@ def build(report: dict[str, Any], fidelity_rows: list[dict[str, float]] | None) 
                                            10 * math.log10(1 / lo) if lo > 0 else 150.0, len(sig),
                                            "pooled mel energy / error energy, sentences resampled")
         for i, r in zip(ids, fidelity_rows, strict=False):
-            by_id[i].update(code_agreement=r["code_agreement"], mel_snr_db=r["mel_snr_db"])
+            # code_kl and the step count: what the regression gate pools per sentence (publish.regression)
+            by_id[i].update(code_agreement=r["code_agreement"], code_kl=r.get("code_kl"),
+                            fidelity_steps=r["steps"], mel_snr_db=r["mel_snr_db"])
     streaming = report.get("streaming") or {}
     for mode, key in (("default", "stream_snr_db"), ("lookahead", "stream_lookahead_snr_db")):
         for r in ((streaming.get("modes") or {}).get(mode) or {}).get("sentences") or []:

@@ -14,8 +14,11 @@ What it shows:
   the gate checks on that figure (pass / FAIL / waived, with the waiver's reason on hover);
 - a Pareto plot: speed (median RTF against FP32, same run) against fidelity (code agreement), the
   variants on the frontier joined;
+- "since vN" beside each figure and a list per variant: its change against the same variant of the
+  previous published version (publish.regression: delta, 95% interval, verdict) and what changed
+  between the two builds; a link to the model's history page (publish.history);
 - the routing table (publish.version_files / runtime.router): per length bucket the variant served
-  and why;
+  and why (none in a version without FP32);
 - for the first few held-out sentences, FP32's audio and each variant's next to it, and their mel
   spectrograms with the difference (the listen files of each report, checked against the sha256
   their report records). A small script writes each player's duration beside it once its metadata
@@ -64,6 +67,15 @@ COLUMNS: list[tuple[str, str, tuple[str, ...], str | None, str]] = [
     ("peak RSS MB", "peak_rss_mb", ("peak_rss_mb",), None, ".0f"),
 ]
 _RANK = {"fail": 3, "not_measured": 3, "pass": 2, "waived": 1}
+# column title -> the regression figures (publish.regression) its "since vN" cell shows
+SINCE: dict[str, tuple[str, ...]] = {
+    "WER/CER": ("wer", "cer"), "SIM to FP32": ("similarity",), "OVRL": ("ovrl",),
+    "code agreement": ("code_agreement", "code_kl"), "mel SNR dB": ("mel_snr_db",),
+    "RTF p50": ("rtf_ratio_vs_reference",), "first audio s": ("first_audio_seconds",), "size MB": ("size_mb",),
+}
+_SINCE_CLASS = {"regression": "fail", "improved": "pass", "worse": "waived", "same": "", "waived": "waived",
+                "not judged": "waived"}
+HISTORY_LINK = "../history.html"  # the model's history page (publish.history), beside its version folders
 
 
 @dataclass(frozen=True)
@@ -71,10 +83,12 @@ class VariantEntry:
     """One variant of the build: its sealed report (None when it was not built or not evaluated)."""
 
     variant: str
-    status: str  # "published" (in this version) | "refused" | "not built" | "other version" (passed, published elsewhere)
+    status: str  # "published" (in this version) | "refused" | "regression" (passed, refused against the baseline)
+    #              | "not built" | "other version" (passed, published elsewhere)
     report: dict[str, Any] | None = None
     report_dir: Path | None = None
     detail: str = ""  # why it was refused or not built
+    regression: dict[str, Any] | None = None  # its comparison with the previous version (publish.regression)
 
 
 def _num(x: Any) -> float | None:
@@ -130,18 +144,102 @@ def _verdict(entry: VariantEntry) -> str:
     if entry.status == "refused":
         failed = ", ".join((entry.report or {}).get("gate", {}).get("failed") or [])
         return f"<span class='badge fail'>REFUSED</span> <span class='why'>gate failed: {html.escape(failed)}</span>"
+    if entry.status == "regression":
+        worse = ", ".join((entry.regression or {}).get("regressions") or [])
+        return (f"<span class='badge fail'>REGRESSION</span> <span class='why'>worse than "
+                f"{html.escape(_baseline_version(entry) or '-')}: {html.escape(worse)}</span>")
     word = "OTHER VERSION" if entry.status == "other version" else "NOT BUILT"
     return f"<span class='badge waived'>{word}</span> <span class='why'>{html.escape(entry.detail)}</span>"
 
 
+def _baseline_version(entry: VariantEntry) -> str | None:
+    return ((entry.regression or {}).get("baseline") or {}).get("version")
+
+
+def _since(entry: VariantEntry, figures: tuple[str, ...]) -> str:
+    """A "since vN" cell: the change of each figure against the baseline's same variant, its interval
+    and its regression verdict (hover for the message)."""
+    record = (entry.regression or {}).get("figures") or {}
+    parts, statuses, titles = [], [], []
+    for f in figures:
+        e = record.get(f)
+        if not e:
+            continue
+        d, lo, hi = e["delta"], e.get("low"), e.get("high")
+        spec = (lambda x: f"{x * 100:+.1f}%") if e.get("relative") else (lambda x: f"{x:+.3g}")
+        text = spec(d) + (f" <span class='iv'>[{spec(lo)}, {spec(hi)}]</span>" if lo is not None and hi is not None else "")
+        parts.append(text + (f" {html.escape(f.upper())}" if f in ("wer", "cer", "code_kl") else ""))
+        statuses.append(e["status"])
+        titles.append(e["message"])
+    if not parts:
+        return "<td>-</td>"
+    worst = next((s for s in ("regression", "worse", "improved", "waived", "not judged", "same") if s in statuses), "same")
+    cls = _SINCE_CLASS.get(worst, "")
+    badge = f" <span class='badge {cls or 'waived'}'>{html.escape(worst)}</span>" if worst != "same" else ""
+    return f"<td class='{cls}' title='{html.escape('; '.join(titles))}'>{'<br>'.join(parts)}{badge}</td>"
+
+
 def _table(entries: list[VariantEntry]) -> str:
-    head = "".join(f"<th>{html.escape(c[0])}</th>" for c in COLUMNS)
+    baselines = sorted({b for e in entries if (b := _baseline_version(e))})
+    since = f"since {'/'.join(baselines)}" if baselines else ""
+    columns = [(c, SINCE.get(c[0]) if since else None) for c in COLUMNS]
+    head = "".join(f"<th>{html.escape(c[0])}</th>" + (f"<th>{html.escape(since)}</th>" if figs else "")
+                   for c, figs in columns)
+    width = sum(1 + bool(figs) for _, figs in columns)
     rows = []
     for e in entries:
-        cells = "".join(_cell(e.report, c) for c in COLUMNS) if e.report else f"<td colspan='{len(COLUMNS)}'>-</td>"
+        cells = ("".join(_cell(e.report, c) + (_since(e, figs) if figs else "") for c, figs in columns) if e.report
+                 else f"<td colspan='{width}'>-</td>")
         rows.append(f"<tr id='variant-{html.escape(e.variant)}'><th>{html.escape(e.variant)}</th>"
                     f"<td class='verdict'>{_verdict(e)}</td>{cells}</tr>")
     return f"<table class='variants'><tr><th>variant</th><th>verdict</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _fp32_against_baseline(m: dict[str, Any] | None, base: str) -> str:
+    """The build's FP32 against the baseline's FP32 (measured by the build, publish.regression)."""
+    if not m:
+        return ""
+    if m.get("identical"):
+        return f"<br>FP32 against {base}'s FP32: the same bytes"
+    parts = [f"{label} {_fmt(m[key]['value'], spec)}" + (f" <span class='iv'>[{_fmt(m[key]['low'], spec)}, "
+                                                         f"{_fmt(m[key]['high'], spec)}]</span>" if "low" in m[key] else "")
+             for key, label, spec in (("code_agreement", "code agreement", ".4f"), ("code_kl", "KL", ".3g"),
+                                      ("mel_snr_db", "mel SNR dB", ".1f")) if key in m]
+    return f"<br>FP32 against {base}'s FP32 (measured now, {m.get('sentences')} sentences): {', '.join(parts)}"
+
+
+def _regression_section(entries: list[VariantEntry]) -> str:
+    """Per variant: its verdict against the baseline's same variant and what changed between the two builds."""
+    items = []
+    for e in entries:
+        r = e.regression
+        if not r:
+            continue
+        if r.get("baseline") is None:
+            items.append(f"<li><b>{html.escape(e.variant)}</b>: {html.escape(str(r.get('note', 'no baseline')))}</li>")
+            continue
+        base = html.escape(r["baseline"]["version"])
+        if r["regressions"]:
+            verdict = "<span class='badge fail'>REGRESSION</span> " + "; ".join(
+                html.escape(r["figures"][f]["message"]) for f in r["regressions"])
+            if r.get("accepted"):
+                verdict += f" <b>accepted</b>: {html.escape(r['accepted']['reason'])}"
+        elif all(f["status"] in ("same", "waived", "not judged") for f in r["figures"].values()):
+            verdict = f"<span class='badge pass'>no regression</span> every figure within noise of {base}"
+        else:
+            verdict = f"<span class='badge pass'>no regression</span> against {base}"
+        better = [html.escape(r["figures"][f]["message"]) for f in r.get("improvements") or []]
+        if better:
+            verdict += "; improved: " + "; ".join(better)
+        verdict += _fp32_against_baseline(r.get("fp32_against_baseline"), base)
+        changed = "".join(f"<li>{html.escape(c['what'])}: {html.escape(json.dumps(c['baseline']))} &rarr; "
+                          f"{html.escape(json.dumps(c['now']))}</li>" for c in r["changed"])
+        items.append(f"<li id='since-{html.escape(e.variant)}'><b>{html.escape(e.variant)}</b> since {base}: {verdict}"
+                     f"<br>what changed between the two builds: "
+                     f"{f'<ul>{changed}</ul>' if changed else 'nothing in their records'}</li>")
+    if not items:
+        return "<p>No comparison with a previous version was made for this version.</p>"
+    return f"<ul class='since'>{''.join(items)}</ul>"
 
 
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
@@ -257,9 +355,19 @@ document.querySelectorAll('audio').forEach(function (a) {
 
 def page_data(model: str, version: str, entries: list[VariantEntry]) -> dict[str, Any]:
     return {"schema": PAGE_SCHEMA, "model": model, "version": version,
+            "history": HISTORY_LINK,
             "variants": {e.variant: {"status": e.status,
                                      "report_integrity": (e.report or {}).get("integrity"),
-                                     "passed": (e.report or {}).get("passed")} for e in entries}}
+                                     "passed": (e.report or {}).get("passed"),
+                                     "regression": _page_regression(e.regression)} for e in entries}}
+
+
+def _page_regression(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the page's data block says of a comparison (verify checks it against the manifest's)."""
+    if not record:
+        return None
+    return {"baseline": (record.get("baseline") or {}).get("version"), "verdict": record.get("verdict"),
+            "accepted": record.get("accepted")}
 
 
 def render_version_page(model: str, version: str, entries: list[VariantEntry], routing: dict[str, Any] | None,
@@ -286,12 +394,17 @@ td.fail{{background:#ffebe9}} td.pass{{background:#dafbe1}} td.waived{{backgroun
 .variant img{{display:block;max-width:100%}} .duration{{font-size:11px;color:#59636e}}
 </style></head><body>
 <h1>{html.escape(title)}: every variant built</h1>
+<p>All versions of {html.escape(model)}, each variant's headline figures over time: <a href="{HISTORY_LINK}">history</a>.</p>
 {''.join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)}
 <h2>Quality and speed</h2>
 <p>Each figure with its 95% bootstrap interval over the held-out sentences and the gate's verdict on it
 (hover for the check). SIM: speaker similarity to FP32's audio of the same sentence; stream SNR: streamed against
 whole-text audio at the default chunking (worst sentence).</p>
 {_table(entries)}
+<h2>Since the previous version</h2>
+<p>Each variant against the same variant of the previous published version (paired per held-out sentence, 95%
+bootstrap interval; a change worse than the gate's [regression] tolerance over its whole interval is a regression).</p>
+{_regression_section(entries)}
 <h2>Speed against fidelity</h2>
 {f"<img alt='Pareto plot' src='data:image/png;base64,{plot}'/>" if plot else "<p>No variant has both figures.</p>"}
 <h2>Routing</h2>
@@ -322,9 +435,11 @@ def read_page_data(page: bytes) -> dict[str, Any]:
     return data
 
 
-def page_problems(page_path: Path, model: str, version: str, published: dict[str, str | None]) -> list[str]:
+def page_problems(page_path: Path, model: str, version: str, published: dict[str, str | None],
+                  regressions: dict[str, dict[str, Any] | None] | None = None) -> list[str]:
     """What `verify` says about a version page: it must name this version and every published variant
-    with the integrity of the report it was published with (`published`: {variant: integrity})."""
+    with the integrity of the report it was published with (`published`: {variant: integrity}) and, when
+    `regressions` ({variant: its manifest's regression record}) is given, the verdict that record holds."""
     try:
         data = read_page_data(page_path.read_bytes())
     except (OSError, ForgeError) as e:
@@ -339,6 +454,9 @@ def page_problems(page_path: Path, model: str, version: str, published: dict[str
             problems.append(f"{page_path}: does not show published variant {variant!r}")
         elif rec.get("report_integrity") != integrity:
             problems.append(f"{page_path}: shows another report of {variant!r} than the one published")
+        elif regressions is not None and rec.get("regression") != _page_regression(regressions.get(variant)):
+            problems.append(f"{page_path}: shows another comparison with the previous version of {variant!r} "
+                            "than its manifest records")
     for variant, rec in sorted(shown.items()):
         if isinstance(rec, dict) and rec.get("status") == "published" and variant not in published:
             problems.append(f"{page_path}: shows {variant!r} as published, but it is not in this version")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -98,6 +99,12 @@ def build_index(root: str | os.PathLike[str]) -> dict[str, Any]:
     versions = version_index_entries(root)
     if versions:  # absent otherwise, so trees without version files keep their index bytes
         index["versions"] = versions
+    models = sorted({d.parent.parent.name for d in iter_variant_dirs(root)})
+    if models:  # each model's history page (publish.history), rewritten with the index
+        from chattts_forge.publish.history import HISTORY_NAME, history_bytes
+
+        index["histories"] = [{"model": m, "path": f"{m}/{HISTORY_NAME}",
+                               "sha256": hashlib.sha256(history_bytes(root / m)).hexdigest()} for m in models]
     return index
 
 
@@ -107,7 +114,11 @@ def index_bytes(index: dict[str, Any]) -> bytes:
 
 def rewrite_index(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `root/index.json` from the manifests (written only when it changes); hold the lock."""
+    from chattts_forge.publish.history import write_history
+
     index = build_index(root)
+    for entry in index.get("histories", []):  # first: the index names their bytes
+        write_history(Path(root) / entry["model"])
     want = index_bytes(index)
     path = Path(root) / INDEX_NAME
     if not path.is_file() or path.read_bytes() != want:

@@ -194,8 +194,10 @@ def build_manifest_core(
     variant: str,
     meta: ArtifactMeta,
     report: SealedReport,
+    regression: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The manifest without its `files` list (which needs the card written first)."""
+    """The manifest without its `files` list (which needs the card written first). `regression`: the
+    build's comparison with the previous version (publish.regression), absent when none was made."""
     source = source_checkpoint(meta)
     quant = meta.quantization
     toolchain = meta.toolchain or {}
@@ -221,6 +223,7 @@ def build_manifest_core(
             "published_with": __version__,
         },
         "licenses": LICENSES,
+        **({"regression": regression} if regression is not None else {}),
     }
 
 

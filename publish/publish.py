@@ -34,6 +34,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from chattts_forge.artifact import (
     ArtifactMeta,
@@ -230,9 +231,11 @@ def publish_artifact(
     model: str | None = None,
     version: str | None = None,
     sign_key: str | os.PathLike[str] | None = None,
+    regression: dict[str, Any] | None = None,
 ) -> PublishResult:
     """Publish `artifact` (an artifact folder) judged by `report` (its evaluation report folder),
-    signed with `sign_key` (a PEM private key; None: the user's own key pair)."""
+    signed with `sign_key` (a PEM private key; None: the user's own key pair). `regression`: the
+    build's comparison with the previous version (publish.regression), recorded in the manifest."""
     from chattts_forge.publish.version_files import sign_version_folder
     from chattts_forge.signing import resolve_signing_key, sign_folder
 
@@ -286,7 +289,8 @@ def publish_artifact(
         stage.mkdir()
         os.chmod(stage, 0o755)  # a published folder is for everyone to read
         try:
-            _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant)
+            _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant,
+                      regression=regression)
             sign_folder(stage, key)  # last: model.sig covers every file above
             fsync_dir(stage)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -315,13 +319,15 @@ def _assemble(
     model: str,
     version: str,
     variant: str,
+    regression: dict[str, Any] | None = None,
 ) -> None:
     """Fill the staging folder: payload, report copy, card, manifest, SHA256SUMS."""
     for rel, entry in files.items():
         copy_verified(artifact_dir / rel, stage / rel, entry)
     entries = dict(files)
     entries[REPORT_COPY_NAME] = _entry(stage, REPORT_COPY_NAME, gate.raw_bytes)
-    core = build_manifest_core(model=model, version=version, variant=variant, meta=meta, report=gate)
+    core = build_manifest_core(model=model, version=version, variant=variant, meta=meta, report=gate,
+                               regression=regression)
     entries[CARD_NAME] = _entry(stage, CARD_NAME, render_model_card(core).encode("utf-8"))
     manifest = finish_manifest(core, entries)
     manifest_entry = _entry(stage, MANIFEST_NAME, manifest_bytes(manifest))

@@ -17,6 +17,7 @@ from pathlib import Path
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.integrity import SIGNATURE_NAME, list_files, sha256_file, sha256sums_text
+from chattts_forge.publish.history import HISTORY_NAME, history_problems
 from chattts_forge.publish.index import (
     INDEX_NAME,
     LOCK_NAME,
@@ -178,6 +179,8 @@ def verify_tree(root: Path, public_key: Path | None = None) -> VerifyResult:
                 continue
             if len(rel_parts) == 2 and here in version_dirs:
                 continue  # checked by verify_version
+            if len(rel_parts) == 1 and name == HISTORY_NAME:
+                continue  # checked below, with the index that names it
             if len(rel_parts) >= 3:
                 result.problems.append(f"{root.joinpath(*rel_parts[:3]) / MANIFEST_NAME}: missing ({path} is unverifiable)")
             else:
@@ -194,6 +197,8 @@ def verify_tree(root: Path, public_key: Path | None = None) -> VerifyResult:
                 result.problems.append(f"{index_path}: cannot be rebuilt from the manifests ({e})")
             if want is not None and index_path.read_bytes() != want:
                 result.problems.append(f"{index_path}: does not match the published manifests")
+        for model in sorted({v.parent.parent for v in variants}):
+            result.problems += history_problems(model)
     return result
 
 

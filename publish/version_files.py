@@ -174,9 +174,10 @@ def _entry(path: Path) -> FileEntry:
     return FileEntry(path.name, path.stat().st_size, sha256_file(path))
 
 
-def version_manifest(version_dir: Path, table: dict[str, Any], cache: dict[str, Any] | None,
+def version_manifest(version_dir: Path, table: dict[str, Any] | None, cache: dict[str, Any] | None,
                      page: bool = False) -> dict[str, Any]:
-    files = [_entry(version_dir / ROUTING_NAME)]
+    """`table` None: a version without FP32 (a build that re-published only some variants), so no routing."""
+    files = [_entry(version_dir / ROUTING_NAME)] if table is not None else []
     if cache is not None:
         files.append(_entry(version_dir / PHRASE_CACHE_NAME))
     if page:
@@ -185,8 +186,9 @@ def version_manifest(version_dir: Path, table: dict[str, Any], cache: dict[str, 
         "schema": VERSION_MANIFEST_SCHEMA,
         "model": version_dir.parent.name,
         "version": version_dir.name,
-        "variants": {v: rec["manifest_sha256"] for v, rec in table["variants"].items()},
-        "routing": {b["name"]: b["variant"] for b in table["buckets"]},
+        "variants": ({v: rec["manifest_sha256"] for v, rec in table["variants"].items()} if table is not None else
+                     {v: sha256_file(d / MANIFEST_NAME) for v, d in published_variants(version_dir).items()}),
+        "routing": {b["name"]: b["variant"] for b in table["buckets"]} if table is not None else {},
         "phrase_cache": cache,
         "files": [f.to_dict() for f in sorted(files, key=lambda f: f.path)],
     }
@@ -264,8 +266,12 @@ def publish_version_files(
     key = resolve_signing_key(sign_key)
     with publish_lock(root):
         public_key = record_public_key(root, key)
-        table = routing_table(version_dir)
-        changed = _write_if_changed(version_dir / ROUTING_NAME, routing_bytes(table))
+        table = routing_table(version_dir) if FALLBACK_VARIANT in published_variants(version_dir) else None
+        if table is not None:
+            changed = _write_if_changed(version_dir / ROUTING_NAME, routing_bytes(table))
+        else:  # nothing to route to without the fallback: the version page and manifest only
+            changed = (version_dir / ROUTING_NAME).exists()
+            (version_dir / ROUTING_NAME).unlink(missing_ok=True)
         cache = None
         if cache_file is not None:
             cache = cache_record(Path(cache_file), version_dir, phrase_list)
@@ -283,7 +289,7 @@ def publish_version_files(
         if sign and not _signature_current(version_dir, public_key):
             sign_version_folder(version_dir, key)
         rewrite_index(root)
-    routes = ", ".join(f"{b['name']} -> {b['variant']}" for b in table["buckets"])
+    routes = ", ".join(f"{b['name']} -> {b['variant']}" for b in table["buckets"]) if table else "no routing"
     log.info("%s %s (%s)%s", "wrote" if changed else "up to date:", version_dir / ROUTING_NAME, routes,
              f"; phrase cache {version_dir / PHRASE_CACHE_NAME} ({cache['phrases']} phrases)" if cache else "")
     return manifest
@@ -353,13 +359,16 @@ def verify_version(version_dir: Path) -> list[str]:
         except ForgeError as e:
             problems.append(str(e))
     if PAGE_NAME in listed and PAGE_NAME in present:
-        integrity = {}
+        integrity, regressions = {}, {}
         for variant, vdir in published.items():
             try:
                 integrity[variant] = _read_json(vdir / REPORT_COPY_NAME).get("integrity")
+                record = _read_json(vdir / MANIFEST_NAME).get("regression")
+                regressions[variant] = record if isinstance(record, dict) else None
             except ForgeError as e:
                 problems.append(str(e))
-        problems += page_problems(version_dir / PAGE_NAME, version_dir.parent.name, version_dir.name, integrity)
+        problems += page_problems(version_dir / PAGE_NAME, version_dir.parent.name, version_dir.name, integrity,
+                                  regressions)
     if PHRASE_CACHE_NAME in listed and PHRASE_CACHE_NAME in present:
         try:
             cache_record(version_dir / PHRASE_CACHE_NAME, version_dir, None)

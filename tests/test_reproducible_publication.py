@@ -37,6 +37,7 @@ DIFFERS = {
     "routing.json": "each length bucket goes to the fastest passing variant, by measured RTF",
     "phrase_cache.bin": "its phrases are warmed through routing.json, so on the variant the timings chose",
     "index.json": "lists each variant's gate verdict and headline figures and each version's routing",
+    "history.html": "the model's history page shows each variant's measured headline figures and evaluation date",
 }
 AUTO_ARTIFACT = "auto/artifact.json"  # the search records each candidate's measured step time (and seconds)
 # What a report records besides its measurements: these sections are equal between the two builds.

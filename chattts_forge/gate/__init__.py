@@ -9,7 +9,9 @@ below it; quantize, evaluate and above import it: docs/architecture.md).
 A gate file (schema ``chattts-forge/gate/1``, the shipped one is ``default_gate.toml`` here) holds
 sections of ``min_<metric> = number`` / ``max_<metric> = number`` keys; the section names are for
 people (any section may hold any metric). Known metrics are `METRICS`; an unknown key is an error,
-so a typo never silently disables a check.
+so a typo never silently disables a check. Two sections are not thresholds: ``[buckets]`` (the length
+buckets) and ``[regression]`` (`REGRESSION_FIGURES` -> how much worse than the same variant of the
+previous published version a variant may get; judged by chattts_forge.publish.regression).
 
 Library::
 
@@ -91,6 +93,25 @@ INTELLIGIBILITY_METRICS = ("wer", "wer_delta", "cer", "cer_delta")
 SYNTHETIC_INTELLIGIBILITY = "synthetic checkpoint: intelligibility cannot be measured on random weights"
 INTEGRITY_METRIC = "artifact_integrity"
 
+# The regression gate's figures ([regression] of a gate file; publish.regression judges them): each
+# variant against the same variant of the previous version, paired per held-out sentence.
+# figure -> (what, which way is better, how the tolerance is read, the report's gate metric whose waiver
+# also waives this figure (None: never waived)).
+REGRESSION_FIGURES: dict[str, tuple[str, str, str, str | None]] = {
+    "code_agreement": ("teacher-forced code agreement with its own build's FP32", "higher", "absolute",
+                       "code_agreement"),
+    "code_kl": ("KL(FP32 || variant) of the code logits against its own build's FP32", "lower", "absolute", "code_kl"),
+    "mel_snr_db": ("mel SNR against its own build's FP32, dB", "higher", "absolute", "mel_snr_db"),
+    "similarity": ("speaker similarity to its own build's FP32 audio", "higher", "absolute", "similarity"),
+    "ovrl": ("DNSMOS OVRL of its audio", "higher", "absolute", "ovrl_drop"),
+    "wer": ("WER of its audio (ASR)", "lower", "absolute", "wer_delta"),
+    "cer": ("CER of its audio (ASR)", "lower", "absolute", "cer_delta"),
+    "rtf_ratio_vs_reference": ("median RTF over its own build's FP32 (per sentence)", "lower", "relative",
+                               "rtf_ratio_vs_reference"),
+    "first_audio_seconds": ("first audio when streaming, median", "lower", "relative", "first_audio_seconds"),
+    "size_mb": ("bytes on disk", "lower", "relative", None),
+}
+
 
 def recorded_gate_path(path: str | os.PathLike[str] | None) -> str | None:
     """A gate file as records name it (with its sha256 beside): `builtin:default_gate.toml` for the
@@ -104,13 +125,14 @@ def recorded_gate_path(path: str | os.PathLike[str] | None) -> str | None:
 
 def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Parse and validate a gate file -> {"path", "sha256", "schema", "rules": [(section, rule, metric, threshold)],
-    "buckets": [{"name", "min_chars", "max_chars", "rules"}]}."""
+    "buckets": [{"name", "min_chars", "max_chars", "rules"}], "regression": {figure: tolerance}}."""
     path = Path(path) if path is not None else DEFAULT_GATE
     raw = read_toml(path, "gate file")
     schema = raw.pop("schema", GATE_SCHEMA)
     if schema != GATE_SCHEMA:
         raise ForgeError(f"gate file {path} has schema {schema!r}; this tool reads {GATE_SCHEMA!r}")
     bucket_table = raw.pop("buckets", None)
+    regression = _regression(path, raw.pop("regression", None))
     rules: list[tuple[str, str, str, float]] = []
     for section, table in raw.items():
         if not isinstance(table, dict):
@@ -119,7 +141,28 @@ def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     if not rules:
         raise ForgeError(f"gate file {path} has no thresholds")
     return {"path": str(path), "sha256": sha256_file(path), "schema": schema, "rules": rules,
-            "buckets": _buckets(path, bucket_table, rules)}
+            "buckets": _buckets(path, bucket_table, rules), "regression": regression}
+
+
+def _regression(path: Path, table: Any) -> dict[str, float]:
+    """The [regression] tolerances ({figure: how much worse a variant may get than the same variant of
+    the previous version}); a gate without the section takes the shipped file's, so every build is
+    compared; a figure absent from the section is reported but never refused."""
+    if table is None:
+        if path.resolve() == DEFAULT_GATE:
+            raise ForgeError(f"gate file {path}: the shipped gate has no [regression] section")
+        return load_gate(DEFAULT_GATE)["regression"]
+    if not isinstance(table, dict):
+        raise ForgeError(f"gate file {path}: 'regression' must be a [regression] section of tolerances")
+    out = {}
+    for figure, value in table.items():
+        if figure not in REGRESSION_FIGURES:
+            raise ForgeError(f"gate file {path}: unknown tolerance 'regression.{figure}' "
+                             f"(known: {', '.join(REGRESSION_FIGURES)})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ForgeError(f"gate file {path}: 'regression.{figure}' must be a finite number >= 0, got {value!r}")
+        out[figure] = float(value)
+    return out
 
 
 def _thresholds(path: Path, section: str, table: dict[str, Any], seen: set[tuple[str, str]]) -> list[tuple[str, str, str, float]]:

@@ -1,0 +1,424 @@
+"""The regression gate: every variant of a build against the same variant of the previous version.
+
+The quality gate judges a variant against FP32 of the same build; this judges it against what users
+run today: the same variant as published in the baseline version (by default the newest version of
+the model in the artifacts folder; `--baseline vN` to choose one, `--no-baseline` to skip). A variant
+the baseline version does not hold is compared with its newest copy in an older version.
+
+Everything is compared from records, on the held-out sentences both reports measured (paired by
+sentence text; the reports' ``sentences`` rows, evaluate.intervals), with a 95% paired bootstrap
+interval (evaluate.stats, 2000 resamples, seed 0), so the comparison is a pure function of the two
+reports and re-running it gives the same bytes:
+
+- code agreement and KL (each against its own build's FP32, pooled over teacher-forced steps), mel
+  SNR, SIM, DNSMOS OVRL and WER/CER (mean of the per-sentence figures): absolute deltas;
+- RTF over its own build's FP32 (per-sentence RTF / FP32's, the median): a relative delta. Each ratio
+  is of one run on one machine, so two builds on different machines stay comparable; it is not a
+  fresh interleaved timing of both artifacts;
+- first audio (the median; no per-run values are recorded: no interval, never judged) and size (exact);
+- the FP32 reference against the baseline's FP32: its figures against its own FP32 are trivially
+  perfect, so this one is measured now (`fp32_against_baseline`: code agreement, KL, mel SNR, both
+  replaying the baseline FP32's runs; not measured when the payloads are identical), reported in the
+  FP32 record's ``fp32_against_baseline``, not judged.
+
+A figure is a regression when its change is worse than the gate's ``[regression]`` tolerance over its
+whole interval; an improvement when its whole interval is better by more than a tenth of the
+tolerance (`_NOISE`); worse within the tolerance when its whole interval is worse by more than that;
+otherwise noise ("same"). A figure the variant's own gate waived (timings on tiny synthetic checkpoints,
+SIM/DNSMOS/WER on synthetic ones) is reported as waived. Beside the figures: what changed between
+the two builds, from their records (checkpoint, toolchain, library versions, quantizer method and
+options, calibration corpus, evaluation corpus, gate file).
+
+The record (``regression`` in a published variant's manifest, schema `REGRESSION_SCHEMA`)::
+
+    {"schema", "baseline": null | {"version", "variant", "manifest_sha256", "report_integrity"},
+     "note" (why there is no baseline, when there is none),
+     "figures": {figure: {"value", "baseline", "delta", "low", "high", "relative", "n", "how", "tolerance",
+                          "worse_is", "status" ("regression"|"worse"|"same"|"improved"|"waived"|"not judged"),
+                          "message"}},
+     "changed": [{"what", "baseline", "now"}], "regressions": [figure], "improvements": [figure],
+     "verdict" ("regression"|"no regression"|"no baseline"), "accepted": null | {"reason"},
+     "already_published" (a refused variant whose bytes a version already holds: that version; driver only),
+     "fp32_against_baseline" (FP32's record only: `fp32_against_baseline`)}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.gate import REGRESSION_FIGURES
+from chattts_forge.publish.index import iter_variant_dirs, version_number
+from chattts_forge.publish.manifest import (
+    MANIFEST_NAME,
+    REPORT_COPY_NAME,
+    RESERVED_NAMES,
+    build_manifest_core,
+    load_manifest,
+    manifest_files,
+    read_json_document,
+    source_fingerprint,
+)
+from chattts_forge.runtime.router import FALLBACK_VARIANT
+
+REGRESSION_SCHEMA = "chattts-forge/regression/1"
+# how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
+LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
+          "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
+          "rtf_ratio_vs_reference": "RTF over its FP32", "first_audio_seconds": "first audio", "size_mb": "size"}
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+NO_BASELINE = "no baseline: the first version of this model in the artifacts folder"
+# A change smaller than this fraction of a figure's tolerance, even over its whole interval, is counted
+# as no change (an exact figure such as the size moves by a few bytes between two quantizer options).
+_NOISE = 0.1
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The version a build is compared with: {variant: its published folder} (in `version` or older)."""
+
+    model: str
+    version: str
+    variants: dict[str, Path]
+
+
+def model_versions(root: Path, model: str) -> list[str]:
+    """The model's published versions, oldest first."""
+    return sorted({d.parent.name for d in iter_variant_dirs(root) if d.parent.parent.name == model},
+                  key=lambda v: (version_number(v), v))
+
+
+def find_baseline(root: Path, model: str, requested: str | None = None) -> Baseline | None:
+    """The baseline of a build of `model` into `root`: version `requested`, else the newest (None when the
+    model has no published version). Each variant is its copy in that version or the newest older one."""
+    versions = model_versions(root, model)
+    if requested is not None:
+        if requested not in versions:
+            raise ForgeError(f"--baseline {requested}: {model} has no such version in {root} "
+                             f"(published: {', '.join(versions) or 'none'})")
+        versions = versions[: versions.index(requested) + 1]
+    if not versions:
+        return None
+    order = {v: i for i, v in enumerate(versions)}
+    variants: dict[str, Path] = {}
+    for d in iter_variant_dirs(root):  # oldest version first: a newer copy replaces an older one
+        if d.parent.parent.name == model and d.parent.name in order:
+            variants[d.name] = d
+    return Baseline(model, versions[-1], variants)
+
+
+# ---- per-sentence figures ----------------------------------------------------------------------
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions)."""
+    return {r["text"]: r for r in report.get("sentences") or [] if isinstance(r, dict) and isinstance(r.get("text"), str)}
+
+
+def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+    """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
+    latency = report.get("latency") or {}
+    ref = {u.get("text"): _finite(u.get("rtf")) for u in (latency.get("reference") or {}).get("utterances") or []}
+    out = {}
+    for u in (latency.get("artifact") or {}).get("utterances") or []:
+        mine, theirs = _finite(u.get("rtf")), ref.get(u.get("text"))
+        if mine is not None and theirs:
+            out[u["text"]] = mine / theirs
+    return out
+
+
+def _pooled(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return (values * weights).sum(axis=-1) / weights.sum(axis=-1)
+
+
+def _mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return values.mean(axis=-1)
+
+
+def _median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.median(values, axis=-1)
+
+
+# figure -> (the rows' key, the statistic over sentences, how it is described)
+_PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], str]] = {
+    "code_agreement": ("code_agreement", _pooled, "pooled over teacher-forced steps"),
+    "code_kl": ("code_kl", _pooled, "pooled over teacher-forced steps"),
+    "mel_snr_db": ("mel_snr_db", _mean, "mean of per-sentence dB"),
+    "similarity": ("similarity", _mean, "mean of per-sentence SIM"),
+    "ovrl": ("ovrl", _mean, "mean of per-sentence OVRL"),
+    "wer": ("wer", _mean, "mean of per-sentence WER"),
+    "cer": ("cer", _mean, "mean of per-sentence CER"),
+    "rtf_ratio_vs_reference": ("rtf_over_fp32", _median, "median of per-sentence RTF / own FP32's RTF"),
+}
+
+
+def _paired(new: np.ndarray, old: np.ndarray, w_new: np.ndarray, w_old: np.ndarray,
+            stat: Callable[[np.ndarray, np.ndarray], np.ndarray], relative: bool) -> tuple[float, float, float]:
+    """(delta, low, high): stat(new) - stat(old) (relative: / stat(old)), sentences resampled in pairs."""
+    def delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a - b) / np.abs(b) if relative else a - b
+
+    point = float(delta(stat(new, w_new), stat(old, w_old)))
+    idx = np.random.default_rng(0).integers(0, new.size, size=(RESAMPLES, new.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = delta(stat(new[idx], w_new[idx]), stat(old[idx], w_old[idx]))
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return point, point, point
+    alpha = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(d, [alpha, 1 - alpha])
+    return point, float(lo), float(hi)
+
+
+def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+    """A figure compared per held-out sentence, or None when the two reports share no measured sentence."""
+    key, stat, how = _PER_SENTENCE[figure]
+    relative = REGRESSION_FIGURES[figure][2] == "relative"
+    if key == "rtf_over_fp32":
+        a, b = _rtf_over_fp32(new), _rtf_over_fp32(old)
+        pairs = [(a[t], b[t], 1.0, 1.0) for t in sorted(a) if t in b]
+    else:
+        ra, rb = _rows(new), _rows(old)
+        pairs = []
+        for text in sorted(ra):
+            x, y = _finite(ra[text].get(key)), _finite((rb.get(text) or {}).get(key))
+            if x is not None and y is not None:
+                # both reports' step counts when both recorded them (evaluate.intervals); else one each
+                wa, wb = (_finite(r.get("fidelity_steps")) for r in (ra[text], rb[text]))
+                pairs.append((x, y, wa, wb) if wa and wb else (x, y, 1.0, 1.0))
+    if not pairs:
+        return None
+    arr = np.asarray(pairs, np.float64)
+    delta, lo, hi = _paired(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], stat, relative)
+    return {"value": float(stat(arr[:, 0], arr[:, 2])), "baseline": float(stat(arr[:, 1], arr[:, 3])),
+            "delta": delta, "low": lo, "high": hi, "relative": relative, "n": len(pairs),
+            "how": f"paired per sentence: {how}"}
+
+
+def _point_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+    """A figure with one value per report (first audio's median, the size): no interval of its own."""
+    a, b = _finite((new.get("metrics") or {}).get(figure)), _finite((old.get("metrics") or {}).get(figure))
+    if a is None or b is None or b == 0:
+        return None
+    delta = (a - b) / abs(b)
+    exact = figure == "size_mb"  # bytes on disk are counted, not measured
+    return {"value": a, "baseline": b, "delta": delta, "low": delta if exact else None,
+            "high": delta if exact else None, "relative": True, "n": 0,
+            "how": "bytes on disk (exact)" if exact else "median of the latency run (no per-run values recorded)"}
+
+
+def _judge(figure: str, entry: dict[str, Any], tolerance: float | None, waived: dict[str, str],
+           baseline_name: str) -> dict[str, Any]:
+    what, better, _, waiver = REGRESSION_FIGURES[figure]
+    sign = -1.0 if better == "higher" else 1.0  # worsening = sign * delta
+    entry = {**entry, "tolerance": tolerance, "worse_is": "lower" if better == "higher" else "higher"}
+    delta, lo, hi = entry["delta"], entry["low"], entry["high"]
+    shown = _fmt_delta(entry)
+    if waiver is not None and waiver in waived:
+        return {**entry, "status": "waived", "message": f"{what}: {shown}; not judged ({waived[waiver]})"}
+    if lo is None or hi is None:
+        return {**entry, "status": "not judged", "message": f"{what}: {shown}; not judged (no interval)"}
+    worst, best = sorted((sign * lo, sign * hi))[::-1]  # the worsening interval: [best, worst]
+    if tolerance is not None and best > tolerance:
+        status = "regression"
+        def shown_abs(x: float) -> str:
+            return f"{abs(x) * 100:.1f}%" if entry["relative"] else f"{abs(x):.3g}"
+        msg = (f"worse than {baseline_name} by {shown_abs(delta)} {LABELS[figure]} "
+               f"[{shown_abs(min(abs(lo), abs(hi)))}, {shown_abs(max(abs(lo), abs(hi)))}] "
+               f"(tolerance {shown_abs(tolerance)})")
+    elif worst < -_NOISE * (tolerance or 0.0):
+        status, msg = "improved", f"{LABELS[figure]} better than {baseline_name}: {shown}"
+    elif best > _NOISE * (tolerance or 0.0):
+        status, msg = "worse", f"{LABELS[figure]} worse than {baseline_name} within the tolerance: {shown}"
+    else:
+        status, msg = "same", f"{LABELS[figure]} within noise of {baseline_name}: {shown}"
+    return {**entry, "status": status, "message": msg}
+
+
+def _fmt_delta(entry: dict[str, Any]) -> str:
+    d = entry["delta"]
+    text = f"{d * 100:+.1f}%" if entry["relative"] else f"{d:+.4g}"
+    if entry["low"] is not None and entry["high"] is not None:
+        lo, hi = entry["low"], entry["high"]
+        text += f" [{lo * 100:+.1f}%, {hi * 100:+.1f}%]" if entry["relative"] else f" [{lo:+.4g}, {hi:+.4g}]"
+    return text
+
+
+# ---- what changed ------------------------------------------------------------------------------
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(_flat(f"{prefix}.{k}", value[k]))
+        return out
+    return {prefix: value}
+
+
+def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The records a build's difference is read from, flattened to `what -> value`."""
+    quant = manifest.get("quantization") or {}
+    gate = report.get("gate") or {}
+    corpus = report.get("corpus") or {}
+    out: dict[str, Any] = {
+        "checkpoint": source_fingerprint(manifest["source_checkpoint"])[:16],
+        "toolchain version": (manifest.get("toolchain") or {}).get("version"),
+        "toolchain commit": (manifest.get("toolchain") or {}).get("git_commit"),
+        "quantizer method": quant.get("method"),
+        "gate file": f"{gate.get('path')} (sha256 {str(gate.get('sha256'))[:12]})",
+        "evaluation corpus": f"{corpus.get('name')} (sha256 {str(corpus.get('sha256'))[:12]})",
+    }
+    out.update(_flat("quantizer option", quant.get("options") or {}))
+    out.update(_flat("calibration corpus", manifest.get("calibration_corpus") or {}))
+    out.update(_flat("version of", manifest.get("versions") or {}))
+    return out
+
+
+def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dict[str, Any], dict[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """[{"what", "baseline", "now"}] of the records that differ ((manifest, report) of each build)."""
+    a, b = _provenance(*baseline), _provenance(*now)
+    return [{"what": k.replace("quantizer option.", "quantizer option ").replace("version of.", "version of ")
+             .replace("calibration corpus.", "calibration corpus "), "baseline": a.get(k), "now": b.get(k)}
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+# ---- the comparison ----------------------------------------------------------------------------
+
+
+def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir: Path, baseline_version: str,
+            tolerances: dict[str, float]) -> dict[str, Any]:
+    """The regression record of one variant (its sealed report's data and manifest core) against its
+    published copy in `baseline_dir`."""
+    old_manifest = load_manifest(baseline_dir / MANIFEST_NAME)
+    old_report = read_json_document(baseline_dir / REPORT_COPY_NAME, "report")
+    variant = manifest_core["variant"]
+    name = f"{baseline_version}'s {variant}"
+    waived = dict((report.get("gate") or {}).get("waived") or {})
+    figures: dict[str, Any] = {}
+    for figure in REGRESSION_FIGURES:
+        entry = (_sentence_figure(figure, report, old_report) if figure in _PER_SENTENCE
+                 else _point_figure(figure, report, old_report))
+        if entry is not None:
+            figures[figure] = _judge(figure, entry, tolerances.get(figure), waived, name)
+    regressions = [f for f, e in figures.items() if e["status"] == "regression"]
+    return {
+        "schema": REGRESSION_SCHEMA,
+        "baseline": {"version": baseline_version, "variant": variant,
+                     "manifest_sha256": hashlib.sha256((baseline_dir / MANIFEST_NAME).read_bytes()).hexdigest(),
+                     "report_integrity": old_report.get("integrity")},
+        "figures": figures,
+        "changed": what_changed((old_manifest, old_report), (manifest_core, report)),
+        "regressions": regressions,
+        "improvements": [f for f, e in figures.items() if e["status"] == "improved"],
+        "verdict": "regression" if regressions else "no regression",
+        "accepted": None,
+    }
+
+
+def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: dict[str, Any],
+                          threads: int | None = None) -> dict[str, Any]:
+    """The build's FP32 against the baseline's FP32, measured now (the one figure not read from
+    records): both replay the baseline FP32's own runs of the held-out sentences (teacher-forced, with
+    the FP32 report's fidelity settings), so a change of exporter or onnxruntime shows here first."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.evaluate.intervals import fidelity_sentences
+    from chattts_forge.evaluate.stats import bootstrap_ratio_interval
+    from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories
+
+    sentences, steps, seed = (int(settings.get(k) or d) for k, d in
+                              (("fidelity_sentences", 8), ("fidelity_steps", 48), ("seed", 0)))
+    corp = load_corpus(corpus, max_sentences=settings.get("max_sentences"))
+    trajectories = record_trajectories(baseline_fp32, corp, min(sentences, len(corp.sentences)), steps, seed, threads)
+    sessions = ReplaySessions(baseline_fp32, new_fp32, threads)
+    rows = fidelity_sentences([sessions.compare(t) for t in trajectories], use_fast=False)
+    steps_of = [r["steps"] for r in rows]
+    out: dict[str, Any] = {"identical": False, "sentences": len(rows),
+                           "how": "measured now: teacher-forced on the baseline FP32's runs, pooled over steps, "
+                                  "95% bootstrap interval over sentences"}
+    for key in ("code_agreement", "code_kl"):
+        num = [r[key] * r["steps"] for r in rows]
+        lo, hi = bootstrap_ratio_interval(num, steps_of, confidence=CONFIDENCE, resamples=RESAMPLES, seed=0)
+        out[key] = {"value": sum(num) / sum(steps_of), "low": lo, "high": hi}
+    noise, signal = sum(r["mel_noise"] for r in rows), sum(r["mel_signal"] for r in rows)
+    out["mel_snr_db"] = {"value": 150.0 if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)}
+    return out
+
+
+def no_baseline(note: str = NO_BASELINE) -> dict[str, Any]:
+    return {"schema": REGRESSION_SCHEMA, "baseline": None, "note": note, "figures": {}, "changed": [],
+            "regressions": [], "improvements": [], "verdict": "no baseline", "accepted": None}
+
+
+def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseline | None,
+                          tolerances: dict[str, float], note: str = NO_BASELINE,
+                          eval_corpus: str | None = None) -> dict[str, Any]:
+    """The regression record of a built variant (its artifact folder and evaluation report folder).
+    For FP32, with `eval_corpus` (the build's held-out corpus), also its fidelity to the baseline's
+    FP32 (`fp32_against_baseline`; identical payloads are not measured: they give the same logits)."""
+    sealed = read_report(report_dir)
+    meta = ArtifactMeta.load(artifact_dir)
+    if baseline is None or meta.variant not in baseline.variants:
+        why = note if baseline is None else f"no baseline: {baseline.version} and older hold no {meta.variant}"
+        return no_baseline(why)
+    core = build_manifest_core(model=baseline.model, version="", variant=meta.variant, meta=meta, report=sealed)
+    record = compare(sealed.data, core, baseline.variants[meta.variant], baseline.version, tolerances)
+    if meta.variant == FALLBACK_VARIANT and eval_corpus is not None:
+        old = baseline.variants[meta.variant]
+        published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
+                     if p not in RESERVED_NAMES}
+        record["fp32_against_baseline"] = (
+            {"identical": True, "how": "the same FP32 bytes as the baseline's: not measured (same logits)"}
+            if published == sealed.artifact_files else
+            fp32_against_baseline(artifact_dir, old, eval_corpus, sealed.data.get("settings") or {}))
+    return record
+
+
+def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A regression the build was told to publish anyway, with why (recorded in the manifest)."""
+    if not reason or not reason.strip():
+        raise ForgeError("--accept-regression needs --reason: why this regression may ship")
+    return {**record, "accepted": {"reason": reason.strip()}}
+
+
+def summary(variant: str, record: dict[str, Any]) -> str:
+    """One line for the build's summary."""
+    if record["baseline"] is None:
+        return f"{variant}: {record.get('note', NO_BASELINE)}"
+    base = record["baseline"]["version"]
+    changed = ", ".join(c["what"] for c in record["changed"][:6]) or "nothing in the records"
+    if record["regressions"]:
+        what = "; ".join(record["figures"][f]["message"] for f in record["regressions"])
+        if record.get("accepted"):
+            what += f" (accepted: {record['accepted']['reason']})"
+        elif record.get("already_published"):
+            what += f" (these bytes are already published in {record['already_published']})"
+        return f"{variant}: REGRESSION against {base}: {what}; changed: {changed}"
+    if record["improvements"]:
+        how = "improved: " + ", ".join(record["improvements"])
+    elif all(e["status"] in ("same", "waived", "not judged") for e in record["figures"].values()):
+        how = "every figure within noise"
+    else:
+        how = "worse within the tolerances: " + ", ".join(f for f, e in record["figures"].items() if e["status"] == "worse")
+    return f"{variant}: no regression against {base} ({how}); changed: {changed}"
+
+
+def published_regression(variant_dir: Path) -> dict[str, Any] | None:
+    """The regression record a published variant's manifest holds (None: published before the gate)."""
+    record = load_manifest(variant_dir / MANIFEST_NAME).get("regression")
+    return record if isinstance(record, dict) else None

@@ -1,0 +1,243 @@
+"""Issue 38: every build is judged against the previous published version (publish.regression).
+
+Real tiny builds (the driver and every stage, fp32 and int8-static only; the phrase cache warmed
+short) into one artifacts folder:
+
+1. the first build: no baseline, recorded as such;
+2. the same inputs again in another build folder (everything measured again): no regression, every
+   figure within noise, nothing new published;
+3. int8-static quantized with a worse calibration (`--calibrate-method percentile --percentile 99`,
+   which still passes the quality gate on tiny): refused as a regression against v1, exit 2, the
+   changed option named, nothing published;
+4. the same with `--accept-regression int8-static --reason ...`: published as v2, its manifest
+   records the regression and the reason, v2's page shows "since v1", the history page lists both
+   versions, and `verify` checks both pages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.version_page import read_page_data
+from chattts_forge.gate import load_gate
+from chattts_forge.publish import verify_path
+from chattts_forge.publish.regression import accept, compare, fp32_against_baseline, what_changed
+
+MODEL = "chattts-synthetic-tiny-seed0"
+WORSE = "quantize=--calibrate-method percentile --percentile 99"
+REASON = "the percentile calibration is what the new onnxruntime supports"
+
+
+def drive(build: Path, to: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "chattts_forge.driver", "--preset", "tiny", "--build", str(build), "--to", str(to),
+           "--variants", "fp32,int8-static", "--stage-args", "warm=--max-new-token 16 --no-refine", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".publish.lock"}
+
+
+def manifest(root: Path, version: str, variant: str) -> dict[str, Any]:
+    return json.loads((root / MODEL / version / variant / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("regression")
+    to = base / "artifacts"
+    out: dict[str, Any] = {"to": to}
+    out["first"] = drive(base / "build", to)
+    out["after_first"] = tree(to)
+    out["identical"] = drive(base / "build-again", to)
+    out["after_identical"] = tree(to)
+    out["worse"] = drive(base / "build", to, "--stage-args", WORSE)
+    out["after_worse"] = tree(to)
+    out["accepted"] = drive(base / "build", to, "--stage-args", WORSE, "--accept-regression", "int8-static",
+                            "--reason", REASON)
+    out["reports"] = base / "build" / "synthetic-tiny-seed0" / "reports"
+    return out
+
+
+@pytest.mark.slow
+def test_the_first_build_has_no_baseline_and_says_so(builds) -> None:
+    assert builds["first"].returncode == 0, builds["first"].stderr[-3000:]
+    to = builds["to"]
+    for variant in ("fp32", "int8-static"):
+        record = manifest(to, "v1", variant)["regression"]
+        assert record["baseline"] is None and record["verdict"] == "no baseline" and "first version" in record["note"]
+    assert "int8-static: no baseline" in builds["first"].stdout
+
+
+@pytest.mark.slow
+def test_the_same_inputs_again_show_no_regression(builds) -> None:
+    proc = builds["identical"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "int8-static: no regression against v1 (every figure within noise)" in proc.stdout
+    assert "fp32: no regression against v1 (every figure within noise)" in proc.stdout
+    # everything was measured again in another build folder; the figures that gate are unchanged
+    records = json.loads((builds["to"].parent / "build-again" / "synthetic-tiny-seed0" / "reports"
+                          / "regression.json").read_text())
+    figures = records["int8-static"]["figures"]
+    assert {"code_agreement", "code_kl", "mel_snr_db", "size_mb"} <= set(figures)
+    assert all(e["status"] in ("same", "waived", "not judged") for e in figures.values()), figures
+    assert figures["code_agreement"]["delta"] == 0 and figures["code_agreement"]["n"] == 3
+    # the FP32 reference against the baseline's FP32: the same bytes, so nothing to measure
+    assert records["fp32"]["fp32_against_baseline"]["identical"] is True
+    # nothing new: no v2, the published variants untouched (the fixture ran every build: read its snapshots)
+    assert not any(k.startswith(f"{MODEL}/v2/") for k in builds["after_identical"])
+    assert {k: v for k, v in builds["after_identical"].items() if "/v1/" in k and k.count("/") > 2} == \
+        {k: v for k, v in builds["after_first"].items() if "/v1/" in k and k.count("/") > 2}
+
+
+@pytest.mark.slow
+def test_a_worse_quantizer_option_is_refused_as_a_regression_naming_the_option(builds) -> None:
+    proc = builds["worse"]
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "int8-static    pass    REGRESSION" in proc.stdout  # it passed the quality gate
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "refused as a regression" in error and "int8-static: worse than v1's int8-static by" in error
+    assert "quantizer option calibrate_method" in proc.stdout
+    record = json.loads((builds["reports"] / "regression.json").read_text())["int8-static"]
+    assert record["verdict"] == "regression" and record["regressions"]
+    for figure in record["regressions"]:  # the whole interval is worse than the tolerance
+        e = record["figures"][figure]
+        worsening = sorted(abs(x) for x in (e["low"], e["high"]))
+        assert worsening[0] > e["tolerance"] and e["status"] == "regression"
+    assert {"what": "quantizer option calibrate_method", "baseline": "minmax", "now": "percentile"} in record["changed"]
+    assert not any(k.startswith(f"{MODEL}/v2/") for k in builds["after_worse"])  # nothing was published
+    assert {k: v for k, v in builds["after_worse"].items() if k.count("/") > 2} == \
+        {k: v for k, v in builds["after_identical"].items() if k.count("/") > 2}
+
+
+@pytest.mark.slow
+def test_an_accepted_regression_is_published_marked_and_shown_on_its_page_and_the_history(builds) -> None:
+    proc, to = builds["accepted"], builds["to"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ran: nothing" in proc.stdout  # the refused build's steps were reused
+    record = manifest(to, "v2", "int8-static")["regression"]
+    assert record["verdict"] == "regression" and record["accepted"] == {"reason": REASON}
+    assert record["baseline"]["version"] == "v1"
+    page = (to / MODEL / "v2" / "report.html").read_text(encoding="utf-8")
+    assert "since v1" in page and "REGRESSION" in page and "calibrate_method" in page and REASON in page
+    assert "href=\"../history.html\"" in page
+    data = read_page_data(page.encode())
+    assert data["variants"]["int8-static"]["regression"] == {"baseline": "v1", "verdict": "regression",
+                                                            "accepted": {"reason": REASON}}
+    history = (to / MODEL / "history.html").read_text(encoding="utf-8")
+    assert "href='v1/report.html'" in history and "href='v2/report.html'" in history
+    assert f"REGRESSION since v1 ({', '.join(record['regressions'])}); accepted: {REASON}" in history
+    result = verify_path(to, public_key=to / "signing-key.pub")
+    assert result.ok, result.problems
+    # verify checks the history page and the version page's comparison against the manifests
+    (to / MODEL / "history.html").write_text(history.replace("REGRESSION since v1", "no regression since v1"))
+    assert any("history.html: does not match" in p for p in verify_path(to).problems)
+    (to / MODEL / "history.html").write_text(history)
+    v2 = to / MODEL / "v2" / "report.html"
+    v2.write_text(page.replace('"verdict": "regression"', '"verdict": "no regression"'))
+    assert any("another comparison with the previous version" in p for p in verify_path(to).problems)
+    v2.write_text(page)
+
+
+@pytest.mark.slow
+def test_another_fp32_shows_in_the_fp32_against_baseline_measurement(builds) -> None:
+    """What an exporter or onnxruntime change would show: here v2's int8-static stands in for a changed
+    FP32 (same graphs, other weights' precision), measured against v1's FP32 on the held-out sentences."""
+    to = builds["to"]
+    settings = json.loads((to / MODEL / "v1" / "fp32" / "report.json").read_text())["settings"]
+    same = fp32_against_baseline(to / MODEL / "v1" / "fp32", to / MODEL / "v1" / "fp32", "builtin:evaluation", settings)
+    other = fp32_against_baseline(to / MODEL / "v2" / "int8-static", to / MODEL / "v1" / "fp32", "builtin:evaluation",
+                                  settings)
+    assert same["code_agreement"] == {"value": 1.0, "low": 1.0, "high": 1.0} and same["code_kl"]["value"] < 1e-9
+    assert other["sentences"] == settings["fidelity_sentences"]
+    assert other["code_agreement"]["low"] <= other["code_agreement"]["value"] < 0.99 and other["code_kl"]["value"] > 0.01
+
+
+# ---- the comparison on its own (published records, no build) --------------------------------------------
+
+
+def _report(rows: list[dict[str, Any]], waived: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"sentences": rows, "metrics": {"size_mb": 10.0}, "gate": {"waived": waived or {}},
+            "corpus": {"name": "c", "sha256": "0"}, "latency": {}}
+
+
+def _rows(agreements: list[float]) -> list[dict[str, Any]]:
+    return [{"text": f"sentence {i}", "code_agreement": a, "fidelity_steps": 20} for i, a in enumerate(agreements)]
+
+
+def _published(tmp: Path, report: dict[str, Any], options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    folder = tmp / "v1" / "int8-static"
+    folder.mkdir(parents=True)
+    core = {"schema": "chattts-forge/manifest/1", "model": MODEL, "version": "v1", "variant": "int8-static",
+            "created_at": "x", "gate": {"passed": True}, "precision": {},
+            "source_checkpoint": {"kind": "synthetic", "hashes": {"a": "b"}},
+            "quantization": {"method": "static", "options": options}, "files": []}
+    (folder / "manifest.json").write_text(json.dumps(core))
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder, core
+
+
+def test_a_paired_drop_beyond_the_tolerance_is_a_regression_and_a_rise_an_improvement(tmp_path: Path) -> None:
+    tolerances = load_gate(None)["regression"]
+    folder, core = _published(tmp_path, _report(_rows([0.92, 0.90, 0.95, 0.91])), {"calibrate_method": "minmax"})
+    worse = compare(_report(_rows([0.85, 0.84, 0.88, 0.86])), {**core, "quantization": {
+        "method": "static", "options": {"calibrate_method": "percentile"}}}, folder, "v1", tolerances)
+    e = worse["figures"]["code_agreement"]
+    assert worse["verdict"] == "regression" and e["status"] == "regression"
+    assert e["delta"] == pytest.approx(-0.0625) and e["low"] <= e["delta"] <= e["high"] < -tolerances["code_agreement"]
+    assert e["message"].startswith("worse than v1's int8-static by 0.0625 code agreement [")
+    assert worse["changed"] == [{"what": "quantizer option calibrate_method", "baseline": "minmax", "now": "percentile"}]
+    better = compare(_report(_rows([0.97, 0.96, 0.99, 0.97])), core, folder, "v1", tolerances)
+    assert better["verdict"] == "no regression" and better["improvements"] == ["code_agreement"]
+    same = compare(_report(_rows([0.92, 0.90, 0.95, 0.91])), core, folder, "v1", tolerances)
+    assert {e["status"] for e in same["figures"].values()} == {"same"} and not same["changed"]
+    # one sentence worse, one better: the interval holds zero, so it is noise, not a regression
+    mixed = compare(_report(_rows([0.80, 0.99, 0.95, 0.91])), core, folder, "v1", tolerances)
+    assert mixed["figures"]["code_agreement"]["status"] in ("same", "worse") and mixed["verdict"] == "no regression"
+
+
+def test_a_figure_the_variants_gate_waived_is_reported_not_judged(tmp_path: Path) -> None:
+    rows = [{"text": "s", "similarity": 0.9}]
+    folder, core = _published(tmp_path, _report(rows), {})
+    record = compare(_report([{"text": "s", "similarity": 0.5}], {"similarity": "synthetic checkpoint"}), core, folder,
+                     "v1", load_gate(None)["regression"])
+    assert record["figures"]["similarity"]["status"] == "waived" and record["verdict"] == "no regression"
+
+
+def test_what_changed_names_the_records_that_differ() -> None:
+    def build(commit: str, onnxruntime: str, samples: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        m = {"source_checkpoint": {"kind": "real", "hashes": {"gpt": "1"}}, "toolchain": {"version": "0.1.0",
+             "git_commit": commit}, "versions": {"onnxruntime": onnxruntime},
+             "quantization": {"method": "static", "options": {}}, "calibration_corpus": {"name": "c", "sentences": samples}}
+        return m, {"gate": {"path": "builtin:default_gate.toml", "sha256": "a"}, "corpus": {"name": "e", "sha256": "b"}}
+    changed = what_changed(build("abc", "1.31.1", 512), build("def", "1.32.0", 64))
+    assert [c["what"] for c in changed] == ["calibration corpus sentences", "toolchain commit", "version of onnxruntime"]
+    assert changed[2] == {"what": "version of onnxruntime", "baseline": "1.31.1", "now": "1.32.0"}
+
+
+def test_bad_regression_input_is_one_clear_error(tmp_path: Path) -> None:
+    gate = tmp_path / "gate.toml"
+    gate.write_text("[fidelity]\nmin_code_agreement = 0.7\n[regression]\ncode_agreemnt = 0.02\n")
+    with pytest.raises(ForgeError, match="unknown tolerance 'regression.code_agreemnt'"):
+        load_gate(gate)
+    gate.write_text("[fidelity]\nmin_code_agreement = 0.7\n[regression]\ncode_agreement = -1\n")
+    with pytest.raises(ForgeError, match="must be a finite number >= 0"):
+        load_gate(gate)
+    gate.write_text("[fidelity]\nmin_code_agreement = 0.7\n")  # no section: the shipped tolerances
+    assert load_gate(gate)["regression"] == load_gate(None)["regression"]
+    with pytest.raises(ForgeError, match="needs --reason"):
+        accept({"verdict": "regression"}, " ")
+    proc = subprocess.run([sys.executable, "-m", "chattts_forge.driver", "--preset", "tiny", "--build",
+                           str(tmp_path / "b"), "--to", str(tmp_path / "a"), "--accept-regression", "int8-static"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --accept-regression needs --reason: why this regression may ship (it goes into the manifest)"]
