@@ -302,14 +302,9 @@ class Artifact:
 
     @cached_property
     def speaker_stats(self) -> np.ndarray:
-        p = self.file("speaker_stats")
-        try:
-            stats = np.load(p)
-        except (OSError, ValueError) as e:
-            raise ForgeError(f"{p} is unreadable: {e}") from None
-        if stats.shape != (2, self.dims.hidden_size):
-            raise ForgeError(f"{p} has shape {stats.shape}, expected (2, {self.dims.hidden_size})")
-        return stats.astype(np.float16)
+        from chattts_forge.runtime.textfront import load_speaker_stats
+
+        return load_speaker_stats(self.file("speaker_stats"), self.dims.hidden_size)
 
     def token_ids(self) -> dict[str, int]:
         return dict(self.meta.tokens or {})

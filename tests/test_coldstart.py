@@ -1,0 +1,137 @@
+"""Issue 36: only what is served is opened.
+
+A routed version opens no FP32 artifact unless a bucket routes to it or it is asked for; text
+normalisation and length routing open no model session; a variant's files are checked and its
+sessions loaded on its first text. Every onnxruntime session and every `Artifact` the runtime
+makes is recorded (`opened`), so the tests check what is opened when, never how long it takes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from stand_in_report import publish_stand_in_version
+
+from chattts_forge.cli import main
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.router import Router
+from chattts_forge.runtime.session import Artifact
+
+STEPS = 12
+SHORT = "请稍等"
+LONG = "这是一个比较长的句子，它有超过十个字。"
+
+
+def params() -> SynthParams:
+    return SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS, min_new_token=STEPS))
+
+
+class Opened:
+    """The variant folders (their names) each Artifact and each onnxruntime session was made for."""
+
+    def __init__(self) -> None:
+        self.artifacts: list[str] = []
+        self.sessions: list[tuple[str, str]] = []  # (variant folder, graph file)
+
+    def variants(self) -> set[str]:
+        return set(self.artifacts) | {v for v, _ in self.sessions}
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
+    seen = Opened()
+    real_session, real_init = ort.InferenceSession, Artifact.__init__
+
+    def session(path, *args, **kwargs):
+        p = Path(path)
+        seen.sessions.append((p.parent.name, p.name))
+        return real_session(path, *args, **kwargs)
+
+    def init(self, path, *args, **kwargs):
+        seen.artifacts.append(Path(path).name)
+        real_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(Artifact, "__init__", init)
+    return seen
+
+
+@pytest.fixture
+def fp16_version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
+    """A published version whose table routes every bucket to fp16 (fp32 passes, slower: the fallback only)."""
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (True, 1.0)}})
+
+
+@pytest.fixture
+def mixed_version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
+    """fp16 serves short texts, fp32 the rest."""
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}})
+
+
+def test_routing_needs_no_session_and_fp32_is_never_opened_when_not_routed(fp16_version: Path, opened: Opened) -> None:
+    router = Router(fp16_version, threads=1)
+    assert set(router.routes.values()) == {"fp16"} and router.table["fallback"] == "fp32"
+    for text in (SHORT, LONG, "Hello there, how are you today? " * 3):
+        assert router.route(text, params())[0] == "fp16"
+    assert router.front.normalize(SHORT) == Pipeline(fp16_version / "fp16", threads=1).normalize(SHORT)
+    assert isinstance(router.front.random_speaker(1), str)
+    opened.artifacts.clear()  # the Pipeline just made to compare with
+    assert opened.sessions == [] and opened.artifacts == [] and router.opened() == {}
+
+    [result] = router.synthesize(SHORT, params())
+    assert len(result.wav) > 0
+    assert opened.variants() == {"fp16"} and set(router.opened()) == {"fp16"}
+    assert "fp32" not in {v for v, _ in opened.sessions}
+
+
+def test_a_variant_opens_on_its_first_text(mixed_version: Path, opened: Opened) -> None:
+    router = Router(mixed_version, threads=1)
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {"fp16"}
+    router.synthesize(LONG, params())  # the first text of the medium bucket: fp32 opens now
+    assert opened.variants() == {"fp16", "fp32"}
+    assert opened.artifacts.count("fp32") == 1 and opened.artifacts.count("fp16") == 1
+
+
+def test_asking_for_fp32_opens_it_and_nothing_else(fp16_version: Path, opened: Opened) -> None:
+    router = Router(fp16_version, variant="fp32", threads=1)
+    assert router.route(SHORT)[0] == "fp32" and opened.variants() == set()
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {"fp32"}
+
+
+def test_synth_cli_on_a_routed_version_opens_only_the_routed_variant(fp16_version: Path, opened: Opened,
+                                                                     tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["synth", "--artifact", str(fp16_version), "--text", SHORT, "--no-refine",
+                                    "--speaker", "random", "--seed", "0", "--max-new-token", str(STEPS),
+                                    "--threads", "1", "--out", str(tmp_path / "a.wav")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a.wav").is_file() and opened.variants() == {"fp16"}
+
+
+def test_serve_loads_the_routed_variants_and_opens_fp32_when_a_request_names_it(fp16_version: Path,
+                                                                               opened: Opened) -> None:
+    from chattts_forge.runtime.serve.config import ServeConfig
+    from chattts_forge.runtime.serve.engine import ServedVersion
+
+    served = ServedVersion(fp16_version, ServeConfig(artifact=str(fp16_version), threads=1, max_batch=2))
+    try:
+        assert set(served.pipes) == {"fp16"} and opened.variants() == {"fp16"}
+        assert "fp32" in served.model_names()  # published, listed, not loaded
+        short = SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS))
+        prep = served.prepare(LONG, short)
+        assert prep.variant == "fp16" and "fp32" not in opened.variants()
+        prep = served.prepare(LONG, short, model="fp32")
+        assert prep.variant == "fp32" and set(served.pipes) == {"fp16", "fp32"}
+        result = served.submit(prep).result(timeout=300)
+        assert np.asarray(result.codes).shape[0] > 0
+    finally:
+        served.close()
