@@ -8,6 +8,7 @@ makes is recorded (`opened`), so the tests check what is opened when, never how 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,32 +32,39 @@ def params() -> SynthParams:
 
 
 class Opened:
-    """The variant folders (their names) each Artifact and each onnxruntime session was made for."""
+    """The variant folders (their names) each Artifact and each session was made for, and every
+    onnxruntime session made at all (a session made outside an Artifact would show as a surplus)."""
 
     def __init__(self) -> None:
         self.artifacts: list[str] = []
-        self.sessions: list[tuple[str, str]] = []  # (variant folder, graph file)
+        self.sessions: list[tuple[str, str]] = []  # (variant folder, component)
+        self.onnxruntime_sessions = 0
 
     def variants(self) -> set[str]:
+        assert self.onnxruntime_sessions == len(self.sessions)
         return set(self.artifacts) | {v for v, _ in self.sessions}
 
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
     seen = Opened()
-    real_session, real_init = ort.InferenceSession, Artifact.__init__
+    real_session, real_init, real_create = ort.InferenceSession, Artifact.__init__, Artifact._create_session
 
-    def session(path, *args, **kwargs):
-        p = Path(path)
-        seen.sessions.append((p.parent.name, p.name))
-        return real_session(path, *args, **kwargs)
+    def session(*args, **kwargs):
+        seen.onnxruntime_sessions += 1
+        return real_session(*args, **kwargs)
 
     def init(self, path, *args, **kwargs):
         seen.artifacts.append(Path(path).name)
         real_init(self, path, *args, **kwargs)
 
+    def create(self, name, *args, **kwargs):
+        seen.sessions.append((self.path.name, name))
+        return real_create(self, name, *args, **kwargs)
+
     monkeypatch.setattr(ort, "InferenceSession", session)
     monkeypatch.setattr(Artifact, "__init__", init)
+    monkeypatch.setattr(Artifact, "_create_session", create)
     return seen
 
 
@@ -135,3 +143,68 @@ def test_serve_loads_the_routed_variants_and_opens_fp32_when_a_request_names_it(
         assert np.asarray(result.codes).shape[0] > 0
     finally:
         served.close()
+
+
+# ---- saved optimized sessions (runtime.saved_sessions) --------------------------------------------
+
+
+def _synth(artifact: Path, **kw) -> tuple[Pipeline, np.ndarray, np.ndarray]:
+    pipe = Pipeline(artifact, threads=1, **kw)
+    [r] = pipe.synthesize(SHORT, params())
+    return pipe, r.codes, r.wav
+
+
+def test_saved_sessions_are_reused_and_give_the_same_audio(tiny_artifacts, tmp_path, monkeypatch) -> None:
+    from chattts_forge.runtime.saved_sessions import SAVED_ENV
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(SAVED_ENV, "0")
+    plain, codes, wav = _synth(tiny_artifacts["fp32"])
+    assert set(plain.artifact.session_sources.values()) == {"built"}
+    assert not (tmp_path / "cache" / "chattts-forge" / "sessions").exists()
+    monkeypatch.setenv(SAVED_ENV, "1")
+    first, codes1, wav1 = _synth(tiny_artifacts["fp32"])
+    second, codes2, wav2 = _synth(tiny_artifacts["fp32"])
+    for name in ("gpt_fast", "decoder", "vocos"):
+        assert first.artifact.session_sources[name] == "built and saved"
+        assert second.artifact.session_sources[name] == "saved"
+    assert first.artifact.session_sources["embed"] == second.artifact.session_sources["embed"] == "built"
+    assert np.array_equal(codes, codes1) and np.array_equal(codes, codes2)
+    assert np.array_equal(wav, wav1) and np.array_equal(wav, wav2)  # bit for bit
+    # verify size checks no hash: no saved graph may stand in for an unchecked file
+    unchecked = Pipeline(tiny_artifacts["fp32"], threads=1, verify="size")
+    unchecked.artifact.session("vocos")
+    assert unchecked.artifact.session_sources["vocos"] == "built"
+
+
+def test_saved_session_key_and_invalidation(tiny_artifacts, tmp_path, monkeypatch) -> None:
+    import onnxruntime
+
+    from chattts_forge.runtime import machine
+    from chattts_forge.runtime.saved_sessions import ENTRY_JSON, GRAPH_NAME, SavedSessions, saved_key
+
+    saved = SavedSessions(tmp_path / "sessions")
+
+    def source() -> str:
+        artifact = Artifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
+        artifact.session("vocos")
+        return artifact.session_sources["vocos"]
+
+    assert (source(), source()) == ("built and saved", "saved")
+    key = saved_key("a" * 64, None, {"threads": 1})
+    monkeypatch.setattr(onnxruntime, "__version__", "0.0.0-other")
+    assert saved_key("a" * 64, None, {"threads": 1}) != key and source() == "built and saved"
+    monkeypatch.undo()
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["another-cpu"])
+    assert saved_key("a" * 64, None, {"threads": 1}) != key and source() == "built and saved"
+    monkeypatch.undo()
+    assert saved_key("b" * 64, None, {"threads": 1}) != key and saved_key("a" * 64, None, {"threads": 2}) != key
+    assert source() == "saved"
+    # an entry's graph changed on disk since it was saved: ignored, built and saved again
+    keys = {p: json.loads((p / ENTRY_JSON).read_text(encoding="utf-8"))["key"] for p in saved.root.iterdir()}
+    [entry] = [p for p, k in keys.items()
+               if k["onnxruntime"] == onnxruntime.__version__ and k["cpu_flags"] == machine.cpu_flags()]
+    assert len(keys) == 3  # this host's, the other onnxruntime's, the other CPU's
+    with (entry / GRAPH_NAME).open("ab") as f:
+        f.write(b"\0")
+    assert (source(), source()) == ("built and saved", "saved")
