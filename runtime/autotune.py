@@ -131,7 +131,10 @@ class RuntimeSteps:
         self._opened: dict[Path, tuple[Any, Any]] = {}
 
     def max_positions(self, folder: Path) -> int:
-        return int(self._open(folder)[0].dims.max_position_embeddings)
+        """The model's positions, from artifact.json alone: a cache hit opens no variant."""
+        from chattts_forge.artifact import ArtifactMeta
+
+        return int(ArtifactMeta.load(folder).require_dims().max_position_embeddings)
 
     def _open(self, folder: Path) -> tuple[Any, Any]:
         if folder not in self._opened:

@@ -116,6 +116,21 @@ def test_asking_for_fp32_opens_it_and_nothing_else(fp16_version: Path, opened: O
     assert opened.variants() == {"fp32"}
 
 
+def test_an_autotune_cache_hit_opens_no_variant_before_its_first_text(fp16_version: Path, opened: Opened,
+                                                                     tmp_path: Path) -> None:
+    from chattts_forge.runtime.autotune import AutotuneSettings
+
+    settings = AutotuneSettings(time_cap_s=0.5, cache_dir=tmp_path / "autotune")
+    assert Router(fp16_version, threads=1, autotune=settings).autotune["source"] == "measured"  # opens both
+    opened.artifacts.clear()
+    opened.sessions.clear()
+    opened.onnxruntime_sessions = 0
+    router = Router(fp16_version, threads=1, autotune=settings)
+    assert router.autotune["source"] == "cache" and opened.variants() == set()
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {router.routes["short"]}
+
+
 def test_synth_cli_on_a_routed_version_opens_only_the_routed_variant(fp16_version: Path, opened: Opened,
                                                                      tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["synth", "--artifact", str(fp16_version), "--text", SHORT, "--no-refine",
