@@ -6,7 +6,8 @@ For each graph the runtime opens at the first text (embed, gpt_fast, head_code, 
 fresh session per round under each setting, the settings interleaved round by round (the machine's
 drift falls on all of them alike): `default` (the runtime's options: ORT_ENABLE_ALL), `basic`
 (ORT_ENABLE_BASIC), `saved` (the ORT_ENABLE_ALL graph saved once with `optimized_model_filepath`, then
-loaded with optimizations off), `no_prepack` (session.disable_prepacking). Then all five default
+loaded with optimizations off), `saved_prepacked` (the same with its prepacked weights saved too:
+what runtime.saved_sessions does), `no_prepack` (session.disable_prepacking). Then all five default
 sessions created one after another against five threads at once (does session creation run in
 parallel?). Medians in seconds, JSON.
 """
@@ -54,18 +55,23 @@ def main() -> None:
     meta = ArtifactMeta.load(args.artifact)
     paths = {g: meta.component_path(args.artifact, g) for g in GRAPHS}
     work = Path(tempfile.mkdtemp(prefix="saved-opt-"))
-    saved = {}
+    saved, packed = {}, {}
     for g, p in paths.items():
-        opts = options(args.threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        opts.optimized_model_filepath = str(work / f"{g}.onnx")
-        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{g}.onnx.data")
-        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        ort.InferenceSession(str(p), sess_options=opts, providers=["CPUExecutionProvider"])
-        saved[g] = work / f"{g}.onnx"
+        for prepacked, into in ((False, saved), (True, packed)):
+            name = f"{g}{'-packed' if prepacked else ''}.onnx"
+            opts = options(args.threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+            opts.optimized_model_filepath = str(work / name)
+            opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{name}.data")
+            opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            if prepacked:  # what runtime.saved_sessions saves
+                opts.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+            ort.InferenceSession(str(p), sess_options=opts, providers=["CPUExecutionProvider"])
+            into[g] = work / name
     settings = {
         "default": lambda g: timed(paths[g], options(args.threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)),
         "basic": lambda g: timed(paths[g], options(args.threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)),
         "saved": lambda g: timed(saved[g], options(args.threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)),
+        "saved_prepacked": lambda g: timed(packed[g], options(args.threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)),
         "no_prepack": lambda g: timed(paths[g], options(args.threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                                          **{"session.disable_prepacking": "1"})),
     }
