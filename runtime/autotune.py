@@ -141,8 +141,10 @@ class RuntimeSteps:
             from chattts_forge.runtime.pipeline import open_gpt_step
             from chattts_forge.runtime.session import Artifact
 
+            # Not saved (runtime.saved_sessions): a variant timed here may never be served on this host,
+            # and FP32's saved GPT graph alone is 1.5 GB written at the first load.
             artifact = Artifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
-                                public_key=self.public_key)
+                                public_key=self.public_key, saved_sessions=False)
             self._opened[folder] = (artifact, open_gpt_step(artifact, self.engine))
         return self._opened[folder]
 

@@ -117,11 +117,15 @@ def test_asking_for_fp32_opens_it_and_nothing_else(fp16_version: Path, opened: O
 
 
 def test_an_autotune_cache_hit_opens_no_variant_before_its_first_text(fp16_version: Path, opened: Opened,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path, monkeypatch) -> None:
     from chattts_forge.runtime.autotune import AutotuneSettings
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = AutotuneSettings(time_cap_s=0.5, cache_dir=tmp_path / "autotune")
     assert Router(fp16_version, threads=1, autotune=settings).autotune["source"] == "measured"  # opens both
+    assert {v for v, _ in opened.sessions} == {"fp16", "fp32"}
+    # what autotune times is not saved as a session: a variant timed here may never be served
+    assert not (tmp_path / "cache" / "chattts-forge" / "sessions").exists()
     opened.artifacts.clear()
     opened.sessions.clear()
     opened.onnxruntime_sessions = 0
