@@ -16,9 +16,11 @@ a temporary folder and one rename (fsutil.atomic_output_dir) holding the graph, 
 `entry.json` (the key and the stat keys of the two files at write time): a file whose stat differs
 (changed, truncated, replaced) makes the entry ignored and written again, the same trust the
 verified-hash cache gives a stat key. The folder is `$XDG_CACHE_HOME/chattts-forge/sessions/` (else
-~/.cache/...); at most `MAX_ENTRIES` entries are kept (the least recently used go). A saved entry
-costs disk (the graph's weights plus their packed copy: ~380 MB for the full INT8 GPT, ~1.5 GB for
-FP32). `CHATTTS_FORGE_SAVED_SESSIONS=0` (or `Artifact(saved_sessions=False)`) turns it off.
+~/.cache/...); at most `MAX_ENTRIES` entries and `MAX_BYTES` are kept (the least recently used go).
+A saved entry costs disk (the graph's weights plus their packed copy: ~380 MB for the full INT8 GPT,
+~1.5 GB for FP32). The runtime saves the sessions of published variant folders (what it serves), not
+those of the build's intermediate artifacts; `CHATTTS_FORGE_SAVED_SESSIONS=0` (or
+`Artifact(saved_sessions=False)`) turns it off, `Artifact(saved_sessions=True)` on for any folder.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ ENTRY_JSON = "entry.json"
 GRAPH_NAME = "graph.onnx"
 DATA_NAME = "graph.onnx.data"
 MAX_ENTRIES = 32
+MAX_BYTES = 8 << 30  # a version's six full-size variants fit
 # Initializers at least this large go to the data file (a protobuf holds at most 2 GB; FP32's GPT is more)
 MIN_EXTERNAL_BYTES = 1024
 
@@ -131,8 +134,8 @@ class SavedSessions:
             return
         self.prune()
 
-    def prune(self, keep: int = MAX_ENTRIES) -> None:
-        """Remove all but the `keep` most recently used entries."""
+    def prune(self, keep: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+        """Keep the most recently used entries, at most `keep` of them and `max_bytes` in all."""
         try:
             entries = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
         except OSError:
@@ -143,5 +146,13 @@ class SavedSessions:
                 return (p / ENTRY_JSON).stat().st_mtime
             except OSError:
                 return 0.0
-        for old in sorted(entries, key=used, reverse=True)[keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+
+        def size(p: Path) -> int:
+            return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+
+        total = 0
+        for i, entry in enumerate(sorted(entries, key=used, reverse=True)):
+            with contextlib.suppress(OSError):
+                total += size(entry)
+            if i >= keep or (i > 0 and total > max_bytes):  # the newest stays, whatever its size
+                shutil.rmtree(entry, ignore_errors=True)

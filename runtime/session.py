@@ -172,7 +172,7 @@ class Artifact:
         """`meta`: the folder's artifact.json when it is not written yet (read from the folder otherwise).
         `public_key`: a PEM public key; the folder's `model.sig` must then verify with it.
         `saved_sessions`: reuse this host's saved optimized graphs (runtime.saved_sessions; True, False,
-        a `SavedSessions`, or None: the CHATTTS_FORGE_SAVED_SESSIONS environment variable, on unless "0")."""
+        a `SavedSessions`, or None: on for a published variant folder unless CHATTTS_FORGE_SAVED_SESSIONS=0)."""
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise ForgeError(f"artifact folder {self.path} does not exist")
@@ -194,10 +194,11 @@ class Artifact:
         self.verify_mode = verify
         # where each session came from (`_create_session`): "saved", "built and saved", "built"
         self.session_sources: dict[str, str] = {}
-        if saved_sessions is None:
+        if saved_sessions is None:  # published folders only: the build opens many short-lived artifacts
+            from chattts_forge.integrity import PUBLISHED_MANIFEST
             from chattts_forge.runtime.saved_sessions import saved_sessions_default
 
-            saved_sessions = saved_sessions_default()
+            saved_sessions = saved_sessions_default() and (self.path / PUBLISHED_MANIFEST).is_file()
         if saved_sessions is True:
             from chattts_forge.runtime.saved_sessions import SavedSessions
 

@@ -173,17 +173,21 @@ def _synth(artifact: Path, **kw) -> tuple[Pipeline, np.ndarray, np.ndarray]:
     return pipe, r.codes, r.wav
 
 
-def test_saved_sessions_are_reused_and_give_the_same_audio(tiny_artifacts, tmp_path, monkeypatch) -> None:
+def test_saved_sessions_are_reused_and_give_the_same_audio(fp16_version, tiny_artifacts, tmp_path,
+                                                           monkeypatch) -> None:
     from chattts_forge.runtime.saved_sessions import SAVED_ENV
 
+    published = fp16_version / "fp32"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv(SAVED_ENV, "0")
-    plain, codes, wav = _synth(tiny_artifacts["fp32"])
+    plain, codes, wav = _synth(published)
     assert set(plain.artifact.session_sources.values()) == {"built"}
     assert not (tmp_path / "cache" / "chattts-forge" / "sessions").exists()
-    monkeypatch.setenv(SAVED_ENV, "1")
-    first, codes1, wav1 = _synth(tiny_artifacts["fp32"])
-    second, codes2, wav2 = _synth(tiny_artifacts["fp32"])
+    monkeypatch.delenv(SAVED_ENV)
+    build_side, _, _ = _synth(tiny_artifacts["fp32"])  # not published: the build's artifacts are never saved
+    assert set(build_side.artifact.session_sources.values()) == {"built"}
+    first, codes1, wav1 = _synth(published)
+    second, codes2, wav2 = _synth(published)
     for name in ("gpt_fast", "decoder", "vocos"):
         assert first.artifact.session_sources[name] == "built and saved"
         assert second.artifact.session_sources[name] == "saved"
@@ -191,7 +195,7 @@ def test_saved_sessions_are_reused_and_give_the_same_audio(tiny_artifacts, tmp_p
     assert np.array_equal(codes, codes1) and np.array_equal(codes, codes2)
     assert np.array_equal(wav, wav1) and np.array_equal(wav, wav2)  # bit for bit
     # verify size checks no hash: no saved graph may stand in for an unchecked file
-    unchecked = Pipeline(tiny_artifacts["fp32"], threads=1, verify="size")
+    unchecked = Pipeline(published, threads=1, verify="size")
     unchecked.artifact.session("vocos")
     assert unchecked.artifact.session_sources["vocos"] == "built"
 
@@ -227,3 +231,20 @@ def test_saved_session_key_and_invalidation(tiny_artifacts, tmp_path, monkeypatc
     with (entry / GRAPH_NAME).open("ab") as f:
         f.write(b"\0")
     assert (source(), source()) == ("built and saved", "saved")
+
+
+def test_saved_sessions_keep_the_most_recently_used(tmp_path: Path) -> None:
+    import os
+
+    from chattts_forge.runtime.saved_sessions import DATA_NAME, ENTRY_JSON, SavedSessions
+
+    saved = SavedSessions(tmp_path)
+    for age, name in enumerate(("newest", "middle", "oldest")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / DATA_NAME).write_bytes(b"x" * 100)
+        (tmp_path / name / ENTRY_JSON).write_text("{}")
+        os.utime(tmp_path / name / ENTRY_JSON, (1e9 - age, 1e9 - age))
+    saved.prune(keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    saved.prune(keep=2, max_bytes=150)  # the newest stays whatever its size; the next would pass the bound
+    assert [p.name for p in tmp_path.iterdir()] == ["newest"]
