@@ -110,7 +110,7 @@ Serving a published version (docs/serving.md):
   build's choice with `autotune=False`. Texts are normalised and measured by a session-free front
   end (`router.front`, `textfront.TextFront`); a variant opens on its first text and one no bucket
   routes to (FP32 included) is never opened;
-- saved sessions (`saved_sessions`): the first CPU session of a graph saves onnxruntime's optimized
+- saved sessions (`saved_sessions`): the first CPU session of a published variant's graph saves onnxruntime's optimized
   graph with its prepacked weights under the user cache; later processes load it (no packing, the
   same outputs, weight pages shared between processes). `CHATTTS_FORGE_SAVED_SESSIONS=0` turns it off;
 - a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
