@@ -107,7 +107,12 @@ Serving a published version (docs/serving.md):
 - `router.Router(version_dir, variant=None, cache=None, autotune=None, **pipeline_kwargs)`: each text
   goes to its length bucket's variant: the fastest on this host of those the gate passed there,
   ranked at first load by a bounded, cached self-benchmark (`autotune`; docs/autotune.md), or the
-  build's choice with `autotune=False` (variants open lazily);
+  build's choice with `autotune=False`. Texts are normalised and measured by a session-free front
+  end (`router.front`, `textfront.TextFront`); a variant opens on its first text and one no bucket
+  routes to (FP32 included) is never opened;
+- saved sessions (`saved_sessions`): the first CPU session of a published variant's graph saves onnxruntime's optimized
+  graph with its prepacked weights under the user cache; later processes load it (no packing, the
+  same outputs, weight pages shared between processes). `CHATTTS_FORGE_SAVED_SESSIONS=0` turns it off;
 - a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
   skips the code stage and the Decoder (`Result.cached`), same waveform; other knobs, another
   artifact or a tampered file are refused. `phrase_cache.build_phrase_cache` builds one (`warm`).

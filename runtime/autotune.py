@@ -131,15 +131,20 @@ class RuntimeSteps:
         self._opened: dict[Path, tuple[Any, Any]] = {}
 
     def max_positions(self, folder: Path) -> int:
-        return int(self._open(folder)[0].dims.max_position_embeddings)
+        """The model's positions, from artifact.json alone: a cache hit opens no variant."""
+        from chattts_forge.artifact import ArtifactMeta
+
+        return int(ArtifactMeta.load(folder).require_dims().max_position_embeddings)
 
     def _open(self, folder: Path) -> tuple[Any, Any]:
         if folder not in self._opened:
             from chattts_forge.runtime.pipeline import open_gpt_step
             from chattts_forge.runtime.session import Artifact
 
+            # Not saved (runtime.saved_sessions): a variant timed here may never be served on this host,
+            # and FP32's saved GPT graph alone is 1.5 GB written at the first load.
             artifact = Artifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
-                                public_key=self.public_key)
+                                public_key=self.public_key, saved_sessions=False)
             self._opened[folder] = (artifact, open_gpt_step(artifact, self.engine))
         return self._opened[folder]
 

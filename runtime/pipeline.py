@@ -42,7 +42,6 @@ from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
     DEFAULT_MAX_PROMPT_CODES,
     DEFAULT_MAX_SPEAKER_VALUES,
-    Normalizer,
     TextTokenizer,
     apply_speaker,
     decode_prompt,
@@ -51,13 +50,18 @@ from chattts_forge.runtime.frontend import (
     encode_prompt,
     is_speakable,
     max_encoded_chars,
-    sample_random_speaker,
     speaker_vector,
     split_sentences,
 )
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
+from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
+    SPLIT_TEXT_FACTOR,
+    TEXT_CHARS_PER_POSITION,
+    TextFront,
+    check_text_length,
+)
 
 log = get_logger(__name__)
 
@@ -229,20 +233,6 @@ def position_ids(attention_mask: np.ndarray) -> np.ndarray:
     return pos.astype(np.int64)
 
 
-# Input text bounds (checked before normalisation, which costs time per character): a token spans at
-# least one character of normalised text and normalisation only ever shortens a text by dropping
-# characters, so 8 characters per position leaves room for dropped punctuation and spaces.
-TEXT_CHARS_PER_POSITION = 8
-SPLIT_TEXT_FACTOR = 16
-
-
-def check_text_length(text: str, limit: int) -> None:
-    """ForgeError when an input text is longer than `limit` characters (before anything else runs)."""
-    if len(text) > limit:
-        raise ForgeError(f"text is {len(text)} characters long, more than the {limit} this model can take; "
-                         "split it into several requests")
-
-
 # ---- request parameters: types and ranges, checked once where a request enters -------------------
 
 # A prompt string such as "[speed_5]" or "[oral_2][laugh_0][break_6]": far below this.
@@ -396,7 +386,9 @@ class Pipeline:
         self.sample_rate = self.dims.sample_rate
         self.hop = self.dims.hop_length
         self.tokenizer = TextTokenizer(self.artifact.file("tokenizer"))
-        self.normalizer = Normalizer(self.artifact.file("homophones"))
+        # normalisation and the speakers: the same object a Router measures lengths with (no session)
+        self.text = TextFront(self.artifact.path, self.artifact.meta, self.artifact.verification)
+        self.normalizer = self.text.normalizer
         self._gpt: GptStepLike | None = None
         # A warm phrase cache (runtime.phrase_cache): refused here unless built for this artifact.
         self.cache: PipelineCache | None = open_cache(cache, self) if cache is not None else None
@@ -417,26 +409,11 @@ class Pipeline:
 
     def normalize(self, text: str, params: SynthParams | None = None) -> str:
         """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
-        params = params or SynthParams()
-        if not isinstance(text, str):
-            raise ForgeError(f"text must be a string, got {type(text).__name__}")
-        check_text_length(text, self.max_text_chars(params.split_sentences))
-        if not text.strip():
-            raise ForgeError("empty text")
-        if params.lang not in (None, "zh", "en"):
-            raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
-        # The invalid-character filter always runs, as in ChatTTS; the flags gate the rest.
-        out = self.normalizer(text, params.normalize, params.homophones, params.lang)
-        if not out.strip() or not is_speakable(out):
-            raise ForgeError(f"text {_short(text)} normalises to nothing speakable")
-        return out
+        return self.text.normalize(text, params or SynthParams())
 
     def max_text_chars(self, split_sentences: bool = False) -> int:
-        """The longest input text accepted (checked before normalising): a text that needs more
-        characters than TEXT_CHARS_PER_POSITION per model position could not fit even once normalised;
-        split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer."""
-        one = TEXT_CHARS_PER_POSITION * self.dims.max_position_embeddings
-        return one * SPLIT_TEXT_FACTOR if split_sentences else one
+        """The longest input text accepted (`TextFront.max_text_chars`)."""
+        return self.text.max_text_chars(split_sentences)
 
     def max_recording_samples(self) -> int:
         """The longest voice-clone recording accepted: its codes (one per 2 hops) must fit the positions."""
@@ -444,7 +421,7 @@ class Pipeline:
 
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the artifact's speaker statistics (`Chat.sample_random_speaker`)."""
-        return sample_random_speaker(self.artifact.speaker_stats, np.random.default_rng(seed))
+        return self.text.random_speaker(seed)
 
     # ---- voice cloning ---------------------------------------------------------------------
 
@@ -933,6 +910,3 @@ def _last(it: Iterator[StepState]) -> StepState:
         raise RuntimeError("generation produced no step")
     return state
 
-
-def _short(text: str, n: int = 40) -> str:
-    return repr(text if len(text) <= n else text[: n - 3] + "...")

@@ -4,8 +4,9 @@ Quantization error grows with the length of what is spoken, so a version does no
 precision: the build measures every variant per length bucket of the held-out corpus (evaluate's
 `buckets` section) and writes `artifacts/<model>/<version>/routing.json`, naming for each bucket the
 fastest variant that passes the gate in that bucket (FP32 as the fallback). The `Router` reads it,
-opens variants lazily (a variant's sessions load on its first text) and sends each text to its
-bucket's variant; `variant=` overrides the table.
+measures texts with a session-free front end (`Router.front`, runtime.textfront), opens a variant on
+its first text (its files checked, its sessions loaded) and sends each text to its bucket's variant;
+a variant no bucket routes to (FP32 included) is never opened. `variant=` overrides the table.
 
 Length: characters of the ChatTTS-normalised text, whitespace excluded (`text_length`). Buckets
 are inclusive ranges `[min_chars, max_chars]` (`max_chars` None: no upper end); the default
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from chattts_forge.runtime.autotune import AutotuneSettings
     from chattts_forge.runtime.phrase_cache import PhraseCache
     from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
+    from chattts_forge.runtime.textfront import TextFront
 
 log = get_logger(__name__)
 
@@ -335,6 +337,7 @@ class Router:
                             "route to: those texts are served uncached (warm on this host, or --no-autotune)",
                             ", ".join(moved))
         self._pipes: dict[str, Pipeline] = {}
+        self._front: TextFront | None = None
 
     def variants_in_use(self) -> set[str]:
         return {self.override} if self.override else set(self.routes.values())
@@ -355,10 +358,29 @@ class Router:
                 self._pipes[variant] = Pipeline(self.path / variant, cache=cache, **self.pipeline_kwargs)
         return self._pipes[variant]
 
+    def opened(self) -> dict[str, Pipeline]:
+        """The variants whose Pipelines are open (their files checked), by name."""
+        return dict(self._pipes)
+
     @property
-    def front(self) -> Pipeline:
-        """The pipeline whose normaliser measures lengths (every variant of a version shares it)."""
-        return self.pipeline(self.override or self.table["fallback"])
+    def front_variant(self) -> str:
+        """The variant whose support files normalise and measure texts (every variant of a version
+        shares them): one this router serves, so the front end reads nothing it would not read anyway."""
+        return self.override or sorted(self.variants_in_use())[0]
+
+    @property
+    def front(self) -> TextFront:
+        """The text front end that measures lengths: no model session, no graph hashed (runtime.textfront).
+        With a public key it is the front variant's Pipeline's, whose signature is checked first."""
+        if self._front is None:
+            variant = self.front_variant
+            if variant in self._pipes or self.pipeline_kwargs.get("public_key") is not None:
+                self._front = self.pipeline(variant).text
+            else:
+                from chattts_forge.runtime.textfront import TextFront
+
+                self._front = TextFront.open(self.path / variant, self.pipeline_kwargs.get("verify", "sha256"))
+        return self._front
 
     def route(self, text: str, params: SynthParams | None = None) -> tuple[str, Bucket, int]:
         """(variant, bucket, length) for one input text."""

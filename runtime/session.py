@@ -23,10 +23,11 @@ engine) are not observed: they feed the fused graph, whose inputs are not `gpt.o
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from chattts_forge.integrity import CheckReport, check_files, check_verify_mode,
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.machine import u8s8_saturates
 from chattts_forge.runtime.providers import resolve_provider, session_providers
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.saved_sessions import SavedSessions
 
 log = get_logger(__name__)
 
@@ -83,6 +87,10 @@ NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
 # chunk's window is at most 132 Decoder steps and 110 Vocos frames at full size). Figures:
 # docs/measurements/2026-12-01/code-comment-figures.md.
 SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
+# Components whose session creation is mostly weight prepacking, so a saved optimized graph
+# (runtime.saved_sessions) pays; the embedding gathers and the small code head pack nothing worth
+# a second copy on disk. Figures: docs/measurements/2026-12-03-xeon/coldstart.md.
+SAVED_COMPONENTS = frozenset({"gpt", "gpt_fast", "head_text", "decoder", "dvae", "vocos"})
 SHRINK_MIN_POSITIONS = 160
 
 RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], None]
@@ -159,9 +167,12 @@ class Artifact:
         verify: str = "sha256",
         meta: ArtifactMeta | None = None,
         public_key: str | os.PathLike[str] | None = None,
+        saved_sessions: bool | SavedSessions | None = None,
     ) -> None:
         """`meta`: the folder's artifact.json when it is not written yet (read from the folder otherwise).
-        `public_key`: a PEM public key; the folder's `model.sig` must then verify with it."""
+        `public_key`: a PEM public key; the folder's `model.sig` must then verify with it.
+        `saved_sessions`: reuse this host's saved optimized graphs (runtime.saved_sessions; True, False,
+        a `SavedSessions`, or None: on for a published variant folder unless CHATTTS_FORGE_SAVED_SESSIONS=0)."""
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise ForgeError(f"artifact folder {self.path} does not exist")
@@ -181,6 +192,18 @@ class Artifact:
         self._sessions: dict[str, Any] = {}
         self._observers: list[tuple[frozenset[str] | None, RunObserver]] = []
         self.verify_mode = verify
+        # where each session came from (`_create_session`): "saved", "built and saved", "built"
+        self.session_sources: dict[str, str] = {}
+        if saved_sessions is None:  # published folders only: the build opens many short-lived artifacts
+            from chattts_forge.integrity import PUBLISHED_MANIFEST
+            from chattts_forge.runtime.saved_sessions import saved_sessions_default
+
+            saved_sessions = saved_sessions_default() and (self.path / PUBLISHED_MANIFEST).is_file()
+        if saved_sessions is True:
+            from chattts_forge.runtime.saved_sessions import SavedSessions
+
+            saved_sessions = SavedSessions()
+        self._saved: SavedSessions | None = saved_sessions or None
         self.public_key = Path(public_key).expanduser() if public_key is not None else None
         for key in RUNTIME_FILES:
             self._check_plain_file(key)
@@ -288,28 +311,66 @@ class Artifact:
             if name in NO_SPIN_COMPONENTS:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             opts.log_severity_level = 3
-            try:
-                session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
-            except Exception as e:  # onnxruntime raises its own exception types
-                raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+            t0 = time.perf_counter()
+            session, source = self._create_session(name, path, opts, threads)
             got = session.get_providers()
             if got[0] != self.providers[0]:  # onnxruntime's silent fallback (see runtime.providers)
                 raise ForgeError(f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})")
             release_free_heap()
             self._sessions[name] = ObservedSession(session, name, self._observers)
-            log.debug("loaded %s on %s", path.name, self.providers[0])
+            self.session_sources[name] = source
+            log.debug("loaded %s on %s in %.3f s (%s)", path.name, self.providers[0], time.perf_counter() - t0, source)
         return self._sessions[name]
+
+    def _saved_key(self, name: str, threads: int | None) -> dict[str, Any] | None:
+        """The saved-session key of a component (runtime.saved_sessions), or None where none is used:
+        turned off, not on the CPU, or files not hashed (verify size/none: a saved graph must never
+        stand in for a file nobody checked)."""
+        if (self._saved is None or name not in SAVED_COMPONENTS or self.provider != "cpu"
+                or self.verify_mode not in ("sha256", "full")):
+            return None
+        from chattts_forge.runtime.saved_sessions import saved_key
+
+        def record(p: Path) -> Any:
+            return self._expected.get(Path(os.path.relpath(p, self.path)).as_posix())
+
+        graph = record(self.component_path(name))
+        data_path = self.meta.external_data_path(self.path, name)
+        data = record(data_path) if data_path is not None else None
+        if graph is None or graph.sha256 is None or (data_path is not None and (data is None or data.sha256 is None)):
+            return None
+        return saved_key(graph.sha256, data.sha256 if data is not None else None,
+                         {"threads": threads, "spinning": name not in NO_SPIN_COMPONENTS, "level": "all"})
+
+    def _create_session(self, name: str, path: Path, opts: Any, threads: int | None) -> tuple[Any, str]:
+        """A new session of `path` and where it came from: "saved" (this host's saved optimized graph,
+        loaded with optimizations off), "built and saved", or "built"."""
+        import onnxruntime as ort
+
+        key = self._saved_key(name, threads)
+        saved = self._saved.lookup(key) if key is not None and self._saved is not None else None
+        if saved is not None:
+            level = opts.graph_optimization_level
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            try:
+                return ort.InferenceSession(str(saved), sess_options=opts, providers=self.providers), "saved"
+            except Exception as e:  # a saved entry onnxruntime refuses: built again from the artifact
+                log.info("saved session %s refused (%s): building %s again", saved, str(e).splitlines()[0], path.name)
+                opts.graph_optimization_level = level
+        try:
+            if key is None or self._saved is None:
+                return ort.InferenceSession(str(path), sess_options=opts, providers=self.providers), "built"
+            with self._saved.saving(key, opts):
+                session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+            return session, "built and saved"
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
     @cached_property
     def speaker_stats(self) -> np.ndarray:
-        p = self.file("speaker_stats")
-        try:
-            stats = np.load(p)
-        except (OSError, ValueError) as e:
-            raise ForgeError(f"{p} is unreadable: {e}") from None
-        if stats.shape != (2, self.dims.hidden_size):
-            raise ForgeError(f"{p} has shape {stats.shape}, expected (2, {self.dims.hidden_size})")
-        return stats.astype(np.float16)
+        from chattts_forge.runtime.textfront import load_speaker_stats
+
+        return load_speaker_stats(self.file("speaker_stats"), self.dims.hidden_size)
 
     def token_ids(self) -> dict[str, int]:
         return dict(self.meta.tokens or {})

@@ -15,6 +15,7 @@ import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from chattts_forge.log import get_logger
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, SynthParams
     from chattts_forge.runtime.router import Router
+    from chattts_forge.runtime.textfront import TextFront
 
 log = get_logger(__name__)
 
@@ -219,8 +221,9 @@ def _check_texts(cfg: SynthConfig) -> list[str]:
     return texts
 
 
-def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline]:
-    """A version folder's Router (and the pipeline a stream or the speaker use), or one artifact's Pipeline."""
+def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline | None]:
+    """A version folder's Router (with the pipeline of `--variant`, else None: each variant opens on its
+    first text), or one artifact's Pipeline."""
     from chattts_forge.runtime.pipeline import Pipeline
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
@@ -232,7 +235,7 @@ def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline]:
         router = Router(cfg.artifact, variant=cfg.variant, cache=cfg.cache_path, autotune=cfg.autotune, **runtime)
         if cfg.stream and cfg.variant is None:
             raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
-        return router, router.pipeline(cfg.variant) if cfg.variant is not None else router.front
+        return router, router.pipeline(cfg.variant) if cfg.variant is not None else None
     if cfg.variant is not None:
         raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {cfg.artifact} has none")
     if cfg.autotune is not None:
@@ -241,16 +244,19 @@ def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline]:
     return None, Pipeline(cfg.artifact, cache=cfg.cache_path, **runtime)
 
 
-def synth_params(cfg: SynthConfig, pipe: Pipeline) -> tuple[SynthParams, str | None]:
+def synth_params(cfg: SynthConfig, front: TextFront | Pipeline,
+                 voice_pipe: Callable[[], Pipeline]) -> tuple[SynthParams, str | None]:
     """The runtime's `SynthParams` for `cfg`, and the speaker string it uses (for --speaker-out:
-    --speaker's, else the spk_smp string made from --speaker-audio)."""
+    --speaker's, else the spk_smp string made from --speaker-audio). `front` draws and checks speaker
+    strings; `voice_pipe()` is the pipeline whose DVAE encoder reads --speaker-audio (opened only then)."""
     from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 
-    spk = resolve_speaker(cfg.speaker, cfg.seed, pipe)
+    spk = resolve_speaker(cfg.speaker, cfg.seed, front)
     spk_smp = None
     if cfg.speaker_audio is not None:
         from chattts_forge.runtime.audio import read_wav
 
+        pipe = voice_pipe()
         spk_smp = pipe.sample_audio_speaker(read_wav(cfg.speaker_audio, pipe.sample_rate, "--speaker-audio",
                                                      max_samples=pipe.max_recording_samples()))
         log.info("speaker sample from %s (%d characters)", cfg.speaker_audio, len(spk_smp))
@@ -273,14 +279,19 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
     texts = _check_texts(cfg)
     t0 = time.perf_counter()
     router, pipe = open_target(cfg)
-    params, speaker_used = synth_params(cfg, pipe)
+    if router is not None and pipe is None:  # routed: the variants open on their first text
+        params, speaker_used = synth_params(cfg, router.front, lambda: router.pipeline(router.front_variant))
+    else:
+        assert pipe is not None
+        params, speaker_used = synth_params(cfg, pipe, lambda: pipe)
     wav_paths = output_paths(cfg.out, len(texts), ".wav")
     code_paths = output_paths(cfg.codes_out, len(texts), ".npy") if cfg.codes_out is not None else None
     t1 = time.perf_counter()
     if cfg.stream:
+        assert pipe is not None  # a stream runs one variant (open_target refuses a routed one)
         _stream_to_files(cfg, pipe, texts, params, wav_paths, code_paths, t1)
     else:
-        _synthesize_to_files(cfg, router or pipe, pipe, texts, params, wav_paths, code_paths, t1 - t0)
+        _synthesize_to_files(cfg, router or pipe, texts, params, wav_paths, code_paths, t1 - t0)  # type: ignore[arg-type]
     if cfg.speaker_out is not None:
         assert speaker_used is not None
         atomic_write_text(cfg.speaker_out, speaker_used + "\n")
@@ -326,10 +337,11 @@ def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params:
             log.info("wrote codes %s: shape %s", p, tuple(c.shape))
 
 
-def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, pipe: Pipeline, texts: list[str],
+def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, texts: list[str],
                          params: SynthParams, wav_paths: list[Path], code_paths: list[Path] | None,
                          load_s: float) -> None:
     from chattts_forge.runtime.audio import write_wav
+    from chattts_forge.runtime.router import Router
 
     t1 = time.perf_counter()
     results = []
@@ -348,13 +360,15 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, pipe: Pipe
         if code_paths is not None:
             write_codes(code_paths[i], r.codes)
             log.info("wrote codes %s: shape %s", code_paths[i], tuple(r.codes.shape))
-    audio_s = sum(len(r.wav) for r in results) / pipe.sample_rate
+    audio_s = sum(len(r.wav) / r.sample_rate for r in results)
     log.info(
         "load %.2f s, synthesis %.2f s (%d steps, %.1f ms/step incl. decode), RTF %.2f",
         load_s, t2 - t1, steps, 1000 * (t2 - t1) / max(steps, 1), (t2 - t1) / max(audio_s, 1e-9),
     )
-    log.info("checked before loading: %s%s", pipe.artifact.verification.summary(),
-             f"; model.sig verified with {cfg.public_key}" if cfg.public_key is not None else "")
+    opened = target.opened() if isinstance(target, Router) else {target.artifact.variant: target}
+    signed = f"; model.sig verified with {cfg.public_key}" if cfg.public_key is not None else ""
+    for variant, pipe in sorted(opened.items()):
+        log.info("checked before loading %s: %s%s", variant, pipe.artifact.verification.summary(), signed)
 
 
 def warm_phrase_cache(cfg: WarmConfig) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineText
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.textfront import TextFront
 
 log = get_logger(__name__)
 
@@ -96,6 +97,7 @@ class ServedVersion:
         kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
                                   "public_key": cfg.public_key, "engine": "auto"}
         self.router: Router | None = None
+        self.front: TextFront  # normalises and measures requests, draws the voices (no session)
         self.pipes: dict[str, Pipeline] = {}
         self.schedulers: dict[str, Scheduler] = {}
         self._refine_locks: dict[str, threading.Lock] = {}
@@ -116,11 +118,12 @@ class ServedVersion:
         if (self.path / ROUTING_NAME).is_file():
             self.router = Router(self.path, **kwargs)
             self.model_id = f"{self.path.resolve().parent.name}/{self.path.resolve().name}"
-            routed = sorted(set(self.router.routes.values()) | {self.router.table["fallback"]})
             self.published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
-            for v in routed:
+            # Ready means the routed variants are loaded; any other (the fallback included) opens when a
+            # request names it, so a version that routes no bucket to FP32 never holds FP32's weights.
+            for v in sorted(self.router.variants_in_use()):
                 self._open(v)
-            self.front = self.pipes[self.router.table["fallback"]]
+            self.front = self.router.front
             cache_path = cfg.phrase_cache or (self.path / PHRASE_CACHE_NAME
                                               if (self.path / PHRASE_CACHE_NAME).is_file() else None)
         else:
@@ -129,7 +132,7 @@ class ServedVersion:
             self.model_id = name
             self.published = [name]
             self._add(name, pipe)
-            self.front = pipe
+            self.front = pipe.text
             cache_path = cfg.phrase_cache
         if cache_path is not None:
             self._attach_file_cache(cache_path)
@@ -170,7 +173,7 @@ class ServedVersion:
         for v, pipe in self.pipes.items():
             self._attach_one(v, pipe)
         if not self.caches:  # built for none of the variants served: refused, naming what it was built for
-            self.file_cache.check_artifact(payload_sha256(self.front.artifact.path), self.path)
+            self.file_cache.check_artifact(payload_sha256(self.front.path), self.path)
 
     def _attach_one(self, variant: str, pipe: Pipeline) -> None:
         assert self.file_cache is not None

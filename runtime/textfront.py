@@ -1,0 +1,121 @@
+"""A variant's text front end without a model session: normalisation, the input bounds, the speakers.
+
+Normalising a text, measuring its routing length and drawing a random speaker read only an artifact's
+small support files (the homophone map, the speaker statistics) and its `dims`; no onnxruntime
+session. `TextFront.open(folder, verify)` checks just those files against their recorded sha256 (the
+verified-hash cache makes that one stat each on a host that has seen them), so a `Router` measures
+lengths and a server draws its voices before any variant is opened: a variant's graphs are hashed
+and loaded on its first text, and a variant no bucket routes to is never loaded. A `Pipeline` holds
+the same object over its own (fully checked) artifact.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.checkpoint.layout import Dims
+from chattts_forge.errors import ForgeError
+from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
+from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
+
+if TYPE_CHECKING:
+    from chattts_forge.runtime.pipeline import SynthParams
+
+# The support files the front end reads (artifact.json `files` keys).
+FRONT_FILES = ("homophones", "speaker_stats")
+# Input text bounds (checked before normalisation, which costs time per character): a token spans at
+# least one character of normalised text and normalisation only ever shortens a text by dropping
+# characters, so 8 characters per position leaves room for dropped punctuation and spaces.
+TEXT_CHARS_PER_POSITION = 8
+SPLIT_TEXT_FACTOR = 16
+
+
+def check_text_length(text: str, limit: int) -> None:
+    """ForgeError when an input text is longer than `limit` characters (before anything else runs)."""
+    if len(text) > limit:
+        raise ForgeError(f"text is {len(text)} characters long, more than the {limit} this model can take; "
+                         "split it into several requests")
+
+
+def short_repr(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[: n - 3] + "...")
+
+
+def load_speaker_stats(path: Path, hidden_size: int) -> np.ndarray:
+    """The speaker statistics [2, hidden] (std, mean) as float16; a one-line ForgeError otherwise."""
+    try:
+        stats = np.load(path)
+    except (OSError, ValueError) as e:
+        raise ForgeError(f"{path} is unreadable: {e}") from None
+    if stats.shape != (2, hidden_size):
+        raise ForgeError(f"{path} has shape {stats.shape}, expected (2, {hidden_size})")
+    return stats.astype(np.float16)
+
+
+class TextFront:
+    """Normalisation, input bounds and speaker statistics of one artifact folder (no session)."""
+
+    def __init__(self, path: Path, meta: ArtifactMeta, verification: CheckReport | None = None) -> None:
+        """Over files already checked (a Pipeline's artifact); `TextFront.open` checks them itself."""
+        self.path = path
+        self.meta = meta
+        self.dims: Dims = meta.require_dims()
+        self.num_vq = self.dims.num_vq
+        self.normalizer = Normalizer(meta.support_path(path, "homophones"))
+        self.verification = verification
+
+    @classmethod
+    def open(cls, folder: str | os.PathLike[str], verify: str = "sha256") -> TextFront:
+        """The front end of `folder`, its FRONT_FILES checked against their records (`verify` mode,
+        as `Artifact`'s) and nothing else read: no graph is hashed or loaded."""
+        path = Path(folder).expanduser()
+        meta = ArtifactMeta.load(path)
+        verify = check_verify_mode(verify)
+        wanted = set()
+        for key in FRONT_FILES:
+            p = meta.support_path(path, key)
+            if not p.is_file():
+                raise ForgeError(f"artifact file {p} is missing")
+            wanted.add(Path(os.path.relpath(p, path)).as_posix())
+        expected = {rel: e for rel, e in expected_files(path, meta).items() if rel in wanted}
+        return cls(path, meta, check_files(path, expected, verify))
+
+    @cached_property
+    def speaker_stats(self) -> np.ndarray:
+        return load_speaker_stats(self.meta.support_path(self.path, "speaker_stats"), self.dims.hidden_size)
+
+    def max_text_chars(self, split_sentences: bool = False) -> int:
+        """The longest input text accepted (checked before normalising): a text that needs more
+        characters than TEXT_CHARS_PER_POSITION per model position could not fit even once normalised;
+        split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer."""
+        one = TEXT_CHARS_PER_POSITION * self.dims.max_position_embeddings
+        return one * SPLIT_TEXT_FACTOR if split_sentences else one
+
+    def normalize(self, text: str, params: SynthParams | None = None) -> str:
+        """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
+        if params is None:
+            from chattts_forge.runtime.pipeline import SynthParams
+
+            params = SynthParams()
+        if not isinstance(text, str):
+            raise ForgeError(f"text must be a string, got {type(text).__name__}")
+        check_text_length(text, self.max_text_chars(params.split_sentences))
+        if not text.strip():
+            raise ForgeError("empty text")
+        if params.lang not in (None, "zh", "en"):
+            raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
+        # The invalid-character filter always runs, as in ChatTTS; the flags gate the rest.
+        out = self.normalizer(text, params.normalize, params.homophones, params.lang)
+        if not out.strip() or not is_speakable(out):
+            raise ForgeError(f"text {short_repr(text)} normalises to nothing speakable")
+        return out
+
+    def random_speaker(self, seed: int | None = None) -> str:
+        """A random speaker string from the speaker statistics (`Chat.sample_random_speaker`)."""
+        return sample_random_speaker(self.speaker_stats, np.random.default_rng(seed))

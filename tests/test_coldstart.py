@@ -1,0 +1,250 @@
+"""Issue 36: only what is served is opened.
+
+A routed version opens no FP32 artifact unless a bucket routes to it or it is asked for; text
+normalisation and length routing open no model session; a variant's files are checked and its
+sessions loaded on its first text. Every onnxruntime session and every `Artifact` the runtime
+makes is recorded (`opened`), so the tests check what is opened when, never how long it takes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from stand_in_report import publish_stand_in_version
+
+from chattts_forge.cli import main
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.router import Router
+from chattts_forge.runtime.session import Artifact
+
+STEPS = 12
+SHORT = "请稍等"
+LONG = "这是一个比较长的句子，它有超过十个字。"
+
+
+def params() -> SynthParams:
+    return SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS, min_new_token=STEPS))
+
+
+class Opened:
+    """The variant folders (their names) each Artifact and each session was made for, and every
+    onnxruntime session made at all (a session made outside an Artifact would show as a surplus)."""
+
+    def __init__(self) -> None:
+        self.artifacts: list[str] = []
+        self.sessions: list[tuple[str, str]] = []  # (variant folder, component)
+        self.onnxruntime_sessions = 0
+
+    def variants(self) -> set[str]:
+        assert self.onnxruntime_sessions == len(self.sessions)
+        return set(self.artifacts) | {v for v, _ in self.sessions}
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
+    seen = Opened()
+    real_session, real_init, real_create = ort.InferenceSession, Artifact.__init__, Artifact._create_session
+
+    def session(*args, **kwargs):
+        seen.onnxruntime_sessions += 1
+        return real_session(*args, **kwargs)
+
+    def init(self, path, *args, **kwargs):
+        seen.artifacts.append(Path(path).name)
+        real_init(self, path, *args, **kwargs)
+
+    def create(self, name, *args, **kwargs):
+        seen.sessions.append((self.path.name, name))
+        return real_create(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(Artifact, "__init__", init)
+    monkeypatch.setattr(Artifact, "_create_session", create)
+    return seen
+
+
+@pytest.fixture
+def fp16_version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
+    """A published version whose table routes every bucket to fp16 (fp32 passes, slower: the fallback only)."""
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (True, 1.0)}})
+
+
+@pytest.fixture
+def mixed_version(tiny_artifacts: dict[str, Path], tmp_path: Path) -> Path:
+    """fp16 serves short texts, fp32 the rest."""
+    return publish_stand_in_version(tiny_artifacts, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}})
+
+
+def test_routing_needs_no_session_and_fp32_is_never_opened_when_not_routed(fp16_version: Path, opened: Opened) -> None:
+    router = Router(fp16_version, threads=1)
+    assert set(router.routes.values()) == {"fp16"} and router.table["fallback"] == "fp32"
+    for text in (SHORT, LONG, "Hello there, how are you today? " * 3):
+        assert router.route(text, params())[0] == "fp16"
+    assert router.front.normalize(SHORT) == Pipeline(fp16_version / "fp16", threads=1).normalize(SHORT)
+    assert isinstance(router.front.random_speaker(1), str)
+    opened.artifacts.clear()  # the Pipeline just made to compare with
+    assert opened.sessions == [] and opened.artifacts == [] and router.opened() == {}
+
+    [result] = router.synthesize(SHORT, params())
+    assert len(result.wav) > 0
+    assert opened.variants() == {"fp16"} and set(router.opened()) == {"fp16"}
+    assert "fp32" not in {v for v, _ in opened.sessions}
+
+
+def test_a_variant_opens_on_its_first_text(mixed_version: Path, opened: Opened) -> None:
+    router = Router(mixed_version, threads=1)
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {"fp16"}
+    router.synthesize(LONG, params())  # the first text of the medium bucket: fp32 opens now
+    assert opened.variants() == {"fp16", "fp32"}
+    assert opened.artifacts.count("fp32") == 1 and opened.artifacts.count("fp16") == 1
+
+
+def test_asking_for_fp32_opens_it_and_nothing_else(fp16_version: Path, opened: Opened) -> None:
+    router = Router(fp16_version, variant="fp32", threads=1)
+    assert router.route(SHORT)[0] == "fp32" and opened.variants() == set()
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {"fp32"}
+
+
+def test_an_autotune_cache_hit_opens_no_variant_before_its_first_text(fp16_version: Path, opened: Opened,
+                                                                     tmp_path: Path, monkeypatch) -> None:
+    from chattts_forge.runtime.autotune import AutotuneSettings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    settings = AutotuneSettings(time_cap_s=0.5, cache_dir=tmp_path / "autotune")
+    assert Router(fp16_version, threads=1, autotune=settings).autotune["source"] == "measured"  # opens both
+    assert {v for v, _ in opened.sessions} == {"fp16", "fp32"}
+    # what autotune times is not saved as a session: a variant timed here may never be served
+    assert not (tmp_path / "cache" / "chattts-forge" / "sessions").exists()
+    opened.artifacts.clear()
+    opened.sessions.clear()
+    opened.onnxruntime_sessions = 0
+    router = Router(fp16_version, threads=1, autotune=settings)
+    assert router.autotune["source"] == "cache" and opened.variants() == set()
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {router.routes["short"]}
+
+
+def test_synth_cli_on_a_routed_version_opens_only_the_routed_variant(fp16_version: Path, opened: Opened,
+                                                                     tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["synth", "--artifact", str(fp16_version), "--text", SHORT, "--no-refine",
+                                    "--speaker", "random", "--seed", "0", "--max-new-token", str(STEPS),
+                                    "--threads", "1", "--out", str(tmp_path / "a.wav")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a.wav").is_file() and opened.variants() == {"fp16"}
+
+
+def test_serve_loads_the_routed_variants_and_opens_fp32_when_a_request_names_it(fp16_version: Path,
+                                                                               opened: Opened) -> None:
+    from chattts_forge.runtime.serve.config import ServeConfig
+    from chattts_forge.runtime.serve.engine import ServedVersion
+
+    served = ServedVersion(fp16_version, ServeConfig(artifact=str(fp16_version), threads=1, max_batch=2))
+    try:
+        assert set(served.pipes) == {"fp16"} and opened.variants() == {"fp16"}
+        assert "fp32" in served.model_names()  # published, listed, not loaded
+        short = SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS))
+        prep = served.prepare(LONG, short)
+        assert prep.variant == "fp16" and "fp32" not in opened.variants()
+        prep = served.prepare(LONG, short, model="fp32")
+        assert prep.variant == "fp32" and set(served.pipes) == {"fp16", "fp32"}
+        result = served.submit(prep).result(timeout=300)
+        assert np.asarray(result.codes).shape[0] > 0
+    finally:
+        served.close()
+
+
+# ---- saved optimized sessions (runtime.saved_sessions) --------------------------------------------
+
+
+def _synth(artifact: Path, **kw) -> tuple[Pipeline, np.ndarray, np.ndarray]:
+    pipe = Pipeline(artifact, threads=1, **kw)
+    [r] = pipe.synthesize(SHORT, params())
+    return pipe, r.codes, r.wav
+
+
+def test_saved_sessions_are_reused_and_give_the_same_audio(fp16_version, tiny_artifacts, tmp_path,
+                                                           monkeypatch) -> None:
+    from chattts_forge.runtime.saved_sessions import SAVED_ENV
+
+    published = fp16_version / "fp32"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(SAVED_ENV, "0")
+    plain, codes, wav = _synth(published)
+    assert set(plain.artifact.session_sources.values()) == {"built"}
+    assert not (tmp_path / "cache" / "chattts-forge" / "sessions").exists()
+    monkeypatch.delenv(SAVED_ENV)
+    build_side, _, _ = _synth(tiny_artifacts["fp32"])  # not published: the build's artifacts are never saved
+    assert set(build_side.artifact.session_sources.values()) == {"built"}
+    first, codes1, wav1 = _synth(published)
+    second, codes2, wav2 = _synth(published)
+    for name in ("gpt_fast", "decoder", "vocos"):
+        assert first.artifact.session_sources[name] == "built and saved"
+        assert second.artifact.session_sources[name] == "saved"
+    assert first.artifact.session_sources["embed"] == second.artifact.session_sources["embed"] == "built"
+    assert np.array_equal(codes, codes1) and np.array_equal(codes, codes2)
+    assert np.array_equal(wav, wav1) and np.array_equal(wav, wav2)  # bit for bit
+    # verify size checks no hash: no saved graph may stand in for an unchecked file
+    unchecked = Pipeline(published, threads=1, verify="size")
+    unchecked.artifact.session("vocos")
+    assert unchecked.artifact.session_sources["vocos"] == "built"
+
+
+def test_saved_session_key_and_invalidation(tiny_artifacts, tmp_path, monkeypatch) -> None:
+    import onnxruntime
+
+    from chattts_forge.runtime import machine
+    from chattts_forge.runtime.saved_sessions import ENTRY_JSON, GRAPH_NAME, SavedSessions, saved_key
+
+    saved = SavedSessions(tmp_path / "sessions")
+
+    def source() -> str:
+        artifact = Artifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
+        artifact.session("vocos")
+        return artifact.session_sources["vocos"]
+
+    assert (source(), source()) == ("built and saved", "saved")
+    key = saved_key("a" * 64, None, {"threads": 1})
+    monkeypatch.setattr(onnxruntime, "__version__", "0.0.0-other")
+    assert saved_key("a" * 64, None, {"threads": 1}) != key and source() == "built and saved"
+    monkeypatch.undo()
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["another-cpu"])
+    assert saved_key("a" * 64, None, {"threads": 1}) != key and source() == "built and saved"
+    monkeypatch.undo()
+    assert saved_key("b" * 64, None, {"threads": 1}) != key and saved_key("a" * 64, None, {"threads": 2}) != key
+    assert source() == "saved"
+    # an entry's graph changed on disk since it was saved: ignored, built and saved again
+    keys = {p: json.loads((p / ENTRY_JSON).read_text(encoding="utf-8"))["key"] for p in saved.root.iterdir()}
+    [entry] = [p for p, k in keys.items()
+               if k["onnxruntime"] == onnxruntime.__version__ and k["cpu_flags"] == machine.cpu_flags()]
+    assert len(keys) == 3  # this host's, the other onnxruntime's, the other CPU's
+    with (entry / GRAPH_NAME).open("ab") as f:
+        f.write(b"\0")
+    assert (source(), source()) == ("built and saved", "saved")
+
+
+def test_saved_sessions_keep_the_most_recently_used(tmp_path: Path) -> None:
+    import os
+
+    from chattts_forge.runtime.saved_sessions import DATA_NAME, ENTRY_JSON, SavedSessions
+
+    saved = SavedSessions(tmp_path)
+    for age, name in enumerate(("newest", "middle", "oldest")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / DATA_NAME).write_bytes(b"x" * 100)
+        (tmp_path / name / ENTRY_JSON).write_text("{}")
+        os.utime(tmp_path / name / ENTRY_JSON, (1e9 - age, 1e9 - age))
+    saved.prune(keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+    saved.prune(keep=2, max_bytes=150)  # the newest stays whatever its size; the next would pass the bound
+    assert [p.name for p in tmp_path.iterdir()] == ["newest"]
