@@ -358,6 +358,9 @@ class EvaluateConfig:
     `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
     latency run, audio, PyTorch baseline, ASR and the FP32 runs fidelity replays are read from it
     instead of measured again (the build measures them once for all its variants); None: measured here.
+    `latency_run`: a folder `evaluate-latency` wrote (evaluate.latency_run): the artifact's latency
+    record, audio and interleaved RTF ratio against the reference, timed in the same rounds as the
+    build's other variants, are read from it; None: timed here against the reference.
     """
 
     corpus: str | os.PathLike[str] = "builtin:evaluation"
@@ -387,6 +390,7 @@ class EvaluateConfig:
     clone_reference: str | os.PathLike[str] | None = None
     clone_transcript: str | None = None
     reference_run: str | os.PathLike[str] | None = None
+    latency_run: str | os.PathLike[str] | None = None
 
     def check(self) -> None:
         """One-line ForgeError on settings no evaluation can run with."""
@@ -487,11 +491,20 @@ def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[
         art_lat, art_waves = ref.latency, ref.waves
     else:  # sentence by sentence in turn with the reference until the RTF ratio's spread is within its
         # bound (issue 27): the ratio needs both on one clock, so the reference is timed again here
-        # (its audio, ASR and fidelity stay the shared run's)
-        with quiet_logger(enabled=j.synthetic):
-            pair = latency_mod.measure_against(j.artifact, j.reference, j.sentences,
-                                               latency_config(cfg, j.provider, cfg.show),
-                                               desc=f"synth {j.art_desc['variant']}")
+        # (its audio, ASR and fidelity stay the shared run's), or read from the build's latency run,
+        # where every variant was timed in the same rounds as the reference
+        if cfg.latency_run is not None:
+            from chattts_forge.evaluate.latency_run import latency_settings, read_latency_pair
+
+            pair = read_latency_pair(Path(cfg.latency_run), str(j.art_desc["variant"]),
+                                     latency_settings(j.ref_desc["files"], j.corpus, cfg, j.provider),
+                                     j.art_desc["files"])
+            log.info("latency read from %s (timed with the build's other variants)", cfg.latency_run)
+        else:
+            with quiet_logger(enabled=j.synthetic):
+                pair = latency_mod.measure_against(j.artifact, j.reference, j.sentences,
+                                                   latency_config(cfg, j.provider, cfg.show),
+                                                   desc=f"synth {j.art_desc['variant']}")
         art_lat, art_waves, ref_lat = pair.artifact, pair.artifact_waves, pair.reference
     latency = {
         "artifact": art_lat,
@@ -654,6 +667,10 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
         notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline, the ASR of the reference's "
                      f"audio and the FP32 runs fidelity replays were measured once for the build (reference run {key}, "
                      "the sha256 of its settings) with these settings and shared by every variant's evaluation.")
+    if cfg.latency_run is not None and not j.self_reference:
+        notes.append("Latency: the artifact was timed against the FP32 reference in the build's latency run, in the same "
+                     "interleaved rounds as the build's other variants (the reference synthesized once per round for "
+                     "all of them; first audio, throughput and memory once per side, in turn).")
     if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "

@@ -107,9 +107,15 @@ elif argv[0] == "warm":  # a real (empty) phrase cache made for the variants rou
 elif argv[0] == "evaluate-reference":  # the FP32 reference's side of every evaluation, once per build
     ref = (Path(opt("--reference")) / "gpt.onnx").read_bytes()
     atomic_dir(opt("--out"), lambda d: (d / "reference_run.json").write_text(sha(ref + content(opt("--corpus")))))
+elif argv[0] == "evaluate-latency":  # every variant but fp32 timed against it in the same rounds, once
+    timed = [json.loads((Path(a) / "artifact.json").read_text())["variant"]
+             for a, b in zip(argv, argv[1:]) if a == "--artifact" for a in [b]]
+    atomic_dir(opt("--out"), lambda d: (d / "latency_run.json").write_text(json.dumps({"artifacts": {v: {} for v in timed}})))
 else:
     assert argv[0] == "evaluate", argv
     assert Path(opt("--reference-run"), "reference_run.json").is_file(), "evaluated before its reference run"
+    if "--latency-run" in argv:
+        assert Path(opt("--latency-run"), "latency_run.json").is_file(), "evaluated before its latency run"
     art = Path(opt("--artifact"))
     variant = json.loads((art / "artifact.json").read_text())["variant"]
     passed = variant not in os.environ.get("FAKE_FAIL", "").split(",")
@@ -294,6 +300,36 @@ def test_tiny_runs_skip_the_pytorch_baseline_unless_asked(tmp_path: Path, flag: 
     out = reference_run[reference_run.index("--out") + 1]
     assert all(a[a.index("--reference-run") + 1] == out for a in evaluations)
     assert reference_run[reference_run.index("--max-new-token") + 1] == "48"
+
+
+def test_the_variants_are_timed_once_in_one_latency_run_read_by_their_evaluations(tmp_path: Path) -> None:
+    """evaluate-latency: every variant but fp32 (its own reference) in one step after the quantize steps
+    and before the evaluations; each of those evaluations reads it, fp32's does not. Should it fail,
+    the evaluations time themselves (nothing is set aside)."""
+    r = Runner(tmp_path)
+    argv_log = tmp_path / "argv.log"
+    proc = r.run(FAKE_ARGV_LOG=str(argv_log))
+    assert proc.returncode == 0, proc.stderr
+    calls = r.calls()
+    assert calls.count("evaluate-latency") == 1
+    assert max(i for i, c in enumerate(calls) if c.startswith("quantize:")) < calls.index("evaluate-latency") \
+        < min(i for i, c in enumerate(calls) if c.startswith("evaluate:"))
+    argvs = list(map(json.loads, argv_log.read_text().splitlines()))
+    [latency] = [a for a in argvs if a[0] == "evaluate-latency"]
+    timed = sorted(Path(b).name for a, b in zip(latency, latency[1:], strict=False) if a == "--artifact")
+    assert timed == sorted(set(VARIANTS) - {"fp32"})
+    out = latency[latency.index("--out") + 1]
+    for a in (a for a in argvs if a[0] == "evaluate"):
+        reads = a[a.index("--latency-run") + 1] if "--latency-run" in a else None
+        assert reads == (None if Path(a[a.index("--artifact") + 1]).name == "fp32" else out), a
+
+    failing = Runner(tmp_path, "latency-fails")
+    argv_log2 = tmp_path / "argv2.log"
+    proc = failing.run(FAKE_CRASH="evaluate-latency", FAKE_ARGV_LOG=str(argv_log2))
+    assert proc.returncode == 0, proc.stderr
+    evaluations = [a for a in map(json.loads, argv_log2.read_text().splitlines()) if a[0] == "evaluate"]
+    assert len(evaluations) == len(VARIANTS) and not any("--latency-run" in a for a in evaluations)
+    assert "evaluate-latency failed" in proc.stderr and "going on without it" in proc.stderr
 
 
 def test_the_int8_kv_cache_variant_is_quantized_from_the_calibration_set(tmp_path: Path) -> None:
