@@ -49,8 +49,8 @@ def measure_cache_effect(
     with tempfile.TemporaryDirectory(prefix="forge-phrases-") as tmp:
         listing = Path(tmp) / "phrases.txt"
         listing.write_text("\n".join(phrases) + "\n", encoding="utf-8")
-        built = build_phrase_cache(artifact, listing, Path(tmp) / "phrases.cache", params, threads=threads,
-                                   provider=provider)
+        # warmed with the pipeline the misses are timed on (no second copy of its sessions to load)
+        built = build_phrase_cache(artifact, listing, Path(tmp) / "phrases.cache", params, pipeline=plain)
         cached = Pipeline(artifact, threads=threads, provider=provider, cache=built["path"])
         plain.synthesize(phrases[0], params)  # warm-up of both (sessions, allocators)
         cached.synthesize(phrases[0], params)
