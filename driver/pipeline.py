@@ -8,7 +8,10 @@ checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp1
 (calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto / dynamic with an INT8 KV cache
 (int8-dynamic-kv8, cache scales from the calibration split) -> the FP32 reference's side of every
 evaluation, once (evaluate-reference: its latency run and audio, the PyTorch baseline, the ASR of its
-audio) -> evaluate every variant against fp32 (held-out split; each reads that shared run) -> publish the variants whose gate passed -> print where the reports are.
+audio) -> every variant but fp32 timed against fp32 in the same interleaved rounds, once
+(evaluate-latency: the reference synthesized once per round for all of them) -> evaluate every
+variant against fp32 (held-out split; each reads those shared runs) -> publish the variants whose
+gate passed -> print where the reports are.
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
 of its inputs (upstream outputs, corpus and gate files), the fingerprint of the toolchain code it
