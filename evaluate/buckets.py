@@ -166,10 +166,12 @@ def measure_buckets(
     waived: dict[str, str],
     settings: BucketSettings = BucketSettings(),
     shared: dict[str, BucketReference] | None = None,
+    replay: Any = None,
 ) -> dict[str, Any]:
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
     `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers; `shared`: the reference
-    side measured once for the build (`reference_buckets`), used where it fits."""
+    side measured once for the build (`reference_buckets`), used where it fits; `replay`: the
+    `ReplaySessions` of this artifact and reference already open (the whole-corpus fidelity's)."""
     from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
     from chattts_forge.runtime import Pipeline
@@ -181,7 +183,8 @@ def measure_buckets(
     art_pipe = ref_pipe if same else Pipeline(artifact, threads=st.threads, provider=st.provider)
     chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, st.per_bucket)
     results: dict[str, Any] = {}
-    replay: ReplaySessions | None = None  # every bucket's fidelity: the same sessions, loaded once
+    # every bucket's fidelity: the same sessions, loaded once (or the caller's)
+    sessions: ReplaySessions | None = replay
     recorder: Any = None
     warmed: set[int] = set()  # pipelines already warmed up (by an earlier bucket's timing)
 
@@ -208,11 +211,13 @@ def measure_buckets(
         art_lat, art_waves = (ref_lat, ref_waves) if same else timed(art_pipe, texts)
         ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
         record["latency"] = {"artifact": art_lat, "reference": ref_lat, "ratio_vs_reference": ratio}
-        if replay is None:
-            replay, recorder = ReplaySessions(reference, artifact, st.threads), recording_pipeline(reference, st.threads)
+        if sessions is None:
+            sessions = ReplaySessions(reference, artifact, st.threads)
+        if recorder is None and known is None:
+            recorder = recording_pipeline(reference, st.threads)
         fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
                                max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed, threads=st.threads,
-                               per_tensor=False, progress=False, sessions=replay, recorder=recorder,
+                               per_tensor=False, progress=False, sessions=sessions, recorder=recorder,
                                trajectories=None if known is None else known.trajectories)
         record["fidelity"] = fid
         if st.score is not None and not st.synthetic:

@@ -226,14 +226,14 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
     agreement and mel energies). `trajectories`: the FP32 runs already recorded (the build's shared
     reference run); None: recorded here."""
     try:
-        from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
+        from chattts_forge.quantize.fidelity import record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
     reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
     sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
-    sessions = ReplaySessions(reference, artifact, threads)
+    sessions = j.replay_sessions(threads)
     if trajectories is None:
         trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=cfg.show)
     comparisons = [sessions.compare(t) for t in trajectories]
@@ -421,6 +421,7 @@ class Judged:
     corpus: Any  # calibration_data.corpus.Corpus
     gate: dict[str, Any]
     provider: str
+    _replay: Any = None  # replay_sessions()
 
     @property
     def sentences(self) -> list[str]:
@@ -434,6 +435,15 @@ class Judged:
     def tiny(self) -> bool:
         presets = (self.art_desc["source"].get("preset"), self.ref_desc["source"].get("preset"))
         return self.synthetic and "tiny" in presets
+
+    def replay_sessions(self, threads: int | None) -> Any:
+        """The fidelity replay's sessions (quantize.fidelity.ReplaySessions), loaded once for the corpus
+        and every length bucket."""
+        from chattts_forge.quantize.fidelity import ReplaySessions
+
+        if self._replay is None:
+            self._replay = ReplaySessions(self.reference, self.artifact, threads)
+        return self._replay
 
     @property
     def self_reference(self) -> bool:
@@ -700,7 +710,7 @@ def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | 
     with quiet_logger(enabled=j.synthetic):
         buckets = measure_buckets(
             j.artifact, j.reference, load_corpus(cfg.corpus).sentences, j.gate, metrics, waived=waived,
-            settings=settings, shared=shared_buckets)
+            settings=settings, shared=shared_buckets, replay=j.replay_sessions(cfg.threads))
         phrase_cache = None
         if cfg.cache_phrases:
             from chattts_forge.calibration_data.phrases import shipped_phrases

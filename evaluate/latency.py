@@ -333,14 +333,25 @@ def measure_against_many(
     finally:
         bar.close()
     _log_tail_phases(cfg, min(cfg.first_audio_runs, n))
-    for i in range(min(cfg.first_audio_runs, n)):  # one run each in turn, the order rotated
-        for name in _rotated(names, i):
-            sides[name].time_first_audio(sentences[i], i)
-    for k, b in enumerate(cfg.batch_sizes):
-        for name in _rotated(names, k):
-            sides[name].time_batch(sentences, b)
-    records = {name: sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
-               for name in sides}
+    runs_fa = min(cfg.first_audio_runs, n)
+    # with several artifacts the tail runs minutes at full size: its own progress (done / total, ETA)
+    tail = Progress((runs_fa + len(cfg.batch_sizes) + 1) * len(names), f"{desc}: first audio, throughput, memory",
+                    "run", enabled=cfg.progress and len(names) > 2, leave=False)
+    try:
+        for i in range(runs_fa):  # one run each in turn, the order rotated
+            for name in _rotated(names, i):
+                sides[name].time_first_audio(sentences[i], i)
+                tail.update(1)
+        for k, b in enumerate(cfg.batch_sizes):
+            for name in _rotated(names, k):
+                sides[name].time_batch(sentences, b)
+                tail.update(1)
+        records = {}
+        for name in sides:
+            records[name] = sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
+            tail.update(1)
+    finally:
+        tail.close()
     pairs = {}
     for name in names[1:]:
         est = comparison.estimates[name]
