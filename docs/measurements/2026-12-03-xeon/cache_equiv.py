@@ -1,21 +1,38 @@
-"""The cache measure_cache_effect makes from its misses vs build_phrase_cache's file: same bytes?"""
-import sys, tempfile
+"""The cache evaluate's phrase-cache section makes from its timed misses against build_phrase_cache's
+file for the same phrases and request: the same bytes?
+
+    python cache_equiv.py ARTIFACT PHRASES STEPS
+"""
+import sys
+import tempfile
 from pathlib import Path
+
 from chattts_forge.calibration_data.phrases import shipped_phrases
 from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
-from chattts_forge.runtime.phrase_cache import build_phrase_cache, cache_knobs, cached_phrase, payload_sha256, write_cache
+from chattts_forge.runtime.phrase_cache import (
+    build_phrase_cache,
+    cache_knobs,
+    cached_phrase,
+    payload_sha256,
+    write_cache,
+)
+
 art, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 phrases = shipped_phrases()[:n]
 plain = Pipeline(art, threads=2)
 params = SynthParams(code=InferCodeParams(spk_emb=plain.random_speaker(0), seed=0, max_new_token=steps))
 with tempfile.TemporaryDirectory() as tmp:
-    lst = Path(tmp) / "p.txt"; lst.write_text("\n".join(phrases) + "\n", encoding="utf-8")
-    built = build_phrase_cache(art, lst, Path(tmp) / "a.cache", params, threads=2)
+    listing = Path(tmp) / "phrases.txt"
+    listing.write_text("\n".join(phrases) + "\n", encoding="utf-8")
+    built = build_phrase_cache(art, listing, Path(tmp) / "built.cache", params, threads=2)
     misses = [plain.synthesize(t, params)[0] for t in phrases]
-    v, pay = str(plain.artifact.variant), payload_sha256(art)
+    variant, payload = str(plain.artifact.variant), payload_sha256(art)
     entries = {}
-    for t, a in zip(phrases, misses):
-        norm = plain.normalize(t, params)
-        entries.setdefault(norm, (norm, v, pay, cached_phrase(plain, norm, a.text, a.codes, a.hiddens, params.use_decoder)))
-    write_cache(Path(tmp) / "b.cache", cache_knobs(params, plain.num_vq), {v: pay}, list(entries.values()))
-    print("same bytes:", (Path(tmp) / "a.cache").read_bytes() == (Path(tmp) / "b.cache").read_bytes(), built["phrases"], len(entries))
+    for text, miss in zip(phrases, misses, strict=True):
+        norm = plain.normalize(text, params)
+        entries.setdefault(norm, (norm, variant, payload,
+                                  cached_phrase(plain, norm, miss.text, miss.codes, miss.hiddens, params.use_decoder)))
+    write_cache(Path(tmp) / "from_misses.cache", cache_knobs(params, plain.num_vq), {variant: payload},
+                list(entries.values()))
+    same = (Path(tmp) / "built.cache").read_bytes() == (Path(tmp) / "from_misses.cache").read_bytes()
+    print("same bytes:", same, built["phrases"], len(entries))

@@ -1,16 +1,31 @@
-import sys, time
+"""What the FP32 reference's latency tail costs against one sentence: load, warm-up, one sentence,
+first audio x3, throughput at batch 1/4/8, the fresh-process memory probe (seconds, in that order).
+
+    python tail_cost.py ARTIFACT_FP32
+"""
+import sys
+import time
+
+from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.evaluate.latency import LatencyConfig, _Measured
 from chattts_forge.runtime.memory_probe import measure_memory
-from chattts_forge.calibration_data.corpus import load_corpus
+
+
+def timed(label: str, call) -> None:
+    t0 = time.perf_counter()
+    call()
+    print(label, round(time.perf_counter() - t0, 1), flush=True)
+
+
 art = sys.argv[1]
-s = load_corpus("builtin:evaluation", max_sentences=8).sentences
+sentences = load_corpus("builtin:evaluation", max_sentences=8).sentences
 cfg = LatencyConfig(progress=False)
-t=time.perf_counter(); m=_Measured(art, cfg); print("load", time.perf_counter()-t)
-t=time.perf_counter(); m.warm_up(s[0]); print("warmup", time.perf_counter()-t)
-t=time.perf_counter(); m.engine.run([s[0]], cfg.request(0)); print("one sentence", time.perf_counter()-t)
-t=time.perf_counter()
-for i in range(3): m.time_first_audio(s[i], i)
-print("first audio x3", time.perf_counter()-t)
-for b in (1,4,8):
-    t=time.perf_counter(); m.time_batch(s, b); print("batch", b, time.perf_counter()-t)
-t=time.perf_counter(); measure_memory(art, s[0], 2); print("memory probe", time.perf_counter()-t)
+side: list[_Measured] = []
+timed("load", lambda: side.append(_Measured(art, cfg)))
+m = side[0]
+timed("warmup", lambda: m.warm_up(sentences[0]))
+timed("one sentence", lambda: m.engine.run([sentences[0]], cfg.request(0)))
+timed("first audio x3", lambda: [m.time_first_audio(sentences[i], i) for i in range(3)])
+for b in (1, 4, 8):
+    timed(f"batch {b}", lambda b=b: m.time_batch(sentences, b))
+timed("memory probe", lambda: measure_memory(art, sentences[0], 2))
