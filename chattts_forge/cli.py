@@ -66,6 +66,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "evaluate_reference",
         "Measure the FP32 reference's side of every evaluation once (evaluate --reference-run).",
     ),
+    "evaluate-latency": (
+        "chattts_forge.evaluate.cli",
+        "evaluate_latency",
+        "Time every variant against the FP32 reference in the same interleaved rounds (evaluate --latency-run).",
+    ),
     "score": (
         "chattts_forge.evaluate.cli",
         "score",

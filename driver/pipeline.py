@@ -8,7 +8,10 @@ checkpoint synthesize (skipped with --checkpoint) + verify -> convert (fp32, fp1
 (calibration split) -> quantize dynamic / static / int4 (GPTQ) / auto / dynamic with an INT8 KV cache
 (int8-dynamic-kv8, cache scales from the calibration split) -> the FP32 reference's side of every
 evaluation, once (evaluate-reference: its latency run and audio, the PyTorch baseline, the ASR of its
-audio) -> evaluate every variant against fp32 (held-out split; each reads that shared run) -> publish the variants whose gate passed -> print where the reports are.
+audio) -> every variant but fp32 timed against fp32 in the same interleaved rounds, once
+(evaluate-latency: the reference synthesized once per round for all of them) -> evaluate every
+variant against fp32 (held-out split; each reads those shared runs) -> publish the variants whose
+gate passed -> print where the reports are.
 
 Incremental by content: every step has a key, the sha256 of its command, the content fingerprints
 of its inputs (upstream outputs, corpus and gate files), the fingerprint of the toolchain code it
@@ -142,6 +145,7 @@ class Step:
     gate_may_fail: bool = False  # evaluate: a written report with a failed gate is a result
     capture_stdout: bool = False  # the output is the command's stdout, written to `out` atomically
     feeds: tuple[str, ...] = ()  # variants that need this step (a failure sets them aside); () = all
+    optional: bool = False  # a failure is logged and nothing is set aside (what reads it does without)
 
 
 @dataclass
@@ -158,6 +162,7 @@ class Build:
     extra: dict[str, list[str]]
     until: str | None = None
     pytorch_baseline: bool = True
+    shared_latency: bool = True  # the evaluate-latency step (not with Ray: each evaluation times itself)
     # How a stage is run; tests substitute a stand-in.
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
     # Where step closures are read from: the running toolchain; tests pass a copy of the source tree.
@@ -248,6 +253,9 @@ class Build:
     def set_aside(self, step: Step, error: ForgeError) -> None:
         """A failed step: the variants it feeds are set aside (the others are still built, judged and
         published); a step every variant needs (checkpoint, convert) stops the run."""
+        if step.optional:
+            log.error("%s; going on without it", error)
+            return
         if not step.feeds:
             raise error
         for variant in step.feeds:
@@ -316,6 +324,9 @@ class Build:
             return
         if not reference_first:
             yield self.reference_step()
+        latency = self.latency_step()
+        if latency is not None:
+            yield latency
         for variant in self.variants:
             if variant not in self.broken:
                 yield self.evaluate_step(variant)
@@ -406,6 +417,38 @@ class Build:
         argv += self._baseline_args(inputs)
         return Step("evaluate-reference", "evaluate", argv, self.reference_run_dir, inputs)
 
+    @property
+    def latency_run_dir(self) -> Path:
+        return self.work / "latency_run"
+
+    def latency_step(self) -> Step | None:
+        """Every variant but fp32 (its own reference) timed against the FP32 reference in the same
+        interleaved rounds, once for the build (evaluate.latency_run): the reference is synthesized
+        once per round for all of them instead of once per variant's evaluation. Optional: should it
+        fail, each evaluation times its variant itself, as without it."""
+        timed = [v for v in self.variants if v != "fp32" and v not in self.broken]
+        if not timed or not self.shared_latency:
+            return None
+        fp32 = self.artifact_dir("fp32")
+        argv = ["evaluate-latency", "--reference", str(fp32), "--corpus", self.eval_corpus,
+                "--out", str(self.latency_run_dir)]
+        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
+        for variant in timed:
+            argv += ["--artifact", str(self.artifact_dir(variant))]
+            inputs[variant] = self.cache.tree(self.artifact_dir(variant))
+        return Step("evaluate-latency", "evaluate", argv, self.latency_run_dir, inputs, optional=True)
+
+    def timed_in_latency_run(self, variant: str) -> bool:
+        """Whether the build's latency run (when it ran) holds `variant`'s timings."""
+        from chattts_forge.evaluate.latency_run import RECORD_FILE
+
+        if not self.shared_latency:  # a folder an earlier run left is not this run's
+            return False
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            record = json.loads((self.latency_run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+            return variant in record.get("artifacts", {})
+        return False
+
     def evaluate_step(self, variant: str) -> Step:
         fp32 = self.artifact_dir("fp32")
         argv = [
@@ -431,6 +474,9 @@ class Build:
         # the reference's side, measured once for the build by `reference_step`
         argv += ["--reference-run", str(self.reference_run_dir)]
         inputs["reference_run"] = self.cache.tree(self.reference_run_dir)
+        if self.timed_in_latency_run(variant):  # timed with the other variants, in the same rounds
+            argv += ["--latency-run", str(self.latency_run_dir)]
+            inputs["latency_run"] = self.cache.tree(self.latency_run_dir)
         return Step(
             f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
         )
@@ -658,6 +704,8 @@ def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
             pipe.set_aside(step, e)
     if cfg.ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
         from chattts_forge.driver.ray_steps import run_variant_steps
+
+        pipe.shared_latency = False  # the variants' steps run apart: each evaluation times its own variant
 
         if STAGES.index(until or "evaluate") >= STAGES.index("evaluate"):  # the evaluations' shared step, here
             pipe.run(pipe.reference_step())

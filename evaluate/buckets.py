@@ -5,8 +5,9 @@ variant is good enough. `measure_buckets` sorts the held-out corpus into the gat
 (`gate["buckets"]`: default <= 10, 11-40, > 40 normalised characters, see runtime.router), takes the
 first `per_bucket` sentences of each, and measures on them:
 
-- latency of the artifact and of the FP32 reference (each sentence synthesized alone after one
-  warm-up run; same speakers, seeds and token budget as the whole-corpus latency);
+- latency of the artifact and of the FP32 reference (each sentence synthesized alone, after one
+  warm-up run of each pipeline before its first bucket; same speakers, seeds and token budget as the
+  whole-corpus latency);
 - teacher-forced fidelity against the reference (`measure_fidelity` on the bucket's sentences);
 - intelligibility through the ASR when it can be measured (not on synthetic checkpoints);
 - the gate's verdict with the bucket's rules (the gate's rules, [buckets.NAME] overriding), under the
@@ -71,15 +72,18 @@ def assign_buckets(sentences: list[str], buckets: list[Bucket], normalize: Any, 
     return chosen
 
 
-def time_sentences(pipe: Any, sentences: list[str], max_new_token: int, seed: int) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
-    """Each sentence synthesized alone (after one warm-up run): per-utterance seconds and RTF."""
+def time_sentences(pipe: Any, sentences: list[str], max_new_token: int, seed: int,
+                   warm: bool = True) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
+    """Each sentence synthesized alone (after one warm-up run, unless `warm` is False: the pipeline
+    already synthesized, the previous bucket): per-utterance seconds and RTF."""
     from chattts_forge.runtime import InferCodeParams, SynthParams
 
     def params(i: int) -> SynthParams:
         return SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(seed + i), seed=seed + i,
                                                 max_new_token=max_new_token))
 
-    pipe.synthesize(sentences[0], params(0))
+    if warm:
+        pipe.synthesize(sentences[0], params(0))
     utterances, waves = [], {}
     for i, text in enumerate(sentences):
         t0 = time.perf_counter()
@@ -145,7 +149,7 @@ def reference_buckets(reference: Path, sentences: list[str], gate: dict[str, Any
         if not texts:
             continue
         log.info("bucket %s (%s): the FP32 reference's timing and runs, %d sentences", b.name, b.describe(), len(texts))
-        lat, waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed)
+        lat, waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed, warm=not out)  # warmed once
         trajs = record_trajectories(reference, Corpus(name=f"bucket-{b.name}", sentences=texts), len(texts),
                                     st.fidelity_steps, st.seed, st.threads, progress=False, pipe=recorder)
         out[b.name] = BucketReference(texts, lat, waves, trajs, bucket_settings_key(st))
@@ -162,10 +166,12 @@ def measure_buckets(
     waived: dict[str, str],
     settings: BucketSettings = BucketSettings(),
     shared: dict[str, BucketReference] | None = None,
+    replay: Any = None,
 ) -> dict[str, Any]:
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
     `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers; `shared`: the reference
-    side measured once for the build (`reference_buckets`), used where it fits."""
+    side measured once for the build (`reference_buckets`), used where it fits; `replay`: the
+    `ReplaySessions` of this artifact and reference already open (the whole-corpus fidelity's)."""
     from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
     from chattts_forge.runtime import Pipeline
@@ -177,8 +183,16 @@ def measure_buckets(
     art_pipe = ref_pipe if same else Pipeline(artifact, threads=st.threads, provider=st.provider)
     chosen = assign_buckets(sentences, buckets, ref_pipe.normalize, st.per_bucket)
     results: dict[str, Any] = {}
-    replay: ReplaySessions | None = None  # every bucket's fidelity: the same sessions, loaded once
+    # every bucket's fidelity: the same sessions, loaded once (or the caller's)
+    sessions: ReplaySessions | None = replay
     recorder: Any = None
+    warmed: set[int] = set()  # pipelines already warmed up (by an earlier bucket's timing)
+
+    def timed(pipe: Any, texts: list[str]) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
+        first = id(pipe) not in warmed
+        warmed.add(id(pipe))
+        return time_sentences(pipe, texts, st.max_new_token, st.seed, warm=first)
+
     for b, spec in zip(buckets, gate["buckets"], strict=True):
         picked = chosen[b.name]
         record: dict[str, Any] = {**b.to_dict(), "sentences": [s for s, _ in picked], "chars": [n for _, n in picked],
@@ -193,17 +207,17 @@ def measure_buckets(
         known = (shared or {}).get(b.name)
         if known is not None and (known.sentences != texts or known.settings != bucket_settings_key(st)):
             known = None
-        ref_lat, ref_waves = (known.latency, known.waves) if known is not None else time_sentences(
-            ref_pipe, texts, st.max_new_token, st.seed)
-        art_lat, art_waves = (ref_lat, ref_waves) if same else time_sentences(art_pipe, texts, st.max_new_token,
-                                                                                             st.seed)
+        ref_lat, ref_waves = (known.latency, known.waves) if known is not None else timed(ref_pipe, texts)
+        art_lat, art_waves = (ref_lat, ref_waves) if same else timed(art_pipe, texts)
         ratio = (art_lat["rtf"]["p50"] / ref_lat["rtf"]["p50"]) if art_lat["rtf"]["p50"] and ref_lat["rtf"]["p50"] else None
         record["latency"] = {"artifact": art_lat, "reference": ref_lat, "ratio_vs_reference": ratio}
-        if replay is None:
-            replay, recorder = ReplaySessions(reference, artifact, st.threads), recording_pipeline(reference, st.threads)
+        if sessions is None:
+            sessions = ReplaySessions(reference, artifact, st.threads)
+        if recorder is None and known is None:
+            recorder = recording_pipeline(reference, st.threads)
         fid = measure_fidelity(reference, artifact, corpus=Corpus(name=f"bucket-{b.name}", sentences=texts),
                                max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed, threads=st.threads,
-                               per_tensor=False, progress=False, sessions=replay, recorder=recorder,
+                               per_tensor=False, progress=False, sessions=sessions, recorder=recorder,
                                trajectories=None if known is None else known.trajectories)
         record["fidelity"] = fid
         if st.score is not None and not st.synthetic:

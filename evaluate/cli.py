@@ -180,6 +180,10 @@ def config_from_options(options: dict[str, Any]) -> Any:
               help="A folder `chattts-forge evaluate-reference` wrote with the same settings: the FP32 reference's "
               "latency run, audio, PyTorch baseline, ASR and fidelity runs are read from it, not measured again (the "
               "build does this once for all its variants).")
+@click.option("--latency-run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A folder `chattts-forge evaluate-latency` wrote with the same settings: this artifact's latency "
+              "record, audio and interleaved RTF ratio against the reference are read from it (the build times all "
+              "its variants in the same rounds).")
 def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -213,3 +217,23 @@ def evaluate_reference(reference: Path, **options: Any) -> None:
     options["out"] = None  # the config's `out` is a report folder; the run goes to --out itself
     measure(reference, out, config_from_options(options))
     click.echo(f"reference run written to {out}")
+
+
+@click.command("evaluate-latency")
+@click.option("--artifact", "artifacts", required=True, multiple=True, type=click.Path(path_type=Path),
+              help="An artifact folder to time (repeat: every variant of the build).")
+@_settings_options
+def evaluate_latency(reference: Path, artifacts: tuple[Path, ...], **options: Any) -> None:
+    """Time every --artifact against REFERENCE in the same interleaved rounds, into --out (read by
+    `evaluate --latency-run`): each variant's latency record, audio and RTF ratio, the reference
+    synthesized once per round for all of them.
+
+    Takes evaluate's options, so that one set of options serves both; those that do not shape the
+    timings (gate, fidelity, buckets, phrase cache, listening, seams, baseline, ASR, Ray) are ignored.
+    """
+    from chattts_forge.evaluate.latency_run import measure_latency_run
+
+    out = options["out"]
+    options["out"] = None  # the config's `out` is a report folder; the run goes to --out itself
+    measure_latency_run(reference, list(artifacts), out, config_from_options(options))
+    click.echo(f"latency run written to {out}")

@@ -227,14 +227,14 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
     agreement and mel energies). `trajectories`: the FP32 runs already recorded (the build's shared
     reference run); None: recorded here."""
     try:
-        from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories, summarize_fidelity
+        from chattts_forge.quantize.fidelity import record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
     reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
     sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
-    sessions = ReplaySessions(reference, artifact, threads)
+    sessions = j.replay_sessions(threads)
     if trajectories is None:
         trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=cfg.show)
     comparisons = [sessions.compare(t) for t in trajectories]
@@ -359,6 +359,9 @@ class EvaluateConfig:
     `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
     latency run, audio, PyTorch baseline, ASR and the FP32 runs fidelity replays are read from it
     instead of measured again (the build measures them once for all its variants); None: measured here.
+    `latency_run`: a folder `evaluate-latency` wrote (evaluate.latency_run): the artifact's latency
+    record, audio and interleaved RTF ratio against the reference, timed in the same rounds as the
+    build's other variants, are read from it; None: timed here against the reference.
     """
 
     corpus: str | os.PathLike[str] = "builtin:evaluation"
@@ -388,6 +391,7 @@ class EvaluateConfig:
     clone_reference: str | os.PathLike[str] | None = None
     clone_transcript: str | None = None
     reference_run: str | os.PathLike[str] | None = None
+    latency_run: str | os.PathLike[str] | None = None
 
     def check(self) -> None:
         """One-line ForgeError on settings no evaluation can run with."""
@@ -418,6 +422,7 @@ class Judged:
     corpus: Any  # calibration_data.corpus.Corpus
     gate: dict[str, Any]
     provider: str
+    _replay: Any = None  # replay_sessions()
 
     @property
     def sentences(self) -> list[str]:
@@ -431,6 +436,15 @@ class Judged:
     def tiny(self) -> bool:
         presets = (self.art_desc["source"].get("preset"), self.ref_desc["source"].get("preset"))
         return self.synthetic and "tiny" in presets
+
+    def replay_sessions(self, threads: int | None) -> Any:
+        """The fidelity replay's sessions (quantize.fidelity.ReplaySessions), loaded once for the corpus
+        and every length bucket."""
+        from chattts_forge.quantize.fidelity import ReplaySessions
+
+        if self._replay is None:
+            self._replay = ReplaySessions(self.reference, self.artifact, threads)
+        return self._replay
 
     @property
     def self_reference(self) -> bool:
@@ -488,11 +502,20 @@ def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[
         art_lat, art_waves = ref.latency, ref.waves
     else:  # sentence by sentence in turn with the reference until the RTF ratio's spread is within its
         # bound (issue 27): the ratio needs both on one clock, so the reference is timed again here
-        # (its audio, ASR and fidelity stay the shared run's)
-        with quiet_logger(enabled=j.synthetic):
-            pair = latency_mod.measure_against(j.artifact, j.reference, j.sentences,
-                                               latency_config(cfg, j.provider, cfg.show),
-                                               desc=f"synth {j.art_desc['variant']}")
+        # (its audio, ASR and fidelity stay the shared run's), or read from the build's latency run,
+        # where every variant was timed in the same rounds as the reference
+        if cfg.latency_run is not None:
+            from chattts_forge.evaluate.latency_run import latency_settings, read_latency_pair
+
+            pair = read_latency_pair(Path(cfg.latency_run), str(j.art_desc["variant"]),
+                                     latency_settings(j.ref_desc["files"], j.corpus, cfg, j.provider),
+                                     j.art_desc["files"])
+            log.info("latency read from %s (timed with the build's other variants)", cfg.latency_run)
+        else:
+            with quiet_logger(enabled=j.synthetic):
+                pair = latency_mod.measure_against(j.artifact, j.reference, j.sentences,
+                                                   latency_config(cfg, j.provider, cfg.show),
+                                                   desc=f"synth {j.art_desc['variant']}")
         art_lat, art_waves, ref_lat = pair.artifact, pair.artifact_waves, pair.reference
     latency = {
         "artifact": art_lat,
@@ -655,6 +678,10 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
         notes.append("The FP32 reference's latency run, its audio, the PyTorch baseline, the ASR of the reference's "
                      f"audio and the FP32 runs fidelity replays were measured once for the build (reference run {key}, "
                      "the sha256 of its settings) with these settings and shared by every variant's evaluation.")
+    if cfg.latency_run is not None and not j.self_reference:
+        notes.append("Latency: the artifact was timed against the FP32 reference in the build's latency run, in the same "
+                     "interleaved rounds as the build's other variants (the reference synthesized once per round for "
+                     "all of them; first audio, throughput and memory once per side, in turn).")
     if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "
@@ -684,7 +711,7 @@ def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | 
     with quiet_logger(enabled=j.synthetic):
         buckets = measure_buckets(
             j.artifact, j.reference, load_corpus(cfg.corpus).sentences, j.gate, metrics, waived=waived,
-            settings=settings, shared=shared_buckets)
+            settings=settings, shared=shared_buckets, replay=j.replay_sessions(cfg.threads))
         phrase_cache = None
         if cfg.cache_phrases:
             from chattts_forge.calibration_data.phrases import shipped_phrases

@@ -272,17 +272,43 @@ def measure_against(
     clock: Callable[[], float] = CLOCK,
 ) -> PairLatency:
     """The artifact and its reference timed interleaved, with the RTF ratio and its spread (module doc)."""
+    return measure_against_many({"artifact": artifact_dir}, reference_dir, sentences, config, desc, clock)["artifact"]
+
+
+def _rotated(names: list[str], k: int) -> list[str]:
+    return names[k % len(names):] + names[:k % len(names)]
+
+
+def measure_against_many(
+    artifacts: dict[str, str | os.PathLike[str]],
+    reference_dir: str | os.PathLike[str],
+    sentences: list[str],
+    config: LatencyConfig | None = None,
+    desc: str = "synth",
+    clock: Callable[[], float] = CLOCK,
+) -> dict[str, PairLatency]:
+    """Every artifact of `artifacts` (name -> folder) timed against one reference in the same
+    interleaved rounds (module doc): per round each sentence once on the reference and once on every
+    artifact, the order rotated, so the reference is timed once per round for all of them (the build's
+    latency run, evaluate.latency_run). Rounds go on until every ratio's spread is within the bound
+    or the time cap; the reference's first audio, throughput and memory are measured once, in turn
+    with the artifacts'. One artifact: `measure_against`."""
     cfg = config or LatencyConfig()
     if not sentences:
         raise ForgeError("latency: no sentences to time")
+    if not artifacts or "reference" in artifacts:
+        raise ForgeError("latency: name one artifact or more to time against the reference (not 'reference')")
     n = len(sentences)
-    sides = {"reference": _Measured(reference_dir, cfg), "artifact": _Measured(artifact_dir, cfg)}
+    sides = {"reference": _Measured(reference_dir, cfg)}
+    sides |= {name: _Measured(folder, cfg) for name, folder in artifacts.items()}
+    names = list(sides)
     for _ in range(cfg.warmup):
         for side in sides.values():
             side.warm_up(sentences[0])
     firsts: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     runs: dict[str, list[list[float]]] = {name: [[] for _ in sentences] for name in sides}
     waves: dict[str, dict[str, tuple[np.ndarray, int]]] = {name: {} for name in sides}
+    last = names[-1]
     bar = Progress(n, f"{desc} vs reference", "utt", enabled=cfg.progress, leave=False)
 
     def measure(round_: int, name: str) -> float:
@@ -294,43 +320,59 @@ def measure_against(
             firsts[name].append(_utterance(i, sentences[i], run))
             if run.wavs is not None:
                 waves[name][firsts[name][-1]["id"]] = (run.wavs[0], run.sample_rate)
-        if name == "artifact" and first:
+        if name == last and first:
             bar.update(1)
-        elif name == "artifact":
+        elif name == last:
             bar.set_postfix_str(f"round {round_ + 1}")
         return run.e2e_rtf if run.e2e_rtf is not None else math.inf
 
     settings = cfg.ratio_settings(n)
     try:
-        comparison = compare_rounds("reference", ["artifact"], measure, settings, clock, cap_after_rounds=n,
+        comparison = compare_rounds("reference", names[1:], measure, settings, clock, cap_after_rounds=n,
                                     cap_scale=RATIO_CAP_SCALE)
     finally:
         bar.close()
     _log_tail_phases(cfg, min(cfg.first_audio_runs, n))
-    for i in range(min(cfg.first_audio_runs, n)):
-        for name in (("reference", "artifact") if i % 2 == 0 else ("artifact", "reference")):
-            sides[name].time_first_audio(sentences[i], i)
-    for k, b in enumerate(cfg.batch_sizes):
-        for name in (("reference", "artifact") if k % 2 == 0 else ("artifact", "reference")):
-            sides[name].time_batch(sentences, b)
-    records = {name: sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
-               for name in sides}
-    est = comparison.estimates["artifact"]
-    ratio = {
-        "ratio": round(est.ratio, 4), "low": round(est.low, 4), "high": round(est.high, 4),
-        "spread": round(est.spread, 4), "artifact_rtf": est.seconds, "reference_rtf": est.reference_seconds,
-        "rounds": comparison.rounds, "sentences": n, "stopped": comparison.stopped,
-        "converged": comparison.converged, "bound": cfg.ratio_bound, "time_cap_s": cfg.ratio_time_cap_s,
-        "seconds": round(comparison.seconds, 3),
-        "method": f"artifact and FP32 reference synthesize each sentence in turn (order rotated per round; "
-                  f"{cfg.threads} threads, max_new_token {cfg.max_new_token}); ratio = median of the per-round "
-                  f"RTF ratios; after one pass over the {n} sentences, rounds repeat until the ratio's 90% "
-                  f"interval is within +-{cfg.ratio_bound} or {cfg.ratio_time_cap_s:g} s more (at most the first pass's "
-                  f"time again)",
-    }
-    log.info("latency: RTF ratio vs reference %.3f (90%% interval %.3f-%.3f, %d interleaved rounds, %s)",
-             est.ratio, est.low, est.high, comparison.rounds, comparison.stopped)
-    return PairLatency(records["artifact"], waves["artifact"], records["reference"], waves["reference"], ratio)
+    runs_fa = min(cfg.first_audio_runs, n)
+    # with several artifacts the tail runs minutes at full size: its own progress (done / total, ETA)
+    tail = Progress((runs_fa + len(cfg.batch_sizes) + 1) * len(names), f"{desc}: first audio, throughput, memory",
+                    "run", enabled=cfg.progress and len(names) > 2, leave=False)
+    try:
+        for i in range(runs_fa):  # one run each in turn, the order rotated
+            for name in _rotated(names, i):
+                sides[name].time_first_audio(sentences[i], i)
+                tail.update(1)
+        for k, b in enumerate(cfg.batch_sizes):
+            for name in _rotated(names, k):
+                sides[name].time_batch(sentences, b)
+                tail.update(1)
+        records = {}
+        for name in sides:
+            records[name] = sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
+            tail.update(1)
+    finally:
+        tail.close()
+    pairs = {}
+    for name in names[1:]:
+        est = comparison.estimates[name]
+        shared = f" ({len(names) - 1} artifacts in the same rounds, the reference timed once per round)" \
+            if len(names) > 2 else ""
+        ratio = {
+            "ratio": round(est.ratio, 4), "low": round(est.low, 4), "high": round(est.high, 4),
+            "spread": round(est.spread, 4), "artifact_rtf": est.seconds, "reference_rtf": est.reference_seconds,
+            "rounds": comparison.rounds, "sentences": n, "stopped": comparison.stopped,
+            "converged": comparison.converged, "bound": cfg.ratio_bound, "time_cap_s": cfg.ratio_time_cap_s,
+            "seconds": round(comparison.seconds, 3),
+            "method": f"artifact and FP32 reference synthesize each sentence in turn (order rotated per round; "
+                      f"{cfg.threads} threads, max_new_token {cfg.max_new_token}){shared}; ratio = median of the "
+                      f"per-round RTF ratios; after one pass over the {n} sentences, rounds repeat until the ratio's "
+                      f"90% interval is within +-{cfg.ratio_bound} or {cfg.ratio_time_cap_s:g} s more (at most the "
+                      "first pass's time again)",
+        }
+        log.info("latency: %sRTF ratio vs reference %.3f (90%% interval %.3f-%.3f, %d interleaved rounds, %s)",
+                 f"{name} " if len(names) > 2 else "", est.ratio, est.low, est.high, comparison.rounds, comparison.stopped)
+        pairs[name] = PairLatency(records[name], waves[name], records["reference"], waves["reference"], ratio)
+    return pairs
 
 
 def _with_median_seconds(firsts: list[dict[str, Any]], runs: list[list[float]]) -> list[dict[str, Any]]:

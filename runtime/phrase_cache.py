@@ -534,6 +534,19 @@ def read_phrase_list(path: str | os.PathLike[str], normalize: Callable[[str], st
     return out
 
 
+def cached_phrase(pipe: Pipeline, norm: str, spoken: str, codes: np.ndarray, hiddens: np.ndarray,
+                  use_decoder: bool) -> CachedPhrase:
+    """A phrase's cache entry from its code stage's output (`codes`, `hiddens` of one row, as
+    `infer_code` or a miss's `Result` gives them): the mel the Decoder (or DVAE) makes of it."""
+    src = hiddens if use_decoder else codes
+    if len(src) == 0:
+        log.warning("phrase %r ended at its first step (no audio); cached as empty", norm)
+        mel = np.zeros((pipe.dims.n_mels, 0), dtype=np.float32)
+    else:
+        mel = pipe.decode_mel(src, use_decoder)
+    return CachedPhrase(mel=np.asarray(mel, np.float32), codes=codes, spoken=spoken)
+
+
 def build_phrase_cache(
     target: str | os.PathLike[str],
     phrases: str | os.PathLike[str],
@@ -586,14 +599,8 @@ def build_phrase_cache(
                 raise ForgeError(f"phrase {norm!r}: {e}") from None
             gen = pipe.infer_code([spoken], params.code)
         unfinished += int(not bool(gen.finished[0]))
-        src = gen.hiddens[0] if params.use_decoder else gen.ids[0]
-        if len(src) == 0:
-            log.warning("phrase %r ended at its first step (no audio); cached as empty", norm)
-            mel = np.zeros((pipe.dims.n_mels, 0), dtype=np.float32)
-        else:
-            mel = pipe.decode_mel(src, params.use_decoder)
         entries.append((norm, variant, payload,
-                        CachedPhrase(mel=np.asarray(mel, np.float32), codes=gen.ids[0], spoken=spoken)))
+                        cached_phrase(pipe, norm, spoken, gen.ids[0], gen.hiddens[0], params.use_decoder)))
     if unfinished:
         log.warning("%d of %d phrases hit max_new_token %d before EOS (cached as generated)", unfinished, len(entries),
                     params.code.max_new_token)

@@ -107,9 +107,16 @@ elif argv[0] == "warm":  # a real (empty) phrase cache made for the variants rou
 elif argv[0] == "evaluate-reference":  # the FP32 reference's side of every evaluation, once per build
     ref = (Path(opt("--reference")) / "gpt.onnx").read_bytes()
     atomic_dir(opt("--out"), lambda d: (d / "reference_run.json").write_text(sha(ref + content(opt("--corpus")))))
+elif argv[0] == "evaluate-latency":  # every variant but fp32 timed against it in the same rounds, once
+    # (new timings whenever an artifact changed: stood in for by the artifacts' gpt hashes)
+    timed = {json.loads((Path(b) / "artifact.json").read_text())["variant"]: sha((Path(b) / "gpt.onnx").read_bytes())
+             for a, b in zip(argv, argv[1:]) if a == "--artifact"}
+    atomic_dir(opt("--out"), lambda d: (d / "latency_run.json").write_text(json.dumps({"artifacts": timed})))
 else:
     assert argv[0] == "evaluate", argv
     assert Path(opt("--reference-run"), "reference_run.json").is_file(), "evaluated before its reference run"
+    if "--latency-run" in argv:
+        assert Path(opt("--latency-run"), "latency_run.json").is_file(), "evaluated before its latency run"
     art = Path(opt("--artifact"))
     variant = json.loads((art / "artifact.json").read_text())["variant"]
     passed = variant not in os.environ.get("FAKE_FAIL", "").split(",")
@@ -228,10 +235,12 @@ def test_changed_corpus_reruns_only_what_depends_on_it(tmp_path: Path) -> None:
     proc = r.run()
     assert proc.returncode == 0, proc.stderr
     # Every calibrated variant (static, GPTQ int4, auto, the INT8 KV cache's scales) is rebuilt from
-    # the new calibration set; int8-dynamic (no calibration) is not.
+    # the new calibration set; int8-dynamic (no calibration) is not. The shared latency run times
+    # every variant in the same rounds, so it runs again, and with it every evaluation that reads it
+    # (all but fp32's): the price of timing the reference once per build instead of once per variant.
     assert r.calls()[before:] == ["calibrate", "quantize:static", "quantize:int4", "quantize:auto",
-                                  "quantize:dynamic-kv8", "evaluate:int8-static", "evaluate:int4", "evaluate:auto",
-                                  "evaluate:int8-dynamic-kv8"]
+                                  "quantize:dynamic-kv8", "evaluate-latency", "evaluate:fp16", "evaluate:int8-dynamic",
+                                  "evaluate:int8-static", "evaluate:int4", "evaluate:auto", "evaluate:int8-dynamic-kv8"]
     # The new static artifact is a new version; the old one stays published.
     index = json.loads((r.to / "index.json").read_text())
     assert [(e["version"], e["variant"]) for e in index["variants"] if e["variant"] == "int8-static"] == [
@@ -294,6 +303,36 @@ def test_tiny_runs_skip_the_pytorch_baseline_unless_asked(tmp_path: Path, flag: 
     out = reference_run[reference_run.index("--out") + 1]
     assert all(a[a.index("--reference-run") + 1] == out for a in evaluations)
     assert reference_run[reference_run.index("--max-new-token") + 1] == "48"
+
+
+def test_the_variants_are_timed_once_in_one_latency_run_read_by_their_evaluations(tmp_path: Path) -> None:
+    """evaluate-latency: every variant but fp32 (its own reference) in one step after the quantize steps
+    and before the evaluations; each of those evaluations reads it, fp32's does not. Should it fail,
+    the evaluations time themselves (nothing is set aside)."""
+    r = Runner(tmp_path)
+    argv_log = tmp_path / "argv.log"
+    proc = r.run(FAKE_ARGV_LOG=str(argv_log))
+    assert proc.returncode == 0, proc.stderr
+    calls = r.calls()
+    assert calls.count("evaluate-latency") == 1
+    assert max(i for i, c in enumerate(calls) if c.startswith("quantize:")) < calls.index("evaluate-latency") \
+        < min(i for i, c in enumerate(calls) if c.startswith("evaluate:"))
+    argvs = list(map(json.loads, argv_log.read_text().splitlines()))
+    [latency] = [a for a in argvs if a[0] == "evaluate-latency"]
+    timed = sorted(Path(b).name for a, b in zip(latency, latency[1:], strict=False) if a == "--artifact")
+    assert timed == sorted(set(VARIANTS) - {"fp32"})
+    out = latency[latency.index("--out") + 1]
+    for a in (a for a in argvs if a[0] == "evaluate"):
+        reads = a[a.index("--latency-run") + 1] if "--latency-run" in a else None
+        assert reads == (None if Path(a[a.index("--artifact") + 1]).name == "fp32" else out), a
+
+    failing = Runner(tmp_path, "latency-fails")
+    argv_log2 = tmp_path / "argv2.log"
+    proc = failing.run(FAKE_CRASH="evaluate-latency", FAKE_ARGV_LOG=str(argv_log2))
+    assert proc.returncode == 0, proc.stderr
+    evaluations = [a for a in map(json.loads, argv_log2.read_text().splitlines()) if a[0] == "evaluate"]
+    assert len(evaluations) == len(VARIANTS) and not any("--latency-run" in a for a in evaluations)
+    assert "evaluate-latency failed" in proc.stderr and "going on without it" in proc.stderr
 
 
 def test_the_int8_kv_cache_variant_is_quantized_from_the_calibration_set(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> DriverRun:
     proc = driver.run()
     assert steps_ran(proc) == [
         "checkpoint", "checkpoint-verify", "convert", "calibrate", "evaluate-reference", "quantize-int8-dynamic",
-        "quantize-int8-dynamic-kv8", "evaluate-fp32", "evaluate-int8-dynamic",
+        "quantize-int8-dynamic-kv8", "evaluate-latency", "evaluate-fp32", "evaluate-int8-dynamic",
         "evaluate-int8-dynamic-kv8", WARM,
     ]  # fmt: skip
     assert published_status(proc) == {v: "published" for v in VARIANTS}
@@ -96,8 +96,8 @@ def test_a_runtime_change_reruns_convert_and_everything_downstream(built: Driver
     built.append_comment("runtime/fast_gpt.py")
     proc = built.run()
     assert steps_ran(proc) == ["convert", "calibrate", "evaluate-reference", "quantize-int8-dynamic",
-                               "quantize-int8-dynamic-kv8", "evaluate-fp32", "evaluate-int8-dynamic",
-                               "evaluate-int8-dynamic-kv8", WARM]
+                               "quantize-int8-dynamic-kv8", "evaluate-latency", "evaluate-fp32",
+                               "evaluate-int8-dynamic", "evaluate-int8-dynamic-kv8", WARM]
     assert re.search(r"convert\s+running \(its code changed\)", proc.stderr), proc.stderr[-3000:]
     # The stages themselves did not change, so the re-built artifacts are the bytes already published.
     assert published_status(proc) == {v: "already-published" for v in VARIANTS}

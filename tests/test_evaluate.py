@@ -213,3 +213,40 @@ def test_fp32_judged_against_itself_is_timed_once(tiny_artifacts, corpus_file, m
     assert report["latency"]["ratios"]["vs_reference"]["rtf_p50"] == 1.0
     assert any("its own reference" in n for n in report["notes"])
     assert report["metrics"]["code_agreement"] == 1.0  # fidelity is still measured
+
+
+def test_fp32_against_itself_reuses_its_recording_with_the_same_figures(tiny_artifacts) -> None:
+    """The build's fp32 evaluation: its plain GPT, head and Decoder are the files the FP32 runs were
+    recorded with, so fidelity takes the recording instead of replaying them (only the fused graph is
+    replayed); the record is the one a replay gives, to the bit, per-tensor table included."""
+    import json
+
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.quantize import fidelity as fid
+
+    fp32 = tiny_artifacts["fp32"]
+    corpus = load_corpus("builtin:evaluation")
+    runs = fid.record_trajectories(fp32, corpus, 2, 12, 0, 1, progress=False)
+    records = {}
+    for reuse in (True, False):
+        sessions = fid.ReplaySessions(fp32, fp32, 1)
+        assert sessions.same_plain
+        sessions.same_plain = reuse
+        replayed: list[object] = []
+        real_replay = fid.replay
+
+        def counting(step, head, traj, real_replay=real_replay, replayed=replayed):
+            replayed.append(step)
+            return real_replay(step, head, traj)
+
+        fid.replay = counting
+        try:
+            comparisons = [sessions.compare(t) for t in runs]
+        finally:
+            fid.replay = real_replay
+        assert (sessions.q_step in replayed) is not reuse and len(replayed) == (2 if reuse else 4)  # fused: both
+        record = fid.summarize_fidelity(fp32, corpus, comparisons, {})
+        record["per_tensor"] = sessions.tensor_table(runs, 4, False)
+        records[reuse] = json.dumps(record, sort_keys=True)
+    assert records[True] == records[False]
+    assert not fid.ReplaySessions(fp32, tiny_artifacts["fp16"], 1).same_plain

@@ -18,6 +18,7 @@ from chattts_forge.evaluate.latency import (
     LatencyConfig,
     interleaved_ratios,
     measure_against,
+    measure_against_many,
     measure_artifact,
 )
 from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
@@ -109,6 +110,31 @@ def test_the_gate_ratio_is_the_interleaved_median_and_the_old_one_is_kept(fake) 
     assert interleaved_ratios({"rtf_p50": 0.9}, None) == {"rtf_p50": 0.9}
 
 
+def test_many_artifacts_share_the_reference_rounds_and_its_tail(fake, tmp_path) -> None:
+    """The build's latency run: per round the sentence once on the reference and once on every artifact,
+    the order rotated; each ratio is that artifact's against the reference of the same rounds; the
+    reference's first audio and throughput are measured once, not once per artifact."""
+    (tmp_path / "art2").mkdir()
+    fake.seconds = staticmethod(lambda folder, i, k: {"art": 0.5, "art2": 0.25}.get(folder, 1.0) * (1 + i))
+    pairs = measure_against_many({"a": "art", "b": "art2"}, "ref", SENTENCES, LatencyConfig(**QUIET), clock=ticking())
+    rounds = pairs["a"].ratio["rounds"]
+    assert pairs["b"].ratio["rounds"] == rounds == max(latency_mod.RATIO_MIN_ROUNDS, len(SENTENCES))
+    synth = [(f, i) for f, i in fake.log if i >= 0][3:3 + 3 * rounds]  # after the three warm-ups: the rounds
+    order = ["ref", "art", "art2"]
+    for r in range(rounds):
+        turn = synth[3 * r:3 * r + 3]
+        assert {i for _, i in turn} == {r % len(SENTENCES)}
+        assert [f for f, _ in turn] == order[r % 3:] + order[:r % 3]  # rotated; the reference once a round
+    assert pairs["a"].ratio["ratio"] == pytest.approx(0.5) and pairs["b"].ratio["ratio"] == pytest.approx(0.25)
+    assert "same rounds" in pairs["a"].ratio["method"]
+    assert pairs["a"].reference is pairs["b"].reference  # one record of the reference, read by both
+    assert sorted(pairs["b"].artifact_waves) == ["001", "002", "003"]
+    first_audio = [f for f, i in fake.log if i == -1]
+    assert sorted(first_audio) == sorted(order * QUIET["first_audio_runs"])
+    with pytest.raises(ForgeError, match="not 'reference'"):
+        measure_against_many({"reference": "art"}, "ref", SENTENCES, LatencyConfig(**QUIET))
+
+
 def test_one_artifact_alone_is_timed_sequentially(fake) -> None:
     record, waves = measure_artifact("art", SENTENCES, LatencyConfig(**QUIET))
     assert {f for f, _ in fake.log} == {"art"} and sorted(waves) == ["001", "002", "003"]
@@ -153,6 +179,35 @@ def test_tiny_artifacts_interleaved_record(tiny_artifacts) -> None:
     assert ratio["stopped"] in ("spread within bound", "time cap", "round cap") and ratio["spread"] >= 0
     assert pair.artifact["artifact"] == str(tiny_artifacts["fp16"]) and len(pair.reference_waves) == 2
     assert all(u["runs"] >= 1 and u["rtf"] > 0 for u in pair.artifact["utterances"])
+
+
+def test_a_latency_run_is_read_by_the_evaluation_for_its_own_files_and_settings(tiny_artifacts, tmp_path) -> None:
+    """evaluate-latency's folder: each variant's pair read back as timed; refused (one line) for other
+    files, other settings or a variant it did not time; an evaluation reading it reports those figures."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.evaluate.evaluate import EvaluateConfig, describe_artifact, evaluate_artifact
+    from chattts_forge.evaluate.latency_run import latency_settings, measure_latency_run, read_latency_pair
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("您好，请问有什么可以帮您？\nYour order has shipped today.\n", encoding="utf-8")
+    cfg = EvaluateConfig(corpus=str(corpus), max_sentences=2, max_new_token=16, batch_sizes=(1,), threads=1,
+                         progress=False, baseline_checkpoint=None, fidelity_sentences=1, fidelity_steps=8)
+    run = tmp_path / "latency_run"
+    pairs = measure_latency_run(tiny_artifacts["fp32"], [tiny_artifacts["fp16"]], run, cfg)
+    ref_files, art_files = describe_artifact(tiny_artifacts["fp32"])["files"], describe_artifact(tiny_artifacts["fp16"])["files"]
+    settings = latency_settings(ref_files, load_corpus(str(corpus), max_sentences=2), cfg, "cpu")
+    back = read_latency_pair(run, "fp16", settings, art_files)
+    assert back.ratio == pairs["fp16"].ratio and sorted(back.artifact_waves) == ["001", "002"]
+    assert np.array_equal(back.reference_waves["001"][0], pairs["fp16"].reference_waves["001"][0])
+    with pytest.raises(ForgeError, match="other files"):
+        read_latency_pair(run, "fp16", settings, ref_files)
+    with pytest.raises(ForgeError, match="other settings"):
+        read_latency_pair(run, "fp16", {**settings, "seed": 1}, art_files)
+    with pytest.raises(ForgeError, match="did not time"):
+        read_latency_pair(run, "int4", settings, art_files)
+    report = evaluate_artifact(tiny_artifacts["fp16"], tiny_artifacts["fp32"], cfg, latency_run=str(run))
+    assert report["metrics"]["rtf_ratio_vs_reference"] == pairs["fp16"].ratio["ratio"]
+    assert any("latency run" in note for note in report["notes"])
 
 
 def test_evaluate_records_the_interleaved_gate_ratio_and_its_spread(tiny_artifacts, tmp_path) -> None:
