@@ -162,7 +162,6 @@ class Build:
     extra: dict[str, list[str]]
     until: str | None = None
     pytorch_baseline: bool = True
-    shared_latency: bool = True  # the evaluate-latency step (not with Ray: each evaluation times itself)
     # How a stage is run; tests substitute a stand-in.
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
     # Where step closures are read from: the running toolchain; tests pass a copy of the source tree.
@@ -427,7 +426,7 @@ class Build:
         once per round for all of them instead of once per variant's evaluation. Optional: should it
         fail, each evaluation times its variant itself, as without it."""
         timed = [v for v in self.variants if v != "fp32" and v not in self.broken]
-        if not timed or not self.shared_latency:
+        if not timed:
             return None
         fp32 = self.artifact_dir("fp32")
         argv = ["evaluate-latency", "--reference", str(fp32), "--corpus", self.eval_corpus,
@@ -442,8 +441,6 @@ class Build:
         """Whether the build's latency run (when it ran) holds `variant`'s timings."""
         from chattts_forge.evaluate.latency_run import RECORD_FILE
 
-        if not self.shared_latency:  # a folder an earlier run left is not this run's
-            return False
         with contextlib.suppress(OSError, ValueError, AttributeError):
             record = json.loads((self.latency_run_dir / RECORD_FILE).read_text(encoding="utf-8"))
             return variant in record.get("artifacts", {})
@@ -702,14 +699,23 @@ def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
             pipe.run(step)
         except ForgeError as e:
             pipe.set_aside(step, e)
-    if cfg.ray is not None and STAGES.index(until or "evaluate") >= STAGES.index("quantize"):
+    if cfg.ray is not None and within("quantize", until):
         from chattts_forge.driver.ray_steps import run_variant_steps
 
-        pipe.shared_latency = False  # the variants' steps run apart: each evaluation times its own variant
-
-        if STAGES.index(until or "evaluate") >= STAGES.index("evaluate"):  # the evaluations' shared step, here
+        evaluating = within("evaluate", until)
+        if evaluating:  # the evaluations' shared step, here
             pipe.run(pipe.reference_step())
-        run_variant_steps(pipe, cfg.ray, cfg.ray_step_cpus, until or "evaluate")
+        run_variant_steps(pipe, cfg.ray, cfg.ray_step_cpus, "quantize")
+        if evaluating:
+            # every variant quantized: the shared latency run here, as without Ray (the same step keys),
+            # then the evaluations as Ray tasks
+            latency = pipe.latency_step()
+            if latency is not None:
+                try:
+                    pipe.run(latency)
+                except ForgeError as e:
+                    pipe.set_aside(latency, e)
+            run_variant_steps(pipe, cfg.ray, cfg.ray_step_cpus, "evaluate", first_stage="evaluate")
 
 
 def _publish_passing(pipe: Build, cfg: BuildConfig) -> list[VariantOutcome]:

@@ -1,8 +1,9 @@
 """`make artifacts RAY=ADDRESS|local`: the variants' quantize and evaluate steps as Ray tasks.
 
 The shared steps (checkpoint, verify, convert, calibrate) run here, one after the other, as without
-Ray. Then every variant's chain (quantize, then evaluate; fp32/fp16 only evaluate) runs as Ray tasks,
-the chains side by side: each task runs the same `chattts-forge` command line in its own process on
+Ray. Then every variant's quantize step runs as a Ray task, side by side; then, here, the shared
+latency run (every variant timed against FP32 in the same rounds, as without Ray); then every
+variant's evaluate step as a Ray task, side by side. Each task runs the same `chattts-forge` command line in its own process on
 whichever node Ray picks, with `step_cpus` CPUs reserved (default 2, the stages' thread count, so two
 steps never share cores and latency figures stay honest; fewer means more steps at once and noisier
 timings).
@@ -56,14 +57,17 @@ def run_stage(cmd: list[str], env_overrides: dict[str, str], capture_stdout: boo
     return proc.returncode, proc.stdout, time.perf_counter() - start, socket.gethostname()
 
 
-def run_variant_steps(pipe: Build, address: str, step_cpus: float = 2, last_stage: str = "evaluate") -> None:
-    """Run every variant's quantize/evaluate steps as Ray tasks (see the module docstring)."""
+def run_variant_steps(pipe: Build, address: str, step_cpus: float = 2, last_stage: str = "evaluate",
+                      first_stage: str = "quantize") -> None:
+    """Run every variant's quantize/evaluate steps from `first_stage` to `last_stage` as Ray tasks
+    (see the module docstring)."""
     ray = connect(address)
     task = ray.remote(num_cpus=step_cpus, max_retries=0)(run_stage)
     # The driver's SOURCE_DATE_EPOCH (reproducible stamps); everything else is the worker's own.
     overrides = {k: v for k, v in stage_env().items() if k == "SOURCE_DATE_EPOCH"}
     pending: dict[Any, tuple[Step, str, str]] = {}
-    chains = {v: [*(["quantize"] if v in pipe.quantized_variants() else []), "evaluate"] for v in pipe.variants}
+    chains = {v: [kind for kind in [*(["quantize"] if v in pipe.quantized_variants() else []), "evaluate"]
+                  if STAGES.index(first_stage) <= STAGES.index(kind)] for v in pipe.variants}
 
     def advance(variant: str) -> None:
         """Submit the variant's next step that is not up to date (none left: its chain is done)."""

@@ -286,6 +286,16 @@ def _expose(model_path: Path, names: list[str], out_path: Path) -> list[str]:
     return added
 
 
+def _exposed_session(path: Path, role: str, threads: int | None) -> Any:
+    """A session over a temporary exposed copy; its error names the graph, not the temporary folder
+    (the message is recorded in reports, which travel)."""
+    try:
+        return make_session(path, threads)
+    except ForgeError as e:
+        reason = str(e).replace(f"cannot load {path}: ", "").replace(str(path.parent) + os.sep, "")
+        raise ForgeError(f"the {role} gpt graph with its MatMul tensors exposed cannot be loaded: {reason}") from None
+
+
 def tensor_errors(
     ref_gpt: Path, quant_gpt: Path, samples: list[dict[str, np.ndarray]], threads: int | None = 1
 ) -> list[dict[str, Any]]:
@@ -305,8 +315,8 @@ def tensor_errors(
         ref_aug, q_aug = Path(tmp) / "ref.onnx", Path(tmp) / "q.onnx"
         exposed = set(_expose(ref_gpt, wanted, ref_aug))
         common = exposed if same else exposed & set(_expose(quant_gpt, wanted, q_aug))
-        ref_s = make_session(ref_aug, threads)
-        q_s = ref_s if same else make_session(q_aug, threads)
+        ref_s = _exposed_session(ref_aug, "FP32", threads)
+        q_s = ref_s if same else _exposed_session(q_aug, "quantized", threads)
         names = sorted(common)
         num = dict.fromkeys(names, 0.0)
         den = dict.fromkeys(names, 0.0)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from chattts_forge.artifact import ArtifactMeta
+from chattts_forge.artifact import DECODER, DVAE, FAST_GPT, GPT, HEAD_TEXT, VOCODER, ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ArtifactChanged, ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files, stat_key
@@ -90,7 +90,7 @@ SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
 # Components whose session creation is mostly weight prepacking, so a saved optimized graph
 # (runtime.saved_sessions) pays; the embedding gathers and the small code head pack nothing worth
 # a second copy on disk. Figures: docs/measurements/2026-12-03-xeon/coldstart.md.
-SAVED_COMPONENTS = frozenset({"gpt", "gpt_fast", "head_text", "decoder", "dvae", "vocos"})
+SAVED_COMPONENTS = frozenset({GPT, FAST_GPT, HEAD_TEXT, DECODER, DVAE, VOCODER})
 SHRINK_MIN_POSITIONS = 160
 
 RunObserver = Callable[[str, Mapping[str, Any], list[str], list[np.ndarray]], None]

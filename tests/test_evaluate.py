@@ -250,3 +250,22 @@ def test_fp32_against_itself_reuses_its_recording_with_the_same_figures(tiny_art
         records[reuse] = json.dumps(record, sort_keys=True)
     assert records[True] == records[False]
     assert not fid.ReplaySessions(fp32, tiny_artifacts["fp16"], 1).same_plain
+
+
+def test_the_fp16_per_tensor_refusal_names_no_temporary_folder(tiny_artifacts) -> None:
+    """The fp16 report records why its per-tensor table is unavailable; the reason travels in the
+    published report, so it names the graph and never the temporary folder the exposed copy sat in."""
+    import tempfile
+
+    from chattts_forge.calibration_data.corpus import load_corpus
+    from chattts_forge.errors import ForgeError
+    from chattts_forge.quantize import fidelity as fid
+
+    runs = fid.record_trajectories(tiny_artifacts["fp32"], load_corpus("builtin:evaluation"), 1, 8, 0, 1,
+                                   progress=False)
+    sessions = fid.ReplaySessions(tiny_artifacts["fp32"], tiny_artifacts["fp16"], 1)
+    with pytest.raises(ForgeError) as refused:
+        sessions.tensor_table(runs, 4, False)
+    reason = str(refused.value)
+    assert "quantized gpt graph" in reason
+    assert tempfile.gettempdir() not in reason and "forge-tensors-" not in reason
