@@ -70,6 +70,7 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
+from chattts_forge.runtime.sampling import SeedGroups
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
@@ -78,6 +79,10 @@ DEFAULT_MAX_SAMPLES = 512  # the seed note's "500 business sentences"
 # Sentences generated as one batch: a GPT step reads the whole 755 MB graph whatever the rows, so 8 rows
 # cost about one (docs/measurements/2026-12-01-xeon/calibration-curve.md); the prefill stays per row.
 DEFAULT_BATCH_SIZE = 8
+# Batches generated in one GPT call, each still sampled and observed as a batch of its own (SeedGroups):
+# a 32-row step costs ~0.6x per row what an 8-row one does on CPU (docs/measurements/2026-12-03-epyc/
+# calibrate.md), while the statistics stay those of 8-row batches up to float rounding.
+DEFAULT_BATCHES_PER_CALL = 4
 # Graphs whose MatMul inputs also accumulate X^T X (GPTQ; the fused graph reads gpt's: same activations).
 HESSIAN_GRAPHS = (GPT, HEAD_CODE)
 # X^T X of a prefill sums at most this many of its tokens (a seeded draw per sentence; decode steps: all
@@ -223,7 +228,8 @@ class CalibrateConfig:
     merge: Sequence[str | os.PathLike[str]] = ()
     allow_one_language: bool = False
     raw_sample_counts: dict[str, int] | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE  # sentences synthesized (and their decode steps observed) together
+    batch_size: int = DEFAULT_BATCH_SIZE  # sentences whose decode steps are observed together (one seed)
+    batches_per_call: int = DEFAULT_BATCHES_PER_CALL  # batches generated in one GPT call (each sampled as alone)
 
     def check(self) -> None:
         if self.max_new_token < 2:
@@ -234,6 +240,9 @@ class CalibrateConfig:
             raise ForgeError(f"--disk-budget-mb must be > 0, got {self.disk_budget_mb}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ForgeError(f"--batch-size must be a whole number >= 1, got {self.batch_size!r}")
+        calls = self.batches_per_call
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ForgeError(f"--batches-per-call must be a whole number >= 1, got {calls!r}")
 
     def settings(self, count: int | None) -> dict[str, Any]:
         """What the manifest records (and `--merge` compares: `MERGE_SETTINGS`)."""
@@ -245,11 +254,14 @@ class CalibrateConfig:
             "head_steps_per_batch": self.head_steps,
             "threads": self.threads,
             "batch_size": self.batch_size,
+            "batches_per_call": self.batches_per_call,
             "observed_steps": (
                 f"every sentence's prefill (its own row, unpadded); {self.decode_positions} decode steps and "
                 f"{self.head_steps} code-head steps per batch of up to {self.batch_size} sentences (drawn with the "
                 "seed of the batch's first sentence), every row still generating contributing one sample each"),
-            "batches": "sentences sorted by normalised length, then cut into batches (corpus order at batch size 1)",
+            "batches": "sentences sorted by normalised length, then cut into batches (corpus order at batch size 1); "
+                       f"{self.batches_per_call} consecutive batches generated in one GPT call, each sampled with its "
+                       "own seed as if alone",
             "sampling": "ChatTTS InferCodeParams defaults; each sentence's speaker from the run seed and its text; "
                         "the code sampling seed of a batch from its first sentence",
             "past_kv_storage": "float16",
@@ -452,21 +464,34 @@ def _rows_feed(feed: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np
 
 @dataclass
 class _Batch:
-    """The sentences being synthesized together and which of their steps are observed."""
+    """Sentences observed together (one seed) and which of their steps are observed; `first_row`: where
+    its rows start in the GPT call it is generated in (with the other batches of its `_Call`)."""
 
     shas: list[str]
     positions: set[int]  # observed decode steps (GPT calls after the prefill)
     heads: set[int]  # observed code-head calls
     index: list[dict[str, int]]  # per row: raw inputs offered so far per component (their keys)
+    first_row: int = 0
+
+    def rows(self) -> range:
+        return range(self.first_row, self.first_row + len(self.shas))
+
+
+@dataclass
+class _Call:
+    """One generation: the batches generated together, the GPT and code-head calls so far."""
+
+    batches: list[_Batch]
     call: int = 0
     head_call: int = 0
     state: Any = None  # the runtime's StepState once the first step is out (rows that ended)
 
-    def active(self) -> np.ndarray:
-        """Rows still generating: finished rows keep running in a batch but are not observed."""
+    def active(self, batch: _Batch) -> np.ndarray:
+        """`batch`'s rows still generating, as rows of the call: finished rows keep running but are not observed."""
+        rows = np.asarray(batch.rows())
         if self.state is None:
-            return np.ones(len(self.shas), dtype=bool)
-        return ~np.asarray(self.state.finish, dtype=bool)
+            return rows
+        return rows[~np.asarray(self.state.finish, dtype=bool)[rows]]
 
 
 class _Recorder:
@@ -484,8 +509,8 @@ class _Recorder:
         self.counters: dict[str, Any] = {"prefill": 0, "decode": 0, "head": 0, "past_min": None, "past_max": 0,
                                          "batches": 0}
         self.skipped: list[dict[str, str]] = []
-        self.batch: _Batch | None = None
-        self._decoding_row = 0  # the batch row whose Decoder/DVAE input is being recorded
+        self.gen: _Call | None = None
+        self._decoding: tuple[_Batch, int] | None = None  # the batch and row whose Decoder/DVAE input is recorded
         self._source: list[str] = []  # the corpus sentences (by index)
 
     def adopt(self, earlier: Sequence[CalibrationStore]) -> None:
@@ -498,17 +523,15 @@ class _Recorder:
                     self.raw[c].adopt(key, size, store.path / rel)
                     self.sample_sentence[f"{c}/{Path(rel).name}"] = store.manifest.get("sample_sentences", {}).get(rel, "")
 
-    def raw_wanted(self, component: str, row: int) -> bool:
-        """Whether the raw sample would keep `row`'s next input of `component` (its key is below the cut)."""
-        assert self.batch is not None
-        idx = self.batch.index[row].get(component, 0)
-        return self.raw[component].would_keep(sample_key(self.cfg.seed, self.batch.shas[row], component, idx))
+    def raw_wanted(self, component: str, batch: _Batch, row: int) -> bool:
+        """Whether the raw sample would keep the next input of `component` of `batch`'s `row` (its key is below the cut)."""
+        idx = batch.index[row].get(component, 0)
+        return self.raw[component].would_keep(sample_key(self.cfg.seed, batch.shas[row], component, idx))
 
-    def keep_raw(self, component: str, row: int, feed: Mapping[str, Any], condition: bool = True) -> None:
-        assert self.batch is not None
-        sha = self.batch.shas[row]
-        idx = self.batch.index[row].get(component, 0)
-        self.batch.index[row][component] = idx + 1
+    def keep_raw(self, component: str, batch: _Batch, row: int, feed: Mapping[str, Any], condition: bool = True) -> None:
+        sha = batch.shas[row]
+        idx = batch.index[row].get(component, 0)
+        batch.index[row][component] = idx + 1
         key = sample_key(self.cfg.seed, sha, component, idx)
         sample = {k: np.asarray(v) for k, v in feed.items()} if condition and self.raw[component].would_keep(key) else None
         if self.raw[component].offer(key, sample):
@@ -528,45 +551,47 @@ class _Recorder:
         self.stats.update_kv(feed)
 
     def on_run(self, component: str, feeds: Any, names: list[str], outs: list[Any]) -> None:
-        batch = self.batch
-        if batch is None:
+        gen = self.gen
+        if gen is None:
             return
         if component == GPT:
-            call = batch.call
-            batch.call += 1
-            if call == 0:  # the prefill, row by row: each sentence's own (unpadded) prompt
-                for row in range(len(batch.shas)):
-                    feed = row_feed(feeds, row)
-                    self.observe_gpt(feed, sha=batch.shas[row])
-                    self._observe_step(feed, row, "prefill")
-            elif call in batch.positions:
-                active = np.flatnonzero(batch.active())
-                if len(active):  # one batched observation of the rows still generating
-                    self.observe_gpt(_rows_feed(feeds, active))
-                    for row in active:
-                        self._observe_step(row_feed(feeds, int(row)), int(row), "decode")
+            call = gen.call
+            gen.call += 1
+            for batch in gen.batches:
+                if call == 0:  # the prefill, row by row: each sentence's own (unpadded) prompt
+                    for row in range(len(batch.shas)):
+                        feed = row_feed(feeds, batch.first_row + row)
+                        self.observe_gpt(feed, sha=batch.shas[row])
+                        self._observe_step(feed, batch, row, "prefill")
+                elif call in batch.positions:
+                    active = gen.active(batch)
+                    if len(active):  # one observation of the batch's rows still generating
+                        self.observe_gpt(_rows_feed(feeds, active))
+                        for row in active:
+                            self._observe_step(row_feed(feeds, int(row)), batch, int(row) - batch.first_row, "decode")
         elif component == HEAD_CODE:
-            call = batch.head_call
-            batch.head_call += 1
-            active = np.flatnonzero(batch.active())
-            if call in batch.heads and len(active):
-                if HEAD_CODE in self.observers:
-                    self.stats.update_graph(HEAD_CODE, self.observers[HEAD_CODE].run(_rows_feed(feeds, active)))
-                self.counters["head"] += len(active)
-                for row in active:
-                    self.keep_raw(HEAD_CODE, int(row), _rows_feed(feeds, np.array([row])))
-        elif component in (DECODER, DVAE):
-            self.keep_raw(component, self._decoding_row, feeds)
+            call = gen.head_call
+            gen.head_call += 1
+            for batch in gen.batches:
+                active = gen.active(batch)
+                if call in batch.heads and len(active):
+                    if HEAD_CODE in self.observers:
+                        self.stats.update_graph(HEAD_CODE, self.observers[HEAD_CODE].run(_rows_feed(feeds, active)))
+                    self.counters["head"] += len(active)
+                    for row in active:
+                        self.keep_raw(HEAD_CODE, batch, int(row) - batch.first_row, _rows_feed(feeds, np.array([row])))
+        elif component in (DECODER, DVAE) and self._decoding is not None:
+            self.keep_raw(component, *self._decoding, feeds)
 
-    def _observe_step(self, feed: dict[str, np.ndarray], row: int, kind: str) -> None:
-        """Count one observed GPT step of a row and offer its feed to the raw sample."""
+    def _observe_step(self, feed: dict[str, np.ndarray], batch: _Batch, row: int, kind: str) -> None:
+        """Count one observed GPT step of a batch's row and offer its feed to the raw sample."""
         first = feed.get("past_key_values.0.key")
         past = 0 if first is None else int(first.shape[2])
         c = self.counters
         c[kind] += 1
         c["past_min"] = past if c["past_min"] is None else min(c["past_min"], past)
         c["past_max"] = max(c["past_max"], past)
-        self.keep_raw(GPT, row, feed, past <= self.cfg.max_past)
+        self.keep_raw(GPT, batch, row, feed, past <= self.cfg.max_past)
 
     def record_sentences(self, corp: Corpus, plan: _SentencePlan) -> list[int]:
         """Synthesize the planned sentences in batches (recording as they run); the indices used."""
@@ -575,9 +600,11 @@ class _Recorder:
         self._source = corp.sentences
         batches = self._batches(corp, plan)
         with Progress(len(plan.picked), "calibrate", "sent", enabled=self.cfg.progress) as bar:
-            for batch in batches:
-                used.extend(self._record_batch(batch, plan.stems))
-                bar.update(len(batch))
+            per_call = self.cfg.batches_per_call
+            for k in range(0, len(batches), per_call):
+                group = batches[k : k + per_call]
+                used.extend(self._record_call(group, plan.stems))
+                bar.update(sum(len(b) for b in group))
                 bar.set_postfix_str(f"raw sample {sum(r.bytes for r in self.raw.values()) / (1 << 20):.0f} MB")
         if plan.picked:
             check_recorded(recording, GPT)
@@ -606,43 +633,55 @@ class _Recorder:
         size = cfg.batch_size
         return [rows[k : k + size] for k in range(0, len(rows), size)]
 
-    def _record_batch(self, rows: list[tuple[int, Any]], stems: list[str]) -> list[int]:
-        """Generate one batch (each row its own speaker), observe it, record the Decoder/DVAE inputs."""
+    def _record_call(self, group: list[list[tuple[int, Any]]], stems: list[str]) -> list[int]:
+        """Generate batches in one GPT call (each row its own speaker, each batch sampled with its first
+        sentence's seed as if alone), observe them, record the Decoder/DVAE inputs. A batch the runtime
+        refuses there is skipped and counted: the call is then made again batch by batch."""
         pipe, cfg = self.pipe, self.cfg
-        shas = [sentence_sha256(self._source[i]) for i, _ in rows]
-        seeds = [_sentence_seed(cfg.seed, sha) for sha in shas]
-        srng = np.random.default_rng(seeds[0])  # the batch's observed steps: from its first sentence
-        steps = np.arange(1, cfg.max_new_token)
-        self.batch = _Batch(
-            shas=shas, index=[{} for _ in rows],
-            positions=set(srng.choice(steps, size=min(cfg.decode_positions, len(steps)), replace=False).tolist()),
-            heads=set(srng.choice(cfg.max_new_token, size=min(cfg.head_steps, cfg.max_new_token),
-                                  replace=False).tolist()),
-        )
+        batches: list[_Batch] = []
+        seeds: list[int] = []
+        for rows in group:
+            shas = [sentence_sha256(self._source[i]) for i, _ in rows]
+            seed = _sentence_seed(cfg.seed, shas[0])
+            srng = np.random.default_rng(seed)  # the batch's observed steps: from its first sentence
+            steps = np.arange(1, cfg.max_new_token)
+            batches.append(_Batch(
+                shas=shas, index=[{} for _ in rows], first_row=sum(len(b.shas) for b in batches),
+                positions=set(srng.choice(steps, size=min(cfg.decode_positions, len(steps)), replace=False).tolist()),
+                heads=set(srng.choice(cfg.max_new_token, size=min(cfg.head_steps, cfg.max_new_token),
+                                      replace=False).tolist()),
+            ))
+            seeds.append(seed)
+        parts = [p for rows in group for _, p in rows]
+        self.gen = _Call(batches)
         try:
             with quiet_logger():
-                gen = self._generate([p for _, p in rows], seeds[0])
-        except ForgeError as e:  # refused late: the batch is skipped and counted
-            for i, _ in rows:
+                gen = self._generate(parts, SeedGroups(tuple(seeds), tuple(len(b.shas) for b in batches)))
+        except ForgeError as e:
+            self.gen = None
+            if len(group) > 1:  # as alone: only the batch the runtime refuses is skipped
+                return [i for rows in group for i in self._record_call([rows], stems)]
+            for i, _ in group[0]:  # refused late: the batch is skipped and counted
                 self.skipped.append({"sentence": self._source[i], "file": stems[i], "reason": str(e)})
-            self.batch = None
             return []
-        self.counters["batches"] += 1
-        for row, (codes, hiddens) in enumerate(zip(gen.ids, gen.hiddens, strict=True)):
-            self._decoding_row = row
-            for component, steps in ((DECODER, hiddens), (DVAE, codes)):
-                if not (len(steps) and pipe.artifact.has_component(component)):
-                    continue
-                if self.raw_wanted(component, row):  # records the input (on_run); its mel is not needed
-                    pipe.decode_mel(steps, use_decoder=component == DECODER)
-                else:  # counted as offered, as if decoded, without running the graph
-                    self.keep_raw(component, row, {}, condition=False)
-        self.batch = None
-        return [i for i, _ in rows]
+        self.counters["batches"] += len(batches)
+        for batch in batches:
+            for row in range(len(batch.shas)):
+                codes, hiddens = gen.ids[batch.first_row + row], gen.hiddens[batch.first_row + row]
+                self._decoding = (batch, row)
+                for component, steps in ((DECODER, hiddens), (DVAE, codes)):
+                    if not (len(steps) and pipe.artifact.has_component(component)):
+                        continue
+                    if self.raw_wanted(component, batch, row):  # records the input (on_run); its mel is not needed
+                        pipe.decode_mel(steps, use_decoder=component == DECODER)
+                    else:  # counted as offered, as if decoded, without running the graph
+                        self.keep_raw(component, batch, row, {}, condition=False)
+        self.gen, self._decoding = None, None
+        return [i for rows in group for i, _ in rows]
 
-    def _generate(self, parts: list[Any], seed: int) -> Any:
+    def _generate(self, parts: list[Any], seeds: SeedGroups) -> Any:
         """The code stage of the rows' (embeds, ids, mask) as one left-padded batch (what the runtime's
-        tokenizer does for a batch), sampled with `seed`."""
+        tokenizer does for a batch), each seed group sampled with its seed."""
         pipe, cfg = self.pipe, self.cfg
         width = max(p[0].shape[1] for p in parts)
         emb = np.zeros((len(parts), width, parts[0][0].shape[2]), np.float32)
@@ -650,13 +689,13 @@ class _Recorder:
         mask = np.zeros((len(parts), width), np.int64)
         for b, (e, i, m) in enumerate(parts):
             emb[b, width - e.shape[1]:], ids[b, width - e.shape[1]:], mask[b, width - e.shape[1]:] = e[0], i[0], m[0]
-        params = synth_params(pipe, seed, cfg.max_new_token).code
+        params = synth_params(pipe, seeds.seeds[0], cfg.max_new_token).code
         state = None
         for state in pipe.iter_generate(emb, ids, mask, pipe.code_sampling(params), infer_text=False,
-                                        max_new_token=params.max_new_token, seed=params.seed,
+                                        max_new_token=params.max_new_token, seed=seeds,
                                         ensure_non_empty=params.ensure_non_empty):
-            assert self.batch is not None
-            self.batch.state = state
+            assert self.gen is not None
+            self.gen.state = state
         assert state is not None
         return state.result()
 

@@ -35,6 +35,8 @@ log = get_logger(__name__)
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all).")
 @click.option("--batch-size", default=8, show_default=True, type=int,
               help="Sentences generated together (each its own speaker; decode steps observed per batch).")
+@click.option("--batches-per-call", default=4, show_default=True, type=int,
+              help="Batches generated in one GPT call, each sampled and observed as if alone (faster on CPU).")
 def calibrate(artifact_dir: Path, corpus: str, out_dir: Path, **options: Any) -> None:
     """Run the FP32 artifact over a corpus and record the inputs of every quantizable graph.
 

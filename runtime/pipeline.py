@@ -54,7 +54,7 @@ from chattts_forge.runtime.frontend import (
     split_sentences,
 )
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
-from chattts_forge.runtime.sampling import Sampler, SamplingConfig, process_logits
+from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
     SPLIT_TEXT_FACTOR,
@@ -529,7 +529,7 @@ class Pipeline:
         *,
         infer_text: bool,
         max_new_token: int,
-        seed: int | None,
+        seed: int | SeedGroups | None,
         ensure_non_empty: bool = True,
         forced: Sequence[np.ndarray] | None = None,
     ) -> Iterator[StepState]:
@@ -537,7 +537,8 @@ class Pipeline:
 
         Steps until every row emitted EOS (any of its streams) or `max_new_token`. `forced`
         (teacher forcing, codes only): per row int [T, num_vq]; each step takes the given tokens
-        (EOS after a row's end) instead of samples, and the processed logits are recorded.
+        (EOS after a row's end) instead of samples, and the processed logits are recorded. `seed`:
+        one seed for every row, or `SeedGroups` (groups of rows sampled as separate batches would be).
         """
         batch = input_ids.shape[0]
         streams = 1 if infer_text else self.num_vq

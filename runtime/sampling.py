@@ -156,17 +156,36 @@ def sample_rows(probs: np.ndarray, rngs: list[np.random.Generator], num_streams:
     return out
 
 
+@dataclass(frozen=True)
+class SeedGroups:
+    """The seeds of a batch made of several independently seeded groups of rows (calibrate generates
+    a few of its batches in one GPT call): group g's `sizes[g]` rows draw with `seeds[g]`, in order.
+    A step-0 redraw of one group never advances another group's generators, so every group draws
+    the tokens it would draw as a batch of its own."""
+
+    seeds: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.seeds) != len(self.sizes) or not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"seed groups need one seed per group of >= 1 rows, got {self.seeds} / {self.sizes}")
+
+
 class Sampler:
     """Processes and samples one step for a batch; one seeded Generator per batch row."""
 
-    def __init__(self, cfg: SamplingConfig, num_streams: int, batch: int, seed: int | None) -> None:
+    def __init__(self, cfg: SamplingConfig, num_streams: int, batch: int, seed: int | SeedGroups | None) -> None:
         self.cfg = cfg
         self.num_streams = num_streams
         # Every row gets the same seed: a text's tokens are then the same alone or in a batch.
-        if seed is None:
-            self.rngs = [np.random.default_rng() for _ in range(batch)]
+        if isinstance(seed, SeedGroups):
+            if sum(seed.sizes) != batch:
+                raise ValueError(f"seed groups cover {sum(seed.sizes)} rows, the batch has {batch}")
+            self.rngs = [np.random.default_rng(s) for s, n in zip(seed.seeds, seed.sizes, strict=True) for _ in range(n)]
+            self.groups = np.repeat(np.arange(len(seed.sizes)), seed.sizes)
         else:
             self.rngs = [np.random.default_rng(seed) for _ in range(batch)]
+            self.groups = np.zeros(batch, dtype=np.int64)
 
     def draw(self, probs: np.ndarray) -> np.ndarray:
         """One token per row of `probs` [B * num_streams, vocab]."""
@@ -177,7 +196,8 @@ class Sampler:
         [B * num_streams, vocab] (`process_logits`'s output). `redraw_ended` (step 0 of a generation
         that must not be empty): a batch row that drew EOS in any stream draws again, up to
         `EMPTY_REDRAWS` times, as ChatTTS regenerates when a row ends at once (step 0's logits would
-        be the same). `Pipeline.iter_generate` and the scheduler both sample through here."""
+        be the same); every row of its seed group draws again with it. `Pipeline.iter_generate` and
+        the scheduler both sample through here."""
         probs = softmax(scores)
         shape = (len(self.rngs), self.num_streams)
         idx = self.draw(probs).reshape(shape)
@@ -186,7 +206,10 @@ class Sampler:
                 ended = (idx == self.cfg.eos_token).any(axis=1)
                 if not ended.any():
                     break
-                idx = np.where(ended[:, None], self.draw(probs).reshape(shape), idx)
+                again = np.flatnonzero(np.isin(self.groups, self.groups[ended]))
+                block = probs.reshape(len(self.rngs), self.num_streams, -1)[again].reshape(-1, probs.shape[-1])
+                redrawn = sample_rows(block, [self.rngs[r] for r in again], self.num_streams).reshape(-1, self.num_streams)
+                idx[again] = np.where(ended[again][:, None], redrawn, idx[again])
         return idx
 
     def __call__(self, logits: np.ndarray, history: np.ndarray, step: int) -> np.ndarray:

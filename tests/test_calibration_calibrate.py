@@ -118,8 +118,9 @@ def test_nothing_but_the_sample_grows_with_the_corpus(calib_dir: Path, tiny_arti
 
 def test_merge_of_two_runs_equals_one_run_over_both(tiny_artifacts, tmp_path: Path):
     fp32 = tiny_artifacts["fp32"]
-    # Exact at batch size 1 (a batch's sampling seed and observed steps come from its first sentence).
-    args = {**SMALL, "max_samples": "all", "batch_size": 1}
+    # Exact at batch size 1, one batch a call (a batch's sampling seed and observed steps come from its
+    # first sentence; batches generated together agree only up to float rounding).
+    args = {**SMALL, "max_samples": "all", "batch_size": 1, "batches_per_call": 1}
     a = calibrate(fp32, _corpus(tmp_path / "a", zh=ZH[:1], en=EN[:1]), tmp_path / "A", **args)
     b = calibrate(fp32, _corpus(tmp_path / "b", zh=ZH[1:], en=EN[1:]), tmp_path / "B", merge=[a], **args)
     both = calibrate(fp32, _corpus(tmp_path / "ab", zh=ZH, en=EN), tmp_path / "AB", **args)
@@ -165,6 +166,32 @@ def test_batched_rows_observe_each_sentence_as_alone(tiny_artifacts, tmp_path: P
         assert a.keys() == b.keys()
         for k in a:
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_batches_generated_in_one_call_are_each_sampled_and_observed_as_alone(tiny_artifacts, tmp_path: Path):
+    """Batches generated together in one GPT call keep their own seeds, observed steps and rows: the same
+    sentences, steps, counts and raw-sample keys as one call a batch, statistics equal up to float
+    rounding (the GPT runs on a wider padded batch)."""
+    fp32 = tiny_artifacts["fp32"]
+    args = {**SMALL, "max_samples": 6, "batch_size": 2}
+    alone = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "c1", batches_per_call=1, **args))
+    together = CalibrationStore(calibrate(fp32, "builtin:calibration", tmp_path / "c3", batches_per_call=3, **args))
+    a, b = alone.manifest, together.manifest
+    assert b["settings"]["batches_per_call"] == 3 and a["settings"]["batches_per_call"] == 1
+    assert a["sentence_sha256"] == b["sentence_sha256"] and a["gpt_samples"] == b["gpt_samples"]
+    assert a["gpt_samples"]["batches"] == 3 and a["gpt_samples"]["decode"] > 0
+    for comp in ("gpt", "head_code", "decoder", "dvae"):
+        assert a["components"][comp]["keys"] == b["components"][comp]["keys"], comp
+    for g, tensors in alone.statistics.graphs.items():
+        for name, st in tensors.items():
+            other = together.statistics.graphs[g][name]
+            assert (other.rows, other.samples) == (st.rows, st.samples)
+            np.testing.assert_allclose((other.min, other.max), (st.min, st.max), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(other.sum_sq, st.sum_sq, rtol=1e-4, atol=1e-6)
+            assert other.hist.sum() == st.hist.sum() and np.abs(other.hist - st.hist).sum() <= 0.01 * st.hist.sum()
+    for x, y in zip(alone.iter_samples("head_code"), together.iter_samples("head_code"), strict=True):
+        for k in x:
+            np.testing.assert_allclose(x[k], y[k], rtol=1e-4, atol=1e-5)
 
 
 def test_hessians_are_streamed_for_gptq(calib_dir: Path):

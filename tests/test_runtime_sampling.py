@@ -175,6 +175,28 @@ def test_next_tokens_redraws_only_rows_that_end_at_once():
     assert sp.Sampler(cfg, 1, 2, seed=ended_seed).next_tokens(scores).shape == (2, 1)
 
 
+def test_seed_groups_sample_each_group_as_a_batch_of_its_own():
+    """Rows in seed groups (calibrate's batches generated in one call) draw, over several steps and a
+    step-0 redraw in one group, exactly the tokens of each group sampled as its own batch."""
+    cfg = sp.SamplingConfig(temperature=(1.0,), eos_token=0)
+    rng = np.random.default_rng(3)
+    # group 0 (2 rows): row 0 may end at once (EOS at even odds); group 1 (3 rows): never EOS
+    first = np.log(np.array([[0.5, 0.5, 0.0, 0.0], [0.0, 0.4, 0.3, 0.3],
+                             [0.0, 0.2, 0.4, 0.4], [0.0, 0.3, 0.3, 0.4], [0.0, 0.1, 0.1, 0.8]], np.float32) + 1e-30)
+    seed0 = next(s for s in range(100) if sp.Sampler(cfg, 1, 2, seed=s).next_tokens(first[:2])[0, 0] == 0)
+    later = [rng.standard_normal((5, 4)).astype(np.float32) for _ in range(3)]
+    grouped = sp.Sampler(cfg, 1, 5, sp.SeedGroups((seed0, 11), (2, 3)))
+    alone = [sp.Sampler(cfg, 1, 2, seed0), sp.Sampler(cfg, 1, 3, 11)]
+    got = [grouped.next_tokens(first, redraw_ended=True)] + [grouped.next_tokens(x) for x in later]
+    want = [np.concatenate([alone[0].next_tokens(first[:2], redraw_ended=True),
+                            alone[1].next_tokens(first[2:], redraw_ended=True)])]
+    want += [np.concatenate([alone[0].next_tokens(x[:2]), alone[1].next_tokens(x[2:])]) for x in later]
+    np.testing.assert_array_equal(np.stack(got), np.stack(want))
+    assert got[0][0, 0] != 0  # the redraw happened
+    with pytest.raises(ValueError, match="cover 4 rows"):
+        sp.Sampler(cfg, 1, 5, sp.SeedGroups((1, 2), (2, 2)))
+
+
 def test_tiny_temperature_is_argmax():
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((8, 626)).astype(np.float32)
