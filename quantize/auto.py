@@ -17,7 +17,8 @@
    rounds; `LADDER_SETTINGS`), so load that changes during the search does not rank them. The
    ends and the middle are tried, then the boundary between passing and failing candidates is
    bisected (against the gate's thresholds with `SEARCH_HEADROOM`, as evaluate measures on other
-   sentences).
+   sentences). All-FP32 (-N) is tried only when all-INT8 fails: with all-INT8 passing, the boundary
+   lies above 0 and all-FP32, the slowest passing row, could never be chosen.
 4. Final timing: the passing candidates within `RETIME_WITHIN` of the fastest (by `step_vs_int8`)
    and all-INT8 (the fixed dynamic INT8 recipe) are timed again, interleaved round by round with all-INT8 as the
    reference until every ratio's 90% interval is within `RETIME_SETTINGS.bound` (or its time cap;
@@ -448,7 +449,10 @@ class Ladder:
         """The ends and the middle, then bisect the pass/fail boundary (fidelity falls along the ladder)."""
         tried: dict[int, dict[str, Any]] = {}
         n = len(self.order)
-        for i in (0, n, -n):  # all-INT8 first: the others' steps are timed against it
+        # all-INT8 first (the others' steps are timed against it), then the end the boundary lies towards:
+        # all-FP32 only when all-INT8 fails (it would be the slowest passing row, never chosen)
+        self.trial(tried, 0, head_path, head_label)
+        for i in (n,) if tried[0]["passed"] else (n, -n):
             self.trial(tried, i, head_path, head_label)
         lo, hi = (0, n) if tried[0]["passed"] else (-n, 0)
         if tried[hi]["passed"]:

@@ -217,6 +217,13 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
         assert len(a["sensitivity"]) == len(a["assignment"])
         assert all(r["int4_cosine_loss"] >= 0 for r in a["sensitivity"])
     assert any(not r["passed"] for r in s["candidates"])  # the strict gate rejected something
+    # All-FP32 is tried only where all-INT8 fails (with it passing, the boundary lies above 0).
+    for a in (s, lo):
+        for head in {r["head_code"] for r in a["candidates"]}:
+            tried = {r["candidate"]: r["passed"] for r in a["candidates"] if r["head_code"] == head}
+            assert tried[0] or -len(a["assignment"]) in tried
+            assert not tried[0] or min(tried) >= 0
+    assert any(min(r["candidate"] for r in a["candidates"]) == 0 for a in (s, lo))  # a search that skipped it
     # The artifact as the gate will judge it (plain gpt.onnx, quantized head) meets the strict gate.
     fid = _meta(strict)["fidelity"]
     assert fid["teacher_forced"]["top1_agreement"]["mean"] >= 0.97 and fid["hidden_cosine"]["mean"] >= 0.9995
