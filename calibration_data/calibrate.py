@@ -459,6 +459,9 @@ def row_feed(feed: Mapping[str, np.ndarray], row: int) -> dict[str, np.ndarray]:
 
 
 def _rows_feed(feed: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    select = getattr(feed, "select", None)  # a fused step's plain feed copies only these rows of its cache
+    if select is not None:
+        return select(np.asarray(rows))
     return {name: np.ascontiguousarray(np.asarray(arr)[rows]) for name, arr in feed.items()}
 
 
@@ -566,9 +569,10 @@ class _Recorder:
                 elif call in batch.positions:
                     active = gen.active(batch)
                     if len(active):  # one observation of the batch's rows still generating
-                        self.observe_gpt(_rows_feed(feeds, active))
-                        for row in active:
-                            self._observe_step(row_feed(feeds, int(row)), batch, int(row) - batch.first_row, "decode")
+                        rows = _rows_feed(feeds, active)
+                        self.observe_gpt(rows)
+                        for k, row in enumerate(active):
+                            self._observe_step(row_feed(rows, k), batch, int(row) - batch.first_row, "decode")
         elif component == HEAD_CODE:
             call = gen.head_call
             gen.head_call += 1

@@ -52,6 +52,14 @@ class PlainGptFeed(Mapping[str, np.ndarray]):
             self._cache[name] = np.array(buf[:, :, : self._past], dtype=np.float32)
         return self._cache[name]
 
+    def select(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The feed of batch `rows` only, copying just their part of the cache (a step of many rows
+        observed a few rows at a time)."""
+        out = {name: np.ascontiguousarray(arr[rows]) for name, arr in self._inputs.items()}
+        for name in self._step.past_names:
+            out[name] = np.array(self._step.cache_buffer(name)[rows, :, : self._past], dtype=np.float32)
+        return out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
