@@ -57,12 +57,14 @@ from chattts_forge.artifact import (
     VARIANT_METHOD,
     VARIANTS,
 )
+from chattts_forge.cli_options import changed_args, option_args
 from chattts_forge.codegraph import CodeGraph, Layout
 from chattts_forge.driver.steplog import run_stage
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.log import get_logger, setup_logging
+from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.methods import calibrated_variants
 
 log = get_logger("chattts_forge.pipeline")
@@ -87,7 +89,7 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
         "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
         # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
-        "quantize": ["--fidelity-sentences", "4", "--fidelity-steps", "32", "--block-size", "32"],
+        "quantize": option_args(QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}),
         "evaluate": [
             "--max-sentences", "3", "--max-new-token", "48",
             "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
@@ -373,24 +375,28 @@ class Build:
             )
 
     def quantize_step(self, variant: str) -> Step:
+        """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
+        declare (`changed_args`: the ones that differ from their defaults, in declaration order)."""
         from chattts_forge.quantize.methods import method_class
 
-        fp32 = self.artifact_dir("fp32")
-        argv = ["quantize", "--artifact", str(fp32), "--method", VARIANT_METHOD[variant], "--out", str(self.artifact_dir(variant))]
+        fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
+        options: dict[str, Any] = {}
         inputs = {"fp32": self.cache.tree(fp32)}
         if variant in CALIBRATED:
-            argv += ["--calibration", str(self.work / "calibration")]
+            options["calibration"] = self.work / "calibration"
             inputs["calibration"] = self.cache.tree(self.work / "calibration")
         kv_cache = VARIANT_KV_CACHE.get(variant)
-        if kv_cache is not None:  # appended, so the float-cache variants keep their command (and step key)
-            argv += ["--kv-cache", kv_cache]
+        if kv_cache is not None:  # the float-cache variants keep their command (and step key)
+            options["kv_cache"] = kv_cache
         runs = self.reference_run_dir / "trajectories.npz"
         if runs.is_file():  # recorded once by evaluate-reference (read when its settings are fidelity's)
-            argv += ["--fp32-runs", str(runs)]
+            options["fp32_runs"] = runs
             inputs["fp32_runs"] = self.cache.sha256(runs)
-        if method_class(VARIANT_METHOD[variant]).takes_gate and self.gate:  # auto: meets the gate evaluate applies
-            argv += ["--gate", self.gate]
+        if method_class(method).takes_gate and self.gate:  # auto: meets the gate evaluate applies
+            options["gate"] = self.gate
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+        argv = ["quantize", "--artifact", str(fp32), "--method", method, "--out", str(self.artifact_dir(variant)),
+                *changed_args(QuantizeConfig(method, **options))]
         return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
 
     @property

@@ -13,7 +13,9 @@ Library::
                       gate="GATE.toml"))      # fastest per-MatMul FP32/INT8/INT4 meeting the gate
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
 
-`QuantizeConfig` (config.py) holds every option (the CLI maps its options to it one for one); each
+`QuantizeConfig` (config.py) holds every option, one options dataclass per method or concern
+(`StaticOptions`, `Int4Options`, `AutoOptions`, ...), each option declared once on its field: the
+CLI's options, the build driver's step arguments and the record are derived from them; each
 method is a class of the registry in `methods.py` (`METHODS`: what it needs, how it quantizes the
 plain and fused GPT graphs, its record).
 
@@ -79,13 +81,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import QUANTIZE_METHODS as METHODS
-from chattts_forge.quantize.config import FidelityConfig, QuantizeConfig, Targets
+from chattts_forge.quantize.config import FidelitySettings, QuantizeConfig, Targets
 
 if TYPE_CHECKING:
     from chattts_forge.quantize.fidelity import measure_fidelity
     from chattts_forge.quantize.quantize import quantize_artifact
 
-__all__ = ["METHODS", "FidelityConfig", "QuantizeConfig", "Targets", "measure_fidelity", "quantize_artifact"]
+__all__ = ["METHODS", "FidelitySettings", "QuantizeConfig", "Targets", "measure_fidelity", "quantize_artifact"]
 
 # The stage's functions load onnx, onnxruntime and the runtime: imported when first used, so that
 # the CLI, the driver and the method registry import this package cheaply.
