@@ -46,7 +46,7 @@ DVAE_ENCODER = "dvae_encoder"
 VOCODER = "vocos"  # always FP32, byte-identical across variants
 # The graphs of an artifact, in the order convert writes them.
 COMPONENTS = (EMBED, GPT, HEAD_CODE, HEAD_TEXT, DECODER, DVAE, DVAE_ENCODER, VOCODER)
-# The optional fused GPT graph (runtime.fast_gpt_graph); the runtime prefers it when present.
+# The optional fused GPT graph (quantize.fast_gpt_graph); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"
 # A graph's weights may live beside it in `<file>.data` (ONNX external data); its record then has

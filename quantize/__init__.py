@@ -28,7 +28,7 @@ vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The 
 Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`).
 The stage's steps: `quantize.py`; the methods: `methods.py` (quantizers: `dynamic.py`, `static.py`,
 `static_fused.py` with `smooth.py`, `int4.py`, `int4_gptq.py`, `int4_importance.py`, `auto.py`).
-A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: each method
+A fused `gpt_fast.onnx` in the source (quantize.fast_gpt_graph) is FP32 and never copied: each method
 says what becomes of it (`QuantizationMethod.write_fast_graph`): dynamic and RTN int4 rebuild it with
 the same quantizer (`fast_graph_quantizer`), static (minmax or percentile ranges, SmoothQuant),
 calibrated int4 (k_quant, gptq, importance) and

@@ -69,8 +69,8 @@ if TYPE_CHECKING:
 
     from chattts_forge.calibration_data.statistics import Statistics
     from chattts_forge.calibration_data.store import CalibrationStore
+    from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
     from chattts_forge.quantize.quantize import SourceGraphs
-    from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
 log = get_logger(__name__)
 
@@ -268,7 +268,7 @@ class QuantizationMethod:
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
                              per_channel: bool = False) -> GraphQuantizer:
-        """The quantizer `runtime.fast_gpt_graph.optimize_gpt` rebuilds the fused graph with."""
+        """The quantizer `quantize.fast_gpt_graph.optimize_gpt` rebuilds the fused graph with."""
         rebuilding = ", ".join(m for m in QUANTIZE_METHODS if METHODS[m].can_rebuild_fast_graph)
         raise ForgeError(f"unknown quantization method '{cls.name}' (choose from: {rebuilding})")
 
@@ -295,7 +295,7 @@ class QuantizationMethod:
         return f"quantized from the FP32 {FAST_GPT_FILE} with the same choices as gpt.onnx ({precision})"
 
     def _rebuild_fast_graph(self, out_dir: Path, qmeta: ArtifactMeta, kv: dict[str, Any] | None) -> str:
-        from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, optimize_gpt
+        from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
         cfg = self.cfg
         quantizer = self.fast_graph_quantizer(block_size=cfg.block_size, accuracy_level=cfg.accuracy_level,
@@ -313,7 +313,7 @@ class QuantizationMethod:
             return f"dropped: rebuild failed ({e})"
         qmeta.components[FAST_GPT] = record
         # Recorded in artifact.json (quantization.gpt_fast): the wording names the builder's former
-        # module (now runtime.fast_gpt_graph.optimize_gpt) and is kept so that the records stay identical.
+        # module (now quantize.fast_gpt_graph.optimize_gpt) and is kept so that the records stay identical.
         cache = " with an int8 KV cache" if kv is not None else ""
         return f"rebuilt with convert.optimize.optimize_gpt(quantize='{self.name}') from the FP32 weights{cache}"
 
@@ -429,7 +429,7 @@ class DynamicInt8(QuantizationMethod):
         """INT8 MatMulInteger, per tensor unless `per_channel`; per-tensor INT8 keeps the projections
         unpacked (packing would share one scale across matrices)."""
         from chattts_forge.quantize.dynamic import quantize_dynamic_graph
-        from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
+        from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
 
         return GraphQuantizer(cls.name, METHOD_VARIANT[cls.name], pack_projections=per_channel,
                               quantize=functools.partial(quantize_dynamic_graph, per_channel=per_channel))
@@ -644,8 +644,8 @@ class Int4(QuantizationMethod):
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
                              per_channel: bool = False) -> GraphQuantizer:
         """MatMulNBits (rtn) at `block_size`, `accuracy_level`; projections packed."""
+        from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
         from chattts_forge.quantize.int4 import quantize_int4_graph
-        from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
         return GraphQuantizer(cls.name, METHOD_VARIANT[cls.name], pack_projections=True,
                               quantize=functools.partial(quantize_int4_graph, block_size=block_size,

@@ -135,7 +135,7 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     publish added when the source is a published folder (its manifest, sums, signature, card and
     report describe that folder, not the quantized one).
 
-    The fast graph of the source (runtime.fast_gpt_graph) is FP32, and the runtime would prefer it over
+    The fast graph of the source (quantize.fast_gpt_graph) is FP32, and the runtime would prefer it over
     the quantized gpt.onnx; the method rebuilds or quantizes it, or drops it
     (`QuantizationMethod.write_fast_graph`).
     """

@@ -20,13 +20,14 @@ The fast graph (`gpt_fast.onnx`) is numerically the plain graph (max |diff| ~1e-
 is driven by `chattts_forge.runtime.fast_gpt.FastGptStep`, which keeps the plain graph's call
 contract (inputs_embeds, attention_mask, position_ids).
 
-Why here: this module is torch-free (numpy + onnx) and its parity check runs the runtime's own
-driver, so it sits in the runtime layer, where both `convert` (FP32 graph) and `quantize`
-(quantized graphs) may import it; see docs/architecture.md.
+Why here: graph building is the quantize stage's (the runtime loads and runs graphs, it builds
+none). This module is torch-free (numpy + onnx) and its parity check runs the runtime's own driver;
+`convert` imports it for the FP32 graph (convert may import quantize, never the reverse), quantize's
+`fast_gpt.py`, `fused.py` and method classes for the quantized ones; see docs/architecture.md.
 
 Library use::
 
-    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact, optimize_gpt
+    from chattts_forge.quantize.fast_gpt_graph import optimize_artifact, optimize_gpt
     info = optimize_gpt("artifacts/fp32")                 # writes artifacts/fp32/gpt_fast.onnx
     optimize_artifact("artifacts/fp32")                   # ... and records it in artifact.json
     # quantized fast graphs: chattts_forge.quantize.fast_gpt.optimize_gpt(..., quantize="int4")
@@ -491,7 +492,7 @@ def build_fast_gpt(weights: Mapping[str, np.ndarray], shape: FusedGraphShape) ->
 class GraphQuantizer:
     """How to quantize the projection MatMuls of a fast graph (the attention is GroupQueryAttention).
 
-    The runtime layer has no quantizers: the quantize stage's method classes
+    The builder takes no quantizer of its own: the quantize stage's method classes
     (`chattts_forge.quantize.methods`, `fast_graph_quantizer`) make these with its own onnxruntime
     quantizers.
     """
