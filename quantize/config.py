@@ -297,15 +297,18 @@ class QuantizeConfig(AutoOptions, FidelityOptions, FallbackOptions, Int4Options,
                                 seed=self.seed, threads=self.threads, progress=self.progress)
 
 
+def _record_keys(group: type) -> dict[str, str]:
+    return {f.name: f.metadata[RECORD] for f in fields(group) if RECORD in f.metadata}
+
+
 def recorded_options(options: Any, resolved: dict[str, Any], groups: tuple[type, ...]) -> dict[str, Any]:
-    """`quantization.options`' entries of the fields of `groups` (the options dataclasses a method
-    reads) that declare a record key: the method's `resolved` value of a field where it has one
-    (e.g. the algorithm chosen by default), else the config's; Choice members as their spellings."""
-    out: dict[str, Any] = {}
-    for group in groups:
-        for f in fields(group):
-            key = f.metadata.get(RECORD)
-            if key is not None:
-                value = resolved[f.name] if f.name in resolved else getattr(options, f.name)
-                out[key] = list(value) if isinstance(value, tuple) else plain(value)
+    """`quantization.options`: the fields with a record key of `CommonOptions` and of `groups` (the
+    options dataclasses a method reads), the method's `resolved` value where it has one (e.g. the
+    algorithm it chose), else the config's, Choice members as their spellings; the static and INT4
+    options of a method that reads neither are null."""
+    out: dict[str, Any] = {key: None for g in (StaticInt8Options, Int4Options) for key in _record_keys(g).values()}
+    for group in (CommonOptions, *groups):
+        for name, key in _record_keys(group).items():
+            value = resolved[name] if name in resolved else getattr(options, name)
+            out[key] = list(value) if isinstance(value, tuple) else plain(value)
     return out

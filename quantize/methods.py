@@ -55,7 +55,6 @@ from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import (
     AutoOptions,
     CalibrateMethod,
-    CommonOptions,
     Int4Algorithm,
     Int4Options,
     QuantizeConfig,
@@ -348,9 +347,7 @@ class QuantizationMethod:
     def options_record(self) -> QuantizationOptions:
         """`quantization.options`: the recorded options of every options dataclass the method reads
         (config.py's `record` keys); those of the others are null (or left out where optional)."""
-        unused = dict.fromkeys(recorded_options(self.cfg, {}, (StaticInt8Options, Int4Options)))
-        return QuantizationOptions(**(unused | recorded_options(self.cfg, self.resolved_options(),
-                                                                (CommonOptions, *self.option_groups))))
+        return QuantizationOptions(**recorded_options(self.cfg, self.resolved_options(), self.option_groups))
 
     def components_record(self, run: GraphRun) -> dict[str, dict[str, Any]]:
         out = {
