@@ -490,13 +490,13 @@ class StaticInt8(QuantizationMethod):
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
-        from chattts_forge.quantize.static_fused import quantize_static_inputs
+        from chattts_forge.quantize.static_fused import StaticSettings, quantize_static_inputs
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
-        return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
-                                      statistics=(self.statistics(graph), graph),
-                                      smooth_alpha=self.smooth_alpha, percentile=self.percentile,
-                                      reduce_range=self.cfg.weight_bits == 7, **extra)
+        settings = StaticSettings(activation_type=self.cfg.activation_type, reduce_range=self.cfg.weight_bits == 7,
+                                  smooth_alpha=self.smooth_alpha, percentile=self.percentile)
+        return quantize_static_inputs(src, dst, settings=settings, threads=self.threads,
+                                      statistics=(self.statistics(graph), graph), **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, component, exclude)
@@ -705,15 +705,16 @@ class Auto(QuantizationMethod):
 
     def prepare(self, work: Path, trajectories: Any) -> None:
         from chattts_forge.quantize.auto import SearchSettings, search
-        from chattts_forge.quantize.static_fused import quantize_static_inputs
+        from chattts_forge.quantize.static_fused import StaticSettings, quantize_static_inputs
 
         super().prepare(work, trajectories)
         # The code head is static INT8 in every candidate: quantize it first, so that the search
         # measures what the gate will judge (the artifact's own head, not the FP32 one).
         head = self.meta.component_file(self.src, HEAD_CODE)
         if self.cfg.quantize_head:
-            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx",
-                                                       activation_type=self.cfg.activation_type, threads=self.threads,
+            static = StaticSettings(activation_type=self.cfg.activation_type)
+            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx", settings=static,
+                                                       threads=self.threads,
                                                        statistics=(self.statistics(HEAD_CODE), HEAD_CODE))
             head = work / "head_code.auto.onnx"
         settings = SearchSettings(block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
