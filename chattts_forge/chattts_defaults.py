@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chattts_forge.errors import BadInput
+from chattts_forge.options import option
 
 # ---- code generation (Chat.InferCodeParams) ---------------------------------------------------
 CODE_PROMPT = "[speed_5]"  # the speed/oral/laugh/break tags the codes are generated under
@@ -42,12 +43,17 @@ class CodeKnobs:
     (the drop-in API, `runtime.compat`, keeps ChatTTS's own names and defines its own). Keyword-only,
     so a subclass's own fields keep their positions."""
 
-    temperature: float = CODE_TEMPERATURE
-    top_p: float = TOP_P
-    top_k: int = TOP_K
-    repetition_penalty: float = CODE_REPETITION_PENALTY
+    # declared as the options `cli_options.sampling_options` adds (each command spells its own
+    # --max-new-token and --prompt)
+    temperature: float = option(CODE_TEMPERATURE, "--temperature", "Code sampling temperature.", kind=float,
+                                show_default=True)
+    top_p: float = option(TOP_P, "--top-p", "Top-p (keeps >= 3 tokens).", kind=float, show_default=True)
+    top_k: int = option(TOP_K, "--top-k", "Top-k (keeps >= 3 tokens).", kind=int, show_default=True)
+    repetition_penalty: float = option(CODE_REPETITION_PENALTY, "--repetition-penalty", "ChatTTS's windowed penalty.",
+                                       kind=float, show_default=True)
+    min_new_token: int = option(MIN_NEW_TOKEN, "--min-new-token", "EOS is masked before this.", kind=int,
+                                show_default=True)
     max_new_token: int = CODE_MAX_NEW_TOKEN
-    min_new_token: int = MIN_NEW_TOKEN
     prompt: str = CODE_PROMPT
 
     def check_knobs(self) -> None:

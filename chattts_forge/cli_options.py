@@ -1,68 +1,40 @@
-"""Click options shared by several commands (ChatTTS sampling knobs for `reference` and `synth`, the
-provider), and the options a config dataclass declares on its fields (`option`, `declared_options`).
+"""Click options shared by several commands: ChatTTS sampling knobs (`reference`, `synth`, `warm`) and the provider.
 
-Both commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults
-(`chattts_forge.chattts_defaults`); one definition keeps their names and defaults identical, which
-the parity checks between them rely on.
+The commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults, declared
+once on `chattts_defaults.CodeKnobs` (the base of their configs); one definition keeps their names
+and defaults identical, which the parity checks between them rely on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from chattts_forge.chattts_defaults import (
-    CODE_REPETITION_PENALTY,
-    CODE_TEMPERATURE,
-    MIN_NEW_TOKEN,
-    TOP_K,
-    TOP_P,
-)
-from chattts_forge.choices import Choice, plain
+from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.options import declared_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SAMPLING_OPTIONS = (
-    click.option(
-        "--speaker",
-        default=None,
-        help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
-    ),
-    click.option(
-        "--temperature", type=float, default=CODE_TEMPERATURE, show_default=True, help="Code sampling temperature."
-    ),
-    click.option("--top-p", "top_p", type=float, default=TOP_P, show_default=True, help="Top-p (keeps >= 3 tokens)."),
-    click.option("--top-k", "top_k", type=int, default=TOP_K, show_default=True, help="Top-k (keeps >= 3 tokens)."),
-    click.option(
-        "--repetition-penalty",
-        type=float,
-        default=CODE_REPETITION_PENALTY,
-        show_default=True,
-        help="ChatTTS's windowed penalty.",
-    ),
-    click.option(
-        "--min-new-token", type=int, default=MIN_NEW_TOKEN, show_default=True, help="EOS is masked before this."
-    ),
-    click.option(
-        "--decoder/--dvae",
-        "use_decoder",
-        default=True,
-        show_default=True,
-        help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
-    ),
+_SPEAKER_OPTION = click.option(
+    "--speaker",
+    default=None,
+    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
+)
+_DECODER_OPTION = click.option(
+    "--decoder/--dvae",
+    "use_decoder",
+    default=True,
+    show_default=True,
+    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
 )
 
 
 def sampling_options(f: F) -> F:
     """Add --speaker, --temperature, --top-p, --top-k, --repetition-penalty, --min-new-token and
     --decoder/--dvae (click applies decorators bottom-up, hence the reversed order)."""
-    for option in reversed(_SAMPLING_OPTIONS):
-        f = option(f)
-    return f
+    return _SPEAKER_OPTION(declared_options(CodeKnobs)(_DECODER_OPTION(f)))
 
 
 def provider_option(f: F) -> F:
@@ -75,117 +47,3 @@ def provider_option(f: F) -> F:
         show_default=True,
         help="onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU).",
     )(f)
-
-
-# ---- options declared on a config dataclass ------------------------------------------------------
-# A config field declared with `option(...)` carries its command-line spelling and help; the click
-# options of the command (`declared_options`) and the words that set a value (`option_args`, what
-# the build driver puts in a step's command) are derived from it, so an option is written once.
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """How one config field is spelled on a command line.
-
-    `flags`: "--block-size", or "--on/--off" for a boolean pair; `kind`: the value's type on the
-    command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
-    Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
-    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple."""
-
-    flags: str
-    help: str | None = None
-    kind: Any = str
-    choices: type[Choice] | tuple[str, ...] | None = None
-    convert: Callable[[Any], Any] | None = None
-    show_default: bool = False
-    is_flag: bool = False
-    multiple: bool = False
-    metavar: str | None = None
-
-    @property
-    def names(self) -> list[str]:
-        return self.flags.split("/") if self.flags.count("--") == 2 else [self.flags]
-
-    @property
-    def spellings(self) -> tuple[str, ...] | None:
-        if self.choices is None:
-            return None
-        return self.choices.values() if isinstance(self.choices, type) else tuple(self.choices)
-
-
-def option(default: Any, flags: str, help: str | None = None, **spec: Any) -> Any:
-    """A dataclass field (default `default`) declared as the command-line option `flags`."""
-    return field(default=default, metadata={"option": OptionSpec(flags, help, **spec)})
-
-
-def declared_fields(cls: Any) -> list[Field[Any]]:
-    """The fields of a config dataclass (or of one of its instances) declared with `option`."""
-    return [f for f in fields(cls) if "option" in f.metadata]
-
-
-def _click_option(f: Field[Any]) -> Callable[[F], F]:
-    spec: OptionSpec = f.metadata["option"]
-    kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
-    default = plain(f.default)
-    if spec.multiple or spec.is_flag:
-        default = None  # click's own: an empty tuple, False
-    if spec.multiple:
-        kwargs["multiple"] = True
-    if spec.metavar:
-        kwargs["metavar"] = spec.metavar
-    if spec.is_flag:
-        kwargs["is_flag"] = True
-    elif spec.spellings is not None:
-        kwargs["type"] = click.Choice(spec.spellings)
-        default = None if default is None else str(default)
-    elif spec.kind in ("path", "file"):
-        kwargs["type"] = click.Path(path_type=Path, **({"dir_okay": False} if spec.kind == "file" else {}))
-    elif spec.flags.count("--") < 2:
-        kwargs["type"] = spec.kind
-    if spec.convert is not None:
-        convert = spec.convert
-        kwargs["callback"] = lambda _ctx, _param, value: convert(value)
-    if not (spec.multiple or spec.is_flag):
-        kwargs["default"] = default
-    return click.option(spec.flags, f.name, **kwargs)
-
-
-def declared_options(cls: Any) -> Callable[[F], F]:
-    """A decorator adding the click options of `cls`'s declared fields, in declaration order; the
-    command receives each as the keyword of its field."""
-
-    def add(f: F) -> F:
-        for declared in reversed(declared_fields(cls)):
-            f = _click_option(declared)(f)
-        return f
-
-    return add
-
-
-def option_args(cls: Any, values: dict[str, Any]) -> list[str]:
-    """The command-line words that set `values` (field name -> value, in that order) on the command
-    whose options `cls` declares; a value equal to the field's default is left out."""
-    declared = {f.name: f for f in declared_fields(cls)}
-    args: list[str] = []
-    for name, value in values.items():
-        f = declared[name]
-        spec: OptionSpec = f.metadata["option"]
-        if plain(value) == plain(f.default) or (spec.multiple and not value):
-            continue
-        names = spec.names
-        if len(names) == 2:
-            args.append(names[0] if value else names[1])
-        elif spec.is_flag:
-            args.append(names[0])
-        elif spec.multiple:
-            for item in value:
-                args += [names[0], str(item)]
-        else:
-            args += [names[0], str(plain(value))]
-    return args
-
-
-def changed_args(config: Any) -> list[str]:
-    """The command-line words that make the command's options `config`'s (its declared fields that
-    differ from their defaults, in declaration order)."""
-    return option_args(type(config), {f.name: getattr(config, f.name) for f in declared_fields(config)})

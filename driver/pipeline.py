@@ -69,7 +69,6 @@ from chattts_forge.driver.steps import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs
-from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.log import get_logger, setup_logging
 
 log = get_logger("chattts_forge.pipeline")
@@ -78,35 +77,17 @@ log = get_logger("chattts_forge.pipeline")
 
 @dataclass
 class Build(StepPlan):
-    """A build: its step graph (`StepPlan`), the steps' records and how they are run."""
+    """A build: what it builds and its step graph (`StepPlan`), the steps' records and how they are run."""
 
-    work: Path
-    to: Path
-    variants: tuple[str, ...]
-    checkpoint: Path | None
-    preset: str
-    seed: int
-    calib_corpus: str
-    eval_corpus: str
-    gate: str | None
-    extra: dict[str, list[str]]
-    until: str | None = None
-    pytorch_baseline: bool = True
     # How a stage is run; tests substitute a stand-in.
     forge: list[str] = field(default_factory=lambda: list(DEFAULT_FORGE))
     # Where step closures are read from: the running toolchain; tests pass a copy of the source tree.
     code: CodeGraph = field(default_factory=CodeGraph)
-    cache: VerifiedHashCache = field(init=False)
     code_keys: dict[str, str] = field(default_factory=dict)  # subcommand -> code fingerprint, per run
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
-    broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
     pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
-
-    def __post_init__(self) -> None:
-        # the one stat-keyed cache of known sha256s (chattts_forge.integrity), the build's own file
-        self.cache = VerifiedHashCache(self.work / ".steps" / "hashcache.json", BUILD_CACHE_MAX_ENTRIES)
 
     # records
     def _record_path(self, step: Step) -> Path:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
-from chattts_forge.cli_options import changed_args, option_args
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.errors import ForgeError
-from chattts_forge.integrity import VerifiedHashCache
+from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
+from chattts_forge.options import changed_args, option_args
 from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.methods import calibrated_variants
 
@@ -103,11 +103,13 @@ class Step:
     optional: bool = False  # a failure is logged and nothing is set aside (what reads it does without)
 
 
+@dataclass
 class StepPlan:
-    """The step builders of a build (`pipeline.Build`, a dataclass, holds the attributes below and
-    runs the steps): its paths and, stage by stage, the steps it takes."""
+    """What a build builds, and its step builders: its paths and, stage by stage, the steps it takes
+    (`pipeline.Build` adds the steps' records and runs them)."""
 
     work: Path
+    to: Path
     variants: tuple[str, ...]
     checkpoint: Path | None
     preset: str
@@ -115,9 +117,15 @@ class StepPlan:
     calib_corpus: str
     eval_corpus: str
     gate: str | None
-    pytorch_baseline: bool
-    cache: VerifiedHashCache
-    broken: dict[str, str]  # variant -> why it could not be built
+    extra: dict[str, list[str]]
+    until: str | None = None
+    pytorch_baseline: bool = True
+    cache: VerifiedHashCache = field(init=False)
+    broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
+
+    def __post_init__(self) -> None:
+        # the one stat-keyed cache of known sha256s (chattts_forge.integrity), the build's own file
+        self.cache = VerifiedHashCache(self.work / ".steps" / "hashcache.json", BUILD_CACHE_MAX_ENTRIES)
 
     # paths
     @property

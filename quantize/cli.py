@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from chattts_forge.artifact import QuantizeMethod
-from chattts_forge.cli_options import declared_options
+from chattts_forge.options import declared_options
 from chattts_forge.quantize.config import QuantizeConfig
 
 

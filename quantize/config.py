@@ -2,9 +2,9 @@
 method or concern (as onnxruntime has one config class per quantization algorithm), and the
 fidelity settings and fallback targets derived from it.
 
-Each option is declared once, on its field (`cli_options.option`): its name, default, type, closed
+Each option is declared once, on its field (`chattts_forge.options.option`): its name, default, type, closed
 set of choices (a `Choice` enum) and help. `quantize`'s click options (`declared_options`), the
-build driver's step arguments (`cli_options.changed_args`) and the record of the options in
+build driver's step arguments (`options.changed_args`) and the record of the options in
 artifact.json (`recorded_options`, each field's `record` key) are derived from these declarations.
 
 Library::
@@ -25,8 +25,8 @@ from typing import Any
 
 from chattts_forge.artifact import GPT, HEAD_CODE, DecoderWeights, KvCache, QuantizeMethod, quantized_variant
 from chattts_forge.choices import Choice, plain
-from chattts_forge.cli_options import option
 from chattts_forge.errors import ForgeError
+from chattts_forge.options import option
 
 
 class CalibrateMethod(Choice):
