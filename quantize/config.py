@@ -2,10 +2,10 @@
 method or concern (as onnxruntime has one config class per quantization algorithm), and the
 fidelity settings and fallback targets derived from it.
 
-Each option is declared once, on its field (`chattts_forge.options.option`): its name, default, type, closed
-set of choices (a `Choice` enum) and help. `quantize`'s click options (`declared_options`), the
-build driver's step arguments (`options.changed_args`) and the record of the options in
-artifact.json (`recorded_options`, each field's `record` key) are derived from these declarations.
+Each option is declared once, on its field (`chattts_forge.options.option`): its name, default,
+type, closed set of choices (a `Choice` enum) and help. `quantize`'s click options
+(`declared_options`), the build driver's step arguments (`options.changed_args`) and the record of
+the options in artifact.json (`recorded_options`, each field's `record` key) are derived from them.
 
 Library::
 
