@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.checkpoint.layout import Dims
+from chattts_forge.choices import Choice
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_json, resolve_inside
 
@@ -45,7 +46,7 @@ DVAE_ENCODER = "dvae_encoder"
 VOCODER = "vocos"  # always FP32, byte-identical across variants
 # The graphs of an artifact, in the order convert writes them.
 COMPONENTS = (EMBED, GPT, HEAD_CODE, HEAD_TEXT, DECODER, DVAE, DVAE_ENCODER, VOCODER)
-# The optional fused GPT graph (runtime.fast_gpt_graph); the runtime prefers it when present.
+# The optional fused GPT graph (quantize.fast_gpt_graph); the runtime prefers it when present.
 FAST_GPT = "gpt_fast"
 FAST_GPT_FILE = f"{FAST_GPT}.onnx"
 # A graph's weights may live beside it in `<file>.data` (ONNX external data); its record then has
@@ -74,19 +75,43 @@ OPTIONAL_SUPPORT_FILES = ("dvae_coef",)
 # ---- variants, quantization methods, precisions ----------------------------------------------
 
 FLOAT_VARIANTS = ("fp32", "fp16")
-# auto: a per-MatMul FP32 / INT8 / INT4 assignment searched against a gate (quantize/auto.py).
-QUANTIZE_METHODS = ("dynamic", "static", "int4", "auto")
+
+
+class QuantizeMethod(Choice):
+    """`quantize --method` (the registry's classes, quantize/methods.py). auto: a per-MatMul
+    FP32 / INT8 / INT4 assignment searched against a gate (quantize/auto.py)."""
+
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+    INT4 = "int4"
+    AUTO = "auto"
+
+
+class KvCache(Choice):
+    """The fused GPT graph's key/value cache (`quantize --kv-cache`). An INT8 cache makes its own
+    variant, the method's variant plus a suffix, so it is published beside the float-cache one."""
+
+    FP32 = "fp32"
+    INT8 = "int8"
+
+
+class DecoderWeights(Choice):
+    """The Decoder's MatMuls in quantized variants (`quantize --decoder`): weight-only INT8 computed in
+    float (the default: streamed audio equals whole-text audio), the same with int8 activations
+    ("int8-a8": faster, but a rounding difference at a stream window's edge flips activation codes,
+    so streams are inexact), or FP32."""
+
+    INT8 = "int8"
+    INT8_A8 = "int8-a8"
+    FP32 = "fp32"
+
+
+QUANTIZE_METHODS = QuantizeMethod.values()
 METHOD_VARIANT = {"dynamic": "int8-dynamic", "static": "int8-static", "int4": "int4", "auto": "auto"}
 # The `precision` a quantized component records (also its ONNX metadata_props `precision`).
 METHOD_PRECISION = {"dynamic": "int8", "static": "int8", "int4": "int4", "auto": "mixed"}
-# The fused GPT graph's key/value cache (`quantize --kv-cache`). An INT8 cache makes its own variant,
-# the method's variant plus a suffix, so it is published beside the float-cache one, never over it.
-KV_CACHES = ("fp32", "int8")
-# The Decoder of a quantized variant (`quantize --decoder`): its MatMuls weight-only int8, or fp32.
-# The Decoder's MatMuls in quantized variants: weight-only INT8 computed in float ("int8", the default:
-# streamed audio equals whole-text audio), the same with int8 activations ("int8-a8": faster, but a
-# rounding difference at a stream window's edge flips activation codes, so streams are inexact), or FP32.
-DECODER_WEIGHTS = ("int8", "int8-a8", "fp32")
+KV_CACHES = KvCache.values()
+DECODER_WEIGHTS = DecoderWeights.values()
 KV_CACHE_SUFFIX = {"fp32": "", "int8": "-kv8"}
 
 

@@ -5,5 +5,5 @@ CLI: `chattts-forge convert --checkpoint DIR --out OUT [--precision fp32|fp16|al
 Modules: `modules` (export wrappers), `components` (graph I/O, parity cases), `onnx_export`,
 `parity`, `fp16`, `metadata` (artifact.json, metadata_props, support files), `parity_full` (the
 runtime against ChatTTS on a full checkpoint). The fused GPT graph (`gpt_fast.onnx`) is built by
-`chattts_forge.runtime.fast_gpt_graph`, which convert and quantize share (docs/architecture.md).
+`chattts_forge.quantize.fast_gpt_graph`, which convert and quantize share (docs/architecture.md).
 """

@@ -21,7 +21,7 @@ What happens (see docs/artifact-format.md for the folder layout and graph interf
    kept at the graph boundary; its error against the FP32 graph is measured and recorded (and must
    stay within `FP16_TOLERANCE_REL` of the output's scale); the FP16 folder's `vocos.onnx` and
    `dvae_encoder.onnx` are byte copies of the FP32 ones.
-5. The fused GPT graph (`runtime.fast_gpt_graph.optimize_gpt`), the support files (tokenizer,
+5. The fused GPT graph (`quantize.fast_gpt_graph.optimize_gpt`), the support files (tokenizer,
    speaker statistics, DVAE coefficients, homophone map) and artifact.json, written once; every folder is written through `fsutil.atomic_output_dir`, so a failed or
    killed conversion leaves no partial artifact folder.
 """
@@ -241,7 +241,7 @@ def convert_checkpoint(
     """Convert the ChatTTS checkpoint at `checkpoint` into `out/fp32` and/or `out/fp16`.
 
     `precision`: "fp32", "fp16" or "all". Returns {"fp32": dir, "fp16": dir} for what was written.
-    `fast_gpt`: also write `gpt_fast.onnx` into fp32/ (runtime.fast_gpt_graph: fused Llama ops with an
+    `fast_gpt`: also write `gpt_fast.onnx` into fp32/ (quantize.fast_gpt_graph: fused Llama ops with an
     in-place KV cache, checked against gpt.onnx); the runtime runs it by default on CPU.
     Raises ForgeError (nothing written) on a broken checkpoint, an unwritable output or a failed
     parity check.
@@ -281,7 +281,7 @@ def convert_checkpoint(
                 common["files"] = files
             if want32:
                 if fast_gpt:
-                    from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, optimize_gpt
+                    from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
                     comps32[FAST_GPT] = optimize_gpt(dir32 / comps32["gpt"]["file"], dir32 / FAST_GPT_FILE,

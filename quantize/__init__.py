@@ -13,7 +13,9 @@ Library::
                       gate="GATE.toml"))      # fastest per-MatMul FP32/INT8/INT4 meeting the gate
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
 
-`QuantizeConfig` (config.py) holds every option (the CLI maps its options to it one for one); each
+`QuantizeConfig` (config.py) holds every option, one options dataclass per method or concern
+(`StaticOptions`, `Int4Options`, `AutoOptions`, ...), each option declared once on its field: the
+CLI's options, the build driver's step arguments and the record are derived from them; each
 method is a class of the registry in `methods.py` (`METHODS`: what it needs, how it quantizes the
 plain and fused GPT graphs, its record).
 
@@ -26,7 +28,7 @@ vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The 
 Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`).
 The stage's steps: `quantize.py`; the methods: `methods.py` (quantizers: `dynamic.py`, `static.py`,
 `static_fused.py` with `smooth.py`, `int4.py`, `int4_gptq.py`, `int4_importance.py`, `auto.py`).
-A fused `gpt_fast.onnx` in the source (runtime.fast_gpt_graph) is FP32 and never copied: each method
+A fused `gpt_fast.onnx` in the source (quantize.fast_gpt_graph) is FP32 and never copied: each method
 says what becomes of it (`QuantizationMethod.write_fast_graph`): dynamic and RTN int4 rebuild it with
 the same quantizer (`fast_graph_quantizer`), static (minmax or percentile ranges, SmoothQuant),
 calibrated int4 (k_quant, gptq, importance) and
@@ -79,13 +81,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import QUANTIZE_METHODS as METHODS
-from chattts_forge.quantize.config import FidelityConfig, QuantizeConfig, Targets
+from chattts_forge.quantize.config import FidelitySettings, QuantizeConfig, Targets
 
 if TYPE_CHECKING:
     from chattts_forge.quantize.fidelity import measure_fidelity
     from chattts_forge.quantize.quantize import quantize_artifact
 
-__all__ = ["METHODS", "FidelityConfig", "QuantizeConfig", "Targets", "measure_fidelity", "quantize_artifact"]
+__all__ = ["METHODS", "FidelitySettings", "QuantizeConfig", "Targets", "measure_fidelity", "quantize_artifact"]
 
 # The stage's functions load onnx, onnxruntime and the runtime: imported when first used, so that
 # the CLI, the driver and the method registry import this package cheaply.

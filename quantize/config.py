@@ -1,5 +1,11 @@
-"""What `quantize_artifact` is asked to do: `QuantizeConfig` (the CLI's options, one field each) and
-the fidelity settings and fallback targets derived from it.
+"""What `quantize_artifact` is asked to do: `QuantizeConfig`, made of one options dataclass per
+method or concern (as onnxruntime has one config class per quantization algorithm), and the
+fidelity settings and fallback targets derived from it.
+
+Each option is declared once, on its field (`chattts_forge.options.option`): its name, default,
+type, closed set of choices (a `Choice` enum) and help. `quantize`'s click options
+(`declared_options`), the build driver's step arguments (`options.changed_args`) and the record of
+the options in artifact.json (`recorded_options`, each field's `record` key) are derived from them.
 
 Library::
 
@@ -14,11 +20,152 @@ Light on purpose (no onnx, no onnxruntime): the driver and the CLI import it and
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from chattts_forge.artifact import GPT, HEAD_CODE
+from chattts_forge.artifact import GPT, HEAD_CODE, DecoderWeights, KvCache, QuantizeMethod, quantized_variant
+from chattts_forge.choices import Choice, plain
 from chattts_forge.errors import ForgeError
+from chattts_forge.options import option
+
+
+class CalibrateMethod(Choice):
+    """Static: how activation ranges are chosen (entropy: onnxruntime's own quantize_static)."""
+
+    MINMAX = "minmax"
+    ENTROPY = "entropy"
+    PERCENTILE = "percentile"
+
+
+class ActivationType(Choice):
+    """Static: the activations' integer type."""
+
+    UINT8 = "uint8"
+    INT8 = "int8"
+
+
+class Int4Algorithm(Choice):
+    """INT4: how MatMulNBits weights are chosen (int4.py; gptq: int4_gptq.py, importance:
+    int4_importance.py)."""
+
+    RTN = "rtn"
+    K_QUANT = "k_quant"
+    GPTQ = "gptq"
+    IMPORTANCE = "importance"
+
+
+# Where a field goes in artifact.json's `quantization.options` (its key); fields without one are
+# not recorded there.
+RECORD = "record"
+
+
+def _declared(default: Any, flags: str, help: str | None = None, record: str | None = None, **spec: Any) -> Any:
+    f = option(default, flags, help, **spec)
+    if record is not None:  # dataclasses' metadata is read-only: a new field with both keys
+        f = field(default=default, metadata={**f.metadata, RECORD: record})
+    return f
+
+
+# ---- the options, one dataclass per method or concern ---------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommonOptions:
+    """What every method reads. `per_channel=None` takes the method's default; `decoder` and
+    `kv_cache` apply to every method whose graphs allow them."""
+
+    calibration: str | os.PathLike[str] | None = _declared(
+        None, "--calibration", "Calibration folder from `chattts-forge calibrate` (static, auto, int4 gptq).",
+        kind="path")
+    per_channel: bool | None = _declared(
+        None, "--per-channel/--per-tensor",
+        "Weight scales per output channel (default: per tensor for dynamic, per channel for static).",
+        record="per_channel")
+    exclude: tuple[str, ...] = _declared(
+        (), "--exclude", "Keep nodes whose name matches this glob in FP32 (repeatable).", multiple=True,
+        metavar="PATTERN", record="exclude_patterns")
+    quantize_head: bool = _declared(True, "--head/--no-head", "Also quantize the code head (head_code.onnx).",
+                                    show_default=True, record="quantize_head")
+    seed: int = _declared(0, "--seed", kind=int, show_default=True, record="seed")
+    threads: int | None = _declared(None, "--threads", "onnxruntime intra-op threads for fidelity runs.", kind=int)
+    kv_cache: KvCache = _declared(
+        KvCache.FP32, "--kv-cache",
+        "KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales calibrated from "
+        "--calibration; its fidelity is measured like the weights'. It names its own variant "
+        f"({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).",
+        choices=KvCache, show_default=True)
+    decoder: DecoderWeights = _declared(
+        DecoderWeights.INT8, "--decoder",
+        "The Decoder's pointwise MatMuls: int8 = weight-only INT8 computed in float (MatMulNBits 8-bit, "
+        "convolutions FP32; streams exactly), int8-a8 = the same with int8 activations (faster; streamed audio "
+        "no longer equals whole-text audio), or fp32.",
+        choices=DecoderWeights, show_default=True, record="decoder")
+    progress: bool | None = None  # progress bars (None: when the output is a terminal); no CLI option
+
+
+@dataclass(frozen=True, kw_only=True)
+class StaticInt8Options:
+    """Static INT8's activation settings and SmoothQuant migration (methods.StaticInt8)."""
+
+    calibrate_method: CalibrateMethod = _declared(
+        CalibrateMethod.MINMAX, "--calibrate-method", "Static: how activation ranges are chosen.",
+        choices=CalibrateMethod, show_default=True, record="calibrate_method")
+    activation_type: ActivationType = _declared(
+        ActivationType.UINT8, "--activation-type",
+        "Static: activation type (int8 is a ~20x slower onnxruntime CPU path).", choices=ActivationType,
+        show_default=True, record="activation_type")
+    symmetric_activations: bool = _declared(False, "--symmetric-activations", "Static: symmetric activation ranges.",
+                                            is_flag=True, record="symmetric_activations")
+    percentile: float | None = _declared(
+        None, "--percentile",
+        "Static with --calibrate-method percentile: clip each activation range at this percentile of |x| "
+        "(from the streamed histograms; default 99.99).", kind=float, record="percentile")
+    # 7 (+-63: exact on every x86 CPU) or 8 (exact with VNNI/AMX only)
+    weight_bits: int = _declared(
+        7, "--weight-bits",
+        "Static: weight bits per channel. 8 is finer, but onnxruntime's u8s8 kernels saturate on CPUs without "
+        "AVX-512 VNNI, AVX-VNNI or AMX (the runtime warns there).",
+        choices=("7", "8"), convert=int, show_default=True, record="weight_bits")
+    smooth_alpha: float | None = _declared(
+        None, "--smooth-alpha",
+        "Static: SmoothQuant migration strength (0..1, default 0.75): each MatMul input's per-channel range "
+        "moved into its weights, from the calibration statistics.", kind=float, record="smooth_alpha")
+    smooth: bool = _declared(True, "--smooth/--no-smooth",
+                             "Static: the SmoothQuant migration (off by itself with --calibrate-method percentile).",
+                             show_default=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockOptions:
+    """MatMulNBits' block settings: int4's, and those of auto's INT4 MatMuls."""
+
+    block_size: int = _declared(128, "--block-size",
+                                "INT4 (and auto's INT4 MatMuls): weights per quantization block (16..256).",
+                                kind=int, show_default=True, record="block_size")
+    accuracy_level: int = _declared(4, "--accuracy-level",
+                                    "INT4: MatMulNBits accuracy_level (4: int8 compute, fastest on CPU).",
+                                    kind=int, show_default=True, record="accuracy_level")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int4Options(BlockOptions):
+    """INT4 weight-only (methods.Int4): the block settings and the algorithm (None: gptq with a
+    calibration folder and a float KV cache, else rtn)."""
+
+    algorithm: Int4Algorithm | None = _declared(
+        None, "--algorithm",
+        f"INT4: {', '.join(Int4Algorithm.values()[:-1])} or {Int4Algorithm.values()[-1]} "
+        "(default: gptq with --calibration, else rtn).", choices=Int4Algorithm, record="algorithm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoOptions(BlockOptions):
+    """auto (methods.Auto): the block settings of its INT4 MatMuls and the gate its search meets."""
+
+    gate: str | os.PathLike[str] | None = _declared(
+        None, "--gate",
+        "auto: GATE.toml whose fidelity thresholds the chosen assignment must meet (default: the shipped gate).",
+        kind="path")
 
 
 @dataclass(frozen=True)
@@ -55,67 +202,88 @@ class Targets:
         return {"min_agreement": self.min_agreement, "min_cosine": self.min_cosine, "max_kl": self.max_kl}
 
 
-@dataclass(frozen=True)
-class FidelityConfig:
-    """How fidelity against the FP32 source is measured, and the fallback's targets."""
+@dataclass(frozen=True, kw_only=True)
+class FallbackOptions:
+    """The accuracy-driven fallback (static and dynamic): its fidelity targets and step size."""
 
-    enabled: bool = True
-    corpus: str = "builtin:evaluation"
-    sentences: int = 8
-    steps: int = 48
+    min_agreement: float | None = _declared(
+        None, "--min-agreement", "Fallback target: teacher-forced top-1 code agreement (0..1) on the held-out split.",
+        kind=float)
+    min_cosine: float | None = _declared(None, "--min-cosine", "Fallback target: mean hidden-state cosine.",
+                                         kind=float)
+    max_kl: float | None = _declared(None, "--max-kl", "Fallback target: mean KL divergence (nats).", kind=float)
+    step_nodes: int | None = _declared(None, "--step-nodes", "Fallback: nodes excluded per step (default 10%).",
+                                       kind=int)
+
+    @property
+    def targets(self) -> Targets:
+        return Targets(self.min_agreement, self.min_cosine, self.max_kl)
+
+
+@dataclass(frozen=True)
+class FidelitySettings:
+    """How `fidelity.measure_fidelity` measures: the first `max_sentences` sentences, `max_new_token`
+    GPT steps each (sentence i seeded `seed + i`), on `threads`; `per_tensor`: the per-tensor error
+    table (its `top_tensors` worst rows, every row with `keep_all_tensors`). The one fidelity
+    settings type: quantize's options make one (`FidelityOptions.fidelity_settings`)."""
+
+    max_sentences: int = 8
+    max_new_token: int = 48
     seed: int = 0
     threads: int | None = None
     progress: bool | None = None
-    targets: Targets = field(default_factory=Targets)
-    step_nodes: int | None = None
-    fp32_runs: str | os.PathLike[str] | None = None
+    per_tensor: bool = True
+    top_tensors: int = 10
+    keep_all_tensors: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class FidelityOptions:
+    """Fidelity against the FP32 source, measured on a held-out corpus and stored in artifact.json."""
+
+    fidelity: bool = _declared(True, "--fidelity/--no-fidelity",
+                               "Measure fidelity against the FP32 source (stored in artifact.json).", show_default=True)
+    fidelity_corpus: str = _declared("builtin:evaluation", "--fidelity-corpus",
+                                     "Held-out corpus for fidelity and fallback.", show_default=True)
+    fidelity_sentences: int = _declared(8, "--fidelity-sentences", kind=int, show_default=True)
+    fidelity_steps: int = _declared(48, "--fidelity-steps", "GPT steps per sentence at most.", kind=int,
+                                    show_default=True)
+    # a trajectories.npz recorded once (fidelity.read_fp32_runs)
+    fp32_runs: str | os.PathLike[str] | None = _declared(
+        None, "--fp32-runs",
+        "FP32 runs recorded once for the build (evaluate-reference's trajectories.npz): replayed instead of "
+        "recorded again when their sentences, steps and seed are fidelity's.", kind="file")
+
+
+# ---- one quantize run ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class QuantizeConfig:
-    """One quantize run: the method (a name of the registry, `methods.METHODS`) and its options.
+# The bases' order makes the fields' (and so the CLI's and a step command's) order: common, static,
+# block, int4, fallback, fidelity, auto (dataclass fields follow the reversed MRO).
+class QuantizeConfig(AutoOptions, FidelityOptions, FallbackOptions, Int4Options, StaticInt8Options, CommonOptions):
+    """One quantize run: the method (`QuantizeMethod`, a class of the registry `methods.METHODS`) and
+    its options, every option keyword-only.
 
-    Which options a method reads is the method's business (`methods.py`): static reads the
-    activation settings, int4 the block settings and `algorithm`, auto the block settings and
-    `gate`; `calibration` feeds static, auto, int4 gptq/k_quant and an int8 `kv_cache`.
-    `per_channel=None` takes the method's default. `decoder` and `kv_cache` apply to every method
-    whose graphs allow them.
+    Which options a method reads is the method's business (`methods.py`: its `options` classes):
+    static reads `StaticInt8Options`, int4 `Int4Options`, auto `AutoOptions`; `calibration` feeds
+    static, auto, int4 gptq/k_quant and an int8 `kv_cache`. A closed option set given as its
+    spelling becomes its Choice member here; any other spelling is a one-line BadInput.
     """
 
-    method: str
-    calibration: str | os.PathLike[str] | None = None
-    per_channel: bool | None = None
-    calibrate_method: str = "minmax"
-    symmetric_activations: bool = False
-    activation_type: str = "uint8"
-    smooth_alpha: float | None = None  # static: SmoothQuant's alpha (quantize/smooth.py), None: the default
-    smooth: bool = True  # static: the SmoothQuant migration at all
-    percentile: float | None = None  # static --calibrate-method percentile: the |x| percentile (default 99.99)
-    weight_bits: int = 7  # static: 7 (+-63: exact on every x86 CPU) or 8 (exact with VNNI/AMX only)
-    exclude: tuple[str, ...] = ()
-    block_size: int = 128
-    accuracy_level: int = 4
-    algorithm: str | None = None
-    gate: str | os.PathLike[str] | None = None
-    quantize_head: bool = True
-    kv_cache: str = "fp32"  # the fused GPT's KV cache: fp32 or int8 (calibrated scales)
-    decoder: str = "int8"  # the Decoder's MatMuls: weight-only int8 (quantize/decoder.py) or fp32
-    seed: int = 0
-    threads: int | None = None
-    progress: bool | None = None
-    # fidelity against the FP32 source, and the accuracy-driven fallback's targets
-    fidelity: bool = True
-    fidelity_corpus: str = "builtin:evaluation"
-    fidelity_sentences: int = 8
-    fidelity_steps: int = 48
-    fp32_runs: str | os.PathLike[str] | None = None  # a trajectories.npz recorded once (fidelity.read_fp32_runs)
-    min_agreement: float | None = None
-    min_cosine: float | None = None
-    max_kl: float | None = None
-    step_nodes: int | None = None
+    method: QuantizeMethod
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "exclude", tuple(self.exclude))  # a list from Python callers
+        # The method is named first (before the options), as the registry names it.
+        object.__setattr__(self, "method", QuantizeMethod.parse(self.method, "method"))
+        for name, kind, what in (("kv_cache", KvCache, "KV cache"), ("decoder", DecoderWeights, "decoder weights"),
+                                 ("calibrate_method", CalibrateMethod, "calibrate method"),
+                                 ("activation_type", ActivationType, "activation type"),
+                                 ("algorithm", Int4Algorithm, "INT4 algorithm")):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, kind.parse(value, what))
 
     @property
     def components(self) -> list[str]:
@@ -123,12 +291,24 @@ class QuantizeConfig:
         return [GPT] + ([HEAD_CODE] if self.quantize_head else [])
 
     @property
-    def targets(self) -> Targets:
-        return Targets(self.min_agreement, self.min_cosine, self.max_kl)
+    def fidelity_settings(self) -> FidelitySettings:
+        """How fidelity (and the FP32 runs it replays) is measured for this run."""
+        return FidelitySettings(max_sentences=self.fidelity_sentences, max_new_token=self.fidelity_steps,
+                                seed=self.seed, threads=self.threads, progress=self.progress)
 
-    @property
-    def fidelity_config(self) -> FidelityConfig:
-        return FidelityConfig(enabled=self.fidelity, corpus=self.fidelity_corpus, sentences=self.fidelity_sentences,
-                              steps=self.fidelity_steps, seed=self.seed, threads=self.threads, progress=self.progress,
-                              fp32_runs=self.fp32_runs,
-                              targets=self.targets, step_nodes=self.step_nodes)
+
+def _record_keys(group: type) -> dict[str, str]:
+    return {f.name: f.metadata[RECORD] for f in fields(group) if RECORD in f.metadata}
+
+
+def recorded_options(options: Any, resolved: dict[str, Any], groups: tuple[type, ...]) -> dict[str, Any]:
+    """`quantization.options`: the fields with a record key of `CommonOptions` and of `groups` (the
+    options dataclasses a method reads), the method's `resolved` value where it has one (e.g. the
+    algorithm it chose), else the config's, Choice members as their spellings; the static and INT4
+    options of a method that reads neither are null."""
+    out: dict[str, Any] = {key: None for g in (StaticInt8Options, Int4Options) for key in _record_keys(g).values()}
+    for group in (CommonOptions, *groups):
+        for name, key in _record_keys(group).items():
+            value = resolved[name] if name in resolved else getattr(options, name)
+            out[key] = list(value) if isinstance(value, tuple) else plain(value)
+    return out

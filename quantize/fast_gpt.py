@@ -1,6 +1,6 @@
 """Quantized fused GPT graphs: the runtime's fast-graph builder with this stage's quantizers.
 
-The graph itself is built and checked by `chattts_forge.runtime.fast_gpt_graph` (torch-free, in the
+The graph itself is built and checked by `chattts_forge.quantize.fast_gpt_graph` (torch-free, in the
 runtime layer so that convert and quantize both use it); this module gives it the quantize stage's
 onnxruntime quantizers (`dynamic.py`, `int4.py`), the same ones the plain graphs get.
 
@@ -19,9 +19,9 @@ from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, ArtifactMeta
 from chattts_forge.errors import ForgeError
+from chattts_forge.quantize import fast_gpt_graph
+from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, GraphQuantizer
 from chattts_forge.quantize.methods import METHODS
-from chattts_forge.runtime import fast_gpt_graph
-from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, GraphQuantizer
 
 # The methods whose fused graph is rebuilt from the FP32 weights (the registry says which).
 QUANTIZE_METHODS = tuple(name for name, cls in METHODS.items() if cls.can_rebuild_fast_graph)
@@ -54,7 +54,7 @@ def optimize_gpt(
     per_channel: bool = False,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """`runtime.fast_gpt_graph.optimize_gpt` with `quantize`: None (FP32) or a method of
+    """`quantize.fast_gpt_graph.optimize_gpt` with `quantize`: None (FP32) or a method of
     `QUANTIZE_METHODS` (those that rebuild the fused graph); `kwargs`: the other `FusedGraphOptions`."""
     quantizer = None
     if quantize is not None:

@@ -44,6 +44,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import track
 from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
+from chattts_forge.quantize.config import FidelitySettings  # the one fidelity settings type
 from chattts_forge.runtime import Artifact, GptStep, GptStepLike, open_gpt_step
 
 log = get_logger(__name__)
@@ -467,22 +468,6 @@ def summarize_fidelity(fp32_dir: Path, corp: Corpus, comparisons: list[SentenceC
             "teacher_forced": code_metrics(ref_logits, [x for c in comparisons for x in c.fast_logits or []]),
             "hidden_cosine": {"mean": float(f_cos.mean()), "min": float(f_cos.min())}}
     return Fidelity.from_dict(result).to_dict()  # the record's one shape (artifact.Fidelity)
-
-
-@dataclass(frozen=True)
-class FidelitySettings:
-    """How `measure_fidelity` measures: the first `max_sentences` sentences, `max_new_token` GPT steps
-    each (sentence i seeded `seed + i`), on `threads`; `per_tensor`: the per-tensor error table (its
-    `top_tensors` worst rows, every row with `keep_all_tensors`)."""
-
-    max_sentences: int = 8
-    max_new_token: int = 48
-    seed: int = 0
-    threads: int | None = None
-    progress: bool | None = None
-    per_tensor: bool = True
-    top_tensors: int = 10
-    keep_all_tensors: bool = False
 
 
 def measure_fidelity(

@@ -1,11 +1,11 @@
 """The quantized fused GPT graph (`gpt_fast.onnx`) of a calibrated variant, and its parity with gpt.onnx.
 
 Static INT8, calibrated INT4 and auto quantize the FP32 source's own `gpt_fast.onnx` (built by
-runtime.fast_gpt_graph) with the same per-MatMul choices as the plain `gpt.onnx`, from the same recorded
+quantize.fast_gpt_graph) with the same per-MatMul choices as the plain `gpt.onnx`, from the same recorded
 calibration samples (turned into fused-graph feeds by `static_fused.fused_feed`). Packing does not
 change the arithmetic: the packed QKV / gate-up MatMuls share their input (one activation scale)
 and weights are scaled per output column (INT8) or per column block (INT4), so the fused graph
-computes what the plain one does. The runtime's one parity check (`fast_gpt_graph.fused_parity`)
+computes what the plain one does. The one parity check (`fast_gpt_parity.fused_parity`)
 checks that on the recorded samples (`sample_cases`).
 """
 
@@ -22,8 +22,9 @@ import onnx
 from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, GPT, ArtifactMeta
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.fast_gpt_graph import make_fused_graph
+from chattts_forge.quantize.fast_gpt_parity import RecordedSamples
 from chattts_forge.quantize.static_fused import fused_feed
-from chattts_forge.runtime.fast_gpt_graph import RecordedSamples, make_fused_graph
 
 log = get_logger(__name__)
 

@@ -32,11 +32,12 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.quantize.config import Int4Algorithm
 
 log = get_logger(__name__)
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
-ALGORITHMS = ("rtn", "k_quant", "gptq", "importance")  # importance: int4_importance.py
+ALGORITHMS = Int4Algorithm.values()  # declared once, with the --algorithm option (config.py)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 def initializers_in_use_order(model: onnx.ModelProto) -> None:
     """Put the initializers in the order the nodes first use them (then the unused ones, by name).
@@ -117,7 +118,7 @@ def quantize_int4_graph(
     return {
         "weight_type": "int4",
         "activation_type": "float32 (weight-only)",
-        "algorithm": algorithm,
+        "algorithm": str(algorithm),  # a plain spelling (an Int4Algorithm from the config)
         "block_size": block_size,
         "accuracy_level": accuracy_level,
         "symmetric": symmetric,

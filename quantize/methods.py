@@ -37,13 +37,14 @@ from chattts_forge.artifact import (
     HEAD_CODE,
     HEAD_TEXT,
     KV_CACHE_VARIANTS,
-    KV_CACHES,
     METHOD_PRECISION,
     METHOD_VARIANT,
     QUANTIZE_METHODS,
     ArtifactMeta,
+    KvCache,
     Quantization,
     QuantizationOptions,
+    QuantizeMethod,
     quantized_variant,
 )
 from chattts_forge.errors import ForgeError
@@ -51,15 +52,24 @@ from chattts_forge.fsutil import portable_path
 from chattts_forge.gate import recorded_gate_path
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
-from chattts_forge.quantize.config import QuantizeConfig, Targets
+from chattts_forge.quantize.config import (
+    AutoOptions,
+    CalibrateMethod,
+    Int4Algorithm,
+    Int4Options,
+    QuantizeConfig,
+    StaticInt8Options,
+    Targets,
+    recorded_options,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
     from chattts_forge.calibration_data.statistics import Statistics
     from chattts_forge.calibration_data.store import CalibrationStore
+    from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
     from chattts_forge.quantize.quantize import SourceGraphs
-    from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
 log = get_logger(__name__)
 
@@ -100,7 +110,10 @@ class GraphRun:
 class QuantizationMethod:
     """A method's defaults, checks, graph quantizers and record (the subclasses fill them in)."""
 
-    name: ClassVar[str]
+    name: ClassVar[QuantizeMethod]
+    # The options dataclasses the method reads besides `CommonOptions` (config.py): what its record
+    # of the options holds.
+    option_groups: ClassVar[tuple[type, ...]] = ()
     default_per_channel: ClassVar[bool] = False
     supports_fallback: ClassVar[bool] = False  # fidelity targets: the fallback loop excludes nodes
     takes_gate: ClassVar[bool] = False  # --gate: a search meets the gate's fidelity thresholds
@@ -201,9 +214,7 @@ class QuantizationMethod:
         """`--kv-cache int8`: the per-channel cache scales from the calibration set and their record
         ({"scales", "record"}); None for a float32 cache."""
         cfg = self.cfg
-        if cfg.kv_cache not in KV_CACHES:
-            raise ForgeError(f"unknown KV cache '{cfg.kv_cache}' (choose from: {', '.join(KV_CACHES)})")
-        if cfg.kv_cache == KV_CACHES[0]:
+        if cfg.kv_cache == KvCache.FP32:
             return None
         if not self.rebuilds_fast_graph:
             raise ForgeError("--kv-cache int8 applies to the fused graph dynamic and rtn int4 rebuild; static, auto "
@@ -256,7 +267,7 @@ class QuantizationMethod:
     @classmethod
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
                              per_channel: bool = False) -> GraphQuantizer:
-        """The quantizer `runtime.fast_gpt_graph.optimize_gpt` rebuilds the fused graph with."""
+        """The quantizer `quantize.fast_gpt_graph.optimize_gpt` rebuilds the fused graph with."""
         rebuilding = ", ".join(m for m in QUANTIZE_METHODS if METHODS[m].can_rebuild_fast_graph)
         raise ForgeError(f"unknown quantization method '{cls.name}' (choose from: {rebuilding})")
 
@@ -283,14 +294,14 @@ class QuantizationMethod:
         return f"quantized from the FP32 {FAST_GPT_FILE} with the same choices as gpt.onnx ({precision})"
 
     def _rebuild_fast_graph(self, out_dir: Path, qmeta: ArtifactMeta, kv: dict[str, Any] | None) -> str:
-        from chattts_forge.runtime.fast_gpt_graph import FusedGraphOptions, optimize_gpt
+        from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
         cfg = self.cfg
         quantizer = self.fast_graph_quantizer(block_size=cfg.block_size, accuracy_level=cfg.accuracy_level,
                                               per_channel=self.per_channel)
         kv_args: dict[str, Any] = {}
         if kv is not None:
-            kv_args = {"kv_cache": "int8", "kv_scales": kv["scales"], "kv_record": kv["record"]}
+            kv_args = {"kv_cache": KvCache.INT8.value, "kv_scales": kv["scales"], "kv_record": kv["record"]}
         try:
             record = optimize_gpt(self.src, out_dir / FAST_GPT_FILE,
                                   FusedGraphOptions(quantizer=quantizer, weights_from=self.src, **kv_args))
@@ -301,15 +312,16 @@ class QuantizationMethod:
             return f"dropped: rebuild failed ({e})"
         qmeta.components[FAST_GPT] = record
         # Recorded in artifact.json (quantization.gpt_fast): the wording names the builder's former
-        # module (now runtime.fast_gpt_graph.optimize_gpt) and is kept so that the records stay identical.
+        # module (now quantize.fast_gpt_graph.optimize_gpt) and is kept so that the records stay identical.
         cache = " with an int8 KV cache" if kv is not None else ""
         return f"rebuilt with convert.optimize.optimize_gpt(quantize='{self.name}') from the FP32 weights{cache}"
 
     # -- the record ------------------------------------------------------------------------------
 
-    def recorded_options(self) -> dict[str, Any]:
-        """The `options` the method sets (the others are recorded null)."""
-        return {}
+    def resolved_options(self) -> dict[str, Any]:
+        """The options the method resolves itself (a default it chooses), recorded instead of the
+        config's value."""
+        return {"per_channel": self.per_channel}
 
     def rebuild_options(self) -> dict[str, Any]:
         """Top-level `block_size`/`accuracy_level`: what a fast-graph rebuild of the variant takes."""
@@ -333,12 +345,9 @@ class QuantizationMethod:
         return out
 
     def options_record(self) -> QuantizationOptions:
-        cfg = self.cfg
-        unused = dict.fromkeys(("calibrate_method", "activation_type", "symmetric_activations", "block_size",
-                                "accuracy_level"))
-        return QuantizationOptions(per_channel=self.per_channel, **(unused | self.recorded_options()),
-                                   quantize_head=cfg.quantize_head, decoder=cfg.decoder,
-                                   exclude_patterns=list(cfg.exclude), seed=cfg.seed)
+        """`quantization.options`: the recorded options of every options dataclass the method reads
+        (config.py's `record` keys); those of the others are null (or left out where optional)."""
+        return QuantizationOptions(**recorded_options(self.cfg, self.resolved_options(), self.option_groups))
 
     def components_record(self, run: GraphRun) -> dict[str, dict[str, Any]]:
         out = {
@@ -362,7 +371,7 @@ class QuantizationMethod:
             not_quantized[HEAD_CODE] = "fp32 (--no-head)"
         rebuild = {"block_size": None, "accuracy_level": None} | self.rebuild_options()
         return Quantization(
-            method=self.name,
+            method=self.name.value,
             variant=self.variant,
             tool="onnxruntime.quantization",
             source_artifact={
@@ -393,7 +402,7 @@ class DynamicInt8(QuantizationMethod):
     step on CPU: docs/measurements/2026-12-01/code-comment-figures.md); the fused graph rebuilt
     with the same quantizer."""
 
-    name = "dynamic"
+    name = QuantizeMethod.DYNAMIC
     supports_fallback = True
     can_rebuild_fast_graph = True
 
@@ -403,7 +412,7 @@ class DynamicInt8(QuantizationMethod):
 
     def open_calibration(self) -> None:
         # an int8 KV cache reads the folder itself (`calibrate_kv_cache`)
-        if self.cfg.kv_cache == KV_CACHES[0]:
+        if self.cfg.kv_cache == KvCache.FP32:
             log.info("--calibration is only used by --kv-cache int8 with --method dynamic; ignoring it")
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
@@ -417,7 +426,7 @@ class DynamicInt8(QuantizationMethod):
         """INT8 MatMulInteger, per tensor unless `per_channel`; per-tensor INT8 keeps the projections
         unpacked (packing would share one scale across matrices)."""
         from chattts_forge.quantize.dynamic import quantize_dynamic_graph
-        from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
+        from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
 
         return GraphQuantizer(cls.name, METHOD_VARIANT[cls.name], pack_projections=per_channel,
                               quantize=functools.partial(quantize_dynamic_graph, per_channel=per_channel))
@@ -427,7 +436,8 @@ class StaticInt8(QuantizationMethod):
     """Static INT8 from calibration samples with minmax ranges (`static_fused.py`), on gpt.onnx, the
     code head and the fused graph alike. Other range options select `LegacyStaticInt8`."""
 
-    name = "static"
+    name = QuantizeMethod.STATIC
+    option_groups = (StaticInt8Options,)
     default_per_channel = True
     supports_fallback = True
     build_calibrates = True
@@ -437,17 +447,16 @@ class StaticInt8(QuantizationMethod):
     def needs_calibration(self) -> bool:
         return True
 
-    def recorded_options(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {"calibrate_method": cfg.calibrate_method, "activation_type": cfg.activation_type,
-                "symmetric_activations": cfg.symmetric_activations, "smooth_alpha": self.smooth_alpha,
-                "percentile": self.percentile,
-                "weight_bits": None if cfg.weight_bits == DEFAULT_WEIGHT_BITS else cfg.weight_bits}
+    def resolved_options(self) -> dict[str, Any]:
+        weight_bits = self.cfg.weight_bits
+        return super().resolved_options() | {
+            "smooth_alpha": self.smooth_alpha, "percentile": self.percentile,
+            "weight_bits": None if weight_bits == DEFAULT_WEIGHT_BITS else weight_bits}  # recorded when not 7
 
     @property
     def percentile(self) -> float | None:
         """The |x| percentile ranges are clipped at (`--calibrate-method percentile`), else None."""
-        if self.cfg.calibrate_method != "percentile":
+        if self.cfg.calibrate_method != CalibrateMethod.PERCENTILE:
             return None
         return DEFAULT_PERCENTILE if self.cfg.percentile is None else self.cfg.percentile
 
@@ -467,9 +476,9 @@ class StaticInt8(QuantizationMethod):
         check_alpha(self.cfg.smooth_alpha)
         if self.cfg.smooth_alpha is not None and not self.cfg.smooth:
             raise ForgeError("--smooth-alpha and --no-smooth contradict each other")
-        if self.cfg.percentile is not None and self.cfg.calibrate_method != "percentile":
+        if self.cfg.percentile is not None and self.cfg.calibrate_method != CalibrateMethod.PERCENTILE:
             raise ForgeError("--percentile applies to --calibrate-method percentile")
-        if self.cfg.smooth_alpha is not None and self.cfg.calibrate_method == "percentile":
+        if self.cfg.smooth_alpha is not None and self.cfg.calibrate_method == CalibrateMethod.PERCENTILE:
             # No histogram of x / s is streamed (s is chosen here); clipping it by x's own percentile
             # cut real signal once the outlier channels had moved into the weights.
             raise ForgeError("--smooth-alpha takes its ranges from the per-channel maxima: not with "
@@ -481,13 +490,13 @@ class StaticInt8(QuantizationMethod):
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
-        from chattts_forge.quantize.static_fused import quantize_static_inputs
+        from chattts_forge.quantize.static_fused import StaticSettings, quantize_static_inputs
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
-        return quantize_static_inputs(src, dst, activation_type=self.cfg.activation_type, threads=self.threads,
-                                      statistics=(self.statistics(graph), graph),
-                                      smooth_alpha=self.smooth_alpha, percentile=self.percentile,
-                                      reduce_range=self.cfg.weight_bits == 7, **extra)
+        settings = StaticSettings(activation_type=self.cfg.activation_type, reduce_range=self.cfg.weight_bits == 7,
+                                  smooth_alpha=self.smooth_alpha, percentile=self.percentile)
+        return quantize_static_inputs(src, dst, settings=settings, threads=self.threads,
+                                      statistics=(self.statistics(graph), graph), **extra)
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
         return self._static(graphs.base[component], dst, component, exclude)
@@ -520,7 +529,7 @@ class LegacyStaticInt8(StaticInt8):
     @property
     def request(self) -> str:
         cfg = self.cfg
-        ranges = "" if cfg.calibrate_method == "minmax" else f" --calibrate-method {cfg.calibrate_method}"
+        ranges = "" if cfg.calibrate_method == CalibrateMethod.MINMAX else f" --calibrate-method {cfg.calibrate_method}"
         return f"--method static{ranges}" + (" --symmetric-activations" if cfg.symmetric_activations else "")
 
     def quantize_graph(self, component: str, graphs: SourceGraphs, dst: Path, exclude: list[str]) -> dict[str, Any]:
@@ -547,7 +556,8 @@ class Int4(QuantizationMethod):
     calibration folder is given without an int8 KV cache); calibrated ones quantize the fused graph
     with the same choices."""
 
-    name = "int4"
+    name = QuantizeMethod.INT4
+    option_groups = (Int4Options,)
     can_rebuild_fast_graph = True
     build_calibrates = True
     nbits_label = INT4_COMPUTE
@@ -555,8 +565,8 @@ class Int4(QuantizationMethod):
     def __init__(self, cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> None:
         super().__init__(cfg, src, meta)
         # With --kv-cache int8 the calibration folder serves the cache scales of the rebuilt (rtn) fused graph.
-        calibrated = cfg.calibration is not None and cfg.kv_cache == KV_CACHES[0]
-        self.algorithm = cfg.algorithm or ("gptq" if calibrated else "rtn")
+        calibrated = cfg.calibration is not None and cfg.kv_cache == KvCache.FP32
+        self.algorithm = cfg.algorithm or (Int4Algorithm.GPTQ if calibrated else Int4Algorithm.RTN)
         self._gptq_memo: Any = None
 
     @property
@@ -570,15 +580,15 @@ class Int4(QuantizationMethod):
 
     @property
     def gptq(self) -> bool:
-        return self.algorithm == "gptq"
+        return self.algorithm == Int4Algorithm.GPTQ
 
     @property
     def rebuilds_fast_graph(self) -> bool:
-        return self.algorithm == "rtn"
+        return self.algorithm == Int4Algorithm.RTN
 
     @property
     def needs_calibration(self) -> bool:
-        return self.gptq or self.algorithm == "importance"
+        return self.gptq or self.algorithm == Int4Algorithm.IMPORTANCE
 
     @property
     def request(self) -> str:
@@ -606,7 +616,7 @@ class Int4(QuantizationMethod):
         from chattts_forge.quantize.int4 import quantize_int4_graph
 
         extra = {} if exclude is None else {"exclude_nodes": exclude}
-        if self.algorithm == "importance":  # per-channel mean squares of this graph's MatMul inputs
+        if self.algorithm == Int4Algorithm.IMPORTANCE:  # per-channel mean squares of this graph's MatMul inputs
             from chattts_forge.quantize.int4_importance import quantize_importance_int4_graph
 
             stats = self.statistics(graph).tensors(graph)
@@ -631,22 +641,21 @@ class Int4(QuantizationMethod):
     def fast_graph_quantizer(cls, *, block_size: int = 128, accuracy_level: int = 4,
                              per_channel: bool = False) -> GraphQuantizer:
         """MatMulNBits (rtn) at `block_size`, `accuracy_level`; projections packed."""
+        from chattts_forge.quantize.fast_gpt_graph import GraphQuantizer
         from chattts_forge.quantize.int4 import quantize_int4_graph
-        from chattts_forge.runtime.fast_gpt_graph import GraphQuantizer
 
         return GraphQuantizer(cls.name, METHOD_VARIANT[cls.name], pack_projections=True,
                               quantize=functools.partial(quantize_int4_graph, block_size=block_size,
                                                          accuracy_level=accuracy_level))
 
-    def recorded_options(self) -> dict[str, Any]:
-        return {"block_size": self.cfg.block_size, "accuracy_level": self.cfg.accuracy_level,
-                "algorithm": self.algorithm}
+    def resolved_options(self) -> dict[str, Any]:
+        return super().resolved_options() | {"algorithm": self.algorithm}
 
     def rebuild_options(self) -> dict[str, Any]:
         return {"block_size": self.cfg.block_size, "accuracy_level": self.cfg.accuracy_level}
 
     def extra_record(self, out: Path) -> dict[str, Any]:
-        return {"algorithm": self.algorithm}
+        return {"algorithm": self.algorithm.value}
 
 
 class Auto(QuantizationMethod):
@@ -655,7 +664,8 @@ class Auto(QuantizationMethod):
     samples and the FP32 trajectories); the code head static INT8 when a candidate meets the gate
     with it."""
 
-    name = "auto"
+    name = QuantizeMethod.AUTO
+    option_groups = (AutoOptions,)
     takes_gate = True
     build_calibrates = True
     nbits_label = INT4_COMPUTE
@@ -681,8 +691,8 @@ class Auto(QuantizationMethod):
     def check_options(self) -> None:
         from chattts_forge.quantize.int4 import check_int4_options
 
-        check_int4_options(self.cfg.block_size, self.cfg.accuracy_level, "rtn")
-        if self.cfg.algorithm not in (None, "rtn"):
+        check_int4_options(self.cfg.block_size, self.cfg.accuracy_level, Int4Algorithm.RTN)
+        if self.cfg.algorithm not in (None, Int4Algorithm.RTN):
             raise ForgeError("--algorithm applies to --method int4 (auto's INT4 MatMuls use rtn)")
 
     def check_gate(self) -> None:
@@ -695,15 +705,16 @@ class Auto(QuantizationMethod):
 
     def prepare(self, work: Path, trajectories: Any) -> None:
         from chattts_forge.quantize.auto import SearchSettings, search
-        from chattts_forge.quantize.static_fused import quantize_static_inputs
+        from chattts_forge.quantize.static_fused import StaticSettings, quantize_static_inputs
 
         super().prepare(work, trajectories)
         # The code head is static INT8 in every candidate: quantize it first, so that the search
         # measures what the gate will judge (the artifact's own head, not the FP32 one).
         head = self.meta.component_file(self.src, HEAD_CODE)
         if self.cfg.quantize_head:
-            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx",
-                                                       activation_type=self.cfg.activation_type, threads=self.threads,
+            static = StaticSettings(activation_type=self.cfg.activation_type)
+            self._head_record = quantize_static_inputs(head, work / "head_code.auto.onnx", settings=static,
+                                                       threads=self.threads,
                                                        statistics=(self.statistics(HEAD_CODE), HEAD_CODE))
             head = work / "head_code.auto.onnx"
         settings = SearchSettings(block_size=self.cfg.block_size, accuracy_level=self.cfg.accuracy_level,
@@ -751,9 +762,6 @@ class Auto(QuantizationMethod):
                 "assignment": {c: sum(1 for v in assignment.values() if v == c) for c in CHOICES},
                 **rec}
 
-    def recorded_options(self) -> dict[str, Any]:
-        return {"block_size": self.cfg.block_size, "accuracy_level": self.cfg.accuracy_level}
-
     def extra_record(self, out: Path) -> dict[str, Any]:
         assert self.search is not None
         search = dict(self.search)
@@ -786,6 +794,6 @@ def open_method(cfg: QuantizeConfig, src: Path, meta: ArtifactMeta) -> Quantizat
     """The method object `cfg` asks for (static with entropy ranges or symmetric activations:
     onnxruntime's own quantize_static path)."""
     cls: Callable[..., QuantizationMethod] = method_class(cfg.method)
-    if cls is StaticInt8 and (cfg.calibrate_method == "entropy" or cfg.symmetric_activations):
+    if cls is StaticInt8 and (cfg.calibrate_method == CalibrateMethod.ENTROPY or cfg.symmetric_activations):
         cls = LegacyStaticInt8
     return cls(cfg, src, meta)

@@ -24,18 +24,18 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import (
     DECODER,
-    DECODER_WEIGHTS,
     FAST_GPT,
     GPT,
     HEAD_CODE,
     VOCODER,
     ArtifactMeta,
+    DecoderWeights,
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
@@ -50,7 +50,7 @@ from chattts_forge.quantize.artifact import (
     graph_summary,
     require_fp32_source,
 )
-from chattts_forge.quantize.config import FidelityConfig, QuantizeConfig
+from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.fallback import producers_of, run_fallback
 from chattts_forge.quantize.fidelity import (
     Trajectory,
@@ -91,8 +91,6 @@ def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
     targets = cfg.targets
     method.check_targets(targets)
     targets.check_ranges()
-    if cfg.decoder not in DECODER_WEIGHTS:
-        raise ForgeError(f"unknown decoder weights '{cfg.decoder}' (choose from: {', '.join(DECODER_WEIGHTS)})")
     check_input_artifact(src, meta)
     method.check_request()
     return Request(method, meta, method.calibrate_kv_cache(targets, out))
@@ -137,12 +135,12 @@ def files_to_skip(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig) -> set[str
     publish added when the source is a published folder (its manifest, sums, signature, card and
     report describe that folder, not the quantized one).
 
-    The fast graph of the source (runtime.fast_gpt_graph) is FP32, and the runtime would prefer it over
+    The fast graph of the source (quantize.fast_gpt_graph) is FP32, and the runtime would prefer it over
     the quantized gpt.onnx; the method rebuilds or quantizes it, or drops it
     (`QuantizationMethod.write_fast_graph`).
     """
     names = [*cfg.components, *([FAST_GPT] if meta.has_component(FAST_GPT) else [])]
-    if cfg.decoder != "fp32" and meta.has_component(DECODER):
+    if cfg.decoder != DecoderWeights.FP32 and meta.has_component(DECODER):
         names.append(DECODER)
     return {p.relative_to(src).as_posix() for c in names for p in meta.component_files(src, c)} | PUBLISHED_NAMES
 
@@ -201,20 +199,21 @@ class Outcome:
     decoder: dict[str, Any] | None = None  # `write_decoder`'s record (None: the Decoder kept FP32)
 
 
-def record_fp32_runs(src: Path, fid: FidelityConfig, needed: bool = False) -> list[Trajectory] | None:
+def record_fp32_runs(src: Path, cfg: QuantizeConfig, needed: bool = False) -> list[Trajectory] | None:
     """The FP32 trajectories fidelity (and auto's search, `needed`) replays; None when nothing asks."""
-    if not (fid.enabled or fid.targets.any() or needed):
+    if not (cfg.fidelity or cfg.targets.any() or needed):
         return None
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = load_corpus(fid.corpus)
-    if fid.fp32_runs is not None:
-        recorded = read_fp32_runs(Path(fid.fp32_runs), fp32_runs_settings(src, corpus, fid.sentences, fid.steps,
-                                                                           fid.seed))
+    corpus, st = load_corpus(cfg.fidelity_corpus), cfg.fidelity_settings
+    if cfg.fp32_runs is not None:
+        recorded = read_fp32_runs(Path(cfg.fp32_runs), fp32_runs_settings(src, corpus, st.max_sentences,
+                                                                           st.max_new_token, st.seed))
         if recorded is not None:
             return recorded
-    log.info("fidelity: running the FP32 artifact on %s (%d sentences)", fid.corpus, fid.sentences)
-    return record_trajectories(src, corpus, fid.sentences, fid.steps, fid.seed, fid.threads, progress=fid.progress)
+    log.info("fidelity: running the FP32 artifact on %s (%d sentences)", cfg.fidelity_corpus, st.max_sentences)
+    return record_trajectories(src, corpus, st.max_sentences, st.max_new_token, st.seed, st.threads,
+                               progress=st.progress)
 
 
 def quantize_and_measure(quantizer: ComponentQuantizer, out_dir: Path, qmeta: ArtifactMeta,
@@ -222,29 +221,30 @@ def quantize_and_measure(quantizer: ComponentQuantizer, out_dir: Path, qmeta: Ar
     """Quantize (with the fallback loop when targets are set) and measure fidelity on `qmeta`,
     the output's artifact.json as it will be written (fidelity reads it in memory)."""
     method = quantizer.method
-    src, fid, has_fast = method.src, quantizer.cfg.fidelity_config, method.meta.has_component(FAST_GPT)
-    trajs = record_fp32_runs(src, fid, method.needs_trajectories)
+    src, cfg, has_fast = method.src, quantizer.cfg, method.meta.has_component(FAST_GPT)
+    trajs = record_fp32_runs(src, cfg, method.needs_trajectories)
+    # measured without progress bars, as before the settings were one type
+    settings = replace(cfg.fidelity_settings, progress=None)
 
     def measure(keep_all: bool = False) -> dict[str, Any]:
-        return measure_fidelity(src, out_dir, fid.corpus, max_sentences=fid.sentences, max_new_token=fid.steps,
-                                seed=fid.seed, threads=fid.threads, trajectories=trajs,
+        return measure_fidelity(src, out_dir, cfg.fidelity_corpus, settings, trajectories=trajs,
                                 keep_all_tensors=keep_all, quant_meta=qmeta)
 
     outcome = Outcome()
-    if fid.targets.any():
+    if cfg.targets.any():
         if has_fast:
             outcome.fast_gpt_note = "dropped: fallback exclusions apply to gpt.onnx only; the runtime uses gpt.onnx"
         bench = next((s for t in trajs or [] for s in t.full_samples[1:]), None)
         outcome.fallback = run_fallback(quantizer, lambda: measure(True), quantizer.output(GPT), bench,
-                                        fid.targets, head_quantized=HEAD_CODE in quantizer.cfg.components,
-                                        step_nodes=fid.step_nodes)
+                                        cfg.targets, head_quantized=HEAD_CODE in cfg.components,
+                                        step_nodes=cfg.step_nodes)
         outcome.fidelity = outcome.fallback.pop("final_fidelity")
     else:
         method.prepare(quantizer.work, trajs)  # auto: the search
         quantizer([], False)
         if has_fast:  # before measuring: fidelity also replays the fast graph the runtime prefers
             outcome.fast_gpt_note = method.write_fast_graph(out_dir, qmeta, kv)
-        if fid.enabled:
+        if cfg.fidelity:
             outcome.fidelity = measure()
     if outcome.fidelity is not None and "per_tensor" in outcome.fidelity:
         outcome.fidelity["per_tensor"].pop("all_local", None)
@@ -278,7 +278,7 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
                   qmeta: ArtifactMeta) -> dict[str, Any] | None:
     """`--decoder int8|int8-a8`: the Decoder with weight-only INT8 MatMuls (quantize/decoder.py), written
     before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
-    if cfg.decoder == "fp32" or not meta.has_component(DECODER):
+    if cfg.decoder == DecoderWeights.FP32 or not meta.has_component(DECODER):
         return None
     import onnx
 
@@ -286,7 +286,7 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
 
     source = meta.component_file(src, DECODER)
     dst = out_dir / source.name
-    record = quantize_decoder(source, dst, int8_activations=cfg.decoder == "int8-a8")
+    record = quantize_decoder(source, dst, int8_activations=cfg.decoder == DecoderWeights.INT8_A8)
     copy_metadata_props(source, dst, "int8")
     # Stored as the runtime maps it (graph_storage); fidelity then runs the final files.
     qmeta.components[DECODER] = write_component(onnx.load(str(dst)), out_dir, DECODER,

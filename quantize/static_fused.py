@@ -24,6 +24,7 @@ agreement 0.83 with 8-bit per-channel weights, 0.94 with 7-bit ones (dynamic INT
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,17 +148,28 @@ def insert_qdq(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]], n
     return model
 
 
+@dataclass(frozen=True)
+class StaticSettings:
+    """How `quantize_static_inputs` quantizes: the activations' type, 7-bit weights
+    (`reduce_range`) or 8-bit, and the ranges: `percentile`, each clipped at that percentile of |x|
+    (the streamed histograms), or `smooth_alpha`, SmoothQuant migration first (`smooth.py`); either
+    needs statistics. The method resolves them from its options (methods.StaticInt8)."""
+
+    activation_type: str = "uint8"
+    reduce_range: bool = True
+    smooth_alpha: float | None = None
+    percentile: float | None = None
+
+
 def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.ndarray]] | None = None, *,
-                           activation_type: str = "uint8", reduce_range: bool = True,
-                           exclude_nodes: Iterable[str] = (), threads: int = 1,
-                           statistics: tuple[Any, str] | None = None,
-                           smooth_alpha: float | None = None, percentile: float | None = None) -> dict[str, Any]:
-    """Static INT8 of every constant-weight MatMul of `src`. Ranges from `statistics` = (a
-    `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's streamed min/max
-    of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own inputs).
-    `percentile`: each range clipped at that percentile of |x| (the streamed histograms), or
-    `smooth_alpha`: SmoothQuant migration first (`smooth.py`); either needs `statistics`.
-    Returns the options record for artifact.json."""
+                           settings: StaticSettings = StaticSettings(), exclude_nodes: Iterable[str] = (),
+                           threads: int = 1, statistics: tuple[Any, str] | None = None) -> dict[str, Any]:
+    """Static INT8 of every constant-weight MatMul of `src`, as `settings` say. Ranges from
+    `statistics` = (a `calibration_data.statistics.Statistics`, the graph's name in it: calibrate's
+    streamed min/max of the graph's own MatMul inputs), or else measured on `feeds` (the graph's own
+    inputs). Returns the options record for artifact.json."""
+    activation_type, reduce_range = str(settings.activation_type), settings.reduce_range
+    smooth_alpha, percentile = settings.smooth_alpha, settings.percentile
     if activation_type not in ACTIVATION_TYPES:
         raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
     model = onnx.load(str(src))

@@ -91,8 +91,8 @@ Hooks for the stages built on the runtime (they need none of its private names):
   `fn(component, feeds, output_names, outputs)` after every session `run` (calibration records
   with it); it returns a function that removes the observer.
 
-The fused GPT graph itself is built by `chattts_forge.runtime.fast_gpt_graph` (torch-free; convert
-and quantize both call it). Its KV cache is float32 or int8 (`quantize --kv-cache int8`); the
+The fused GPT graph itself is built outside the runtime, by `chattts_forge.quantize.fast_gpt_graph`
+(torch-free; convert and quantize both call it); the runtime only loads and runs it. Its KV cache is float32 or int8 (`quantize --kv-cache int8`); the
 pipeline sizes it by the request (`FastGptStep.reserve(prompt + max_new_token)`), and
 `runtime.memory` computes the memory a request batch needs from the dimensions.
 

@@ -2,7 +2,7 @@
 
 `FastGptStep` is a drop-in replacement for `chattts_forge.runtime.session.GptStep` (same call
 contract: `reset(batch)`, `past_length`, `step(inputs_embeds, attention_mask, position_ids)` ->
-hidden states [B, S, hidden]). The graph (built by `chattts_forge.runtime.fast_gpt_graph`) uses
+hidden states [B, S, hidden]). The graph (built by `chattts_forge.quantize.fast_gpt_graph`) uses
 onnxruntime's GroupQueryAttention with past/present buffer sharing: every layer's key and value
 cache is one preallocated buffer [B, kv_heads, capacity, head_dim] (float32, or int8 when the
 graph was built with `kv_cache="int8"`: the op quantizes on write with the graph's calibrated

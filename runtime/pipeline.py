@@ -66,7 +66,7 @@ from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the s
 log = get_logger(__name__)
 
 # GPT engines: `plain` runs gpt.onnx (GptStep); `fast` the fused gpt_fast.onnx with an in-place KV
-# cache (runtime.fast_gpt, graph built by runtime.fast_gpt_graph); `auto` takes fast when the artifact
+# cache (runtime.fast_gpt, graph built by quantize.fast_gpt_graph); `auto` takes fast when the artifact
 # has it. The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph
 # when it exists.
 # On CUDA `auto` takes the plain graph with the cache kept on the device (runtime.device_gpt): the

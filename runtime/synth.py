@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge import chattts_defaults
+from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 @dataclass(frozen=True)
-class SynthConfig:
+class SynthConfig(CodeKnobs):
     """One `synth` run: what `chattts-forge synth --help` documents, one field per option.
 
     `seed` defaults to 0 (as `warm` and `serve`): a plain run gives the same audio every time, as
@@ -55,13 +56,7 @@ class SynthConfig:
     speaker_out: Path | None = None
     speaker_audio: Path | None = None
     speaker_text: str | None = None
-    temperature: float = chattts_defaults.CODE_TEMPERATURE
-    top_p: float = chattts_defaults.TOP_P
-    top_k: int = chattts_defaults.TOP_K
-    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
-    prompt: str = chattts_defaults.CODE_PROMPT
+    # the code knobs (temperature, top_p, top_k, repetition_penalty, max/min_new_token, prompt): CodeKnobs
     refine: bool = True
     use_decoder: bool = True
     codes_out: Path | None = None
@@ -79,7 +74,7 @@ class SynthConfig:
 
 
 @dataclass(frozen=True)
-class WarmConfig:
+class WarmConfig(CodeKnobs):
     """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`)."""
 
     artifact: Path
@@ -87,14 +82,8 @@ class WarmConfig:
     out: Path
     seed: int = 0
     speaker: str | None = None
-    temperature: float = chattts_defaults.CODE_TEMPERATURE
-    top_p: float = chattts_defaults.TOP_P
-    top_k: int = chattts_defaults.TOP_K
-    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
+    # the code knobs: CodeKnobs
     use_decoder: bool = True
-    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
-    prompt: str = chattts_defaults.CODE_PROMPT
     refine: bool = True
     engine: str = "auto"
     provider: str = "cpu"

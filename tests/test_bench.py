@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.bench import RATIO_KEYS, RATIO_KEYS_HIGHER, BenchConfig, format_table, run_bench
-from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
+from chattts_forge.quantize.fast_gpt_graph import optimize_artifact
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench.md"
 STAT_KEYS = {"median", "p10", "p90", "min", "n"}

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from chattts_forge.integrity import sha256_file
-from chattts_forge.runtime.fast_gpt_graph import FAST_GPT_OPSET
+from chattts_forge.quantize.fast_gpt_graph import FAST_GPT_OPSET
 
 COMPONENTS = ("embed", "gpt", "head_code", "head_text", "decoder", "dvae", "dvae_encoder", "vocos")
 META_KEYS = (
@@ -47,7 +47,7 @@ def _position_ids(mask: np.ndarray, seq: int) -> np.ndarray:
 
 def test_fp32_parity_recorded_within_tolerance(tiny_artifacts):
     doc = _artifact(tiny_artifacts["fp32"])
-    # fp32/ also holds the fused GPT graph (runtime.fast_gpt_graph), checked against gpt.onnx itself.
+    # fp32/ also holds the fused GPT graph (quantize.fast_gpt_graph), checked against gpt.onnx itself.
     assert set(doc["components"]) == {*COMPONENTS, "gpt_fast"}
     fast = doc["components"]["gpt_fast"]["parity"]
     assert fast["reference"].startswith("plain gpt.onnx") and 0 <= fast["max_abs"] <= fast["tolerance_abs"] == 1e-4

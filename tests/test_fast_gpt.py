@@ -1,4 +1,4 @@
-"""The fast GPT graph (runtime/fast_gpt_graph.py, quantized: quantize/fast_gpt.py) and its driver (runtime/fast_gpt.py) against the plain graph."""
+"""The fast GPT graph (quantize/fast_gpt_graph.py, quantized: quantize/fast_gpt.py) and its driver (runtime/fast_gpt.py) against the plain graph."""
 
 from __future__ import annotations
 
@@ -14,12 +14,9 @@ import pytest
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.fast_gpt import optimize_gpt
+from chattts_forge.quantize.fast_gpt_graph import extract_llama_weights, optimize_artifact
+from chattts_forge.quantize.fast_gpt_parity import LeftPaddedSteps
 from chattts_forge.runtime.fast_gpt import FastGptStep
-from chattts_forge.runtime.fast_gpt_graph import (
-    LeftPaddedSteps,
-    extract_llama_weights,
-    optimize_artifact,
-)
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -123,7 +120,7 @@ def test_quantized_fast_graphs(fast_artifact: Path, tmp_path: Path, method: str,
 
 def test_packed_projections_split_grouped_query_heads(tmp_path: Path) -> None:
     """Under grouped-query attention q is wider than k and v: the packed QKV Split must use their widths."""
-    from chattts_forge.runtime.fast_gpt_graph import FusedGraphShape, build_fast_gpt
+    from chattts_forge.quantize.fast_gpt_graph import FusedGraphShape, build_fast_gpt
 
     hidden, heads, kv_heads, inter = 32, 4, 2, 48
     kv_width = kv_heads * hidden // heads

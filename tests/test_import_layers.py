@@ -30,12 +30,13 @@ LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     # chattts_forge.compat: the drop-in ChatTTS API, a re-export of chattts_forge.runtime.compat
     # chattts_forge.runtime.serve: the HTTP server (`chattts-forge serve`) over the runtime's scheduler
     "runtime": (("chattts_forge.runtime", "chattts_forge.runtime.serve", "chattts_forge.compat"), frozenset({"core"})),
-    # the torch export side: uses the runtime's fused-graph builder and parity driver; only the
-    # command line and the build driver import it, so no torch-free stage depends on it.
+    # the torch export side: uses quantize's fused-graph builder (quantize.fast_gpt_graph) and the
+    # runtime's parity driver; only the command line and the build driver import it, so no
+    # torch-free stage depends on it.
     # the PyTorch side: ChatTTS's own code (the reference, the parity oracle) and its timed engine,
     # which counts with the runtime's definitions; the torch-free layers import it only inside functions.
     "torch": (("chattts_forge.torch_ref",), frozenset({"core", "runtime"})),
-    "convert": (("chattts_forge.convert",), frozenset({"core", "runtime", "torch"})),
+    "convert": (("chattts_forge.convert",), frozenset({"core", "runtime", "torch", "calibration", "gate", "quantize"})),
     "calibration": (("chattts_forge.calibration_data",), frozenset({"core", "runtime"})),
     # the quality gate: the one judge (and gate-file parser) quantize's auto search, evaluate and its
     # length buckets share; it reads the runtime's length buckets
@@ -173,6 +174,37 @@ def test_torch_free_layers_import_torch_only_lazily() -> None:
         if layer_of(m.name) in TORCH_FREE_LAYERS
         for line, name in import_time_imports(m.path.read_text(encoding="utf-8"))
         if any(name == t or name.startswith(t + ".") for t in TORCH_MODULES)
+    ]
+    assert not found, "\n".join(found)
+
+
+# The runtime loads and runs graphs; building them is convert's and quantize's (issue 35): no runtime
+# module calls onnx.helper's graph builders, except the provider probe's one-node Identity graph
+# (runtime/providers.py: whether CUDA runs at all).
+GRAPH_BUILDERS = ("make_graph", "make_model")
+GRAPH_PROBES = {"chattts_forge.runtime.providers"}
+
+
+def graph_building_calls(source: str) -> list[int]:
+    """The lines of `source` that call onnx.helper.make_graph/make_model (by attribute or name)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in GRAPH_BUILDERS:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_runtime_builds_no_graphs() -> None:
+    modules = installed_modules()
+    assert graph_building_calls(modules["chattts_forge.quantize.fast_gpt_graph"].path.read_text(encoding="utf-8"))
+    found = [
+        f"{m.path}:{line}: {m.name} builds an ONNX graph (graph builders belong to convert or quantize)"
+        for m in modules.values()
+        if layer_of(m.name) == "runtime" and m.name not in GRAPH_PROBES
+        for line in graph_building_calls(m.path.read_text(encoding="utf-8"))
     ]
     assert not found, "\n".join(found)
 

@@ -211,7 +211,7 @@ def test_a_published_source_leaves_what_publish_added_behind(tiny_artifacts, tmp
 
 
 def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, tmp_path: Path):
-    from chattts_forge.runtime.fast_gpt_graph import optimize_artifact
+    from chattts_forge.quantize.fast_gpt_graph import optimize_artifact
 
     src = tmp_path / "fp32"
     shutil.copytree(tiny_artifacts["fp32"], src)

@@ -60,8 +60,8 @@ def test_static_quantizes_the_fused_graph_into_integer_kernels(static, tmp_path:
 
 def test_static_fused_and_plain_graphs_agree(static, calib):
     """Same recorded inputs through the quantized gpt.onnx and gpt_fast.onnx: the same numbers."""
+    from chattts_forge.quantize.fast_gpt_parity import fused_parity
     from chattts_forge.quantize.fused import sample_cases
-    from chattts_forge.runtime.fast_gpt_graph import fused_parity
 
     samples = list(CalibrationStore(calib).iter_samples("gpt"))
     parity = fused_parity(static / "gpt.onnx", static / "gpt_fast.onnx", sample_cases(samples))

@@ -276,8 +276,8 @@ def test_split_sentences_joins_rows(pipe):
 
 
 def test_fast_engine_equals_plain(tiny_artifacts, tmp_path):
-    """With gpt_fast.onnx (runtime.fast_gpt_graph), the default engine ("auto", as synth) takes the in-place KV-cache graph: same codes."""
-    from chattts_forge.runtime import fast_gpt_graph as optimize
+    """With gpt_fast.onnx (quantize.fast_gpt_graph), the default engine ("auto", as synth) takes the in-place KV-cache graph: same codes."""
+    from chattts_forge.quantize import fast_gpt_graph as optimize
 
     art = shutil.copytree(tiny_artifacts["fp32"], tmp_path / "fast")
     if not (art / "gpt_fast.onnx").exists():

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge import chattts_defaults
+from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.log import get_logger
@@ -85,7 +86,7 @@ def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
 
 
 @dataclass(frozen=True)
-class ReferenceParams:
+class ReferenceParams(CodeKnobs):
     """The knobs of a reference synthesis (defaults = ChatTTS's InferCodeParams).
 
     `seed` seeds torch (speaker sampling, refinement) and is ChatTTS's `manual_seed` for both the text
@@ -96,33 +97,16 @@ class ReferenceParams:
 
     seed: int | None = None
     speaker: str | None = None
-    temperature: float = chattts_defaults.CODE_TEMPERATURE
-    top_p: float = chattts_defaults.TOP_P
-    top_k: int = chattts_defaults.TOP_K
-    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
+    # the code knobs (temperature, top_p, top_k, repetition_penalty, max/min_new_token, prompt): CodeKnobs
     refine: bool = True
     use_decoder: bool = True
-    prompt: str = chattts_defaults.CODE_PROMPT
     refine_max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
     split_text: bool = True
     show_progress: bool = False
 
     def check(self) -> None:
-        """ForgeError naming the option of the first knob out of range."""
-        if not self.temperature > 0:
-            raise ForgeError("--temperature must be > 0")
-        if not 0 < self.top_p <= 1:
-            raise ForgeError("--top-p must lie in (0, 1]")
-        if self.top_k < 1:
-            raise ForgeError("--top-k must be >= 1")
-        if not self.repetition_penalty > 0:
-            raise ForgeError("--repetition-penalty must be > 0")
-        if self.max_new_token < 1:
-            raise ForgeError("--max-new-token must be >= 1")
-        if not 0 <= self.min_new_token <= self.max_new_token:
-            raise ForgeError("--min-new-token must lie between 0 and --max-new-token")
+        """BadInput naming the option of the first knob out of range."""
+        self.check_knobs()
 
 
 def reference_synthesize(

@@ -1,0 +1,126 @@
+"""Options declared on a config dataclass's fields: a field made with `option(...)` carries its
+command-line spelling, type, choices and help. The click options of the command
+(`declared_options`) and the words that set a value (`option_args`, `changed_args`: what the build
+driver puts in a step's command) are derived from it, so an option is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from chattts_forge.choices import Choice, plain
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """How one config field is spelled on a command line.
+
+    `flags`: "--block-size", or "--on/--off" for a boolean pair; `kind`: the value's type on the
+    command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
+    Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
+    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple."""
+
+    flags: str
+    help: str | None = None
+    kind: Any = str
+    choices: type[Choice] | tuple[str, ...] | None = None
+    convert: Callable[[Any], Any] | None = None
+    show_default: bool = False
+    is_flag: bool = False
+    multiple: bool = False
+    metavar: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return self.flags.split("/") if self.flags.count("--") == 2 else [self.flags]
+
+    @property
+    def spellings(self) -> tuple[str, ...] | None:
+        if self.choices is None:
+            return None
+        return self.choices.values() if isinstance(self.choices, type) else tuple(self.choices)
+
+
+def option(default: Any, flags: str, help: str | None = None, **spec: Any) -> Any:
+    """A dataclass field (default `default`) declared as the command-line option `flags`."""
+    return field(default=default, metadata={"option": OptionSpec(flags, help, **spec)})
+
+
+def declared_fields(cls: Any) -> list[Field[Any]]:
+    """The fields of a config dataclass (or of one of its instances) declared with `option`."""
+    return [f for f in fields(cls) if "option" in f.metadata]
+
+
+def _click_option(f: Field[Any]) -> Callable[[F], F]:
+    spec: OptionSpec = f.metadata["option"]
+    kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
+    default = plain(f.default)
+    if spec.multiple or spec.is_flag:
+        default = None  # click's own: an empty tuple, False
+    if spec.multiple:
+        kwargs["multiple"] = True
+    if spec.metavar:
+        kwargs["metavar"] = spec.metavar
+    if spec.is_flag:
+        kwargs["is_flag"] = True
+    elif spec.spellings is not None:
+        kwargs["type"] = click.Choice(spec.spellings)
+        default = None if default is None else str(default)
+    elif spec.kind in ("path", "file"):
+        kwargs["type"] = click.Path(path_type=Path, **({"dir_okay": False} if spec.kind == "file" else {}))
+    elif spec.flags.count("--") < 2:
+        kwargs["type"] = spec.kind
+    if spec.convert is not None:
+        convert = spec.convert
+        kwargs["callback"] = lambda _ctx, _param, value: convert(value)
+    if not (spec.multiple or spec.is_flag):
+        kwargs["default"] = default
+    return click.option(spec.flags, f.name, **kwargs)
+
+
+def declared_options(cls: Any) -> Callable[[F], F]:
+    """A decorator adding the click options of `cls`'s declared fields, in declaration order; the
+    command receives each as the keyword of its field."""
+
+    def add(f: F) -> F:
+        for declared in reversed(declared_fields(cls)):
+            f = _click_option(declared)(f)
+        return f
+
+    return add
+
+
+def option_args(cls: Any, values: dict[str, Any]) -> list[str]:
+    """The command-line words that set `values` (field name -> value, in that order) on the command
+    whose options `cls` declares; a value equal to the field's default is left out."""
+    declared = {f.name: f for f in declared_fields(cls)}
+    args: list[str] = []
+    for name, value in values.items():
+        f = declared[name]
+        spec: OptionSpec = f.metadata["option"]
+        if plain(value) == plain(f.default) or (spec.multiple and not value):
+            continue
+        names = spec.names
+        if len(names) == 2:
+            args.append(names[0] if value else names[1])
+        elif spec.is_flag:
+            args.append(names[0])
+        elif spec.multiple:
+            for item in value:
+                args += [names[0], str(item)]
+        else:
+            args += [names[0], str(plain(value))]
+    return args
+
+
+def changed_args(config: Any) -> list[str]:
+    """The command-line words that make the command's options `config`'s (its declared fields that
+    differ from their defaults, in declaration order)."""
+    return option_args(type(config), {f.name: getattr(config, f.name) for f in declared_fields(config)})

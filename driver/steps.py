@@ -1,0 +1,319 @@
+"""The build's steps: what each `chattts-forge` stage of a build is asked to do (its command, inputs
+and output), the content fingerprints that key them, and `StepPlan`, the step builders of a build
+(`pipeline.Build` runs them; driver/pipeline.py's docstring tells the whole story).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
+from chattts_forge.codegraph import CodeGraph
+from chattts_forge.errors import ForgeError
+from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
+from chattts_forge.options import changed_args, option_args
+from chattts_forge.quantize.config import QuantizeConfig
+from chattts_forge.quantize.methods import calibrated_variants
+
+# Variants quantized from the calibration set (the method registry says which).
+CALIBRATED = calibrated_variants()
+DEFAULT_CALIB_CORPUS = "builtin:calibration"
+DEFAULT_EVAL_CORPUS = "builtin:evaluation"
+STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
+
+
+def within(stage: str, until: str | None) -> bool:
+    """Whether a step of `stage` runs in a build stopped after `until` (None: the whole build)."""
+    return until is None or STAGES.index(stage) <= STAGES.index(until)
+# A stage runs as `python -m chattts_forge.cli SUBCOMMAND ...`; the CLI imports the subcommand's
+# module by name (chattts_forge.cli.SUBCOMMANDS), so both are the entries of the step's closure.
+CLI_MODULE = "chattts_forge.cli"
+DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
+# A `tiny` synthetic run is a smoke run of the whole chain: lighter calibration and fidelity settings
+# keep it to a minute or two. User --stage-args come after these, so they win.
+PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
+    "tiny": {
+        "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
+        # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
+        "quantize": option_args(QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}),
+        "evaluate": [
+            "--max-sentences", "3", "--max-new-token", "48",
+            "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
+            "--bucket-sentences", "2", "--cache-phrases", "4",
+        ],  # fmt: skip
+    },
+    # The full synthetic model's random weights rarely emit EOS: every phrase would run to 2048 code
+    # steps (and 384 refinement steps), hours on a CPU. Its cache serves only requests with these knobs.
+    "full": {"warm": ["--max-new-token", "96", "--no-refine"]},
+}
+# The phrase cache a build publishes with each version: the shipped customer-service list with
+# `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
+# default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
+WARM_ARGS = ["--seed", "0"]
+
+
+# ---- content fingerprints --------------------------------------------------------------------
+
+
+def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
+    """The files a `chattts-forge SUBCOMMAND` run executes or reads as package data, by stable name."""
+    from chattts_forge.cli import SUBCOMMANDS
+
+    if subcommand not in SUBCOMMANDS:
+        raise ForgeError(f"no chattts-forge subcommand {subcommand!r}")
+    return graph.files(graph.closure([CLI_MODULE, SUBCOMMANDS[subcommand][0]]))
+
+
+def code_fingerprint(files: dict[str, Path], cache: VerifiedHashCache) -> str:
+    """Fingerprint of a set of named files: each name and the sha256 of its content."""
+    h = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        h.update(f"{name}\0{cache.sha256(path)}\n".encode())
+    return h.hexdigest()
+
+
+def spec_fingerprint(spec: str | None, cache: VerifiedHashCache) -> str | None:
+    """A corpus/gate argument: a path's content fingerprint, or the spec itself (built-in names)."""
+    if spec is None:
+        return None
+    p = Path(spec)
+    return f"file:{cache.tree(p)}" if p.exists() else f"spec:{spec}"
+
+
+# ---- steps -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    name: str  # unique, also the record's file name
+    kind: str  # checkpoint | convert | calibrate | quantize | evaluate
+    argv: list[str]  # chattts-forge arguments
+    out: Path  # what the step produces (removed before a re-run)
+    inputs: dict[str, str] = field(default_factory=dict)  # name -> fingerprint
+    gate_may_fail: bool = False  # evaluate: a written report with a failed gate is a result
+    capture_stdout: bool = False  # the output is the command's stdout, written to `out` atomically
+    feeds: tuple[str, ...] = ()  # variants that need this step (a failure sets them aside); () = all
+    optional: bool = False  # a failure is logged and nothing is set aside (what reads it does without)
+
+
+@dataclass
+class StepPlan:
+    """What a build builds, and its step builders: its paths and, stage by stage, the steps it takes
+    (`pipeline.Build` adds the steps' records and runs them)."""
+
+    work: Path
+    to: Path
+    variants: tuple[str, ...]
+    checkpoint: Path | None
+    preset: str
+    seed: int
+    calib_corpus: str
+    eval_corpus: str
+    gate: str | None
+    extra: dict[str, list[str]]
+    until: str | None = None
+    pytorch_baseline: bool = True
+    cache: VerifiedHashCache = field(init=False)
+    broken: dict[str, str] = field(default_factory=dict)  # variant -> why it could not be built
+
+    def __post_init__(self) -> None:
+        # the one stat-keyed cache of known sha256s (chattts_forge.integrity), the build's own file
+        self.cache = VerifiedHashCache(self.work / ".steps" / "hashcache.json", BUILD_CACHE_MAX_ENTRIES)
+
+    # paths
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.checkpoint if self.checkpoint is not None else self.work / "checkpoint"
+
+    def artifact_dir(self, variant: str) -> Path:
+        if variant in FLOAT_VARIANTS:
+            return self.work / "convert" / variant
+        return self.work / "quantized" / variant
+
+    def report_dir(self, variant: str) -> Path:
+        return self.work / "reports" / variant
+
+    # the plan
+    def steps(self, until: str | None = None) -> Iterator[Step]:
+        """Yield steps in order, those of stages after `until` left out; inputs are computed when each
+        step is reached (after its upstream ran), so a left-out step never reads what was not built."""
+        def wanted(stage: str) -> bool:
+            return within(stage, until)
+
+        yield from self.shared_steps(until)
+        # first, and with the quantize steps: its FP32 runs are also every quantize step's fidelity runs
+        reference_first = wanted("quantize") and bool(self.quantized_variants())
+        if reference_first:
+            yield self.reference_step()
+        for variant in self.quantized_variants() if wanted("quantize") else []:
+            if variant not in self.broken:
+                yield self.quantize_step(variant)
+        if not wanted("evaluate"):
+            return
+        if not reference_first:
+            yield self.reference_step()
+        latency = self.latency_step()
+        if latency is not None:
+            yield latency
+        for variant in self.variants:
+            if variant not in self.broken:
+                yield self.evaluate_step(variant)
+
+    def quantized_variants(self) -> list[str]:
+        return [v for v in self.variants if v in VARIANT_METHOD]
+
+    def shared_steps(self, until: str | None = None) -> Iterator[Step]:
+        """The steps every variant needs: checkpoint, its verification, convert, calibrate (those of
+        stages after `until` left out)."""
+        if self.checkpoint is None:
+            yield Step(
+                "checkpoint",
+                "checkpoint",
+                ["checkpoint", "synthesize", "--preset", self.preset, "--seed", str(self.seed), "--out", str(self.ckpt_dir)],
+                self.ckpt_dir,
+            )
+        yield Step(
+            "checkpoint-verify",
+            "checkpoint",
+            ["checkpoint", "verify", str(self.ckpt_dir), "--json"],
+            self.work / "checkpoint-verify.json",
+            {"checkpoint": self.cache.tree(self.ckpt_dir)},
+            capture_stdout=True,
+        )
+        if not within("convert", until):
+            return
+        yield Step(
+            "convert",
+            "convert",
+            ["convert", "--checkpoint", str(self.ckpt_dir), "--out", str(self.work / "convert"), "--precision", "all"],
+            self.work / "convert",
+            {"checkpoint": self.cache.tree(self.ckpt_dir)},
+        )
+        fp32 = self.artifact_dir("fp32")
+        calibrated = tuple(v for v in self.quantized_variants() if v in CALIBRATED)
+        if calibrated and within("calibrate", until):
+            yield Step(
+                "calibrate",
+                "calibrate",
+                ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
+                self.work / "calibration",
+                {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
+                feeds=calibrated,
+            )
+
+    def quantize_step(self, variant: str) -> Step:
+        """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
+        declare (`changed_args`: the ones that differ from their defaults, in declaration order)."""
+        from chattts_forge.quantize.methods import method_class
+
+        fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
+        options: dict[str, Any] = {}
+        inputs = {"fp32": self.cache.tree(fp32)}
+        if variant in CALIBRATED:
+            options["calibration"] = self.work / "calibration"
+            inputs["calibration"] = self.cache.tree(self.work / "calibration")
+        kv_cache = VARIANT_KV_CACHE.get(variant)
+        if kv_cache is not None:  # the float-cache variants keep their command (and step key)
+            options["kv_cache"] = kv_cache
+        runs = self.reference_run_dir / "trajectories.npz"
+        if runs.is_file():  # recorded once by evaluate-reference (read when its settings are fidelity's)
+            options["fp32_runs"] = runs
+            inputs["fp32_runs"] = self.cache.sha256(runs)
+        if method_class(method).takes_gate and self.gate:  # auto: meets the gate evaluate applies
+            options["gate"] = self.gate
+            inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+        argv = ["quantize", "--artifact", str(fp32), "--method", method, "--out", str(self.artifact_dir(variant)),
+                *changed_args(QuantizeConfig(method, **options))]
+        return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
+
+    @property
+    def reference_run_dir(self) -> Path:
+        return self.work / "reference_run"
+
+    def _baseline_args(self, inputs: dict[str, str]) -> list[str]:
+        """The PyTorch baseline options of the evaluate steps (and their input, the checkpoint)."""
+        if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
+            inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
+            return ["--baseline-checkpoint", str(self.ckpt_dir)]
+        return ["--no-baseline"]  # evaluate would otherwise find the artifact's source checkpoint by itself
+
+    def reference_step(self) -> Step:
+        """What every evaluation shares, measured once per build (evaluate.reference_run): the FP32
+        reference's latency run and audio, ChatTTS's PyTorch baseline, the ASR of the reference's
+        audio. It takes the evaluate steps' options (its kind is "evaluate"), so it is measured with
+        exactly the settings they read it with; every variant's evaluation needs it."""
+        fp32 = self.artifact_dir("fp32")
+        argv = ["evaluate-reference", "--reference", str(fp32), "--corpus", self.eval_corpus,
+                "--out", str(self.reference_run_dir)]
+        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
+        argv += self._baseline_args(inputs)
+        return Step("evaluate-reference", "evaluate", argv, self.reference_run_dir, inputs)
+
+    @property
+    def latency_run_dir(self) -> Path:
+        return self.work / "latency_run"
+
+    def latency_step(self) -> Step | None:
+        """Every variant but fp32 (its own reference) timed against the FP32 reference in the same
+        interleaved rounds, once for the build (evaluate.latency_run): the reference is synthesized
+        once per round for all of them instead of once per variant's evaluation. Optional: should it
+        fail, each evaluation times its variant itself, as without it."""
+        timed = [v for v in self.variants if v != "fp32" and v not in self.broken]
+        if not timed:
+            return None
+        fp32 = self.artifact_dir("fp32")
+        argv = ["evaluate-latency", "--reference", str(fp32), "--corpus", self.eval_corpus,
+                "--out", str(self.latency_run_dir)]
+        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
+        for variant in timed:
+            argv += ["--artifact", str(self.artifact_dir(variant))]
+            inputs[variant] = self.cache.tree(self.artifact_dir(variant))
+        return Step("evaluate-latency", "evaluate", argv, self.latency_run_dir, inputs, optional=True)
+
+    def timed_in_latency_run(self, variant: str) -> bool:
+        """Whether the build's latency run (when it ran) holds `variant`'s timings."""
+        from chattts_forge.evaluate.latency_run import RECORD_FILE
+
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            record = json.loads((self.latency_run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+            return variant in record.get("artifacts", {})
+        return False
+
+    def evaluate_step(self, variant: str) -> Step:
+        fp32 = self.artifact_dir("fp32")
+        argv = [
+            "evaluate",
+            "--artifact",
+            str(self.artifact_dir(variant)),
+            "--reference",
+            str(fp32),
+            "--corpus",
+            self.eval_corpus,
+            "--out",
+            str(self.report_dir(variant)),
+        ]
+        inputs = {
+            "artifact": self.cache.tree(self.artifact_dir(variant)),
+            "reference": self.cache.tree(fp32),
+            "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
+        }
+        argv += self._baseline_args(inputs)
+        if self.gate:
+            argv += ["--gate", self.gate]
+            inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
+        # the reference's side, measured once for the build by `reference_step`
+        argv += ["--reference-run", str(self.reference_run_dir)]
+        inputs["reference_run"] = self.cache.tree(self.reference_run_dir)
+        if self.timed_in_latency_run(variant):  # timed with the other variants, in the same rounds
+            argv += ["--latency-run", str(self.latency_run_dir)]
+            inputs["latency_run"] = self.cache.tree(self.latency_run_dir)
+        return Step(
+            f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
+        )

@@ -1,0 +1,56 @@
+"""ChatTTS's code knobs are one dataclass, `chattts_defaults.CodeKnobs` (issue 35): the configs of
+`synth`, `warm` and `reference` inherit it, and the sampling options of their commands are its
+declared fields, with ChatTTS's InferCodeParams defaults."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import click
+import pytest
+
+from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.cli_options import sampling_options
+from chattts_forge.errors import BadInput
+from chattts_forge.runtime.compat import InferCodeParams
+from chattts_forge.runtime.synth import SynthConfig, WarmConfig
+
+KNOBS = ("temperature", "top_p", "top_k", "repetition_penalty", "min_new_token", "max_new_token", "prompt")
+
+
+def test_the_knobs_are_chattts_own_defaults() -> None:
+    ours, theirs = CodeKnobs(), InferCodeParams()
+    assert {f.name for f in fields(CodeKnobs)} == set(KNOBS)
+    assert (ours.temperature, ours.top_p, ours.top_k, ours.repetition_penalty) == (
+        theirs.temperature, theirs.top_P, theirs.top_K, theirs.repetition_penalty)
+    assert (ours.max_new_token, ours.min_new_token, ours.prompt) == (
+        theirs.max_new_token, theirs.min_new_token, theirs.prompt)
+
+
+def test_the_configs_inherit_the_knobs_and_keep_their_own_positions() -> None:
+    from chattts_forge.torch_ref.reference import ReferenceParams
+
+    synth = SynthConfig(Path("a"), Path("b.wav"), "text", top_k=5)  # artifact, out, text: positional as before
+    assert (synth.artifact, synth.out, synth.text, synth.top_k) == (Path("a"), Path("b.wav"), "text", 5)
+    warm = WarmConfig(Path("a"), Path("p.txt"), Path("c.bin"))
+    for config in (synth, warm, ReferenceParams()):
+        assert isinstance(config, CodeKnobs)
+        assert [getattr(config, k) for k in KNOBS if k != "top_k"] == [getattr(CodeKnobs(), k) for k in KNOBS
+                                                                       if k != "top_k"]
+    with pytest.raises(BadInput, match=r"^--top-p must lie in \(0, 1\]$"):
+        ReferenceParams(top_p=1.5).check()
+    with pytest.raises(BadInput, match="--min-new-token must lie between 0 and --max-new-token"):
+        CodeKnobs(min_new_token=9, max_new_token=4).check_knobs()
+
+
+def test_the_sampling_options_are_the_declared_knobs() -> None:
+    @click.command()
+    @sampling_options
+    def command(**options: object) -> None:
+        """A command with the sampling options only."""
+
+    names = [p.name for p in command.params]
+    assert names == ["speaker", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_token", "use_decoder"]
+    ctx = command.make_context("command", ["--top-k", "7"])
+    assert CodeKnobs(**{k: v for k, v in ctx.params.items() if k in KNOBS}) == CodeKnobs(top_k=7)

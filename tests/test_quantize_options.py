@@ -1,0 +1,138 @@
+"""Each quantize option is declared once, on its `QuantizeConfig` field (quantize/config.py): the
+CLI's options, the build driver's step commands and the record of the options all come from the
+declarations, and the closed option sets are `Choice` enums spelled as before (issue 35, item 2)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import click
+import pytest
+
+from chattts_forge.artifact import ArtifactMeta, DecoderWeights, KvCache, QuantizeMethod
+from chattts_forge.choices import plain
+from chattts_forge.driver.pipeline import Build
+from chattts_forge.driver.steps import PRESET_STAGE_ARGS
+from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.options import changed_args, declared_fields, option_args
+from chattts_forge.quantize.cli import quantize as quantize_command
+from chattts_forge.quantize.config import (
+    CalibrateMethod,
+    FidelitySettings,
+    Int4Algorithm,
+    Int4Options,
+    QuantizeConfig,
+)
+from chattts_forge.quantize.int4 import ALGORITHMS
+from chattts_forge.quantize.methods import open_method
+
+# Every declared option at a value other than its default.
+EVERY_OPTION = dict(
+    calibration=Path("calib"), per_channel=False, exclude=("a*", "b"), quantize_head=False, seed=3, threads=2,
+    kv_cache="int8", decoder="int8-a8", calibrate_method="entropy", activation_type="int8",
+    symmetric_activations=True, percentile=99.5, weight_bits=8, smooth_alpha=0.5, smooth=False, block_size=32,
+    accuracy_level=0, algorithm="k_quant", min_agreement=0.9, min_cosine=0.99, max_kl=0.1, step_nodes=5,
+    fidelity=False, fidelity_corpus="builtin:calibration", fidelity_sentences=3, fidelity_steps=12,
+    fp32_runs=Path("runs.npz"), gate=Path("gate.toml"),
+)
+
+
+def _parsed(args: list[str]) -> QuantizeConfig:
+    """`args` read by the `quantize` command's own click parser, as the QuantizeConfig it makes."""
+    ctx = quantize_command.make_context("quantize", ["--artifact", "a", "--out", "o", *args])
+    params = dict(ctx.params)
+    params.pop("artifact_dir"), params.pop("out_dir")
+    return QuantizeConfig(**params)
+
+
+def test_every_field_but_progress_is_a_declared_option_of_the_command() -> None:
+    declared = {f.name for f in declared_fields(QuantizeConfig)}
+    assert declared == {f.name for f in fields(QuantizeConfig)} - {"method", "progress"}
+    assert set(EVERY_OPTION) == declared
+    names = {p.name for p in quantize_command.params if isinstance(p, click.Option)}
+    assert names == declared | {"artifact_dir", "out_dir", "method"}
+
+
+def test_the_words_a_config_derives_are_read_back_as_that_config() -> None:
+    """What the driver puts in a step's command (`changed_args`) is what the CLI parses into the same config."""
+    config = QuantizeConfig("static", **EVERY_OPTION)
+    args = changed_args(config)
+    assert _parsed(["--method", "static", *args]) == config
+    assert changed_args(QuantizeConfig("dynamic")) == []  # defaults are not spelled out
+    assert _parsed(["--method", "dynamic"]) == QuantizeConfig("dynamic")
+
+
+def test_closed_option_sets_are_enums_spelled_as_before() -> None:
+    config = QuantizeConfig("int4", kv_cache="int8", algorithm="gptq", decoder="fp32")
+    assert config.method is QuantizeMethod.INT4 and config.kv_cache is KvCache.INT8
+    assert config.algorithm is Int4Algorithm.GPTQ and config.decoder is DecoderWeights.FP32
+    # a member is its spelling: in text, JSON and as a key of a dict of plain strings
+    assert f"{config.kv_cache}" == "int8" and json.dumps([config.algorithm]) == '["gptq"]'
+    assert {"int4": 1}[config.method] == 1 and plain(config.calibrate_method) == "minmax"
+    assert ALGORITHMS == ("rtn", "k_quant", "gptq", "importance") == Int4Algorithm.values()
+    assert CalibrateMethod.values() == ("minmax", "entropy", "percentile")
+    with pytest.raises(BadInput, match=r"^unknown INT4 algorithm 'gptx' \(choose from: rtn, k_quant, gptq, importance\)$"):
+        QuantizeConfig("int4", algorithm="gptx")
+    with pytest.raises(ForgeError, match="unknown method 'int3'"):
+        QuantizeConfig("int3")
+
+
+def test_the_algorithm_choices_and_help_come_from_the_declaration() -> None:
+    algorithm = next(p for p in quantize_command.params if p.name == "algorithm")
+    assert isinstance(algorithm.type, click.Choice) and tuple(algorithm.type.choices) == Int4Algorithm.values()
+    assert "rtn, k_quant, gptq or importance" in (algorithm.help or "")
+
+
+def test_the_record_holds_the_recorded_fields_of_the_groups_the_method_reads() -> None:
+    meta = ArtifactMeta(variant="fp32", components={})
+    int4 = open_method(QuantizeConfig("int4", block_size=32, exclude=["x"], decoder="fp32"), Path("src"), meta)
+    record = int4.options_record().to_dict()
+    assert record == {"per_channel": False, "calibrate_method": None, "activation_type": None,
+                      "symmetric_activations": None, "block_size": 32, "accuracy_level": 4, "algorithm": "rtn",
+                      "quantize_head": True, "decoder": "fp32", "exclude_patterns": ["x"], "seed": 0}
+    assert all(type(v) in (bool, int, str, list, type(None)) for v in record.values())  # plain JSON values
+    static = open_method(QuantizeConfig("static", calibrate_method="percentile", weight_bits=8), Path("s"), meta)
+    srec = static.options_record().to_dict()
+    assert (srec["calibrate_method"], srec["percentile"], srec["weight_bits"], srec["block_size"]) == (
+        "percentile", 99.99, 8, None)
+    assert "smooth_alpha" not in srec and "algorithm" not in srec
+    assert {f.name for f in fields(Int4Options)} == {"block_size", "accuracy_level", "algorithm"}
+
+
+def test_fidelity_settings_are_one_type_made_from_the_options() -> None:
+    config = QuantizeConfig("dynamic", fidelity_sentences=3, fidelity_steps=12, seed=5, threads=1)
+    assert config.fidelity_settings == FidelitySettings(max_sentences=3, max_new_token=12, seed=5, threads=1)
+
+
+def test_the_driver_spells_each_quantize_step_as_it_did(tmp_path: Path) -> None:
+    """The commands (and so the step keys) of every quantized variant are those written by hand
+    before the options were declared."""
+    work = tmp_path / "w"
+    for d in ("convert/fp32", "calibration"):
+        (work / d).mkdir(parents=True)
+    (work / "reference_run").mkdir()
+    (work / "reference_run" / "trajectories.npz").write_bytes(b"runs")
+    variants = ("fp32", "int8-dynamic", "int8-static", "int4", "auto", "int8-dynamic-kv8")
+    build = Build(work, tmp_path / "to", variants, None, "tiny", 0, "builtin:calibration", "builtin:evaluation",
+                  "gate.toml", {})
+    fp32, calib, runs = str(work / "convert/fp32"), str(work / "calibration"), str(work / "reference_run/trajectories.npz")
+
+    def out(v: str) -> str:
+        return str(work / "quantized" / v)
+
+    expected = {
+        "int8-dynamic": ["--method", "dynamic", "--out", out("int8-dynamic"), "--fp32-runs", runs],
+        "int8-static": ["--method", "static", "--out", out("int8-static"), "--calibration", calib, "--fp32-runs", runs],
+        "int4": ["--method", "int4", "--out", out("int4"), "--calibration", calib, "--fp32-runs", runs],
+        "auto": ["--method", "auto", "--out", out("auto"), "--calibration", calib, "--fp32-runs", runs,
+                 "--gate", "gate.toml"],
+        "int8-dynamic-kv8": ["--method", "dynamic", "--out", out("int8-dynamic-kv8"), "--calibration", calib,
+                             "--kv-cache", "int8", "--fp32-runs", runs],
+    }  # fmt: skip
+    for variant, rest in expected.items():
+        assert build.quantize_step(variant).argv == ["quantize", "--artifact", fp32, *rest], variant
+    assert PRESET_STAGE_ARGS["tiny"]["quantize"] == [
+        "--fidelity-sentences", "4", "--fidelity-steps", "32", "--block-size", "32"]
+    assert option_args(QuantizeConfig, {"block_size": 128, "quantize_head": False}) == ["--no-head"]
