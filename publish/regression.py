@@ -432,7 +432,7 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
         return {"value": None, "baseline": None, "delta": 0.0, "low": 0.0, "high": 0.0, "relative": True, "n": 0,
                 "identical": True, "how": "the same bytes as the baseline's variant: not re-timed (no cost)"}
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
-    from chattts_forge.log import quiet_logger
+    from chattts_forge.log import get_logger, quiet_logger
 
     latency = report.get("latency") or {}
     sentences = [u["text"] for u in (latency.get("artifact") or {}).get("utterances") or [] if isinstance(u, dict)]
@@ -445,6 +445,9 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
                                 RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
     ratio, lo, hi = _bootstrap_median(timing.pop("ratios"))
+    get_logger(__name__).info("regression gate: %s re-timed against %s on this machine: RTF ratio %.3f [%.3f, %.3f] "
+                              "(%d interleaved rounds, %s, %.1f s)", artifact_dir, baseline_dir, ratio, lo, hi,
+                              timing["rounds"], timing["stopped"], timing["seconds"])
     return {"value": timing["artifact_rtf"], "baseline": timing["baseline_rtf"], "delta": ratio - 1, "low": lo - 1,
             "high": hi - 1, "relative": True, "n": timing["rounds"], "timing": timing,
             "how": "timed now on this machine: the variant and the baseline's in turn, sentence by sentence, the order "
