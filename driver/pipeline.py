@@ -283,8 +283,9 @@ class VariantOutcome:
     @property
     def refused_as_regression(self) -> bool:
         """Passed its gate, worse than the baseline beyond the tolerance, not accepted: not published."""
-        return bool(self.passed and self.regression and self.regression["verdict"] == "regression"
-                    and not self.regression.get("accepted") and not self.regression.get("already_published"))
+        from chattts_forge.publish.regression_gate import refused
+
+        return bool(self.passed) and refused(self.regression)
 
 
 @dataclass
@@ -327,6 +328,13 @@ class BuildConfig:
     accept_regression: tuple[str, ...] = ()
     regression_reason: str = ""
 
+    def regression_policy(self) -> Any:
+        """The regression options as publish.regression_gate reads them (shared with `chattts-forge publish`)."""
+        from chattts_forge.publish.regression_gate import RegressionPolicy
+
+        return RegressionPolicy(self.baseline, self.compare_baseline, tuple(self.accept_regression),
+                                self.regression_reason)
+
 
 def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[VariantOutcome]:
     """Run (or resume) the pipeline; returns what happened to each variant. `fields` replace those
@@ -351,12 +359,11 @@ def run_pipeline(config: BuildConfig | None = None, **fields: Any) -> list[Varia
         )
     if not any(o.published for o in outcomes):
         raise ForgeError("no variant passed the quality gate; nothing was published (see the reports above)")
-    regressions = [o for o in outcomes if o.refused_as_regression]
+    regressions = {o.variant: o.regression for o in outcomes if o.refused_as_regression and o.regression}
     if regressions:
-        raise ForgeError("refused as a regression against the previous version (publish them anyway with "
-                         "--accept-regression VARIANT --reason WHY): " + "; ".join(
-                             f"{o.variant}: " + "; ".join(o.regression["figures"][f]["message"]
-                                                         for f in o.regression["regressions"]) for o in regressions))
+        from chattts_forge.publish.regression_gate import refusal_message
+
+        raise ForgeError(refusal_message(regressions))
     missing = [o for o in outcomes if o.variant in cfg.require_published and not o.published]
     if missing:
         raise ForgeError("required variant(s) not published: " + "; ".join(
@@ -383,13 +390,7 @@ def _prepared_build(cfg: BuildConfig) -> Build:
     not_built = [v for v in cfg.require_published if v not in cfg.variants]
     if not_built:
         raise ForgeError(f"--require-published names variant(s) this build does not build: {', '.join(not_built)}")
-    not_built = [v for v in cfg.accept_regression if v not in cfg.variants]
-    if not_built:
-        raise ForgeError(f"--accept-regression names variant(s) this build does not build: {', '.join(not_built)}")
-    if cfg.accept_regression and not cfg.regression_reason.strip():
-        raise ForgeError("--accept-regression needs --reason: why this regression may ship (it goes into the manifest)")
-    if cfg.baseline is not None and not cfg.compare_baseline:
-        raise ForgeError("--baseline and --no-baseline exclude each other")
+    cfg.regression_policy().check(cfg.variants)
     ckpt: Path | None = None
     if cfg.checkpoint:
         from chattts_forge.checkpoint.layout import resolve_asset_dir
@@ -477,37 +478,21 @@ def _baseline(pipe: Build, cfg: BuildConfig) -> tuple[Any, str]:
     """(the version this build is compared with (publish.regression.Baseline) or None, why none)."""
     from chattts_forge.artifact import ArtifactMeta
     from chattts_forge.publish.manifest import default_model_name, source_checkpoint
-    from chattts_forge.publish.regression import NO_BASELINE, find_baseline
+    from chattts_forge.publish.regression_gate import find_build_baseline
 
     if not cfg.compare_baseline:
-        return None, "no baseline: the build was told --no-baseline"
+        return find_build_baseline(pipe.to, "", cfg.regression_policy())
     meta = ArtifactMeta.load(pipe.artifact_dir("fp32"))
-    model = default_model_name(meta, source_checkpoint(meta))
-    baseline = find_baseline(pipe.to, model, cfg.baseline)
-    if baseline is not None:
-        log.info("regression gate: every variant against %s/%s", model, baseline.version)
-    return baseline, NO_BASELINE
+    return find_build_baseline(pipe.to, default_model_name(meta, source_checkpoint(meta)), cfg.regression_policy())
 
 
 def _regression(pipe: Build, cfg: BuildConfig, variant: str, baseline: Any, note: str) -> dict[str, Any]:
-    """A passing variant's comparison with the same variant of the baseline; a regression the build
-    was told to accept carries its reason. A variant whose bytes are already published is never
-    refused (publishing it again is a no-op)."""
-    from chattts_forge.gate import load_gate
-    from chattts_forge.publish.regression import accept, compare_build_variant
+    """A passing variant's comparison with the same variant of the baseline (publish.regression_gate,
+    as `chattts-forge publish` makes it)."""
+    from chattts_forge.publish.regression_gate import judge_variant
 
-    record = compare_build_variant(pipe.artifact_dir(variant), pipe.report_dir(variant), baseline,
-                                   load_gate(cfg.gate)["regression"], note, eval_corpus=pipe.eval_corpus)
-    if record["verdict"] == "regression" and variant in cfg.accept_regression:
-        record = accept(record, cfg.regression_reason)
-    elif record["verdict"] == "regression" and baseline is not None:
-        from chattts_forge.evaluate.report_schema import read_report
-        from chattts_forge.publish.publish import find_identical
-
-        same = find_identical(pipe.to, baseline.model, variant, read_report(pipe.report_dir(variant)).artifact_files)
-        if same is not None:
-            record = {**record, "already_published": same.parent.name}
-    return record
+    return judge_variant(pipe.artifact_dir(variant), pipe.report_dir(variant), pipe.to, baseline, note,
+                         cfg.regression_policy())
 
 
 def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome]) -> bytes:
@@ -634,7 +619,18 @@ def _parse_extra(values: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _regression_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """BuildConfig's regression fields from the shared options (publish.regression_gate)."""
+    from chattts_forge.publish.regression_gate import RegressionPolicy
+
+    policy = RegressionPolicy.from_options(args.baseline, args.no_baseline, args.accept_regression, args.reason)
+    return {"baseline": policy.baseline, "compare_baseline": policy.compare, "accept_regression": policy.accept,
+            "regression_reason": policy.reason}
+
+
 def main(argv: list[str] | None = None) -> int:
+    from chattts_forge.publish.regression_gate import add_regression_arguments
+
     ap = argparse.ArgumentParser(prog="python -m chattts_forge.driver", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="full", choices=["full", "tiny"])
     ap.add_argument("--seed", type=int, default=0)
@@ -662,12 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--require-published", default="", metavar="VARIANTS",
                     help="comma-separated variants that must pass the gate and be published, else exit 2 "
                          "(the full-size check: docs/testing.md)")
-    ap.add_argument("--baseline", default=None, metavar="vN",
-                    help="the published version every variant is compared with (default: the newest of the model)")
-    ap.add_argument("--no-baseline", action="store_true", help="compare with no previous version")
-    ap.add_argument("--accept-regression", action="append", default=[], metavar="VARIANT",
-                    help="publish VARIANT even if it is worse than the baseline's (repeatable; needs --reason)")
-    ap.add_argument("--reason", default="", help="why the accepted regression may ship (recorded in its manifest)")
+    add_regression_arguments(ap)  # --baseline, --no-baseline, --accept-regression, --reason (shared with publish)
     ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
     ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -693,10 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             ray_step_cpus=args.ray_step_cpus,
             sign_key=args.sign_key,
             require_published=tuple(v for v in args.require_published.split(",") if v),
-            baseline=args.baseline,
-            compare_baseline=not args.no_baseline,
-            accept_regression=tuple(v for item in args.accept_regression for v in item.split(",") if v),
-            regression_reason=args.reason,
+            **_regression_fields(args),
         )
     except ForgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -760,7 +760,9 @@ def evaluate_artifact(
     report.update(serving_sections(j, cfg, metrics, waived, ref.buckets))
     report["metrics"] = metrics
     report["intervals"], report["sentences"] = intervals_mod.build(report, figures.fidelity_rows)
-    report["gate"] = {**verdict, "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in j.gate["rules"]}}
+    # the [regression] tolerances travel with the report: a build and a later `publish` of it judge alike
+    report["gate"] = {**verdict, "thresholds": {f"{r[1]}_{r[2]}": r[3] for r in j.gate["rules"]},
+                      "regression": j.gate["regression"]}
     report["passed"] = verdict["passed"]
     report["headline"] = headline(j.art_desc["variant"], verdict["passed"], metrics)
     report["notes"] = notes

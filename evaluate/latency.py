@@ -179,6 +179,7 @@ class _Measured:
         self.rss_loaded = current_rss_bytes()
         self.warmup_seconds = 0.0
         self.first_audio: list[float] = []
+        self.first_audio_samples: list[dict[str, Any]] = []  # per sentence, for the regression gate's interval
         self.throughput: dict[str, dict[str, Any]] = {}
 
     def warm_up(self, text: str) -> None:
@@ -188,6 +189,7 @@ class _Measured:
         s = self.engine.first_audio(text, self.config.request(i))
         if not np.isnan(s):  # a run that streamed no audio measured nothing
             self.first_audio.append(s)
+            self.first_audio_samples.append({"text": text, "seconds": s})
 
     def time_batch(self, sentences: list[str], b: int) -> None:
         run = self.engine.run([sentences[j % len(sentences)] for j in range(b)], self.config.request(0))
@@ -214,7 +216,7 @@ class _Measured:
             "utterances": utterances,
             **_summary(utterances),
             "first_audio_seconds": {**percentiles(self.first_audio), "stream_batch": cfg.stream_batch,
-                                    "runs": len(self.first_audio)},
+                                    "runs": len(self.first_audio), "samples": self.first_audio_samples},
             "throughput": self.throughput,
             "rss_mb": {"before_load": self.rss_before * MB, "after_load": self.rss_loaded * MB,
                        "after_run": current_rss_bytes() * MB},
@@ -424,3 +426,53 @@ def measure_pytorch(
         "utterances": utterances,
         **_summary(utterances),
     }
+
+
+# Re-timing a variant against the baseline's same variant (publish.regression, issue 38): a few interleaved
+# rounds, not the gate's full latency run. After `RETIME_MIN_ROUNDS` rounds, further rounds run until the
+# ratio is within `ratio_bound` or for at most as long again as those rounds took, and never more than
+# `RETIME_TIME_CAP_S` (a full-size round is two syntheses of seconds each; a build re-times every changed
+# variant).
+RETIME_MIN_ROUNDS = 4
+RETIME_TIME_CAP_S = 20.0
+
+
+def retime_against(
+    artifact_dir: str | os.PathLike[str],
+    baseline_dir: str | os.PathLike[str],
+    sentences: list[str],
+    config: LatencyConfig | None = None,
+    time_cap_s: float = RETIME_TIME_CAP_S,
+    clock: Callable[[], float] = CLOCK,
+) -> dict[str, Any]:
+    """The artifact's RTF against `baseline_dir`'s (another build of the same variant), both loaded here
+    and synthesizing sentence i (request `config.request(i)`) in turn, the order rotated per round
+    (`runtime.interleave.compare_rounds`); one warm-up run each first. Returns the per-round RTF ratios
+    (`ratios`: artifact / baseline of the same round), each side's median RTF, the rounds, the seconds
+    taken (loading included) and what stopped it. No first audio, throughput or memory: RTF only."""
+    cfg = config or LatencyConfig()
+    if not sentences:
+        raise ForgeError("latency: no sentences to re-time")
+    started = clock()
+    engines = {"baseline": OnnxEngine(baseline_dir, cfg.threads, provider=cfg.provider),
+               "artifact": OnnxEngine(artifact_dir, cfg.threads, provider=cfg.provider)}
+    for engine in engines.values():
+        engine.run([sentences[0]], cfg.request(0))
+    rtfs: dict[str, list[float]] = {name: [] for name in engines}
+
+    def measure(round_: int, name: str) -> float:
+        i = round_ % len(sentences)
+        run = engines[name].run([sentences[i]], cfg.request(i))
+        rtf = run.e2e_rtf if run.e2e_rtf is not None else math.inf
+        rtfs[name].append(rtf)
+        return rtf
+
+    settings = RatioSettings(bound=cfg.ratio_bound, time_cap_s=max(time_cap_s, 1e-9), min_rounds=RETIME_MIN_ROUNDS,
+                             max_rounds=400, warmup_rounds=0)
+    comparison = compare_rounds("baseline", ["artifact"], measure, settings, clock,
+                                cap_after_rounds=RETIME_MIN_ROUNDS, cap_scale=RATIO_CAP_SCALE)
+    ratios = [a / b if b > 0 else math.inf for a, b in zip(rtfs["artifact"], rtfs["baseline"], strict=True)]
+    return {"ratios": ratios, "artifact_rtf": median(rtfs["artifact"]), "baseline_rtf": median(rtfs["baseline"]),
+            "rounds": comparison.rounds, "stopped": comparison.stopped, "sentences": len(sentences),
+            "seconds": round(clock() - started, 3), "threads": cfg.threads, "max_new_token": cfg.max_new_token,
+            "time_cap_s": time_cap_s, "bound": cfg.ratio_bound}

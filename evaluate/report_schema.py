@@ -13,7 +13,8 @@ accepted (`TOP_LEVEL`):
   `chattts_forge.integrity.hash_tree` lists them);
 - ``gate`` (`GATE_KEYS`): ``{"passed", "path", "sha256", "schema", "thresholds": {"min_code_agreement":
   x, ...}, "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
-  "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}}`` (see gate.py);
+  "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}, "regression":
+  {figure: tolerance} (the gate file's [regression] section; since issue 38, absent before)}`` (see gate.py);
 - ``metrics`` (flat name -> value, the gate's inputs), ``headline`` (`HEADLINE_KEYS`: the figures to
   compare variants by), ``notes`` (plain sentences, e.g. why intelligibility was not measured);
 - ``intelligibility``: ``{"measured": false, "reason", "note"}`` on synthetic checkpoints, else
@@ -128,6 +129,9 @@ GATE_KEYS: dict[str, Any] = {
     "waived": MapOf(str),
     "thresholds": MapOf(_NUMBER),
 }
+# Gate keys evaluate writes since issue 38 (absent in earlier reports): the gate file's [regression]
+# tolerances, {figure: tolerance}, which the regression gate (publish.regression_gate) judges with.
+GATE_OPTIONAL_KEYS: dict[str, Any] = {"regression": MapOf(_NUMBER)}
 # The figures a reader compares variants by (copied into the manifest and index.json by publish).
 HEADLINE_METRICS = ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch", "first_audio_seconds",
                     "code_agreement", "hidden_cosine", "mel_snr_db", "wer", "cer", "size_mb", "peak_rss_mb")
@@ -217,7 +221,13 @@ def validate(report: Any) -> None:
     if report.get("schema") != REPORT_SCHEMA:
         raise ForgeError(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
     optional = {k: report[k] for k in OPTIONAL_TOP_LEVEL if k in report}
-    _check({k: v for k, v in report.items() if k not in optional}, TOP_LEVEL, "")
+    required = {k: v for k, v in report.items() if k not in optional}
+    gate = required.get("gate")
+    if isinstance(gate, dict):
+        for key in GATE_OPTIONAL_KEYS.keys() & gate.keys():
+            _check(gate[key], GATE_OPTIONAL_KEYS[key], f"gate.{key}")
+        required["gate"] = {k: v for k, v in gate.items() if k not in GATE_OPTIONAL_KEYS}
+    _check(required, TOP_LEVEL, "")
     for key, value in optional.items():
         _check(value, OPTIONAL_TOP_LEVEL[key], key)
     for i, check in enumerate(report["gate"]["checks"]):

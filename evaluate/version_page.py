@@ -71,8 +71,11 @@ _RANK = {"fail": 3, "not_measured": 3, "pass": 2, "waived": 1}
 SINCE: dict[str, tuple[str, ...]] = {
     "WER/CER": ("wer", "cer"), "SIM to FP32": ("similarity",), "OVRL": ("ovrl",),
     "code agreement": ("code_agreement", "code_kl"), "mel SNR dB": ("mel_snr_db",),
-    "RTF p50": ("rtf_ratio_vs_reference",), "first audio s": ("first_audio_seconds",), "size MB": ("size_mb",),
+    "RTF p50": ("rtf_ratio_vs_reference", "rtf_vs_baseline"),
+    "first audio s": ("first_audio_seconds", "first_audio_ratio_vs_reference"), "size MB": ("size_mb",),
 }
+# how a cell holding two figures tells them apart (the re-timed RTF; first audio over its own FP32)
+_SINCE_TAGS = {"rtf_vs_baseline": "re-timed", "first_audio_ratio_vs_reference": "/ FP32"}
 _SINCE_CLASS = {"regression": "fail", "improved": "pass", "worse": "waived", "same": "", "waived": "waived",
                 "not judged": "waived"}
 HISTORY_LINK = "../history.html"  # the model's history page (publish.history), beside its version folders
@@ -168,7 +171,8 @@ def _since(entry: VariantEntry, figures: tuple[str, ...]) -> str:
         d, lo, hi = e["delta"], e.get("low"), e.get("high")
         spec = (lambda x: f"{x * 100:+.1f}%") if e.get("relative") else (lambda x: f"{x:+.3g}")
         text = spec(d) + (f" <span class='iv'>[{spec(lo)}, {spec(hi)}]</span>" if lo is not None and hi is not None else "")
-        parts.append(text + (f" {html.escape(f.upper())}" if f in ("wer", "cer", "code_kl") else ""))
+        tag = _SINCE_TAGS.get(f, f.upper() if f in ("wer", "cer", "code_kl") else "")
+        parts.append(text + (f" {html.escape(tag)}" if tag else ""))
         statuses.append(e["status"])
         titles.append(e["message"])
     if not parts:

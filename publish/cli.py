@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.publish.regression_gate import regression_options
 
 
 @click.command("publish")
@@ -46,17 +47,26 @@ from chattts_forge.errors import ForgeError
     help="PEM EC private key to sign with (default: your own key pair in $XDG_CONFIG_HOME/chattts-forge/, "
     "made on first use).",
 )
+@regression_options
 def publish(artifact: Path, report: Path, to: Path, model: str | None, version: str | None,
-            sign_key: Path | None) -> None:
+            sign_key: Path | None, baseline: str | None, no_baseline: bool, accept_regression: tuple[str, ...],
+            reason: str) -> None:
     """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS, a model card
     and model.sig (OpenSSF Model Signing; the public key is written to TO/signing-key.pub).
 
     Refuses (nothing is written) when the report failed, was edited after evaluation, or judged
     other files than the artifact's current ones. Never overwrites a published version.
-    """
-    from chattts_forge.publish.publish import publish_artifact
 
-    result = publish_artifact(artifact, report, to, model=model, version=version, sign_key=sign_key)
+    Like a build, compares the artifact with the same variant of the newest published version of its
+    model in TO (--baseline vN to choose, --no-baseline to skip) and refuses it (exit 2) when it is
+    worse beyond the [regression] tolerances its report was judged with, unless --accept-regression.
+    """
+    from chattts_forge.publish.regression import summary
+    from chattts_forge.publish.regression_gate import RegressionPolicy, publish_judged
+
+    policy = RegressionPolicy.from_options(baseline, no_baseline, accept_regression, reason)
+    result = publish_judged(artifact, report, to, policy, model=model, version=version, sign_key=sign_key,
+                            announce=lambda variant, rec: click.echo(f"regression gate: {summary(variant, rec)}"))
     word = "already published (identical files)" if result.status == "already-published" else "published"
     click.echo(f"{word}: {result.path}")
     click.echo(f"manifest sha256: {result.manifest_sha256}")

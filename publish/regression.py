@@ -5,21 +5,32 @@ run today: the same variant as published in the baseline version (by default the
 the model in the artifacts folder; `--baseline vN` to choose one, `--no-baseline` to skip). A variant
 the baseline version does not hold is compared with its newest copy in an older version.
 
-Everything is compared from records, on the held-out sentences both reports measured (paired by
-sentence text; the reports' ``sentences`` rows, evaluate.intervals), with a 95% paired bootstrap
-interval (evaluate.stats, 2000 resamples, seed 0), so the comparison is a pure function of the two
-reports and re-running it gives the same bytes:
+Most figures are compared from records (`compare`), on the held-out sentences both reports measured
+(paired by sentence text; the reports' ``sentences`` rows, evaluate.intervals, and their latency
+records), with a 95% paired bootstrap interval (2000 resamples, seed 0), a pure function of the two
+reports:
 
 - code agreement and KL (each against its own build's FP32, pooled over teacher-forced steps), mel
   SNR, SIM, DNSMOS OVRL and WER/CER (mean of the per-sentence figures): absolute deltas;
 - RTF over its own build's FP32 (per-sentence RTF / FP32's, the median): a relative delta. Each ratio
-  is of one run on one machine, so two builds on different machines stay comparable; it is not a
-  fresh interleaved timing of both artifacts;
-- first audio (the median; no per-run values are recorded: no interval, never judged) and size (exact);
+  is of one run on one machine, so two builds on different machines stay comparable;
+- first audio: the per-sentence first audio seconds (latency records them since issue 38; the median,
+  reported, judged only with a tolerance) and the per-sentence first audio over its own build's FP32
+  first audio of the same sentence, timed in turn (`first_audio_ratio_vs_reference`, judged;
+  machine-neutral like the RTF ratio). A baseline recorded before per-sentence first audio gives the
+  two medians, no interval, not judged;
+- size (exact).
+
+Two are measured now, by `compare_build_variant`:
+
+- `rtf_vs_baseline`: the variant and the baseline's same variant timed in turn on this machine
+  (evaluate.latency.retime_against: a few interleaved rounds, bounded in time), the median of the
+  per-round RTF ratios with its 95% bootstrap interval over rounds; identical bytes are not timed
+  (delta 0, ``identical``);
 - the FP32 reference against the baseline's FP32: its figures against its own FP32 are trivially
   perfect, so this one is measured now (`fp32_against_baseline`: code agreement, KL, mel SNR, both
-  replaying the baseline FP32's runs; not measured when the payloads are identical), reported in the
-  FP32 record's ``fp32_against_baseline``, not judged.
+  replaying the baseline FP32's runs on the report's held-out corpus; not measured when the payloads
+  are identical), reported in the FP32 record's ``fp32_against_baseline``, not judged.
 
 A figure is a regression when its change is worse than the gate's ``[regression]`` tolerance over its
 whole interval; an improvement when its whole interval is better by more than a tenth of the
@@ -35,7 +46,9 @@ The record (``regression`` in a published variant's manifest, schema `REGRESSION
      "note" (why there is no baseline, when there is none),
      "figures": {figure: {"value", "baseline", "delta", "low", "high", "relative", "n", "how", "tolerance",
                           "worse_is", "status" ("regression"|"worse"|"same"|"improved"|"waived"|"not judged"),
-                          "message"}},
+                          "message"; rtf_vs_baseline also "identical" or "timing": {"artifact_rtf",
+                          "baseline_rtf", "rounds", "stopped", "sentences", "seconds", "threads",
+                          "max_new_token", "time_cap_s", "bound"}}},
      "changed": [{"what", "baseline", "now"}], "regressions": [figure], "improvements": [figure],
      "verdict" ("regression"|"no regression"|"no baseline"), "accepted": null | {"reason"},
      "already_published" (a refused variant whose bytes a version already holds: that version; driver only),
@@ -74,7 +87,9 @@ REGRESSION_SCHEMA = "chattts-forge/regression/1"
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
           "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
-          "rtf_ratio_vs_reference": "RTF over its FP32", "first_audio_seconds": "first audio", "size_mb": "size"}
+          "rtf_ratio_vs_reference": "RTF over its FP32", "rtf_vs_baseline": "RTF (re-timed against it here)",
+          "first_audio_seconds": "first audio", "first_audio_ratio_vs_reference": "first audio over its FP32",
+          "size_mb": "size"}
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 NO_BASELINE = "no baseline: the first version of this model in the artifacts folder"
@@ -141,6 +156,25 @@ def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _first_audio(record: dict[str, Any] | None) -> dict[str, float]:
+    """{text: first audio seconds} of one latency record (its per-sentence runs; none before issue 38's
+    item 2 recorded them)."""
+    samples = ((record or {}).get("first_audio_seconds") or {}).get("samples") or []
+    out = {}
+    for s in samples:
+        value = _finite(s.get("seconds")) if isinstance(s, dict) else None
+        if value is not None and isinstance(s.get("text"), str):
+            out[s["text"]] = value
+    return out
+
+
+def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+    """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
+    latency = report.get("latency") or {}
+    mine, ref = _first_audio(latency.get("artifact")), _first_audio(latency.get("reference"))
+    return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
+
+
 def _pooled(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return (values * weights).sum(axis=-1) / weights.sum(axis=-1)
 
@@ -163,6 +197,15 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
     "wer": ("wer", _mean, "mean of per-sentence WER"),
     "cer": ("cer", _mean, "mean of per-sentence CER"),
     "rtf_ratio_vs_reference": ("rtf_over_fp32", _median, "median of per-sentence RTF / own FP32's RTF"),
+    "first_audio_seconds": ("first_audio", _median, "median of per-sentence first audio seconds"),
+    "first_audio_ratio_vs_reference": ("first_audio_over_fp32", _median,
+                                       "median of per-sentence first audio / own FP32's first audio"),
+}
+# per-sentence figures read from the latency records rather than the report's sentence rows
+_FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
+    "rtf_over_fp32": _rtf_over_fp32,
+    "first_audio": lambda report: _first_audio((report.get("latency") or {}).get("artifact")),
+    "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
 
@@ -188,8 +231,8 @@ def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> d
     """A figure compared per held-out sentence, or None when the two reports share no measured sentence."""
     key, stat, how = _PER_SENTENCE[figure]
     relative = REGRESSION_FIGURES[figure][2] == "relative"
-    if key == "rtf_over_fp32":
-        a, b = _rtf_over_fp32(new), _rtf_over_fp32(old)
+    if key in _FROM_LATENCY:
+        a, b = _FROM_LATENCY[key](new), _FROM_LATENCY[key](old)
         pairs = [(a[t], b[t], 1.0, 1.0) for t in sorted(a) if t in b]
     else:
         ra, rb = _rows(new), _rows(old)
@@ -312,8 +355,12 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
     waived = dict((report.get("gate") or {}).get("waived") or {})
     figures: dict[str, Any] = {}
     for figure in REGRESSION_FIGURES:
-        entry = (_sentence_figure(figure, report, old_report) if figure in _PER_SENTENCE
-                 else _point_figure(figure, report, old_report))
+        if figure == "rtf_vs_baseline":
+            continue  # measured now, not read from records (`retimed_figure`)
+        entry = _sentence_figure(figure, report, old_report) if figure in _PER_SENTENCE else None
+        if entry is None and figure in ("first_audio_seconds", "size_mb"):
+            # a baseline published before per-sentence first audio: the two medians, no interval
+            entry = _point_figure(figure, report, old_report)
         if entry is not None:
             figures[figure] = _judge(figure, entry, tolerances.get(figure), waived, name)
     regressions = [f for f, e in figures.items() if e["status"] == "regression"]
@@ -365,27 +412,96 @@ def no_baseline(note: str = NO_BASELINE) -> dict[str, Any]:
             "regressions": [], "improvements": [], "verdict": "no baseline", "accepted": None}
 
 
+def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
+    """(median, low, high): the median of the per-round ratios and its 95% bootstrap interval (seed 0)."""
+    arr = np.asarray([r for r in ratios if math.isfinite(r)], np.float64)
+    if arr.size == 0:
+        return math.inf, math.inf, math.inf
+    idx = np.random.default_rng(0).integers(0, arr.size, size=(RESAMPLES, arr.size))
+    alpha = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(np.median(arr[idx], axis=-1), [alpha, 1 - alpha])
+    return float(np.median(arr)), float(lo), float(hi)
+
+
+def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
+                   time_cap_s: float | None = None) -> dict[str, Any]:
+    """The `rtf_vs_baseline` figure: the variant and the baseline's same variant timed now, interleaved
+    on this machine (evaluate.latency.retime_against) on the report's timed sentences with its
+    settings; identical bytes are not timed (the same graphs: no cost, delta 0)."""
+    if identical:
+        return {"value": None, "baseline": None, "delta": 0.0, "low": 0.0, "high": 0.0, "relative": True, "n": 0,
+                "identical": True, "how": "the same bytes as the baseline's variant: not re-timed (no cost)"}
+    from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
+    from chattts_forge.log import get_logger, quiet_logger
+
+    latency = report.get("latency") or {}
+    sentences = [u["text"] for u in (latency.get("artifact") or {}).get("utterances") or [] if isinstance(u, dict)]
+    settings = report.get("settings") or {}
+    provider = "cuda" if "CUDA" in str((report.get("machine") or {}).get("provider")) else "cpu"
+    cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
+                        seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
+    synthetic = ((report.get("artifact") or {}).get("source") or {}).get("kind") == "synthetic"
+    with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
+        timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
+                                RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
+    ratio, lo, hi = _bootstrap_median(timing.pop("ratios"))
+    get_logger(__name__).info("regression gate: %s re-timed against %s on this machine: RTF ratio %.3f [%.3f, %.3f] "
+                              "(%d interleaved rounds, %s, %.1f s)", artifact_dir, baseline_dir, ratio, lo, hi,
+                              timing["rounds"], timing["stopped"], timing["seconds"])
+    return {"value": timing["artifact_rtf"], "baseline": timing["baseline_rtf"], "delta": ratio - 1, "low": lo - 1,
+            "high": hi - 1, "relative": True, "n": timing["rounds"], "timing": timing,
+            "how": "timed now on this machine: the variant and the baseline's in turn, sentence by sentence, the order "
+                   "rotated per round; median of the per-round RTF ratios, 95% bootstrap interval over rounds"}
+
+
+def _eval_corpus(report: dict[str, Any]) -> str | None:
+    """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
+    from chattts_forge.calibration_data.corpus import load_corpus
+
+    corpus = report.get("corpus") or {}
+    spec = corpus.get("spec")
+    if not isinstance(spec, str):
+        return None
+    try:
+        loaded = load_corpus(spec, max_sentences=(report.get("settings") or {}).get("max_sentences"))
+        return spec if loaded.sha256 == corpus.get("sha256") else None
+    except (ForgeError, OSError):
+        return None
+
+
 def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseline | None,
                           tolerances: dict[str, float], note: str = NO_BASELINE,
-                          eval_corpus: str | None = None) -> dict[str, Any]:
-    """The regression record of a built variant (its artifact folder and evaluation report folder).
-    For FP32, with `eval_corpus` (the build's held-out corpus), also its fidelity to the baseline's
-    FP32 (`fp32_against_baseline`; identical payloads are not measured: they give the same logits)."""
+                          retime_cap_s: float | None = None) -> dict[str, Any]:
+    """The regression record of a built variant (its artifact folder and evaluation report folder):
+    `compare` of the records, the RTF re-timed against the baseline's same variant (`retimed_figure`)
+    and, for FP32, its fidelity to the baseline's FP32 on the report's held-out corpus
+    (`fp32_against_baseline`). Identical payloads are measured by neither (same logits, same speed)."""
     sealed = read_report(report_dir)
     meta = ArtifactMeta.load(artifact_dir)
     if baseline is None or meta.variant not in baseline.variants:
         why = note if baseline is None else f"no baseline: {baseline.version} and older hold no {meta.variant}"
         return no_baseline(why)
     core = build_manifest_core(model=baseline.model, version="", variant=meta.variant, meta=meta, report=sealed)
-    record = compare(sealed.data, core, baseline.variants[meta.variant], baseline.version, tolerances)
-    if meta.variant == FALLBACK_VARIANT and eval_corpus is not None:
-        old = baseline.variants[meta.variant]
-        published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
-                     if p not in RESERVED_NAMES}
+    old = baseline.variants[meta.variant]
+    record = compare(sealed.data, core, old, baseline.version, tolerances)
+    published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
+                 if p not in RESERVED_NAMES}
+    identical = published == sealed.artifact_files
+    waived = dict((sealed.data.get("gate") or {}).get("waived") or {})
+    retimed = retimed_figure(artifact_dir, old, sealed.data, identical, retime_cap_s)
+    record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
+                                                  waived, f"{baseline.version}'s {meta.variant}")
+    record["regressions"] = [f for f, e in record["figures"].items() if e["status"] == "regression"]
+    record["improvements"] = [f for f, e in record["figures"].items() if e["status"] == "improved"]
+    record["verdict"] = "regression" if record["regressions"] else "no regression"
+    if meta.variant == FALLBACK_VARIANT:
+        corpus = _eval_corpus(sealed.data)
         record["fp32_against_baseline"] = (
             {"identical": True, "how": "the same FP32 bytes as the baseline's: not measured (same logits)"}
-            if published == sealed.artifact_files else
-            fp32_against_baseline(artifact_dir, old, eval_corpus, sealed.data.get("settings") or {}))
+            if identical else
+            {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
+                                        "recorded sha256"} if corpus is None else
+            fp32_against_baseline(artifact_dir, old, corpus, sealed.data.get("settings") or {}))
     return record
 
 

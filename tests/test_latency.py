@@ -20,6 +20,7 @@ from chattts_forge.evaluate.latency import (
     measure_against,
     measure_against_many,
     measure_artifact,
+    retime_against,
 )
 from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
 from chattts_forge.runtime.timing import RunFigures
@@ -88,6 +89,9 @@ def test_runs_alternate_and_a_clear_ratio_stops_inside_the_bound(fake) -> None:
     assert sorted(pair.artifact_waves) == sorted(pair.reference_waves) == ["001", "002", "003"]
     assert [u["runs"] for u in pair.artifact["utterances"]] == [2, 2, 2]
     assert pair.artifact["first_audio_seconds"]["runs"] == 2 and set(pair.reference["throughput"]) == {"1", "2"}
+    # per sentence, so the regression gate pairs them with another build's (publish.regression)
+    assert pair.artifact["first_audio_seconds"]["samples"] == pair.reference["first_audio_seconds"]["samples"] == [
+        {"text": SENTENCES[0], "seconds": 0.1}, {"text": SENTENCES[1], "seconds": 0.1}]
 
 
 def test_noise_stops_at_the_cap_scaled_by_the_first_pass(fake) -> None:
@@ -229,3 +233,32 @@ def test_evaluate_records_the_interleaved_gate_ratio_and_its_spread(tiny_artifac
     on_disk = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert on_disk["latency"]["ratios"]["vs_reference_rtf_interleaved"]["spread"] == inter["spread"]
     assert "interleaved: 90% interval" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_re_timing_against_a_baseline_alternates_the_two_and_keeps_every_round(fake, tmp_path) -> None:
+    """The regression gate's RTF against the baseline's same variant: one warm-up each, then rounds of
+    sentence r on both in turn (rotated); every round's ratio is returned for its interval."""
+    (tmp_path / "base").mkdir()
+    fake.seconds = staticmethod(lambda folder, i, k: (0.8 if folder == "art" else 1.0) * (1 + i))
+    timing = retime_against("art", "base", SENTENCES, LatencyConfig(**QUIET), clock=ticking())
+    rounds = timing["rounds"]
+    assert rounds == latency_mod.RETIME_MIN_ROUNDS and timing["stopped"] == "spread within bound"
+    assert fake.log[:2] == [("base", 0), ("art", 0)]  # the warm-ups
+    synth = fake.log[2:]
+    assert len(synth) == 2 * rounds
+    for r in range(rounds):
+        first, second = synth[2 * r], synth[2 * r + 1]
+        assert first[1] == second[1] == r % len(SENTENCES)
+        assert (first[0], second[0]) == (("base", "art") if r % 2 == 0 else ("art", "base"))
+    assert timing["ratios"] == pytest.approx([0.8] * rounds) and timing["sentences"] == len(SENTENCES)
+    assert not any(i == -1 for _, i in fake.log)  # RTF only: no first audio, throughput or memory
+
+
+def test_re_timing_noise_stops_at_its_cap(fake, tmp_path) -> None:
+    (tmp_path / "base").mkdir()
+    fake.seconds = staticmethod(lambda folder, i, k: (0.5 if k % 2 else 1.5) if folder == "art" else 1.0)
+    timing = retime_against("art", "base", SENTENCES, LatencyConfig(**QUIET), time_cap_s=3.0, clock=ticking())
+    assert timing["stopped"] == "time cap" and latency_mod.RETIME_MIN_ROUNDS <= timing["rounds"] < 20
+    assert len(timing["ratios"]) == timing["rounds"] and timing["time_cap_s"] == 3.0
+    with pytest.raises(ForgeError, match="no sentences"):
+        retime_against("art", "base", [], LatencyConfig(**QUIET))

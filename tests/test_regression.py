@@ -12,12 +12,18 @@ short) into one artifacts folder:
 4. the same with `--accept-regression int8-static --reason ...`: published as v2, its manifest
    records the regression and the reason, v2's page shows "since v1", the history page lists both
    versions, and `verify` checks both pages.
+
+Between 3 and 4, a plain `chattts-forge publish` of build 3's int8-static: refused the same way (exit 2,
+the driver's one-line error, nothing written); with the accept flag, into a copy of the folder, it
+publishes with the record the driver writes. Build 3's int8-static differs from v1's, so its RTF is
+re-timed against v1's on this machine (`rtf_vs_baseline`); identical bytes (build 2, FP32) are not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +48,11 @@ def drive(build: Path, to: Path, *extra: str) -> subprocess.CompletedProcess[str
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHONHASHSEED": "0"})
 
 
+def forge(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chattts_forge.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.name != ".publish.lock"}
@@ -62,6 +73,15 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["after_identical"] = tree(to)
     out["worse"] = drive(base / "build", to, "--stage-args", WORSE)
     out["after_worse"] = tree(to)
+    work = base / "build" / "synthetic-tiny-seed0"
+    publish = ("publish", "--artifact", work / "quantized" / "int8-static", "--report", work / "reports" / "int8-static")
+    out["publish_worse"] = forge(*publish, "--to", to)
+    out["after_publish_worse"] = tree(to)
+    copy = base / "artifacts-copy"
+    shutil.copytree(to, copy)
+    out["publish_accepted"] = forge(*publish, "--to", copy, "--accept-regression", "int8-static", "--reason", REASON)
+    out["publish_other_variant"] = forge(*publish, "--to", copy, "--accept-regression", "fp32", "--reason", REASON)
+    out["copy"] = copy
     out["accepted"] = drive(base / "build", to, "--stage-args", WORSE, "--accept-regression", "int8-static",
                             "--reason", REASON)
     out["reports"] = base / "build" / "synthetic-tiny-seed0" / "reports"
@@ -162,6 +182,51 @@ def test_another_fp32_shows_in_the_fp32_against_baseline_measurement(builds) -> 
     assert other["code_agreement"]["low"] <= other["code_agreement"]["value"] < 0.99 and other["code_kl"]["value"] > 0.01
 
 
+@pytest.mark.slow
+def test_a_plain_publish_refuses_and_records_as_the_driver_does(builds) -> None:
+    proc = builds["publish_worse"]
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    [driver_error] = [line for line in builds["worse"].stderr.splitlines() if line.startswith("error:")]
+    assert error == driver_error  # the same figures refused, the same words
+    assert "regression gate: int8-static: REGRESSION against v1" in proc.stdout
+    assert builds["after_publish_worse"] == builds["after_worse"]  # nothing written
+    # told to accept it, publish writes the record the driver writes (the re-timing aside: measured now)
+    accepted = builds["publish_accepted"]
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    mine = manifest(builds["copy"], "v2", "int8-static")["regression"]
+    theirs = manifest(builds["to"], "v2", "int8-static")["regression"]
+    assert mine["accepted"] == {"reason": REASON} and mine["verdict"] == "regression"
+    for key in ("baseline", "changed", "regressions", "verdict", "accepted"):
+        assert mine[key] == theirs[key], key
+    assert {f: e for f, e in mine["figures"].items() if f != "rtf_vs_baseline"} == \
+        {f: e for f, e in theirs["figures"].items() if f != "rtf_vs_baseline"}
+    other = builds["publish_other_variant"]
+    assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == \
+        "error: --accept-regression names variant(s) other than this artifact's: fp32"
+
+
+@pytest.mark.slow
+def test_first_audio_has_its_interval_and_changed_bytes_are_re_timed_against_the_baseline(builds) -> None:
+    records = json.loads((builds["reports"] / "regression.json").read_text())  # build 3 against v1
+    figures = records["int8-static"]["figures"]
+    for figure in ("first_audio_seconds", "first_audio_ratio_vs_reference"):
+        e = figures[figure]
+        assert e["n"] == 3 and e["low"] <= e["delta"] <= e["high"] and e["relative"], e
+        assert e["status"] == "waived"  # tiny timings: measured, reported, not judged
+    tolerances = json.loads((builds["reports"] / "int8-static" / "report.json").read_text())["gate"]["regression"]
+    assert tolerances == load_gate(None)["regression"] and tolerances["first_audio_ratio_vs_reference"] == 0.25
+    retimed = figures["rtf_vs_baseline"]
+    timing = retimed["timing"]
+    assert "identical" not in retimed and timing["rounds"] == retimed["n"] >= 4 and timing["sentences"] == 3
+    assert retimed["low"] <= retimed["delta"] <= retimed["high"] and retimed["status"] == "waived"
+    assert timing["artifact_rtf"] > 0 and timing["baseline_rtf"] > 0 and timing["seconds"] > 0
+    assert records["fp32"]["figures"]["rtf_vs_baseline"]["identical"] is True  # the same FP32 bytes: not timed
+    again = json.loads((builds["to"].parent / "build-again" / "synthetic-tiny-seed0" / "reports"
+                        / "regression.json").read_text())
+    assert all(r["figures"]["rtf_vs_baseline"].get("identical") for r in again.values())
+
+
 # ---- the comparison on its own (published records, no build) --------------------------------------------
 
 
@@ -203,6 +268,30 @@ def test_a_paired_drop_beyond_the_tolerance_is_a_regression_and_a_rise_an_improv
     # one sentence worse, one better: the interval holds zero, so it is noise, not a regression
     mixed = compare(_report(_rows([0.80, 0.99, 0.95, 0.91])), core, folder, "v1", tolerances)
     assert mixed["figures"]["code_agreement"]["status"] in ("same", "worse") and mixed["verdict"] == "no regression"
+
+
+def _first_audio_report(mine: list[float], fp32: list[float]) -> dict[str, Any]:
+    report = _report([])
+    report["latency"] = {side: {"first_audio_seconds": {"samples": [
+        {"text": f"sentence {i}", "seconds": s} for i, s in enumerate(values)]}}
+        for side, values in (("artifact", mine), ("reference", fp32))}
+    return report
+
+
+def test_first_audio_over_its_fp32_is_judged_per_sentence_with_its_interval(tmp_path: Path) -> None:
+    tolerances = load_gate(None)["regression"]
+    fp32 = [0.20, 0.30, 0.25]
+    folder, core = _published(tmp_path, _first_audio_report([0.22, 0.33, 0.27], fp32), {})
+    slower = compare(_first_audio_report([0.33, 0.48, 0.40], fp32), core, folder, "v1", tolerances)
+    e = slower["figures"]["first_audio_ratio_vs_reference"]
+    assert e["n"] == 3 and e["relative"] and e["status"] == "regression"
+    assert e["low"] > tolerances["first_audio_ratio_vs_reference"] and e["low"] <= e["delta"] <= e["high"]
+    seconds = slower["figures"]["first_audio_seconds"]  # no tolerance in the shipped gate: reported only
+    assert seconds["tolerance"] is None and seconds["status"] == "worse" and seconds["low"] is not None
+    # the whole machine slower (FP32 too): seconds worse, the ratio to its own FP32 within noise
+    loaded = compare(_first_audio_report([0.33, 0.50, 0.40], [0.30, 0.45, 0.37]), core, folder, "v1", tolerances)
+    assert loaded["figures"]["first_audio_ratio_vs_reference"]["status"] in ("same", "worse")
+    assert loaded["verdict"] == "no regression"
 
 
 def test_a_figure_the_variants_gate_waived_is_reported_not_judged(tmp_path: Path) -> None:
