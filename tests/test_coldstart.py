@@ -359,8 +359,8 @@ def test_serve_measures_after_its_first_reply_and_opens_a_moved_route_first(fp16
     injected = steps.settings(tmp_path)
 
     class Injected(tuning.AutotuneSettings):  # what a server with autotune on makes: the injected steps
-        def __init__(self) -> None:
-            super().__init__(**{f: getattr(injected, f) for f in injected.__dataclass_fields__})
+        def __init__(self, **changed) -> None:
+            super().__init__(**{**{f: getattr(injected, f) for f in injected.__dataclass_fields__}, **changed})
 
     monkeypatch.setattr(tuning, "AutotuneSettings", Injected)
     monkeypatch.setenv("CHATTTS_FORGE_AUTOTUNE", "1")
