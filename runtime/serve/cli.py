@@ -63,10 +63,7 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
                    "Ray Serve's HTTP proxy listens on --host/--port (the scale extra).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --ray: replicas of the server, each loading the version (Ray Serve spreads requests).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Server processes sharing the port (and the saved sessions' weight pages); without --threads "
-                   "each takes cores / N onnxruntime threads.")
-def serve(ray_address: str | None, replicas: int, workers: int, **options: Any) -> None:
+def serve(ray_address: str | None, replicas: int, **options: Any) -> None:
     """Serve an artifact over HTTP: OpenAI's POST /v1/audio/speech, a ChatTTS-native endpoint, metrics.
 
     Every request runs through the continuous-batching scheduler; /readyz answers 200 once the
@@ -84,17 +81,10 @@ def serve(ray_address: str | None, replicas: int, workers: int, **options: Any) 
     if ray_address is not None:
         from chattts_forge.runtime.serve.ray_serve import serve_on_ray
 
-        if workers != 1:
-            raise ForgeError("--workers is for one host without Ray (with --ray: --replicas)")
         serve_on_ray(cfg, ray_address, replicas)
         return
     if replicas != 1:
         raise ForgeError("--replicas needs --ray (one server process serves one replica)")
-    if workers != 1:
-        from chattts_forge.runtime.serve.workers import serve_workers
-
-        serve_workers(cfg, workers)
-        return
     from chattts_forge.runtime.serve.server import serve as run
 
     run(cfg)

@@ -10,7 +10,7 @@
     python coldstart.py serve TARGET [--fresh] [--reps 3] [--port 8931]
         `chattts-forge serve` started REPS times: seconds to /readyz 200 and to the first reply (one
         short /v1/audio/speech request), and its RSS then
-    python coldstart.py workers TARGET [--reps 3] [--requests 16] [--concurrency 4]
+    python coldstart.py workers TARGET [--reps 3] [--requests 16] [--concurrency 4]     # at commit ffee273 (serve --workers)
         `serve` (one process) and `serve --workers 2`, interleaved REPS times on the same host cache:
         PSS of all its processes (/proc/PID/smaps_rollup) once every worker is ready and warm, then
         REQUESTS short requests at CONCURRENCY: sentences/s and the processes' CPU seconds
