@@ -16,6 +16,11 @@ the build, hardware-independent) beside the build machine's speed ranking (`buil
   and the manifest hashes of the version's variants: the second load reads it (no timing). The write
   is atomic; an unreadable or mismatched cache file is ignored (measured again, rewritten).
 
+On a host with no cached record (`AutotuneSettings.cold_cache`, default "defer") the first load
+times nothing: it serves the build's ranking (source "build", `pending` True) and the measurement
+runs later, off the path to the first audio (`Router.tune_deferred`: `synth` after its files are
+written, `serve` in the background after its first reply); "measure" times before the first text.
+
 `autotune=False` (Router), `synth --no-autotune` or `CHATTTS_FORGE_AUTOTUNE=0` take the build's
 ranking as it is. The record (`Router.autotune`) is what `synth` logs and a server can export.
 """
@@ -55,6 +60,7 @@ AUTOTUNE_ENV = "CHATTTS_FORGE_AUTOTUNE"  # "0"/"false"/"off": the build's rankin
 PROMPT_POSITIONS = 8
 CODES_PER_CHAR = 12
 OPEN_BUCKET_SPAN = 1.5  # an open-ended bucket (> N chars) is taken at 1.5 N characters
+COLD_CACHE_CHOICES = ("defer", "measure")
 
 # (variant folder, context positions) -> one repeatable GPT decode step at that context
 StepFactory = Callable[[Path, int], Callable[[], object]]
@@ -80,9 +86,12 @@ def user_cache_dir() -> Path:
 @dataclass
 class AutotuneSettings:
     """The first-load self-benchmark. `time_cap_s` bounds all buckets together (each gets its share);
-    `step_factory` and `clock` replace the real GPT steps and timer (tests inject step costs)."""
+    `step_factory` and `clock` replace the real GPT steps and timer (tests inject step costs).
+    `cold_cache`: what a load that finds no cached record does - "defer" (the build's ranking now,
+    the measurement later through `Router.tune_deferred`) or "measure" (time now, before any text)."""
 
     time_cap_s: float = 6.0
+    cold_cache: str = "defer"
     bound: float = 0.03
     use_cache: bool = True
     cache_dir: Path | None = None
@@ -247,6 +256,16 @@ def choose_routes(
             cached["source"] = "cache"
             cached["cache_file"] = str(path)
             return cached
+    if settings.cold_cache not in COLD_CACHE_CHOICES:
+        raise ForgeError(f"AutotuneSettings.cold_cache must be one of {', '.join(COLD_CACHE_CHOICES)}, "
+                         f"got {settings.cold_cache!r}")
+    if to_rank and settings.cold_cache == "defer":
+        # Opening and timing every passing variant (FP32's 1.9 GB hashed and packed included) is most of
+        # a fresh host's cold start: serve what the build measured until this host's figures exist.
+        record = build_choice(table, "this host has not measured the version yet: the measurement runs "
+                                     "after the first texts")
+        record.update(pending=True, key=key)
+        return record
     t0 = settings.clock()
     record: dict[str, Any] = {"schema": AUTOTUNE_SCHEMA, "source": "measured", "key": key, "cache_file": None,
                               "buckets": {}}

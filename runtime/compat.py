@@ -347,7 +347,14 @@ class Chat:
         runtime = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine, "verify": cfg.verify,
                    "public_key": cfg.public_key}
         if cfg.variant is None and (version / ROUTING_NAME).is_file():
-            router = Router(version, autotune=cfg.autotune, keep_measured=True, **runtime)
+            # A Chat holds one variant for its life, so a cold autotune cache is measured at load, not later.
+            from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
+
+            autotune: bool | AutotuneSettings = autotune_default() if cfg.autotune is None else cfg.autotune
+            if autotune is not False:
+                autotune = replace(autotune if isinstance(autotune, AutotuneSettings) else AutotuneSettings(),
+                                   cold_cache="measure")
+            router = Router(version, autotune=autotune, keep_measured=True, **runtime)
             variant = router.routes[router.buckets[-1].name]
             self.autotune = router.autotune
             self.logger.info("load: %s serves %s, the host's choice for its longest bucket (%s)", version, variant,

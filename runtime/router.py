@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +297,8 @@ class Router:
             raise ForgeError(f"variant {variant!r} is not published in {self.path} (published: {', '.join(published)})")
         self.pipeline_kwargs = pipeline_kwargs
         steps = None
+        self._settings: AutotuneSettings | None = None
+        self._tune_lock = threading.Lock()
         if autotune is None:
             autotune = tuning.autotune_default()
         if variant is not None:
@@ -304,12 +307,10 @@ class Router:
             self.autotune = tuning.build_choice(self.table, "autotune off")
         else:
             settings = autotune if isinstance(autotune, tuning.AutotuneSettings) else tuning.AutotuneSettings()
-            provider, threads = pipeline_kwargs.get("provider", "cpu"), pipeline_kwargs.get("threads")
-            engine = pipeline_kwargs.get("engine", "auto")
-            steps = tuning.RuntimeSteps(provider, threads, engine, verify=pipeline_kwargs.get("verify", "sha256"),
-                                        public_key=pipeline_kwargs.get("public_key"))
-            self.autotune = tuning.choose_routes(self.path, self.table, settings, provider=provider, threads=threads,
-                                                 engine=engine, steps=steps)
+            self._settings = settings
+            steps = self._runtime_steps()
+            self.autotune = tuning.choose_routes(self.path, self.table, settings, steps=steps,
+                                                 **self._tuning_kwargs())
         self.routes = {name: b["variant"] for name, b in self.autotune["buckets"].items()}
         # keep_measured: the artifacts autotune opened for the variants served here become their
         # Pipelines' (sessions opened once); else they go now and a variant opens on its first text.
@@ -338,6 +339,67 @@ class Router:
                             ", ".join(moved))
         self._pipes: dict[str, Pipeline] = {}
         self._front: TextFront | None = None
+
+    # ---- the host's measurement, when it was deferred -------------------------------------------
+
+    def _tuning_kwargs(self) -> dict[str, Any]:
+        kw = self.pipeline_kwargs
+        return {"provider": kw.get("provider", "cpu"), "threads": kw.get("threads"), "engine": kw.get("engine", "auto")}
+
+    def _runtime_steps(self) -> Any:
+        from chattts_forge.runtime.autotune import RuntimeSteps
+
+        kw = self.pipeline_kwargs
+        return RuntimeSteps(**self._tuning_kwargs(), verify=kw.get("verify", "sha256"), public_key=kw.get("public_key"))
+
+    @property
+    def tune_pending(self) -> bool:
+        """True while the routes are the build's because this host's measurement was deferred (a cold
+        autotune cache: `AutotuneSettings.cold_cache` "defer"); `tune_deferred` runs it."""
+        return bool(self.autotune.get("pending"))
+
+    def measure_deferred(self) -> dict[str, Any] | None:
+        """This host's measurement that the first load deferred (every passing variant of each ranked
+        bucket opened, timed and dropped; the record cached as a measuring load would), not yet applied:
+        `apply_routes(record)` does. None when nothing is pending (or another call is measuring)."""
+        from dataclasses import replace
+
+        from chattts_forge.runtime import autotune as tuning
+
+        if not self.tune_pending or self._settings is None or not self._tune_lock.acquire(blocking=False):
+            return None
+        try:
+            if not self.tune_pending:
+                return None
+            log.info("router: measuring this host's routes for %s (deferred from the first load)", self.path)
+            settings = replace(self._settings, cold_cache="measure")
+            record = tuning.choose_routes(self.path, self.table, settings, **self._tuning_kwargs())
+            record["deferred"] = True
+            return record
+        finally:
+            self._tune_lock.release()
+
+    def apply_routes(self, record: dict[str, Any]) -> None:
+        """Route by `record` (a measurement's) from now on; logs one line per bucket."""
+        from chattts_forge.runtime import autotune as tuning
+        from chattts_forge.runtime.phrase_cache import payload_sha256
+
+        routes = {name: b["variant"] for name, b in record["buckets"].items()}
+        if self.cache is not None:
+            covered = set(self.cache.artifacts.values())
+            self._cached_variants |= {v for v in routes.values() if payload_sha256(self.path / v) in covered}
+        self.autotune, self.routes = record, routes  # two assignments: a reader sees either whole dict
+        where = f" ({record['source']}{': ' + record['cache_file'] if record.get('cache_file') else ''})"
+        for line in tuning.describe(record):
+            log.info("router%s: %s", where, line)
+
+    def tune_deferred(self) -> dict[str, Any]:
+        """Measure and apply what the first load deferred (`measure_deferred`, `apply_routes`); returns
+        the record now routed by (unchanged when nothing was pending)."""
+        record = self.measure_deferred()
+        if record is not None:
+            self.apply_routes(record)
+        return self.autotune
 
     def variants_in_use(self) -> set[str]:
         return {self.override} if self.override else set(self.routes.values())

@@ -285,6 +285,10 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
         assert speaker_used is not None
         atomic_write_text(cfg.speaker_out, speaker_used + "\n")
         log.info("wrote speaker string %s", cfg.speaker_out)
+    if router is not None and router.tune_pending:  # the audio is written: measure this host for later loads
+        log.info("autotune: this host has no measurement of %s yet: timing its passing variants now, after the "
+                 "audio (once per host; --no-autotune skips it)", cfg.artifact)
+        router.tune_deferred()
 
 
 def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params: SynthParams,

@@ -146,7 +146,8 @@ def _settings(tmp_path: Path, clock: FakeClock, costs: dict[str, float], opened:
             opened.append((folder.name, context))
         return costed_step(clock, [costs[folder.name]])
 
-    return AutotuneSettings(clock=clock, step_factory=factory, cache_dir=tmp_path / "autotune-cache")
+    return AutotuneSettings(clock=clock, step_factory=factory, cache_dir=tmp_path / "autotune-cache",
+                            cold_cache="measure")
 
 
 def test_injected_step_costs_decide_the_host_choice_and_the_cache_is_hit(version: Path, tmp_path: Path, caplog) -> None:
@@ -199,7 +200,8 @@ def test_inside_the_noise_the_build_choice_stays(version: Path, tmp_path: Path) 
     def factory(folder: Path, context: int):
         return costed_step(clock, calls[folder.name])
 
-    settings = AutotuneSettings(clock=clock, step_factory=factory, cache_dir=tmp_path / "c", time_cap_s=1.0, bound=0.001)
+    settings = AutotuneSettings(clock=clock, step_factory=factory, cache_dir=tmp_path / "c", time_cap_s=1.0, bound=0.001,
+                                cold_cache="measure")
     router = Router(version, threads=1, autotune=settings)
     assert router.routes["short"] == "fp16"
     assert "the simpler fp16 is kept" in router.autotune["buckets"]["short"]["reason"]
@@ -219,7 +221,8 @@ def test_autotune_off_and_variant_take_the_build_ranking(version: Path, tmp_path
 
 
 def test_real_steps_on_tiny_artifacts_choose_a_passing_variant(version: Path, tmp_path: Path) -> None:
-    router = Router(version, threads=1, autotune=AutotuneSettings(time_cap_s=0.6, cache_dir=tmp_path / "c"))
+    router = Router(version, threads=1, autotune=AutotuneSettings(time_cap_s=0.6, cache_dir=tmp_path / "c",
+                                                                     cold_cache="measure"))
     for name in ("short", "medium"):
         b = router.autotune["buckets"][name]
         assert b["variant"] in b["passing"] and b["comparison"]["rounds"] >= RatioSettings().min_rounds

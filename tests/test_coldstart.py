@@ -9,6 +9,7 @@ makes is recorded (`opened`), so the tests check what is opened when, never how 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +122,7 @@ def test_an_autotune_cache_hit_opens_no_variant_before_its_first_text(fp16_versi
     from chattts_forge.runtime.autotune import AutotuneSettings
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    settings = AutotuneSettings(time_cap_s=0.5, cache_dir=tmp_path / "autotune")
+    settings = AutotuneSettings(time_cap_s=0.5, cache_dir=tmp_path / "autotune", cold_cache="measure")
     assert Router(fp16_version, threads=1, autotune=settings).autotune["source"] == "measured"  # opens both
     assert {v for v, _ in opened.sessions} == {"fp16", "fp32"}
     # what autotune times is not saved as a session: a variant timed here may never be served
@@ -248,3 +249,137 @@ def test_saved_sessions_keep_the_most_recently_used(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
     saved.prune(keep=2, max_bytes=150)  # the newest stays whatever its size; the next would pass the bound
     assert [p.name for p in tmp_path.iterdir()] == ["newest"]
+
+
+# ---- a cold autotune cache: the build's routes first, the host's measurement after -----------------
+
+
+class TimedSteps:
+    """An injected step factory: which variants are timed, and when (each step costs the fake clock
+    `costs[variant]`); on this "host" fp32 steps faster than fp16, the opposite of the build's table."""
+
+    def __init__(self, costs: dict[str, float] | None = None) -> None:
+        self.costs = costs or {"fp32": 0.002, "fp16": 0.005}
+        self.now = 0.0
+        self.timed: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, folder: Path, context: int):
+        self.timed.append(folder.name)
+
+        def step() -> None:
+            self.now += self.costs[folder.name]
+
+        return step
+
+    def settings(self, tmp_path: Path, **kw):
+        from chattts_forge.runtime.autotune import AutotuneSettings
+
+        return AutotuneSettings(clock=self.clock, step_factory=self, cache_dir=tmp_path / "autotune", **kw)
+
+
+def test_a_cold_autotune_cache_times_and_opens_nothing_before_the_first_audio(fp16_version: Path, opened: Opened,
+                                                                              tmp_path: Path) -> None:
+    steps = TimedSteps()
+    router = Router(fp16_version, threads=1, autotune=steps.settings(tmp_path))
+    rec = router.autotune
+    assert rec["source"] == "build" and rec["pending"] and router.tune_pending
+    assert "has not measured" in rec["buckets"]["short"]["reason"]
+    assert steps.timed == [] and opened.variants() == set() and not (tmp_path / "autotune").exists()
+    assert router.routes == {"short": "fp16", "medium": "fp16", "long": "fp16"}  # the build's record
+    router.synthesize(SHORT, params())
+    assert opened.variants() == {"fp16"} and steps.timed == []
+
+    record = router.tune_deferred()  # what synth does after its files, serve after its first reply
+    assert set(steps.timed) == {"fp16", "fp32"} and record is router.autotune
+    assert record["source"] == "measured" and record["deferred"] and not router.tune_pending
+    assert Path(record["cache_file"]).is_file() and router.routes["short"] == "fp32"
+    assert record["buckets"]["short"]["comparison"]["candidates"]["fp32"]["ratio"] == pytest.approx(0.4)
+    timed = len(steps.timed)
+    assert router.tune_deferred() is record and len(steps.timed) == timed  # nothing pending: nothing timed again
+    router.synthesize(SHORT, params())  # the moved route opens fp32 on its first text
+    assert opened.variants() == {"fp16", "fp32"}
+
+    steps.timed.clear()
+    again = Router(fp16_version, threads=1, autotune=steps.settings(tmp_path))
+    assert again.autotune["source"] == "cache" and not again.tune_pending and steps.timed == []
+    assert again.routes == router.routes
+
+
+def test_cold_cache_measure_times_before_the_first_text(fp16_version: Path, tmp_path: Path) -> None:
+    from chattts_forge.errors import ForgeError
+
+    steps = TimedSteps()
+    router = Router(fp16_version, threads=1, autotune=steps.settings(tmp_path, cold_cache="measure"))
+    assert router.autotune["source"] == "measured" and not router.tune_pending and set(steps.timed) == {"fp16", "fp32"}
+    with pytest.raises(ForgeError, match="cold_cache must be one of"):
+        Router(fp16_version, threads=1, autotune=steps.settings(tmp_path / "other", cold_cache="later"))
+
+
+def test_synth_writes_its_audio_before_the_deferred_measurement(fp16_version: Path, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    from chattts_forge.runtime import autotune as tuning
+
+    steps = TimedSteps()
+    written_before_timing: list[bool] = []
+    out = tmp_path / "a.wav"
+
+    def factory(folder: Path, context: int):
+        written_before_timing.append(out.is_file())
+        return steps(folder, context)
+
+    injected = tuning.AutotuneSettings(clock=steps.clock, step_factory=factory, cache_dir=tmp_path / "autotune")
+    real = tuning.choose_routes
+    monkeypatch.setattr(tuning, "choose_routes",
+                        lambda folder, table, settings, **kw: real(folder, table, replace(injected,
+                                                                                          cold_cache=settings.cold_cache),
+                                                                   **kw))
+    args = ["synth", "--artifact", str(fp16_version), "--autotune", "--text", SHORT, "--no-refine", "--seed", "0",
+            "--max-new-token", str(STEPS), "--threads", "1", "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert written_before_timing and all(written_before_timing) and set(steps.timed) == {"fp16", "fp32"}
+    assert res.output.index("wrote ") < res.output.index("timing its passing variants now")
+    steps.timed.clear()
+    res = CliRunner().invoke(main, args)  # the host's record is cached: nothing timed, before or after
+    assert res.exit_code == 0, res.output
+    assert steps.timed == [] and "(cache: " in res.output
+
+
+def test_serve_measures_after_its_first_reply_and_opens_a_moved_route_first(fp16_version: Path, opened: Opened,
+                                                                            tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("starlette", reason="serve needs the serve extra")
+    from chattts_forge.runtime import autotune as tuning
+    from chattts_forge.runtime.serve.config import ServeConfig
+    from chattts_forge.runtime.serve.engine import ServedVersion
+
+    steps = TimedSteps()
+    injected = steps.settings(tmp_path)
+
+    class Injected(tuning.AutotuneSettings):  # what a server with autotune on makes: the injected steps
+        def __init__(self, **changed) -> None:
+            super().__init__(**{**{f: getattr(injected, f) for f in injected.__dataclass_fields__}, **changed})
+
+    monkeypatch.setattr(tuning, "AutotuneSettings", Injected)
+    monkeypatch.setenv("CHATTTS_FORGE_AUTOTUNE", "1")
+    version = ServedVersion(fp16_version, ServeConfig(artifact=str(fp16_version), threads=1))
+    try:
+        assert version.router is not None and version.router.tune_pending and steps.timed == []
+        assert set(version.pipes) == {"fp16"} and opened.variants() == {"fp16"}
+        version.begin()
+        assert version._tune_thread is None  # nothing measured while the first request runs
+        version.end()  # the first reply is out
+        assert version._tune_thread is not None
+        version._tune_thread.join(timeout=120)
+        assert set(steps.timed) == {"fp16", "fp32"} and not version.router.tune_pending
+        # fp32 now serves short texts: its pipeline and scheduler were opened before the route moved
+        assert version.router.routes["short"] == "fp32" and set(version.schedulers) == {"fp16", "fp32"}
+        assert version.variant_for(None, SHORT) == "fp32"
+        first = version._tune_thread
+        version.begin()
+        version.end()
+        assert version._tune_thread is first  # measured once
+    finally:
+        version.close()

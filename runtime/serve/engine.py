@@ -24,6 +24,7 @@ with the defaults and is the same audio without one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -106,6 +107,7 @@ class ServedVersion:
         self.file_cache: PhraseCache | None = None
         self.redis = None
         self.inflight = 0  # requests admitted and not yet ended (a reload drains the old version by it)
+        self._tune_thread: threading.Thread | None = None  # the deferred autotune (started after the first reply)
         self._inflight_lock = threading.Condition()
         try:
             self._load(kwargs, cfg, voices or {})
@@ -226,7 +228,10 @@ class ServedVersion:
             return model
         if self.router is None:
             return next(iter(self.pipes))
-        return self.router.routes[bucket_of(text_length(normalised), table_buckets(self.router.table)).name]
+        variant = self.router.routes[bucket_of(text_length(normalised), table_buckets(self.router.table)).name]
+        if variant not in self.pipes:  # a route the deferred autotune moved after the first reply
+            self._open(variant)
+        return variant
 
     def prepare(self, text: str, params: SynthParams, model: str | None = None) -> Prepared:
         """Normalise, route, check, look the request up in the caches (by the text before
@@ -284,6 +289,28 @@ class ServedVersion:
         with self._inflight_lock:
             self.inflight -= 1
             self._inflight_lock.notify_all()
+            start_tune = self.router is not None and self.router.tune_pending and self._tune_thread is None
+            if start_tune:
+                self._tune_thread = threading.Thread(target=self.tune_deferred, name="forge-autotune", daemon=True)
+        if start_tune:
+            self._tune_thread.start()
+
+    def tune_deferred(self) -> None:
+        """After the first reply: this host's measurement the load deferred (a cold autotune cache), at
+        the lowest CPU priority; a variant it routes to is opened (its scheduler started) before any
+        text goes there. The build's routes serve until then, and on any failure (logged)."""
+        assert self.router is not None
+        with contextlib.suppress(OSError):  # this thread and the session threads it creates yield to serving
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            record = self.router.measure_deferred()
+            if record is None:
+                return
+            for variant in sorted({b["variant"] for b in record["buckets"].values()} - set(self.pipes)):
+                self._open(variant)
+            self.router.apply_routes(record)
+        except Exception as e:  # noqa: BLE001 - the server keeps serving the build's routes
+            log.error("autotune after the first reply failed (still serving the build's routes): %s", e)
 
     def drain(self, timeout: float) -> bool:
         """Wait until no admitted request runs (True) or `timeout` seconds passed (False)."""
