@@ -420,7 +420,8 @@ class Soak:
             statuses[str(o.status)] = statuses.get(str(o.status), 0) + 1
         formats = {f: sum(1 for o in healthy if o.fmt == f and o.ok) for f in FORMATS}
         hits = [o for o in healthy if o.kind == "hit"]
-        windows = _windows(outcomes, cfg.window_s, wall)
+        period = min(wall, cfg.seconds)  # the time requests were sent (then the last ones finish)
+        windows = _windows(outcomes, cfg.window_s, period)
         failed_reloads = [r for r in self.reloads if r["status"] != 200]
         report = {
             "schema": SCHEMA,
@@ -445,7 +446,7 @@ class Soak:
             "failed_reloads": len(failed_reloads),
             "windows": windows,
             "samples": self.samples,
-            "drift": drift(self.samples, windows, outcomes, wall),
+            "drift": drift(self.samples, windows, outcomes, period),
         }
         return report
 
@@ -469,8 +470,9 @@ def _windows(outcomes: list[Outcome], window_s: float, wall: float) -> list[dict
 
 def drift(samples: list[dict[str, float]], windows: list[dict[str, Any]], outcomes: list[Outcome],
           wall: float) -> dict[str, Any]:
-    """RSS of the last 5 minutes / minutes 2-5, fds and threads last / first, each window's p99 after
-    the first 10 minutes / theirs (spans scaled to a run shorter than 15 minutes)."""
+    """RSS of the last 5 minutes / minutes 2-5, fds and threads last (the final sample, once the last
+    requests finished) / first, each window's p99 after the first 10 minutes / theirs, over the
+    `wall` seconds requests were sent (spans scaled to a run shorter than 15 minutes)."""
     scale = min(1.0, wall / 900.0)
     early = (120 * scale, 300 * scale)
     late = wall - 300 * scale

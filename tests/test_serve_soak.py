@@ -41,8 +41,9 @@ ALL_FAIL = {"short": (False, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}
 
 @pytest.fixture(scope="module")
 def versions(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two published versions of one model (v1, v2): fp32 routes every bucket, fp16 is published but
-    opened only when a request names it; v1 has a phrase cache of two phrases."""
+    """Two published versions (publish keeps one copy of identical bytes per model: the second under a
+    model name of its own): fp32 routes every bucket, fp16 is published but opened only when a request
+    names it; the first has a phrase cache of two phrases."""
     from chattts_forge.publish.version_files import publish_version_files
 
     tmp = tmp_path_factory.mktemp("soak-versions")
@@ -52,19 +53,19 @@ def versions(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathF
     cache = tmp / "phrase_cache.bin"
     build_phrase_cache(v1, phrases, cache, SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS)), threads=1)
     publish_version_files(v1, cache_file=cache)
-    v2 = _publish_as(tiny_artifacts, tmp, "v2")  # the same bytes would publish no new version: a named one
-    assert v1.parent == v2.parent and v1.name == "v1" and v2.name == "v2"
+    v2 = _publish_as(tiny_artifacts, tmp, "soak-next")  # the same bytes under a model name of their own
+    assert model_id(v1) != model_id(v2) and v1.parent.parent == v2.parent.parent
     return v1, v2
 
 
-def _publish_as(artifacts: dict[str, Path], work: Path, version: str) -> Path:
+def _publish_as(artifacts: dict[str, Path], work: Path, model: str) -> Path:
     from chattts_forge.publish import publish_artifact
     from chattts_forge.publish.version_files import publish_version_files
 
     for variant, buckets in (("fp32", ALL_PASS), ("fp16", ALL_FAIL)):
         rdir = work / "reports" / variant
         write_stand_in_report(rdir, artifacts[variant], buckets=buckets)
-        result = publish_artifact(artifacts[variant], rdir, work / "artifacts", version=version)
+        result = publish_artifact(artifacts[variant], rdir, work / "artifacts", model=model)
     publish_version_files(result.path.parent)
     return result.path.parent
 
@@ -212,6 +213,9 @@ def test_kill_9_in_the_middle_of_a_reload_then_a_restart_serves_one_complete_ver
 
         worker = threading.Thread(target=traffic, daemon=True)
         worker.start()
+        deadline = time.time() + 120
+        while not statuses and time.time() < deadline:  # traffic flows before the reload begins
+            time.sleep(0.05)
         atomic_symlink(v2, link)  # the install: one rename
         proc.send_signal(signal.SIGHUP)
         deadline = time.time() + 60
@@ -229,7 +233,7 @@ def test_kill_9_in_the_middle_of_a_reload_then_a_restart_serves_one_complete_ver
         assert ready["model"] == model_id(served) == model_id(v2)
         assert verify_path(served).ok, verify_path(served).problems  # every file its manifest lists, no other
         manifests = [json.loads((served / v / "manifest.json").read_text()) for v in ("fp32", "fp16")]
-        assert {m["version"] for m in manifests} == {served.name}
+        assert {(m["model"], m["version"]) for m in manifests} == {(served.parent.name, served.name)}
         r = httpx.post(url + "/v1/audio/speech", json=body, timeout=60)
         assert r.status_code == 200 and r.headers["x-forge-model"] == model_id(v2)
     finally:
@@ -263,7 +267,7 @@ def test_refusals_are_429_with_a_measured_retry_after_and_a_client_honouring_it_
     v1, _ = versions
     body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "refine": False, "max_new_token": 60,
             "min_new_token": 60}
-    with running(v1, max_batch=1, max_queue=1, retry_after_s=7) as srv:
+    with running(v1, max_batch=1, max_queue=1, retry_after_s=97) as srv:
         refusals: list[tuple[str, str]] = []
         got: list[int] = []
 
@@ -285,7 +289,7 @@ def test_refusals_are_429_with_a_measured_retry_after_and_a_client_honouring_it_
         assert got == [200] * 5  # every client got through
         assert refusals and all(int(after) >= 1 for after, _ in refusals)
         assert all("drains in about" in message for _, message in refusals)
-        measured = [int(a) for a, _ in refusals if a != "7"]
+        measured = [int(a) for a, _ in refusals if a != "97"]  # 97: the stand-in before any completion
         assert measured, "no Retry-After came from a measured drain rate"
         assert srv.metric("forge_drain_rate", variant="fp32") > 0
         assert srv.metric("forge_errors_total", kind="queue_full") == len(refusals)
@@ -322,7 +326,8 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
         long = {"model": "fp32", "input": TEXT * 3, "response_format": "pcm", "refine": False,
                 "max_new_token": steps, "min_new_token": steps}
         with httpx.stream("POST", srv.url + "/v1/audio/speech", json=long, timeout=120) as admitted:
-            chunks = [next(admitted.iter_bytes())]
+            received = admitted.iter_bytes()
+            chunks = [next(received)]
             rss[0] = int(0.9 * limit)  # shed
             deadline = time.time() + 10
             while guard.level != SHED and time.time() < deadline:
@@ -341,7 +346,7 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
                 time.sleep(0.05)
             assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 503
             assert httpx.post(srv.url + "/v1/audio/speech", json=hit, timeout=60).status_code == 200
-            chunks += list(admitted.iter_bytes())
+            chunks += list(received)
         assert admitted.status_code == 200 and len(b"".join(chunks)) == 2 * 256 * (2 * steps - 1)
         assert srv.metric("forge_memory_limit_bytes") == limit and srv.metric("forge_memory_level") == REFUSE
         for action in ("batch", "evict", "refuse_long", "refuse"):
