@@ -113,6 +113,23 @@ _RENAME_EXCHANGE = 2  # linux/fs.h: swap two existing names atomically
 _AT_FDCWD = -100
 
 
+def atomic_symlink(target: str | os.PathLike[str], link: str | os.PathLike[str]) -> None:
+    """Point `link` (e.g. a server's `current`) at `target` in one rename: a reader (a restart, a
+    SIGHUP reload) sees the old target or the new one, never no link (`ln -sfn` unlinks first)."""
+    link = Path(link)
+    if (link.exists() or link.is_symlink()) and not link.is_symlink():
+        raise Conflict(f"{link} exists and is not a symlink: refusing to replace it")
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    os.symlink(os.fspath(target), tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(link.parent)
+
+
 def _libc_renameat2() -> object | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28

@@ -15,6 +15,8 @@ from chattts_forge.errors import ForgeError
 
 # Options (parameter names) of the load benchmark alone, refused without --load.
 LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "url")
+# Options of the soak alone (--soak), refused without it.
+SOAK_ONLY = ("reload_every", "plot")
 
 
 def _batches(value: str, option: str = "--batch") -> list[int]:
@@ -85,6 +87,16 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--url", default=None, metavar="http://HOST:PORT",
               help="--load: also replay each concurrency over HTTP against `chattts-forge serve` serving --artifact "
                    "(real concurrent streaming clients), beside the in-process figures of the same run.")
+@click.option("--soak", "soak_s", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Soak test instead: --concurrency clients send a realistic mix to the server at --url for SECONDS "
+                   "(every format whole and streamed, phrase-cache hits of --artifact's cache, hang-ups, malformed "
+                   "bodies), sampling its RSS, fds, threads and queue; exit 2 on any lost healthy request.")
+@click.option("--reload-every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="--soak: POST /admin/reload {\"artifact\": --artifact} every SECONDS during the soak.")
+@click.option("--admin-token", default=None, envvar="FORGE_ADMIN_TOKEN",
+              help="--soak --reload-every: the server's admin bearer token (default: $FORGE_ADMIN_TOKEN).")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False),
+              help="--soak: write a PNG of RSS, fds, threads, queue and per-minute p50/p99 here.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 def bench(**options: Any) -> None:
     """Benchmark an artifact against ChatTTS's PyTorch pipeline in one run.
@@ -94,6 +106,13 @@ def bench(**options: Any) -> None:
     steps of audio, first audio when streaming, real-time streams per batch size, peak RSS,
     each as a ratio to the PyTorch baseline of the same run. Timings are medians [p10-p90].
     """
+    soak_s = options.pop("soak_s")
+    if soak_s is not None:
+        _soak(soak_s, options)
+        return
+    if any(options[name] is not None for name in SOAK_ONLY):
+        raise ForgeError("--reload-every and --plot belong to the soak test (--soak SECONDS --url URL)")
+    options.pop("admin_token")
     if options.pop("load"):
         _load_bench(options)
         return
@@ -138,3 +157,18 @@ def _load_bench(o: dict[str, Any]) -> None:
     click.echo(format_load_table(report))
     if o["json_out"]:
         click.echo(f"wrote {o['json_out']}")
+
+
+def _soak(seconds: float, o: dict[str, Any]) -> None:
+    """`bench --soak SECONDS --url URL`: evaluate.soak against a running server."""
+    from chattts_forge.evaluate.soak import SoakConfig, format_soak, run_soak
+
+    if o["url"] is None:
+        raise ForgeError("--soak needs --url http://HOST:PORT (a running chattts-forge serve)")
+    cfg = SoakConfig(url=o["url"], seconds=seconds, concurrency=max(_batches(o["concurrency"], "--concurrency")),
+                     artifact=o["artifact"], reload_every=o["reload_every"], admin_token=o["admin_token"])
+    report = run_soak(cfg, json_out=o["json_out"], plot_out=o["plot"], progress=lambda msg: click.echo(msg, err=True))
+    click.echo(format_soak(report))
+    for path in (o["json_out"], o["plot"]):
+        if path:
+            click.echo(f"wrote {path}")

@@ -408,6 +408,13 @@ class PhraseCache:
         return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64),
                             spoken=entry.get("spoken", entry["text"]))
 
+    def evict(self) -> int:
+        """Drop every decoded entry held in memory (a server short of memory); the bytes freed."""
+        freed = self.lru_bytes
+        self._lru.clear()
+        self.lru_bytes = 0
+        return freed
+
     def close(self) -> None:
         self._map.close()
 

@@ -56,6 +56,7 @@ from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClo
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion, load_voices
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
+from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, MemoryGuard
 from chattts_forge.runtime.serve.metrics import Metrics
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
 
@@ -83,6 +84,73 @@ class ServerState:
         self.metrics = Metrics(self._waiting, self._running, lambda: 1.0 if self.ready and not self.draining else 0.0,
                                routing=lambda: getattr(getattr(self.current, "router", None), "autotune", None))
         self._rng = random.Random(cfg.seed)
+        self.drain: dict[str, DrainRate] = {}  # per variant name: what Retry-After derives from
+        self._drain_lock = threading.Lock()
+        self.guard: MemoryGuard | None = None
+        if cfg.memory_limit is not None:
+            import psutil
+
+            proc = psutil.Process()
+            self.guard = MemoryGuard(cfg.memory_limit, lambda: proc.memory_info().rss, lower_batch=self._lower_batch,
+                                     evict=self._evict, long_chars=cfg.memory_long_chars).start()
+        self.metrics.operations(self.operations)
+
+    # ---- what operators watch, and what keeps the process inside its limits ---------------------
+
+    def drain_rate(self, variant: str) -> DrainRate:
+        with self._drain_lock:
+            if variant not in self.drain:
+                self.drain[variant] = DrainRate()
+            return self.drain[variant]
+
+    def retry_after(self, variant: str | None, depth: int) -> int:
+        """Seconds for `depth` requests to drain at the variant's measured rate (Retry-After)."""
+        if variant is None:
+            return self.cfg.retry_after_s
+        return self.drain_rate(variant).retry_after(depth, self.cfg.retry_after_s)
+
+    def batch_limit(self) -> int:
+        """The rows a GPT batch may hold now: halved while the memory guard sheds."""
+        if self.guard is not None and self.guard.level > NORMAL:
+            return max(1, self.cfg.max_batch // 2)
+        return self.cfg.max_batch
+
+    def _lower_batch(self, lower: bool) -> None:
+        self._apply_batch_limit()
+
+    def _apply_batch_limit(self) -> None:
+        limit = self.batch_limit()
+        for version in self._live():
+            for sched in version.schedulers.values():
+                if hasattr(sched, "max_batch"):  # a SequentialRunner runs one request at a time anyway
+                    sched.max_batch = limit  # rows running finish; fewer join between steps
+
+    def _evict(self) -> int:
+        import gc
+
+        freed = 0
+        for version in self._live():
+            if version.file_cache is not None:
+                freed += version.file_cache.evict()
+        gc.collect()
+        return freed
+
+    def operations(self) -> dict[str, Any]:
+        """What /metrics shows an operator beyond the counters (serve.metrics `operations`)."""
+        variants: dict[str, dict[str, Any]] = {}
+        for version in self._live():
+            for name, sched in list(version.schedulers.items()):
+                row = variants.setdefault(name, {"waiting": 0, "running": 0, "batch_limit": 0, "drain_rate": None})
+                row["waiting"] += sched.waiting
+                row["running"] += sched.running
+                row["batch_limit"] = max(row["batch_limit"], getattr(sched, "max_batch", 1))
+        for name, row in variants.items():
+            row["drain_rate"] = self.drain_rate(name).rate()
+        memory = None
+        if self.guard is not None:
+            g = self.guard
+            memory = {"limit": g.limit, "peak_rss": g.peak_rss, "level": g.level, "shed": dict(g.shed.counts)}
+        return {"variants": variants, "memory": memory}
 
     def _live(self) -> list[ServedVersion]:
         return [v for v in (self.current, self.canary) if v is not None]
@@ -99,7 +167,9 @@ class ServerState:
         """Load, verify and warm a version (nothing serves it yet)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        version = ServedVersion(path, cfg, self._voices)
+        # One folder for the version's whole life: a `current` link switched while it loads or serves
+        # (a variant opened on first use) must not mix two versions' files into one.
+        version = ServedVersion(Path(path).resolve(), cfg, self._voices)
         try:
             phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []
             warmed = version.warm(phrases)
@@ -139,6 +209,7 @@ class ServerState:
                     old, self.current, self.canary = self.current, new, None
                     mode = "all new requests"
                     self.ready = True
+            self._apply_batch_limit()
             self._retire(old)
             self._retire(old_canary)
             self.cfg.artifact = path
@@ -202,6 +273,8 @@ class ServerState:
 
     def shutdown(self) -> None:
         self.draining = True
+        if self.guard is not None:
+            self.guard.stop()
         for v in self._live():
             v.close(self.cfg.drain_s)
 
@@ -417,10 +490,20 @@ class _Handlers:
             self.metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
             return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
         self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
+        guard = self.state.guard
+        if guard is not None and not guard.admits(len(prep.text)):
+            sched = version.schedulers[prep.variant]
+            wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)
+            return self.fail(endpoint, 503, f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, limit "
+                             f"{guard.limit >> 20} MiB): retry in about {wait_s} s", "memory",
+                             headers={"Retry-After": str(wait_s)})
         try:
             handle = version.submit(prep)
         except QueueFullError as e:
-            return self.fail(endpoint, 429, str(e), "queue_full", headers=self.retry_after())
+            waiting = version.schedulers[prep.variant].waiting
+            wait_s = self.state.retry_after(prep.variant, waiting)
+            return self.fail(endpoint, 429, f"{e} (the queue drains in about {wait_s} s at the measured rate)",
+                             "queue_full", headers={"Retry-After": str(wait_s)})
         except SchedulerClosedError as e:  # a swap raced this request
             return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
         except ForgeError as e:  # what the scheduler refuses about the request itself
@@ -455,6 +538,8 @@ class _Handlers:
         sr = version.pipes[prep.variant].sample_rate
         data = encode_whole(wav, sr, req.response_format)
         took = time.perf_counter() - t0
+        if not cached:
+            self.state.drain_rate(prep.variant).completed()
         self.metrics.first_audio.observe(took)
         self.metrics.served(took, len(wav) / sr, cached)
         self.count(endpoint, 200)
@@ -509,6 +594,7 @@ class _Handlers:
             if sse:
                 yield _sse_done(len(req.text), samples)
             finished = True
+            self.state.drain_rate(job.prep.variant).completed()
             took = time.perf_counter() - job.t0
             metrics.served(took, samples / sr, False)
             self.count(job.endpoint, 200)

@@ -58,6 +58,9 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
               help="PEM public key: every served folder's model.sig must verify with it (also on reload).")
 @click.option("--warm-phrases", type=click.IntRange(min=0), default=8, show_default=True,
               help="Phrase-cache entries served once while warming a version.")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Keep the process's RSS under SIZE (e.g. 6G): near it, lower the running batch, empty the "
+                   "in-memory caches and answer new long requests 503 with Retry-After (docs/serving.md Operations).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Run the app as a Ray Serve deployment on this cluster (local: start one here); "
                    "Ray Serve's HTTP proxy listens on --host/--port (the scale extra).")
@@ -106,5 +109,9 @@ def serve_config(options: dict[str, Any]) -> ServeConfig:
     paths = {k: str(options[k]) if options[k] is not None else None
              for k in ("voices_file", "phrase_cache", "public_key", "admin_token_file")}
     options["admin_hosts"] = tuple(options["admin_hosts"])
+    if options.get("memory_limit") is not None:
+        from chattts_forge.runtime.serve.guard import parse_size
+
+        options["memory_limit"] = parse_size(options["memory_limit"])
     return ServeConfig(artifact=str(artifact), **{**options, **paths,
                                                   "provider": resolve_provider(options["provider"])})

@@ -41,7 +41,9 @@ class ServeConfig:
     canary_share: float = 0.0
     drain_s: float = 30.0
     warm_phrases: int = 8
-    retry_after_s: int = 1
+    retry_after_s: int = 1  # Retry-After of a refusal before any completion measured the drain rate
+    memory_limit: int | None = None  # bytes of RSS the process stays under by shedding (serve.guard); None: no limit
+    memory_long_chars: int = 64  # under memory pressure, misses with longer texts are refused first
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -10,12 +10,18 @@
 | forge_sentences_total | counter | requests answered with audio (sentences/s: `rate()` of it) |
 | forge_audio_seconds_total | counter | seconds of audio sent |
 | forge_phrase_cache_hits_total / _misses_total | counter | look-ups by tier (`file`, `redis`) |
-| forge_errors_total | counter | failed requests by `kind` (bad_request, queue_full, deadline, disconnect, not_ready, internal, admin, reload_failed) |
+| forge_errors_total | counter | failed requests by `kind` (bad_request, queue_full, memory, deadline, disconnect, not_ready, internal, admin, reload_failed) |
 | forge_requests_total | counter | responses by `endpoint` and `status` |
 | forge_rss_bytes | gauge | resident memory of the server process |
 | forge_process_cpu_seconds | gauge | CPU seconds (user + system, every thread) the server process has used |
 | forge_ready | gauge | 1 once the version is loaded, verified and warmed |
 | forge_reloads_total | counter | version swaps by `result` (ok, failed) |
+| forge_open_fds / forge_threads | gauge | open file descriptors / threads of the server process (flat over a soak; a rise is a leak) |
+| forge_stage_depth | gauge | per `variant` and `stage` (waiting: queued; running: rows of its GPT batch) |
+| forge_batch_limit | gauge | per `variant`: rows its GPT batch may hold now (`--max-batch`, halved while memory is short) |
+| forge_drain_rate | gauge | per `variant`: requests finished per second over the last 30 s (what Retry-After derives from) |
+| forge_memory_limit_bytes / forge_memory_peak_rss_bytes / forge_memory_level | gauge | with `--memory-limit`: the limit, the highest RSS sampled, 0 normal / 1 shedding / 2 refusing |
+| forge_shed_total | counter | with `--memory-limit`: what was shed, by `action` (batch, evict, refuse_long, refuse) |
 | forge_route | gauge | 1 per length bucket of a version folder: the `variant` it routes to on this host, the build's (`build_variant`), the choice's `source` (measured, cache, build) and its `reason` (runtime.autotune) |
 | forge_route_step_ratio / _spread | gauge | per bucket and passing `variant`: its decode step over the `reference`'s as the host's autotune measured it, and that ratio's spread (90% interval half-width) |
 """
@@ -47,6 +53,8 @@ class Metrics:
         Gauge("forge_process_cpu_seconds", "CPU seconds (user + system) of the server process", registry=r
               ).set_function(lambda: sum(proc.cpu_times()[:2]))
         Gauge("forge_ready", "1 once loaded, verified and warmed", registry=r).set_function(ready)
+        Gauge("forge_open_fds", "Open file descriptors of the server process", registry=r).set_function(proc.num_fds)
+        Gauge("forge_threads", "Threads of the server process", registry=r).set_function(proc.num_threads)
         self.latency = Histogram("forge_request_seconds", "Request to last byte", ["cached"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.first_audio = Histogram("forge_first_audio_seconds", "Request to first audio byte",
@@ -62,6 +70,11 @@ class Metrics:
         self.reloads = Counter("forge_reloads", "Version swaps", ["result"], registry=r)
         if routing is not None:
             r.register(_RoutingCollector(routing))
+
+    def operations(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """The operator's live view (queue depth per stage, drain rate, memory against its limit, what
+        was shed), read from `snapshot()` at every scrape (ServerState.operations)."""
+        self.registry.register(_OperationsCollector(snapshot))
 
     def served(self, seconds: float, audio_s: float, cached: bool) -> None:
         self.latency.labels(cached=str(cached).lower()).observe(seconds)
@@ -102,3 +115,45 @@ class _RoutingCollector:
         yield route
         yield ratio
         yield spread
+
+
+class _OperationsCollector:
+    """Per-variant queue stages and drain rate, the memory guard's state, shed counts (one snapshot a scrape)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        snap = self.snapshot()
+        stage = GaugeMetricFamily("forge_stage_depth", "Requests per variant and stage (waiting: queued; running: "
+                                  "rows of the GPT batch)", labels=["variant", "stage"])
+        batch = GaugeMetricFamily("forge_batch_limit", "Rows the variant's GPT batch may hold now (lowered under "
+                                  "memory pressure)", labels=["variant"])
+        drain = GaugeMetricFamily("forge_drain_rate", "Requests the variant finished per second (last 30 s; "
+                                  "Retry-After derives from it)", labels=["variant"])
+        for variant, row in sorted(snap["variants"].items()):
+            stage.add_metric([variant, "waiting"], row["waiting"])
+            stage.add_metric([variant, "running"], row["running"])
+            batch.add_metric([variant], row["batch_limit"])
+            if row["drain_rate"] is not None:
+                drain.add_metric([variant], row["drain_rate"])
+        yield stage
+        yield batch
+        yield drain
+        memory = snap.get("memory")
+        if memory is not None:
+            yield GaugeMetricFamily("forge_memory_limit_bytes", "serve --memory-limit", value=memory["limit"])
+            yield GaugeMetricFamily("forge_memory_peak_rss_bytes", "Highest RSS the memory guard sampled",
+                                    value=memory["peak_rss"])
+            yield GaugeMetricFamily("forge_memory_level", "0 normal, 1 shedding (batch lowered, caches emptied, "
+                                    "long requests refused), 2 refusing every new miss", value=memory["level"])
+            shed = CounterMetricFamily("forge_shed", "What the memory guard shed, by action (batch, evict, "
+                                       "refuse_long, refuse)", labels=["action"])
+            for action, n in sorted(memory["shed"].items()):
+                shed.add_metric([action], n)
+            yield shed

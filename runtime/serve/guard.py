@@ -1,0 +1,198 @@
+"""What keeps a long-running server inside its limits: the queue's measured drain rate (the
+Retry-After of a refusal) and the memory ceiling (`serve --memory-limit SIZE`).
+
+`DrainRate`: requests a variant's scheduler finished in the last `window_s` seconds, per second. A
+429 (queue full) or a 503 (memory) says `Retry-After: ceil(depth / rate)` seconds, `depth` being the
+requests ahead of a retry: by then the queue has drained that many at the measured rate. Without a
+measurement yet (nothing finished) the configured `retry_after_s` stands in.
+
+`MemoryGuard`: a thread samples the process's RSS every `interval_s` and sheds before the kernel would
+act (the kernel's OOM killer sees only RSS; a cap by `setrlimit(RLIMIT_AS)` would fail onnxruntime's
+address-space reservations long before RSS reaches it):
+
+- from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
+  fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
+  trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After;
+- from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served);
+- below `RESUME` x limit: back to normal (the batch restored). Admitted requests always finish.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chattts_forge.errors import BadInput
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+NORMAL, SHED, REFUSE = 0, 1, 2
+LEVEL_NAMES = {NORMAL: "normal", SHED: "shed", REFUSE: "refuse"}
+MAX_RETRY_AFTER_S = 120  # a Retry-After longer than this tells a client nothing it can use
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as `6G`, `512M`, `6GiB`, `1500000000` (K/M/G/T are powers of 1024)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise BadInput(f"a size is a number with an optional K, M, G or T suffix (e.g. 6G, 512M), got {text!r}")
+    scale = 1024 ** "bkmgt".index((m.group(2) or "b").lower())
+    size = int(float(m.group(1)) * scale)
+    if size < 1:
+        raise BadInput(f"a size must be at least 1 byte, got {text!r}")
+    return size
+
+
+class DrainRate:
+    """Completions per second over the last `window_s` seconds (thread-safe; `clock` for tests)."""
+
+    def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._done: deque[float] = deque()
+        self._lock = threading.Lock()
+        self._since = clock()
+
+    def completed(self) -> None:
+        with self._lock:
+            self._done.append(self.clock())
+            self._trim()
+
+    def _trim(self) -> None:
+        cutoff = self.clock() - self.window_s
+        while self._done and self._done[0] < cutoff:
+            self._done.popleft()
+
+    def rate(self) -> float | None:
+        """Completions per second, or None before any completion in the window."""
+        with self._lock:
+            self._trim()
+            if not self._done:
+                return None
+            # over the window, or the time since measuring began when that is shorter
+            span = min(self.window_s, max(self.clock() - self._since, 1e-3))
+            return len(self._done) / span
+
+    def retry_after(self, depth: int, fallback_s: int) -> int:
+        """Seconds until `depth` more requests have drained at the measured rate (1..MAX_RETRY_AFTER_S)."""
+        rate = self.rate()
+        if rate is None:
+            return max(1, fallback_s)
+        return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(max(depth, 1) / rate))))
+
+
+def trim_heap() -> None:
+    """Give freed C heap back to the system (glibc `malloc_trim`), so RSS drops after an eviction."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+@dataclass
+class ShedCounts:
+    """What the guard did, by action (shown in /metrics as forge_shed_total{action})."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, action: str) -> None:
+        with self.lock:
+            self.counts[action] = self.counts.get(action, 0) + 1
+
+
+class MemoryGuard:
+    """Watches RSS against `limit` bytes and sheds (see the module docstring)."""
+
+    SOFT, HARD, RESUME = 0.85, 0.95, 0.75
+
+    def __init__(self, limit: int, rss: Callable[[], int], *, lower_batch: Callable[[bool], None],
+                 evict: Callable[[], int], long_chars: int = 64, interval_s: float = 0.2) -> None:
+        self.limit = limit
+        self.rss = rss
+        self.lower_batch = lower_batch  # True: lower every running batch; False: restore them
+        self.evict = evict  # empties the in-memory caches; the bytes it freed
+        self.long_chars = long_chars
+        self.interval_s = interval_s
+        self.level = NORMAL
+        self.last_rss = 0
+        self.peak_rss = 0
+        self.shed = ShedCounts()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> int:
+        """Sample RSS once and move between levels; the level now."""
+        rss = self.rss()
+        with self._lock:
+            self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
+            was = self.level
+            if rss >= self.HARD * self.limit:
+                level = REFUSE
+            elif rss >= self.SOFT * self.limit:
+                level = SHED
+            elif rss < self.RESUME * self.limit:
+                level = NORMAL
+            else:
+                level = was  # between RESUME and SOFT: hold (no flapping at the edge)
+            self.level = level
+        if level > NORMAL and was == NORMAL:
+            log.warning("memory: RSS %.0f MiB of the %.0f MiB limit: lowering the batch, emptying caches, "
+                        "refusing new long requests", rss / 2**20, self.limit / 2**20)
+            self.lower_batch(True)
+            self.shed.add("batch")
+            freed = self.evict()
+            trim_heap()
+            self.shed.add("evict")
+            log.info("memory: caches emptied (%.1f MiB of decoded entries)", freed / 2**20)
+        elif level == NORMAL and was > NORMAL:
+            log.info("memory: RSS %.0f MiB, under %.0f%% of the limit: batch restored", rss / 2**20, 100 * self.RESUME)
+            self.lower_batch(False)
+        if level == REFUSE and was != REFUSE:
+            log.warning("memory: RSS %.0f MiB over %.0f%% of the limit: refusing every new miss", rss / 2**20,
+                        100 * self.HARD)
+        return level
+
+    def admits(self, text_chars: int) -> bool:
+        """Whether a new miss of `text_chars` characters may start now (a refusal is counted)."""
+        level = self.level
+        if level == REFUSE:
+            self.shed.add("refuse")
+            return False
+        if level == SHED and text_chars > self.long_chars:
+            self.shed.add("refuse_long")
+            return False
+        return True
+
+    def start(self) -> MemoryGuard:
+        def run() -> None:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.check()
+                except Exception as e:  # noqa: BLE001 - the watcher must outlive one failed sample
+                    log.error("memory guard: %s: %s", type(e).__name__, e)
+
+        self.check()
+        self._thread = threading.Thread(target=run, name="forge-memory-guard", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,361 @@
+"""Issue 37: a server that holds for hours - the soak driver, reloads under traffic (and a `kill -9`
+in the middle of one), overload refusals with a Retry-After from the measured drain rate, and the
+memory ceiling. Mechanisms only, on the tiny synthetic checkpoint, in seconds: the soak's figures
+are measurements (docs/measurements/2026-12-03-epyc/soak.md), never assertions here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (dev extra)")
+pytest.importorskip("starlette", reason="serve needs the serve extra")
+pytest.importorskip("uvicorn", reason="serve needs the serve extra")
+
+from stand_in_report import publish_stand_in_version, write_stand_in_report  # noqa: E402
+from test_serve import CACHE_KNOBS, PHRASES, STEPS, TEXT, free_port, running  # noqa: E402
+
+from chattts_forge.cli import main  # noqa: E402
+from chattts_forge.errors import ForgeError  # noqa: E402
+from chattts_forge.evaluate.soak import SoakConfig, check_audio, run_soak  # noqa: E402
+from chattts_forge.fsutil import atomic_symlink  # noqa: E402
+from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
+from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
+from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, parse_size  # noqa: E402
+
+ALL_PASS = {"short": (True, 1.0), "medium": (True, 1.0), "long": (True, 1.0)}
+ALL_FAIL = {"short": (False, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}
+
+
+@pytest.fixture(scope="module")
+def versions(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two published versions (publish keeps one copy of identical bytes per model: the second under a
+    model name of its own): fp32 routes every bucket, fp16 is published but opened only when a request
+    names it; the first has a phrase cache of two phrases."""
+    from chattts_forge.publish.version_files import publish_version_files
+
+    tmp = tmp_path_factory.mktemp("soak-versions")
+    v1 = publish_stand_in_version(tiny_artifacts, tmp, {"fp32": ALL_PASS, "fp16": ALL_FAIL})
+    phrases = tmp / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES) + "\n", encoding="utf-8")
+    cache = tmp / "phrase_cache.bin"
+    build_phrase_cache(v1, phrases, cache, SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS)), threads=1)
+    publish_version_files(v1, cache_file=cache)
+    v2 = _publish_as(tiny_artifacts, tmp, "soak-next")  # the same bytes under a model name of their own
+    assert model_id(v1) != model_id(v2) and v1.parent.parent == v2.parent.parent
+    return v1, v2
+
+
+def _publish_as(artifacts: dict[str, Path], work: Path, model: str) -> Path:
+    from chattts_forge.publish import publish_artifact
+    from chattts_forge.publish.version_files import publish_version_files
+
+    for variant, buckets in (("fp32", ALL_PASS), ("fp16", ALL_FAIL)):
+        rdir = work / "reports" / variant
+        write_stand_in_report(rdir, artifacts[variant], buckets=buckets)
+        result = publish_artifact(artifacts[variant], rdir, work / "artifacts", model=model)
+    publish_version_files(result.path.parent)
+    return result.path.parent
+
+
+def model_id(version: Path) -> str:
+    return f"{version.parent.name}/{version.name}"
+
+
+# ---- the soak driver --------------------------------------------------------------------------------
+
+
+def test_soak_sends_the_whole_mix_reloads_samples_and_writes_json_and_plot(versions, tmp_path: Path) -> None:
+    v1, _ = versions
+    with running(v1, max_batch=4, max_queue=32) as srv:
+        out, png = tmp_path / "soak.json", tmp_path / "soak.png"
+        cfg = SoakConfig(url=srv.url, seconds=10, concurrency=3, artifact=str(v1), reload_every=3,
+                         admin_token=srv.cfg.admin_token, sample_every=1, window_s=5, max_steps=40)
+        report = run_soak(cfg, json_out=str(out), plot_out=str(png))
+        assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        kinds = report["by_kind"]
+        assert set(kinds) == {"stream", "whole", "hit", "hangup", "malformed"}, kinds
+        assert report["lost_healthy"] == 0 and report["malformed_not_4xx"] == 0
+        assert kinds["malformed"]["ok"] == kinds["malformed"]["sent"] >= 1
+        assert report["hit_ratio"] == 1.0  # the cache's own knobs: every hit served from it
+        assert report["reloads"] and all(r["status"] == 200 for r in report["reloads"])
+        assert srv.metric("forge_reloads_total", result="ok") == len(report["reloads"])
+        assert sum(report["healthy_ok_by_format"].values()) == kinds["stream"]["ok"] + kinds["whole"]["ok"] + \
+            kinds["hit"]["ok"]
+        sample = report["samples"][-1]
+        assert {"rss", "fds", "threads", "queue", "running"} <= set(sample)
+        assert report["drift"]["fds_last"] == sample["fds"] and report["windows"][0]["misses"] >= 1
+        assert "artifact" in report["config"] and str(v1.parent) not in out.read_text()  # no path of this machine
+
+
+def test_soak_fails_on_a_lost_healthy_request(versions, tmp_path: Path) -> None:
+    """A server whose deadline cuts every miss: the soak writes its JSON, then exits non-zero naming it."""
+    v1, _ = versions
+    with running(v1, max_batch=2, deadline_s=0.05) as srv:
+        out = tmp_path / "soak.json"
+        res = CliRunner().invoke(main, ["bench", "--artifact", str(v1), "--soak", "3", "--url", srv.url,
+                                        "--concurrency", "2", "--json", str(out)])
+        assert res.exit_code == 2 and "healthy request(s) lost" in res.output, res.output
+        report = json.loads(out.read_text())
+        assert report["lost_healthy"] >= 1 and report["lost"][0]["reason"]
+
+
+def test_soak_options_are_checked() -> None:
+    r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
+    assert r.exit_code == 2 and "--soak needs --url" in r.output
+    r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--reload-every", "5"])
+    assert r.exit_code == 2 and "belong to the soak" in r.output
+
+
+def test_check_audio_refuses_a_cut_or_undecodable_reply() -> None:
+    steps = 10
+    whole = b"\0\0" * 256 * (2 * steps - 1)
+    check_audio(whole, "pcm", steps)
+    with pytest.raises(ForgeError, match="cut or padded"):
+        check_audio(whole[:-512], "pcm", steps)
+    with pytest.raises(ForgeError, match="RIFF"):
+        check_audio(whole, "wav", steps)
+    with pytest.raises(ForgeError, match="no audio"):
+        check_audio(b"", "opus", None)
+
+
+# ---- reloads: one complete version, never a mix ----------------------------------------------------------
+
+
+def test_a_switched_current_link_never_mixes_versions_in_one_served_version(versions, tmp_path: Path) -> None:
+    """Served through a `current` link: a variant opened on first use after the link moved to v2 still
+    comes from v1's folder (the version the server loaded), until a reload takes v2 whole."""
+    v1, v2 = versions
+    link = tmp_path / "current"
+    atomic_symlink(v1, link)
+    with running(link, max_batch=2) as srv:
+        atomic_symlink(v2, link)
+        body = {"model": "fp16", "input": "Hi.", "response_format": "pcm", **CACHE_KNOBS}
+        r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
+        assert r.status_code == 200 and r.headers["x-forge-model"] == model_id(v1)
+        opened = srv.state.current.pipes["fp16"].artifact.path
+        assert Path(opened).resolve().parent == v1.resolve()  # not v2's fp16 inside v1's version
+        reload = httpx.post(srv.url + "/admin/reload", json={"artifact": str(link)}, headers=srv.admin(), timeout=120)
+        assert reload.status_code == 200 and reload.json()["model"] == model_id(v2)
+        r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
+        assert r.headers["x-forge-model"] == model_id(v2)
+        assert Path(srv.state.current.pipes["fp16"].artifact.path).resolve().parent == v2.resolve()
+
+
+def test_atomic_symlink_replaces_a_link_in_one_rename(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    link = tmp_path / "current"
+    atomic_symlink(a, link)
+    assert link.resolve() == a.resolve()
+    atomic_symlink(b, link)
+    assert link.resolve() == b.resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "current"]  # no temporary link left
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ForgeError, match="not a symlink"):
+        atomic_symlink(a, tmp_path / "plain")
+
+
+def _start(link: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "chattts_forge.cli", "serve", "--artifact", str(link),
+                                 "--port", str(port), "--threads", "1", "--admin-loopback"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> dict:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            r = httpx.get(url + "/readyz", timeout=5)
+            if r.status_code == 200:
+                return r.json()
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    raise AssertionError("not ready: " + log.read_text())
+
+
+def test_kill_9_in_the_middle_of_a_reload_then_a_restart_serves_one_complete_version(versions, tmp_path) -> None:
+    from chattts_forge.publish.verify import verify_path
+
+    v1, v2 = versions
+    link = tmp_path / "current"
+    atomic_symlink(v1, link)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    proc = _start(link, port, log)
+    try:
+        assert _wait_ready(url, proc, log)["model"] == model_id(v1)
+        body = {"model": "tts-1", "input": TEXT, "response_format": "pcm", **CACHE_KNOBS}
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def traffic() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    statuses.append(httpx.post(url + "/v1/audio/speech", json=body, timeout=30).status_code)
+
+        worker = threading.Thread(target=traffic, daemon=True)
+        worker.start()
+        deadline = time.time() + 120
+        while not statuses and time.time() < deadline:  # traffic flows before the reload begins
+            time.sleep(0.05)
+        atomic_symlink(v2, link)  # the install: one rename
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 60
+        while "SIGHUP: reloading" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.01)
+        assert "reload:" not in log.read_text()  # killed while the new version loads, before the swap
+        proc.kill()
+        proc.wait(timeout=30)
+        stop.set()
+        worker.join(timeout=60)
+        assert statuses and set(statuses) == {200}
+        proc = _start(link, port, log)
+        ready = _wait_ready(url, proc, log)
+        served = link.resolve()
+        assert ready["model"] == model_id(served) == model_id(v2)
+        assert verify_path(served).ok, verify_path(served).problems  # every file its manifest lists, no other
+        manifests = [json.loads((served / v / "manifest.json").read_text()) for v in ("fp32", "fp16")]
+        assert {(m["model"], m["version"]) for m in manifests} == {(served.parent.name, served.name)}
+        r = httpx.post(url + "/v1/audio/speech", json=body, timeout=60)
+        assert r.status_code == 200 and r.headers["x-forge-model"] == model_id(v2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---- overload: 429 with a Retry-After from the drain rate -----------------------------------------------
+
+
+def test_drain_rate_and_its_retry_after() -> None:
+    now = [100.0]
+    rate = DrainRate(window_s=10, clock=lambda: now[0])
+    assert rate.rate() is None and rate.retry_after(5, fallback_s=3) == 3
+    for _ in range(4):
+        now[0] += 1
+        rate.completed()
+    assert rate.rate() == pytest.approx(4 / 4)  # 4 in the 4 s measured so far
+    assert rate.retry_after(6, 1) == 6
+    now[0] += 20  # a window with nothing finished: no measurement
+    assert rate.rate() is None
+    for _ in range(20):
+        now[0] += 0.5
+        rate.completed()
+    assert rate.rate() == pytest.approx(20 / 10)
+    assert rate.retry_after(3, 1) == math.ceil(3 / 2) and rate.retry_after(10_000, 1) == 120
+
+
+def test_refusals_are_429_with_a_measured_retry_after_and_a_client_honouring_it_gets_through(versions) -> None:
+    v1, _ = versions
+    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "refine": False, "max_new_token": 60,
+            "min_new_token": 60}
+    with running(v1, max_batch=1, max_queue=1, retry_after_s=97) as srv:
+        refusals: list[tuple[str, str]] = []
+        got: list[int] = []
+
+        def client() -> None:
+            for _ in range(40):
+                r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
+                if r.status_code != 429:
+                    got.append(r.status_code)
+                    return
+                refusals.append((r.headers["retry-after"], r.json()["error"]["message"]))
+                time.sleep(int(r.headers["retry-after"]) / 10)  # honoured (scaled down to keep the test short)
+
+        threads = [threading.Thread(target=client) for _ in range(5)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        assert got == [200] * 5  # every client got through
+        assert refusals and all(int(after) >= 1 for after, _ in refusals)
+        assert all("drains in about" in message for _, message in refusals)
+        measured = [int(a) for a, _ in refusals if a != "97"]  # 97: the stand-in before any completion
+        assert measured, "no Retry-After came from a measured drain rate"
+        assert srv.metric("forge_drain_rate", variant="fp32") > 0
+        assert srv.metric("forge_errors_total", kind="queue_full") == len(refusals)
+
+
+# ---- the memory ceiling ------------------------------------------------------------------------------
+
+
+def test_parse_size() -> None:
+    assert parse_size("6G") == 6 * 2**30 and parse_size("512m") == 512 * 2**20 and parse_size("1500") == 1500
+    assert parse_size("1.5GiB") == int(1.5 * 2**30)
+    with pytest.raises(ForgeError):
+        parse_size("lots")
+    r = CliRunner().invoke(main, ["serve", "--artifact", ".", "--memory-limit", "lots"])
+    assert r.exit_code == 2
+
+
+def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
+    """RSS (as the guard reads it) near the limit: the batch is halved, the phrase cache's decoded
+    entries dropped, new long misses get 503 with Retry-After and short ones still run; over the hard
+    mark every new miss is refused but hits are served; the stream admitted before finishes whole;
+    /metrics shows it all; under the resume mark everything is back."""
+    v1, _ = versions
+    limit = 1 << 30
+    with running(v1, max_batch=4, max_queue=8, memory_limit=limit) as srv:
+        guard = srv.state.guard
+        rss = [int(0.5 * limit)]
+        guard.rss = lambda: rss[0]
+        hit = {"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS}
+        assert httpx.post(srv.url + "/v1/audio/speech", json=hit, timeout=60).headers["x-forge-cached"] == "true"
+        cache = srv.state.current.file_cache
+        assert cache.lru_bytes > 0
+        steps = 200
+        long = {"model": "fp32", "input": TEXT * 3, "response_format": "pcm", "refine": False,
+                "max_new_token": steps, "min_new_token": steps}
+        with httpx.stream("POST", srv.url + "/v1/audio/speech", json=long, timeout=120) as admitted:
+            received = admitted.iter_bytes()
+            chunks = [next(received)]
+            rss[0] = int(0.9 * limit)  # shed
+            deadline = time.time() + 10
+            while guard.level != SHED and time.time() < deadline:
+                time.sleep(0.05)
+            assert guard.level == SHED
+            assert all(s.max_batch == 2 for s in srv.state.current.schedulers.values() if hasattr(s, "max_batch"))
+            assert cache.lru_bytes == 0
+            r = httpx.post(srv.url + "/v1/audio/speech", json={**long, "stream": False}, timeout=60)
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            assert "short of memory" in r.json()["error"]["message"]
+            short = {"model": "fp32", "input": "Hi.", "response_format": "pcm", "refine": False,
+                     "max_new_token": 20, "min_new_token": 20}
+            assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 200
+            rss[0] = int(0.97 * limit)  # refuse
+            while guard.level != REFUSE and time.time() < deadline:
+                time.sleep(0.05)
+            assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 503
+            assert httpx.post(srv.url + "/v1/audio/speech", json=hit, timeout=60).status_code == 200
+            chunks += list(received)
+        assert admitted.status_code == 200 and len(b"".join(chunks)) == 2 * 256 * (2 * steps - 1)
+        assert srv.metric("forge_memory_limit_bytes") == limit and srv.metric("forge_memory_level") == REFUSE
+        for action in ("batch", "evict", "refuse_long", "refuse"):
+            assert srv.metric("forge_shed_total", action=action) >= 1, action
+        assert srv.metric("forge_errors_total", kind="memory") == 2
+        assert srv.metric("forge_batch_limit", variant="fp32") == 2
+        rss[0] = int(0.5 * limit)  # resume
+        deadline = time.time() + 10
+        while guard.level != NORMAL and time.time() < deadline:
+            time.sleep(0.05)
+        assert srv.metric("forge_batch_limit", variant="fp32") == 4
+        assert httpx.post(srv.url + "/v1/audio/speech", json={**long, "stream": False}, timeout=120).status_code == 200
