@@ -424,10 +424,11 @@ def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
 
 
 def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
-                   time_cap_s: float | None = None) -> dict[str, Any]:
+                   time_cap_s: float | None = None) -> dict[str, Any] | None:
     """The `rtf_vs_baseline` figure: the variant and the baseline's same variant timed now, interleaved
     on this machine (evaluate.latency.retime_against) on the report's timed sentences with its
-    settings; identical bytes are not timed (the same graphs: no cost, delta 0)."""
+    settings; identical bytes are not timed (the same graphs: no cost, delta 0). None when the report
+    timed no sentence (nothing to re-time them on)."""
     if identical:
         return {"value": None, "baseline": None, "delta": 0.0, "low": 0.0, "high": 0.0, "relative": True, "n": 0,
                 "identical": True, "how": "the same bytes as the baseline's variant: not re-timed (no cost)"}
@@ -436,6 +437,8 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
 
     latency = report.get("latency") or {}
     sentences = [u["text"] for u in (latency.get("artifact") or {}).get("utterances") or [] if isinstance(u, dict)]
+    if not sentences:
+        return None
     settings = report.get("settings") or {}
     provider = "cuda" if "CUDA" in str((report.get("machine") or {}).get("provider")) else "cpu"
     cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
@@ -489,8 +492,9 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
     identical = published == sealed.artifact_files
     waived = dict((sealed.data.get("gate") or {}).get("waived") or {})
     retimed = retimed_figure(artifact_dir, old, sealed.data, identical, retime_cap_s)
-    record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
-                                                  waived, f"{baseline.version}'s {meta.variant}")
+    if retimed is not None:
+        record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
+                                                      waived, f"{baseline.version}'s {meta.variant}")
     record["regressions"] = [f for f, e in record["figures"].items() if e["status"] == "regression"]
     record["improvements"] = [f for f, e in record["figures"].items() if e["status"] == "improved"]
     record["verdict"] = "regression" if record["regressions"] else "no regression"
