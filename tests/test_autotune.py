@@ -325,7 +325,7 @@ def test_server_state_exports_the_serving_versions_routing(version: Path, tmp_pa
 
     router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005}))
     state = ServerState(ServeConfig(artifact=str(version)))
-    state.current = SimpleNamespace(router=router, waiting=0, running=0)
+    state.current = SimpleNamespace(router=router, waiting=0, running=0, schedulers={}, file_cache=None)
     text = state.metrics.render()[0].decode()
     assert 'forge_route{bucket="short"' in text and 'variant="fp32"' in text
 
