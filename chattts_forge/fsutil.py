@@ -117,7 +117,7 @@ def atomic_symlink(target: str | os.PathLike[str], link: str | os.PathLike[str])
     """Point `link` (e.g. a server's `current`) at `target` in one rename: a reader (a restart, a
     SIGHUP reload) sees the old target or the new one, never no link (`ln -sfn` unlinks first)."""
     link = Path(link)
-    if (link.exists() or link.is_symlink()) and not link.is_symlink():
+    if link.exists() and not link.is_symlink():
         raise Conflict(f"{link} exists and is not a symlink: refusing to replace it")
     tmp = link.with_name(f".{link.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     os.symlink(os.fspath(target), tmp)
