@@ -134,9 +134,16 @@ class MemoryGuard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # One check at a time, actions included: a check() returns only once the transition it or a
+        # concurrent check started (batch lowered, caches emptied) has been carried out.
+        self._check_lock = threading.Lock()
 
     def check(self) -> int:
-        """Sample RSS once and move between levels; the level now."""
+        """Sample RSS once and move between levels, carrying out the transition; the level now."""
+        with self._check_lock:
+            return self._check()
+
+    def _check(self) -> int:
         rss = self.rss()
         with self._lock:
             self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
