@@ -103,6 +103,9 @@ EVALUATE_ARGS ?=
 # node sees; see README "Scaling out with Ray"). RAY_STEP_CPUS: CPUs reserved per step (default 2).
 RAY ?=
 RAY_STEP_CPUS ?= 2
+# JOBS: calibrate and the quantize steps that time nothing (all but auto) run this many at a time;
+# every step that times something runs alone (driver/side_by_side.py). JOBS=1: one step at a time.
+JOBS ?= 2
 # SIGN_KEY=key.pem: the EC private key the published folders are signed with (model.sig); default:
 # the user's own key pair in $XDG_CONFIG_HOME/chattts-forge/ (made on first use). The public half is
 # written to $(ARTIFACTS)/signing-key.pub.
@@ -114,7 +117,7 @@ BASELINE ?=
 ACCEPT_REGRESSION ?=
 REASON ?=
 PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
-	--build $(BUILD) --to $(ARTIFACTS) \
+	--build $(BUILD) --to $(ARTIFACTS) --jobs $(JOBS) \
 	$(if $(filter none,$(BASELINE)),--no-baseline,$(if $(strip $(BASELINE)),--baseline '$(BASELINE)')) \
 	$(if $(strip $(ACCEPT_REGRESSION)),--accept-regression '$(ACCEPT_REGRESSION)' --reason '$(REASON)') \
 	$(if $(strip $(CHECKPOINT)),--checkpoint '$(CHECKPOINT)') \
@@ -147,7 +150,7 @@ FULL_CHECK_ARGS := --stage-args 'calibrate=--max-samples 48' \
 	--no-pytorch-baseline
 .PHONY: full-check
 full-check: env
-	$(PY) -m chattts_forge.driver --preset full --seed $(SEED) --build $(FULL_CHECK_DIR) --to $(FULL_CHECK_DIR)/artifacts \
+	$(PY) -m chattts_forge.driver --preset full --seed $(SEED) --build $(FULL_CHECK_DIR) --to $(FULL_CHECK_DIR)/artifacts --jobs $(JOBS) \
 		$(if $(strip $(SIGN_KEY)),--sign-key '$(SIGN_KEY)') $(FULL_CHECK_ARGS) --require-published $(FULL_CHECK_REQUIRED)
 	$(FORGE) verify $(FULL_CHECK_DIR)/artifacts --public-key $(FULL_CHECK_DIR)/artifacts/signing-key.pub
 

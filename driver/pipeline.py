@@ -88,6 +88,7 @@ class Build(StepPlan):
     ran: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
+    overlapped_s: float = 0.0  # step seconds that ran beside other steps (`--jobs`): not wall time
 
     # records
     def _record_path(self, step: Step) -> Path:
@@ -299,6 +300,8 @@ class BuildConfig:
     instead of the running toolchain's (tests edit a copy, never the real tree).
     `ray`: a Ray cluster address or "local": the variants' quantize and evaluate steps run as Ray
     tasks of `ray_step_cpus` CPUs each, through the shared BUILD path (driver/ray_steps.py).
+    `jobs`: calibrate and the quantize steps that time nothing run this many at a time; every step that
+    times something still runs alone (driver/side_by_side.py).
     `sign_key`: the PEM private key every published folder is signed with (None: the user's own key
     pair, chattts_forge.signing); its public half is written to `to/signing-key.pub`.
     """
@@ -319,6 +322,7 @@ class BuildConfig:
     code_root: str | os.PathLike[str] | None = None
     ray: str | None = None
     ray_step_cpus: float = 2
+    jobs: int = 1  # the steps that time nothing (calibrate, quantize but auto), this many at a time
     sign_key: str | os.PathLike[str] | None = None
     require_published: tuple[str, ...] = ()  # variants whose absence from the publication fails the run
     # The regression gate (publish.regression): the version compared with (None: the newest published),
@@ -418,6 +422,11 @@ def _run_steps(pipe: Build, cfg: BuildConfig) -> None:
     """Every step up to `cfg.until`, each redone only when its key changed; a step that fails sets
     its variant aside (the others go on). With Ray, the variants' steps run as Ray tasks."""
     until = cfg.until
+    if cfg.ray is None and cfg.jobs > 1 and within("quantize", until) and pipe.quantized_variants():
+        from chattts_forge.driver.side_by_side import run_with_jobs
+
+        run_with_jobs(pipe, cfg.jobs, until)
+        return
     for step in pipe.shared_steps(until) if cfg.ray is not None else pipe.steps(until):
         try:
             pipe.run(step)
@@ -580,9 +589,11 @@ def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) 
     for name, took in pipe.timings.items():  # step names start with their stage: quantize-int4, evaluate-fp16
         per_stage[name.split("-")[0]] = per_stage.get(name.split("-")[0], 0.0) + took
     if per_stage:
-        rest = max(0.0, seconds - sum(per_stage.values()))  # publishing, warming the phrase cache, signing
+        # publishing, warming the phrase cache, signing (steps side by side counted once)
+        rest = max(0.0, seconds - sum(per_stage.values()) + pipe.overlapped_s)
+        overlap = f" ({pipe.overlapped_s:.1f} s of it side by side, --jobs)" if pipe.overlapped_s else ""
         print("time per stage (steps run now): " + ", ".join(f"{k} {v:.1f} s" for k, v in per_stage.items())
-              + f"; publish and the rest {rest:.1f} s")
+              + f"{overlap}; publish and the rest {rest:.1f} s")
     print(f"{'variant':<14} {'gate':<7} {'published':<60} report")
     for o in outcomes:
         gate = "pass" if o.passed else "FAIL" if o.passed is False else "ERROR"
@@ -628,6 +639,16 @@ def _regression_fields(args: argparse.Namespace) -> dict[str, Any]:
             "regression_reason": policy.reason}
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from chattts_forge.publish.regression_gate import add_regression_arguments
 
@@ -652,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray", default=None, metavar="ADDRESS|local",
                     help="run the variants' quantize/evaluate steps as Ray tasks (BUILD must be a shared path)")
     ap.add_argument("--ray-step-cpus", type=float, default=2, help="CPUs reserved per Ray step (default 2)")
+    ap.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                    help="run calibrate and the quantize steps that time nothing N at a time; every step that "
+                         "times something still runs alone (default 1; `make artifacts`: JOBS=2)")
     ap.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
                     help="EC private key to sign the published folders with (default: your own key pair in "
                          "$XDG_CONFIG_HOME/chattts-forge/, made on first use)")
@@ -682,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             code_root=args.code_root,
             ray=args.ray or None,
             ray_step_cpus=args.ray_step_cpus,
+            jobs=args.jobs,
             sign_key=args.sign_key,
             require_published=tuple(v for v in args.require_published.split(",") if v),
             **_regression_fields(args),

@@ -21,13 +21,16 @@ from chattts_forge.progress import format_duration, progress_mode
 log = get_logger("chattts_forge.pipeline")
 
 QUIET_LIMIT_S = 30.0
+_WRITE_LOCK = threading.Lock()  # steps side by side write whole lines, one at a time
 
 
-def _forward(stream: IO[bytes], heard: list[float], lock: threading.Lock) -> None:
-    """Pass the stage's stderr on line by line (bytes where stderr has a buffer: a captured one may not)."""
+def _forward(stream: IO[bytes], heard: list[float], lock: threading.Lock, label: bytes = b"") -> None:
+    """Pass the stage's stderr on line by line (bytes where stderr has a buffer: a captured one may not),
+    each line after `label` (steps side by side: which step said it)."""
     sink = getattr(sys.stderr, "buffer", None)
     for line in iter(stream.readline, b""):
-        with lock:
+        line = label + line
+        with _WRITE_LOCK, lock:
             if sink is not None:
                 sink.write(line)
                 sink.flush()
@@ -39,10 +42,12 @@ def _forward(stream: IO[bytes], heard: list[float], lock: threading.Lock) -> Non
 
 
 def run_stage(cmd: Sequence[str], env: dict[str, str], capture_stdout: bool, name: str,
-              quiet_limit: float = QUIET_LIMIT_S) -> tuple[int, bytes | None]:
-    """Run `cmd`; returns (exit status, its stdout when `capture_stdout`)."""
+              quiet_limit: float = QUIET_LIMIT_S, side_by_side: bool = False) -> tuple[int, bytes | None]:
+    """Run `cmd`; returns (exit status, its stdout when `capture_stdout`). `side_by_side`: other steps
+    run at the same time, so its lines are logged (never bars, which would overwrite each other) and
+    each begins with the step's name."""
     stdout = subprocess.PIPE if capture_stdout else None
-    if progress_mode() == "bar":  # a terminal: the stage's own bars show where it is
+    if progress_mode() == "bar" and not side_by_side:  # a terminal: the stage's own bars show where it is
         proc = subprocess.run(list(cmd), stdout=stdout, env=env)
         return proc.returncode, proc.stdout
     env = {**env, "CHATTTS_FORGE_PROGRESS": "log"}
@@ -51,7 +56,8 @@ def run_stage(cmd: Sequence[str], env: dict[str, str], capture_stdout: bool, nam
     lock = threading.Lock()
     proc_p = subprocess.Popen(list(cmd), stdout=stdout, stderr=subprocess.PIPE, env=env)
     assert proc_p.stderr is not None
-    reader = threading.Thread(target=_forward, args=(proc_p.stderr, heard, lock), daemon=True)
+    label = f"[{name}] ".encode() if side_by_side else b""
+    reader = threading.Thread(target=_forward, args=(proc_p.stderr, heard, lock, label), daemon=True)
     reader.start()
     out_chunks: list[bytes] = []
     out_reader = None

@@ -101,6 +101,8 @@ class Step:
     capture_stdout: bool = False  # the output is the command's stdout, written to `out` atomically
     feeds: tuple[str, ...] = ()  # variants that need this step (a failure sets them aside); () = all
     optional: bool = False  # a failure is logged and nothing is set aside (what reads it does without)
+    # It times nothing (calibrate, most quantize steps): `--jobs` may run it beside another such step.
+    untimed: bool = False
 
 
 @dataclass
@@ -159,6 +161,10 @@ class StepPlan:
             return
         if not reference_first:
             yield self.reference_step()
+        yield from self.evaluation_steps()
+
+    def evaluation_steps(self) -> Iterator[Step]:
+        """The shared latency run, then every variant's evaluation (after the reference run)."""
         latency = self.latency_step()
         if latency is not None:
             yield latency
@@ -169,9 +175,9 @@ class StepPlan:
     def quantized_variants(self) -> list[str]:
         return [v for v in self.variants if v in VARIANT_METHOD]
 
-    def shared_steps(self, until: str | None = None) -> Iterator[Step]:
+    def shared_steps(self, until: str | None = None, calibrate: bool = True) -> Iterator[Step]:
         """The steps every variant needs: checkpoint, its verification, convert, calibrate (those of
-        stages after `until` left out)."""
+        stages after `until` left out; calibrate also with `calibrate=False`)."""
         if self.checkpoint is None:
             yield Step(
                 "checkpoint",
@@ -196,17 +202,25 @@ class StepPlan:
             self.work / "convert",
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
         )
+        step = self.calibrate_step() if calibrate and within("calibrate", until) else None
+        if step is not None:
+            yield step
+
+    def calibrate_step(self) -> Step | None:
+        """The calibrate step (None: no variant of the build reads a calibration)."""
         fp32 = self.artifact_dir("fp32")
         calibrated = tuple(v for v in self.quantized_variants() if v in CALIBRATED)
-        if calibrated and within("calibrate", until):
-            yield Step(
-                "calibrate",
-                "calibrate",
-                ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
-                self.work / "calibration",
-                {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
-                feeds=calibrated,
-            )
+        if not calibrated:
+            return None
+        return Step(
+            "calibrate",
+            "calibrate",
+            ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
+            self.work / "calibration",
+            {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
+            feeds=calibrated,
+            untimed=True,
+        )
 
     def quantize_step(self, variant: str) -> Step:
         """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
@@ -231,7 +245,14 @@ class StepPlan:
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         argv = ["quantize", "--artifact", str(fp32), "--method", method, "--out", str(self.artifact_dir(variant)),
                 *changed_args(QuantizeConfig(method, **options))]
-        return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,))
+        return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,),
+                    untimed=not method_class(method).times_the_machine)
+
+    def quantize_is_untimed(self, variant: str) -> bool:
+        """Whether the variant's quantize step times nothing (see `Step.untimed`)."""
+        from chattts_forge.quantize.methods import method_class
+
+        return not method_class(VARIANT_METHOD[variant]).times_the_machine
 
     @property
     def reference_run_dir(self) -> Path:

@@ -117,6 +117,8 @@ class QuantizationMethod:
     default_per_channel: ClassVar[bool] = False
     supports_fallback: ClassVar[bool] = False  # fidelity targets: the fallback loop excludes nodes
     takes_gate: ClassVar[bool] = False  # --gate: a search meets the gate's fidelity thresholds
+    # It times the machine (auto's interleaved decode-step timings): the build runs it with nothing beside it.
+    times_the_machine: ClassVar[bool] = False
     preprocesses: ClassVar[bool] = False  # onnxruntime's quant_pre_process on the graphs first
     can_rebuild_fast_graph: ClassVar[bool] = False  # `fast_graph_quantizer` exists
     # The build hands it the calibration folder (static's ranges, int4's GPTQ, auto's search).
@@ -667,6 +669,7 @@ class Auto(QuantizationMethod):
     name = QuantizeMethod.AUTO
     option_groups = (AutoOptions,)
     takes_gate = True
+    times_the_machine = True
     build_calibrates = True
     nbits_label = INT4_COMPUTE
 

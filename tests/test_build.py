@@ -44,6 +44,13 @@ with open(os.environ["FAKE_LOG"], "a") as f:
 if os.environ.get("FAKE_ARGV_LOG"):
     with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
         f.write(json.dumps(argv) + "\n")
+if os.environ.get("FAKE_SPANS"):  # when each call ran (the steps side by side: --jobs)
+    import atexit, time
+    _started = time.time()
+    atexit.register(lambda: open(os.environ["FAKE_SPANS"], "a").write(f"{call} {_started} {time.time()}\n"))
+    print(f"stand-in {call}", file=sys.stderr, flush=True)
+    if call in os.environ.get("FAKE_SLOW", "").split(","):
+        time.sleep(1.5)
 if os.environ.get("FAKE_CRASH") == call:
     sys.exit("error: simulated stage crash")
 
@@ -156,7 +163,7 @@ class Runner:
             "--forge-cmd", f"{sys.executable} {self.fake}", *extra,
         ]  # fmt: skip
         full_env = {**os.environ, "FAKE_LOG": str(self.log), "FAKE_TESTS_DIR": str(Path(__file__).parent), **env}
-        return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
@@ -269,6 +276,57 @@ def test_killed_run_resumes_to_the_same_published_bytes(clean_run, tmp_path: Pat
     assert tree_bytes(killed.to) == tree_bytes(clean.to)
     assert leftovers(killed.build, killed.to) == []
     assert verify_path(killed.to).ok and signed(killed.to)
+
+
+def spans(path: Path) -> dict[str, tuple[float, float]]:
+    return {c: (float(a), float(b)) for c, a, b in (line.split() for line in path.read_text().splitlines())}
+
+
+def test_jobs_run_untimed_steps_side_by_side_to_the_same_published_bytes(clean_run, tmp_path: Path) -> None:
+    """--jobs 2: calibrate and the quantize steps that time nothing overlap; every step that times
+    something (evaluate-reference, auto's quantize, the latency run, the evaluations) runs alone; the
+    publication is the one-at-a-time run's, and the records are the same (a --jobs 1 run redoes nothing)."""
+    clean, _ = clean_run
+    r = Runner(tmp_path)
+    times = tmp_path / "spans.log"
+    proc = r.run("--jobs", "2", FAKE_FAIL="int8-static", FAKE_SPANS=str(times), FAKE_SLOW="calibrate,quantize:int4")
+    assert proc.returncode == 0, proc.stderr
+    assert tree_bytes(r.to) == tree_bytes(clean.to)
+    ran = spans(times)
+    untimed = {"calibrate", "quantize:dynamic", "quantize:static", "quantize:int4", "quantize:dynamic-kv8"}
+
+    def overlap(a: str, b: str) -> bool:
+        return ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]
+
+    assert overlap("calibrate", "quantize:dynamic")  # it reads no calibration
+    for calibrated in ("quantize:static", "quantize:int4", "quantize:dynamic-kv8"):
+        assert ran[calibrated][0] >= ran["calibrate"][1]
+    assert any(overlap("quantize:int4", q) for q in ("quantize:static", "quantize:dynamic-kv8"))
+    for alone in set(ran) - untimed:
+        assert not any(overlap(alone, other) for other in set(ran) - {alone}), alone
+    assert all(ran[q][0] >= ran["evaluate-reference"][1] for q in untimed - {"calibrate"})  # they read its runs
+    assert "[calibrate] stand-in calibrate" in proc.stderr and "side by side, 2 at a time" in proc.stderr
+    [per_stage] = [line for line in proc.stdout.splitlines() if line.startswith("time per stage")]
+    assert "side by side, --jobs" in per_stage
+    before = len(r.calls())
+    again = r.run(FAKE_FAIL="int8-static")
+    assert again.returncode == 0, again.stderr
+    assert len(r.calls()) == before and "ran: nothing" in again.stdout
+
+
+def test_jobs_a_failed_calibration_sets_aside_what_reads_it(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    proc = r.run("--jobs", "2", FAKE_CRASH="calibrate")
+    assert proc.returncode == 2
+    index = json.loads((r.to / "index.json").read_text())
+    assert sorted(e["variant"] for e in index["variants"]) == ["fp16", "fp32", "int8-dynamic"]
+    assert not any(c.startswith(("quantize:static", "quantize:int4", "quantize:auto", "quantize:dynamic-kv8"))
+                   for c in r.calls())
+
+
+def test_jobs_must_be_a_whole_number_of_at_least_one(tmp_path: Path) -> None:
+    proc = Runner(tmp_path).run("--jobs", "0")
+    assert proc.returncode == 2 and "--jobs: '0' is not a whole number >= 1" in proc.stderr
 
 
 def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: Path) -> None:
