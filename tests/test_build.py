@@ -19,6 +19,8 @@ from chattts_forge.gate import DEFAULT_GATE
 from chattts_forge.publish import verify_path
 
 FAKE_FORGE = r'''
+import time
+_started = time.time()  # a span starts with the process, before its imports (--jobs: what overlaps)
 import hashlib, json, os, shutil, signal, sys, tempfile
 from pathlib import Path
 from chattts_forge.evaluate.report_schema import report_json_bytes
@@ -45,12 +47,11 @@ if os.environ.get("FAKE_ARGV_LOG"):
     with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
         f.write(json.dumps(argv) + "\n")
 if os.environ.get("FAKE_SPANS"):  # when each call ran (the steps side by side: --jobs)
-    import atexit, time
-    _started = time.time()
+    import atexit
     atexit.register(lambda: open(os.environ["FAKE_SPANS"], "a").write(f"{call} {_started} {time.time()}\n"))
     print(f"stand-in {call}", file=sys.stderr, flush=True)
     if call in os.environ.get("FAKE_SLOW", "").split(","):
-        time.sleep(1.5)
+        time.sleep(3)  # longer than the driver takes to start the next step beside it on a loaded CI machine
 if os.environ.get("FAKE_CRASH") == call:
     sys.exit("error: simulated stage crash")
 

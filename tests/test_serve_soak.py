@@ -265,13 +265,19 @@ def test_drain_rate_and_its_retry_after() -> None:
 
 def test_refusals_are_429_with_a_measured_retry_after_and_a_client_honouring_it_gets_through(versions) -> None:
     v1, _ = versions
-    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "refine": False, "max_new_token": 60,
-            "min_new_token": 60}
+    # Long enough that five requests released together overlap on any CPU (a 60-step request took
+    # ~25 ms on CI's machine, shorter than the clients' old 50 ms stagger: nothing was ever refused).
+    body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "refine": False, "max_new_token": 600,
+            "min_new_token": 600}
     with running(v1, max_batch=1, max_queue=1, retry_after_s=97) as srv:
         refusals: list[tuple[str, str]] = []
         got: list[int] = []
+        # one completion first, so the drain rate is measured before the burst
+        assert httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120).status_code == 200
+        release = threading.Barrier(5)
 
         def client() -> None:
+            release.wait()
             for _ in range(40):
                 r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
                 if r.status_code != 429:
@@ -283,7 +289,6 @@ def test_refusals_are_429_with_a_measured_retry_after_and_a_client_honouring_it_
         threads = [threading.Thread(target=client) for _ in range(5)]
         for t in threads:
             t.start()
-            time.sleep(0.05)
         for t in threads:
             t.join()
         assert got == [200] * 5  # every client got through
