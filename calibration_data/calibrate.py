@@ -70,6 +70,7 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
+from chattts_forge.runtime.generation import PromptBatch, iter_generate
 from chattts_forge.runtime.sampling import SeedGroups
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
@@ -695,9 +696,9 @@ class _Recorder:
             emb[b, width - e.shape[1]:], ids[b, width - e.shape[1]:], mask[b, width - e.shape[1]:] = e[0], i[0], m[0]
         params = synth_params(pipe, seeds.seeds[0], cfg.max_new_token).code
         state = None
-        for state in pipe.iter_generate(emb, ids, mask, pipe.code_sampling(params), infer_text=False,
-                                        max_new_token=params.max_new_token, seed=seeds,
-                                        ensure_non_empty=params.ensure_non_empty):
+        for state in iter_generate(pipe, PromptBatch(emb, ids, mask), pipe.code_sampling(params), infer_text=False,
+                                   max_new_token=params.max_new_token, seed=seeds,
+                                   ensure_non_empty=params.ensure_non_empty):
             assert self.gen is not None
             self.gen.state = state
         assert state is not None

@@ -33,9 +33,9 @@ from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
+from chattts_forge.runtime.generation import check_engine
 from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.memory_probe import RssSampler
-from chattts_forge.runtime.pipeline import check_engine
 from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (

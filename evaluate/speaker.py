@@ -238,7 +238,10 @@ def _dilate(mask: np.ndarray, width: int) -> np.ndarray:
         return mask
     kernel = np.ones(width)
     # scipy centres an even-width element one step right of the middle; the width here is odd (7).
-    return np.convolve(mask.astype(float), kernel, mode="same") > 0
+    # The centred slice of the full convolution keeps the mask's length: numpy's mode="same" returns
+    # max(len, width) values, so a clip of fewer windows than the element grew a longer mask.
+    start = (width - 1) // 2
+    return np.convolve(mask.astype(float), kernel, mode="full")[start : start + mask.size] > 0
 
 
 def _trim_long_silences(wav: np.ndarray) -> np.ndarray:

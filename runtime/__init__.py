@@ -122,20 +122,11 @@ Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runt
 """
 
 from chattts_forge.runtime.audio import write_wav
-from chattts_forge.runtime.pipeline import (
-    ENGINES,
-    Generation,
-    InferCodeParams,
-    Pipeline,
-    RefineTextParams,
-    Result,
-    StreamDecoder,
-    SynthParams,
-    check_engine,
-    choose_engine,
-    open_gpt_step,
-)
+from chattts_forge.runtime.generation import ENGINES, Generation, check_engine, choose_engine, open_gpt_step
+from chattts_forge.runtime.params import InferCodeParams, RefineTextParams, SynthParams
+from chattts_forge.runtime.pipeline import Pipeline, Result
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike, RunObserver
+from chattts_forge.runtime.stream_decode import StreamDecoder
 
 __all__ = [
     "ENGINES",

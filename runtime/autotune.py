@@ -147,7 +147,7 @@ class RuntimeSteps:
 
     def _open(self, folder: Path) -> tuple[Any, Any]:
         if folder not in self._opened:
-            from chattts_forge.runtime.pipeline import open_gpt_step
+            from chattts_forge.runtime.generation import open_gpt_step
             from chattts_forge.runtime.session import Artifact
 
             # Not saved (runtime.saved_sessions): a variant timed here may never be served on this host,

@@ -59,9 +59,11 @@ from chattts_forge import chattts_defaults
 from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
-from chattts_forge.runtime.pipeline import Generation, Pipeline, StepState, SynthParams, check_synth_params
-from chattts_forge.runtime.pipeline import InferCodeParams as _RuntimeCodeParams
-from chattts_forge.runtime.pipeline import RefineTextParams as _RuntimeRefineParams
+from chattts_forge.runtime.generation import Generation, StepState
+from chattts_forge.runtime.params import InferCodeParams as _RuntimeCodeParams
+from chattts_forge.runtime.params import RefineTextParams as _RuntimeRefineParams
+from chattts_forge.runtime.params import SynthParams, check_synth_params
+from chattts_forge.runtime.pipeline import Pipeline
 from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.router import ROUTING_NAME, Router
 

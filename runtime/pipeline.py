@@ -1,4 +1,4 @@
-"""The generation loop, audio decoding, streaming and batching of the runtime.
+"""The runtime's pipeline: text in, 24 kHz audio out, on one artifact folder.
 
 `Pipeline(artifact_dir, provider="cpu", threads=None)` runs ChatTTS's inference on an artifact:
 
@@ -6,42 +6,32 @@
     GPT steps with KV cache -> code heads -> ChatTTS logits processing -> sample ->
     Decoder (hidden states) or DVAE (codes) -> mel -> Vocos -> 24 kHz waveform
 
-Batching: all texts of one call share every GPT step (left padding, as ChatTTS). A row stops when
-any of its num_vq streams emits EOS; the loop ends when every row has stopped or after
-`max_new_token` steps. Each row is decoded on its own, so a row's result does not depend on the
-other rows (ChatTTS decodes a zero-padded batch, which changes the tail of shorter rows).
+Its parts live in their own modules: the request parameters and their checks (runtime.params), the
+generation loop and its batching of texts (runtime.generation: all texts of one call share every GPT
+step) and streaming decode (runtime.stream_decode). Each row is decoded on its own, so a row's
+result does not depend on the other rows (ChatTTS decodes a zero-padded batch, which changes the
+tail of shorter rows).
 
 Streaming (`Pipeline.stream`): the audio that can no longer change is emitted as soon as the first
 of it exists (checked every step until then, so first audio is not held to the `stream_batch`
-cadence), then every `stream_batch` steps. The Decoder and Vocos are convolutional (non-causal), so
-a mel frame depends on `decoder_radius` frames on each side and a sample on `vocos_radius` frames;
-the stream decodes only a window (the new part plus that much context) and holds back the last
-frames until their right context exists, so the concatenated stream equals the non-streamed waveform
-(up to float rounding of convolutions over different lengths, ~1e-6). That right context is what
-bounds first audio: `decoder_radius + vocos_radius` mel frames (55 code steps at full size).
-`lookahead_frames` trades exactness for latency: samples are emitted once that many mel frames of
-right context exist, so the few frames before each chunk boundary are decoded with a truncated
-right edge (a low-latency mode, like ChatTTS's own streaming, which is not exact either).
+cadence), then every `stream_batch` steps; runtime.stream_decode says what is exact and why.
+
+The names below are importable from here as before (params, generation and stream types included).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
-from chattts_forge import chattts_defaults
-from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
+from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
-    DEFAULT_MAX_PROMPT_CODES,
-    DEFAULT_MAX_SPEAKER_VALUES,
     TextTokenizer,
     apply_speaker,
     decode_prompt,
@@ -49,13 +39,35 @@ from chattts_forge.runtime.frontend import (
     decorate_text_prompts,
     encode_prompt,
     is_speakable,
-    max_encoded_chars,
     speaker_vector,
     split_sentences,
 )
+from chattts_forge.runtime.generation import (  # noqa: F401 - re-exported: callers import them here
+    ENGINES,
+    Generation,
+    PromptBatch,
+    StepState,
+    check_engine,
+    choose_engine,
+    iter_generate,
+    last_state,
+    open_gpt_step,
+    position_ids,
+)
+from chattts_forge.runtime.params import (  # noqa: F401 - re-exported: callers import them here
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    InferCodeParams,
+    RefineTextParams,
+    SynthParams,
+    check_sampling_params,
+    check_sampling_ranges,
+    check_synth_params,
+)
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
-from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
-from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
+from chattts_forge.runtime.sampling import SamplingConfig
+from chattts_forge.runtime.session import Artifact, GptStepLike
+from chattts_forge.runtime.stream_decode import StreamDecoder, decoder_radius, vocos_radius
 from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
     SPLIT_TEXT_FACTOR,
     TEXT_CHARS_PER_POSITION,
@@ -64,68 +76,6 @@ from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the s
 )
 
 log = get_logger(__name__)
-
-# GPT engines: `plain` runs gpt.onnx (GptStep); `fast` the fused gpt_fast.onnx with an in-place KV
-# cache (runtime.fast_gpt, graph built by quantize.fast_gpt_graph); `auto` takes fast when the artifact
-# has it. The default is `auto`, as for `synth`: a service (and the evaluate gate) runs the fast graph
-# when it exists.
-# On CUDA `auto` takes the plain graph with the cache kept on the device (runtime.device_gpt): the
-# fused graph's GroupQueryAttention has no float32 CUDA kernel.
-ENGINES = ("auto", "fast", "plain")
-# Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
-_DVAE_KERNEL = 7
-_DVAE_DILATION = 2
-_VOCOS_KERNEL = 7
-# Extra frames of context beyond the computed receptive fields (costs a little compute only).
-_SAFETY_FRAMES = 2
-
-
-@dataclass
-class RefineTextParams:
-    """ChatTTS's `Chat.RefineTextParams` defaults."""
-
-    prompt: str = chattts_defaults.REFINE_PROMPT
-    top_p: float | None = chattts_defaults.TOP_P
-    top_k: int | None = chattts_defaults.TOP_K
-    temperature: float = chattts_defaults.REFINE_TEMPERATURE
-    repetition_penalty: float | None = chattts_defaults.REFINE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
-    ensure_non_empty: bool = True
-    seed: int | None = None
-
-
-@dataclass
-class InferCodeParams:
-    """ChatTTS's `Chat.InferCodeParams` defaults (`seed` plays the role of `manual_seed`)."""
-
-    prompt: str = chattts_defaults.CODE_PROMPT
-    spk_emb: str | None = None
-    spk_smp: str | None = None
-    txt_smp: str | None = None
-    temperature: float | Sequence[float] = chattts_defaults.CODE_TEMPERATURE
-    top_p: float | None = chattts_defaults.TOP_P
-    top_k: int | None = chattts_defaults.TOP_K
-    repetition_penalty: float | None = chattts_defaults.CODE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
-    stream_batch: int = chattts_defaults.STREAM_BATCH
-    ensure_non_empty: bool = True
-    seed: int | None = None
-
-
-@dataclass
-class SynthParams:
-    """Everything one `synthesize`/`stream` call needs besides the texts."""
-
-    code: InferCodeParams = field(default_factory=InferCodeParams)
-    refine: RefineTextParams | None = None  # None: no text refinement (ChatTTS skip_refine_text)
-    use_decoder: bool = True  # False: DVAE on codes
-    normalize: bool = True
-    homophones: bool = True
-    lang: str | None = None
-    split_sentences: bool = False  # split each text like Chat.infer(split_text=True), then join
-
 
 @dataclass
 class Result:
@@ -147,204 +97,6 @@ class Row(NamedTuple):
     wav: np.ndarray
     cached: bool = False
     text: str | None = None  # what the code stage saw (refined), when it is not the row's normalised text
-
-
-@dataclass
-class StepState:
-    """The state of a generation loop after a step (arrays are shared; copy what you keep)."""
-
-    tokens: np.ndarray  # int64 [B, max_new_token, streams]
-    hiddens: np.ndarray  # float32 [B, max_new_token, hidden]
-    end_idx: np.ndarray  # int64 [B]: kept steps per row (EOS step excluded)
-    finish: np.ndarray  # bool [B]
-    infer_text: bool
-    record_logits: bool
-    forced_lengths: list[int] | None = None
-    logits: list[np.ndarray] = field(default_factory=list)  # per step [B, streams, V]
-    steps: int = 0
-    done: bool = False  # True on the last step (all rows stopped or max_new_token reached)
-
-    def result(self) -> Generation:
-        batch = self.tokens.shape[0]
-        ends = self.end_idx
-        ids = [
-            self.tokens[b, : ends[b], 0].copy() if self.infer_text else self.tokens[b, : ends[b]].copy()
-            for b in range(batch)
-        ]
-        rec = None
-        if self.record_logits and self.logits:
-            stacked = np.stack(self.logits, 1)  # [B, steps, streams, V]
-            if self.forced_lengths is not None:
-                rec = [stacked[b, : self.forced_lengths[b]] for b in range(batch)]
-            else:  # every decision of the row, the EOS decision included
-                rec = [stacked[b, : ends[b] + (1 if self.finish[b] else 0)] for b in range(batch)]
-        return Generation(
-            ids=ids,
-            hiddens=[self.hiddens[b, : ends[b]].copy() for b in range(batch)],
-            processed_logits=rec,
-            finished=self.finish.copy(),
-        )
-
-
-@dataclass
-class Generation:
-    """Raw output of one generation loop over a batch."""
-
-    ids: list[np.ndarray]  # per row: codes [T, num_vq] or text ids [T]
-    hiddens: list[np.ndarray]  # per row: [T, hidden]
-    processed_logits: list[np.ndarray] | None = None  # per row: [T, streams, V] when recorded
-    finished: np.ndarray | None = None  # per row: stopped on EOS (False: hit max_new_token)
-
-
-def check_engine(engine: str) -> None:
-    """ForgeError unless `engine` is one of ENGINES."""
-    if engine not in ENGINES:
-        raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
-
-
-def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
-    """The GPT engine ("fast" or "plain") the runtime runs for `engine` (one of ENGINES) on `artifact`."""
-    check_engine(engine)
-    if engine == "fast" and not artifact.has_component(FAST_GPT):
-        raise ForgeError(f"artifact {artifact.path} has no {FAST_GPT} component (engine 'fast')")
-    if engine == "fast":
-        return "fast"
-    on_cpu = artifact.provider == "cpu"
-    return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT) else "plain"
-
-
-def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
-    """A new GPT step (its own KV cache) of `artifact` for `engine` (see `choose_engine`)."""
-    if choose_engine(artifact, engine) == "fast":
-        from chattts_forge.runtime.fast_gpt import FastGptStep
-
-        return FastGptStep.from_artifact(artifact)
-    if artifact.provider == "cuda":
-        from chattts_forge.runtime.device_gpt import DeviceGptStep
-
-        return DeviceGptStep(artifact.session(GPT), artifact.dims, device="cuda")
-    return GptStep(artifact.session(GPT), artifact.dims)
-
-
-def position_ids(attention_mask: np.ndarray) -> np.ndarray:
-    """ChatTTS: cumsum(attention_mask) - 1, masked positions set to 1."""
-    pos = np.cumsum(attention_mask, axis=1) - 1
-    pos[attention_mask == 0] = 1
-    return pos.astype(np.int64)
-
-
-# ---- request parameters: types and ranges, checked once where a request enters -------------------
-
-# A prompt string such as "[speed_5]" or "[oral_2][laugh_0][break_6]": far below this.
-MAX_PROMPT_CHARS = 1024
-MAX_SEED = 2**64  # numpy's default_rng takes any int >= 0; this keeps seeds to what a caller can mean
-
-
-def _is_whole(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_whole(where: str, value: object, low: int, high: int | None = None, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not _is_whole(value):
-        raise ForgeError(f"{where} must be a whole number, got {type(value).__name__} {str(value)[:40]!r}")
-    if value < low or (high is not None and value > high):  # type: ignore[operator]
-        span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ForgeError(f"{where} must be {span}, got {value}")
-
-
-def _check_real(where: str, value: object, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not _is_real(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
-        raise ForgeError(f"{where} must be a finite number, got {type(value).__name__} {str(value)[:40]!r}")
-
-
-def _check_bool(where: str, value: object) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ForgeError(f"{where} must be true or false, got {type(value).__name__} {str(value)[:40]!r}")
-
-
-def _check_optional_str(where: str, value: object, limit: int) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise ForgeError(f"{where} must be a string or None, got {type(value).__name__}")
-    if len(value) > limit:
-        raise ForgeError(f"{where} is {len(value)} characters long, more than {limit}")
-
-
-def check_sampling_params(params: InferCodeParams | RefineTextParams, where: str, max_positions: int | None) -> None:
-    """The knobs code generation and refinement share: types first, then ranges (one-line ForgeError
-    naming the field)."""
-    if not isinstance(params.prompt, str) or len(params.prompt) > MAX_PROMPT_CHARS:
-        raise ForgeError(f"{where}.prompt must be a string of at most {MAX_PROMPT_CHARS} characters")
-    temps = params.temperature
-    if isinstance(temps, (list, tuple)):
-        if not temps:
-            raise ForgeError(f"{where}.temperature must be a number or a non-empty list of numbers")
-        for i, t in enumerate(temps):
-            _check_real(f"{where}.temperature[{i}]", t)
-    else:
-        _check_real(f"{where}.temperature", temps)
-    _check_real(f"{where}.top_p", params.top_p, optional=True)
-    _check_whole(f"{where}.top_k", params.top_k, 1, optional=True)
-    _check_real(f"{where}.repetition_penalty", params.repetition_penalty, optional=True)
-    _check_whole(f"{where}.max_new_token", params.max_new_token, 1, max_positions)
-    _check_whole(f"{where}.min_new_token", params.min_new_token, 0)
-    _check_bool(f"{where}.ensure_non_empty", params.ensure_non_empty)
-    _check_whole(f"{where}.seed", params.seed, 0, MAX_SEED - 1, optional=True)
-    listed = tuple(temps) if isinstance(temps, (list, tuple)) else (temps,)
-    _check_sampling(tuple(float(t) for t in listed), params.top_p, params.top_k, params.max_new_token,
-                    params.min_new_token, params.repetition_penalty)
-
-
-def check_synth_params(params: object, max_positions: int | None = None, max_text_chars: int | None = None) -> SynthParams:
-    """Validate a request's parameters by type and range before anything runs on them (the scheduler's
-    `submit`, `Pipeline.synthesize`/`stream`, compat, a server): a one-line ForgeError naming the
-    first bad field, else `params` unchanged. `max_positions` (the model's) bounds max_new_token;
-    `max_text_chars` bounds txt_smp."""
-    if not isinstance(params, SynthParams):
-        raise ForgeError(f"params must be SynthParams, got {type(params).__name__}")
-    code = params.code
-    if not isinstance(code, InferCodeParams):
-        raise ForgeError(f"params.code must be InferCodeParams, got {type(code).__name__}")
-    if params.refine is not None and not isinstance(params.refine, RefineTextParams):
-        raise ForgeError(f"params.refine must be RefineTextParams or None, got {type(params.refine).__name__}")
-    for name in ("use_decoder", "normalize", "homophones", "split_sentences"):
-        _check_bool(f"params.{name}", getattr(params, name))
-    if params.lang not in (None, "zh", "en"):
-        raise ForgeError(f"params.lang must be None, 'zh' or 'en', got {str(params.lang)[:40]!r}")
-    check_sampling_params(code, "params.code", max_positions)
-    # Speaker strings are bounded again (tighter, by the model) when decoded; this bounds the work before.
-    _check_optional_str("params.code.spk_emb", code.spk_emb, max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES))
-    _check_optional_str("params.code.spk_smp", code.spk_smp, max_encoded_chars(2 * DEFAULT_MAX_PROMPT_CODES) + 8)
-    _check_optional_str("params.code.txt_smp", code.txt_smp, max_text_chars or 1 << 20)
-    _check_whole("params.code.stream_batch", code.stream_batch, 1)
-    if params.refine is not None:
-        check_sampling_params(params.refine, "params.refine", max_positions)
-    return params
-
-
-def _check_sampling(temperature: Sequence[float], top_p: float | None, top_k: int | None,
-                    max_new_token: int, min_new_token: int, penalty: float | None) -> None:
-    if any(not (t > 0) or not math.isfinite(t) for t in temperature):
-        raise ForgeError(f"temperature must be > 0, got {list(temperature)}")
-    if top_p is not None and not (0 <= top_p <= 1):
-        raise ForgeError(f"top-p must lie in [0, 1], got {top_p}")
-    if top_k is not None and top_k < 1:
-        raise ForgeError(f"top-k must be >= 1, got {top_k}")
-    if max_new_token < 1:
-        raise ForgeError(f"max-new-token must be >= 1, got {max_new_token}")
-    if not (0 <= min_new_token <= max_new_token):
-        raise ForgeError(f"min-new-token must lie in [0, max-new-token={max_new_token}], got {min_new_token}")
-    if penalty is not None and not (penalty > 0):
-        raise ForgeError(f"repetition penalty must be > 0, got {penalty}")
 
 
 class Pipeline:
@@ -486,9 +238,7 @@ class Pipeline:
             )
         return codes
 
-    def prepare_code_inputs(
-        self, texts: Sequence[str], params: InferCodeParams
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def prepare_code_inputs(self, texts: Sequence[str], params: InferCodeParams) -> PromptBatch:
         """(inputs_embeds [B, L, hidden], input_ids [B, L, num_vq], attention_mask [B, L]) of `_infer_code`."""
         prompt = self.speaker_sample_codes(params.spk_smp) if params.spk_smp is not None else None
         decorated = decorate_code_prompts(list(texts), params.prompt, params.txt_smp, params.spk_emb)
@@ -498,7 +248,7 @@ class Pipeline:
         if params.spk_emb is not None:
             vec = speaker_vector(params.spk_emb, self.dims.hidden_size)
             apply_speaker(emb, input_ids, self.tokenizer.spk_emb_id, vec)
-        return emb, input_ids, attention_mask
+        return PromptBatch(emb, input_ids, attention_mask)
 
     def _check_length(self, prompt_len: int, max_new_token: int) -> None:
         limit = self.dims.max_position_embeddings
@@ -517,89 +267,15 @@ class Pipeline:
     # ---- the generation loop -------------------------------------------------------------
 
     def generate(self, *args, **kwargs) -> Generation:
-        """Run `iter_generate` to the end and return its result."""
-        return _last(self.iter_generate(*args, **kwargs)).result()
-
-    def iter_generate(
-        self,
-        emb: np.ndarray,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        cfg: SamplingConfig,
-        *,
-        infer_text: bool,
-        max_new_token: int,
-        seed: int | SeedGroups | None,
-        ensure_non_empty: bool = True,
-        forced: Sequence[np.ndarray] | None = None,
-    ) -> Iterator[StepState]:
-        """ChatTTS's `GPT.generate` with a KV cache, one yielded `StepState` per step.
-
-        Steps until every row emitted EOS (any of its streams) or `max_new_token`. `forced`
-        (teacher forcing, codes only): per row int [T, num_vq]; each step takes the given tokens
-        (EOS after a row's end) instead of samples, and the processed logits are recorded. `seed`:
-        one seed for every row, or `SeedGroups` (groups of rows sampled as separate batches would be).
-        """
-        batch = input_ids.shape[0]
-        streams = 1 if infer_text else self.num_vq
-        head = self.artifact.session(HEAD_TEXT if infer_text else HEAD_CODE)
-        head_out = head.get_outputs()[0].name
-        sampler = Sampler(cfg, streams, batch, seed)
-        state = StepState(
-            tokens=np.zeros((batch, max_new_token, streams), dtype=np.int64),
-            hiddens=np.zeros((batch, max_new_token, self.dims.hidden_size), dtype=np.float32),
-            end_idx=np.zeros(batch, dtype=np.int64),
-            finish=np.zeros(batch, dtype=bool),
-            infer_text=infer_text,
-            record_logits=forced is not None,
-            forced_lengths=None if forced is None else [len(f) for f in forced],
-        )
-        mask = attention_mask.astype(np.int64)
-        reserve = getattr(self.gpt, "reserve", None)  # engines with a preallocated cache (FastGptStep)
-        if reserve is not None:  # size the cache by the request, not by the model's positions
-            reserve(mask.shape[1] + max_new_token)
-        self.gpt.reset(batch)
-        hidden = self.gpt(emb, mask, position_ids(mask))[:, -1]
-        for step in range(max_new_token):
-            if step > 0:
-                new_ids = state.tokens[:, step - 1 : step, :]
-                if infer_text:
-                    new_ids = np.repeat(new_ids, self.num_vq, axis=2)
-                step_emb = self.embed(new_ids, np.full((batch, 1), infer_text, dtype=bool))
-                mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
-                hidden = self.gpt(step_emb, mask, mask.sum(axis=1, keepdims=True) - 1)[:, -1]
-            state.hiddens[:, step] = hidden
-            logits = head.run([head_out], {"hidden_states": hidden})[0].reshape(batch * streams, -1)
-            # rows (b, stream), columns: the tokens generated so far
-            history = state.tokens[:, :step, :].transpose(0, 2, 1).reshape(batch * streams, step)
-            scores = process_logits(logits, history, step, cfg, streams)
-            if state.record_logits:
-                state.logits.append(scores.reshape(batch, streams, -1))
-            if forced is not None:
-                eos_row = np.full(streams, cfg.eos_token, dtype=np.int64)
-                idx = np.stack([f[step] if step < len(f) else eos_row for f in forced])
-            else:
-                idx = sampler.next_tokens(scores, redraw_ended=step == 0 and ensure_non_empty)
-            state.tokens[:, step] = idx
-            state.finish |= (idx == cfg.eos_token).any(axis=1)
-            state.end_idx += ~state.finish
-            state.steps = step + 1
-            state.done = bool(state.finish.all()) or step + 1 == max_new_token
-            yield state
-            if state.finish.all():
-                break
-        if not state.finish.all():
-            log.warning(
-                "incomplete result: %d of %d rows hit max_new_token %d",
-                int((~state.finish).sum()), batch, max_new_token,
-            )
+        """Run the generation loop (`generation.iter_generate` on this pipeline) to the end: its result."""
+        return last_state(iter_generate(self, *args, **kwargs)).result()
 
     def code_sampling(self, params: InferCodeParams) -> SamplingConfig:
         temps = params.temperature
         temps = tuple(float(t) for t in temps) if isinstance(temps, (list, tuple)) else (float(temps),) * self.num_vq
         if len(temps) != self.num_vq:
             raise ForgeError(f"give one temperature or {self.num_vq} (one per code stream), got {len(temps)}")
-        _check_sampling(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
+        check_sampling_ranges(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
                         params.repetition_penalty)
         return SamplingConfig(
             temperature=temps,
@@ -613,15 +289,14 @@ class Pipeline:
 
     def infer_code(self, texts: Sequence[str], params: InferCodeParams) -> Generation:
         """ChatTTS's `_infer_code` on already normalised texts (one batch)."""
-        return _last(self.iter_infer_code(texts, params)).result()
+        return last_state(self.iter_infer_code(texts, params)).result()
 
     def iter_infer_code(self, texts: Sequence[str], params: InferCodeParams) -> Iterator[StepState]:
         if not texts:
             raise ForgeError("no text to synthesize")
         cfg = self.code_sampling(params)
-        emb, input_ids, mask = self.prepare_code_inputs(texts, params)
-        return self.iter_generate(
-            emb, input_ids, mask, cfg, infer_text=False, max_new_token=params.max_new_token,
+        return iter_generate(
+            self, self.prepare_code_inputs(texts, params), cfg, infer_text=False, max_new_token=params.max_new_token,
             seed=params.seed, ensure_non_empty=params.ensure_non_empty,
         )
 
@@ -639,16 +314,15 @@ class Pipeline:
         steps = max(len(c) for c in forced)
         params = replace(params, max_new_token=max(steps, 1))
         cfg = self.code_sampling(params)
-        emb, input_ids, mask = self.prepare_code_inputs(texts, params)
         gen = self.generate(
-            emb, input_ids, mask, cfg, infer_text=False, max_new_token=steps, seed=0, forced=forced
+            self.prepare_code_inputs(texts, params), cfg, infer_text=False, max_new_token=steps, seed=0, forced=forced
         )
         return gen.processed_logits or []
 
     def refine_generation(self, texts: Sequence[str], params: RefineTextParams) -> Generation:
         """ChatTTS's `_refine_text` on normalised texts: `.ids[b]` the text-head tokens (EOS excluded)."""
         temps = (float(params.temperature),)
-        _check_sampling(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
+        check_sampling_ranges(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
                         params.repetition_penalty)
         cfg = SamplingConfig(
             temperature=temps,
@@ -666,7 +340,7 @@ class Pipeline:
         self._check_length(input_ids.shape[1], params.max_new_token)
         emb = self.embed(input_ids, text_mask)
         return self.generate(
-            emb, input_ids, mask, cfg, infer_text=True, max_new_token=params.max_new_token,
+            PromptBatch(emb, input_ids, mask), cfg, infer_text=True, max_new_token=params.max_new_token,
             seed=params.seed, ensure_non_empty=params.ensure_non_empty,
         )
 
@@ -715,15 +389,12 @@ class Pipeline:
     @property
     def decoder_radius(self) -> int:
         """Mel frames on each side that one Decoder/DVAE output frame depends on."""
-        layers = max(self.dims.decoder.n_layer, self.dims.dvae_decoder.n_layer)
-        return 3 + layers * _DVAE_DILATION * (_DVAE_KERNEL // 2) + _SAFETY_FRAMES
+        return decoder_radius(self.dims)
 
     @property
     def vocos_radius(self) -> int:
         """Mel frames on each side that one output sample of Vocos depends on (backbone + ISTFT)."""
-        backbone = (_VOCOS_KERNEL // 2) * (1 + self.dims.vocos_num_layers)
-        istft = math.ceil(self.dims.n_fft / (2 * self.hop))
-        return backbone + istft + _SAFETY_FRAMES
+        return vocos_radius(self.dims, self.hop)
 
     # ---- whole texts ----------------------------------------------------------------------
 
@@ -848,66 +519,3 @@ class Pipeline:
             yield chunk
         if on_done is not None:
             on_done(state.result())
-
-
-class StreamDecoder:
-    """Incremental audio of one row: `push(all steps so far)` returns the new, final samples.
-
-    Only samples whose whole receptive field is known are emitted; each push decodes a window of
-    the new frames plus `decoder_radius` / `vocos_radius` frames of context, never the whole prefix.
-    """
-
-    def __init__(self, pipe: Pipeline, use_decoder: bool = True, lookahead_frames: int | None = None) -> None:
-        self.pipe = pipe
-        self.use_decoder = use_decoder
-        self.hop = pipe.hop
-        self.rd = pipe.decoder_radius
-        self.rv = pipe.vocos_radius
-        exact = self.rd + self.rv  # mel frames of right context a sample's whole receptive field spans
-        if lookahead_frames is not None and lookahead_frames < 0:
-            raise ForgeError(f"stream lookahead must be >= 0 mel frames, got {lookahead_frames}")
-        self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
-        self.emitted = 0  # samples already returned
-        self.closed = False
-
-    def ready_samples(self, n: int, final: bool = False) -> int:
-        """Samples that can be emitted once `n` code steps exist (all of them when `final`)."""
-        frames = 2 * n
-        if final:
-            return self.hop * (frames - 1) if n else 0
-        return max(0, (frames - self.lookahead) * self.hop)
-
-    def push(self, steps: np.ndarray, final: bool = False) -> np.ndarray:
-        """`steps`: every step so far ([T, hidden] or [T, num_vq]); `final`: the row has ended."""
-        if self.closed:
-            return np.zeros(0, dtype=np.float32)
-        n = len(steps)
-        frames = 2 * n
-        ready = self.ready_samples(n, final)
-        self.closed = final
-        if ready <= self.emitted:
-            return np.zeros(0, dtype=np.float32)
-        s0, s1 = self.emitted, ready
-        # mel frames Vocos needs for samples [s0, s1)
-        fa = max(0, s0 // self.hop - self.rv)
-        fb = min(frames, -(-s1 // self.hop) + self.rv)
-        # hidden steps the Decoder needs for mel frames [fa, fb)
-        ta = max(0, (fa - self.rd) // 2)
-        tb = min(n, -(-(fb + self.rd) // 2))
-        mel = self.pipe.decode_mel(steps[ta:tb], self.use_decoder)[:, fa - 2 * ta : fb - 2 * ta]
-        wav = self.pipe.vocos(mel)
-        out = wav[s0 - fa * self.hop : s1 - fa * self.hop]
-        if len(out) != s1 - s0:
-            raise RuntimeError(f"stream window too short: {len(out)} != {s1 - s0} samples")
-        self.emitted = s1
-        return out.astype(np.float32, copy=False)
-
-
-def _last(it: Iterator[StepState]) -> StepState:
-    state = None
-    for state in it:  # noqa: B007 - the last state holds the result
-        pass
-    if state is None:
-        raise RuntimeError("generation produced no step")
-    return state
-

@@ -196,7 +196,7 @@ class Sampler:
         [B * num_streams, vocab] (`process_logits`'s output). `redraw_ended` (step 0 of a generation
         that must not be empty): a batch row that drew EOS in any stream draws again, up to
         `EMPTY_REDRAWS` times, as ChatTTS regenerates when a row ends at once (step 0's logits would
-        be the same); every row of its seed group draws again with it. `Pipeline.iter_generate` and
+        be the same); every row of its seed group draws again with it. `generation.iter_generate` and
         the scheduler both sample through here."""
         probs = softmax(scores)
         shape = (len(self.rngs), self.num_streams)

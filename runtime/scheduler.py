@@ -65,16 +65,12 @@ from chattts_forge.artifact import HEAD_CODE
 from chattts_forge.errors import ArtifactChanged, Busy, ForgeError, Unavailable
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
-from chattts_forge.runtime.pipeline import (
-    Pipeline,
-    Result,
-    StreamDecoder,
-    SynthParams,
-    check_synth_params,
-    check_text_length,
-    position_ids,
-)
+from chattts_forge.runtime.generation import position_ids
+from chattts_forge.runtime.params import SynthParams, check_synth_params
+from chattts_forge.runtime.pipeline import Pipeline, Result
 from chattts_forge.runtime.sampling import Sampler, process_logits
+from chattts_forge.runtime.stream_decode import StreamDecoder
+from chattts_forge.runtime.textfront import check_text_length
 
 log = get_logger(__name__)
 
@@ -455,7 +451,7 @@ class Scheduler:
                 act.handle._finish(error=request_error(act.handle, e))  # its row is freed after this step
 
     def _sample(self, act: _Active, hidden: np.ndarray | None, logits: np.ndarray | None = None) -> None:
-        """Process and sample the request's current step (as `Pipeline.iter_generate` does for a row)."""
+        """Process and sample the request's current step (as `generation.iter_generate` does for a row)."""
         vq = self.pipe.num_vq
         if logits is None:
             logits = self._head.run([self._head_out], {"hidden_states": hidden})[0]

@@ -94,6 +94,21 @@ def test_preprocessing_raises_quiet_audio_and_cuts_long_silences(slt: np.ndarray
     assert trimmed.shape[0] > 2 * slt.shape[0] * 0.8  # the speech is not
 
 
+def test_silence_dilation_is_scipys_for_every_length_short_ones_included() -> None:
+    """A clip of fewer VAD windows than the dilation element (an utterance that ended at once) keeps
+    its length: the full-size build's auto variant crashed its evaluation on a 0.18 s clip."""
+    from scipy.ndimage import binary_dilation
+
+    rng = np.random.default_rng(0)
+    width = speaker.VAD_MAX_SILENCE + 1
+    for n in range(1, 3 * width):
+        for _ in range(5):
+            mask = rng.random(n) < 0.3
+            assert np.array_equal(speaker._dilate(mask, width), binary_dilation(mask, np.ones(width))), n
+    short = (np.sin(np.arange(2880) / 5.0) * 0.3).astype(np.float32)  # 6 windows of 30 ms
+    assert preprocess(short, 16000).shape[0] == 2880
+
+
 def test_bad_waveforms_are_clear_errors(encoder: SpeakerEncoder) -> None:
     with pytest.raises(ForgeError, match="empty"):
         encoder.embed(np.zeros(0, dtype=np.float32), 16000)

@@ -1,0 +1,98 @@
+"""Streaming decode: the audio of a row that can no longer change, as its code steps arrive.
+
+The Decoder and Vocos are convolutional (non-causal), so a mel frame depends on `decoder_radius`
+frames on each side and a sample on `vocos_radius` frames; a `StreamDecoder` decodes only a window
+(the new part plus that much context) and holds back the last frames until their right context
+exists, so the concatenated stream equals the non-streamed waveform (up to float rounding of
+convolutions over different lengths, ~1e-6). That right context is what bounds first audio:
+`decoder_radius + vocos_radius` mel frames (55 code steps at full size). `lookahead_frames` trades
+exactness for latency: samples are emitted once that many mel frames of right context exist, so the
+few frames before each chunk boundary are decoded with a truncated right edge (a low-latency mode,
+like ChatTTS's own streaming, which is not exact either).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from chattts_forge.errors import ForgeError
+
+if TYPE_CHECKING:
+    from chattts_forge.checkpoint.layout import Dims
+    from chattts_forge.runtime.pipeline import Pipeline
+
+# Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
+_DVAE_KERNEL = 7
+_DVAE_DILATION = 2
+_VOCOS_KERNEL = 7
+# Extra frames of context beyond the computed receptive fields (costs a little compute only).
+_SAFETY_FRAMES = 2
+
+
+def decoder_radius(dims: Dims) -> int:
+    """Mel frames on each side that one Decoder/DVAE output frame depends on."""
+    layers = max(dims.decoder.n_layer, dims.dvae_decoder.n_layer)
+    return 3 + layers * _DVAE_DILATION * (_DVAE_KERNEL // 2) + _SAFETY_FRAMES
+
+
+def vocos_radius(dims: Dims, hop: int) -> int:
+    """Mel frames on each side that one output sample of Vocos depends on (backbone + ISTFT)."""
+    backbone = (_VOCOS_KERNEL // 2) * (1 + dims.vocos_num_layers)
+    istft = math.ceil(dims.n_fft / (2 * hop))
+    return backbone + istft + _SAFETY_FRAMES
+
+
+class StreamDecoder:
+    """Incremental audio of one row: `push(all steps so far)` returns the new, final samples.
+
+    Only samples whose whole receptive field is known are emitted; each push decodes a window of
+    the new frames plus `decoder_radius` / `vocos_radius` frames of context, never the whole prefix.
+    """
+
+    def __init__(self, pipe: Pipeline, use_decoder: bool = True, lookahead_frames: int | None = None) -> None:
+        self.pipe = pipe
+        self.use_decoder = use_decoder
+        self.hop = pipe.hop
+        self.rd = pipe.decoder_radius
+        self.rv = pipe.vocos_radius
+        exact = self.rd + self.rv  # mel frames of right context a sample's whole receptive field spans
+        if lookahead_frames is not None and lookahead_frames < 0:
+            raise ForgeError(f"stream lookahead must be >= 0 mel frames, got {lookahead_frames}")
+        self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
+        self.emitted = 0  # samples already returned
+        self.closed = False
+
+    def ready_samples(self, n: int, final: bool = False) -> int:
+        """Samples that can be emitted once `n` code steps exist (all of them when `final`)."""
+        frames = 2 * n
+        if final:
+            return self.hop * (frames - 1) if n else 0
+        return max(0, (frames - self.lookahead) * self.hop)
+
+    def push(self, steps: np.ndarray, final: bool = False) -> np.ndarray:
+        """`steps`: every step so far ([T, hidden] or [T, num_vq]); `final`: the row has ended."""
+        if self.closed:
+            return np.zeros(0, dtype=np.float32)
+        n = len(steps)
+        frames = 2 * n
+        ready = self.ready_samples(n, final)
+        self.closed = final
+        if ready <= self.emitted:
+            return np.zeros(0, dtype=np.float32)
+        s0, s1 = self.emitted, ready
+        # mel frames Vocos needs for samples [s0, s1)
+        fa = max(0, s0 // self.hop - self.rv)
+        fb = min(frames, -(-s1 // self.hop) + self.rv)
+        # hidden steps the Decoder needs for mel frames [fa, fb)
+        ta = max(0, (fa - self.rd) // 2)
+        tb = min(n, -(-(fb + self.rd) // 2))
+        mel = self.pipe.decode_mel(steps[ta:tb], self.use_decoder)[:, fa - 2 * ta : fb - 2 * ta]
+        wav = self.pipe.vocos(mel)
+        out = wav[s0 - fa * self.hop : s1 - fa * self.hop]
+        if len(out) != s1 - s0:
+            raise RuntimeError(f"stream window too short: {len(out)} != {s1 - s0} samples")
+        self.emitted = s1
+        return out.astype(np.float32, copy=False)
