@@ -8,6 +8,7 @@ for how long, and how many steps of the build remain: no gap in the log is ever 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -21,15 +22,26 @@ from chattts_forge.progress import format_duration, progress_mode
 log = get_logger("chattts_forge.pipeline")
 
 QUIET_LIMIT_S = 30.0
+_STAMP = re.compile(rb"\d\d:\d\d:\d\d ")  # chattts_forge.log's line start
 _WRITE_LOCK = threading.Lock()  # steps side by side write whole lines, one at a time
+
+
+def labelled(line: bytes, label: bytes) -> bytes:
+    """`line` with `label` (steps side by side: which step said it) after its time stamp, so every
+    stamped line of the build's log still begins with its time; an unstamped line begins with it."""
+    if not label:
+        return line
+    if _STAMP.match(line):
+        return line[:9] + label + line[9:]
+    return label + line
 
 
 def _forward(stream: IO[bytes], heard: list[float], lock: threading.Lock, label: bytes = b"") -> None:
     """Pass the stage's stderr on line by line (bytes where stderr has a buffer: a captured one may not),
-    each line after `label` (steps side by side: which step said it)."""
+    each line `labelled`."""
     sink = getattr(sys.stderr, "buffer", None)
     for line in iter(stream.readline, b""):
-        line = label + line
+        line = labelled(line, label)
         with _WRITE_LOCK, lock:
             if sink is not None:
                 sink.write(line)
@@ -45,7 +57,7 @@ def run_stage(cmd: Sequence[str], env: dict[str, str], capture_stdout: bool, nam
               quiet_limit: float = QUIET_LIMIT_S, side_by_side: bool = False) -> tuple[int, bytes | None]:
     """Run `cmd`; returns (exit status, its stdout when `capture_stdout`). `side_by_side`: other steps
     run at the same time, so its lines are logged (never bars, which would overwrite each other) and
-    each begins with the step's name."""
+    each names the step (`labelled`)."""
     stdout = subprocess.PIPE if capture_stdout else None
     if progress_mode() == "bar" and not side_by_side:  # a terminal: the stage's own bars show where it is
         proc = subprocess.run(list(cmd), stdout=stdout, env=env)

@@ -65,6 +65,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.progress import Progress
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, RefineTextParams, Row, SynthParams
@@ -560,6 +561,7 @@ def build_phrase_cache(
     out: str | os.PathLike[str],
     params: SynthParams,
     pipeline: Pipeline | None = None,
+    progress: bool | None = None,
     **pipeline_kwargs: Any,
 ) -> dict[str, Any]:
     """Pre-synthesize every phrase of the list on `target` and write the cache file `out`.
@@ -570,7 +572,8 @@ def build_phrase_cache(
     phrase is refined (when `params` refine) and synthesized alone, exactly as a miss of
     `synthesize([phrase])` would be; the whole request is recorded (`cache_knobs`). `pipeline`: an
     open Pipeline of the artifact folder `target` to synthesize with (no second copy of its sessions).
-    Returns a summary.
+    `progress`: phrases done / total, rate and ETA (a bar on a terminal, log lines elsewhere; None
+    decides by the terminal, False shows nothing). Returns a summary.
     """
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
@@ -592,22 +595,24 @@ def build_phrase_cache(
     artifacts: dict[str, str] = {}
     entries: list[tuple[str, str, str, CachedPhrase]] = []
     unfinished = 0
-    for _, norm in listed:
-        if router is not None:
-            variant = router.route(norm, params)[0]
-            pipe = router.pipeline(variant)
-        else:
-            pipe, variant = single, single.artifact.variant
-        payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
-        with quiet_logger("chattts_forge.runtime.pipeline"):  # one summary line below instead of one per phrase
-            try:
-                spoken = pipe.refine_texts([norm], params)[0]  # as synthesize refines it (unchanged when off)
-            except ForgeError as e:
-                raise ForgeError(f"phrase {norm!r}: {e}") from None
-            gen = pipe.infer_code([spoken], params.code)
-        unfinished += int(not bool(gen.finished[0]))
-        entries.append((norm, variant, payload,
-                        cached_phrase(pipe, norm, spoken, gen.ids[0], gen.hiddens[0], params.use_decoder)))
+    with Progress(len(listed), "warm", "phrase", enabled=progress) as bar:
+        for _, norm in listed:
+            if router is not None:
+                variant = router.route(norm, params)[0]
+                pipe = router.pipeline(variant)
+            else:
+                pipe, variant = single, single.artifact.variant
+            payload = artifacts.setdefault(variant, payload_sha256(pipe.artifact.path))
+            with quiet_logger("chattts_forge.runtime.pipeline"):  # one summary line below instead of one per phrase
+                try:
+                    spoken = pipe.refine_texts([norm], params)[0]  # as synthesize refines it (unchanged when off)
+                except ForgeError as e:
+                    raise ForgeError(f"phrase {norm!r}: {e}") from None
+                gen = pipe.infer_code([spoken], params.code)
+            unfinished += int(not bool(gen.finished[0]))
+            entries.append((norm, variant, payload,
+                            cached_phrase(pipe, norm, spoken, gen.ids[0], gen.hiddens[0], params.use_decoder)))
+            bar.update(1)
     if unfinished:
         log.warning("%d of %d phrases hit max_new_token %d before EOS (cached as generated)", unfinished, len(entries),
                     params.code.max_new_token)

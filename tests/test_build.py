@@ -315,6 +315,17 @@ def test_jobs_run_untimed_steps_side_by_side_to_the_same_published_bytes(clean_r
     assert len(r.calls()) == before and "ran: nothing" in again.stdout
 
 
+def test_side_by_side_lines_keep_their_time_stamp_first() -> None:
+    """A step's stamped line names the step after its stamp (a log reader that times the build by the
+    stamp at each line's start sees no gap while steps run side by side); other lines begin with it."""
+    from chattts_forge.driver.steplog import labelled
+
+    stamped = b"17:46:36 INFO    chattts_forge.progress: calibrate: 480/512 sent\n"
+    assert labelled(stamped, b"[calibrate] ") == b"17:46:36 [calibrate] INFO    chattts_forge.progress: calibrate: 480/512 sent\n"
+    assert labelled(b"Traceback (most recent call last):\n", b"[calibrate] ") == b"[calibrate] Traceback (most recent call last):\n"
+    assert labelled(stamped, b"") == stamped
+
+
 def test_jobs_a_failed_calibration_sets_aside_what_reads_it(tmp_path: Path) -> None:
     r = Runner(tmp_path)
     proc = r.run("--jobs", "2", FAKE_CRASH="calibrate")

@@ -147,10 +147,15 @@ def test_tampered_cache_is_refused_naming_the_file(fp32_cache: Path, tmp_path: P
         PhraseCache(bad)
 
 
-def test_cache_bytes_are_deterministic_and_lru_is_bounded(tiny_artifacts, phrase_file, fp32_cache, tmp_path) -> None:
+def test_cache_bytes_are_deterministic_and_lru_is_bounded(tiny_artifacts, phrase_file, fp32_cache, tmp_path,
+                                                          caplog, monkeypatch) -> None:
     again = tmp_path / "again.cache"
-    build_phrase_cache(tiny_artifacts["fp32"], phrase_file, again, params(), threads=1)
-    assert again.read_bytes() == fp32_cache.read_bytes()
+    monkeypatch.setenv("CHATTTS_FORGE_PROGRESS", "log")  # as in a build's log: done / total, rate, ETA
+    with caplog.at_level(logging.INFO, logger="chattts_forge.progress"):
+        summary = build_phrase_cache(tiny_artifacts["fp32"], phrase_file, again, params(), threads=1, progress=True)
+    assert again.read_bytes() == fp32_cache.read_bytes()  # the progress lines change nothing written
+    phrases = summary["phrases"]
+    assert f"warm: started ({phrases} phrase)" in caplog.text and f"warm: {phrases}/{phrases} phrase" in caplog.text
     cache = PhraseCache(fp32_cache, max_bytes=0)
     pipe = Pipeline(tiny_artifacts["fp32"], threads=1, cache=cache)
     for text in ("请稍等", "Please hold on a moment."):
