@@ -50,6 +50,7 @@ from chattts_forge.artifact import DECODER, FAST_GPT, HEAD_CODE, ArtifactMeta, F
 from chattts_forge.errors import ForgeError
 from chattts_forge.gate import fidelity_rules, judge, load_gate
 from chattts_forge.log import get_logger
+from chattts_forge.progress import Progress
 from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
 from chattts_forge.quantize.int4 import evenly_spaced
 from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
@@ -190,11 +191,13 @@ def sensitivity(fast: Path, head: Path, feeds: Sequence[dict[str, np.ndarray]], 
 
     ref_h, ref_codes = run({})
     rows = []
-    for name, w in nodes:
-        h, codes = run({w: _simulated_int4(weights[w], block_size)})
-        rows.append({"node": name, "weights": int(weights[w].size),
-                     "int4_cosine_loss": float(1.0 - cosine_rows(ref_h, h).mean()),
-                     "int4_agreement": float((codes == ref_codes).mean())})
+    with Progress(len(nodes), "auto: sensitivity", "MatMul") as bar:  # a session per MatMul: ~40 s at full size
+        for name, w in nodes:
+            h, codes = run({w: _simulated_int4(weights[w], block_size)})
+            rows.append({"node": name, "weights": int(weights[w].size),
+                         "int4_cosine_loss": float(1.0 - cosine_rows(ref_h, h).mean()),
+                         "int4_agreement": float((codes == ref_codes).mean())})
+            bar.update(1)
     rows.sort(key=lambda r: (r["int4_cosine_loss"], r["node"]))
     return rows
 

@@ -24,6 +24,7 @@ from onnx import numpy_helper
 
 from chattts_forge.calibration_data.observe import const_weight_matmuls
 from chattts_forge.errors import ForgeError
+from chattts_forge.progress import Progress
 from chattts_forge.quantize.int4 import quantize_int4_graph
 
 # Candidate scales, as fractions of RTN's: measured on the tiny checkpoint, the chosen ones lie in 0.8-1.0.
@@ -85,19 +86,19 @@ def rewrite_rtn_blocks(src: Path, dst: Path, block_size: int, accuracy_level: in
     inits = {i.name: i for i in fp32.graph.initializer}
     model = onnx.load(str(dst))
     qinits = {i.name: i for i in model.graph.initializer}
+    todo = [(node, weights[node.name[: -len("_Q4")]]) for node in model.graph.node
+            if node.op_type == "MatMulNBits" and node.name.endswith("_Q4") and node.name[: -len("_Q4")] in weights]
     done = 0
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits" or not node.name.endswith("_Q4"):
-            continue
-        x_name, w_name = weights.get(node.name[: -len("_Q4")], (None, None))
-        if x_name is None:
-            continue
-        packed, scales = blocks(node.name, x_name, numpy_helper.to_array(inits[w_name]).astype(np.float32))
-        for name, arr in ((node.input[1], packed), (node.input[2], scales)):
-            if tuple(qinits[name].dims) != arr.shape:
-                raise ForgeError(f"{node.name}: onnxruntime's MatMulNBits layout changed ({name} {list(qinits[name].dims)})")
-            qinits[name].CopyFrom(numpy_helper.from_array(arr, name))
-        done += 1
+    # GPTQ solves minutes of columns at full size: done / total, rate and ETA in a build's log
+    with Progress(len(todo), f"int4 blocks of {src.name}", "MatMul") as bar:
+        for node, (x_name, w_name) in todo:
+            packed, scales = blocks(node.name, x_name, numpy_helper.to_array(inits[w_name]).astype(np.float32))
+            for name, arr in ((node.input[1], packed), (node.input[2], scales)):
+                if tuple(qinits[name].dims) != arr.shape:
+                    raise ForgeError(f"{node.name}: onnxruntime's MatMulNBits layout changed ({name} {list(qinits[name].dims)})")
+                qinits[name].CopyFrom(numpy_helper.from_array(arr, name))
+            done += 1
+            bar.update(1)
     onnx.save(model, str(dst))
     return record, done
 
