@@ -90,6 +90,20 @@ class Build(StepPlan):
     pages: dict[Path, Path] = field(default_factory=dict)  # version page -> its copy in the build's reports
     overlapped_s: float = 0.0  # step seconds that ran beside other steps (`--jobs`): not wall time
 
+    def without_machine_paths(self, message: str) -> str:
+        """`message` (a failed step's: its command line names this machine's folders) as a published page
+        may show it: the build, artifacts and checkpoint folders, the working folder and the home folder
+        named by placeholders, the longest first."""
+        roots = {"<build>": self.work, "<artifacts>": self.to, "<checkpoint>": self.checkpoint,
+                 "<cwd>": Path.cwd(), "~": Path.home()}
+        given = [(name, Path(p)) for name, p in roots.items() if p is not None]
+        spelled = sorted([(str(p), name) for name, p in given] + [(str(p.resolve()), name) for name, p in given],
+                         key=lambda r: -len(r[0]))
+        for path, name in spelled:
+            if len(path) > 1:
+                message = message.replace(path, name)
+        return message
+
     # records
     def _record_path(self, step: Step) -> Path:
         return self.work / ".steps" / f"{step.name}.json"
@@ -518,7 +532,7 @@ def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome])
     entries = []
     for o in outcomes:
         if o.passed is None:
-            entries.append(VariantEntry(o.variant, "not built", detail=o.status))
+            entries.append(VariantEntry(o.variant, "not built", detail=pipe.without_machine_paths(o.status)))
             continue
         report = read_report(o.report_dir).data
         if o.variant in here:  # the page shows the report it was published with (verify checks that)

@@ -623,7 +623,8 @@ def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: Corp
                      "seed": cfg.seed, "batch_sizes": list(cfg.batch_sizes), "fidelity_sentences": cfg.fidelity_sentences,
                      "fidelity_steps": cfg.fidelity_steps, "asr": cfg.asr,
                      "asr_model": str(cfg.asr_model) if cfg.asr_model else None,
-                     "baseline_checkpoint": str(ref.baseline_checkpoint) if ref.baseline_checkpoint else None},
+                     # the folder's name, never this machine's path (a report travels with the artifact)
+                     "baseline_checkpoint": Path(ref.baseline_checkpoint).name if ref.baseline_checkpoint else None},
         "intelligibility": figures.intelligibility,
         "fidelity": figures.fidelity,
         "speaker": hearing["speaker"],

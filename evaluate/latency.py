@@ -416,7 +416,7 @@ def measure_pytorch(
     finally:
         engine.close()
     return {
-        "checkpoint": str(checkpoint),
+        "checkpoint": Path(checkpoint).name,  # the folder's name: the record travels in published reports
         "pipeline": "ChatTTS normalizer + Chat._infer_code + Chat._decode_to_wavs (PyTorch FP32; no refinement, "
                     "no sentence split)",
         "threads": threads,

@@ -347,6 +347,10 @@ def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: 
     assert proc.returncode == 2
     assert "1 variant(s) could not be built or evaluated (fp16)" in proc.stderr
     assert "fp16           ERROR" in proc.stdout
+    # the version page says which step failed, without the command's folders of this machine
+    [page] = r.to.glob("*/v1/report.html")
+    html = page.read_text(encoding="utf-8")
+    assert "step evaluate-fp16 failed (exit 1)" in html and str(r.base) not in html and "&lt;build&gt;/" in html
     index = json.loads((r.to / "index.json").read_text())
     assert sorted(e["variant"] for e in index["variants"]) == sorted(set(VARIANTS) - {"fp16"})
     before = len(r.calls())

@@ -82,6 +82,9 @@ def test_healthy_int8_passes_with_reports_hashes_and_pytorch_ratio(
     # Latency from the same run: artifact, FP32 reference and ChatTTS's PyTorch pipeline, with ratios.
     lat = data["latency"]
     assert lat["pytorch"] is not None and lat["ratios"]["vs_pytorch"]["rtf_p50"] > 0
+    # A report travels with the published artifact: the baseline checkpoint by its folder's name only
+    assert lat["pytorch"]["checkpoint"] == data["settings"]["baseline_checkpoint"] == Path(tiny_ckpt).name
+    assert str(Path(tiny_ckpt).parent) not in (out / "report.json").read_text(encoding="utf-8")
     assert lat["artifact"]["rtf"]["p50"] > 0 and lat["artifact"]["first_audio_seconds"]["p50"] > 0
     assert set(lat["artifact"]["throughput"]) == {"1", "2"}
     assert data["machine"]["threads"] == 2 and data["machine"]["cpu_model"]
