@@ -41,7 +41,7 @@ class ForgeReplica:
     """One replica: the server's state, loaded before the replica answers (Ray Serve then routes to it)."""
 
     def __init__(self, cfg_fields: dict[str, Any]) -> None:
-        from chattts_forge.runtime.serve.app import ServerState
+        from chattts_forge.runtime.serve.state import ServerState
 
         self.state = ServerState(ServeConfig(**cfg_fields))
         self.state.load_initial()

@@ -17,7 +17,9 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.serve.app import ServeConfig, ServerState, create_app
+from chattts_forge.runtime.serve.app import create_app
+from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.serve.state import ServerState
 
 log = get_logger(__name__)
 
