@@ -1,7 +1,8 @@
 """The longest silence in a build log and each step's time: `python log_gaps.py BUILD.log`.
 
-Reads the HH:MM:SS stamp that starts each log line (chattts_forge.log's format) and prints the
-largest gaps between consecutive stamped lines, then the driver's "done in" line of every step.
+Reads the HH:MM:SS stamp that starts each log line (chattts_forge.log's format; a step run side by
+side labels its lines `HH:MM:SS [step] ...`, before 2026-12-04 `[step] HH:MM:SS ...`: both count) and
+prints the largest gaps between consecutive stamped lines, then the driver's "done in" line of every step.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-STAMP = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+STAMP = re.compile(r"^(?:\[[^\]]+\] )?(\d\d):(\d\d):(\d\d) ")
 
 
 def main() -> int:
