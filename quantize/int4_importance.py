@@ -88,7 +88,6 @@ def rewrite_rtn_blocks(src: Path, dst: Path, block_size: int, accuracy_level: in
     qinits = {i.name: i for i in model.graph.initializer}
     todo = [(node, weights[node.name[: -len("_Q4")]]) for node in model.graph.node
             if node.op_type == "MatMulNBits" and node.name.endswith("_Q4") and node.name[: -len("_Q4")] in weights]
-    done = 0
     # GPTQ solves minutes of columns at full size: done / total, rate and ETA in a build's log
     with Progress(len(todo), f"int4 blocks of {src.name}", "MatMul") as bar:
         for node, (x_name, w_name) in todo:
@@ -97,10 +96,9 @@ def rewrite_rtn_blocks(src: Path, dst: Path, block_size: int, accuracy_level: in
                 if tuple(qinits[name].dims) != arr.shape:
                     raise ForgeError(f"{node.name}: onnxruntime's MatMulNBits layout changed ({name} {list(qinits[name].dims)})")
                 qinits[name].CopyFrom(numpy_helper.from_array(arr, name))
-            done += 1
             bar.update(1)
     onnx.save(model, str(dst))
-    return record, done
+    return record, len(todo)
 
 
 def quantize_importance_int4_graph(src: Path, dst: Path, mean_square: dict[str, np.ndarray], block_size: int = 128,
