@@ -289,8 +289,9 @@ def publish_artifact(
         stage.mkdir()
         os.chmod(stage, 0o755)  # a published folder is for everyone to read
         try:
-            _assemble(stage, artifact_dir, files, gate, meta, model=model, version=chosen, variant=variant,
-                      regression=regression)
+            core = build_manifest_core(model=model, version=chosen, variant=variant, meta=meta, report=gate,
+                                       regression=regression)
+            _assemble(stage, artifact_dir, files, gate, core)
             sign_folder(stage, key)  # last: model.sig covers every file above
             fsync_dir(stage)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -309,25 +310,14 @@ def publish_artifact(
     return PublishResult("published", target, model, chosen, variant, sha256_file(target / MANIFEST_NAME), public_key)
 
 
-def _assemble(
-    stage: Path,
-    artifact_dir: Path,
-    files: dict[str, FileEntry],
-    gate: SealedReport,
-    meta: ArtifactMeta,
-    *,
-    model: str,
-    version: str,
-    variant: str,
-    regression: dict[str, Any] | None = None,
-) -> None:
-    """Fill the staging folder: payload, report copy, card, manifest, SHA256SUMS."""
+def _assemble(stage: Path, artifact_dir: Path, files: dict[str, FileEntry], gate: SealedReport,
+              core: dict[str, Any]) -> None:
+    """Fill the staging folder: payload, report copy, card, manifest (`core`, `build_manifest_core`'s,
+    finished with every file's entry), SHA256SUMS."""
     for rel, entry in files.items():
         copy_verified(artifact_dir / rel, stage / rel, entry)
     entries = dict(files)
     entries[REPORT_COPY_NAME] = _entry(stage, REPORT_COPY_NAME, gate.raw_bytes)
-    core = build_manifest_core(model=model, version=version, variant=variant, meta=meta, report=gate,
-                               regression=regression)
     entries[CARD_NAME] = _entry(stage, CARD_NAME, render_model_card(core).encode("utf-8"))
     manifest = finish_manifest(core, entries)
     manifest_entry = _entry(stage, MANIFEST_NAME, manifest_bytes(manifest))
