@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -401,6 +402,54 @@ def test_phrase_cache_hit_skips_the_gpt_and_other_knobs_are_misses(server: Runni
                    json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS, "seed": 5})
     assert r.status_code == 200 and r.headers["x-forge-cached"] == "false"
     assert sum(s.steps for s in sched.values()) > sum(steps.values())
+
+
+class OverlapWatch:
+    """A GPT step wrapper that counts calls made while another call (another thread) is inside it."""
+
+    def __init__(self, step) -> None:
+        self.step, self.inside, self.overlaps, self.calls = step, 0, 0, 0
+        self._lock = threading.Lock()
+
+    def reset(self, batch: int) -> None:
+        self.step.reset(batch)
+
+    @property
+    def past_length(self) -> int:
+        return self.step.past_length
+
+    def __call__(self, *args):
+        with self._lock:
+            self.calls += 1
+            self.overlaps += self.inside > 0
+            self.inside += 1
+        try:
+            time.sleep(0.002)  # widen the window a second thread would need to come in
+            return self.step(*args)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_refinement_and_a_sequential_variant_take_turns_on_its_gpt_step(server: Running) -> None:
+    # fp16 has no fused graph: its requests run on the SequentialRunner with `pipe.gpt`, the step a
+    # request's refinement (prepare, on another thread) runs on too; found by the soak (issue 37).
+    pipe = server.state.current.pipes["fp16"]
+    original = pipe.gpt
+    watch = OverlapWatch(original)
+    pipe.gpt = watch
+    try:
+        def one(i: int) -> int:
+            return httpx.post(server.url + "/v1/audio/speech", timeout=120,
+                              json={"model": "tts-1", "input": SHORT, "response_format": "pcm", "seed": i,
+                                    "max_new_token": 16, "refine": True}).status_code
+
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(one, range(6)))
+    finally:
+        pipe.gpt = original
+    assert codes == [200] * 6
+    assert watch.calls > 0 and watch.overlaps == 0
 
 
 # ---- version swaps ---------------------------------------------------------------------------------

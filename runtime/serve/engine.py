@@ -101,7 +101,9 @@ class ServedVersion:
         self.front: TextFront  # normalises and measures requests, draws the voices (no session)
         self.pipes: dict[str, Pipeline] = {}
         self.schedulers: dict[str, Scheduler] = {}
-        self._refine_locks: dict[str, threading.Lock] = {}
+        # per variant: its pipe's one GPT step (and KV state), taken by refinement and, for a variant
+        # the scheduler cannot batch, by the SequentialRunner's generation
+        self._gpt_locks: dict[str, threading.Lock] = {}
         self._open_lock = threading.Lock()
         self.caches: dict[str, PipelineCache] = {}
         self.file_cache: PhraseCache | None = None
@@ -149,13 +151,13 @@ class ServedVersion:
 
     def _add(self, variant: str, pipe: Pipeline) -> None:
         self.pipes[variant] = pipe
-        self._refine_locks[variant] = threading.Lock()
-        if pipe.engine == "fast":
+        self._gpt_locks[variant] = gpt_lock = threading.Lock()
+        if pipe.engine == "fast":  # the scheduler runs its own GPT steps; refinement alone uses pipe.gpt
             self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue).start()
         else:
             log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
                         "request at a time", variant, pipe.artifact.provider)
-            self.schedulers[variant] = SequentialRunner(pipe, max_queue=self.max_queue).start()
+            self.schedulers[variant] = SequentialRunner(pipe, max_queue=self.max_queue, gpt_lock=gpt_lock).start()
         if self.file_cache is not None:
             self._attach_one(variant, pipe)
 
@@ -255,7 +257,7 @@ class ServedVersion:
                 prep.wav, prep.cache_tier = wav, "redis"
                 return prep
         if params.refine is not None:
-            with self._refine_locks[variant]:  # refinement runs on the variant's one GPT step
+            with self._gpt_locks[variant]:  # refinement runs on the variant's one GPT step
                 refined = pipe.refine_text([norm], params.refine)[0]
             if not is_speakable(refined):
                 raise ForgeError("refinement produced nothing speakable")
@@ -363,12 +365,14 @@ class ServedVersion:
 class SequentialRunner:
     """The scheduler's interface for a variant the scheduler cannot batch (no fused GPT graph: fp16, or
     any variant on CUDA, where the runtime runs the plain graph): its requests run one at a time on one
-    worker thread, each streamed exactly as `Pipeline.stream` (and `synth --stream`) streams it."""
+    worker thread, each streamed exactly as `Pipeline.stream` (and `synth --stream`) streams it.
+    `gpt_lock`: held for each run, since the run uses `pipe.gpt`, whose KV state refinement shares."""
 
-    def __init__(self, pipe: Pipeline, max_queue: int = 64) -> None:
+    def __init__(self, pipe: Pipeline, max_queue: int = 64, gpt_lock: threading.Lock | None = None) -> None:
         import queue as queue_mod
 
         self.pipe = pipe
+        self.gpt_lock = gpt_lock if gpt_lock is not None else threading.Lock()
         self.max_queue = max_queue
         self._queue: queue_mod.Queue[Any] = queue_mod.Queue()
         self._lock = threading.Lock()
@@ -408,7 +412,8 @@ class SequentialRunner:
             handle, params = item
             self.running = 1
             try:
-                self._run(handle, params)
+                with self.gpt_lock:
+                    self._run(handle, params)
             finally:
                 self.running = 0
 
