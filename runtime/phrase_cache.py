@@ -351,10 +351,16 @@ class PhraseCache:
 
     def check_artifact(self, payload: str, where: str | os.PathLike[str]) -> None:
         """ForgeError unless this cache was built for the artifact with that payload hash."""
-        if payload not in self.artifacts.values():
+        self.check_any({payload}, where)
+
+    def check_any(self, payloads: set[str], where: str | os.PathLike[str]) -> None:
+        """ForgeError unless this cache was built for one of the artifacts with those payload hashes
+        (`where`: the artifact or version folder they are the variants of)."""
+        if not payloads & set(self.artifacts.values()):
             made_for = ", ".join(f"{v} {p[:12]}" for v, p in sorted(self.artifacts.items())) or "nothing"
+            theirs = ", ".join(sorted(p[:12] for p in payloads))
             raise ForgeError(f"phrase cache {self.path} was built for other artifacts ({made_for}), not {where} "
-                             f"(payload {payload[:12]}); rebuild it with chattts-forge warm")
+                             f"(payload {theirs}); rebuild it with chattts-forge warm")
 
     def knob_difference(self, knobs: dict[str, Any]) -> str | None:
         """The first knob that differs from the ones the cache was built with ("name: cache X, request

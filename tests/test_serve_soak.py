@@ -113,6 +113,37 @@ def test_soak_fails_on_a_lost_healthy_request(versions, tmp_path: Path) -> None:
         assert report["lost_healthy"] >= 1 and report["lost"][0]["reason"]
 
 
+def test_a_phrase_cache_for_variants_this_host_does_not_route_to_still_serves(versions, tiny_artifacts, tiny_kv8,
+                                                                             tmp_path: Path) -> None:
+    """A version whose routes (a host's autotune moves them) miss every variant its phrase cache was
+    built for: the server starts and speaks the phrases as misses; found by the soak on a host that
+    routes to fp16. A cache built for another version altogether is still refused."""
+    from chattts_forge.publish.version_files import publish_version_files
+
+    v1, _ = versions
+    fp16_routed = publish_stand_in_version(tiny_artifacts, tmp_path, {"fp32": ALL_FAIL, "fp16": ALL_PASS})
+    publish_version_files(fp16_routed, cache_file=v1 / "phrase_cache.bin")  # built for fp32 (same bytes)
+    with running(fp16_routed, max_batch=2) as srv:
+        r = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
+                       json={"model": "tts-1", "input": PHRASES[1], "response_format": "pcm", **CACHE_KNOBS})
+        assert r.status_code == 200 and r.headers["x-forge-variant"] == "fp16"
+        assert r.headers["x-forge-cached"] == "false" and len(r.content) > 0
+        r = httpx.post(srv.url + "/v1/audio/speech", timeout=60, json={
+            "model": "fp32", "input": PHRASES[1], "response_format": "pcm", **CACHE_KNOBS})
+        assert r.status_code == 200 and r.headers["x-forge-cached"] == "true"  # fp32 opened: its cache attached
+    kv8 = publish_stand_in_version({"fp32": tiny_artifacts["fp32"], "int8-dynamic-kv8": tiny_kv8},
+                                   tmp_path / "kv8", {"fp32": ALL_FAIL, "int8-dynamic-kv8": ALL_PASS})
+    (tmp_path / "kv8" / "phrases.txt").write_text(PHRASES[1] + "\n", encoding="utf-8")
+    kv8_cache = tmp_path / "kv8_phrase_cache.bin"  # built for int8-dynamic-kv8, which v1 does not publish
+    build_phrase_cache(kv8, tmp_path / "kv8" / "phrases.txt", kv8_cache,
+                       SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS)), threads=1)
+    from chattts_forge.runtime.serve.app import ServeConfig
+    from chattts_forge.runtime.serve.engine import ServedVersion
+
+    with pytest.raises(ForgeError, match="was built for other artifacts"):
+        ServedVersion(v1, ServeConfig(artifact=str(v1), threads=1, phrase_cache=str(kv8_cache)))
+
+
 def test_soak_options_are_checked() -> None:
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
     assert r.exit_code == 2 and "--soak needs --url" in r.output

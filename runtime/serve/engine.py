@@ -176,8 +176,20 @@ class ServedVersion:
         self.file_cache = PhraseCache(path)
         for v, pipe in self.pipes.items():
             self._attach_one(v, pipe)
-        if not self.caches:  # built for none of the variants served: refused, naming what it was built for
-            self.file_cache.check_artifact(payload_sha256(self.front.path), self.path)
+        if not self.caches:
+            # built for no variant of this version: refused, naming what it was built for
+            self.file_cache.check_any(self._published_payloads(), self.path)
+            # built for variants of this version this host does not route to (its autotune chose
+            # others): served as misses until a request opens one of them
+            log.warning("phrase cache %s serves %s; this host routes to %s: its phrases are synthesized as "
+                        "misses (chattts-forge warm on this host builds one for its routes)", self.file_cache.path,
+                        ", ".join(sorted(self.file_cache.artifacts)), ", ".join(sorted(self.pipes)) or "nothing yet")
+
+    def _published_payloads(self) -> set[str]:
+        """The payload hashes of the version's published variants (just the one artifact unrouted)."""
+        if self.router is None:
+            return {payload_sha256(p.artifact.path) for p in self.pipes.values()}
+        return {payload_sha256(self.path / v) for v in self.published}
 
     def _attach_one(self, variant: str, pipe: Pipeline) -> None:
         assert self.file_cache is not None
