@@ -88,7 +88,9 @@ class AutotuneSettings:
     """The first-load self-benchmark. `time_cap_s` bounds all buckets together (each gets its share);
     `step_factory` and `clock` replace the real GPT steps and timer (tests inject step costs).
     `cold_cache`: what a load that finds no cached record does - "defer" (the build's ranking now,
-    the measurement later through `Router.tune_deferred`) or "measure" (time now, before any text)."""
+    the measurement later through `Router.tune_deferred`) or "measure" (time now, before any text).
+    `batching`: rank only the variants the continuous-batching scheduler runs (`batchable`): `serve`
+    sets it, since a variant served one request at a time loses under concurrency what it wins a step."""
 
     time_cap_s: float = 6.0
     cold_cache: str = "defer"
@@ -98,6 +100,7 @@ class AutotuneSettings:
     clock: Clock = time.perf_counter
     step_factory: StepFactory | None = None
     extra_key: dict[str, Any] = field(default_factory=dict)
+    batching: bool = False
 
 
 # ---- one repeatable decode step --------------------------------------------------------------
@@ -210,14 +213,42 @@ def read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 # ---- the choice ------------------------------------------------------------------------------
 
 
-def build_choice(table: dict[str, Any], why: str) -> dict[str, Any]:
-    """The record of taking the build's ranking as it is."""
+def batchable(version_dir: Path, variants: list[str], provider: str = "cpu") -> list[str]:
+    """Those of `variants` the continuous-batching scheduler runs (a fused GPT graph, on the CPU); all
+    of them where none does (on CUDA every variant runs the plain graph, one request at a time)."""
+    from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+    from chattts_forge.runtime.providers import resolve_provider
+
+    if resolve_provider(provider) != "cpu":
+        return variants
+
+    keep = [v for v in variants if FAST_GPT in ArtifactMeta.load(version_dir / v).components]
+    return keep or variants
+
+
+def candidates(version_dir: Path, table: dict[str, Any], batching: bool, provider: str = "cpu") -> dict[str, list[str]]:
+    """Per bucket, the passing variants a host may route to (only `batchable` ones when `batching`)."""
+    passing = {b["name"]: bucket_passing(b, table["fallback"]) for b in table["buckets"]}
+    if batching:
+        passing = {name: batchable(version_dir, p, provider) if p else p for name, p in passing.items()}
+    return passing
+
+
+def build_choice(table: dict[str, Any], why: str, allowed: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The record of taking the build's ranking as it is (its fastest `allowed` variant per bucket
+    where the build's own choice is not allowed: `candidates`)."""
+    buckets = {}
+    for b in table["buckets"]:
+        passing = bucket_passing(b, table["fallback"])
+        reason = f"the build's ranking ({why}): {b.get('reason', '')}".rstrip(": ")
+        variant = b["variant"]
+        if allowed is not None and allowed[b["name"]] and variant not in allowed[b["name"]]:
+            variant = next(v for v in bucket_build_ranking(b, table["fallback"]) if v in allowed[b["name"]])
+            reason = f"the build's fastest variant the scheduler batches ({why}; the build's {b['variant']} is not)"
+        buckets[b["name"]] = {"variant": variant, "build_variant": b["variant"], "passing": passing,
+                              "reason": reason, "context": None, "comparison": None}
     return {"schema": AUTOTUNE_SCHEMA, "source": "build", "why": why, "cache_file": None, "seconds": 0.0,
-            "buckets": {b["name"]: {"variant": b["variant"], "build_variant": b["variant"],
-                                    "passing": bucket_passing(b, table["fallback"]),
-                                    "reason": f"the build's ranking ({why}): {b.get('reason', '')}".rstrip(": "),
-                                    "context": None, "comparison": None}
-                        for b in table["buckets"]}}
+            "buckets": buckets}
 
 
 def choose_routes(
@@ -241,14 +272,15 @@ def choose_routes(
     if factory is None:
         factory = runtime_steps = steps if steps is not None else RuntimeSteps(provider, threads, engine)
     entries = {b["name"]: b for b in table["buckets"]}
-    to_rank = {n: bucket_passing(b, table["fallback"]) for n, b in entries.items()}
-    to_rank = {n: p for n, p in to_rank.items() if len(p) > 1}
+    allowed = candidates(version_dir, table, settings.batching, provider)
+    to_rank = {n: p for n, p in allowed.items() if len(p) > 1}
     max_positions = None
     if runtime_steps is not None and to_rank:
         max_positions = runtime_steps.max_positions(version_dir / table["fallback"])
     contexts = {b.name: bucket_context(b, max_positions) for b in table_buckets(table) if b.name in to_rank}
+    extra = {**settings.extra_key, "batching": True} if settings.batching else settings.extra_key
     key = cache_key(table, contexts, provider=provider, threads=threads, engine=engine, bound=settings.bound,
-                    extra=settings.extra_key)
+                    extra=extra)
     path = cache_path(key, settings.cache_dir)
     if settings.use_cache and to_rank:
         cached = read_cache(path, key)
@@ -263,7 +295,7 @@ def choose_routes(
         # Opening and timing every passing variant (FP32's 1.9 GB hashed and packed included) is most of
         # a fresh host's cold start: serve what the build measured until this host's figures exist.
         record = build_choice(table, "this host has not measured the version yet: the measurement runs "
-                                     "after the first texts")
+                                     "after the first texts", allowed if settings.batching else None)
         record.update(pending=True, key=key)
         return record
     t0 = settings.clock()
@@ -276,15 +308,20 @@ def choose_routes(
             passing = bucket_passing(entry, table["fallback"])
             if name not in to_rank:
                 why = "the only variant that passes the gate here" if passing else "no variant passes here: the fallback"
-                record["buckets"][name] = {"variant": build_variant, "build_variant": build_variant, "passing": passing,
+                choice = build_variant
+                if allowed[name] and build_variant not in allowed[name]:
+                    choice, why = allowed[name][0], "the only passing variant the scheduler batches"
+                record["buckets"][name] = {"variant": choice, "build_variant": build_variant, "passing": passing,
                                            "reason": why, "context": None, "comparison": None}
                 continue
-            ranked = bucket_build_ranking(entry, table["fallback"])
-            reference = build_variant if build_variant in passing else ranked[0]
-            comparison = _compare(version_dir, reference, passing, contexts[name], factory, settings, share)
+            pool = allowed[name]
+            ranked = [v for v in bucket_build_ranking(entry, table["fallback"]) if v in pool]
+            reference = build_variant if build_variant in pool else ranked[0]
+            comparison = _compare(version_dir, reference, pool, contexts[name], factory, settings, share)
             choice, reason = prefer_simpler(comparison, reference)
             if reference != build_variant:
-                reason += f" (the build's {build_variant} does not pass here)"
+                why_not = "is not batched by the scheduler" if build_variant in passing else "does not pass here"
+                reason += f" (the build's {build_variant} {why_not})"
             record["buckets"][name] = {"variant": choice, "build_variant": build_variant, "passing": passing,
                                        "reason": reason, "context": contexts[name], "comparison": comparison.to_dict()}
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,31 @@ def test_injected_step_costs_decide_the_host_choice_and_the_cache_is_hit(version
     # another thread count is another machine setting: measured again
     Router(version, threads=2, autotune=settings)
     assert opened
+
+
+def test_batching_ranks_only_the_variants_the_scheduler_batches(tiny_artifacts, tiny_kv8, tmp_path: Path) -> None:
+    """`serve`'s autotune (batching): fp16 has no fused GPT graph (one request at a time), so even a
+    faster fp16 step does not take a bucket; found by the soak on a host where it did."""
+    version = publish_stand_in_version({**tiny_artifacts, "int8-dynamic-kv8": tiny_kv8}, tmp_path, {
+        "fp32": {"short": (True, 2.0), "medium": (True, 2.0), "long": (True, 2.0)},
+        "fp16": {"short": (True, 1.0), "medium": (True, 1.0), "long": (False, 1.0)},
+        "int8-dynamic-kv8": {"short": (True, 1.5), "medium": (False, 1.5), "long": (False, 1.5)}})
+    clock = FakeClock()
+    opened: list = []
+    costs = {"fp32": 0.005, "int8-dynamic-kv8": 0.004, "fp16": 0.002}
+    plain = Router(version, threads=1, autotune=_settings(tmp_path, clock, costs, opened))
+    assert plain.routes["short"] == "fp16" and plain.routes["medium"] == "fp16"  # synth: the faster step wins
+    opened.clear()
+    served = Router(version, threads=1, autotune=replace(_settings(tmp_path, clock, costs, opened), batching=True))
+    assert served.autotune["source"] == "measured"  # its own cache record, not synth's
+    assert served.routes == {"short": "int8-dynamic-kv8", "medium": "fp32", "long": "fp32"}
+    assert {name for name, _ in opened} == {"fp32", "int8-dynamic-kv8"}  # fp16 never timed
+    short, medium = served.autotune["buckets"]["short"], served.autotune["buckets"]["medium"]
+    assert short["passing"] == ["fp16", "fp32", "int8-dynamic-kv8"] and "the build's fp16 is not batched" in short["reason"]
+    assert "the only passing variant the scheduler batches" in medium["reason"]
+    deferred = Router(version, threads=1, autotune=AutotuneSettings(batching=True, cache_dir=tmp_path / "cold"))
+    assert deferred.autotune["pending"] and deferred.routes == served.routes  # the build's fastest batched one
+    assert "scheduler batches" in deferred.autotune["buckets"]["short"]["reason"]
 
 
 def test_corrupt_cache_is_ignored_and_rewritten(version: Path, tmp_path: Path, caplog) -> None:

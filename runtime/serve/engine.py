@@ -36,6 +36,7 @@ import numpy as np
 from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
@@ -120,7 +121,9 @@ class ServedVersion:
     def _load(self, kwargs: dict[str, Any], cfg: ServeConfig, voices: dict[str, str]) -> None:
         """The variants (routed ones, or the one artifact), their schedulers, caches, voices, defaults."""
         if (self.path / ROUTING_NAME).is_file():
-            self.router = Router(self.path, **kwargs)
+            # routes among the variants the scheduler batches (runtime.autotune `batching`)
+            tune = AutotuneSettings(batching=True) if autotune_default() else False
+            self.router = Router(self.path, autotune=tune, **kwargs)
             self.model_id = f"{self.path.resolve().parent.name}/{self.path.resolve().name}"
             self.published = sorted(p.name for p in self.path.iterdir() if (p / ARTIFACT_JSON).is_file())
             # Ready means the routed variants are loaded; any other (the fallback included) opens when a
