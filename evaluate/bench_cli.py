@@ -72,7 +72,9 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--requests", default=16, show_default=True, type=int, help="--load: requests per concurrency level.")
 @click.option("--arrival", type=click.Choice(["closed", "poisson"]), default="closed", show_default=True,
               help="--load: closed loop (concurrency requests in flight) or Poisson arrivals at --rate.")
-@click.option("--rate", type=float, default=None, help="--load --arrival poisson: requests per second.")
+@click.option("--rate", type=float, default=None,
+              help="--load --arrival poisson, or --soak (open loop instead of --concurrency clients): requests per "
+                   "second.")
 @click.option("--baseline-requests", default=4, show_default=True, type=int,
               help="--load --baseline pytorch: requests ChatTTS serves one after another.")
 @click.option("--phrase-cache-hit-ratio", type=float, default=None, metavar="R",
@@ -166,7 +168,8 @@ def _soak(seconds: float, o: dict[str, Any]) -> None:
     if o["url"] is None:
         raise ForgeError("--soak needs --url http://HOST:PORT (a running chattts-forge serve)")
     cfg = SoakConfig(url=o["url"], seconds=seconds, concurrency=max(_batches(o["concurrency"], "--concurrency")),
-                     artifact=o["artifact"], reload_every=o["reload_every"], admin_token=o["admin_token"])
+                     artifact=o["artifact"], reload_every=o["reload_every"], admin_token=o["admin_token"],
+                     rate=o["rate"])
     report = run_soak(cfg, json_out=o["json_out"], plot_out=o["plot"], progress=lambda msg: click.echo(msg, err=True))
     click.echo(format_soak(report))
     for path in (o["json_out"], o["plot"]):

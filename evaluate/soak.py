@@ -1,9 +1,11 @@
 """Soak test of a running `chattts-forge serve`: a realistic mix for as long as asked, the server's
 resources sampled all along, and every healthy request checked.
 
-`chattts-forge bench --artifact DIR --soak SECONDS --url URL [--concurrency 8] [--reload-every N]
+`chattts-forge bench --artifact DIR --soak SECONDS --url URL [--concurrency 8 | --rate R] [--reload-every N]
 [--admin-token T] --json OUT [--plot OUT.png]`: `--concurrency` clients (the largest level given) each
-send, one after another until the time is up, requests drawn with a fixed seed from this mix:
+send, one after another until the time is up (closed loop; `--rate R`: open loop, Poisson arrivals at R
+a second whatever the server's pace, as an overload test needs), requests drawn with a fixed seed from
+this mix:
 
 - `stream`: a miss streamed (every format: wav, pcm, flac, mp3, opus; some as SSE events);
 - `whole`: a miss with `"stream": false`, every format;
@@ -17,7 +19,8 @@ A miss speaks a corpus sentence (`builtin:evaluation`) for as many code steps as
 request (well-formed, not hung up) must come back 200 with decodable audio of that length (pcm, wav,
 flac exactly; mp3 and opus within a few codec frames; a cut stream is a lost request). A 429 or 503
 with Retry-After is retried after it (as a client honouring it would, at most `retries` times): only
-a request that never comes back healthy is lost.
+a request that never comes back healthy is lost. The report counts the refusals and their Retry-After,
+and beside each request's whole latency the admitted attempt's (`admitted_p99_s`).
 
 Sampled every `sample_every` seconds from /metrics: RSS, open fds, threads, queue depth, running rows,
 CPU seconds (the client's load average beside). `--reload-every N`: `POST /admin/reload {"artifact":
@@ -88,6 +91,8 @@ class SoakConfig:
     max_steps: int = 430
     retries: int = 8
     request_timeout_s: float = 600.0
+    rate: float | None = None  # open loop: Poisson arrivals per second instead of `concurrency` clients
+    max_in_flight: int = 256  # open loop: requests in flight at most (more arrivals wait client-side)
     mix: dict[str, float] = field(default_factory=lambda: dict(MIX))
 
     def check(self) -> None:
@@ -97,6 +102,8 @@ class SoakConfig:
             raise BadInput(f"--soak takes a positive number of seconds, got {self.seconds}")
         if self.concurrency < 1:
             raise BadInput(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
+            raise BadInput(f"--rate takes a positive number of requests per second, got {self.rate}")
         if self.reload_every is not None and not self.reload_every > 0:
             raise BadInput(f"--reload-every takes a positive number of seconds, got {self.reload_every}")
         if self.reload_every is not None and self.artifact is None:
@@ -115,6 +122,7 @@ class Outcome:
     retries: int = 0
     cached: bool = False
     sse: bool = False
+    admitted_s: float | None = None  # the last attempt's latency: the one the server admitted (after refusals)
 
 
 def hit_body(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -237,11 +245,13 @@ class Soak:
         self.sentences = [(t, min(s, cfg.max_steps)) for t, s in corpus_requests(cfg.corpus, 64, cfg.seed)]
         self.phrases, self.hit_fields = _phrases(cfg.artifact)
         self.mix = {k: v for k, v in cfg.mix.items() if v > 0 and (k != "hit" or self.phrases)}
-        limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4)
+        clients = cfg.concurrency if cfg.rate is None else cfg.max_in_flight
+        limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
         self.client = httpx.Client(timeout=cfg.request_timeout_s, limits=limits)
         self.outcomes: list[Outcome] = []
         self.samples: list[dict[str, float]] = []
         self.reloads: list[dict[str, Any]] = []
+        self.retry_afters: list[float] = []  # every Retry-After a refusal (429/503) carried
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.t0 = 0.0
@@ -252,25 +262,50 @@ class Soak:
         with self._lock:
             self.outcomes.append(o)
 
-    def _client(self, worker: int) -> None:
-        rng = np.random.default_rng([self.cfg.seed, worker])
+    def _draw(self, rng: np.random.Generator) -> tuple[str, str]:
+        """A request kind of the mix and an audio format."""
         kinds, weights = list(self.mix), np.array(list(self.mix.values()))
-        weights = weights / weights.sum()
+        kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+        return kind, FORMATS[int(rng.integers(len(FORMATS)))]
+
+    def _safe_one(self, kind: str, fmt: str, rng: np.random.Generator, n: int, arrived: float | None = None) -> None:
+        try:
+            self._one(kind, fmt, rng, n, arrived)
+        except Exception as e:  # noqa: BLE001 - a client bug must show as a failure, not end the soak
+            self._record(Outcome(kind, fmt, time.monotonic() - self.t0, 0.0, 0, kind == "hangup",
+                                 f"client error {type(e).__name__}: {e}"))
+
+    def _client(self, worker: int) -> None:
+        """Closed loop: one request after another until the time is up."""
+        rng = np.random.default_rng([self.cfg.seed, worker])
         n = 0
         while not self._stop.is_set():
-            kind = kinds[int(rng.choice(len(kinds), p=weights))]
-            fmt = FORMATS[int(rng.integers(len(FORMATS)))]
-            try:
-                self._one(kind, fmt, rng, worker * 1_000_000 + n)
-            except Exception as e:  # noqa: BLE001 - a client bug must show as a failure, not end the soak
-                self._record(Outcome(kind, fmt, time.monotonic() - self.t0, 0.0, 0, kind == "hangup",
-                                     f"client error {type(e).__name__}: {e}"))
+            kind, fmt = self._draw(rng)
+            self._safe_one(kind, fmt, rng, worker * 1_000_000 + n)
             n += 1
 
-    def _one(self, kind: str, fmt: str, rng: np.random.Generator, n: int) -> None:
+    def _arrivals(self) -> None:
+        """Open loop (`rate`): Poisson arrivals, each its own request whatever the server's pace; latency
+        counts from the arrival (a request waiting for a free client thread waits in it)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        assert self.cfg.rate is not None
+        rng = np.random.default_rng([self.cfg.seed, 0xA11])
+        due, n = 0.0, 0
+        with ThreadPoolExecutor(self.cfg.max_in_flight, thread_name_prefix="soak-arrival") as pool:
+            while True:
+                due += float(rng.exponential(1.0 / self.cfg.rate))
+                if self._stop.wait(max(0.0, self.t0 + due - time.monotonic())):
+                    break
+                kind, fmt = self._draw(rng)
+                pool.submit(self._safe_one, kind, fmt, np.random.default_rng([self.cfg.seed, 1, n]), n,
+                            self.t0 + due)
+                n += 1
+
+    def _one(self, kind: str, fmt: str, rng: np.random.Generator, n: int, arrived: float | None = None) -> None:
         import httpx
 
-        start = time.monotonic()
+        start = time.monotonic() if arrived is None else arrived
         t = start - self.t0
         if kind == "malformed":
             body, why = MALFORMED[int(rng.integers(len(MALFORMED)))]
@@ -296,6 +331,7 @@ class Soak:
                 sse = True
         retries = 0
         while True:
+            attempt = time.monotonic()
             try:
                 with self.client.stream("POST", self.base + "/v1/audio/speech", json=body) as r:
                     status = r.status_code
@@ -310,13 +346,15 @@ class Soak:
                 self._record(Outcome(kind, fmt, t, time.monotonic() - start, 0, kind == "hangup",
                                      f"{type(e).__name__}: {e}", retries, sse=sse))
                 return
-            if status in (429, 503) and retry_after is not None and retries < self.cfg.retries \
-                    and not self._stop.is_set():
-                retries += 1  # a client honouring Retry-After
-                self._stop.wait(float(retry_after))
+            if status in (429, 503) and retry_after is not None and retries < self.cfg.retries:
+                retries += 1  # a client honouring Retry-After (after the sending period too: none is dropped)
+                with self._lock:
+                    self.retry_afters.append(float(retry_after))
+                time.sleep(float(retry_after))
                 continue
             break
-        took = time.monotonic() - start
+        end = time.monotonic()
+        took, admitted = end - start, end - attempt
         if kind == "hangup":  # refused before any audio: nothing to hang up on, nothing lost either
             self._record(Outcome(kind, fmt, t, took, status, True, retries=retries))
             return
@@ -329,7 +367,7 @@ class Soak:
         except (ForgeError, ValueError, KeyError) as e:
             self._record(Outcome(kind, fmt, t, took, status, False, f"bad audio: {e}", retries, cached, sse))
             return
-        self._record(Outcome(kind, fmt, t, took, status, True, "", retries, cached, sse))
+        self._record(Outcome(kind, fmt, t, took, status, True, "", retries, cached, sse, admitted))
 
     # ---- the watchers -----------------------------------------------------------------------
 
@@ -373,11 +411,17 @@ class Soak:
             self.client.get(self.base + "/readyz", timeout=30).raise_for_status()
         except httpx.HTTPError as e:
             raise ForgeError(f"--url {self.cfg.url}: the server is not ready ({e})") from None
-        self.say(f"soak: {self.cfg.seconds:.0f} s, {self.cfg.concurrency} clients against {self.cfg.url} "
+        load = (f"{self.cfg.concurrency} clients" if self.cfg.rate is None
+                else f"open-loop arrivals at {self.cfg.rate:g}/s")
+        self.say(f"soak: {self.cfg.seconds:.0f} s, {load} against {self.cfg.url} "
                  f"(mix {', '.join(f'{k} {v:.0%}' for k, v in self.mix.items())})")
         self.t0 = time.monotonic()
         threads = [threading.Thread(target=self._sampler, daemon=True)]
-        threads += [threading.Thread(target=self._client, args=(w,), daemon=True) for w in range(self.cfg.concurrency)]
+        if self.cfg.rate is None:
+            threads += [threading.Thread(target=self._client, args=(w,), daemon=True)
+                        for w in range(self.cfg.concurrency)]
+        else:
+            threads.append(threading.Thread(target=self._arrivals, daemon=True))
         if self.cfg.reload_every is not None:
             threads.append(threading.Thread(target=self._reloader, daemon=True))
         for th in threads:
@@ -429,7 +473,7 @@ class Soak:
                        "artifact": Path(cfg.artifact).name if cfg.artifact else None,
                        "reload_every_s": cfg.reload_every, "sample_every_s": cfg.sample_every,
                        "window_s": cfg.window_s, "seed": cfg.seed, "corpus": cfg.corpus, "mix": self.mix,
-                       "max_steps": cfg.max_steps, "retries": cfg.retries},
+                       "max_steps": cfg.max_steps, "retries": cfg.retries, "rate": cfg.rate},
             "wall_s": wall,
             "requests": len(outcomes),
             "healthy": len(healthy),
@@ -441,6 +485,10 @@ class Soak:
             "sse_ok": sum(1 for o in healthy if o.sse and o.ok),
             "hit_ratio": (sum(o.cached for o in hits) / len(hits)) if hits else None,
             "retried_after_refusal": sum(o.retries for o in outcomes),
+            "refusals": _refusals(self.retry_afters),
+            "misses_per_s": sum(o.kind in ("stream", "whole") and o.ok for o in outcomes) / period if period else None,
+            "admitted_p99_s": _pct([o.admitted_s for o in healthy if o.kind in ("stream", "whole") and o.ok
+                                    and o.admitted_s is not None], 99),
             "lost": [asdict(o) for o in (lost + bad_malformed)[:50]],
             "reloads": self.reloads,
             "failed_reloads": len(failed_reloads),
@@ -453,6 +501,12 @@ class Soak:
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def _refusals(retry_afters: list[float]) -> dict[str, Any]:
+    """How many refusals (429/503 with Retry-After) the clients met and the Retry-After they carried."""
+    return {"count": len(retry_afters), "retry_after_min_s": min(retry_afters, default=None),
+            "retry_after_p50_s": _pct(retry_afters, 50), "retry_after_max_s": max(retry_afters, default=None)}
 
 
 def _windows(outcomes: list[Outcome], window_s: float, wall: float) -> list[dict[str, Any]]:
@@ -589,5 +643,9 @@ def format_soak(report: dict[str, Any]) -> str:
         f"threads {num(d['threads_first'], '{:.0f}')} -> {num(d['threads_last'], '{:.0f}')} "
         f"(max {num(d['threads_max'], '{:.0f}')})",
         f"p99 reference {num(d['p99_reference_s'])} s; worst later window x{num(d['p99_max_window_over_reference'])}",
+        f"misses {num(report['misses_per_s'], '{:.3f}')}/s; admitted p99 {num(report['admitted_p99_s'])} s; refusals "
+        f"{report['refusals']['count']} (Retry-After {num(report['refusals']['retry_after_min_s'], '{:.0f}')}-"
+        f"{num(report['refusals']['retry_after_max_s'], '{:.0f}')} s), all retried until admitted: "
+        f"{report['lost_healthy'] == 0}",
     ]
     return "\n".join(lines)

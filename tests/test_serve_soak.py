@@ -144,6 +144,22 @@ def test_a_phrase_cache_for_variants_this_host_does_not_route_to_still_serves(ve
         ServedVersion(v1, ServeConfig(artifact=str(v1), threads=1, phrase_cache=str(kv8_cache)))
 
 
+def test_open_loop_soak_meets_refusals_and_every_client_honouring_them_gets_through(versions, tmp_path: Path) -> None:
+    """`--rate`: arrivals faster than one row can serve; the queue of one refuses (429 + Retry-After),
+    the clients come back after it, and every request is served in the end (issue 37 item 5)."""
+    v1, _ = versions
+    with running(v1, max_batch=1, max_queue=1) as srv:
+        cfg = SoakConfig(url=srv.url, seconds=1, artifact=str(v1), rate=20, retries=100, sample_every=0.5,
+                         window_s=1, max_steps=300, mix={"stream": 0.5, "whole": 0.5})
+        report = run_soak(cfg, json_out=str(tmp_path / "overload.json"))
+    assert report["config"]["rate"] == 20 and report["requests"] >= 5
+    assert report["lost_healthy"] == 0 and report["healthy"] == report["requests"]
+    refusals = report["refusals"]
+    assert refusals["count"] >= 1 and refusals["count"] == report["retried_after_refusal"]
+    assert refusals["retry_after_min_s"] >= 1
+    assert report["admitted_p99_s"] is not None and report["misses_per_s"] > 0
+
+
 def test_soak_options_are_checked() -> None:
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
     assert r.exit_code == 2 and "--soak needs --url" in r.output
