@@ -82,7 +82,7 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
                    "(no GPT work); the report splits latency and first audio by hit and miss.")
 @click.option("--phrase-cache", "phrase_cache", default=None, type=click.Path(dir_okay=False),
               help="--load --phrase-cache-hit-ratio: this cache (e.g. a version's phrase_cache.bin) instead of one "
-                   "built from the hit requests' sentences.")
+                   "built from the hit requests' sentences; --soak: the hits' phrases (the server's --phrase-cache).")
 @click.option("--decode-overlap/--no-decode-overlap", default=None,
               help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
                    "(default: on when --threads leaves a core free).")
@@ -169,7 +169,7 @@ def _soak(seconds: float, o: dict[str, Any]) -> None:
         raise ForgeError("--soak needs --url http://HOST:PORT (a running chattts-forge serve)")
     cfg = SoakConfig(url=o["url"], seconds=seconds, concurrency=max(_batches(o["concurrency"], "--concurrency")),
                      artifact=o["artifact"], reload_every=o["reload_every"], admin_token=o["admin_token"],
-                     rate=o["rate"])
+                     rate=o["rate"], phrase_cache=o["phrase_cache"])
     report = run_soak(cfg, json_out=o["json_out"], plot_out=o["plot"], progress=lambda msg: click.echo(msg, err=True))
     click.echo(format_soak(report))
     for path in (o["json_out"], o["plot"]):

@@ -9,7 +9,8 @@ this mix:
 
 - `stream`: a miss streamed (every format: wav, pcm, flac, mp3, opus; some as SSE events);
 - `whole`: a miss with `"stream": false`, every format;
-- `hit`: a phrase of DIR's phrase cache (`phrase_cache.bin`) with the cache's knobs (served whole from it);
+- `hit`: a phrase of DIR's phrase cache (`phrase_cache.bin`, or `--phrase-cache FILE`: the one a server
+  runs with) with the cache's knobs (served whole from it);
 - `hangup`: a streamed miss whose client closes the connection after its first chunk;
 - `malformed`: a bad body (not JSON, unknown field, format or voice, out-of-range knob, empty input):
   it must get a 4xx, never a 2xx or 5xx.
@@ -82,6 +83,7 @@ class SoakConfig:
     seconds: float
     concurrency: int = 8
     artifact: str | None = None  # its phrase cache supplies the hits; reloads reload it
+    phrase_cache: str | None = None  # the hits' cache when not the artifact's (a server run with --phrase-cache)
     reload_every: float | None = None
     admin_token: str | None = None
     sample_every: float = 5.0
@@ -138,12 +140,15 @@ def hit_body(knobs: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _phrases(artifact: str | None) -> tuple[list[str], dict[str, Any]]:
-    """The phrase cache's texts and its request fields (none without a cache)."""
-    if artifact is None:
+def _phrases(artifact: str | None, phrase_cache: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The phrase cache's texts and its request fields (none without a cache): `phrase_cache`, else
+    the artifact's own."""
+    if phrase_cache is None and artifact is None:
         return [], {}
-    path = Path(artifact) / "phrase_cache.bin"
+    path = Path(phrase_cache) if phrase_cache is not None else Path(artifact or ".") / "phrase_cache.bin"
     if not path.is_file():
+        if phrase_cache is not None:
+            raise BadInput(f"--phrase-cache {phrase_cache} is not a file")
         return [], {}
     from chattts_forge.runtime.phrase_cache import PhraseCache
 
@@ -243,7 +248,7 @@ class Soak:
         self.say = progress or (lambda msg: None)
         self.base = cfg.url.rstrip("/")
         self.sentences = [(t, min(s, cfg.max_steps)) for t, s in corpus_requests(cfg.corpus, 64, cfg.seed)]
-        self.phrases, self.hit_fields = _phrases(cfg.artifact)
+        self.phrases, self.hit_fields = _phrases(cfg.artifact, cfg.phrase_cache)
         self.mix = {k: v for k, v in cfg.mix.items() if v > 0 and (k != "hit" or self.phrases)}
         clients = cfg.concurrency if cfg.rate is None else cfg.max_in_flight
         limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)

@@ -160,6 +160,19 @@ def test_open_loop_soak_meets_refusals_and_every_client_honouring_them_gets_thro
     assert report["admitted_p99_s"] is not None and report["misses_per_s"] > 0
 
 
+def test_soak_hits_come_from_the_phrase_cache_named(versions, tmp_path: Path) -> None:
+    from chattts_forge.errors import BadInput
+    from chattts_forge.evaluate.soak import _phrases
+
+    v1, _ = versions
+    texts, fields = _phrases(None, str(v1 / "phrase_cache.bin"))  # a variant folder served with --phrase-cache
+    assert sorted(texts) == sorted(PHRASES) and fields["max_new_token"] == STEPS and fields["refine"] is False
+    assert _phrases(str(v1)) == (texts, fields)  # the version's own cache
+    assert _phrases(str(tmp_path)) == ([], {})  # none: no hits in the mix
+    with pytest.raises(BadInput, match="is not a file"):
+        _phrases(str(v1), str(tmp_path / "missing.bin"))
+
+
 def test_soak_options_are_checked() -> None:
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
     assert r.exit_code == 2 and "--soak needs --url" in r.output
