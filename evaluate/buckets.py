@@ -135,7 +135,7 @@ def reference_buckets(reference: Path, sentences: list[str], gate: dict[str, Any
                       settings: BucketSettings = BucketSettings()) -> dict[str, BucketReference]:
     """The FP32 reference's side of every bucket of `gate` (what `measure_buckets` reads as `shared`)."""
     from chattts_forge.calibration_data.corpus import Corpus
-    from chattts_forge.quantize.fidelity import record_trajectories, recording_pipeline
+    from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories, recording_pipeline
     from chattts_forge.runtime import Pipeline
 
     st = settings
@@ -150,8 +150,10 @@ def reference_buckets(reference: Path, sentences: list[str], gate: dict[str, Any
             continue
         log.info("bucket %s (%s): the FP32 reference's timing and runs, %d sentences", b.name, b.describe(), len(texts))
         lat, waves = time_sentences(ref_pipe, texts, st.max_new_token, st.seed, warm=not out)  # warmed once
-        trajs = record_trajectories(reference, Corpus(name=f"bucket-{b.name}", sentences=texts), len(texts),
-                                    st.fidelity_steps, st.seed, st.threads, progress=False, pipe=recorder)
+        recording = FidelitySettings(max_sentences=len(texts), max_new_token=st.fidelity_steps, seed=st.seed,
+                                     threads=st.threads, progress=False)
+        trajs = record_trajectories(reference, Corpus(name=f"bucket-{b.name}", sentences=texts), recording,
+                                    pipe=recorder)
         out[b.name] = BucketReference(texts, lat, waves, trajs, bucket_settings_key(st))
     return out
 

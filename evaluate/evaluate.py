@@ -227,7 +227,7 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
     agreement and mel energies). `trajectories`: the FP32 runs already recorded (the build's shared
     reference run); None: recorded here."""
     try:
-        from chattts_forge.quantize.fidelity import record_trajectories, summarize_fidelity
+        from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories, summarize_fidelity
     except ImportError as e:
         raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
@@ -236,7 +236,9 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
     sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
     sessions = j.replay_sessions(threads)
     if trajectories is None:
-        trajectories = record_trajectories(reference, corpus, sentences, steps, seed, threads, progress=cfg.show)
+        recording = FidelitySettings(max_sentences=sentences, max_new_token=steps, seed=seed, threads=threads,
+                                     progress=cfg.show)
+        trajectories = record_trajectories(reference, corpus, recording)
     comparisons = [sessions.compare(t) for t in trajectories]
     result = summarize_fidelity(reference, corpus, comparisons,
                                 {"max_sentences": sentences, "max_new_token": steps, "seed": seed})

@@ -81,15 +81,16 @@ class CorpusWorker:
                        seed: int) -> tuple[list[Any], list[Any]]:
         """(per-sentence comparisons, the trajectories stripped to what the local merge needs)."""
         from chattts_forge.log import quiet_logger
-        from chattts_forge.quantize.fidelity import Trajectory, record_trajectories
+        from chattts_forge.quantize.fidelity import FidelitySettings, Trajectory, record_trajectories
 
         if self.hook is not None:
             self.hook("fidelity", shard)
         if self.sessions is None:
             self.sessions = self._ReplaySessions(self.reference, self.artifact, self.threads)
         with quiet_logger():
-            trajs = record_trajectories(self.reference, corpus, max_sentences, steps, seed, self.threads,
-                                        progress=False, indices=indices)
+            settings = FidelitySettings(max_sentences=max_sentences, max_new_token=steps, seed=seed,
+                                        threads=self.threads, progress=False)
+            trajs = record_trajectories(self.reference, corpus, settings, indices=indices)
         comparisons = [self.sessions.compare(t) for t in trajs]
         # The local side needs every trajectory's hidden states (head error) and the first whole-graph
         # samples (per-tensor table: the first 4 of the corpus), not the per-step feeds.

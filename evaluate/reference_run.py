@@ -228,12 +228,13 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
 def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, progress: bool) -> list[Any]:
     """The FP32 runs fidelity replays the artifact on: the first `fidelity_sentences` sentences,
     `fidelity_steps` GPT steps each (what evaluate's fidelity phase records when it is not given them)."""
-    from chattts_forge.quantize.fidelity import record_trajectories
+    from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories
 
-    log.info("recording the FP32 runs fidelity replays (%d sentences)", min(cfg.fidelity_sentences,
-                                                                             len(corpus.sentences)))
-    return record_trajectories(reference, corpus, min(cfg.fidelity_sentences, len(corpus.sentences)),
-                               cfg.fidelity_steps, cfg.seed, cfg.threads, progress=progress)
+    sentences = min(cfg.fidelity_sentences, len(corpus.sentences))
+    log.info("recording the FP32 runs fidelity replays (%d sentences)", sentences)
+    recording = FidelitySettings(max_sentences=sentences, max_new_token=cfg.fidelity_steps, seed=cfg.seed,
+                                 threads=cfg.threads, progress=progress)
+    return record_trajectories(reference, corpus, recording)
 
 
 def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConfig) -> ReferenceRun:

@@ -386,12 +386,14 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.intervals import fidelity_sentences
     from chattts_forge.evaluate.stats import bootstrap_ratio_interval
-    from chattts_forge.quantize.fidelity import ReplaySessions, record_trajectories
+    from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
     sentences, steps, seed = (int(settings.get(k) or d) for k, d in
                               (("fidelity_sentences", 8), ("fidelity_steps", 48), ("seed", 0)))
     corp = load_corpus(corpus, max_sentences=settings.get("max_sentences"))
-    trajectories = record_trajectories(baseline_fp32, corp, min(sentences, len(corp.sentences)), steps, seed, threads)
+    recording = FidelitySettings(max_sentences=min(sentences, len(corp.sentences)), max_new_token=steps,
+                                 seed=seed, threads=threads)
+    trajectories = record_trajectories(baseline_fp32, corp, recording)
     sessions = ReplaySessions(baseline_fp32, new_fp32, threads)
     rows = fidelity_sentences([sessions.compare(t) for t in trajectories], use_fast=False)
     steps_of = [r["steps"] for r in rows]

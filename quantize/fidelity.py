@@ -71,20 +71,19 @@ FULL_SAMPLE_STEPS = (0, 12)
 def record_trajectories(
     fp32_dir: Path,
     corpus: Corpus,
-    max_sentences: int,
-    max_new_token: int,
-    seed: int,
-    threads: int | None,
-    progress: bool | None = None,
+    settings: FidelitySettings,
+    *,
     indices: Sequence[int] | None = None,
     pipe: Any = None,
 ) -> list[Trajectory]:
-    """Synthesize up to `max_sentences` corpus sentences with the FP32 artifact and record them.
+    """Synthesize up to `settings.max_sentences` corpus sentences with the FP32 artifact and record them
+    (`max_new_token` GPT steps each, on `threads`, with `progress`; the per-tensor fields are unused here).
 
     `indices`: only these sentences of the first `max_sentences` (a shard of a distributed run);
     sentence i is seeded `seed + i` either way, so a shard records what the whole run records.
     `pipe`: a `recording_pipeline(fp32_dir)` to record with (reused by callers that record often)."""
-    pipe = pipe if pipe is not None else recording_pipeline(fp32_dir, threads)
+    st = settings
+    pipe = pipe if pipe is not None else recording_pipeline(fp32_dir, st.threads)
     trajs: list[Trajectory] = []
     current: dict[str, Any] = {}
 
@@ -100,14 +99,14 @@ def record_trajectories(
             t.logits.append(np.array(outs[0]))
 
     recording = instrument(pipe, on_run, (GPT, HEAD_CODE))
-    sentences = corpus.sentences[:max_sentences]
+    sentences = corpus.sentences[:st.max_sentences]
     chosen = list(range(len(sentences))) if indices is None else [i for i in indices if i < len(sentences)]
-    for i in track(chosen, "fidelity: fp32 run", "sent", enabled=progress):
+    for i in track(chosen, "fidelity: fp32 run", "sent", enabled=st.progress):
         text = sentences[i]
         current["traj"] = Trajectory(text)
         try:
             with quiet_logger():
-                pipe.synthesize(text, synth_params(pipe, seed + i, max_new_token))
+                pipe.synthesize(text, synth_params(pipe, st.seed + i, st.max_new_token))
         except ForgeError as e:
             log.info("fidelity: skipped %r (%s)", text, e)
             continue
@@ -494,8 +493,7 @@ def measure_fidelity(
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
     sessions = sessions if sessions is not None else ReplaySessions(fp32_dir, quant_dir, st.threads, quant_meta)
     if trajectories is None:
-        trajectories = record_trajectories(fp32_dir, corp, st.max_sentences, st.max_new_token, st.seed, st.threads,
-                                           progress=st.progress, pipe=recorder)
+        trajectories = record_trajectories(fp32_dir, corp, st, pipe=recorder)
     compared = [sessions.compare(t) for t in track(trajectories, "fidelity: replay", "sent", enabled=st.progress)]
     result = summarize_fidelity(fp32_dir, corp, compared,
                                 {"max_sentences": st.max_sentences, "max_new_token": st.max_new_token, "seed": st.seed})

@@ -212,8 +212,7 @@ def record_fp32_runs(src: Path, cfg: QuantizeConfig, needed: bool = False) -> li
         if recorded is not None:
             return recorded
     log.info("fidelity: running the FP32 artifact on %s (%d sentences)", cfg.fidelity_corpus, st.max_sentences)
-    return record_trajectories(src, corpus, st.max_sentences, st.max_new_token, st.seed, st.threads,
-                               progress=st.progress)
+    return record_trajectories(src, corpus, st)
 
 
 def quantize_and_measure(quantizer: ComponentQuantizer, out_dir: Path, qmeta: ArtifactMeta,

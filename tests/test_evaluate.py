@@ -229,7 +229,8 @@ def test_fp32_against_itself_reuses_its_recording_with_the_same_figures(tiny_art
 
     fp32 = tiny_artifacts["fp32"]
     corpus = load_corpus("builtin:evaluation")
-    runs = fid.record_trajectories(fp32, corpus, 2, 12, 0, 1, progress=False)
+    recording = fid.FidelitySettings(max_sentences=2, max_new_token=12, seed=0, threads=1, progress=False)
+    runs = fid.record_trajectories(fp32, corpus, recording)
     records = {}
     for reuse in (True, False):
         sessions = fid.ReplaySessions(fp32, fp32, 1)
@@ -264,8 +265,8 @@ def test_the_fp16_per_tensor_refusal_names_no_temporary_folder(tiny_artifacts) -
     from chattts_forge.errors import ForgeError
     from chattts_forge.quantize import fidelity as fid
 
-    runs = fid.record_trajectories(tiny_artifacts["fp32"], load_corpus("builtin:evaluation"), 1, 8, 0, 1,
-                                   progress=False)
+    recording = fid.FidelitySettings(max_sentences=1, max_new_token=8, seed=0, threads=1, progress=False)
+    runs = fid.record_trajectories(tiny_artifacts["fp32"], load_corpus("builtin:evaluation"), recording)
     sessions = fid.ReplaySessions(tiny_artifacts["fp32"], tiny_artifacts["fp16"], 1)
     with pytest.raises(ForgeError) as refused:
         sessions.tensor_table(runs, 4, False)
