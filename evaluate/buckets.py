@@ -125,6 +125,15 @@ class BucketReference:
     settings: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class CorpusGate:
+    """The whole-corpus gate the buckets are judged under: the gate, its metrics and its waivers."""
+
+    gate: dict[str, Any]
+    metrics: dict[str, float | None]  # a bucket takes those it does not measure itself (BUCKET_METRICS)
+    waived: dict[str, str]
+
+
 def bucket_settings_key(st: BucketSettings) -> dict[str, Any]:
     """What the reference side of a bucket depends on besides its sentences."""
     return {"max_new_token": st.max_new_token, "fidelity_steps": st.fidelity_steps, "seed": st.seed,
@@ -162,23 +171,21 @@ def measure_buckets(
     artifact: Path,
     reference: Path,
     sentences: list[str],
-    gate: dict[str, Any],
-    overall_metrics: dict[str, float | None],
+    corpus_gate: CorpusGate,
     *,
-    waived: dict[str, str],
     settings: BucketSettings = BucketSettings(),
     shared: dict[str, BucketReference] | None = None,
     replay: Any = None,
 ) -> dict[str, Any]:
     """The report's ``buckets`` section (see module docstring). `sentences`: the whole held-out corpus;
-    `overall_metrics` and `waived`: the whole-corpus gate's metrics and waivers; `shared`: the reference
+    `corpus_gate`: the whole-corpus gate, its metrics and waivers; `shared`: the reference
     side measured once for the build (`reference_buckets`), used where it fits; `replay`: the
     `ReplaySessions` of this artifact and reference already open (the whole-corpus fidelity's)."""
     from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
     from chattts_forge.runtime import Pipeline
 
-    st = settings
+    st, gate = settings, corpus_gate.gate
     buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]
     ref_pipe = Pipeline(reference, threads=st.threads, provider=st.provider)
     same = artifact.resolve() == reference.resolve()
@@ -226,8 +233,9 @@ def measure_buckets(
             record["intelligibility"] = st.score(texts, {"artifact": art_waves, "reference": ref_waves})
         else:
             record["intelligibility"] = {"measured": False, "reason": "synthetic checkpoint (random weights)"}
-        metrics = bucket_metrics(fid, art_lat, ratio, record["intelligibility"], overall_metrics)
-        bucket_waived = dict(waived)  # a bucket in one language leaves the other language's metric unmeasured
+        metrics = bucket_metrics(fid, art_lat, ratio, record["intelligibility"], corpus_gate.metrics)
+        # a bucket in one language leaves the other language's metric unmeasured
+        bucket_waived = dict(corpus_gate.waived)
         if not st.synthetic:
             bucket_waived.update(intelligibility_waivers(metrics, False,
                                                          unmeasured="no sentence of that language in this bucket"))

@@ -66,7 +66,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
-from chattts_forge.evaluate.buckets import BucketSettings, measure_buckets
+from chattts_forge.evaluate.buckets import BucketSettings, CorpusGate, measure_buckets
 from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
 from chattts_forge.evaluate.reference_run import ReferenceRun
 from chattts_forge.evaluate.search_report import auto_search_summary
@@ -713,7 +713,7 @@ def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | 
                                                                                 cfg.threads, False))
     with quiet_logger(enabled=j.synthetic):
         buckets = measure_buckets(
-            j.artifact, j.reference, load_corpus(cfg.corpus).sentences, j.gate, metrics, waived=waived,
+            j.artifact, j.reference, load_corpus(cfg.corpus).sentences, CorpusGate(j.gate, metrics, waived),
             settings=settings, shared=shared_buckets, replay=j.replay_sessions(cfg.threads))
         phrase_cache = None
         if cfg.cache_phrases:
