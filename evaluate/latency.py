@@ -113,7 +113,8 @@ class LatencyConfig:
         until the bound or the cap; a round cap large enough that the time cap decides."""
         rounds = max(RATIO_MIN_ROUNDS, sentences)
         return RatioSettings(bound=self.ratio_bound, time_cap_s=max(self.ratio_time_cap_s, 1e-9), min_rounds=rounds,
-                             max_rounds=max(400, 4 * rounds), warmup_rounds=0)
+                             max_rounds=max(400, 4 * rounds), warmup_rounds=0, cap_after_rounds=sentences,
+                             cap_scale=RATIO_CAP_SCALE)
 
 
 def dir_bytes(path: Path) -> int:
@@ -330,8 +331,7 @@ def measure_against_many(
 
     settings = cfg.ratio_settings(n)
     try:
-        comparison = compare_rounds("reference", names[1:], measure, settings, clock, cap_after_rounds=n,
-                                    cap_scale=RATIO_CAP_SCALE)
+        comparison = compare_rounds("reference", names[1:], measure, settings, clock)
     finally:
         bar.close()
     _log_tail_phases(cfg, min(cfg.first_audio_runs, n))
@@ -468,9 +468,9 @@ def retime_against(
         return rtf
 
     settings = RatioSettings(bound=cfg.ratio_bound, time_cap_s=max(time_cap_s, 1e-9), min_rounds=RETIME_MIN_ROUNDS,
-                             max_rounds=400, warmup_rounds=0)
-    comparison = compare_rounds("baseline", ["artifact"], measure, settings, clock,
-                                cap_after_rounds=RETIME_MIN_ROUNDS, cap_scale=RATIO_CAP_SCALE)
+                             max_rounds=400, warmup_rounds=0, cap_after_rounds=RETIME_MIN_ROUNDS,
+                             cap_scale=RATIO_CAP_SCALE)
+    comparison = compare_rounds("baseline", ["artifact"], measure, settings, clock)
     ratios = [a / b if b > 0 else math.inf for a, b in zip(rtfs["artifact"], rtfs["baseline"], strict=True)]
     return {"ratios": ratios, "artifact_rtf": median(rtfs["artifact"]), "baseline_rtf": median(rtfs["baseline"]),
             "rounds": comparison.rounds, "stopped": comparison.stopped, "sentences": len(sentences),

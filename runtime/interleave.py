@@ -41,7 +41,9 @@ CONFIDENCE = 0.90
 @dataclass(frozen=True)
 class RatioSettings:
     """When an interleaved comparison stops. `min_sample_s`: calls of one callable are grouped into
-    samples of at least this long (tiny steps are mostly timer and call overhead otherwise)."""
+    samples of at least this long (tiny steps are mostly timer and call overhead otherwise).
+    `cap_after_rounds` and `cap_scale`: where `compare_rounds`' time cap counts from and how long it
+    is at most (see there); the defaults count it from the start, `time_cap_s` long."""
 
     bound: float = 0.03
     time_cap_s: float = 5.0
@@ -52,12 +54,16 @@ class RatioSettings:
     # untimed calls before each timed sample: the previous session's thread pool may still spin and
     # steal the cores of the first steps (quantize auto's fused graphs, one session each)
     untimed_calls: int = 0
+    cap_after_rounds: int = 0
+    cap_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.bound > 0 and self.time_cap_s > 0 and 2 <= self.min_rounds <= self.max_rounds):
             raise ForgeError(f"interleaved timing settings out of range: {self}")
 
     def to_dict(self) -> dict[str, Any]:
+        # without the cap's start: only the gate's latency comparisons set it, and they record their
+        # own settings; the records that carry this one (autotune, quantize auto) keep their keys
         return {"bound": self.bound, "time_cap_s": self.time_cap_s, "min_rounds": self.min_rounds,
                 "max_rounds": self.max_rounds, "min_sample_s": self.min_sample_s,
                 "untimed_calls": self.untimed_calls, "confidence": CONFIDENCE}
@@ -179,8 +185,6 @@ def compare_rounds(
     clock: Clock = time.perf_counter,
     *,
     start: float | None = None,
-    cap_after_rounds: int = 0,
-    cap_scale: float | None = None,
     calls_per_sample: int = 1,
 ) -> Comparison:
     """The round loop of `compare_interleaved` for callers whose figure is not the seconds of one
@@ -188,11 +192,12 @@ def compare_rounds(
     of a sample, or an RTF: anything where lower is faster); the order is rotated every round and
     each round's candidate figure over the reference's is one ratio sample. Stops like
     `compare_interleaved`; the time cap counts from `start` (default: now) or, with
-    `cap_after_rounds`, from the end of that round (work every caller needs, such as one pass over a
-    corpus, is not cut by the cap; `settings.min_rounds` should then be at least that many) and, with
-    `cap_scale`, is at most `cap_scale` times the seconds those rounds took (further rounds cost at
-    most that share of the work already done)."""
+    `settings.cap_after_rounds`, from the end of that round (work every caller needs, such as one pass
+    over a corpus, is not cut by the cap; `settings.min_rounds` should then be at least that many) and,
+    with `settings.cap_scale`, is at most `cap_scale` times the seconds those rounds took (further
+    rounds cost at most that share of the work already done)."""
     settings = settings or RatioSettings()
+    cap_after_rounds, cap_scale = settings.cap_after_rounds, settings.cap_scale
     if reference in candidates:
         raise ForgeError(f"candidate {reference!r} is also the reference")
     if not candidates:

@@ -165,8 +165,8 @@ def test_compare_rounds_rotates_and_counts_the_cap_after_the_first_pass() -> Non
         return {"ref": 1.0, "a": 2.0, "b": 0.5 + 0.5 * (r % 2)}[name]
 
     clock = ticking()
-    comp = compare_rounds("ref", ["a", "b"], measure, RatioSettings(bound=0.01, time_cap_s=2.0, min_rounds=4),
-                          clock, cap_after_rounds=4)
+    settings = RatioSettings(bound=0.01, time_cap_s=2.0, min_rounds=4, cap_after_rounds=4)
+    comp = compare_rounds("ref", ["a", "b"], measure, settings, clock)
     assert [n for r, n in seen if r == 0] == ["ref", "a", "b"] and [n for r, n in seen if r == 1] == ["a", "b", "ref"]
     assert comp.stopped == "time cap" and comp.rounds > 4  # the cap counts from round 4, not from the start
     assert comp.estimates["a"].ratio == 2.0 and comp.estimates["a"].spread == 0.0
