@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -48,9 +49,7 @@ from chattts_forge.publish.regression_gate import regression_options
     "made on first use).",
 )
 @regression_options
-def publish(artifact: Path, report: Path, to: Path, model: str | None, version: str | None,
-            sign_key: Path | None, baseline: str | None, no_baseline: bool, accept_regression: tuple[str, ...],
-            reason: str) -> None:
+def publish(artifact: Path, report: Path, to: Path, **options: Any) -> None:
     """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS, a model card
     and model.sig (OpenSSF Model Signing; the public key is written to TO/signing-key.pub).
 
@@ -64,8 +63,10 @@ def publish(artifact: Path, report: Path, to: Path, model: str | None, version: 
     from chattts_forge.publish.regression import summary
     from chattts_forge.publish.regression_gate import RegressionPolicy, publish_judged
 
-    policy = RegressionPolicy.from_options(baseline, no_baseline, accept_regression, reason)
-    result = publish_judged(artifact, report, to, policy, model=model, version=version, sign_key=sign_key,
+    policy = RegressionPolicy.from_options(options.pop("baseline"), options.pop("no_baseline"),
+                                           options.pop("accept_regression"), options.pop("reason"))
+    # what is left, --model, --version and --sign-key, are publish_judged's keywords of the same names
+    result = publish_judged(artifact, report, to, policy, **options,
                             announce=lambda variant, rec: click.echo(f"regression gate: {summary(variant, rec)}"))
     word = "already published (identical files)" if result.status == "already-published" else "published"
     click.echo(f"{word}: {result.path}")
