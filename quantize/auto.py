@@ -127,6 +127,19 @@ def plain_nodes(fused_node: str, plain_names: Sequence[str]) -> list[str]:
     return [n for n in plain_names if any(n.endswith(w) for w in wanted)]
 
 
+def plain_assignment(plain: Path, fused_assignment: dict[str, str]) -> dict[str, str]:
+    """The search's assignment (of the fused graph's, possibly packed, projections) as the MatMuls of
+    the plain graph `plain` (gpt.onnx); every constant-weight MatMul of it must have a fused counterpart."""
+    names = [n.name for n in onnx.load(str(plain), load_external_data=False).graph.node]
+    assignment = {p: choice for node, choice in fused_assignment.items() for p in plain_nodes(node, names)}
+    matmuls = {n.name for n in const_weight_matmuls(onnx.load(str(plain)))}
+    unmapped = sorted(matmuls - set(assignment))
+    if unmapped:
+        raise ForgeError(f"auto: {len(unmapped)} MatMul(s) of {plain.name} have no fused counterpart "
+                         f"(first: {unmapped[0]})")
+    return assignment
+
+
 def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path, *, block_size: int,
                    accuracy_level: int, algorithm: str = "rtn") -> dict[str, Any]:
     """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32): INT8 as

@@ -741,23 +741,12 @@ class Auto(QuantizationMethod):
         return self._mixed(src, dst, plain=False)
 
     def _mixed(self, src: Path, dst: Path, plain: bool) -> dict[str, Any]:
-        import onnx
-
-        from chattts_forge.quantize.auto import CHOICES, plain_nodes, quantize_mixed
-        from chattts_forge.quantize.static_fused import const_weight_matmuls
+        from chattts_forge.quantize.auto import CHOICES, plain_assignment, quantize_mixed
 
         assert self.search is not None
         assignment = self.search["assignment"]
-        if plain:  # map the fused graph's (packed) projections onto gpt.onnx's MatMuls
-            model = onnx.load(str(src), load_external_data=False)
-            names = [n.name for n in model.graph.node]
-            assignment = {p: choice for node, choice in assignment.items() for p in plain_nodes(node, names)}
-            inputs = {n.name: n.input[0] for n in const_weight_matmuls(onnx.load(str(src)))}
-            del model
-            unmapped = sorted(set(inputs) - set(assignment))
-            if unmapped:
-                raise ForgeError(f"auto: {len(unmapped)} MatMul(s) of {src.name} have no fused counterpart "
-                                 f"(first: {unmapped[0]})")
+        if plain:  # the search assigned the fused graph's (packed) projections: gpt.onnx's MatMuls
+            assignment = plain_assignment(src, assignment)
         rec = quantize_mixed(src, dst, assignment, self.work, block_size=self.cfg.block_size,
                              accuracy_level=self.cfg.accuracy_level)
         return {"format": "mixed: dynamic INT8 (DynamicQuantizeMatMul, per-projection weight scales) + "
