@@ -87,6 +87,11 @@ NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
 # chunk's window is at most 132 Decoder steps and 110 Vocos frames at full size). Figures:
 # docs/measurements/2026-12-01/code-comment-figures.md.
 SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
+# Components run without onnxruntime's memory pattern: it plans and caches one allocation layout per
+# input shape, and these see a new shape with almost every text (their length), so the cache only
+# grows; run concurrently (a server's whole decodes) their RSS grew without bound with it and stayed
+# flat without it (docs/measurements/2026-12-04-epyc/soak.md).
+NO_MEM_PATTERN_COMPONENTS = NO_SPIN_COMPONENTS
 # Components whose session creation is mostly weight prepacking, so a saved optimized graph
 # (runtime.saved_sessions) pays; the embedding gathers and the small code head pack nothing worth
 # a second copy on disk. Figures: docs/measurements/2026-12-03-xeon/coldstart.md.
@@ -310,6 +315,8 @@ class Artifact:
                 opts.intra_op_num_threads = threads
             if name in NO_SPIN_COMPONENTS:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if name in NO_MEM_PATTERN_COMPONENTS:
+                opts.enable_mem_pattern = False
             opts.log_severity_level = 3
             t0 = time.perf_counter()
             session, source = self._create_session(name, path, opts, threads)

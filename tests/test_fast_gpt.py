@@ -215,3 +215,7 @@ def test_thread_policy_per_component(fast_artifact: Path) -> None:
     assert opts["vocos"].get_session_config_entry("session.intra_op.allow_spinning") == "0"
     with pytest.raises(RuntimeError, match="does not have configuration"):  # left at the default (spinning)
         opts["gpt_fast"].get_session_config_entry("session.intra_op.allow_spinning")
+    # the decoders meet a new input length with most texts: no per-shape memory pattern (issue 37's soak)
+    assert opts["vocos"].enable_mem_pattern is False
+    assert art.session("decoder").get_session_options().enable_mem_pattern is False
+    assert opts["gpt_fast"].enable_mem_pattern is True

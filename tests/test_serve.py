@@ -431,6 +431,32 @@ class OverlapWatch:
                 self.inside -= 1
 
 
+def test_request_work_runs_on_the_servers_bounded_pool(server: Running) -> None:
+    """prepare and whole decodes run on the state's pool of `work_threads()` threads, not asyncio's
+    default one (cores + 4 threads, each with its own decode buffers: issue 37's soak)."""
+    from chattts_forge.runtime.serve.state import work_threads
+
+    version = server.state.current
+    seen: list[str] = []
+    original = version.prepare, version.whole_wav
+
+    def record(fn):
+        def wrapped(*args):
+            seen.append(threading.current_thread().name)
+            return fn(*args)
+        return wrapped
+
+    version.prepare, version.whole_wav = record(original[0]), record(original[1])
+    try:
+        r = httpx.post(server.url + "/v1/audio/speech", timeout=60, json={
+            "model": "tts-1", "input": TEXT, "response_format": "pcm", "stream": False, "seed": 3, **CACHE_KNOBS})
+    finally:
+        version.prepare, version.whole_wav = original
+    assert r.status_code == 200 and len(seen) == 2
+    assert all(name.startswith("forge-work") for name in seen), seen
+    assert server.state.work._max_workers == work_threads() >= 2
+
+
 def test_refinement_and_a_sequential_variant_take_turns_on_its_gpt_step(server: Running) -> None:
     # fp16 has no fused graph: its requests run on the SequentialRunner with `pipe.gpt`, the step a
     # request's refinement (prepare, on another thread) runs on too; found by the soak (issue 37).

@@ -262,7 +262,7 @@ class _Handlers:
 
         loop = asyncio.get_running_loop()
         try:
-            prep = await loop.run_in_executor(None, version.prepare, req.text, req.params, req.model)
+            prep = await loop.run_in_executor(self.state.work, version.prepare, req.text, req.params, req.model)
         except ArtifactChanged as e:
             return self.changed(endpoint, version, e)
         except ForgeError as e:
@@ -294,7 +294,7 @@ class _Handlers:
         try:
             if not req.stream:
                 await job.waiter.until_done(deadline, request)
-                wav = await loop.run_in_executor(None, version.whole_wav, prep, handle.result())
+                wav = await loop.run_in_executor(self.state.work, version.whole_wav, prep, handle.result())
                 return self._whole(endpoint, req, prep, wav, version, t0, cached=False)
             first = await job.waiter.next(deadline, request)
         except _Deadline:
@@ -381,7 +381,8 @@ class _Handlers:
             metrics.served(took, samples / sr, False)
             self.count(job.endpoint, 200)
             if job.version.redis is not None:  # fill the shared cache from the finished request
-                asyncio.get_running_loop().run_in_executor(None, job.version.whole_wav, job.prep, handle.result())
+                asyncio.get_running_loop().run_in_executor(self.state.work, job.version.whole_wav, job.prep,
+                                                           handle.result())
         finally:
             if not finished and not handle.done():
                 handle.cancel()  # the client went away: its row is freed before the next GPT step

@@ -9,9 +9,11 @@ by `drain_s`). A version that fails to load leaves the old one serving (the relo
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,12 @@ from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, MemoryGuard
 from chattts_forge.runtime.serve.metrics import Metrics
 
 log = get_logger(__name__)
+
+
+def work_threads() -> int:
+    """Threads of the server's request-work pool: the machine's cores, at least two (a long refinement
+    never holds up every whole decode)."""
+    return max(2, os.cpu_count() or 2)
 
 
 class ServerState:
@@ -53,6 +61,11 @@ class ServerState:
             self.guard = MemoryGuard(cfg.memory_limit, lambda: proc.memory_info().rss, lower_batch=self._lower_batch,
                                      evict=self._evict, long_chars=cfg.memory_long_chars).start()
         self.metrics.operations(self.operations)
+        # Request work off the event loop (prepare: normalise, route, refine, a cache hit's Vocos; whole
+        # decodes) on as many threads as cores: more run no faster on the cores they share, and each
+        # concurrent Decoder/Vocos run holds buffers of its own (asyncio's default pool of cores + 4
+        # grew a soak's RSS without bound: docs/measurements/2026-12-04-epyc/soak.md).
+        self.work = ThreadPoolExecutor(max_workers=work_threads(), thread_name_prefix="forge-work")
 
     # ---- what operators watch, and what keeps the process inside its limits ---------------------
 
@@ -236,3 +249,4 @@ class ServerState:
             self.guard.stop()
         for v in self._live():
             v.close(self.cfg.drain_s)
+        self.work.shutdown(wait=False)
