@@ -24,12 +24,18 @@ from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
+from chattts_forge.fsutil import resolve_inside
 from chattts_forge.integrity import (
+    MISSING,
     PUBLISHED_CARD,
     PUBLISHED_MANIFEST,
     PUBLISHED_NAMES,
     PUBLISHED_SUMS,
+    UNRECORDED,
     FileEntry,
+    RecordedFile,
+    compare_files,
+    sha256_file,
 )
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
@@ -312,6 +318,32 @@ def check_manifest_fields(manifest: dict[str, Any], where: str | os.PathLike[str
     total = manifest.get("total_bytes")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
         raise ForgeError(f"{where}: total_bytes must be a whole number")
+
+
+def manifest_file_problems(folder: Path, listed: dict[str, FileEntry], present: set[str], own: set[str]) -> list[str]:
+    """Problems of a published folder's files against its manifest's list, each naming the file: a
+    listed file missing or changed, then a file the list does not name (besides `own`: the manifest,
+    its checksums, the signature), through the one file-against-record comparison
+    (integrity.compare_files); a file is hashed only when its size matches."""
+    problems: list[str] = []
+    expected: dict[str, RecordedFile] = {}
+    for rel, entry in sorted(listed.items()):
+        try:
+            resolve_inside(folder, rel, file=folder / MANIFEST_NAME, field=f"files[{rel!r}].path")
+        except ForgeError as e:
+            problems.append(str(e))
+            continue
+        expected[rel] = RecordedFile(rel, entry.bytes, entry.sha256, MANIFEST_NAME)
+    sizes = {rel: (folder / rel).stat().st_size for rel in present - own if rel in expected or rel not in listed}
+    digests = {rel: sha256_file(folder / rel) for rel, e in expected.items() if sizes.get(rel) == e.bytes}
+    for m in compare_files(expected, sizes, digests, complete=True):
+        if m.problem == MISSING:
+            problems.append(f"{folder / m.rel}: missing")
+        elif m.problem == UNRECORDED:
+            problems.append(f"{folder / m.rel}: extra file not in {MANIFEST_NAME}")
+        else:
+            problems.append(f"{folder / m.rel}: changed (sha256/size differ from {MANIFEST_NAME})")
+    return problems
 
 
 def manifest_files(manifest: dict[str, Any]) -> dict[str, FileEntry]:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import resolve_inside
 from chattts_forge.integrity import SIGNATURE_NAME, list_files, sha256_file, sha256sums_text
 from chattts_forge.publish.history import HISTORY_NAME, history_problems
 from chattts_forge.publish.index import (
@@ -30,6 +29,7 @@ from chattts_forge.publish.manifest import (
     MANIFEST_NAME,
     SUMS_NAME,
     load_manifest,
+    manifest_file_problems,
     manifest_files,
     parse_sha256sums,
 )
@@ -127,20 +127,7 @@ def verify_variant(vdir: Path, check_location: bool = False) -> list[str]:
             if (vdir / SUMS_NAME).read_bytes() != sha256sums_text(sums).encode("utf-8"):
                 problems.append(f"{vdir / SUMS_NAME}: changed (not the file publish wrote)")
 
-    for rel, entry in sorted(listed.items()):
-        try:
-            path = resolve_inside(vdir, rel, file=vdir / MANIFEST_NAME, field=f"files[{rel!r}].path")
-        except ForgeError as e:
-            problems.append(str(e))
-            continue
-        if rel not in actual:
-            problems.append(f"{path}: missing")
-            continue
-        size = path.stat().st_size
-        if size != entry.bytes or sha256_file(path) != entry.sha256:
-            problems.append(f"{path}: changed (sha256/size differ from {MANIFEST_NAME})")
-    for rel in sorted(actual - set(listed) - {MANIFEST_NAME, SUMS_NAME, SIGNATURE_NAME}):
-        problems.append(f"{vdir / rel}: extra file not in {MANIFEST_NAME}")
+    problems += manifest_file_problems(vdir, listed, actual, {MANIFEST_NAME, SUMS_NAME, SIGNATURE_NAME})
 
     # A manifest moved to another folder is not the variant that folder claims to be.
     parts = (manifest.get("model"), manifest.get("version"), manifest.get("variant"))

@@ -46,7 +46,7 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
-from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
+from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import SIGNATURE_NAME, sha256_file
 from chattts_forge.log import get_logger
 from chattts_forge.publish.index import iter_variant_dirs, publish_lock, rewrite_index
@@ -55,6 +55,7 @@ from chattts_forge.publish.manifest import (
     REPORT_COPY_NAME,
     FileEntry,
     check_file_entries,
+    manifest_file_problems,
     read_json_document,
 )
 from chattts_forge.runtime.interleave import median_interval
@@ -335,18 +336,7 @@ def verify_version(version_dir: Path) -> list[str]:
     if (manifest.get("model"), manifest.get("version")) != (version_dir.parent.name, version_dir.name):
         problems.append(f"{path}: names {manifest.get('model')}/{manifest.get('version')}, not this folder")
     present = {p.name for p in version_dir.iterdir() if p.is_file()}
-    for rel, entry in sorted(listed.items()):
-        try:
-            p = resolve_inside(version_dir, rel, file=path, field=f"files[{rel!r}].path")
-        except ForgeError as e:
-            problems.append(str(e))
-            continue
-        if rel not in present:
-            problems.append(f"{p}: missing")
-        elif p.stat().st_size != entry.bytes or sha256_file(p) != entry.sha256:
-            problems.append(f"{p}: changed (sha256/size differ from {MANIFEST_NAME})")
-    for name in sorted(present - set(listed) - {MANIFEST_NAME, SIGNATURE_NAME}):
-        problems.append(f"{version_dir / name}: extra file not in {MANIFEST_NAME}")
+    problems += manifest_file_problems(version_dir, listed, present, {MANIFEST_NAME, SIGNATURE_NAME})
     published = published_variants(version_dir)
     for variant, sha in sorted(manifest["variants"].items()):
         if variant not in published:
