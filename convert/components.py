@@ -18,7 +18,7 @@ import torch
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
 
-from chattts_forge.artifact import DECODER, DVAE, EMBED, GPT, HEAD_CODE, HEAD_TEXT
+from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, GPT, HEAD_CODE, HEAD_TEXT, VOCODER
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.convert.modules import (
     DvaeEncoderForExport,
@@ -403,7 +403,7 @@ def dvae_encoder_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         return out
 
     return ComponentSpec(
-        name="dvae_encoder",
+        name=DVAE_ENCODER,
         file="dvae_encoder.onnx",
         wrapper=DvaeEncoderForExport(src.dvae),
         example=(make(2, 4000, 0),),
@@ -433,7 +433,7 @@ def vocos_spec(src: SourceModules, dims: Dims) -> ComponentSpec:
         return out
 
     return ComponentSpec(
-        name="vocos",
+        name=VOCODER,
         file="vocos.onnx",
         wrapper=VocosForExport(src.vocos),
         example=(make(2, 6, 0),),
@@ -451,6 +451,6 @@ SPEC_BUILDERS: dict[str, Callable[[SourceModules, Dims], ComponentSpec]] = {
     HEAD_TEXT: head_text_spec,
     DECODER: decoder_spec,
     DVAE: dvae_spec,
-    "dvae_encoder": dvae_encoder_spec,
-    "vocos": vocos_spec,
+    DVAE_ENCODER: dvae_encoder_spec,
+    VOCODER: vocos_spec,
 }

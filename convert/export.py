@@ -43,6 +43,7 @@ from chattts_forge.artifact import (
     EXTERNAL_DATA_SUFFIX,
     FAST_GPT,
     FAST_GPT_FILE,
+    GPT,
     with_record_fields,
 )
 from chattts_forge.checkpoint.layout import Dims, load_dims, resolve_asset_dir
@@ -284,7 +285,7 @@ def convert_checkpoint(
                     from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
-                    comps32[FAST_GPT] = optimize_gpt(dir32 / comps32["gpt"]["file"], dir32 / FAST_GPT_FILE,
+                    comps32[FAST_GPT] = optimize_gpt(dir32 / comps32[GPT]["file"], dir32 / FAST_GPT_FILE,
                                                      FusedGraphOptions(threads=threads, dims=dims.to_dict()))
                 write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
                 _make_readable(dir32)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.artifact import FAST_GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, GPT, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
@@ -338,7 +338,7 @@ def _report(art: Path, cfg: BenchConfig, ckpt: Path | None, m: _Measured) -> dic
             "path": str(art),
             "variant": meta.variant,
             "gpt_engine": onnx_engine.gpt_engine,
-            "gpt_precision": meta.components.get(FAST_GPT if onnx_engine.gpt_engine == "fast" else "gpt", {}).get("precision"),
+            "gpt_precision": meta.components.get(FAST_GPT if onnx_engine.gpt_engine == "fast" else GPT, {}).get("precision"),
         },
         "baseline": None if ckpt is None else {"kind": "pytorch", "engine": "ChatTTS Chat (PyTorch FP32)", "checkpoint": str(ckpt)},
         "settings": {
@@ -376,7 +376,7 @@ def _cost_model(art: Path, report: dict[str, Any], onnx_engine: Any, text: str, 
     bandwidth = report["machine"]["read_bandwidth"]["gb_per_s"]
     b1 = report["results"]["onnx"].get("1") or {}
     step = (b1.get("gpt_step_ms") or {}).get("median")
-    graph = FAST_GPT if onnx_engine.gpt_engine == "fast" else "gpt"
+    graph = FAST_GPT if onnx_engine.gpt_engine == "fast" else GPT
     return {**cost_report(art, len(text) + 8 + steps // 2, bandwidth, step, graph),
             "definition": "bytes per batch-1 decode step (GPT graph + head_code files, KV cache at the context) / "
                           "measured read bandwidth (machine.read_bandwidth)"}

@@ -397,7 +397,7 @@ class ReplaySessions:
         # recording itself; only the fused graph (another graph) is replayed
         self.same_plain = all(self.qmeta.component_file(self.quant_dir, c).resolve()
                               == self.fmeta.component_file(self.fp32_dir, c).resolve()
-                              for c in ("gpt", "head_code", "decoder"))
+                              for c in (GPT, HEAD_CODE, DECODER))
         self.has_fast = self.qmeta.has_component(FAST_GPT)
         self._fast: GptStepLike | None = None  # the fused graph's step, opened on first use and kept
 

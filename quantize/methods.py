@@ -30,6 +30,7 @@ from chattts_forge.artifact import (
     ARTIFACT_JSON,
     DECODER,
     DVAE,
+    DVAE_ENCODER,
     EMBED,
     FAST_GPT,
     FAST_GPT_FILE,
@@ -40,6 +41,7 @@ from chattts_forge.artifact import (
     METHOD_PRECISION,
     METHOD_VARIANT,
     QUANTIZE_METHODS,
+    VOCODER,
     ArtifactMeta,
     KvCache,
     Quantization,
@@ -84,8 +86,8 @@ NOT_QUANTIZED = {
     HEAD_TEXT: "fp32 (text head: only used by text refinement)",
     DECODER: "fp32 (--decoder fp32)",
     DVAE: "fp32 (convolutions)",
-    "dvae_encoder": "fp32, copied byte for byte (voice cloning: its codes must equal ChatTTS's exactly)",
-    "vocos": "fp32, copied byte for byte",
+    DVAE_ENCODER: "fp32, copied byte for byte (voice cloning: its codes must equal ChatTTS's exactly)",
+    VOCODER: "fp32, copied byte for byte",
 }
 INT4_COMPUTE = "int4 weights, int8 compute (accuracy_level 4)"
 

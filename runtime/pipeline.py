@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT
+from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT, VOCODER
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -361,7 +361,7 @@ class Pipeline:
 
     def vocos(self, mel: np.ndarray) -> np.ndarray:
         """mel [n_mels, F] -> waveform [hop * (F - 1)] (FP32 Vocos)."""
-        return self.artifact.session("vocos").run(["waveform"], {"mel": np.ascontiguousarray(mel[None], dtype=np.float32)})[0][0]
+        return self.artifact.session(VOCODER).run(["waveform"], {"mel": np.ascontiguousarray(mel[None], dtype=np.float32)})[0][0]
 
     def decode(self, items: Sequence[np.ndarray], use_decoder: bool = True) -> list[np.ndarray]:
         """Waveform per item (each decoded alone: hop * (2T - 1) samples, empty for T = 0)."""
@@ -384,7 +384,7 @@ class Pipeline:
             batch[i, :, : len(x)] = np.asarray(x).T
         name, comp = ("hidden_states", DECODER) if use_decoder else ("codes", DVAE)
         mel = self.artifact.session(comp).run(["mel"], {name: batch})[0]
-        return self.artifact.session("vocos").run(["waveform"], {"mel": mel})[0]
+        return self.artifact.session(VOCODER).run(["waveform"], {"mel": mel})[0]
 
     @property
     def decoder_radius(self) -> int:

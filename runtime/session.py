@@ -31,7 +31,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from chattts_forge.artifact import DECODER, DVAE, FAST_GPT, GPT, HEAD_TEXT, VOCODER, ArtifactMeta
+from chattts_forge.artifact import (
+    DECODER,
+    DVAE,
+    DVAE_ENCODER,
+    EMBED,
+    FAST_GPT,
+    GPT,
+    HEAD_CODE,
+    HEAD_TEXT,
+    VOCODER,
+    ArtifactMeta,
+)
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ArtifactChanged, ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files, stat_key
@@ -76,8 +87,8 @@ RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")
 # - the Decoder/DVAE/Vocos run now and then (end of a text, stream chunks): all threads, no spinning,
 #   so their workers go to sleep instead of competing with the next GPT steps;
 # - the GPT graphs run back to back: all threads, spinning (the default).
-SINGLE_THREAD_COMPONENTS = frozenset({"embed", "head_code", "head_text"})
-NO_SPIN_COMPONENTS = frozenset({"decoder", "dvae", "dvae_encoder", "vocos"})
+SINGLE_THREAD_COMPONENTS = frozenset({EMBED, HEAD_CODE, HEAD_TEXT})
+NO_SPIN_COMPONENTS = frozenset({DECODER, DVAE, DVAE_ENCODER, VOCODER})
 # Components whose onnxruntime CPU arena gives back, after a large run, what that run added: an
 # arena keeps its largest run's buffers for the session's life, and the Decoder/DVAE/Vocos run once
 # per text on its whole length, so those buffers would sit under every later peak. A run over more
@@ -212,7 +223,7 @@ class Artifact:
         self.public_key = Path(public_key).expanduser() if public_key is not None else None
         for key in RUNTIME_FILES:
             self._check_plain_file(key)
-        for name in ("embed", "gpt", "head_code", "vocos"):
+        for name in (EMBED, GPT, HEAD_CODE, VOCODER):
             self.check_component(name)
         # Every recorded file, before the first session: a changed byte anywhere is refused here.
         self._expected = expected_files(self.path, self.meta)
