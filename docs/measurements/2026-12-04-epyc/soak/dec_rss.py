@@ -6,15 +6,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from rss_now import rss
 
 from chattts_forge.runtime.pipeline import Pipeline
 
-
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
 pipe = Pipeline(sys.argv[1], threads=1)
 workers = int(sys.argv[2])
 H = pipe.dims.hidden_size

@@ -2,15 +2,10 @@
 import sys
 
 import numpy as np
+from rss_now import rss
 
 from chattts_forge.runtime.serve.formats import StreamEncoder, encode_whole
 
-
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
 rng = np.random.default_rng(0)
 fmt = sys.argv[1]
 print(fmt, "start", round(rss()))

@@ -4,6 +4,7 @@ import threading
 import time
 
 import onnxruntime as ort
+from rss_now import rss
 
 mode = sys.argv[2]
 orig = ort.SessionOptions
@@ -19,13 +20,6 @@ ort.SessionOptions = patched
 from chattts_forge.evaluate.load_bench import corpus_requests  # noqa: E402 - after the patch
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams  # noqa: E402 - after the patch
 from chattts_forge.runtime.scheduler import Scheduler  # noqa: E402 - after the patch
-
-
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
 
 pipe = Pipeline(sys.argv[1], threads=1)
 sched = Scheduler(pipe, max_batch=8, max_queue=64).start()
