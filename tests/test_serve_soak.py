@@ -173,6 +173,30 @@ def test_soak_hits_come_from_the_phrase_cache_named(versions, tmp_path: Path) ->
         _phrases(str(v1), str(tmp_path / "missing.bin"))
 
 
+def _os_threads() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc")
+def test_the_thread_count_is_final_once_ready(versions) -> None:
+    """Every thread a request can need (the work pool's, the text head's and decoders' onnxruntime
+    pools) exists when /readyz answers, so a soak sees a flat count from its first sample."""
+    v1, _ = versions
+    with running(v1, max_batch=2) as srv:
+        from chattts_forge.runtime.serve.state import work_threads
+
+        assert len(srv.state.work._threads) == work_threads()
+        before = _os_threads()
+        for refine in (False, True):
+            for stream in (False, True):
+                r = httpx.post(srv.url + "/v1/audio/speech", timeout=120, json={
+                    "model": "tts-1", "input": TEXT, "response_format": "pcm", "refine": refine, "stream": stream,
+                    "max_new_token": 12, "min_new_token": 12})
+                assert r.status_code == 200
+        assert _os_threads() == before
+
+
 def test_soak_options_are_checked() -> None:
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
     assert r.exit_code == 2 and "--soak needs --url" in r.output

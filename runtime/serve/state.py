@@ -27,6 +27,14 @@ from chattts_forge.runtime.serve.metrics import Metrics
 log = get_logger(__name__)
 
 
+def start_all_threads(pool: ThreadPoolExecutor, n: int) -> None:
+    """Start the pool's `n` threads now (it starts them on demand), so the process's thread count is
+    what it serves with from the first request on: a soak reads a rising count as a leak."""
+    barrier = threading.Barrier(n)
+    for f in [pool.submit(barrier.wait) for _ in range(n)]:
+        f.result()
+
+
 def work_threads() -> int:
     """Threads of the server's request-work pool: the machine's cores, at least two (a long refinement
     never holds up every whole decode)."""
@@ -66,6 +74,7 @@ class ServerState:
         # concurrent Decoder/Vocos run holds buffers of its own (asyncio's default pool of cores + 4
         # grew a soak's RSS without bound: docs/measurements/2026-12-04-epyc/soak.md).
         self.work = ThreadPoolExecutor(max_workers=work_threads(), thread_name_prefix="forge-work")
+        start_all_threads(self.work, work_threads())
 
     # ---- what operators watch, and what keeps the process inside its limits ---------------------
 
