@@ -180,8 +180,8 @@ def _os_threads() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc")
 def test_the_thread_count_is_final_once_ready(versions) -> None:
-    """Every thread a request can need (the work pool's, the text head's and decoders' onnxruntime
-    pools) exists when /readyz answers, so a soak sees a flat count from its first sample."""
+    """Every thread a request can need exists when /readyz answers (the work pool's start at load; a
+    refined request's text head, opened on first use, adds none), so a soak sees a flat count."""
     v1, _ = versions
     with running(v1, max_batch=2) as srv:
         from chattts_forge.runtime.serve.state import work_threads

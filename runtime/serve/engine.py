@@ -348,12 +348,9 @@ class ServedVersion:
         done = 0
         short = replace(self.default_params, code=replace(self.default_params.code, max_new_token=8,
                                                           min_new_token=0))
-        refine = RefineTextParams(seed=0, max_new_token=8)
         for variant in list(self.pipes):
             prep = Prepared(variant, self.pipes[variant].normalize("Hello.", short), short)
             self.submit(prep).result(timeout=600)
-            with self._gpt_locks[variant]:  # the text head too: every session a request can need is open
-                self.pipes[variant].refine_text([prep.text], refine)
             done += 1
         if not texts or self.file_cache is None:
             return done
