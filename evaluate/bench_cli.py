@@ -82,7 +82,7 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
                    "(no GPT work); the report splits latency and first audio by hit and miss.")
 @click.option("--phrase-cache", "phrase_cache", default=None, type=click.Path(dir_okay=False),
               help="--load --phrase-cache-hit-ratio: this cache (e.g. a version's phrase_cache.bin) instead of one "
-                   "built from the hit requests' sentences; --soak: the hits' phrases (the server's --phrase-cache).")
+                   "built from the hit requests' sentences; --soak: the hits' phrases (the file given to serve --cache).")
 @click.option("--decode-overlap/--no-decode-overlap", default=None,
               help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
                    "(default: on when --threads leaves a core free).")

@@ -239,6 +239,34 @@ def test_a_switched_current_link_never_mixes_versions_in_one_served_version(vers
         assert Path(srv.state.current.pipes["fp16"].artifact.path).resolve().parent == v2.resolve()
 
 
+def test_a_reload_frees_the_retired_version_and_trims_the_heap(versions, monkeypatch) -> None:
+    """The retired version (its sessions) is freed once drained, then the heap is trimmed: a soak with
+    a reload at half time otherwise kept the old version's pages and read it as RSS drift."""
+    import weakref
+
+    from chattts_forge.runtime.serve import state as state_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(state_module, "release_free_heap", lambda: trims.append(1))
+    v1, v2 = versions
+    with running(v1, max_batch=2) as srv:
+        r = httpx.post(srv.url + "/v1/audio/speech", timeout=120, json={
+            "model": "tts-1", "input": TEXT, "response_format": "pcm", "max_new_token": 12, "min_new_token": 12})
+        assert r.status_code == 200
+        old = weakref.ref(srv.state.current)
+        old_session = weakref.ref(next(iter(srv.state.current.pipes.values())).artifact)
+        reload = httpx.post(srv.url + "/admin/reload", json={"artifact": str(v2)}, headers=srv.admin(), timeout=120)
+        assert reload.status_code == 200
+        deadline = time.monotonic() + 30
+        while srv.state.retired < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.state.retired == 1 and trims == [1]
+        assert old() is None and old_session() is None  # nothing holds the old version or its artifact
+        r = httpx.post(srv.url + "/v1/audio/speech", timeout=120, json={
+            "model": "tts-1", "input": TEXT, "response_format": "pcm", "max_new_token": 12, "min_new_token": 12})
+        assert r.status_code == 200 and r.headers["x-forge-model"] == model_id(v2)
+
+
 def test_atomic_symlink_replaces_a_link_in_one_rename(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

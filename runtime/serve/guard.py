@@ -19,8 +19,6 @@ address-space reservations long before RSS reaches it):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import re
 import threading
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 
 from chattts_forge.errors import BadInput
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.session import release_free_heap
 
 log = get_logger(__name__)
 
@@ -89,17 +88,6 @@ class DrainRate:
         if rate is None:
             return max(1, fallback_s)
         return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(max(depth, 1) / rate))))
-
-
-def trim_heap() -> None:
-    """Give freed C heap back to the system (glibc `malloc_trim`), so RSS drops after an eviction."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 @dataclass
@@ -163,7 +151,7 @@ class MemoryGuard:
             self.lower_batch(True)
             self.shed.add("batch")
             freed = self.evict()
-            trim_heap()
+            release_free_heap()
             self.shed.add("evict")
             log.info("memory: caches emptied (%.1f MiB of decoded entries)", freed / 2**20)
         elif level == NORMAL and was > NORMAL:

@@ -9,6 +9,7 @@ by `drain_s`). A version that fails to load leaves the old one serving (the relo
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import threading
@@ -23,6 +24,7 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import ServedVersion, load_voices
 from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, MemoryGuard
 from chattts_forge.runtime.serve.metrics import Metrics
+from chattts_forge.runtime.session import release_free_heap
 
 log = get_logger(__name__)
 
@@ -52,6 +54,7 @@ class ServerState:
         self.draining = False
         self.load_error: str | None = None
         self.fault: str | None = None  # why a loaded version stopped being ready (a file changed on disk)
+        self.retired = 0  # versions closed and freed after a reload, promote or rollback
         self._reload_lock = threading.Lock()
         self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
         ensure_admin_token(cfg)
@@ -219,16 +222,25 @@ class ServerState:
         return {"model": self.current.model_id, "serves": "all new requests"}
 
     def _retire(self, version: ServedVersion | None) -> None:
-        """Close a version once its admitted requests have finished (in the background, bounded)."""
+        """Close a version once its admitted requests have finished (in the background, bounded), then
+        free it and give its heap back: without the trim, each reload left RSS a step higher (glibc
+        keeps the freed pages of the version's sessions)."""
         if version is None:
             return
+        held = [version]  # the thread's only reference, dropped before the heap is trimmed
 
         def run() -> None:
-            if not version.drain(self.cfg.drain_s):
-                log.warning("%s: %d request(s) still running after %.0f s; closing it", version.model_id,
-                            version.inflight, self.cfg.drain_s)
-            version.close()
-            log.info("closed the previous version %s", version.model_id)
+            old = held.pop()
+            if not old.drain(self.cfg.drain_s):
+                log.warning("%s: %d request(s) still running after %.0f s; closing it", old.model_id,
+                            old.inflight, self.cfg.drain_s)
+            old.close()
+            name = old.model_id
+            del old
+            gc.collect()  # sessions held in reference cycles are freed now, not at a later collection
+            release_free_heap()
+            log.info("closed the previous version %s", name)
+            self.retired += 1
 
         threading.Thread(target=run, name="forge-retire", daemon=True).start()
 
