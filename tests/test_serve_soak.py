@@ -267,6 +267,32 @@ def test_a_reload_frees_the_retired_version_and_trims_the_heap(versions, monkeyp
         assert r.status_code == 200 and r.headers["x-forge-model"] == model_id(v2)
 
 
+def test_an_idle_connection_outlives_a_retry_after(versions) -> None:
+    """A client honouring a Retry-After of a few seconds comes back on its kept-alive connection and is
+    answered (uvicorn's default closed it after 5 s idle, as the client sent: a lost request)."""
+    import socket
+
+    def get(sock: socket.socket) -> bytes:
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += sock.recv(65536)
+        return head
+
+    v1, _ = versions
+    with running(v1, max_batch=2) as srv, socket.create_connection(("127.0.0.1", srv.cfg.port), timeout=30) as sock:
+        assert get(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6.5)  # longer than uvicorn's default keep-alive, as long as a short Retry-After
+        assert get(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_atomic_symlink_replaces_a_link_in_one_rename(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

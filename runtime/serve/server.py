@@ -19,9 +19,11 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.serve.app import create_app
 from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.serve.guard import MAX_RETRY_AFTER_S
 from chattts_forge.runtime.serve.state import ServerState
 
 log = get_logger(__name__)
+KEEP_ALIVE_S = MAX_RETRY_AFTER_S + 5  # seconds an idle client connection stays open
 
 
 def make_server(cfg: ServeConfig, state: ServerState | None = None, install_signals: bool = True) -> Any:
@@ -65,8 +67,11 @@ def make_server(cfg: ServeConfig, state: ServerState | None = None, install_sign
 
     # log_config=None: uvicorn's records go through the process's own handlers (one format, control
     # characters escaped: log.EscapingFormatter) instead of a handler of its own.
+    # Keep-alive past the longest Retry-After: a client that honours one comes back on its connection;
+    # uvicorn's 5 s closed it as the client sent (the overload soak lost requests to that race).
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, log_config=None,
-                            timeout_graceful_shutdown=max(1, int(cfg.drain_s)), lifespan="on")
+                            timeout_graceful_shutdown=max(1, int(cfg.drain_s)), lifespan="on",
+                            timeout_keep_alive=KEEP_ALIVE_S)
     server = ForgeServer(config)
     server.forge_state = state  # type: ignore[attr-defined]
     return server
