@@ -229,8 +229,9 @@ def batchable(version_dir: Path, variants: list[str], provider: str = "cpu") -> 
 def candidates(version_dir: Path, table: dict[str, Any], batching: bool, provider: str = "cpu") -> dict[str, list[str]]:
     """Per bucket, the passing variants a host may route to (only `batchable` ones when `batching`)."""
     passing = {b["name"]: bucket_passing(b, table["fallback"]) for b in table["buckets"]}
-    if batching:
-        passing = {name: batchable(version_dir, p, provider) if p else p for name, p in passing.items()}
+    if batching:  # each variant's artifact.json read once, not once per bucket that lists it
+        batched = set(batchable(version_dir, sorted({v for p in passing.values() for v in p}), provider))
+        passing = {name: [v for v in p if v in batched] or p for name, p in passing.items()}
     return passing
 
 

@@ -101,7 +101,7 @@ SHRINK_ARENA_COMPONENTS = NO_SPIN_COMPONENTS
 # Components run without onnxruntime's memory pattern: it plans and caches one allocation layout per
 # input shape, and these see a new shape with almost every text (their length), so the cache only
 # grows; run concurrently (a server's whole decodes) their RSS grew without bound with it and stayed
-# flat without it (docs/measurements/2026-12-04-epyc/soak.md).
+# flat without it (docs/measurements/2026-12-04-epyc/soak/README.md).
 NO_MEM_PATTERN_COMPONENTS = NO_SPIN_COMPONENTS
 # Components whose session creation is mostly weight prepacking, so a saved optimized graph
 # (runtime.saved_sessions) pays; the embedding gathers and the small code head pack nothing worth

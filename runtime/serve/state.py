@@ -75,9 +75,10 @@ class ServerState:
         # Request work off the event loop (prepare: normalise, route, refine, a cache hit's Vocos; whole
         # decodes) on as many threads as cores: more run no faster on the cores they share, and each
         # concurrent Decoder/Vocos run holds buffers of its own (asyncio's default pool of cores + 4
-        # grew a soak's RSS without bound: docs/measurements/2026-12-04-epyc/soak.md).
-        self.work = ThreadPoolExecutor(max_workers=work_threads(), thread_name_prefix="forge-work")
-        start_all_threads(self.work, work_threads())
+        # grew a soak's RSS without bound: docs/measurements/2026-12-04-epyc/soak/README.md).
+        threads = work_threads()
+        self.work = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="forge-work")
+        start_all_threads(self.work, threads)
 
     # ---- what operators watch, and what keeps the process inside its limits ---------------------
 
