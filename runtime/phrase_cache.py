@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.artifact import ARTIFACT_JSON, ArtifactMeta
+from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
@@ -427,12 +427,21 @@ class PhraseCache:
 
 
 class PipelineCache:
-    """A `PhraseCache` attached to one `Pipeline` (its artifact checked once): what `Pipeline(cache=)` holds."""
+    """A `PhraseCache` attached to one `Pipeline` (its artifact checked once): what `Pipeline(cache=)` holds.
 
-    def __init__(self, cache: PhraseCache, pipe: Pipeline) -> None:
+    `entries_of`: serve the entries of another artifact folder through this pipeline (a server whose
+    host routes a bucket to another variant than the build did, serving the build's route's entries):
+    only when the two artifacts' vocoders are the same files, so a hit is the waveform that artifact
+    serves for the entry; ForgeError otherwise, as for a cache without that artifact's entries.
+    """
+
+    def __init__(self, cache: PhraseCache, pipe: Pipeline, entries_of: str | os.PathLike[str] | None = None) -> None:
         self.cache = cache
-        self.payload = payload_sha256(pipe.artifact.path)
-        cache.check_artifact(self.payload, pipe.artifact.path)
+        source = pipe.artifact.path if entries_of is None else Path(entries_of)
+        if entries_of is not None:
+            check_same_vocoder(pipe.artifact.path, source)
+        self.payload = payload_sha256(source)
+        cache.check_artifact(self.payload, source)
         self._told: set[str] = set()  # reasons a request was not served, logged once each
 
     def servable(self, pipe: Pipeline, params: SynthParams) -> dict[str, Any] | None:
@@ -497,6 +506,17 @@ class PipelineCache:
         wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
         return Row(phrase.codes, np.zeros((0, pipe.dims.hidden_size), dtype=np.float32), wav, cached=True,
                    text=phrase.spoken)
+
+
+def check_same_vocoder(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
+    """ForgeError unless artifacts `a` and `b` record the same vocoder graph and weights (sha256)."""
+    def vocoder(folder: str | os.PathLike[str]) -> tuple[Any, Any]:
+        record = ArtifactMeta.load(folder).components.get(VOCODER) or {}
+        return record.get("sha256"), (record.get("external_data") or {}).get("sha256")
+
+    va, vb = vocoder(a), vocoder(b)
+    if va[0] is None or va != vb:
+        raise ForgeError(f"{b} and {a} do not share their vocoder: the entries of one are not the other's audio")
 
 
 def open_cache(cache: PhraseCache | str | os.PathLike[str], pipe: Pipeline) -> PipelineCache:

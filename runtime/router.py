@@ -401,6 +401,11 @@ class Router:
             self.apply_routes(record)
         return self.autotune
 
+    def build_route(self, normalised: str) -> str:
+        """The variant the build's routing table sends a normalised text to (before this host's autotune)."""
+        bucket = bucket_of(text_length(normalised), self.buckets)
+        return next(str(b["variant"]) for b in self.table["buckets"] if b["name"] == bucket.name)
+
     def variants_in_use(self) -> set[str]:
         return {self.override} if self.override else set(self.routes.values())
 

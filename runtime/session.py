@@ -68,6 +68,28 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _libc_malloc_trim() if os.name == "posix" else None
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def cap_malloc_arenas(count: int) -> bool:
+    """Cap glibc's malloc arenas at `count` (mallopt M_ARENA_MAX) unless MALLOC_ARENA_MAX is set in the
+    environment (the operator's choice stands); False where this is not glibc.
+
+    glibc gives threads that allocate at once arenas of their own, up to eight per core, and each
+    arena keeps the buffers freed into it: a server's request, decode and onnxruntime threads spread
+    one working set over many arenas. Call it before those threads start. Figures:
+    docs/measurements/2026-12-05-xeon/heap/README.md.
+    """
+    if os.name != "posix" or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, max(1, count)))
+    except (OSError, AttributeError):
+        return False
+
+
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; a no-op elsewhere).
 

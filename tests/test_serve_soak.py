@@ -144,6 +144,39 @@ def test_a_phrase_cache_for_variants_this_host_does_not_route_to_still_serves(ve
         ServedVersion(v1, ServeConfig(artifact=str(v1), threads=1, phrase_cache=str(kv8_cache)))
 
 
+def test_a_phrase_this_host_routes_elsewhere_is_served_from_the_build_routes_entry(tiny_artifacts,
+                                                                                 tmp_path: Path) -> None:
+    """The tiny soak's fresh host: the deferred autotune moved buckets off the build's routes, for which
+    the version's phrase cache was warmed, and 97% of the phrases became misses. A routed phrase is
+    still a hit, from the build route's entry through the shared vocoder (the same audio as before the
+    move, the header naming whose entry it is); a request naming the new variant is a miss."""
+    from chattts_forge.publish.version_files import publish_version_files
+
+    fast, slow = {b: (True, 1.0) for b in ALL_PASS}, {b: (True, 2.0) for b in ALL_PASS}
+    version = publish_stand_in_version(tiny_artifacts, tmp_path, {"fp32": fast, "fp16": slow})
+    assert {b["variant"] for b in json.loads((version / "routing.json").read_text())["buckets"]} == {"fp32"}
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text(PHRASES[1] + "\n", encoding="utf-8")
+    cache = tmp_path / "phrase_cache.bin"
+    build_phrase_cache(version, phrases, cache, SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS)),
+                       threads=1)
+    publish_version_files(version, cache_file=cache)
+    body = {"model": "tts-1", "input": PHRASES[1], "response_format": "pcm", **CACHE_KNOBS}
+    with running(version, max_batch=2) as srv:
+        before = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=60)
+        assert before.headers["x-forge-cached"] == "true" and before.headers["x-forge-variant"] == "fp32"
+        served = srv.state.current
+        served._open("fp16")  # what tune_deferred does before it applies a measured route
+        served.router.routes = dict.fromkeys(served.router.routes, "fp16")
+        after = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=60)
+        assert after.status_code == 200 and after.headers["x-forge-cached"] == "true"
+        assert after.headers["x-forge-variant"] == "fp32" and after.content == before.content
+        named = httpx.post(srv.url + "/v1/audio/speech", json={**body, "model": "fp16"}, timeout=60)
+        assert named.status_code == 200 and named.headers["x-forge-cached"] == "false"
+        other = httpx.post(srv.url + "/v1/audio/speech", json={**body, "input": TEXT}, timeout=60)
+        assert other.headers["x-forge-cached"] == "false" and other.headers["x-forge-variant"] == "fp16"
+
+
 def test_open_loop_soak_meets_refusals_and_every_client_honouring_them_gets_through(versions, tmp_path: Path) -> None:
     """`--rate`: arrivals faster than one row can serve; the queue of one refuses (429 + Retry-After),
     the clients come back after it, and every request is served in the end (issue 37 item 5)."""
@@ -237,6 +270,29 @@ def test_a_switched_current_link_never_mixes_versions_in_one_served_version(vers
         r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
         assert r.headers["x-forge-model"] == model_id(v2)
         assert Path(srv.state.current.pipes["fp16"].artifact.path).resolve().parent == v2.resolve()
+
+
+def test_the_server_trims_the_c_heap_until_it_shuts_down(versions) -> None:
+    v1, _ = versions
+    with running(v1, heap_trim_s=0.05) as srv:
+        t_end = time.monotonic() + 20
+        while srv.state.heap_trims < 3 and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert srv.state.heap_trims >= 3
+    trims = srv.state.heap_trims
+    time.sleep(0.3)
+    assert srv.state.heap_trims == trims
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_malloc_arenas_are_capped_unless_the_environment_sets_them() -> None:
+    code = "from chattts_forge.runtime.session import cap_malloc_arenas; print(cap_malloc_arenas(2))"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    capped = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert capped.stdout.strip() == "True"
+    kept = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_ARENA_MAX": "4"}, capture_output=True,
+                          text=True, check=True)
+    assert kept.stdout.strip() == "False"
 
 
 def test_a_reload_frees_the_retired_version_and_trims_the_heap(versions, monkeypatch) -> None:
@@ -453,8 +509,9 @@ def test_parse_size() -> None:
 def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
     """RSS (as the guard reads it) near the limit: the batch is halved, the phrase cache's decoded
     entries dropped, new long misses get 503 with Retry-After and short ones still run; over the hard
-    mark every new miss is refused but hits are served; the stream admitted before finishes whole;
-    /metrics shows it all; under the resume mark everything is back."""
+    mark every new miss is refused while one is in flight but hits are served; the stream admitted
+    before finishes whole; with nothing in flight one miss is admitted; /metrics shows it all; under
+    the resume mark everything is back."""
     v1, _ = versions
     limit = 1 << 30
     with running(v1, max_batch=4, max_queue=8, memory_limit=limit) as srv:
@@ -488,6 +545,14 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
             assert httpx.post(srv.url + "/v1/audio/speech", json=hit, timeout=60).status_code == 200
             chunks += list(received)
         assert admitted.status_code == 200 and len(b"".join(chunks)) == 2 * 256 * (2 * steps - 1)
+        # Still refusing, nothing in flight: one miss at a time is admitted (RSS held by the arenas
+        # would otherwise keep the server from ever serving a miss again).
+        t_end = time.monotonic() + 30
+        while srv.state.misses_in_flight() and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert guard.check() == REFUSE and srv.state.misses_in_flight() == 0
+        assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 200
+        assert srv.metric("forge_shed_total", action="serial") == 1
         assert srv.metric("forge_memory_limit_bytes") == limit and srv.metric("forge_memory_level") == REFUSE
         for action in ("batch", "evict", "refuse_long", "refuse"):
             assert srv.metric("forge_shed_total", action=action) >= 1, action

@@ -44,6 +44,7 @@ class ServeConfig:
     retry_after_s: int = 1  # Retry-After of a refusal before any completion measured the drain rate
     memory_limit: int | None = None  # bytes of RSS the process stays under by shedding (serve.guard); None: no limit
     memory_long_chars: int = 64  # under memory pressure, misses with longer texts are refused first
+    heap_trim_s: float = 30.0  # seconds between trims of the C heap (serve.state); 0: never
     extra: dict[str, Any] = field(default_factory=dict)
 
 

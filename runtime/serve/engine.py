@@ -39,7 +39,7 @@ from chattts_forge.log import get_logger
 from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
-from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, Row, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
@@ -66,6 +66,7 @@ class Prepared:
     cache_tier: str | None = None  # "file" or "redis" for a hit
     mel: np.ndarray | None = None
     key_text: str | None = None  # the normalised text before refinement (the caches' key); None: `text`
+    served_by: str | None = None  # a hit from another variant's phrase-cache entry: that variant
 
 
 def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
@@ -107,6 +108,8 @@ class ServedVersion:
         self._gpt_locks: dict[str, threading.Lock] = {}
         self._open_lock = threading.Lock()
         self.caches: dict[str, PipelineCache] = {}
+        # (routed variant, build route): the build route's entries served through the routed variant
+        self._stand_ins: dict[tuple[str, str], PipelineCache | None] = {}
         self.file_cache: PhraseCache | None = None
         self.redis = None
         self.inflight = 0  # requests admitted and not yet ended (a reload drains the old version by it)
@@ -183,10 +186,11 @@ class ServedVersion:
             # built for no variant of this version: refused, naming what it was built for
             self.file_cache.check_any(self._published_payloads(), self.path)
             # built for variants of this version this host does not route to (its autotune chose
-            # others): served as misses until a request opens one of them
-            log.warning("phrase cache %s serves %s; this host routes to %s: its phrases are synthesized as "
-                        "misses (chattts-forge warm on this host builds one for its routes)", self.file_cache.path,
-                        ", ".join(sorted(self.file_cache.artifacts)), ", ".join(sorted(self.pipes)) or "nothing yet")
+            # others): a routed text is served from its bucket's build route's entry (_file_cache_hit)
+            log.warning("phrase cache %s holds entries of %s; this host routes to %s: a routed phrase is served "
+                        "from its bucket's build route's entry (a request naming a variant is a miss)",
+                        self.file_cache.path, ", ".join(sorted(self.file_cache.artifacts)),
+                        ", ".join(sorted(self.pipes)) or "nothing yet")
 
     def _published_payloads(self) -> set[str]:
         """The payload hashes of the version's published variants (just the one artifact unrouted)."""
@@ -260,12 +264,11 @@ class ServedVersion:
         check_code_request(pipe, norm, params.code)
         check_request(pipe, norm, replace(params, refine=None))  # all that submit checks: a 400 now, not later
         prep = Prepared(variant, norm, params, key_text=norm)
-        cache = self.caches.get(variant)
-        if cache is not None:
-            row = cache.lookup(pipe, norm, params)
-            if row is not None:
-                prep.wav, prep.cache_tier, prep.text = row.wav, "file", row.text or norm
-                return prep
+        hit = self._file_cache_hit(variant, pipe, norm, params, routed=model is None or model == self.model_id)
+        if hit is not None:
+            row, prep.served_by = hit
+            prep.wav, prep.cache_tier, prep.text = row.wav, "file", row.text or norm
+            return prep
         if self.redis is not None:
             wav = self.redis.lookup(pipe, norm, params)
             if wav is not None:
@@ -279,6 +282,30 @@ class ServedVersion:
             check_code_request(pipe, refined, params.code)
             prep.text = refined
         return prep
+
+    def _file_cache_hit(self, variant: str, pipe: Pipeline, norm: str, params: SynthParams,
+                        routed: bool) -> tuple[Row, str] | None:
+        """(the phrase-cache hit, the variant whose entry it is) or None. A routed request whose bucket
+        this host's autotune moved off the build's route is served from the build route's entry: the
+        version's cache is warmed for the build's routes, which passed the gate for their buckets, and
+        every variant shares the vocoder, so the hit is the audio the build's route serves for it."""
+        cache = self.caches.get(variant)
+        row = cache.lookup(pipe, norm, params) if cache is not None else None
+        if row is not None:
+            return row, variant
+        if not routed or self.file_cache is None or self.router is None:
+            return None
+        build = self.router.build_route(norm)
+        if build == variant:
+            return None
+        if (variant, build) not in self._stand_ins:
+            try:
+                self._stand_ins[(variant, build)] = PipelineCache(self.file_cache, pipe, entries_of=self.path / build)
+            except ForgeError:  # no entries of the build's route, or another vocoder
+                self._stand_ins[(variant, build)] = None
+        stand_in = self._stand_ins[(variant, build)]
+        row = stand_in.lookup(pipe, norm, params) if stand_in is not None else None
+        return None if row is None else (row, build)
 
     def submit(self, prep: Prepared) -> Handle:
         """Queue a prepared miss on its variant's scheduler (QueueFullError when its queue is full)."""

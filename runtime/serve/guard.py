@@ -13,7 +13,10 @@ address-space reservations long before RSS reaches it):
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
   fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
   trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After;
-- from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served);
+- from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served)
+  while another miss is waiting or running; with none, one is admitted ("serial"): onnxruntime's arenas
+  keep what the working set needed, so RSS may stay over the mark with nothing running, and a server
+  that only refused would never leave this level; one request at a time reuses what is already held;
 - below `RESUME` x limit: back to normal (the batch restored). Admitted requests always finish.
 """
 
@@ -94,7 +97,8 @@ class DrainRate:
 class ShedCounts:
     """What the guard did, by action (shown in /metrics as forge_shed_total{action})."""
 
-    counts: dict[str, int] = field(default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse": 0})
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse": 0, "serial": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, action: str) -> None:
@@ -162,10 +166,14 @@ class MemoryGuard:
                         100 * self.HARD)
         return level
 
-    def admits(self, text_chars: int) -> bool:
-        """Whether a new miss of `text_chars` characters may start now (a refusal is counted)."""
+    def admits(self, text_chars: int, in_flight: int) -> bool:
+        """Whether a new miss of `text_chars` characters may start now, `in_flight` misses waiting or
+        running (a refusal, or an admission one at a time at the refusing level, is counted)."""
         level = self.level
         if level == REFUSE:
+            if in_flight == 0:
+                self.shed.add("serial")
+                return True
             self.shed.add("refuse")
             return False
         if level == SHED and text_chars > self.long_chars:

@@ -20,7 +20,8 @@ from chattts_forge.log import get_logger
 from chattts_forge.runtime.serve.app import create_app
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.guard import MAX_RETRY_AFTER_S
-from chattts_forge.runtime.serve.state import ServerState
+from chattts_forge.runtime.serve.state import ServerState, work_threads
+from chattts_forge.runtime.session import cap_malloc_arenas
 
 log = get_logger(__name__)
 KEEP_ALIVE_S = MAX_RETRY_AFTER_S + 5  # seconds an idle client connection stays open
@@ -79,6 +80,7 @@ def make_server(cfg: ServeConfig, state: ServerState | None = None, install_sign
 
 def serve(cfg: ServeConfig) -> None:
     """Serve until SIGTERM/SIGINT; ForgeError when the artifact cannot be loaded."""
+    cap_malloc_arenas(work_threads())  # before any thread allocates: one working set, few arenas
     server = make_server(cfg)
     state: ServerState = server.forge_state
 

@@ -55,6 +55,7 @@ class ServerState:
         self.load_error: str | None = None
         self.fault: str | None = None  # why a loaded version stopped being ready (a file changed on disk)
         self.retired = 0  # versions closed and freed after a reload, promote or rollback
+        self._retired_lock = threading.Lock()
         self._reload_lock = threading.Lock()
         self._swap_lock = threading.Lock()  # which version new requests go to (acquire, swaps)
         ensure_admin_token(cfg)
@@ -79,6 +80,18 @@ class ServerState:
         threads = work_threads()
         self.work = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="forge-work")
         start_all_threads(self.work, threads)
+        self.heap_trims = 0
+        self._stop_trims = threading.Event()
+        if cfg.heap_trim_s > 0:
+            threading.Thread(target=self._trim_heap, name="forge-heap-trim", daemon=True).start()
+
+    def _trim_heap(self) -> None:
+        # glibc gives freed memory back only from the top of an arena; what a burst's buffers free
+        # inside one stays resident until trimmed, so RSS would keep the largest burst served so far
+        # (docs/measurements/2026-12-05-xeon/heap/README.md). A trim takes milliseconds.
+        while not self._stop_trims.wait(self.cfg.heap_trim_s):
+            release_free_heap()
+            self.heap_trims += 1
 
     # ---- what operators watch, and what keeps the process inside its limits ---------------------
 
@@ -145,6 +158,10 @@ class ServerState:
 
     def _running(self) -> float:
         return float(sum(v.running for v in self._live()))
+
+    def misses_in_flight(self) -> int:
+        """Requests waiting in or running on any live version's schedulers."""
+        return sum(v.waiting + v.running for v in self._live())
 
     # ---- loading and swapping ---------------------------------------------------------------------
 
@@ -241,7 +258,8 @@ class ServerState:
             gc.collect()  # sessions held in reference cycles are freed now, not at a later collection
             release_free_heap()
             log.info("closed the previous version %s", name)
-            self.retired += 1
+            with self._retired_lock:  # a reload may retire the old version and an old canary at once
+                self.retired += 1
 
         threading.Thread(target=run, name="forge-retire", daemon=True).start()
 
@@ -267,6 +285,7 @@ class ServerState:
 
     def shutdown(self) -> None:
         self.draining = True
+        self._stop_trims.set()
         if self.guard is not None:
             self.guard.stop()
         for v in self._live():
