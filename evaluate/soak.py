@@ -491,7 +491,8 @@ class Soak:
             "hit_ratio": (sum(o.cached for o in hits) / len(hits)) if hits else None,
             "retried_after_refusal": sum(o.retries for o in outcomes),
             "refusals": _refusals(self.retry_afters),
-            "misses_per_s": sum(o.kind in ("stream", "whole") and o.ok for o in outcomes) / period if period else None,
+            # over the whole run: with --rate, refused clients are still being served after the sending period
+            "misses_per_s": sum(o.kind in ("stream", "whole") and o.ok for o in outcomes) / wall if wall else None,
             "admitted_p99_s": _pct([o.admitted_s for o in healthy if o.kind in ("stream", "whole") and o.ok
                                     and o.admitted_s is not None], 99),
             "lost": [asdict(o) for o in (lost + bad_malformed)[:50]],

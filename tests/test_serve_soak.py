@@ -33,7 +33,7 @@ from chattts_forge.evaluate.soak import SoakConfig, check_audio, run_soak  # noq
 from chattts_forge.fsutil import atomic_symlink  # noqa: E402
 from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
-from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, parse_size  # noqa: E402
+from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, MemoryGuard, parse_size  # noqa: E402
 
 ALL_PASS = {"short": (True, 1.0), "medium": (True, 1.0), "long": (True, 1.0)}
 ALL_FAIL = {"short": (False, 1.0), "medium": (False, 1.0), "long": (False, 1.0)}
@@ -506,6 +506,35 @@ def test_parse_size() -> None:
     assert r.exit_code == 2
 
 
+def test_the_memory_guard_admits_a_long_miss_alone_while_shedding_and_nothing_while_refusing() -> None:
+    rss = [96]
+    guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0, long_chars=20)
+    assert guard.check() == REFUSE
+    assert not guard.admits(5, in_flight=1) and not guard.admits(5, in_flight=0)  # the ceiling first
+    rss[0] = 90
+    assert guard.check() == SHED
+    assert guard.admits(5, in_flight=3)  # short misses run while shedding
+    assert not guard.admits(50, in_flight=1) and guard.admits(50, in_flight=0)  # long ones one at a time
+    assert guard.shed.counts == {"batch": 1, "evict": 1, "refuse_long": 1, "refuse": 2, "serial": 1}
+
+
+def test_refusing_with_nothing_in_flight_trims_the_heap_and_rereads_rss(monkeypatch) -> None:
+    import chattts_forge.runtime.serve.guard as guard_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(guard_module, "release_free_heap", lambda: trims.append(1))
+    rss = [96]
+    guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0)
+    assert guard.check() == REFUSE and len(trims) == 1  # the transition's trim
+    guard.admits(5, in_flight=2)
+    assert len(trims) == 1  # misses in flight: their memory is in use
+    guard.admits(5, in_flight=0)
+    guard.admits(5, in_flight=0)
+    assert len(trims) == 2  # at most once per IDLE_TRIM_S
+    rss[0] = 80  # what the trim gave back
+    assert guard.check() == SHED and guard.admits(5, in_flight=0)
+
+
 def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
     """RSS (as the guard reads it) near the limit: the batch is halved, the phrase cache's decoded
     entries dropped, new long misses get 503 with Retry-After and short ones still run; over the hard
@@ -545,14 +574,17 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
             assert httpx.post(srv.url + "/v1/audio/speech", json=hit, timeout=60).status_code == 200
             chunks += list(received)
         assert admitted.status_code == 200 and len(b"".join(chunks)) == 2 * 256 * (2 * steps - 1)
-        # Still refusing, nothing in flight: one miss at a time is admitted (RSS held by the arenas
-        # would otherwise keep the server from ever serving a miss again).
+        # Shedding, nothing in flight: a long miss is admitted alone (RSS held by the arenas would
+        # otherwise keep the server from ever serving one again).
         t_end = time.monotonic() + 30
         while srv.state.misses_in_flight() and time.monotonic() < t_end:
             time.sleep(0.05)
-        assert guard.check() == REFUSE and srv.state.misses_in_flight() == 0
-        assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 200
+        rss[0] = int(0.9 * limit)
+        assert guard.check() == SHED and srv.state.misses_in_flight() == 0
+        assert httpx.post(srv.url + "/v1/audio/speech", json={**long, "stream": False}, timeout=120).status_code == 200
         assert srv.metric("forge_shed_total", action="serial") == 1
+        rss[0] = int(0.97 * limit)
+        assert guard.check() == REFUSE
         assert srv.metric("forge_memory_limit_bytes") == limit and srv.metric("forge_memory_level") == REFUSE
         for action in ("batch", "evict", "refuse_long", "refuse"):
             assert srv.metric("forge_shed_total", action=action) >= 1, action

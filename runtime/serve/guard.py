@@ -13,11 +13,15 @@ address-space reservations long before RSS reaches it):
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
   fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
   trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After;
-- from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served)
-  while another miss is waiting or running; with none, one is admitted ("serial"): onnxruntime's arenas
-  keep what the working set needed, so RSS may stay over the mark with nothing running, and a server
-  that only refused would never leave this level; one request at a time reuses what is already held;
+- from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served);
 - below `RESUME` x limit: back to normal (the batch restored). Admitted requests always finish.
+
+The process keeps buffers its working set needed (onnxruntime's arenas, what a trim cannot give
+back), so RSS may stay over a mark with nothing running. While shedding, a long miss is admitted
+when no other miss is waiting or running ("serial"), so long texts are served one at a time instead
+of never. While refusing with nothing in flight, the C heap is trimmed (at most every
+`IDLE_TRIM_S`), so RSS falls to what the process holds idle and the level follows it; a limit under
+that is logged as an error once: nothing is admitted over 95% (the ceiling comes first).
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class MemoryGuard:
     """Watches RSS against `limit` bytes and sheds (see the module docstring)."""
 
     SOFT, HARD, RESUME = 0.85, 0.95, 0.75
+    IDLE_TRIM_S = 5.0
 
     def __init__(self, limit: int, rss: Callable[[], int], *, lower_batch: Callable[[bool], None],
                  evict: Callable[[], int], long_chars: int = 64, interval_s: float = 0.2) -> None:
@@ -129,6 +134,8 @@ class MemoryGuard:
         # One check at a time, actions included: a check() returns only once the transition it or a
         # concurrent check started (batch lowered, caches emptied) has been carried out.
         self._check_lock = threading.Lock()
+        self._last_idle_trim = -math.inf
+        self._told_idle = False
 
     def check(self) -> int:
         """Sample RSS once and move between levels, carrying out the transition; the level now."""
@@ -146,8 +153,8 @@ class MemoryGuard:
                 level = SHED
             elif rss < self.RESUME * self.limit:
                 level = NORMAL
-            else:
-                level = was  # between RESUME and SOFT: hold (no flapping at the edge)
+            else:  # between RESUME and SOFT: hold shedding (no flapping at the edge); refusing is over
+                level = min(was, SHED)
             self.level = level
         if level > NORMAL and was == NORMAL:
             log.warning("memory: RSS %.0f MiB of the %.0f MiB limit: lowering the batch, emptying caches, "
@@ -168,18 +175,35 @@ class MemoryGuard:
 
     def admits(self, text_chars: int, in_flight: int) -> bool:
         """Whether a new miss of `text_chars` characters may start now, `in_flight` misses waiting or
-        running (a refusal, or an admission one at a time at the refusing level, is counted)."""
+        running (a refusal, or a long miss admitted alone while shedding, "serial", is counted)."""
         level = self.level
         if level == REFUSE:
             if in_flight == 0:
-                self.shed.add("serial")
-                return True
+                self._idle_trim()
             self.shed.add("refuse")
             return False
         if level == SHED and text_chars > self.long_chars:
+            if in_flight == 0:
+                self.shed.add("serial")
+                return True
             self.shed.add("refuse_long")
             return False
         return True
+
+    def _idle_trim(self) -> None:
+        """Refusing with nothing in flight: give the heap's free pages back, so the next check reads
+        what the process holds idle; say once when that is over the refusing mark."""
+        now = time.monotonic()
+        if now - self._last_idle_trim < self.IDLE_TRIM_S:
+            return
+        self._last_idle_trim = now
+        release_free_heap()
+        rss = self.rss()
+        if rss >= self.HARD * self.limit and not self._told_idle:
+            self._told_idle = True
+            log.error("memory: RSS %.0f MiB with nothing running is over %.0f%% of the %.0f MiB limit: every miss "
+                      "is refused; raise --memory-limit above the idle RSS plus one request", rss / 2**20,
+                      100 * self.HARD, self.limit / 2**20)
 
     def start(self) -> MemoryGuard:
         def run() -> None:

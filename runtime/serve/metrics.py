@@ -21,7 +21,7 @@
 | forge_batch_limit | gauge | per `variant`: rows its GPT batch may hold now (`--max-batch`, halved while memory is short) |
 | forge_drain_rate | gauge | per `variant`: requests finished per second over the last 30 s (what Retry-After derives from) |
 | forge_memory_limit_bytes / forge_memory_peak_rss_bytes / forge_memory_level | gauge | with `--memory-limit`: the limit, the highest RSS sampled, 0 normal / 1 shedding / 2 refusing |
-| forge_shed_total | counter | with `--memory-limit`: what was shed, by `action` (batch, evict, refuse_long, refuse; serial: a miss admitted one at a time at the refusing level) |
+| forge_shed_total | counter | with `--memory-limit`: what was shed, by `action` (batch, evict, refuse_long, refuse; serial: a long miss admitted while shedding, none other in flight) |
 | forge_route | gauge | 1 per length bucket of a version folder: the `variant` it routes to on this host, the build's (`build_variant`), the choice's `source` (measured, cache, build) and its `reason` (runtime.autotune) |
 | forge_route_step_ratio / _spread | gauge | per bucket and passing `variant`: its decode step over the `reference`'s as the host's autotune measured it, and that ratio's spread (90% interval half-width) |
 """
