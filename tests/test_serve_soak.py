@@ -510,12 +510,14 @@ def test_the_memory_guard_admits_a_long_miss_alone_while_shedding_and_nothing_wh
     rss = [96]
     guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0, long_chars=20)
     assert guard.check() == REFUSE
-    assert not guard.admits(5, in_flight=1) and not guard.admits(5, in_flight=0)  # the ceiling first
+    assert not guard.admits(5, 1, 4) and not guard.admits(5, 0, 4)  # the ceiling first
     rss[0] = 90
     assert guard.check() == SHED
-    assert guard.admits(5, in_flight=3)  # short misses run while shedding
-    assert not guard.admits(50, in_flight=1) and guard.admits(50, in_flight=0)  # long ones one at a time
-    assert guard.shed.counts == {"batch": 1, "evict": 1, "refuse_long": 1, "refuse": 2, "serial": 1}
+    assert guard.admits(5, 3, 4)  # short misses run while shedding, while a row is free
+    assert not guard.admits(5, 4, 4)  # but none queues
+    assert not guard.admits(50, 1, 4) and guard.admits(50, 0, 4)  # long ones one at a time
+    assert guard.shed.counts == {"batch": 1, "evict": 1, "refuse_long": 1, "refuse_queue": 1, "refuse": 2,
+                                 "serial": 1}
 
 
 def test_refusing_with_nothing_in_flight_trims_the_heap_and_rereads_rss(monkeypatch) -> None:
@@ -526,13 +528,13 @@ def test_refusing_with_nothing_in_flight_trims_the_heap_and_rereads_rss(monkeypa
     rss = [96]
     guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0)
     assert guard.check() == REFUSE and len(trims) == 1  # the transition's trim
-    guard.admits(5, in_flight=2)
+    guard.admits(5, 2, 4)
     assert len(trims) == 1  # misses in flight: their memory is in use
-    guard.admits(5, in_flight=0)
-    guard.admits(5, in_flight=0)
+    guard.admits(5, 0, 4)
+    guard.admits(5, 0, 4)
     assert len(trims) == 2  # at most once per IDLE_TRIM_S
     rss[0] = 80  # what the trim gave back
-    assert guard.check() == SHED and guard.admits(5, in_flight=0)
+    assert guard.check() == SHED and guard.admits(5, 0, 4)
 
 
 def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:

@@ -273,7 +273,7 @@ class _Handlers:
             return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
         self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
         guard = self.state.guard
-        if guard is not None and not guard.admits(len(prep.text), self.state.misses_in_flight()):
+        if guard is not None and not guard.admits(len(prep.text), self.state.misses_in_flight(), self.state.batch_limit()):
             sched = version.schedulers[prep.variant]
             wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)
             return self.fail(endpoint, 503, f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, limit "

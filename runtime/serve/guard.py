@@ -12,7 +12,8 @@ address-space reservations long before RSS reaches it):
 
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
   fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
-  trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After;
+  trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After, as do short
+  ones that would have to queue for a row;
 - from `HARD` x limit ("refuse"): every new miss gets 503 (cache hits, which need no GPT row, are served);
 - below `RESUME` x limit: back to normal (the batch restored). Admitted requests always finish.
 
@@ -102,7 +103,8 @@ class ShedCounts:
     """What the guard did, by action (shown in /metrics as forge_shed_total{action})."""
 
     counts: dict[str, int] = field(
-        default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse": 0, "serial": 0})
+        default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse_queue": 0, "refuse": 0,
+                                 "serial": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, action: str) -> None:
@@ -173,9 +175,12 @@ class MemoryGuard:
                         100 * self.HARD)
         return level
 
-    def admits(self, text_chars: int, in_flight: int) -> bool:
+    def admits(self, text_chars: int, in_flight: int, rows: int) -> bool:
         """Whether a new miss of `text_chars` characters may start now, `in_flight` misses waiting or
-        running (a refusal, or a long miss admitted alone while shedding, "serial", is counted)."""
+        running, `rows` the running batch's limit now (a refusal, or a long miss admitted alone while
+        shedding, "serial", is counted). While shedding nothing queues: a miss that would wait for a
+        row is refused (requests admitted before the mark still finish, and queued ones were the
+        overshoot: docs/measurements/2026-12-05-xeon/README.md)."""
         level = self.level
         if level == REFUSE:
             if in_flight == 0:
@@ -187,6 +192,9 @@ class MemoryGuard:
                 self.shed.add("serial")
                 return True
             self.shed.add("refuse_long")
+            return False
+        if level == SHED and in_flight >= rows:
+            self.shed.add("refuse_queue")
             return False
         return True
 
