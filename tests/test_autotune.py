@@ -353,6 +353,8 @@ def test_server_state_exports_the_serving_versions_routing(version: Path, tmp_pa
     state = ServerState(ServeConfig(artifact=str(version)))
     state.current = SimpleNamespace(router=router, waiting=0, running=0, schedulers={}, file_cache=None)
     text = state.metrics.render()[0].decode()
+    state.current = None
+    state.shutdown()  # its threads (the work pool, the heap trimmer) end here, not at a later collection
     assert 'forge_route{bucket="short"' in text and 'variant="fp32"' in text
 
 

@@ -98,6 +98,32 @@ class DrainRate:
         return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(max(depth, 1) / rate))))
 
 
+class HeapTrimmer:
+    """Trims the C heap every `interval_s` seconds on a thread of its own, until `stop`.
+
+    glibc gives freed memory back only from the top of an arena; what a burst's buffers free inside
+    one stays resident until trimmed, so RSS would keep the largest burst served so far
+    (docs/measurements/2026-12-05-xeon/heap/README.md). A trim takes milliseconds.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.trims = 0
+        self._stop = threading.Event()
+
+    def start(self) -> HeapTrimmer:
+        threading.Thread(target=self._run, name="forge-heap-trim", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            release_free_heap()
+            self.trims += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 @dataclass
 class ShedCounts:
     """What the guard did, by action (shown in /metrics as forge_shed_total{action})."""

@@ -14,6 +14,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from chattts_forge.errors import ArtifactChanged, Conflict, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import ServedVersion, load_voices
-from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, MemoryGuard
+from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, HeapTrimmer, MemoryGuard
 from chattts_forge.runtime.serve.metrics import Metrics
 from chattts_forge.runtime.session import release_free_heap
 
@@ -80,18 +81,13 @@ class ServerState:
         threads = work_threads()
         self.work = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="forge-work")
         start_all_threads(self.work, threads)
-        self.heap_trims = 0
-        self._stop_trims = threading.Event()
-        if cfg.heap_trim_s > 0:
-            threading.Thread(target=self._trim_heap, name="forge-heap-trim", daemon=True).start()
+        self.trimmer = HeapTrimmer(cfg.heap_trim_s).start() if cfg.heap_trim_s > 0 else None
+        if self.trimmer is not None:  # its thread holds no reference to the state: stop it with the state
+            weakref.finalize(self, self.trimmer.stop)
 
-    def _trim_heap(self) -> None:
-        # glibc gives freed memory back only from the top of an arena; what a burst's buffers free
-        # inside one stays resident until trimmed, so RSS would keep the largest burst served so far
-        # (docs/measurements/2026-12-05-xeon/heap/README.md). A trim takes milliseconds.
-        while not self._stop_trims.wait(self.cfg.heap_trim_s):
-            release_free_heap()
-            self.heap_trims += 1
+    @property
+    def heap_trims(self) -> int:
+        return self.trimmer.trims if self.trimmer is not None else 0
 
     # ---- what operators watch, and what keeps the process inside its limits ---------------------
 
@@ -285,7 +281,8 @@ class ServerState:
 
     def shutdown(self) -> None:
         self.draining = True
-        self._stop_trims.set()
+        if self.trimmer is not None:
+            self.trimmer.stop()
         if self.guard is not None:
             self.guard.stop()
         for v in self._live():
