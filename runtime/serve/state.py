@@ -157,7 +157,7 @@ class ServerState:
 
     def misses_in_flight(self) -> int:
         """Requests waiting in or running on any live version's schedulers."""
-        return sum(v.waiting + v.running for v in self._live())
+        return int(self._waiting() + self._running())
 
     # ---- loading and swapping ---------------------------------------------------------------------
 
