@@ -106,13 +106,19 @@ class Handle:
 
     def add_listener(self, callback: Any) -> None:
         """`callback()` after every chunk and at the end, on the scheduler's threads (keep it short: e.g.
-        `loop.call_soon_threadsafe(event.set)`, so an asyncio server waits without polling)."""
-        self._listeners.append(callback)
-        if self._done.is_set():
+        `loop.call_soon_threadsafe(event.set)`, so an asyncio server waits without polling). The handle
+        lets go of its listeners when it ends: a listener that refers back to the handle (a waiter's
+        bound method) would otherwise make a cycle that keeps the result's arrays until the garbage
+        collector's next full pass, hundreds of requests later under load."""
+        with self._end_lock:
+            ended = self._done.is_set()
+            if not ended:
+                self._listeners.append(callback)
+        if ended:
             callback()
 
-    def _notify(self) -> None:
-        for callback in list(self._listeners):
+    def _notify(self, listeners: list[Any] | None = None) -> None:
+        for callback in list(self._listeners if listeners is None else listeners):
             try:
                 callback()
             except Exception as e:  # noqa: BLE001 - a listener's failure must not stop the scheduler
@@ -137,7 +143,8 @@ class Handle:
             self.finished = time.perf_counter() - self.submitted
             self._chunks.put(_END)
             self._done.set()
-        self._notify()
+            listeners, self._listeners = self._listeners, []  # the last call: no cycle outlives the request
+        self._notify(listeners)
         return True
 
     # ---- consumer side ----
