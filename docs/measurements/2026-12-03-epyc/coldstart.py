@@ -7,9 +7,9 @@
     python coldstart.py runs TARGET --text T --steps N [--variant V] [--fresh] [--reps 5] [--cache DIR]
         `phases` in REPS fresh processes, each with the host caches (verified hashes, autotune) of DIR
         ($XDG_CACHE_HOME); --fresh: an empty cache folder for every run (a host that never saw the version)
-    python coldstart.py serve TARGET [--fresh] [--reps 3] [--port 8931]
+    python coldstart.py serve TARGET [--fresh] [--reps 3] [--port 8931] [--warm-phrases N]
         `chattts-forge serve` started REPS times: seconds to /readyz 200 and to the first reply (one
-        short /v1/audio/speech request), and its RSS then
+        short /v1/audio/speech request), and its RSS then (serve's --warm-phrases: 0 unless given)
     python coldstart.py workers TARGET [--reps 3] [--requests 16] [--concurrency 4]     # at commit ffee273 (serve --workers)
         `serve` (one process) and `serve --workers 2`, interleaved REPS times on the same host cache:
         PSS of all its processes (/proc/PID/smaps_rollup) once every worker is ready and warm, then
@@ -134,7 +134,8 @@ def serve(args: argparse.Namespace) -> None:
         env = {**os.environ, "XDG_CACHE_HOME": cache}
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "chattts_forge.cli", "serve", "--artifact", args.target,
-                                 "--port", str(args.port), "--threads", str(args.threads), "--warm-phrases", "0"],
+                                 "--port", str(args.port), "--threads", str(args.threads),
+                                 "--warm-phrases", str(args.warm_phrases)],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{args.port}"
         try:
@@ -259,6 +260,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cache", default=os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
     ap.add_argument("--port", type=int, default=8931)
+    ap.add_argument("--warm-phrases", type=int, default=0)  # serve: phrase-cache entries warmed before ready
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
