@@ -36,6 +36,7 @@ import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.session import discard_pages
 
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
 MASK_BIAS = np.float32(np.finfo(np.float32).min)
@@ -143,15 +144,17 @@ class FastGptStep:
             raise ForgeError(f"cannot rewind to {past} positions: {self._past} are cached")
         self._past = past
 
-    def _allocate(self, batch: int, capacity: int, keep: int) -> None:
-        """(Re)allocate the cache buffers with `capacity` slots, keeping the first `keep` positions."""
+    def _allocate(self, batch: int, capacity: int, keep: int, rows: int | None = None) -> None:
+        """(Re)allocate the cache buffers with `capacity` slots, keeping the first `keep` positions of
+        the first `rows` rows (all rows by default: copying a free row would map its pages again)."""
         old = self._buffers
         self._buffers = [
             np.zeros((batch, self.kv_heads, capacity, self.head_dim), dtype=self.cache_dtype) for _ in self.past_names
         ]
         if keep:
+            live = batch if rows is None else rows
             for new, prev in zip(self._buffers, old, strict=True):
-                new[:, :, :keep] = prev[:, :, :keep]
+                new[:live, :, :keep] = prev[:live, :, :keep]
         self.batch, self.capacity = batch, capacity
         binding = self.session.io_binding()
         binding.bind_output("last_hidden_state")  # output 0 (rebound by name every call)
@@ -213,8 +216,9 @@ class FastGptStep:
         self._past = 0
 
     def load_row(self, slot: int, source: FastGptStep, length: int) -> None:
-        """Copy the first `length` positions of batch-1 `source`'s cache into row `slot`."""
-        self.ensure_rows_capacity(length)
+        """Copy the first `length` positions of batch-1 `source`'s cache into row `slot` (rows below
+        `slot` are live, the others free)."""
+        self.ensure_rows_capacity(length, live=slot)
         for dst, src in zip(self._buffers, source._buffers, strict=True):
             dst[slot, :, :length] = src[0, :, :length]
 
@@ -223,14 +227,24 @@ class FastGptStep:
         for buf in self._buffers:
             buf[dst, :, :length] = buf[src, :, :length]
 
-    def ensure_rows_capacity(self, total: int) -> None:
-        """Grow every row to hold `total` positions (all positions kept)."""
+    def ensure_rows_capacity(self, total: int, live: int | None = None) -> None:
+        """Grow every row to hold `total` positions, keeping all positions of the first `live` rows
+        (of every row by default)."""
         if total > self.capacity:
             if total > self.max_positions:
                 raise ForgeError(f"sequence of {total} positions exceeds the model's {self.max_positions}")
             grown = min(max(2 * self.capacity, _round_up(total, self.max_positions)), self.max_positions)
-            self._allocate(self.batch, grown, keep=self.capacity)
+            self._allocate(self.batch, grown, keep=self.capacity, rows=live)
             self._ragged_bindings = {}
+
+    def release_rows(self, start: int, stop: int | None = None) -> int:
+        """Empty the free rows `start` to `stop` (to the last by default) and give their memory back to
+        the kernel; the bytes given back. A row that joins later maps fresh pages as it fills."""
+        freed = 0
+        for buf in self._buffers:
+            for row in range(start, self.batch if stop is None else min(stop, self.batch)):
+                freed += discard_pages(buf[row])
+        return freed
 
     def _rows_binding(self, rows: int) -> Any:
         binding = self._ragged_bindings.get(rows)
@@ -251,7 +265,7 @@ class FastGptStep:
         rows = len(lengths)
         lengths = np.asarray(lengths, dtype=np.int64)
         total = int(lengths.max())
-        self.ensure_rows_capacity(total)
+        self.ensure_rows_capacity(total, live=rows)
         keep = np.arange(total)[None, :] < lengths[:, None]
         bias = np.where(keep, np.float32(0), MASK_BIAS)[:, None, None, :]
         b = self._rows_binding(rows)

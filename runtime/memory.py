@@ -134,3 +134,18 @@ def memory_bound(dims: Dims, *, batch: int, prompt: int, max_new_token: int, kv_
     decode = ACTIVATION_FACTOR * frames * widest * 4
     results = batch * frames * (dims.hop_length + dims.n_mels) * 4  # float32 waveform and mel of every row
     return MemoryBound(weights, kv, state, step, decode, results, ALLOCATOR_SLACK)
+
+
+# Prompt positions beyond the text's tokens ([Stts], the speaker tag, [Ptts], the tokenizer's own); a
+# text has at most as many tokens as characters (every word piece holds one at least).
+PROMPT_EXTRA_POSITIONS = 16
+
+
+def request_bytes(dims: Dims, *, text_chars: int, max_new_token: int, kv_itemsize: int) -> int:
+    """What one more request adds to a server already running others, at most: its key/value row (the
+    scheduler's rows are given back when free), its generation state and its result. What runs one
+    at a time (a prefill, a Decoder/Vocos decode) is not per request: a server's idle RSS holds its
+    buffers (the memory guard measures that floor)."""
+    prompt = text_chars + PROMPT_EXTRA_POSITIONS
+    b = memory_bound(dims, batch=1, prompt=prompt, max_new_token=max_new_token, kv_itemsize=kv_itemsize, weights=0)
+    return b.kv_cache + b.generation_state + b.results

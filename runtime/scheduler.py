@@ -281,7 +281,8 @@ class Scheduler:
     """Continuous batching over a `Pipeline` with the fast GPT engine (see the module docstring)."""
 
     def __init__(self, pipe: Pipeline, max_batch: int = 8, max_queue: int = 64,
-                 lookahead_frames: int | None = None, decode_worker: bool | None = None) -> None:
+                 lookahead_frames: int | None = None, decode_worker: bool | None = None,
+                 release_free_rows: bool = False) -> None:
         if pipe.engine != "fast":
             raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
         if max_batch < 1 or max_queue < 0:
@@ -289,6 +290,9 @@ class Scheduler:
         self.pipe = pipe
         self.max_batch = max_batch
         self.max_queue = max_queue
+        # A row's key/value pages stay mapped after its request leaves unless given back: RSS would keep
+        # the largest batch served (a server under a memory limit gives them back, runtime.memory).
+        self.release_free_rows = release_free_rows
         self.lookahead_frames = lookahead_frames
         self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
         # Bounded: a slow decoder holds the GPT loop back instead of queueing work without end.
@@ -336,6 +340,11 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def kv_itemsize(self) -> int:
+        """Bytes per cached key/value element (1 for an int8 cache)."""
+        return self._rows.cache_dtype.itemsize
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -397,6 +406,8 @@ class Scheduler:
                 log.error("scheduler step failed: %s", _one_line(e))
                 for act in self._active:
                     act.handle._finish(error=ForgeError(f"request {act.handle.id}: generation failed ({_one_line(e)})"))
+                if self.release_free_rows:
+                    self._rows.release_rows(0, len(self._active))
                 self._active = []
 
     # ---- stages -------------------------------------------------------------------------------
@@ -581,4 +592,6 @@ class Scheduler:
             old = slots[id(act)]
             if old != new:
                 self._rows.move_row(old, new, act.length)
+        if self.release_free_rows:
+            self._rows.release_rows(len(keep), len(self._active))
         self._active = keep

@@ -23,6 +23,7 @@ engine) are not observed: they feed the fused graph, whose inputs are not `gpt.o
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
@@ -68,6 +69,24 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _libc_malloc_trim() if os.name == "posix" else None
 
 
+def _libc_madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        madvise = ctypes.CDLL("libc.so.6").madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return madvise
+    except (OSError, AttributeError):
+        return None
+
+
+_MADVISE = _libc_madvise()
+_MADV_DONTNEED = 4  # Linux: the pages go back to the kernel; private anonymous memory reads as zeros after
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
@@ -99,6 +118,30 @@ def release_free_heap() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+def discard_pages(buf: np.ndarray) -> int:
+    """Give the whole pages inside a C-contiguous array back to the kernel and zero the array; the bytes
+    given back (0 where `madvise` is missing: there the array is only zeroed).
+
+    Freed rows of a long-lived buffer (the scheduler's key/value rows) otherwise stay resident at the
+    largest batch served; `madvise(MADV_DONTNEED)` on private anonymous memory drops the pages, and
+    the next write maps fresh zero pages. The partial pages at either end are zeroed by hand."""
+    if not buf.flags.c_contiguous:
+        raise ValueError("discard_pages needs a C-contiguous array")
+    start, size = buf.ctypes.data, buf.nbytes
+    first = -(-start // _PAGE) * _PAGE
+    last = (start + size) // _PAGE * _PAGE
+    if _MADVISE is None or last <= first:
+        buf.fill(0)
+        return 0
+    flat = buf.reshape(-1).view(np.uint8)
+    flat[: first - start] = 0
+    flat[last - start :] = 0
+    if _MADVISE(first, last - first, _MADV_DONTNEED) != 0:
+        buf.fill(0)
+        return 0
+    return last - first
+
 
 # The support files synthesis needs (artifact.json `files` keys).
 RUNTIME_FILES = ("tokenizer", "speaker_stats", "homophones")

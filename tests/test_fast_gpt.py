@@ -219,3 +219,18 @@ def test_thread_policy_per_component(fast_artifact: Path) -> None:
     assert opts["vocos"].enable_mem_pattern is False
     assert art.session("decoder").get_session_options().enable_mem_pattern is False
     assert opts["gpt_fast"].enable_mem_pattern is True
+
+
+def test_rows_grow_keeping_the_live_rows_and_free_rows_give_their_pages_back(fast_artifact: Path) -> None:
+    fast = _fast_step(fast_artifact)
+    fast.open_rows(3, 64)
+    for i, buf in enumerate(fast._buffers):
+        buf[...] = (i % 100) + 1
+    fast.ensure_rows_capacity(100, live=2)  # rows 0 and 1 run; row 2 is free
+    assert fast.capacity >= 100
+    for i, buf in enumerate(fast._buffers):
+        assert (buf[:2, :, :64] == (i % 100) + 1).all() and not buf[:2, :, 64:].any()
+        assert not buf[2].any()  # a free row is not copied (that would map its pages again)
+        buf[...] = 7
+    fast.release_rows(1, 3)
+    assert all((buf[0] == 7).all() and not buf[1:].any() for buf in fast._buffers)

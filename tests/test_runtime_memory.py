@@ -9,16 +9,21 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import PRESETS
 from chattts_forge.runtime.memory import (
     DECODER_INT8_BYTES_PER_WEIGHT,
+    PROMPT_EXTRA_POSITIONS,
     cache_capacity,
+    kv_cache_bytes,
     memory_bound,
+    request_bytes,
     weight_bytes_from_dims,
 )
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.session import discard_pages
 
 STEPS = 160
 TEXT = "Hello there, this is a test of the runtime memory at several batch sizes."
@@ -115,3 +120,41 @@ def test_whole_text_decodes_shrink_the_arena_and_stream_chunks_do_not():
     assert seen[0] is None and seen[3] is None
     for options in seen[1:3]:
         assert options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+
+
+def _resident_pages(buf: np.ndarray) -> int:
+    """Pages of `buf`'s whole pages the kernel holds resident (mincore)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    page = mmap.PAGESIZE
+    first = -(-buf.ctypes.data // page) * page
+    last = (buf.ctypes.data + buf.nbytes) // page * page
+    vec = (ctypes.c_ubyte * ((last - first) // page))()
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(first, last - first, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mincore: Linux")
+def test_discarded_pages_leave_memory_and_read_as_zeros() -> None:
+    buf = np.ones((8, 3, 1 << 16), dtype=np.int8)  # 1.5 MiB, odd offsets inside
+    row = buf[5]
+    before = _resident_pages(row)
+    assert before >= row.nbytes // 4096 - 1
+    given = discard_pages(row)
+    assert given >= row.nbytes - 2 * 4096 and given % 4096 == 0
+    assert _resident_pages(row) == 0  # the kernel holds none of its whole pages now
+    assert not row.any() and (buf[4] == 1).all() and (buf[6] == 1).all()  # neighbours untouched
+    row[:] = 3  # writable again: fresh pages
+    assert (buf[5] == 3).all() and _resident_pages(row) == before
+
+
+def test_a_request_reserves_its_key_value_row_state_and_result() -> None:
+    full = PRESETS["full"]
+    one = request_bytes(full, text_chars=40, max_new_token=430, kv_itemsize=1)
+    row = kv_cache_bytes(full, 1, cache_capacity(40 + PROMPT_EXTRA_POSITIONS, 430), 1)
+    assert row < one < 2 * row  # the key/value row dominates a full-size request
+    assert request_bytes(full, text_chars=40, max_new_token=430, kv_itemsize=4) > 3 * row
+    assert request_bytes(full, text_chars=40, max_new_token=100, kv_itemsize=1) < one

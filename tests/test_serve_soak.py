@@ -516,8 +516,92 @@ def test_the_memory_guard_admits_a_long_miss_alone_while_shedding_and_nothing_wh
     assert guard.admits(5, 3, 4)  # short misses run while shedding, while a row is free
     assert not guard.admits(5, 4, 4)  # but none queues
     assert not guard.admits(50, 1, 4) and guard.admits(50, 0, 4)  # long ones one at a time
-    assert guard.shed.counts == {"batch": 1, "evict": 1, "refuse_long": 1, "refuse_queue": 1, "refuse": 2,
-                                 "serial": 1}
+    assert guard.shed.counts == {"batch": 1, "evict": 1, "refuse_budget": 0, "refuse_long": 1, "refuse_queue": 1,
+                                 "refuse": 2, "serial": 1}
+
+
+def test_the_ledger_admits_misses_while_floor_and_reservations_fit_under_the_shedding_mark() -> None:
+    rss = [40]
+    guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0)
+    assert guard.check() == NORMAL and guard.floor == 40  # nothing reserved: the floor is the RSS
+    a, b = guard.admits(5, 0, 4, need=20), guard.admits(5, 1, 4, need=20)  # 40 + 20 + 20 <= 85
+    assert a is not None and b is not None and guard.reserved == 40
+    assert guard.admits(5, 2, 4, need=20) is None  # 40 + 40 + 20 > 85
+    assert guard.shed.counts["refuse_budget"] == 1
+    rss[0] = 70  # the two have mapped part of what they reserved: the floor holds
+    guard.check()
+    assert guard.floor == 40
+    rss[0] = 84  # more than floor + reservations: what the estimates missed joins the floor
+    guard.check()
+    assert guard.floor == 44 and guard.level == NORMAL
+    a.release()
+    a.release()  # once only
+    assert guard.reserved == 20
+    c = guard.admits(5, 1, 4, need=20)  # 44 + 20 + 20 <= 85
+    assert c is not None and guard.admits(5, 2, 4, need=2) is None  # 44 + 40 + 2 > 85
+    b.release()
+    c.release()
+    assert guard.reserved == 0
+    rss[0] = 60
+    guard.check()
+    assert guard.floor == 60  # nothing reserved: back to the RSS
+    assert guard.admits(5, 0, 4, need=50) is not None  # alone, a miss runs even over the budget
+    assert guard.shed.counts["refuse_budget"] == 2
+
+
+def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its_own(versions) -> None:
+    """Under a memory limit, each admitted miss holds its estimate until its response ends: with room
+    for two, a third concurrent miss gets 503 with Retry-After; a finished stream, a client hanging
+    up mid-stream and a whole reply give their bytes back; the schedulers give free rows' pages back."""
+    v1, _ = versions
+    limit = 1 << 30
+    need = limit // 10
+    with running(v1, max_batch=4, max_queue=8, memory_limit=limit) as srv:
+        guard, version = srv.state.guard, srv.state.current
+        sched = version.schedulers["fp32"]
+        assert sched.release_free_rows
+        version.request_bytes = lambda prep: need  # what each miss reserves, whatever its text
+        guard.rss = lambda: int(0.85 * limit) - 5 * need // 2  # room under the shedding mark for two
+        guard.check()
+        gate = threading.Event()  # holds the GPT steps until both streams are admitted
+        step = sched._gpt_step
+        sched._gpt_step = lambda: (gate.wait(), step())[1]
+        steps = 200
+        body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "refine": False,
+                "max_new_token": steps, "min_new_token": steps}
+        url = srv.url + "/v1/audio/speech"
+        got: dict[str, int] = {}
+
+        def stream(name: str, seed: int, hang_up: bool) -> None:
+            with httpx.stream("POST", url, json={**body, "seed": seed}, timeout=120) as r:
+                got[name + "_status"] = r.status_code
+                chunks = r.iter_bytes()
+                got[name] = len(next(chunks)) if hang_up else len(b"".join(chunks))
+
+        clients = [threading.Thread(target=stream, args=("whole_stream", 1, False)),
+                   threading.Thread(target=stream, args=("hung_up", 2, True))]
+        for c in clients:
+            c.start()
+        t_end = time.monotonic() + 30
+        while guard.reserved < 2 * need and time.monotonic() < t_end:
+            time.sleep(0.02)
+        assert srv.metric("forge_memory_reserved_bytes") == 2 * need
+        r = httpx.post(url, json={**body, "stream": False, "seed": 3}, timeout=60)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert srv.metric("forge_shed_total", action="refuse_budget") == 1
+        gate.set()
+        for c in clients:
+            c.join(timeout=120)
+        assert got["whole_stream_status"] == got["hung_up_status"] == 200
+        assert got["whole_stream"] == 2 * 256 * (2 * steps - 1) and got["hung_up"] > 0
+        t_end = time.monotonic() + 30  # the hung-up stream's request ends on the server
+        while guard.reserved and time.monotonic() < t_end:
+            time.sleep(0.02)
+        assert srv.metric("forge_memory_reserved_bytes") == 0
+        whole = httpx.post(url, json={**body, "stream": False, "seed": 3}, timeout=120)
+        assert whole.status_code == 200 and len(whole.content) == 2 * 256 * (2 * steps - 1)
+        assert srv.metric("forge_memory_reserved_bytes") == 0
+        assert srv.metric("forge_memory_floor_bytes") == guard.floor > 0
 
 
 def test_refusing_with_nothing_in_flight_trims_the_heap_and_rereads_rss(monkeypatch) -> None:
@@ -539,7 +623,8 @@ def test_refusing_with_nothing_in_flight_trims_the_heap_and_rereads_rss(monkeypa
 
 def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
     """RSS (as the guard reads it) near the limit: the batch is halved, the phrase cache's decoded
-    entries dropped, new long misses get 503 with Retry-After and short ones still run; over the hard
+    entries dropped, new misses get 503 with Retry-After (long ones by the shedding rule, short ones
+    by the ledger's budget, which RSS is over); over the hard
     mark every new miss is refused while one is in flight but hits are served; the stream admitted
     before finishes whole; with nothing in flight one miss is admitted; /metrics shows it all; under
     the resume mark everything is back."""
@@ -569,7 +654,9 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
             assert "short of memory" in r.json()["error"]["message"]
             short = {"model": "fp32", "input": "Hi.", "response_format": "pcm", "refine": False,
                      "max_new_token": 20, "min_new_token": 20}
-            assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 200
+            # over the shedding mark with a miss in flight, a short one is over the ledger's budget too
+            assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 503
+            assert srv.metric("forge_shed_total", action="refuse_budget") == 1
             rss[0] = int(0.97 * limit)  # refuse
             assert guard.check() == REFUSE
             assert httpx.post(srv.url + "/v1/audio/speech", json=short, timeout=60).status_code == 503
@@ -588,9 +675,10 @@ def test_memory_ceiling_sheds_and_admitted_requests_finish(versions) -> None:
         rss[0] = int(0.97 * limit)
         assert guard.check() == REFUSE
         assert srv.metric("forge_memory_limit_bytes") == limit and srv.metric("forge_memory_level") == REFUSE
-        for action in ("batch", "evict", "refuse_long", "refuse"):
+        for action in ("batch", "evict", "refuse_budget", "refuse_long", "refuse"):
             assert srv.metric("forge_shed_total", action=action) >= 1, action
-        assert srv.metric("forge_errors_total", kind="memory") == 2
+        assert srv.metric("forge_errors_total", kind="memory") == 3
+        assert srv.metric("forge_memory_reserved_bytes") == 0  # every admitted miss released its bytes
         assert srv.metric("forge_batch_limit", variant="fp32") == 2
         rss[0] = int(0.5 * limit)  # resume
         assert guard.check() == NORMAL

@@ -52,6 +52,7 @@ from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClo
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
+from chattts_forge.runtime.serve.guard import Reservation
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
 from chattts_forge.runtime.serve.state import ServerState  # noqa: F401 - re-exported: callers import it here
 
@@ -104,6 +105,7 @@ class _Job:
     waiter: _Waiter
     t0: float
     deadline: float
+    reservation: Reservation | None = None  # its bytes in the memory guard's ledger, released at the end
 
 
 class _Handlers:
@@ -258,8 +260,6 @@ class _Handlers:
     async def _answer(self, request: Any, endpoint: str, req: SpeechRequest, version: ServedVersion,
                       t0: float) -> Any:
         """The response of a parsed request (a `_StreamStarted` once a stream owns the request's end)."""
-        from starlette.responses import Response, StreamingResponse
-
         loop = asyncio.get_running_loop()
         try:
             prep = await loop.run_in_executor(self.state.work, version.prepare, req.text, req.params, req.model)
@@ -273,12 +273,31 @@ class _Handlers:
             return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
         self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
         guard = self.state.guard
-        if guard is not None and not guard.admits(len(prep.text), self.state.misses_in_flight(), self.state.batch_limit()):
-            sched = version.schedulers[prep.variant]
-            wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)
-            return self.fail(endpoint, 503, f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, limit "
-                             f"{guard.limit >> 20} MiB): retry in about {wait_s} s", "memory",
-                             headers={"Retry-After": str(wait_s)})
+        reservation: Reservation | None = None
+        if guard is not None:
+            reservation = guard.admits(len(prep.text), self.state.misses_in_flight(), self.state.batch_limit(),
+                                       version.request_bytes(prep))
+            if reservation is None:
+                sched = version.schedulers[prep.variant]
+                wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)
+                return self.fail(endpoint, 503, f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, "
+                                 f"limit {guard.limit >> 20} MiB): retry in about {wait_s} s", "memory",
+                                 headers={"Retry-After": str(wait_s)})
+        streaming = False
+        try:
+            response = await self._miss(request, endpoint, req, prep, version, t0, deadline, reservation)
+            streaming = isinstance(response, _StreamStarted)
+            return response
+        finally:
+            if reservation is not None and not streaming:  # a started stream releases it at its end
+                reservation.release()
+
+    async def _miss(self, request: Any, endpoint: str, req: SpeechRequest, prep: Prepared, version: ServedVersion,
+                    t0: float, deadline: float, reservation: Reservation | None) -> Any:
+        """Queue an admitted miss and answer it (a `_StreamStarted` once its stream owns the request's end)."""
+        from starlette.responses import Response, StreamingResponse
+
+        loop = asyncio.get_running_loop()
         try:
             handle = version.submit(prep)
         except QueueFullError as e:
@@ -290,7 +309,7 @@ class _Handlers:
             return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
         except ForgeError as e:  # what the scheduler refuses about the request itself
             return self.fail(endpoint, 400, str(e), "bad_request")
-        job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline)
+        job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline, reservation)
         try:
             if not req.stream:
                 await job.waiter.until_done(deadline, request)
@@ -388,6 +407,8 @@ class _Handlers:
                 handle.cancel()  # the client went away: its row is freed before the next GPT step
                 metrics.errors.labels(kind="disconnect").inc()
                 log.info("request %d: client disconnected; cancelled", handle.id)
+            if job.reservation is not None:
+                job.reservation.release()
             job.version.end()
 
     # ---- models, health, metrics ------------------------------------------------------------

@@ -38,6 +38,7 @@ from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
+from chattts_forge.runtime.memory import request_bytes
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, Row, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
@@ -97,6 +98,7 @@ class ServedVersion:
         if not self.path.is_dir():
             raise NotFound(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = cfg.max_batch, cfg.max_queue
+        self.release_free_rows = cfg.memory_limit is not None  # under a limit, free rows' memory goes back
         kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
                                   "public_key": cfg.public_key, "engine": "auto"}
         self.router: Router | None = None
@@ -159,7 +161,8 @@ class ServedVersion:
         self.pipes[variant] = pipe
         self._gpt_locks[variant] = gpt_lock = threading.Lock()
         if pipe.engine == "fast":  # the scheduler runs its own GPT steps; refinement alone uses pipe.gpt
-            self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue).start()
+            self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue,
+                                                 release_free_rows=self.release_free_rows).start()
         else:
             log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
                         "request at a time", variant, pipe.artifact.provider)
@@ -312,6 +315,12 @@ class ServedVersion:
         # the text is refined already (prepare): the scheduler generates codes for it as it is
         return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True)
 
+    def request_bytes(self, prep: Prepared) -> int:
+        """At most what the miss `prep` adds to its variant's running batch (runtime.memory.request_bytes)."""
+        return request_bytes(self.pipes[prep.variant].dims, text_chars=len(prep.text),
+                             max_new_token=prep.params.code.max_new_token,
+                             kv_itemsize=self.schedulers[prep.variant].kv_itemsize)
+
     def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
         """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`
         decodes), so a non-streamed response is `synth`'s audio; the mel goes to the Redis cache."""
@@ -423,6 +432,10 @@ class SequentialRunner:
         self._closed = False
         self.running = 0
         self.steps = 0
+
+    @property
+    def kv_itemsize(self) -> int:
+        return 4  # the plain GPT graph's float32 cache
 
     @property
     def waiting(self) -> int:

@@ -10,6 +10,15 @@ measurement yet (nothing finished) the configured `retry_after_s` stands in.
 act (the kernel's OOM killer sees only RSS; a cap by `setrlimit(RLIMIT_AS)` would fail onnxruntime's
 address-space reservations long before RSS reaches it):
 
+Admissions come first: every miss reserves what it will add at most (`runtime.memory.request_bytes`:
+its key/value row, generation state and result; the scheduler gives a free row's pages back), and a
+miss is admitted only while the floor plus every reservation plus its own stays under `SOFT` x limit
+("refuse_budget" otherwise), so a burst cannot carry RSS past the marks between two samples. The
+floor is what the process holds besides the reservations: the RSS whenever nothing is reserved, and
+while misses run the highest `RSS - reserved` seen since (buffers that stay, estimates that fell
+short). With nothing reserved a miss is admitted (a limit under the floor plus one request still
+serves, one at a time). The levels below act on the RSS sampled, for what the estimate misses:
+
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
   fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
   trimmed), and new long requests (text over `long_chars`) get 503 with Retry-After, as do short
@@ -129,8 +138,8 @@ class ShedCounts:
     """What the guard did, by action (shown in /metrics as forge_shed_total{action})."""
 
     counts: dict[str, int] = field(
-        default_factory=lambda: {"batch": 0, "evict": 0, "refuse_long": 0, "refuse_queue": 0, "refuse": 0,
-                                 "serial": 0})
+        default_factory=lambda: {"batch": 0, "evict": 0, "refuse_budget": 0, "refuse_long": 0, "refuse_queue": 0,
+                                 "refuse": 0, "serial": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, action: str) -> None:
@@ -138,8 +147,23 @@ class ShedCounts:
             self.counts[action] = self.counts.get(action, 0) + 1
 
 
+class Reservation:
+    """Bytes an admitted miss holds in its guard's ledger until `release` (idempotent) at its end."""
+
+    def __init__(self, guard: MemoryGuard, size: int) -> None:
+        self.guard = guard
+        self.size = size
+        self._released = False
+
+    def release(self) -> None:
+        with self.guard._lock:
+            if not self._released:
+                self._released = True
+                self.guard.reserved -= self.size
+
+
 class MemoryGuard:
-    """Watches RSS against `limit` bytes and sheds (see the module docstring)."""
+    """Watches RSS against `limit` bytes, bounds admissions by a ledger and sheds (see the module docstring)."""
 
     SOFT, HARD, RESUME = 0.85, 0.95, 0.75
     IDLE_TRIM_S = 5.0
@@ -155,6 +179,8 @@ class MemoryGuard:
         self.level = NORMAL
         self.last_rss = 0
         self.peak_rss = 0
+        self.reserved = 0  # bytes reserved by the misses admitted and not yet ended
+        self.floor = 0  # what the process holds besides the reservations (the module docstring)
         self.shed = ShedCounts()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,6 +200,7 @@ class MemoryGuard:
         rss = self.rss()
         with self._lock:
             self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
+            self.floor = rss if self.reserved == 0 else max(self.floor, rss - self.reserved)
             was = self.level
             if rss >= self.HARD * self.limit:
                 level = REFUSE
@@ -201,28 +228,40 @@ class MemoryGuard:
                         100 * self.HARD)
         return level
 
-    def admits(self, text_chars: int, in_flight: int, rows: int) -> bool:
-        """Whether a new miss of `text_chars` characters may start now, `in_flight` misses waiting or
-        running, `rows` the running batch's limit now (a refusal, or a long miss admitted alone while
-        shedding, "serial", is counted). While shedding nothing queues: a miss that would wait for a
-        row is refused (requests admitted before the mark still finish, and queued ones were the
+    def admits(self, text_chars: int, in_flight: int, rows: int, need: int = 0) -> Reservation | None:
+        """A reservation of `need` bytes if a new miss of `text_chars` characters may start now, else
+        None; `in_flight` misses waiting or running, `rows` the running batch's limit now (a refusal,
+        or a long miss admitted alone while shedding, "serial", is counted). The caller releases the
+        reservation when the request ends. While shedding nothing queues: a miss that would wait for
+        a row is refused (requests admitted before the mark still finish, and queued ones were the
         overshoot: docs/measurements/2026-12-05-xeon/README.md)."""
         level = self.level
         if level == REFUSE:
             if in_flight == 0:
                 self._idle_trim()
             self.shed.add("refuse")
-            return False
+            return None
         if level == SHED and text_chars > self.long_chars:
             if in_flight == 0:
                 self.shed.add("serial")
-                return True
+                return self._reserve(need)
             self.shed.add("refuse_long")
-            return False
+            return None
         if level == SHED and in_flight >= rows:
             self.shed.add("refuse_queue")
-            return False
-        return True
+            return None
+        with self._lock:
+            # with nothing reserved the miss runs alone (the floor alone may be near the mark)
+            if self.reserved > 0 and self.floor + self.reserved + need > self.SOFT * self.limit:
+                self.shed.add("refuse_budget")
+                return None
+            self.reserved += need
+        return Reservation(self, need)
+
+    def _reserve(self, need: int) -> Reservation:
+        with self._lock:
+            self.reserved += need
+        return Reservation(self, need)
 
     def _idle_trim(self) -> None:
         """Refusing with nothing in flight: give the heap's free pages back, so the next check reads

@@ -21,7 +21,8 @@
 | forge_batch_limit | gauge | per `variant`: rows its GPT batch may hold now (`--max-batch`, halved while memory is short) |
 | forge_drain_rate | gauge | per `variant`: requests finished per second over the last 30 s (what Retry-After derives from) |
 | forge_memory_limit_bytes / forge_memory_peak_rss_bytes / forge_memory_level | gauge | with `--memory-limit`: the limit, the highest RSS sampled, 0 normal / 1 shedding / 2 refusing |
-| forge_shed_total | counter | with `--memory-limit`: what was shed, by `action` (batch, evict, refuse_long, refuse_queue: a short miss that would queue while shedding, refuse; serial: a long miss admitted while shedding, none other in flight) |
+| forge_memory_reserved_bytes / forge_memory_floor_bytes | gauge | with `--memory-limit`: what the admitted misses reserved (each what it adds at most), and what the process holds besides: a miss is admitted while floor + reserved + its own stays under 85% of the limit |
+| forge_shed_total | counter | with `--memory-limit`: what was shed, by `action` (batch, evict, refuse_budget: a miss over the ledger's budget, refuse_long, refuse_queue: a short miss that would queue while shedding, refuse; serial: a long miss admitted while shedding, none other in flight) |
 | forge_route | gauge | 1 per length bucket of a version folder: the `variant` it routes to on this host, the build's (`build_variant`), the choice's `source` (measured, cache, build) and its `reason` (runtime.autotune) |
 | forge_route_step_ratio / _spread | gauge | per bucket and passing `variant`: its decode step over the `reference`'s as the host's autotune measured it, and that ratio's spread (90% interval half-width) |
 """
@@ -152,8 +153,12 @@ class _OperationsCollector:
                                     value=memory["peak_rss"])
             yield GaugeMetricFamily("forge_memory_level", "0 normal, 1 shedding (batch lowered, caches emptied, "
                                     "long requests refused), 2 refusing every new miss", value=memory["level"])
+            yield GaugeMetricFamily("forge_memory_reserved_bytes", "Bytes the admitted misses reserved (what they "
+                                    "add at most)", value=memory["reserved"])
+            yield GaugeMetricFamily("forge_memory_floor_bytes", "What the process holds besides the reservations",
+                                    value=memory["floor"])
             shed = CounterMetricFamily("forge_shed", "What the memory guard shed, by action (batch, evict, "
-                                       "refuse_long, refuse_queue, refuse, serial)", labels=["action"])
+                                       "refuse_budget, refuse_long, refuse_queue, refuse, serial)", labels=["action"])
             for action, n in sorted(memory["shed"].items()):
                 shed.add_metric([action], n)
             yield shed

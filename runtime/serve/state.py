@@ -143,7 +143,8 @@ class ServerState:
         memory = None
         if self.guard is not None:
             g = self.guard
-            memory = {"limit": g.limit, "peak_rss": g.peak_rss, "level": g.level, "shed": dict(g.shed.counts)}
+            memory = {"limit": g.limit, "peak_rss": g.peak_rss, "level": g.level, "reserved": g.reserved,
+                      "floor": g.floor, "shed": dict(g.shed.counts)}
         return {"variants": variants, "memory": memory}
 
     def _live(self) -> list[ServedVersion]:
