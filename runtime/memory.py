@@ -141,11 +141,21 @@ def memory_bound(dims: Dims, *, batch: int, prompt: int, max_new_token: int, kv_
 PROMPT_EXTRA_POSITIONS = 16
 
 
-def request_bytes(dims: Dims, *, text_chars: int, max_new_token: int, kv_itemsize: int) -> int:
-    """What one more request adds to a server already running others, at most: its key/value row (the
-    scheduler's rows are given back when free), its generation state and its result. What runs one
-    at a time (a prefill, a Decoder/Vocos decode) is not per request: a server's idle RSS holds its
-    buffers (the memory guard measures that floor)."""
+@dataclass(frozen=True)
+class RequestMemory:
+    """What one more request adds to a server already running others, at most.
+
+    `held`: its key/value row (the scheduler's rows are given back when free), its generation state
+    and its result, held while it runs. `decode`: the Decoder + Vocos working set of its whole
+    decode, which a server's few decoding threads run a few at a time (the memory guard counts the
+    largest ones only)."""
+
+    held: int
+    decode: int
+
+
+def request_memory(dims: Dims, *, text_chars: int, max_new_token: int, kv_itemsize: int) -> RequestMemory:
+    """`RequestMemory` of a request of `text_chars` characters generating up to `max_new_token` steps."""
     prompt = text_chars + PROMPT_EXTRA_POSITIONS
     b = memory_bound(dims, batch=1, prompt=prompt, max_new_token=max_new_token, kv_itemsize=kv_itemsize, weights=0)
-    return b.kv_cache + b.generation_state + b.results
+    return RequestMemory(held=b.kv_cache + b.generation_state + b.results, decode=b.decode_activations)

@@ -19,7 +19,7 @@ from chattts_forge.runtime.memory import (
     cache_capacity,
     kv_cache_bytes,
     memory_bound,
-    request_bytes,
+    request_memory,
     weight_bytes_from_dims,
 )
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
@@ -151,10 +151,13 @@ def test_discarded_pages_leave_memory_and_read_as_zeros() -> None:
     assert (buf[5] == 3).all() and _resident_pages(row) == before
 
 
-def test_a_request_reserves_its_key_value_row_state_and_result() -> None:
+def test_a_request_reserves_its_key_value_row_state_and_result_and_its_decode() -> None:
     full = PRESETS["full"]
-    one = request_bytes(full, text_chars=40, max_new_token=430, kv_itemsize=1)
+    one = request_memory(full, text_chars=40, max_new_token=430, kv_itemsize=1)
     row = kv_cache_bytes(full, 1, cache_capacity(40 + PROMPT_EXTRA_POSITIONS, 430), 1)
-    assert row < one < 2 * row  # the key/value row dominates a full-size request
-    assert request_bytes(full, text_chars=40, max_new_token=430, kv_itemsize=4) > 3 * row
-    assert request_bytes(full, text_chars=40, max_new_token=100, kv_itemsize=1) < one
+    assert row < one.held < 2 * row  # the key/value row dominates what a full-size request holds
+    assert one.decode == memory_bound(full, batch=1, prompt=56, max_new_token=430, kv_itemsize=1,
+                                      weights=0).decode_activations
+    assert request_memory(full, text_chars=40, max_new_token=430, kv_itemsize=4).held > 3 * row
+    shorter = request_memory(full, text_chars=40, max_new_token=100, kv_itemsize=1)
+    assert shorter.held < one.held and shorter.decode < one.decode

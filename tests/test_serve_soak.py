@@ -31,6 +31,7 @@ from chattts_forge.cli import main  # noqa: E402
 from chattts_forge.errors import ForgeError  # noqa: E402
 from chattts_forge.evaluate.soak import SoakConfig, check_audio, run_soak  # noqa: E402
 from chattts_forge.fsutil import atomic_symlink  # noqa: E402
+from chattts_forge.runtime.memory import RequestMemory  # noqa: E402
 from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
 from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, MemoryGuard, parse_size  # noqa: E402
@@ -549,6 +550,32 @@ def test_the_ledger_admits_misses_while_floor_and_reservations_fit_under_the_she
     assert guard.shed.counts["refuse_budget"] == 2
 
 
+def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_when_the_last_ends(
+        monkeypatch) -> None:
+    import chattts_forge.runtime.serve.guard as guard_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(guard_module, "release_free_heap", lambda: trims.append(1))
+    rss = [10]
+    guard = MemoryGuard(100, lambda: rss[0], lower_batch=lambda lower: None, evict=lambda: 0, decoders=2)
+    guard.check()
+    held = [guard.admits(5, i, 8, need=5, decode=d) for i, d in enumerate((20, 10, 30))]
+    assert all(held) and guard.reserved == 3 * 5 + 30 + 20  # two decodes at once: the largest two
+    assert guard.admits(5, 3, 8, need=5, decode=26) is None  # 10 + 4 x 5 + 30 + 26 > 85
+    assert guard.admits(5, 3, 8, need=5, decode=5) is not None  # 10 + 4 x 5 + 30 + 20 = 80
+    held[2].release()
+    assert guard.reserved == 3 * 5 + 20 + 10
+    trims.clear()
+    for r in guard._reservations.copy():
+        r.release()
+    assert guard.reserved == 0 and not trims  # the guard's thread trims, not the request's end
+    rss[0] = 12
+    guard.check()
+    assert len(trims) == 1 and guard.floor == 12  # trimmed, then the floor read
+    guard.check()
+    assert len(trims) == 1  # once per time nothing is left reserved
+
+
 def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its_own(versions) -> None:
     """Under a memory limit, each admitted miss holds its estimate until its response ends: with room
     for two, a third concurrent miss gets 503 with Retry-After; a finished stream, a client hanging
@@ -560,7 +587,7 @@ def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its
         guard, version = srv.state.guard, srv.state.current
         sched = version.schedulers["fp32"]
         assert sched.release_free_rows
-        version.request_bytes = lambda prep: need  # what each miss reserves, whatever its text
+        version.request_memory = lambda prep: RequestMemory(need, 0)  # what each miss reserves, whatever its text
         guard.rss = lambda: int(0.85 * limit) - 5 * need // 2  # room under the shedding mark for two
         guard.check()
         gate = threading.Event()  # holds the GPT steps until both streams are admitted

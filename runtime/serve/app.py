@@ -275,8 +275,10 @@ class _Handlers:
         guard = self.state.guard
         reservation: Reservation | None = None
         if guard is not None:
+            need = version.request_memory(prep)
+            whole_decode = not req.stream or version.redis is not None  # a stream decodes windows only
             reservation = guard.admits(len(prep.text), self.state.misses_in_flight(), self.state.batch_limit(),
-                                       version.request_bytes(prep))
+                                       need.held, need.decode if whole_decode else 0)
             if reservation is None:
                 sched = version.schedulers[prep.variant]
                 wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)

@@ -38,7 +38,7 @@ from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
-from chattts_forge.runtime.memory import request_bytes
+from chattts_forge.runtime.memory import RequestMemory, request_memory
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, Row, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
@@ -315,11 +315,11 @@ class ServedVersion:
         # the text is refined already (prepare): the scheduler generates codes for it as it is
         return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True)
 
-    def request_bytes(self, prep: Prepared) -> int:
-        """At most what the miss `prep` adds to its variant's running batch (runtime.memory.request_bytes)."""
-        return request_bytes(self.pipes[prep.variant].dims, text_chars=len(prep.text),
-                             max_new_token=prep.params.code.max_new_token,
-                             kv_itemsize=self.schedulers[prep.variant].kv_itemsize)
+    def request_memory(self, prep: Prepared) -> RequestMemory:
+        """At most what the miss `prep` adds to its variant's running batch (runtime.memory.request_memory)."""
+        return request_memory(self.pipes[prep.variant].dims, text_chars=len(prep.text),
+                              max_new_token=prep.params.code.max_new_token,
+                              kv_itemsize=self.schedulers[prep.variant].kv_itemsize)
 
     def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
         """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`

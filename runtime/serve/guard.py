@@ -10,13 +10,14 @@ measurement yet (nothing finished) the configured `retry_after_s` stands in.
 act (the kernel's OOM killer sees only RSS; a cap by `setrlimit(RLIMIT_AS)` would fail onnxruntime's
 address-space reservations long before RSS reaches it):
 
-Admissions come first: every miss reserves what it will add at most (`runtime.memory.request_bytes`:
-its key/value row, generation state and result; the scheduler gives a free row's pages back), and a
-miss is admitted only while the floor plus every reservation plus its own stays under `SOFT` x limit
-("refuse_budget" otherwise), so a burst cannot carry RSS past the marks between two samples. The
-floor is what the process holds besides the reservations: the RSS whenever nothing is reserved, and
-while misses run the highest `RSS - reserved` seen since (buffers that stay, estimates that fell
-short). With nothing reserved a miss is admitted (a limit under the floor plus one request still
+Admissions come first: every miss reserves what it will add at most (`runtime.memory.request_memory`:
+its key/value row, generation state and result, held while it runs; the scheduler gives a free row's
+pages back), plus its whole decode's working set, of which only the largest `decoders` count (no
+more decode at once). A miss is admitted only while the floor plus that ledger, its own included,
+stays under `SOFT` x limit ("refuse_budget" otherwise), so a burst cannot carry RSS past the marks
+between two samples. The floor is what the process holds besides the reservations: the RSS whenever
+nothing is reserved (read after a trim of the heap once the last request ended), and while misses
+run the highest `RSS - ledger` seen since (buffers that stay, estimates that fell short). With nothing reserved a miss is admitted (a limit under the floor plus one request still
 serves, one at a time). The levels below act on the RSS sampled, for what the estimate misses:
 
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
@@ -148,18 +149,15 @@ class ShedCounts:
 
 
 class Reservation:
-    """Bytes an admitted miss holds in its guard's ledger until `release` (idempotent) at its end."""
+    """What an admitted miss holds in its guard's ledger until `release` (idempotent) at its end."""
 
-    def __init__(self, guard: MemoryGuard, size: int) -> None:
+    def __init__(self, guard: MemoryGuard, held: int, decode: int) -> None:
         self.guard = guard
-        self.size = size
-        self._released = False
+        self.held = held
+        self.decode = decode
 
     def release(self) -> None:
-        with self.guard._lock:
-            if not self._released:
-                self._released = True
-                self.guard.reserved -= self.size
+        self.guard._release(self)
 
 
 class MemoryGuard:
@@ -169,8 +167,9 @@ class MemoryGuard:
     IDLE_TRIM_S = 5.0
 
     def __init__(self, limit: int, rss: Callable[[], int], *, lower_batch: Callable[[bool], None],
-                 evict: Callable[[], int], long_chars: int = 64, interval_s: float = 0.2) -> None:
+                 evict: Callable[[], int], long_chars: int = 64, interval_s: float = 0.2, decoders: int = 3) -> None:
         self.limit = limit
+        self.decoders = decoders  # whole decodes that may run at once (the server's decoding threads)
         self.rss = rss
         self.lower_batch = lower_batch  # True: lower every running batch; False: restore them
         self.evict = evict  # empties the in-memory caches; the bytes it freed
@@ -179,8 +178,10 @@ class MemoryGuard:
         self.level = NORMAL
         self.last_rss = 0
         self.peak_rss = 0
-        self.reserved = 0  # bytes reserved by the misses admitted and not yet ended
+        self.reserved = 0  # the ledger: what the misses admitted and not yet ended may add (`_ledger`)
         self.floor = 0  # what the process holds besides the reservations (the module docstring)
+        self._reservations: set[Reservation] = set()
+        self._trim_when_idle = False  # the last reservation ended: trim before reading the floor
         self.shed = ShedCounts()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -197,10 +198,14 @@ class MemoryGuard:
             return self._check()
 
     def _check(self) -> int:
+        with self._lock:
+            trim, self._trim_when_idle = self._trim_when_idle and not self._reservations, False
+        if trim:  # what the ended requests freed inside the heap goes back before the floor is read
+            release_free_heap()
         rss = self.rss()
         with self._lock:
             self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
-            self.floor = rss if self.reserved == 0 else max(self.floor, rss - self.reserved)
+            self.floor = rss if not self._reservations else max(self.floor, rss - self.reserved)
             was = self.level
             if rss >= self.HARD * self.limit:
                 level = REFUSE
@@ -228,9 +233,10 @@ class MemoryGuard:
                         100 * self.HARD)
         return level
 
-    def admits(self, text_chars: int, in_flight: int, rows: int, need: int = 0) -> Reservation | None:
-        """A reservation of `need` bytes if a new miss of `text_chars` characters may start now, else
-        None; `in_flight` misses waiting or running, `rows` the running batch's limit now (a refusal,
+    def admits(self, text_chars: int, in_flight: int, rows: int, need: int = 0, decode: int = 0) -> Reservation | None:
+        """A reservation (`need` bytes held while it runs, `decode` bytes for its whole decode) if a new
+        miss of `text_chars` characters may start now, else None; `in_flight` misses waiting or
+        running, `rows` the running batch's limit now (a refusal,
         or a long miss admitted alone while shedding, "serial", is counted). The caller releases the
         reservation when the request ends. While shedding nothing queues: a miss that would wait for
         a row is refused (requests admitted before the mark still finish, and queued ones were the
@@ -244,24 +250,37 @@ class MemoryGuard:
         if level == SHED and text_chars > self.long_chars:
             if in_flight == 0:
                 self.shed.add("serial")
-                return self._reserve(need)
+                return self._reserve(Reservation(self, need, decode), check=False)
             self.shed.add("refuse_long")
             return None
         if level == SHED and in_flight >= rows:
             self.shed.add("refuse_queue")
             return None
+        return self._reserve(Reservation(self, need, decode), check=True)
+
+    def _ledger(self, reservations: set[Reservation]) -> int:
+        """Bytes the reservations may still add: every one's held bytes, and the decodes of the largest
+        `decoders` (no more run at once)."""
+        decodes = sorted((r.decode for r in reservations), reverse=True)[: self.decoders]
+        return sum(r.held for r in reservations) + sum(decodes)
+
+    def _reserve(self, res: Reservation, check: bool) -> Reservation | None:
         with self._lock:
+            ledger = self._ledger(self._reservations | {res})
             # with nothing reserved the miss runs alone (the floor alone may be near the mark)
-            if self.reserved > 0 and self.floor + self.reserved + need > self.SOFT * self.limit:
+            if check and self._reservations and self.floor + ledger > self.SOFT * self.limit:
                 self.shed.add("refuse_budget")
                 return None
-            self.reserved += need
-        return Reservation(self, need)
+            self._reservations.add(res)
+            self.reserved = ledger
+        return res
 
-    def _reserve(self, need: int) -> Reservation:
+    def _release(self, res: Reservation) -> None:
         with self._lock:
-            self.reserved += need
-        return Reservation(self, need)
+            if res in self._reservations:
+                self._reservations.discard(res)
+                self.reserved = self._ledger(self._reservations)
+                self._trim_when_idle = not self._reservations
 
     def _idle_trim(self) -> None:
         """Refusing with nothing in flight: give the heap's free pages back, so the next check reads

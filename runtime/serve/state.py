@@ -72,7 +72,8 @@ class ServerState:
 
             proc = psutil.Process()
             self.guard = MemoryGuard(cfg.memory_limit, lambda: proc.memory_info().rss, lower_batch=self._lower_batch,
-                                     evict=self._evict, long_chars=cfg.memory_long_chars).start()
+                                     evict=self._evict, long_chars=cfg.memory_long_chars,
+                                     decoders=work_threads()).start()  # whole decodes run on the work pool
         self.metrics.operations(self.operations)
         # Request work off the event loop (prepare: normalise, route, refine, a cache hit's Vocos; whole
         # decodes) on as many threads as cores: more run no faster on the cores they share, and each
