@@ -550,7 +550,7 @@ def test_the_ledger_admits_misses_while_floor_and_reservations_fit_under_the_she
     assert guard.shed.counts["refuse_budget"] == 2
 
 
-def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_when_the_last_ends(
+def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_after_a_request_ends(
         monkeypatch) -> None:
     import chattts_forge.runtime.serve.guard as guard_module
 
@@ -563,17 +563,19 @@ def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_w
     assert all(held) and guard.reserved == 3 * 5 + 30 + 20  # two decodes at once: the largest two
     assert guard.admits(5, 3, 8, need=5, decode=26) is None  # 10 + 4 x 5 + 30 + 26 > 85
     assert guard.admits(5, 3, 8, need=5, decode=5) is not None  # 10 + 4 x 5 + 30 + 20 = 80
+    guard.check()
+    assert not trims
     held[2].release()
-    assert guard.reserved == 3 * 5 + 20 + 10
-    trims.clear()
+    held[2].release()  # once only
+    assert guard.reserved == 3 * 5 + 20 + 10 and not trims  # the guard's thread trims, not the request's end
+    guard.check()
+    guard.check()
+    assert len(trims) == 1  # before the sample after the end, once
     for r in guard._reservations.copy():
         r.release()
-    assert guard.reserved == 0 and not trims  # the guard's thread trims, not the request's end
     rss[0] = 12
     guard.check()
-    assert len(trims) == 1 and guard.floor == 12  # trimmed, then the floor read
-    guard.check()
-    assert len(trims) == 1  # once per time nothing is left reserved
+    assert guard.reserved == 0 and len(trims) == 2 and guard.floor == 12  # trimmed, then the floor read
 
 
 def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its_own(versions) -> None:

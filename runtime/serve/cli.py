@@ -59,8 +59,9 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 @click.option("--warm-phrases", type=click.IntRange(min=0), default=8, show_default=True,
               help="Phrase-cache entries served once while warming a version.")
 @click.option("--memory-limit", default=None, metavar="SIZE",
-              help="Keep the process's RSS under SIZE (e.g. 6G): near it, lower the running batch, empty the "
-                   "in-memory caches and answer new long requests 503 with Retry-After (docs/serving.md Operations).")
+              help="Keep the process's RSS under SIZE (e.g. 6G): admit a miss only while what the running ones may "
+                   "still add leaves room, else 503 with Retry-After; near SIZE, also lower the running batch and "
+                   "empty the in-memory caches (docs/serving.md Operations).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Run the app as a Ray Serve deployment on this cluster (local: start one here); "
                    "Ray Serve's HTTP proxy listens on --host/--port (the scale extra).")

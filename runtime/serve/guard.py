@@ -16,8 +16,9 @@ pages back), plus its whole decode's working set, of which only the largest `dec
 more decode at once). A miss is admitted only while the floor plus that ledger, its own included,
 stays under `SOFT` x limit ("refuse_budget" otherwise), so a burst cannot carry RSS past the marks
 between two samples. The floor is what the process holds besides the reservations: the RSS whenever
-nothing is reserved (read after a trim of the heap once the last request ended), and while misses
-run the highest `RSS - ledger` seen since (buffers that stay, estimates that fell short). With nothing reserved a miss is admitted (a limit under the floor plus one request still
+nothing is reserved, and while misses run the highest `RSS - ledger` seen since (buffers that stay,
+estimates that fell short). When a request ends, the next sample trims the C heap first, so what it
+freed is not read as held. With nothing reserved a miss is admitted (a limit under the floor plus one request still
 serves, one at a time). The levels below act on the RSS sampled, for what the estimate misses:
 
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
@@ -181,7 +182,7 @@ class MemoryGuard:
         self.reserved = 0  # the ledger: what the misses admitted and not yet ended may add (`_ledger`)
         self.floor = 0  # what the process holds besides the reservations (the module docstring)
         self._reservations: set[Reservation] = set()
-        self._trim_when_idle = False  # the last reservation ended: trim before reading the floor
+        self._trim_pending = False  # a reservation ended: trim the heap before reading RSS
         self.shed = ShedCounts()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -199,8 +200,8 @@ class MemoryGuard:
 
     def _check(self) -> int:
         with self._lock:
-            trim, self._trim_when_idle = self._trim_when_idle and not self._reservations, False
-        if trim:  # what the ended requests freed inside the heap goes back before the floor is read
+            trim, self._trim_pending = self._trim_pending, False
+        if trim:  # what an ended request freed inside the heap goes back before RSS is read
             release_free_heap()
         rss = self.rss()
         with self._lock:
@@ -280,7 +281,7 @@ class MemoryGuard:
             if res in self._reservations:
                 self._reservations.discard(res)
                 self.reserved = self._ledger(self._reservations)
-                self._trim_when_idle = not self._reservations
+                self._trim_pending = True
 
     def _idle_trim(self) -> None:
         """Refusing with nothing in flight: give the heap's free pages back, so the next check reads
