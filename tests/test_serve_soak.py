@@ -563,6 +563,7 @@ def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_a
     assert all(held) and guard.reserved == 3 * 5 + 30 + 20  # two decodes at once: the largest two
     assert guard.admits(5, 3, 8, need=5, decode=26) is None  # 10 + 4 x 5 + 30 + 26 > 85
     assert guard.admits(5, 3, 8, need=5, decode=5) is not None  # 10 + 4 x 5 + 30 + 20 = 80
+    rss[0] = 80  # near the limit (over RESUME x limit), where the floor's precision matters
     guard.check()
     assert not trims
     held[2].release()
@@ -573,9 +574,14 @@ def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_a
     assert len(trims) == 1  # before the sample after the end, once
     for r in guard._reservations.copy():
         r.release()
-    rss[0] = 12
+    rss[0] = 78
     guard.check()
-    assert guard.reserved == 0 and len(trims) == 2 and guard.floor == 12  # trimmed, then the floor read
+    assert guard.reserved == 0 and len(trims) == 2 and guard.floor == 78  # trimmed, then the floor read
+    rss[0] = 74  # under RESUME x limit: no trim at a request's end (a trim holds the heap's locks)
+    guard.check()
+    guard.admits(5, 0, 8, need=5).release()
+    guard.check()
+    assert len(trims) == 2
 
 
 def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its_own(versions) -> None:

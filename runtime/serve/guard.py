@@ -6,20 +6,23 @@ Retry-After of a refusal) and the memory ceiling (`serve --memory-limit SIZE`).
 requests ahead of a retry: by then the queue has drained that many at the measured rate. Without a
 measurement yet (nothing finished) the configured `retry_after_s` stands in.
 
-`MemoryGuard`: a thread samples the process's RSS every `interval_s` and sheds before the kernel would
-act (the kernel's OOM killer sees only RSS; a cap by `setrlimit(RLIMIT_AS)` would fail onnxruntime's
-address-space reservations long before RSS reaches it):
+`MemoryGuard` keeps the process under the limit before the kernel would act (the kernel's OOM killer
+sees only RSS; a cap by `setrlimit(RLIMIT_AS)` would fail onnxruntime's address-space reservations
+long before RSS reaches it).
 
-Admissions come first: every miss reserves what it will add at most (`runtime.memory.request_memory`:
-its key/value row, generation state and result, held while it runs; the scheduler gives a free row's
-pages back), plus its whole decode's working set, of which only the largest `decoders` count (no
-more decode at once). A miss is admitted only while the floor plus that ledger, its own included,
-stays under `SOFT` x limit ("refuse_budget" otherwise), so a burst cannot carry RSS past the marks
-between two samples. The floor is what the process holds besides the reservations: the RSS whenever
-nothing is reserved, and while misses run the highest `RSS - ledger` seen since (buffers that stay,
-estimates that fell short). When a request ends, the next sample trims the C heap first, so what it
-freed is not read as held. With nothing reserved a miss is admitted (a limit under the floor plus one request still
-serves, one at a time). The levels below act on the RSS sampled, for what the estimate misses:
+Admissions first, by a ledger: every miss reserves what it can add at most
+(`runtime.memory.request_memory`: its key/value row, generation state and result, held while it
+runs, the scheduler giving a free row's pages back; and its whole decode's working set, of which
+only the largest `decoders` count: no more decode at once). A miss is admitted only while the floor
+plus the ledger, its own included, stays under `SOFT` x limit ("refuse_budget" otherwise), so a
+burst cannot carry RSS past the marks between two samples. The floor is what the process holds
+besides the reservations: the RSS whenever nothing is reserved, and while misses run the highest
+`RSS - ledger` seen since (buffers that stay, estimates that fell short). With nothing reserved a
+miss is admitted (a limit under the floor plus one request still serves, one at a time).
+
+Then the levels, for what the estimates miss: a thread samples RSS every `interval_s` (over
+`RESUME` x limit, after trimming the C heap when a request ended since the last sample, so what it
+freed is not read as held):
 
 - from `SOFT` x limit ("shed"): the running batch of every scheduler is halved (rows running finish;
   fewer join), the in-memory caches are emptied (the phrase caches' decoded mels; then the C heap is
@@ -281,7 +284,8 @@ class MemoryGuard:
             if res in self._reservations:
                 self._reservations.discard(res)
                 self.reserved = self._ledger(self._reservations)
-                self._trim_pending = True
+                # the floor's precision matters near the limit only (a trim holds the heap's locks)
+                self._trim_pending = self.last_rss >= self.RESUME * self.limit
 
     def _idle_trim(self) -> None:
         """Refusing with nothing in flight: give the heap's free pages back, so the next check reads
