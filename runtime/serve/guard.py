@@ -240,27 +240,27 @@ class MemoryGuard:
     def admits(self, text_chars: int, in_flight: int, rows: int, need: int = 0, decode: int = 0) -> Reservation | None:
         """A reservation (`need` bytes held while it runs, `decode` bytes for its whole decode) if a new
         miss of `text_chars` characters may start now, else None; `in_flight` misses waiting or
-        running, `rows` the running batch's limit now (a refusal,
-        or a long miss admitted alone while shedding, "serial", is counted). The caller releases the
-        reservation when the request ends. While shedding nothing queues: a miss that would wait for
-        a row is refused (requests admitted before the mark still finish, and queued ones were the
-        overshoot: docs/measurements/2026-12-05-xeon/README.md)."""
+        running, `rows` the running batch's limit now (a refusal, or a long miss admitted alone while
+        shedding, "serial", is counted). The caller releases the reservation when the request ends.
+        While shedding nothing queues: a miss that would wait for a row is refused (requests admitted
+        before the mark still finish, and queued ones were the overshoot:
+        docs/measurements/2026-12-05-xeon/README.md)."""
         level = self.level
         if level == REFUSE:
             if in_flight == 0:
                 self._idle_trim()
             self.shed.add("refuse")
             return None
-        if level == SHED and text_chars > self.long_chars:
-            if in_flight == 0:
-                self.shed.add("serial")
-                return self._reserve(Reservation(self, need, decode), check=False)
+        if level == SHED and text_chars > self.long_chars and in_flight > 0:
             self.shed.add("refuse_long")
             return None
         if level == SHED and in_flight >= rows:
             self.shed.add("refuse_queue")
             return None
-        return self._reserve(Reservation(self, need, decode), check=True)
+        res = self._reserve(Reservation(self, need, decode))
+        if res is not None and level == SHED and text_chars > self.long_chars:
+            self.shed.add("serial")
+        return res
 
     def _ledger(self, reservations: set[Reservation]) -> int:
         """Bytes the reservations may still add: every one's held bytes, and the decodes of the largest
@@ -268,11 +268,11 @@ class MemoryGuard:
         decodes = sorted((r.decode for r in reservations), reverse=True)[: self.decoders]
         return sum(r.held for r in reservations) + sum(decodes)
 
-    def _reserve(self, res: Reservation, check: bool) -> Reservation | None:
+    def _reserve(self, res: Reservation) -> Reservation | None:
         with self._lock:
             ledger = self._ledger(self._reservations | {res})
             # with nothing reserved the miss runs alone (the floor alone may be near the mark)
-            if check and self._reservations and self.floor + ledger > self.SOFT * self.limit:
+            if self._reservations and self.floor + ledger > self.SOFT * self.limit:
                 self.shed.add("refuse_budget")
                 return None
             self._reservations.add(res)
