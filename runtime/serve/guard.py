@@ -33,8 +33,8 @@ freed is not read as held):
 
 The process keeps buffers its working set needed (onnxruntime's arenas, what a trim cannot give
 back), so RSS may stay over a mark with nothing running. While shedding, a long miss is admitted
-when no other miss is waiting or running ("serial"), so long texts are served one at a time instead
-of never. While refusing with nothing in flight, the C heap is trimmed (at most every
+when no other miss is waiting, running or reserved ("serial"), so long texts are served one at a
+time instead of never. While refusing with nothing in flight, the C heap is trimmed (at most every
 `IDLE_TRIM_S`), so RSS falls to what the process holds idle and the level follows it; a limit under
 that is logged as an error once: nothing is admitted over 95% (the ceiling comes first).
 """
