@@ -55,7 +55,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,7 +282,7 @@ class Scheduler:
 
     def __init__(self, pipe: Pipeline, max_batch: int = 8, max_queue: int = 64,
                  lookahead_frames: int | None = None, decode_worker: bool | None = None,
-                 release_free_rows: bool = False) -> None:
+                 release_free_rows: Callable[[], bool] | None = None) -> None:
         if pipe.engine != "fast":
             raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
         if max_batch < 1 or max_queue < 0:
@@ -290,8 +290,9 @@ class Scheduler:
         self.pipe = pipe
         self.max_batch = max_batch
         self.max_queue = max_queue
-        # A row's key/value pages stay mapped after its request leaves unless given back: RSS would keep
-        # the largest batch served (a server under a memory limit gives them back, runtime.memory).
+        # A row's key/value pages stay mapped after its request leaves unless given back, and RSS keeps
+        # the largest batch served. While `release_free_rows()` says so (a server near its memory
+        # limit), every free row gives its pages back when a request leaves (serve.guard).
         self.release_free_rows = release_free_rows
         self.lookahead_frames = lookahead_frames
         self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
@@ -406,9 +407,8 @@ class Scheduler:
                 log.error("scheduler step failed: %s", _one_line(e))
                 for act in self._active:
                     act.handle._finish(error=ForgeError(f"request {act.handle.id}: generation failed ({_one_line(e)})"))
-                if self.release_free_rows:
-                    self._rows.release_rows(0, len(self._active))
                 self._active = []
+                self._release_free_rows()
 
     # ---- stages -------------------------------------------------------------------------------
 
@@ -592,6 +592,13 @@ class Scheduler:
             old = slots[id(act)]
             if old != new:
                 self._rows.move_row(old, new, act.length)
-        if self.release_free_rows:
-            self._rows.release_rows(len(keep), len(self._active))
+        freed = len(keep) < len(self._active)
         self._active = keep
+        if freed:
+            self._release_free_rows()
+
+    def _release_free_rows(self) -> None:
+        """Give every free row's pages back while asked to (rows above the running ones; a row freed
+        before memory got short is given back with the next)."""
+        if self.release_free_rows is not None and self.release_free_rows():
+            self._rows.release_rows(len(self._active))

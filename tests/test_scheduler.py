@@ -318,16 +318,22 @@ def test_a_listener_added_after_the_end_is_called_once_and_not_kept():
 
 
 def test_rows_given_back_when_free_change_no_request(pipe, alone):
-    """A server under a memory limit gives a free row's key/value pages back: the requests' codes and
-    audio are those of lone runs all the same (rows are reused after being given back, and the
-    cache grows past its first capacity), and once idle no row holds anything."""
-    sched = Scheduler(pipe, max_batch=2, max_queue=8, release_free_rows=True)
-    long_params = _params(7, max_new_token=300)  # past the rows' first 256 positions
-    handles = [sched.submit(t, _params(i)) for i, t in enumerate(TEXTS)] + [sched.submit(TEXTS[1], long_params)]
+    """Near its memory limit a server has free rows give their key/value pages back: far from it rows
+    stay mapped as they were; near it every free row is emptied, those freed before included. The
+    requests' codes and audio are those of lone runs all the same (rows are reused after being given
+    back, and the cache grows past its first capacity)."""
+    near_limit = [False]
+    sched = Scheduler(pipe, max_batch=2, max_queue=8, release_free_rows=lambda: near_limit[0])
+    first = [sched.submit(t, _params(i)) for i, t in enumerate(TEXTS[:2])]
     sched.run_until_idle()
-    for h, ref in zip(handles, alone, strict=False):
+    assert all(buf.any() for buf in sched._rows._buffers)  # far from the limit: the rows keep their pages
+    near_limit[0] = True
+    long_params = _params(7, max_new_token=300)  # past the rows' first 256 positions
+    rest = [sched.submit(t, _params(i + 2)) for i, t in enumerate(TEXTS[2:])] + [sched.submit(TEXTS[1], long_params)]
+    sched.run_until_idle()
+    for h, ref in zip(first + rest, alone, strict=False):
         np.testing.assert_array_equal(h.result().codes, ref.codes)
         np.testing.assert_allclose(h.result().wav, ref.wav, atol=1e-5)
-    np.testing.assert_array_equal(handles[-1].result().codes, pipe.synthesize([TEXTS[1]], long_params)[0].codes)
+    np.testing.assert_array_equal(rest[-1].result().codes, pipe.synthesize([TEXTS[1]], long_params)[0].codes)
     assert sched._rows.capacity > 256
     assert not any(buf.any() for buf in sched._rows._buffers)

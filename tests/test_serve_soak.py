@@ -567,9 +567,10 @@ def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_a
     assert all(held) and guard.reserved == 3 * 5 + 30 + 20  # two decodes at once: the largest two
     assert guard.admits(5, 3, 8, need=5, decode=26) is None  # 10 + 4 x 5 + 30 + 26 > 85
     assert guard.admits(5, 3, 8, need=5, decode=5) is not None  # 10 + 4 x 5 + 30 + 20 = 80
+    assert not guard.near_limit()
     rss[0] = 80  # near the limit (over RESUME x limit), where the floor's precision matters
     guard.check()
-    assert not trims
+    assert not trims and guard.near_limit()  # free rows give their memory back now
     held[2].release()
     held[2].release()  # once only
     assert guard.reserved == 3 * 5 + 20 + 10 and not trims  # the guard's thread trims, not the request's end
@@ -583,6 +584,7 @@ def test_the_ledger_counts_only_as_many_whole_decodes_as_run_at_once_and_trims_a
     assert guard.reserved == 0 and len(trims) == 2 and guard.floor == 78  # trimmed, then the floor read
     rss[0] = 74  # under RESUME x limit: no trim at a request's end (a trim holds the heap's locks)
     guard.check()
+    assert not guard.near_limit()
     guard.admits(5, 0, 8, need=5).release()
     guard.check()
     assert len(trims) == 2
@@ -598,7 +600,7 @@ def test_reservations_bound_admissions_and_every_way_a_request_ends_releases_its
     with running(v1, max_batch=4, max_queue=8, memory_limit=limit) as srv:
         guard, version = srv.state.guard, srv.state.current
         sched = version.schedulers["fp32"]
-        assert sched.release_free_rows
+        assert sched.release_free_rows == guard.near_limit  # the guard says when free rows give memory back
         version.request_memory = lambda prep: RequestMemory(need, 0)  # what each miss reserves, whatever its text
         guard.rss = lambda: int(0.85 * limit) - 5 * need // 2  # room under the shedding mark for two
         guard.check()

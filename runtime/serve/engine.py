@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -91,14 +92,16 @@ def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
 class ServedVersion:
     """One artifact or version folder, loaded, verified, with a running scheduler per variant."""
 
-    def __init__(self, path: str | os.PathLike[str], cfg: ServeConfig, voices: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], cfg: ServeConfig, voices: dict[str, str] | None = None,
+                 release_free_rows: Callable[[], bool] | None = None) -> None:
         """Open `path` with `cfg`'s batch, queue, threads, provider, checks, caches and default seed;
-        `voices`: named voices besides OpenAI's six and 'default'."""
+        `voices`: named voices besides OpenAI's six and 'default'; `release_free_rows`: whether the
+        schedulers give free rows' memory back now (a server near its memory limit)."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise NotFound(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = cfg.max_batch, cfg.max_queue
-        self.release_free_rows = cfg.memory_limit is not None  # under a limit, free rows' memory goes back
+        self.release_free_rows = release_free_rows
         kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
                                   "public_key": cfg.public_key, "engine": "auto"}
         self.router: Router | None = None

@@ -180,6 +180,7 @@ class MemoryGuard:
         self.long_chars = long_chars
         self.interval_s = interval_s
         self.level = NORMAL
+        self.tight = False  # RSS over RESUME x limit: the scheduler's free rows give their memory back
         self.last_rss = 0
         self.peak_rss = 0
         self.reserved = 0  # the ledger: what the misses admitted and not yet ended may add (`_ledger`)
@@ -209,6 +210,7 @@ class MemoryGuard:
         rss = self.rss()
         with self._lock:
             self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
+            self.tight = rss >= self.RESUME * self.limit
             self.floor = rss if not self._reservations else max(self.floor, rss - self.reserved)
             was = self.level
             if rss >= self.HARD * self.limit:
@@ -261,6 +263,11 @@ class MemoryGuard:
         if res is not None and level == SHED and text_chars > self.long_chars:
             self.shed.add("serial")
         return res
+
+    def near_limit(self) -> bool:
+        """RSS was over `RESUME` x limit at the last sample: the schedulers' free rows give their memory
+        back (far from the limit a reused row's pages stay mapped, as without a limit)."""
+        return self.tight
 
     def _ledger(self, reservations: set[Reservation]) -> int:
         """Bytes the reservations may still add: every one's held bytes, and the decodes of the largest

@@ -169,7 +169,8 @@ class ServerState:
         t0 = time.perf_counter()
         # One folder for the version's whole life: a `current` link switched while it loads or serves
         # (a variant opened on first use) must not mix two versions' files into one.
-        version = ServedVersion(Path(path).resolve(), cfg, self._voices)
+        version = ServedVersion(Path(path).resolve(), cfg, self._voices,
+                                release_free_rows=self.guard.near_limit if self.guard is not None else None)
         try:
             phrases = version.file_cache.texts()[: cfg.warm_phrases] if version.file_cache is not None else []
             warmed = version.warm(phrases)
