@@ -57,32 +57,24 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6").malloc_trim  # glibc only
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim() if os.name == "posix" else None
-
-
-def _libc_madvise() -> Any:
-    if not sys.platform.startswith("linux"):
+def _glibc(name: str) -> Any:
+    """glibc's function `name` through ctypes, or None where this is not glibc (or it lacks it)."""
+    if os.name != "posix":
         return None
     try:
         import ctypes
 
-        madvise = ctypes.CDLL("libc.so.6").madvise
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return madvise
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
         return None
 
 
-_MADVISE = _libc_madvise()
+_MALLOC_TRIM = _glibc("malloc_trim")
+_MADVISE = _glibc("madvise") if sys.platform.startswith("linux") else None
+if _MADVISE is not None:
+    import ctypes
+
+    _MADVISE.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_DONTNEED = 4  # Linux: the pages go back to the kernel; private anonymous memory reads as zeros after
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -99,14 +91,10 @@ def cap_malloc_arenas(count: int) -> bool:
     one working set over many arenas. Call it before those threads start. Figures:
     docs/measurements/2026-12-05-xeon/heap/README.md.
     """
-    if os.name != "posix" or "MALLOC_ARENA_MAX" in os.environ:
+    mallopt = _glibc("mallopt")
+    if mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        import ctypes
-
-        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, max(1, count)))
-    except (OSError, AttributeError):
-        return False
+    return bool(mallopt(_M_ARENA_MAX, max(1, count)))
 
 
 def release_free_heap() -> None:
@@ -118,6 +106,7 @@ def release_free_heap() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
 
 def discard_pages(buf: np.ndarray) -> int:
     """Give the whole pages inside a C-contiguous array back to the kernel and zero the array; the bytes

@@ -180,7 +180,6 @@ class MemoryGuard:
         self.long_chars = long_chars
         self.interval_s = interval_s
         self.level = NORMAL
-        self.tight = False  # RSS over RESUME x limit: the scheduler's free rows give their memory back
         self.last_rss = 0
         self.peak_rss = 0
         self.reserved = 0  # the ledger: what the misses admitted and not yet ended may add (`_ledger`)
@@ -210,7 +209,6 @@ class MemoryGuard:
         rss = self.rss()
         with self._lock:
             self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
-            self.tight = rss >= self.RESUME * self.limit
             self.floor = rss if not self._reservations else max(self.floor, rss - self.reserved)
             was = self.level
             if rss >= self.HARD * self.limit:
@@ -266,8 +264,9 @@ class MemoryGuard:
 
     def near_limit(self) -> bool:
         """RSS was over `RESUME` x limit at the last sample: the schedulers' free rows give their memory
-        back (far from the limit a reused row's pages stay mapped, as without a limit)."""
-        return self.tight
+        back (far from the limit a reused row's pages stay mapped, as without a limit); a request's
+        end trims the heap (`_release`)."""
+        return self.last_rss >= self.RESUME * self.limit
 
     def _ledger(self, reservations: set[Reservation]) -> int:
         """Bytes the reservations may still add: every one's held bytes, and the decodes of the largest
@@ -292,7 +291,7 @@ class MemoryGuard:
                 self._reservations.discard(res)
                 self.reserved = self._ledger(self._reservations)
                 # the floor's precision matters near the limit only (a trim holds the heap's locks)
-                self._trim_pending = self.last_rss >= self.RESUME * self.limit
+                self._trim_pending = self.near_limit()
 
     def _idle_trim(self) -> None:
         """Refusing with nothing in flight: give the heap's free pages back, so the next check reads
