@@ -1,0 +1,333 @@
+"""The spoken form of a text: numbers, money, dates, times, units and symbols written out as words.
+
+ChatTTS registers no normalizer, so its front end deletes every digit, currency sign and `?`
+(`frontend.Normalizer` keeps CJK, Latin letters and `，。、,.`). `SpokenNormalizer` runs before it:
+
+1. ChatTTS control tags (`[uv_break]`, `[laugh]`, `[speed_5]`, ...) are set aside and put back untouched.
+2. Full-width digits, letters and symbols become ASCII (`２０２６` -> `2026`); CJK punctuation stays.
+3. Phone numbers and long digit strings (order numbers, codes) are read digit by digit, as people read
+   them (`+86 138 0013 8000`, `555-0123`, `20261206`); thousands separators are dropped.
+4. The text is cut into Chinese and English spans (a number goes with the language of the words it
+   belongs to: `在 3 点` is Chinese, `at 3 pm` English) and each span is verbalized by wetext's
+   WeTextProcessing grammars for its language (FSTs through kaldifst, no torch).
+5. `?` `!` become sentence ends and `;` `:` clause marks the model can speak; what still cannot be
+   spoken is listed in `SpokenText.removed` (the caller reports it) rather than dropped in silence.
+
+The grammars load on first use, per language, and only for spans that hold something to verbalize:
+plain words never load them. `NORMALIZER_IDENTITY` names what produced a text (caches key on it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from chattts_forge.errors import ForgeError
+from chattts_forge.log import get_logger
+
+log = get_logger(__name__)
+
+# Bumped whenever the rules below change what a text becomes (caches and records key on it).
+RULES_VERSION = 1
+WETEXT_DIST = "wetext"
+
+
+def wetext_version() -> str:
+    try:
+        return importlib.metadata.version(WETEXT_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def normalizer_identity() -> dict[str, Any]:
+    """What turns written text into spoken text here: recorded in artifact.json, the manifest and cache keys."""
+    return {"name": "wetext", "version": wetext_version(), "rules": RULES_VERSION,
+            "options": {"operator": "tn", "languages": ["zh", "en"], "phones": "digit-by-digit"}}
+
+
+def identity_key(identity: dict[str, Any] | None) -> str:
+    """A short stable string of an identity (None: normalization off)."""
+    if identity is None:
+        return "off"
+    return f"{identity['name']}-{identity['version']}-r{identity['rules']}"
+
+
+@dataclass(frozen=True)
+class SpokenText:
+    """A text in its spoken form and the characters that could not be spoken (sorted, unique)."""
+
+    text: str
+    removed: str = ""
+
+
+# ---- character classes ----------------------------------------------------------------------------
+
+_TAG = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]")
+_CJK = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
+# Full-width ASCII variants (U+FF01..U+FF5E) to ASCII, except the CJK punctuation ChatTTS speaks as pauses.
+_KEEP_FULLWIDTH = set("，！？：；（）")
+_FULL_TO_HALF = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F) if chr(c) not in _KEEP_FULLWIDTH}
+_FULL_TO_HALF[0x3000] = 0x20  # ideographic space
+_FULL_TO_HALF.update({ord("−"): ord("-"), ord("–"): ord("-"), ord("—"): ord(","), ord("…"): ord(","),
+                      ord("‐"): ord("-"), ord("﹣"): ord("-")})
+# Something a grammar may change: a digit, a symbol, or an English abbreviation with its period.
+_NEEDS_GRAMMAR = re.compile(r"[0-9$€£¥￥%‰°℃℉+×÷=<>@#&*/\\^~|]|\b[A-Za-z]{1,4}\.(?=\s|$)")
+
+_ZH_DIGITS = "零一二三四五六七八九"
+_ZH_PHONE_DIGITS = "零幺二三四五六七八九"  # 1 is read 幺 in phone numbers
+_EN_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_CURRENCY_WORDS = {"zh": {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"},
+                   "en": {"$": "dollars", "€": "euros", "£": "pounds", "¥": "yuan", "￥": "yuan"}}
+_SYMBOL_WORDS = {"zh": {"+": "加", "=": "等于", "×": "乘", "÷": "除以", "%": "百分号", "@": "艾特", "#": "井号",
+                        "&": "和", "°": "度", "℃": "摄氏度", "℉": "华氏度", "/": "斜杠", "*": "星号", "‰": "千分号"},
+                 "en": {"+": "plus", "=": "equals", "×": "times", "÷": "divided by", "%": "percent", "@": "at",
+                        "#": "number", "&": "and", "°": "degrees", "℃": "degrees Celsius", "℉": "degrees Fahrenheit",
+                        "/": "slash", "*": "star", "‰": "per mille"}}
+
+# A phone number: an optional +country code, then groups of digits split by spaces, dashes, dots or
+# parentheses, 7 digits or more in all; or one run of 7+ digits (an order number, a code).
+_PHONE = re.compile(
+    r"(?<![\w.,:/\-])(?:\+\d{1,3}[ \-]?)?(?:\(\d{2,4}\)[ \-]?)?\d{2,4}(?:[ \-]\d{2,4}){1,4}(?![\w:/]|[.,]\d)"
+)
+_DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}-\d{1,2}-\d{4}")
+_LONG_DIGITS = re.compile(r"(?<![\w.,$€£¥￥+\-])\d{7,}(?![\w%]|[.,]\d)")
+_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
+# ?!;: and their full-width forms: sentence ends and clause marks the model can speak.
+_PAUSES = {"zh": str.maketrans({"?": "。", "？": "。", "!": "。", "！": "。", ";": "，", "；": "，", ":": "，", "：": "，"}),
+           "en": str.maketrans({"?": ".", "？": ".", "!": ".", "！": ".", ";": ",", "；": ",", ":": ",", "：": ","})}
+
+
+def _digits(run: str, lang: str, phone: bool) -> str:
+    if lang == "zh":
+        table = _ZH_PHONE_DIGITS if phone else _ZH_DIGITS
+        return "".join(table[int(d)] for d in run)
+    return " ".join(_EN_DIGITS[int(d)] for d in run)
+
+
+def read_digit_by_digit(number: str, lang: str) -> str:
+    """`+86 138 0013 8000` -> `加八六，幺三八，零零幺三，八零零零` (zh) / `plus eight six, one three eight, ...`."""
+    groups = re.findall(r"\d+", number)
+    plus = number.lstrip().startswith("+")
+    joiner = "，" if lang == "zh" else ", "
+    spoken = joiner.join(_digits(g, lang, phone=True) for g in groups)
+    if plus:
+        spoken = ("加" if lang == "zh" else "plus ") + spoken
+    return spoken
+
+
+# ---- the grammars -----------------------------------------------------------------------------------
+
+
+class _Grammars:
+    """wetext's TN tagger + verbalizer per language, loaded on first use (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._normalizers: dict[str, Any] = {}
+
+    def get(self, lang: str) -> Any:
+        n = self._normalizers.get(lang)
+        if n is None:
+            with self._lock:
+                n = self._normalizers.get(lang)
+                if n is None:
+                    if importlib.util.find_spec("wetext") is None:
+                        raise ForgeError("text normalization needs the 'wetext' package (pip install wetext); "
+                                         "or turn it off (--no-text-normalization, \"normalize\": false)")
+                    from wetext import Normalizer as WetextNormalizer
+
+                    n = WetextNormalizer(lang=lang, operator="tn")
+                    self._normalizers[lang] = n
+        return n
+
+    def verbalize(self, text: str, lang: str) -> str:
+        """One span through its language's grammar; a span the grammar rejects is verbalized word by word."""
+        try:
+            return self.get(lang).normalize(text)
+        except ForgeError:
+            raise
+        except Exception:  # wetext asserts on some inputs (e.g. '#1' in English)
+            pass
+        out = []
+        for word in re.split(r"(\s+)", text):
+            if not word.strip() or not _NEEDS_GRAMMAR.search(word):
+                out.append(word)
+                continue
+            try:
+                out.append(self.get(lang).normalize(word))
+            except Exception:
+                out.append(word)
+        return "".join(out)
+
+
+_GRAMMARS = _Grammars()
+
+
+# ---- spans --------------------------------------------------------------------------------------------
+
+
+def _strong(ch: str) -> str | None:
+    if _CJK.match(ch):
+        return "zh"
+    if ch.isascii() and ch.isalpha():
+        return "en"
+    return None
+
+
+def language_spans(text: str, default: str) -> list[tuple[str, str]]:
+    """Cut `text` into (language, span) runs. Letters and CJK characters decide; what lies between them
+    (digits, symbols, spaces) goes to Chinese when Chinese follows it (a measure word: `3 点`, `199元`)
+    or when Chinese precedes and no English follows, to English between English words, and else to
+    `default` (the text's language)."""
+    kinds = [_strong(c) for c in text]
+    spans: list[tuple[str, str]] = []
+    i, n = 0, len(text)
+    while i < n:
+        if kinds[i] is not None:
+            j = i
+            while j < n and kinds[j] == kinds[i]:
+                j += 1
+            lang = kinds[i]
+        else:
+            j = i
+            while j < n and kinds[j] is None:
+                j += 1
+            prev = next((k for k in reversed(kinds[:i]) if k), None)
+            nxt = kinds[j] if j < n else None
+            if nxt == "zh" or (prev == "zh" and nxt is None):
+                lang = "zh"
+            elif prev == "en" and nxt in ("en", None) or prev is None and nxt == "en":
+                lang = "en"
+            else:
+                lang = default
+        assert lang is not None
+        if spans and spans[-1][0] == lang:
+            spans[-1] = (lang, spans[-1][1] + text[i:j])
+        else:
+            spans.append((lang, text[i:j]))
+        i = j
+    return spans
+
+
+def _digit_runs(text: str, default: str) -> str:
+    """Phone numbers and long digit strings read digit by digit, in the language around them."""
+
+    def lang_at(m: re.Match[str]) -> str:
+        before = next((_strong(c) for c in reversed(text[: m.start()]) if _strong(c)), None)
+        after = next((_strong(c) for c in text[m.end():] if _strong(c)), None)
+        if after == "zh" or (before == "zh" and after is None):
+            return "zh"
+        if before == "en" or after == "en":
+            return "en"
+        return default
+
+    def phone(m: re.Match[str]) -> str:
+        number = m.group(0)
+        groups = re.findall(r"\d+", number)
+        plus = number.startswith("+")
+        if not plus and (sum(map(len, groups)) < 7 or _DATE.fullmatch(number)
+                         or (len(groups) == 2 and all(g.endswith("00") for g in groups))):  # a range
+            return number
+        sep = " " if lang_at(m) == "en" else ""
+        return sep + read_digit_by_digit(m.group(0), lang_at(m)) + sep
+
+    text = _PHONE.sub(phone, text)
+    return _LONG_DIGITS.sub(lambda m: read_digit_by_digit(m.group(0), lang_at(m)), text)
+
+
+# A short unit or suffix written against a number (5km, 60kg, 1.5L, 3rd, 4K) goes with the number's span.
+_UNIT_AFTER_DIGIT = 3
+
+
+def _attach_units(spans: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for lang, span in spans:
+        if (lang == "en" and out and out[-1][1][-1:].isdigit() and len(span) <= _UNIT_AFTER_DIGIT
+                and span.isalpha()):
+            out[-1] = (out[-1][0], out[-1][1] + span)
+        elif lang == "en" and out and out[-1][1][-1:].isdigit() and re.match(r"[A-Za-z]{1,3}\b", span):
+            unit = re.match(r"[A-Za-z]{1,3}\b", span).group(0)  # type: ignore[union-attr]
+            out[-1] = (out[-1][0], out[-1][1] + unit)
+            out.append((lang, span[len(unit):]))
+        else:
+            out.append((lang, span))
+    merged: list[tuple[str, str]] = []
+    for lang, span in out:
+        if merged and merged[-1][0] == lang:
+            merged[-1] = (lang, merged[-1][1] + span)
+        elif span:
+            merged.append((lang, span))
+    return merged
+
+
+def _leftovers(text: str, lang: str) -> str:
+    """What a grammar left written: digits (read one by one), currency signs and operators (named)."""
+    words = {**_CURRENCY_WORDS[lang], **_SYMBOL_WORDS[lang]}
+    sep = "" if lang == "zh" else " "
+
+    def name(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok.isdigit():
+            return sep + _digits(tok, lang, phone=False) + sep
+        return sep + words[tok] + sep
+
+    out = re.sub(r"\d+|[" + re.escape("".join(words)) + "]", name, text)
+    return re.sub(r" {2,}", " ", out)
+
+
+def _tidy(text: str, lang: str) -> str:
+    text = text.translate(_PAUSES[lang])
+    if lang == "en":
+        text = re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", " ", text)  # twenty-one, COVID-nineteen
+    return text
+
+
+# ---- the normalizer ---------------------------------------------------------------------------------
+
+
+class SpokenNormalizer:
+    """Written text -> spoken text, Chinese and English spans each through wetext (see the module doc)."""
+
+    identity = staticmethod(normalizer_identity)
+
+    def __call__(self, text: str, lang: str | None = None) -> str:
+        return self.normalize(text, lang)
+
+    def normalize(self, text: str, lang: str | None = None) -> str:
+        from chattts_forge.runtime.frontend import Normalizer
+
+        default = lang or Normalizer.detect_language(_TAG.sub("", text))
+        out: list[str] = []
+        pos = 0
+        for m in _TAG.finditer(text):
+            out.append(self._plain(text[pos: m.start()], default))
+            out.append(m.group(0))
+            pos = m.end()
+        out.append(self._plain(text[pos:], default))
+        return "".join(out)
+
+    def _plain(self, text: str, default: str) -> str:
+        if not text:
+            return text
+        text = text.translate(_FULL_TO_HALF).replace("°C", "℃").replace("°F", "℉")
+        if not _NEEDS_GRAMMAR.search(text) and not re.search(r"[?？!！;；:：]", text):
+            return text
+        text = _digit_runs(text, default)  # before separators go: 1,000,000 is a number, 1000000 a code
+        text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
+        parts = []
+        for lang, span in _attach_units(language_spans(text, default)):
+            if _NEEDS_GRAMMAR.search(span):
+                lead = span[: len(span) - len(span.lstrip())]
+                trail = span[len(span.rstrip()):]
+                core = span.strip()
+                spoken = _GRAMMARS.verbalize(core, lang) if core else core
+                span = lead + _leftovers(spoken, lang) + trail
+            parts.append(_tidy(span, lang))
+        return re.sub(r" {2,}", " ", "".join(parts)).strip()
+
+
+SPOKEN = SpokenNormalizer()
