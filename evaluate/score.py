@@ -3,9 +3,11 @@
 Library:
 
 - `read_transcripts(path)` -> {id: sentence}; the file is ``NNN<TAB>sentence`` per line (UTF-8).
-- `error_rates(references, hypotheses, lang)` -> per-utterance and pooled (corpus) WER/CER of
-  texts already transcribed, after `textnorm.normalize` (jiwer 4: `process_words` /
-  `process_characters`).
+- `error_rates(references, hypotheses, lang, spoken=True)` -> per-utterance and pooled (corpus)
+  WER/CER of texts already transcribed, after `textnorm.normalize` (jiwer 4: `process_words` /
+  `process_characters`). With `spoken` (the default) both sides are first put in their spoken form
+  (`runtime.spoken.SPOKEN`, wetext), so "$199" and "one hundred and ninety-nine dollars" are the same
+  words; `spoken=False` scores as before (the project's own number rules only).
 - `seed_tts_eval_rates(references, hypotheses, lang)` -> the same texts scored exactly as
   Seed-TTS-eval's ``run_wer.py`` + ``average_wer.py`` do (see there), for comparison with
   published tables.
@@ -23,7 +25,9 @@ Result (also what ``chattts-forge score --json OUT`` writes)::
     {"schema": "chattts-forge/score/1",
      "corpus": {"wer", "cer", "n", "metric" ("wer" for en, "cer" for zh), "error_rate",
                 "wer_interval", "cer_interval" (95% bootstrap over utterances), "wer_raw", "cer_raw"
-                (without number normalisation), "ref_words", "ref_chars", "substitutions",
+                (without number normalisation), "wer_unspoken", "cer_unspoken" (number rules without
+                the spoken form; only when scored spoken), "normalizer" (what made the spoken form,
+                e.g. "wetext-0.1.8-r1"; "off"), "ref_words", "ref_chars", "substitutions",
                 "deletions", "insertions"},                                   # with transcripts
      "seed_tts_eval": {"wer", "wer_interval", "substitutions", "deletions", "insertions", "n",
                        "n_above_50", "wer_below_50", "rules"},               # with transcripts
@@ -34,7 +38,8 @@ Result (also what ``chattts-forge score --json OUT`` writes)::
                      "wer", "cer", "substitutions", "deletions", "insertions", "ref_words",
                      "char_edits", "ref_chars", "seed_tts_eval": {...}, "asr_seconds",
                      "audio_seconds", "sim", "dnsmos": {"sig", "bak", "ovrl", "p808"}}, ...],
-     "asr": {backend description}, "lang", "normalization", "timing": {...}}
+     "asr": {backend description}, "lang", "normalization", "normalizer": {runtime.spoken's
+     normalizer_identity(), null when not spoken}, "timing": {...}}
 
 Corpus figures of this project are pooled: total edits over total reference units (what jiwer
 computes over lists). For Chinese the words are characters, so WER equals CER. Seed-TTS-eval's are
@@ -134,19 +139,36 @@ def _pooled_interval(edits: list[int], units: list[int]) -> list[float] | None:
     return list(bootstrap_ratio_interval(edits, units))
 
 
+def _pooled_edits(pairs: list[tuple[str, str]], lang: str, totals: dict[str, int]) -> None:
+    """Add the word edits, reference words, character edits and characters of normalised pairs to `totals`."""
+    for ref_n, hyp_n in pairs:
+        ref_t, hyp_t = textnorm.tokens(ref_n, lang), textnorm.tokens(hyp_n, lang)
+        sub, dele, ins, _ = _edits(ref_t, hyp_t)
+        totals["edits"] += sub + dele + ins
+        totals["words"] += len(ref_t)
+        char_edits, chars = _char_edits(ref_n, hyp_n)
+        totals["char_edits"] += char_edits
+        totals["chars"] += chars
+
+
 def error_rates(
-    references: dict[str, str], hypotheses: dict[str, str], lang: str
+    references: dict[str, str], hypotheses: dict[str, str], lang: str, spoken: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(corpus, utterances) WER/CER of `hypotheses` against `references` (same ids)."""
+    """(corpus, utterances) WER/CER of `hypotheses` against `references` (same ids); `spoken`: both
+    sides in their spoken form first (see the module doc), False: the project's number rules only."""
     missing = sorted(set(references) - set(hypotheses))
     if missing:
         raise ForgeError(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
     totals = {"sub": 0, "del": 0, "ins": 0, "words": 0, "char_edits": 0, "chars": 0}
     raw_totals = {"edits": 0, "words": 0, "char_edits": 0, "chars": 0}
+    unspoken_pairs: list[tuple[str, str]] = []
     utterances = []
     for utt_id, reference in references.items():
         hypothesis = hypotheses[utt_id]
-        ref_n, hyp_n = textnorm.normalize(reference, lang), textnorm.normalize(hypothesis, lang)
+        ref_n = textnorm.normalize(reference, lang, spoken=spoken)
+        hyp_n = textnorm.normalize(hypothesis, lang, spoken=spoken)
+        if spoken:
+            unspoken_pairs.append((textnorm.normalize(reference, lang), textnorm.normalize(hypothesis, lang)))
         ref_t, hyp_t = textnorm.tokens(ref_n, lang), textnorm.tokens(hyp_n, lang)
         sub, dele, ins, _hits = _edits(ref_t, hyp_t)
         char_edits, chars = _char_edits(ref_n, hyp_n)
@@ -157,13 +179,8 @@ def error_rates(
         totals["char_edits"] += char_edits
         totals["chars"] += chars
         # The same without number normalisation, for comparison with un-normalised figures.
-        ref_r, hyp_r = textnorm.normalize(reference, lang, False), textnorm.normalize(hypothesis, lang, False)
-        r_sub, r_del, r_ins, _ = _edits(textnorm.tokens(ref_r, lang), textnorm.tokens(hyp_r, lang))
-        raw_totals["edits"] += r_sub + r_del + r_ins
-        raw_totals["words"] += len(textnorm.tokens(ref_r, lang))
-        rc_edits, rc_chars = _char_edits(ref_r, hyp_r)
-        raw_totals["char_edits"] += rc_edits
-        raw_totals["chars"] += rc_chars
+        _pooled_edits([(textnorm.normalize(reference, lang, False), textnorm.normalize(hypothesis, lang, False))],
+                      lang, raw_totals)
         utterances.append(
             {
                 "id": utt_id,
@@ -195,6 +212,7 @@ def error_rates(
         "error_rate": cer if metric == "cer" else wer,
         "wer_raw": _rate(raw_totals["edits"], raw_totals["words"]),
         "cer_raw": _rate(raw_totals["char_edits"], raw_totals["chars"]),
+        **_unspoken_figures(unspoken_pairs, lang, spoken),
         "ref_words": totals["words"],
         "ref_chars": totals["chars"],
         "substitutions": totals["sub"],
@@ -202,6 +220,16 @@ def error_rates(
         "insertions": totals["ins"],
     }
     return corpus, utterances
+
+
+def _unspoken_figures(pairs: list[tuple[str, str]], lang: str, spoken: bool) -> dict[str, Any]:
+    """The corpus' "wer_unspoken"/"cer_unspoken" (only when scored spoken) and "normalizer"."""
+    if not spoken:
+        return {"normalizer": "off"}
+    t = {"edits": 0, "words": 0, "char_edits": 0, "chars": 0}
+    _pooled_edits(pairs, lang, t)
+    return {"wer_unspoken": _rate(t["edits"], t["words"]), "cer_unspoken": _rate(t["char_edits"], t["chars"]),
+            "normalizer": textnorm.normalizer_key()}
 
 
 # ---------------------------------------------------------------- Seed-TTS-eval's own rules
@@ -326,10 +354,14 @@ def score_hypotheses(
     asr: dict[str, Any],
     lang: str,
     wall_seconds: float,
+    spoken: bool = True,
 ) -> dict[str, Any]:
     """The score record of transcribed utterances (`asr`: the backend's description); the corpus
-    figures depend only on the references and hypotheses, not on where they were transcribed."""
-    corpus, utterances = error_rates(references, hypotheses, lang)
+    figures depend only on the references and hypotheses, not on where they were transcribed.
+    `spoken`: `error_rates`' (the Seed-TTS-eval figures never use the spoken form)."""
+    from chattts_forge.runtime.spoken import normalizer_identity
+
+    corpus, utterances = error_rates(references, hypotheses, lang, spoken=spoken)
     seed_corpus, seed_rows = seed_tts_eval_rates(references, hypotheses, lang)
     for u in utterances:
         u.update(timing[u["id"]])
@@ -343,8 +375,10 @@ def score_hypotheses(
         "utterances": utterances,
         "asr": asr,
         "lang": lang,
-        "normalization": "seed-tts-eval style: NFKC, zh-cn folding, numbers as words, no punctuation, "
+        "normalization": ("spoken form (runtime.spoken, wetext), then " if spoken else "")
+        + "seed-tts-eval style: NFKC, zh-cn folding, numbers as words, no punctuation, "
         "lower case; zh scored per character",
+        "normalizer": normalizer_identity() if spoken else None,
         "timing": {
             "wall_seconds": wall_seconds,
             "asr_seconds": total_asr,

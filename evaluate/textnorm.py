@@ -13,8 +13,19 @@ Both the reference and the ASR hypothesis go through the same function before WE
 - Chinese is scored per character: `tokens_zh` splits into characters (Latin words inside
   Chinese text stay whole words), so "WER" on Chinese is the character error rate.
 
-`normalize(text, lang, numbers=True)` is the entry point; `numbers=False` gives the raw
-(punctuation/case-only) form, used to report the un-normalised figures alongside.
+`normalize(text, lang, numbers=True, spoken=False)` is the entry point; `numbers=False` gives the
+raw (punctuation/case-only) form, used to report the un-normalised figures alongside.
+
+`spoken=True` (what `score.error_rates` uses by default) first turns the text into its spoken form
+with the runtime's own normalizer (`runtime.spoken.SPOKEN`, wetext's grammars: `$199` -> "one
+hundred and ninety nine dollars", `¥5` -> "五元", phones digit by digit), then applies the rules
+above to what is left. So a written reference and a transcript that spells the number out, or writes
+it another way, compare equal. Two spellings of the same English number are made one on both sides:
+hyphens split words ("ninety-nine" -> "ninety nine", as every punctuation mark does), and an "and"
+between a scale word and the number words after it is dropped ("one hundred and ninety nine" ->
+"one hundred ninety nine"; "and" anywhere else stays), and a lone "o" (wetext's zero in "7:05" ->
+"seven o five") is written "oh", as Whisper spells it. The spoken=False form is byte for byte what it
+was before, for the "without" figures.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ import unicodedata
 __all__ = [
     "normalize",
     "normalize_en",
+    "spoken_form",
+    "normalizer_key",
     "normalize_zh",
     "tokens",
     "detect_lang",
@@ -256,13 +269,51 @@ def normalize_zh(text: str, numbers: bool = True) -> str:
     return _collapse(text)
 
 
-def normalize(text: str, lang: str, numbers: bool = True) -> str:
+# ---------------------------------------------------------------- spoken form first
+
+# "and" is dropped only after one of these and before one of the number words below.
+_EN_SCALE_WORDS = frozenset(["hundred", "thousand", "million", "billion", "trillion"])
+_EN_SMALL_NUMBER_WORDS = frozenset(_ONES[1:] + _TENS[2:])
+
+
+def _en_number_words_one_way(normalized: str) -> str:
+    """One spelling of English number words in an already normalised text: 'one hundred and ninety
+    nine' -> 'one hundred ninety nine' (an "and" only between a scale word and a number word), and the
+    zero read as a letter written 'oh' ('seven o five' -> 'seven oh five')."""
+    words = normalized.split()
+    keep = [
+        "oh" if w == "o" else w
+        for i, w in enumerate(words)
+        if not (w == "and" and 0 < i < len(words) - 1 and words[i - 1] in _EN_SCALE_WORDS
+                and words[i + 1] in _EN_SMALL_NUMBER_WORDS)
+    ]
+    return " ".join(keep)
+
+
+def spoken_form(text: str, lang: str) -> str:
+    """`text` as it is spoken (`runtime.spoken.SPOKEN`, wetext), in `lang`; not yet scoring-normalised."""
+    from chattts_forge.runtime.spoken import SPOKEN
+
+    return SPOKEN.normalize(text, lang)
+
+
+def normalizer_key() -> str:
+    """What `spoken=True` verbalizes with, as a short string ('wetext-0.1.8-r1')."""
+    from chattts_forge.runtime.spoken import identity_key, normalizer_identity
+
+    return identity_key(normalizer_identity())
+
+
+def normalize(text: str, lang: str, numbers: bool = True, spoken: bool = False) -> str:
     """Scoring form of `text` for `lang` ('en' or 'zh'); see the module docstring."""
+    if lang not in ("en", "zh"):
+        raise ValueError(f"unsupported language {lang!r} (expected 'en' or 'zh')")
+    if spoken:
+        text = spoken_form(text, lang)
     if lang == "en":
-        return normalize_en(text, numbers=numbers)
-    if lang == "zh":
-        return normalize_zh(text, numbers=numbers)
-    raise ValueError(f"unsupported language {lang!r} (expected 'en' or 'zh')")
+        out = normalize_en(text, numbers=numbers)
+        return _en_number_words_one_way(out) if spoken else out
+    return normalize_zh(text, numbers=numbers)
 
 
 def tokens(normalized: str, lang: str) -> list[str]:
