@@ -36,6 +36,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "synth",
         "Synthesize speech from an ONNX artifact (torch-free runtime).",
     ),
+    "normalize": (
+        "chattts_forge.runtime.cli",
+        "normalize",
+        "Print exactly the text the model receives for a text: its spoken form, one segment per line.",
+    ),
     "warm": (
         "chattts_forge.runtime.cli",
         "warm",

@@ -83,6 +83,9 @@ from chattts_forge.cli_options import provider_option, sampling_options
     default=None,
     help="Save the audio codes as an int64 .npy array [steps, 4] (numbered like --out for several texts).",
 )
+@click.option("--text-normalization/--no-text-normalization", default=True, show_default=True,
+              help="Speak numbers, money, dates and symbols as words and cut a long text into segments "
+                   "(`chattts-forge normalize` shows the result); off: ChatTTS's own front end exactly.")
 @click.option("--stream", is_flag=True, help="Decode while generating (every --stream-batch steps).")
 @click.option("--stream-batch", type=int, default=24, show_default=True, help="Steps between stream chunks.")
 @click.option(
@@ -145,6 +148,39 @@ def synth(**options: Any) -> None:
     from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files
 
     synthesize_to_files(SynthConfig(**options))
+
+
+@click.command("normalize")
+@click.option("--text", "text", default=None, help="The text (as a client would send it).")
+@click.option("--file", "file", type=click.Path(path_type=Path), default=None,
+              help="A UTF-8 file whose whole content is one text (newlines end sentences).")
+@click.option("--artifact", type=click.Path(path_type=Path), default=None,
+              help="Apply this artifact's homophone map too (an artifact folder or a published version folder); "
+                   "without it, no homophone is replaced.")
+@click.option("--lang", type=click.Choice(["zh", "en"]), default=None, help="The text's language (default: detected).")
+@click.option("--text-normalization/--no-text-normalization", default=True, show_default=True,
+              help="Off: ChatTTS's own front end exactly (digits, currency signs and ? are deleted).")
+def normalize(**options: Any) -> None:
+    """Print exactly the text the model receives: one segment per line on stdout, nothing else.
+
+    Numbers, money, dates, times, phone numbers, units, operators, e-mails and URLs become words in
+    the language around them (wetext); ? and ! end sentences, ; and : become pauses; ChatTTS's
+    control tags ([uv_break], [laugh], [speed_5], ...) pass through. A long text is cut at sentence
+    ends, then clause marks, then spaces into segments of at most ~20 s of speech. What cannot be
+    spoken is removed and listed on stderr.
+
+    \b
+    Examples:
+      chattts-forge normalize --text "转人工请按 0"
+      chattts-forge normalize --file letter.txt --artifact artifacts/M/v1
+    """
+    from chattts_forge.runtime.synth import NormalizeConfig, spoken_segments
+
+    segments, removed = spoken_segments(NormalizeConfig(**options))
+    for seg in segments:
+        click.echo(seg)
+    if removed:
+        click.echo("removed (cannot be spoken): " + " ".join(removed), err=True)
 
 
 @click.command("warm")

@@ -489,7 +489,9 @@ class Chat:
                    lang: str | None) -> str:
         out = self.normalizer(text, do_text_normalization, do_homophone_replacement, lang)
         # The runtime's checks (empty / nothing speakable) on the normalised text.
-        return self._pipe().normalize(out, SynthParams(normalize=False, homophones=False))
+        # ChatTTS speaks what its own front end leaves unless a normalizer is registered
+        # (chat.normalizer.register("en", chattts_forge.runtime.spoken.registered("en")), as in ChatTTS).
+        return self._pipe().normalize(out, SynthParams(normalize=False, homophones=False, text_normalization=False))
 
     def _refine(self, texts: list[str], params: RefineTextParams) -> list[str]:
         return self._pipe().refine_text(texts, _runtime_refine(params))
@@ -530,7 +532,8 @@ class Chat:
 
     def _stream(self, groups: list[list[str]], params: _RuntimeCodeParams, compat: InferCodeParams,
                 use_decoder: bool) -> Iterator[np.ndarray]:
-        synth = SynthParams(code=params, refine=None, use_decoder=use_decoder, normalize=False, homophones=False)
+        synth = SynthParams(code=params, refine=None, use_decoder=use_decoder, normalize=False, homophones=False,
+                            text_normalization=False)
         for group in groups:
             yield from self._stream_group(group, synth, compat)
 

@@ -128,6 +128,17 @@ class Normalizer:
         do_homophone_replacement: bool = True,
         lang: str | None = None,
     ) -> str:
+        return self.filtered(text, do_text_normalization, do_homophone_replacement, lang)[0]
+
+    def filtered(
+        self,
+        text: str,
+        do_text_normalization: bool = True,
+        do_homophone_replacement: bool = True,
+        lang: str | None = None,
+    ) -> tuple[str, str]:
+        """(ChatTTS's normalisation of `text`, the characters it deleted: sorted, each once)."""
+        removed = ""
         if do_text_normalization:
             detected = self.detect_language(text) if lang is None else lang
             if detected == "zh":
@@ -136,6 +147,7 @@ class Normalizer:
         if invalid:
             log.warning("found invalid characters (filtered out): %s", "".join(sorted(invalid)))
             text = text.translate(_CHARACTER_SIMPLIFIER)
+            removed = "".join(sorted(c for c in invalid if ord(c) not in _CHARACTER_SIMPLIFIER))
         if do_homophone_replacement:
             replaced = text.translate(self.homophones)
             if replaced != text:
@@ -144,7 +156,7 @@ class Normalizer:
                 text = replaced
         if invalid:
             text = _map_tagless(text, lambda t: _REJECT_PATTERN.sub("", t))
-        return text
+        return text, removed
 
 
 def split_sentences(text: str) -> list[str]:

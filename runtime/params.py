@@ -65,7 +65,10 @@ class SynthParams:
     code: InferCodeParams = field(default_factory=InferCodeParams)
     refine: RefineTextParams | None = None  # None: no text refinement (ChatTTS skip_refine_text)
     use_decoder: bool = True  # False: DVAE on codes
-    normalize: bool = True
+    # The spoken form (runtime.spoken: numbers, money, dates, symbols as words; long text cut into
+    # segments). False: ChatTTS's own front end exactly, as ChatTTS without a registered normalizer.
+    text_normalization: bool = True
+    normalize: bool = True  # ChatTTS's do_text_normalization (zh half -> full width)
     homophones: bool = True
     lang: str | None = None
     split_sentences: bool = False  # split each text like Chat.infer(split_text=True), then join
@@ -154,7 +157,7 @@ def check_synth_params(params: object, max_positions: int | None = None, max_tex
         raise ForgeError(f"params.code must be InferCodeParams, got {type(code).__name__}")
     if params.refine is not None and not isinstance(params.refine, RefineTextParams):
         raise ForgeError(f"params.refine must be RefineTextParams or None, got {type(params.refine).__name__}")
-    for name in ("use_decoder", "normalize", "homophones", "split_sentences"):
+    for name in ("use_decoder", "text_normalization", "normalize", "homophones", "split_sentences"):
         _check_bool(f"params.{name}", getattr(params, name))
     if params.lang not in (None, "zh", "en"):
         raise ForgeError(f"params.lang must be None, 'zh' or 'en', got {str(params.lang)[:40]!r}")

@@ -66,6 +66,7 @@ from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
+from chattts_forge.runtime.spoken import identity_key, normalizer_identity
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, RefineTextParams, Row, SynthParams
@@ -129,6 +130,8 @@ def cache_knobs(params: SynthParams, num_vq: int) -> dict[str, Any]:
         "seed": code.seed,
         "use_decoder": params.use_decoder,
         "refine": refine_knobs(params.refine),
+        # the normalizer that made the spoken text (its identity: a new one makes new entries)
+        "text_normalization": identity_key(normalizer_identity() if params.text_normalization else None),
     }
 
 
@@ -157,7 +160,8 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
         )
         refine = knobs["refine"]
         refine = None if refine is False else RefineTextParams(**{name: refine[name] for name in _REFINE_KNOBS})
-        params = SynthParams(code=code, refine=refine, use_decoder=bool(knobs["use_decoder"]))
+        params = SynthParams(code=code, refine=refine, use_decoder=bool(knobs["use_decoder"]),
+                             text_normalization=knobs.get("text_normalization", "off") != "off")
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ForgeError(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
     if cache_knobs(params, num_vq) != knobs:  # e.g. a knob a newer writer added

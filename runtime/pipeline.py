@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT, VOCODER
+from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
@@ -66,16 +67,21 @@ from chattts_forge.runtime.params import (  # noqa: F401 - re-exported: callers 
 )
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
 from chattts_forge.runtime.sampling import SamplingConfig
+from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
 from chattts_forge.runtime.session import Artifact, GptStepLike
 from chattts_forge.runtime.stream_decode import StreamDecoder, decoder_radius, vocos_radius
 from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
     SPLIT_TEXT_FACTOR,
     TEXT_CHARS_PER_POSITION,
+    InputError,
     TextFront,
     check_text_length,
+    short_repr,
 )
 
 log = get_logger(__name__)
+# The most segments of long inputs generated as one batch (a row's key/value cache grows with it).
+SEGMENT_BATCH = 8
 
 @dataclass
 class Result:
@@ -87,6 +93,14 @@ class Result:
     wav: np.ndarray  # float32 [samples] at `sample_rate`
     sample_rate: int = 24000
     cached: bool = False  # served from a phrase cache (Vocos only; `hiddens` is then empty)
+
+
+def join_generations(parts: Sequence[Generation]) -> Generation:
+    """The generations of one text's segments as one row (codes and hidden states end to end)."""
+    ids = [np.concatenate([g.ids[0] for g in parts])]
+    hiddens = [np.concatenate([g.hiddens[0] for g in parts])]
+    finished = None if any(g.finished is None for g in parts) else np.array([all(bool(g.finished[0]) for g in parts)])
+    return Generation(ids, hiddens, finished=finished)
 
 
 class Row(NamedTuple):
@@ -163,9 +177,9 @@ class Pipeline:
         """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
         return self.text.normalize(text, params or SynthParams())
 
-    def max_text_chars(self, split_sentences: bool = False) -> int:
+    def max_text_chars(self, split_sentences: bool = False, segmented: bool = False) -> int:
         """The longest input text accepted (`TextFront.max_text_chars`)."""
-        return self.text.max_text_chars(split_sentences)
+        return self.text.max_text_chars(split_sentences, segmented)
 
     def max_recording_samples(self) -> int:
         """The longest voice-clone recording accepted: its codes (one per 2 hops) must fit the positions."""
@@ -405,7 +419,8 @@ class Pipeline:
         return self.refine_texts(out, params, owner), owner
 
     def normalize_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
-        """`prepare_texts` before refinement (what a phrase cache is keyed by)."""
+        """`prepare_texts` before refinement (what a phrase cache is keyed by): each input's segments
+        (`TextFront.segments`: its spoken form cut at sentence ends when long) and their owners."""
         check_synth_params(params, self.dims.max_position_embeddings, self.max_text_chars())
         if isinstance(texts, str):
             texts = [texts]
@@ -416,13 +431,16 @@ class Pipeline:
         out, owner = [], []
         for i, t in enumerate(texts):
             if isinstance(t, str):  # before splitting: a huge text is refused before any work on it
-                check_text_length(t, self.max_text_chars(params.split_sentences))
+                check_text_length(t, self.max_text_chars(params.split_sentences, params.text_normalization))
             if not isinstance(t, str) or not t.strip():
-                raise ForgeError(f"empty text (item {i})" if len(texts) > 1 else "empty text")
+                raise InputError(f"empty text (item {i})" if len(texts) > 1 else "empty text")
             parts = split_sentences(t) if params.split_sentences else [t]
             for p in parts:
-                out.append(self.normalize(p, params))
-                owner.append(i)
+                segments, removed = self.text.segments(p, params)
+                if removed:
+                    log.info("text %d: removed (cannot be spoken): %s", i, removed)
+                out += segments
+                owner += [i] * len(segments)
         return out, owner
 
     def refine_texts(self, norm: Sequence[str], params: SynthParams, owner: Sequence[int] | None = None) -> list[str]:
@@ -436,31 +454,73 @@ class Pipeline:
                 raise ForgeError(f"refinement of text {owner[r] if owner is not None else r} produced nothing speakable")
         return out
 
-    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
-        """One Result per input text; all texts share the GPT steps (one batch). With a phrase cache
-        (`cache=`), cached texts skip the code stage and the Decoder (`Result.cached`)."""
+    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None,
+                   whole: bool = False) -> list[Result]:
+        """One Result per input text; all texts share the GPT steps (batches of SEGMENT_BATCH rows).
+        With a phrase cache (`cache=`), cached texts skip the code stage and the Decoder
+        (`Result.cached`). The segments of one input are joined with a short pause (runtime.segments).
+        `whole=True` (what `synth` asks): a segment that hits the default code-step cap is split in
+        two and generated again; one that cannot be spoken within the cap is an InputError, never a
+        cut waveform (on a synthetic checkpoint, whose random weights never end a row, it is kept)."""
         params = params or SynthParams()
         if self.cache is not None:  # keyed by the text before refinement: a hit is not refined again
             norm, owner = self.normalize_texts(texts, params)
             rows = self.cache.synthesize_rows(self, norm, params, owner)
         else:
             norm, owner = self.prepare_texts(texts, params)
-            rows = self.synthesize_rows(norm, params)
+            n_inputs = 1 if isinstance(texts, str) else len(texts)
+            batch = SEGMENT_BATCH if len(norm) > max(n_inputs, SEGMENT_BATCH) else len(norm)
+            rows = []
+            for start in range(0, len(norm), batch):
+                rows += self.synthesize_rows(norm[start: start + batch], params)
+        if whole and params.text_normalization:
+            norm, owner, rows = self._respeak_capped(norm, owner, rows, params)
         n_inputs = 1 if isinstance(texts, str) else len(texts)
+        pause = np.zeros(int(SEGMENT_PAUSE_SECONDS * self.sample_rate), dtype=np.float32)
         results = []
         for i in range(n_inputs):
             mine = [r for r, o in enumerate(owner) if o == i]
+            wavs = [rows[r].wav for r in mine]
+            if params.text_normalization and not params.split_sentences and len(wavs) > 1:  # split_text joins as is
+                wavs = [w for r in wavs for w in (pause, r)][1:]
             results.append(
                 Result(
                     text=" ".join(rows[r].text or norm[r] for r in mine),
                     codes=np.concatenate([rows[r].codes for r in mine]).reshape(-1, self.num_vq),
                     hiddens=np.concatenate([rows[r].hiddens for r in mine]).reshape(-1, self.dims.hidden_size),
-                    wav=np.concatenate([rows[r].wav for r in mine]).astype(np.float32),
+                    wav=np.concatenate(wavs).astype(np.float32),
                     sample_rate=self.sample_rate,
                     cached=all(rows[r].cached for r in mine),
                 )
             )
         return results
+
+    def _respeak_capped(self, norm: list[str], owner: list[int], rows: list[Row], params: SynthParams,
+                        depth: int = 2) -> tuple[list[str], list[int], list[Row]]:
+        """Segments whose rows hit the default code-step cap, each cut in two and generated again (up to
+        `depth` times); InputError for one that cannot be spoken within it."""
+        cap = params.code.max_new_token
+        if cap < CODE_MAX_NEW_TOKEN or (self.artifact.meta.source or {}).get("kind") == "synthetic":
+            return norm, owner, rows  # a cap the caller chose is a cut they asked for; random weights never end
+        capped = [r for r, row in enumerate(rows) if not row.cached and len(row.codes) >= cap]
+        if not capped:
+            return norm, owner, rows
+        new_norm, new_owner, new_rows = [], [], []
+        for r, (text, o, row) in enumerate(zip(norm, owner, rows, strict=True)):
+            if r not in capped:
+                new_norm.append(text), new_owner.append(o), new_rows.append(row)
+                continue
+            halves = halve(text)
+            if depth == 0 or len(halves) < 2:
+                raise InputError(f"input: the segment {short_repr(text)} cannot be spoken within {cap} code steps "
+                                 f"({cap / self.dims.sample_rate * 2 * self.hop:.1f} s); shorten it or add punctuation")
+            log.info("segment %s hit %d code steps: split in two and generated again", short_repr(text), cap)
+            again = self.synthesize_rows(halves, params)
+            sub_norm, _, sub_rows = self._respeak_capped(halves, [o, o], again, params, depth - 1)
+            new_norm += sub_norm
+            new_owner += [o] * len(sub_norm)
+            new_rows += sub_rows
+        return new_norm, new_owner, new_rows
 
     def synthesize_rows(self, norm: Sequence[str], params: SynthParams) -> list[Row]:
         """(codes [T, num_vq], hiddens [T, hidden], wav) per normalised text, generated as one batch."""
@@ -494,7 +554,30 @@ class Pipeline:
             raise ForgeError(f"stream batch must be >= 1, got {every}")
         if params.split_sentences:
             raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
-        norm, _ = self.prepare_texts(texts, params)
+        norm, owner = self.prepare_texts(texts, params)
+        if len(norm) > len(set(owner)):  # a long text cut into segments: spoken one after the other
+            if len(set(owner)) > 1:
+                raise InputError("a stream of several texts takes one segment each; stream a long text on its own")
+            yield from self._stream_segments(norm, params, every, on_done, lookahead_frames, progress)
+            return
+        yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
+
+    def _stream_segments(self, norm: list[str], params: SynthParams, every: int,
+                         on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
+                         progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
+        """One text's segments streamed in turn, a pause between them; `on_done` gets their codes joined."""
+        done: list[Generation] = []
+        pause = np.zeros(int(SEGMENT_PAUSE_SECONDS * self.sample_rate), dtype=np.float32)
+        for k, segment in enumerate(norm):
+            if k:
+                yield [pause]
+            yield from self._stream_rows([segment], params, every, done.append, lookahead_frames, progress)
+        if on_done is not None:
+            on_done(join_generations(done))
+
+    def _stream_rows(self, norm: list[str], params: SynthParams, every: int,
+                     on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
+                     progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
         decoders = [StreamDecoder(self, params.use_decoder, lookahead_frames) for _ in norm]
         live_steps = 0
         first_sent = False  # no chunk with audio yet: check every step (arithmetic only)

@@ -457,8 +457,10 @@ class Router:
         bucket = bucket_of(length, self.buckets)
         return self.override or self.routes[bucket.name], bucket, length
 
-    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None) -> list[Result]:
-        """One Result per text, in order; texts of the same variant are synthesized together."""
+    def synthesize(self, texts: str | Sequence[str], params: SynthParams | None = None,
+                   whole: bool = False) -> list[Result]:
+        """One Result per text, in order; texts of the same variant are synthesized together
+        (`whole`: as `Pipeline.synthesize`)."""
         single = isinstance(texts, str)
         items = [texts] if single else list(texts)
         if not items:
@@ -470,6 +472,7 @@ class Router:
             groups.setdefault(variant, []).append(i)
         results: list[Result | None] = [None] * len(items)
         for variant, idx in groups.items():
-            for i, r in zip(idx, self.pipeline(variant).synthesize([items[i] for i in idx], params), strict=True):
+            for i, r in zip(idx, self.pipeline(variant).synthesize([items[i] for i in idx], params, whole),
+                                 strict=True):
                 results[i] = r
         return [r for r in results if r is not None]

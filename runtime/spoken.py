@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 # Bumped whenever the rules below change what a text becomes (caches and records key on it).
-RULES_VERSION = 1
+RULES_VERSION = 2
 WETEXT_DIST = "wetext"
 
 
@@ -72,29 +73,34 @@ _CJK = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
 _KEEP_FULLWIDTH = set("，！？：；（）")
 _FULL_TO_HALF = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F) if chr(c) not in _KEEP_FULLWIDTH}
 _FULL_TO_HALF[0x3000] = 0x20  # ideographic space
-_FULL_TO_HALF.update({ord("−"): ord("-"), ord("–"): ord("-"), ord("—"): ord(","), ord("…"): ord(","),
+_FULL_TO_HALF.update({ord("–"): ord("-"), ord("—"): ord(","), ord("…"): ord(","),
                       ord("‐"): ord("-"), ord("﹣"): ord("-")})
+# The minus sign U+2212 between two numbers is subtraction (`5 − 3`); anywhere else it is a sign (`−3.5`).
+_BINARY_MINUS = re.compile(r"(?<=[\d)])\s*−\s*(?=[\d(])")
 # Something a grammar may change: a digit, a symbol, or an English abbreviation with its period.
-_NEEDS_GRAMMAR = re.compile(r"[0-9$€£¥￥%‰°℃℉+×÷=<>@#&*/\\^~|]|\b[A-Za-z]{1,4}\.(?=\s|$)")
+_NEEDS_GRAMMAR = re.compile(r"[0-9$€£¥￥%‰°℃℉+−×÷=<>@#&*/\\^~|]|\b[A-Za-z]{1,4}\.(?=\s|$)"
+                            r"|\b[A-Za-z0-9-]+\.(?:com|org|net|edu|gov|io|cn|co|uk|de|jp)\b")
 
 _ZH_DIGITS = "零一二三四五六七八九"
 _ZH_PHONE_DIGITS = "零幺二三四五六七八九"  # 1 is read 幺 in phone numbers
 _EN_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _CURRENCY_WORDS = {"zh": {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"},
                    "en": {"$": "dollars", "€": "euros", "£": "pounds", "¥": "yuan", "￥": "yuan"}}
-_SYMBOL_WORDS = {"zh": {"+": "加", "=": "等于", "×": "乘", "÷": "除以", "%": "百分号", "@": "艾特", "#": "井号",
+_SYMBOL_WORDS = {"zh": {"+": "加", "=": "等于", "×": "乘", "−": "减", "÷": "除以", "%": "百分号", "@": "艾特", "#": "井号",
                         "&": "和", "°": "度", "℃": "摄氏度", "℉": "华氏度", "/": "斜杠", "*": "星号", "‰": "千分号"},
-                 "en": {"+": "plus", "=": "equals", "×": "times", "÷": "divided by", "%": "percent", "@": "at",
+                 "en": {"+": "plus", "=": "equals", "×": "times", "−": "minus", "÷": "divided by", "%": "percent", "@": "at",
                         "#": "number", "&": "and", "°": "degrees", "℃": "degrees Celsius", "℉": "degrees Fahrenheit",
                         "/": "slash", "*": "star", "‰": "per mille"}}
 
 # A phone number: an optional +country code, then groups of digits split by spaces, dashes, dots or
 # parentheses, 7 digits or more in all; or one run of 7+ digits (an order number, a code).
 _PHONE = re.compile(
-    r"(?<![\w.,:/\-])(?:\+\d{1,3}[ \-]?)?(?:\(\d{2,4}\)[ \-]?)?\d{2,4}(?:[ \-]\d{2,4}){1,4}(?![\w:/]|[.,]\d)"
+    r"(?<![\w.,:/\-])(?:(?:\+\d{1,3}[ \-]?)?(?:\(\d{2,4}\)[ \-]?)?\d{2,4}(?:[ \-]\d{2,4}){1,4}|0\d{2,3}-\d{7,8})"
+    r"(?![\w:/]|[.,]\d)"
 )
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}-\d{1,2}-\d{4}")
-_LONG_DIGITS = re.compile(r"(?<![\w.,$€£¥￥+\-])\d{7,}(?![\w%]|[.,]\d)")
+_LONG_DIGITS = re.compile(r"(?<![\d.,$€£¥￥+\-])\d{7,}(?![\w%]|[.,]\d)")
+_CODE = re.compile(r"((?:码|号|\b(?:code|PIN|pin|number))(?:是|为|[:：]|\s+is)?\s*)(?<![\d,.])(\d{4,6})(?![\w%]|[.,:]\d)")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
 # ?!;: and their full-width forms: sentence ends and clause marks the model can speak.
 _PAUSES = {"zh": str.maketrans({"?": "。", "？": "。", "!": "。", "！": "。", ";": "，", "；": "，", ":": "，", "：": "，"}),
@@ -167,6 +173,31 @@ class _Grammars:
 _GRAMMARS = _Grammars()
 
 
+def _verbalize_chunks(text: str, lang: str) -> str:
+    """Only the pieces of a span that hold something to verbalize go through the grammar: an FST pass
+    costs more than linearly in its length. English: each word that needs the grammar with one word of
+    context either side (`Dec 8, 2026`, `3:30 pm`, `Baker St.`); Chinese: each clause that needs it."""
+    if lang == "zh":
+        pieces = re.split(r"(?<=[，。；！？、,;])", text)
+        return "".join(_GRAMMARS.verbalize(p, lang) if _NEEDS_GRAMMAR.search(p) else p for p in pieces)
+    parts = re.split(r"(\s+)", text)
+    words = parts[0::2]
+    need = [bool(_NEEDS_GRAMMAR.search(w)) for w in words]
+    near = [need[i] or (i > 0 and need[i - 1]) or (i + 1 < len(words) and need[i + 1]) for i in range(len(words))]
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        j = i
+        while j + 1 < len(words) and near[j + 1] == near[i]:
+            j += 1
+        piece = "".join(parts[2 * i: 2 * j + 1])
+        out.append(_GRAMMARS.verbalize(piece, lang) if near[i] else piece)
+        if j + 1 < len(words):
+            out.append(parts[2 * j + 1])
+        i = j + 1
+    return "".join(out)
+
+
 # ---- spans --------------------------------------------------------------------------------------------
 
 
@@ -217,7 +248,10 @@ def _digit_runs(text: str, default: str) -> str:
     """Phone numbers and long digit strings read digit by digit, in the language around them."""
 
     def lang_at(m: re.Match[str]) -> str:
-        before = next((_strong(c) for c in reversed(text[: m.start()]) if _strong(c)), None)
+        start = m.start()
+        while start and text[start - 1].isascii() and text[start - 1].isalpha():  # a code's prefix: SF123...
+            start -= 1
+        before = next((_strong(c) for c in reversed(text[:start]) if _strong(c)), None)
         after = next((_strong(c) for c in text[m.end():] if _strong(c)), None)
         if after == "zh" or (before == "zh" and after is None):
             return "zh"
@@ -236,11 +270,18 @@ def _digit_runs(text: str, default: str) -> str:
         return sep + read_digit_by_digit(m.group(0), lang_at(m)) + sep
 
     text = _PHONE.sub(phone, text)
-    return _LONG_DIGITS.sub(lambda m: read_digit_by_digit(m.group(0), lang_at(m)), text)
+    text = _LONG_DIGITS.sub(lambda m: read_digit_by_digit(m.group(0), lang_at(m)), text)
+
+    def code(m: re.Match[str]) -> str:  # a short code after its name: 验证码是 846512, PIN 4821
+        sep = " " if lang_at(m) == "en" else ""
+        return m.group(1) + sep + read_digit_by_digit(m.group(2), lang_at(m)) + sep
+
+    return _CODE.sub(code, text)
 
 
 # A short unit or suffix written against a number (5km, 60kg, 1.5L, 3rd, 4K) goes with the number's span.
 _UNIT_AFTER_DIGIT = 3
+_UNIT = re.compile(r"[A-Za-z]{1,3}(?:/[A-Za-z]{1,2})?\b")  # km, kg, km/h
 
 
 def _attach_units(spans: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -249,8 +290,8 @@ def _attach_units(spans: list[tuple[str, str]]) -> list[tuple[str, str]]:
         if (lang == "en" and out and out[-1][1][-1:].isdigit() and len(span) <= _UNIT_AFTER_DIGIT
                 and span.isalpha()):
             out[-1] = (out[-1][0], out[-1][1] + span)
-        elif lang == "en" and out and out[-1][1][-1:].isdigit() and re.match(r"[A-Za-z]{1,3}\b", span):
-            unit = re.match(r"[A-Za-z]{1,3}\b", span).group(0)  # type: ignore[union-attr]
+        elif lang == "en" and out and out[-1][1][-1:].isdigit() and _UNIT.match(span):
+            unit = _UNIT.match(span).group(0)  # type: ignore[union-attr]
             out[-1] = (out[-1][0], out[-1][1] + unit)
             out.append((lang, span[len(unit):]))
         else:
@@ -286,6 +327,101 @@ def _tidy(text: str, lang: str) -> str:
     return text
 
 
+# ---- passes around the grammars: what wetext 0.1.8 reads wrong or not as people say it --------------------
+
+_CJK_CLASS = "\u4e00-\u9fff\u3400-\u4dbf"
+_CENT_WORDS = {"$": ("cent", "cents"), "€": ("cent", "cents"), "£": ("penny", "pence")}
+_EN_MONEY_CENTS = re.compile(r"([$€£])(\d+)\.(\d\d?)(?!\d|\.\d)(?!\s*(?:thousand|million|billion|trillion)\b)")
+_YUAN = re.compile(r"[¥￥]\s?(\d+(?:\.\d+)?)(\s*(?:thousand|million|billion|trillion)\b)?")
+_DECADE = re.compile(r"\b(1\d|20)(\d0)'?s\b")
+_NUMBER_WORDS = frozenset(
+    "a one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred and".split())
+_ZH_YUAN = re.compile(r"[¥￥]\s?(\d+)(?:\.(\d{1,2}))?(?![\d.万亿千百])|(?<![\d.])(\d+)\.(\d{1,2})元")
+
+
+def _strip_zeros(number: str) -> str:
+    return number.rstrip("0").rstrip(".") if "." in number else number
+
+
+def _pre_en(text: str) -> str:
+    text = _BINARY_MINUS.sub(" − ", text)
+    if "=" in text:  # an equation: `10 - 3 = 7` subtracts (elsewhere `10-20` is a range)
+        text = re.sub(r"(?<=\d)\s+-\s+(?=\d)|(?<=\d)-(?=\d+\s*=)", " − ", text)
+    text = re.sub(r"(?<=\d)\s*=\s*(?=[\d\-])", " = ", text)  # 2=5: wetext says equal sign
+    text = re.sub(r"(?<=\d)\s*×\s*(?=\d)", " times ", text).replace("÷", " divided by ").replace("−", " minus ")
+    text = re.sub(r"(?<=\d)\s*~\s*(?=\d)", " to ", text)
+    text = re.sub(r"~\s*(?=\d)", "about ", text)
+    text = re.sub(r"(\d+(?:\.\d+)?)%\s*(?:-|to)\s*(?=\d+(?:\.\d+)?%)", r"\1 to ", text)
+    text = re.sub(r"(\d\.\d+)(?=[A-Za-z])", r"\1 ", text)  # 1.5L: wetext reads one.five L
+    text = re.sub(r"(?<=\d)\s?L\b", " liters", text)
+
+    def decade(m: re.Match[str]) -> str:  # 1990s: wetext reads one thousand nine hundred and ninety seconds
+        words = _GRAMMARS.get("en").normalize(m.group(1) + m.group(2)).split()
+        last = words[-1]
+        words[-1] = last[:-1] + "ies" if last.endswith("y") else last + "s"
+        return " ".join(words)
+
+    text = _DECADE.sub(decade, text)
+
+    def cents(m: re.Match[str]) -> str:  # $3.50: three dollars and fifty cents, not three point five dollars
+        sign, whole, part = m.groups()
+        n = int(part.ljust(2, "0"))
+        unit = _CENT_WORDS[sign][0 if n == 1 else 1]
+        if n == 0:
+            return f"{sign}{whole}"
+        if int(whole) == 0:
+            return f"{n} {unit}"
+        return f"{sign}{whole} and {n} {unit}"
+
+    text = _EN_MONEY_CENTS.sub(cents, text)
+    # ¥ is the yuan here (wetext says yen)
+    return _YUAN.sub(lambda m: f"{_strip_zeros(m.group(1))}{m.group(2) or ''} yuan", text)
+
+
+def _post_en(text: str) -> str:
+    # wetext drops the `one` of 1000..1999 in a decimal or with separators (`thousand two hundred ...`)
+    def one(m: re.Match[str]) -> str:
+        before = text[: m.start()].split()
+        if before and before[-1].lower() in _NUMBER_WORDS:
+            return m.group(0)
+        return "one thousand"
+
+    text = re.sub(r"\bthousand\b", one, text)
+    text = re.sub(r"\bten hundred\b", "one thousand", text)  # 1000 read as a year
+    return re.sub(r"\bNumber\.\s", "number ", text)
+
+
+def _pre_zh(text: str) -> str:
+    # a number set apart by spaces from its Chinese words: `请按 0`, `在 3 点`
+    text = re.sub(rf"(?<=[{_CJK_CLASS}])\s+(?=[-+\d¥￥$€£*#])", "", text)
+    text = re.sub(rf"(?<=[\d%℃])\s+(?=[{_CJK_CLASS}])", "", text)
+    text = _BINARY_MINUS.sub("减", text).replace("÷", "除以")
+    text = re.sub(r"(?<=\d)\s*×\s*(?=\d)", "乘", text)
+    text = re.sub(r"(\d+(?:\.\d+)?%)\s*[-~]\s*(?=\d+(?:\.\d+)?%)", r"\1到", text)
+
+    def yuan(m: re.Match[str]) -> str:  # ¥199.50: 一百九十九元五角, not 一百九十九点五零元
+        whole = m.group(1) or m.group(3)
+        part = (m.group(2) or m.group(4) or "").ljust(2, "0")
+        jiao, fen = part[0], part[1]
+        out = "" if int(whole) == 0 and part != "00" else f"{whole}元"
+        if jiao != "0":
+            out += f"{jiao}角"
+        elif fen != "0" and out:
+            out += "零"
+        if fen != "0":
+            out += f"{fen}分"
+        return out
+
+    text = _ZH_YUAN.sub(yuan, text)
+    text = re.sub(r"[¥￥]\s?(\d+(?:\.\d+)?[万亿千百]*)", r"\1元", text)
+    return re.sub(r"(?<=[$€£])(\d+\.\d+)", lambda m: _strip_zeros(m.group(1)), text)
+
+
+def _post_zh(text: str) -> str:
+    return re.sub(rf"(?<=[{_CJK_CLASS}]) +(?=[{_CJK_CLASS}])", "", text)
+
+
 # ---- the normalizer ---------------------------------------------------------------------------------
 
 
@@ -308,12 +444,13 @@ class SpokenNormalizer:
             out.append(m.group(0))
             pos = m.end()
         out.append(self._plain(text[pos:], default))
-        return "".join(out)
+        return re.sub(r" {2,}", " ", "".join(out)).strip()
 
     def _plain(self, text: str, default: str) -> str:
         if not text:
             return text
         text = text.translate(_FULL_TO_HALF).replace("°C", "℃").replace("°F", "℉")
+        text = _BINARY_MINUS.sub(" − ", text).replace("−", "-")  # subtraction kept, a sign made ASCII
         if not _NEEDS_GRAMMAR.search(text) and not re.search(r"[?？!！;；:：]", text):
             return text
         text = _digit_runs(text, default)  # before separators go: 1,000,000 is a number, 1000000 a code
@@ -323,11 +460,23 @@ class SpokenNormalizer:
             if _NEEDS_GRAMMAR.search(span):
                 lead = span[: len(span) - len(span.lstrip())]
                 trail = span[len(span.rstrip()):]
-                core = span.strip()
-                spoken = _GRAMMARS.verbalize(core, lang) if core else core
-                span = lead + _leftovers(spoken, lang) + trail
+                core = re.sub(r"\s+", " ", span.strip())  # wetext asserts on a double space
+                if core:
+                    core = _pre_zh(core) if lang == "zh" else _pre_en(core)
+                    spoken = _verbalize_chunks(core, lang)
+                    core = _post_zh(spoken) if lang == "zh" else _post_en(spoken)
+                span = lead + _leftovers(core, lang) + trail
             parts.append(_tidy(span, lang))
-        return re.sub(r" {2,}", " ", "".join(parts)).strip()
+        text = re.sub(r" +(?=[,.，。])", "", "".join(parts))  # `zero one two three .` from a phone
+        return re.sub(r" {2,}", " ", text).strip()
 
 
 SPOKEN = SpokenNormalizer()
+
+
+def registered(lang: str) -> Callable[[str], str]:
+    """A ChatTTS normalizer (str -> str) for `chat.normalizer.register(lang, registered(lang))`: the spoken
+    form of the runs ChatTTS hands it (tag-free text detected as `lang`), in that language."""
+    if lang not in ("zh", "en"):
+        raise ForgeError(f"no spoken-form normalizer for language {lang!r} (zh or en)")
+    return lambda text: SPOKEN.normalize(text, lang)

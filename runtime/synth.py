@@ -64,6 +64,7 @@ class SynthConfig(CodeKnobs):
     stream_batch: int = chattts_defaults.STREAM_BATCH
     stream_lookahead: int | None = None
     split_sentences: bool = False
+    text_normalization: bool = True
     batch_size: int = 8
     engine: str = "auto"
     provider: str = "cpu"
@@ -88,6 +89,72 @@ class WarmConfig(CodeKnobs):
     engine: str = "auto"
     provider: str = "cpu"
     threads: int | None = None
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    """One `normalize` run: the text the model receives for `text` or `file` (`chattts-forge normalize --help`)."""
+
+    text: str | None = None
+    file: Path | None = None
+    artifact: Path | None = None
+    lang: str | None = None
+    text_normalization: bool = True
+
+
+def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
+    """(the segments the model receives for `cfg`'s text, the characters removed as unspeakable)."""
+    from chattts_forge.runtime.frontend import Normalizer
+    from chattts_forge.runtime.pipeline import SynthParams
+    from chattts_forge.runtime.router import ROUTING_NAME, Router
+    from chattts_forge.runtime.textfront import TextFront
+
+    if (cfg.text is None) == (cfg.file is None):
+        raise ForgeError("give exactly one of --text or --file")
+    if cfg.file is not None:
+        try:
+            text = cfg.file.read_text(encoding="utf-8").lstrip("\ufeff")
+        except FileNotFoundError:
+            raise ForgeError(f"--file {cfg.file} does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ForgeError(f"--file {cfg.file} is not a readable UTF-8 text file ({type(e).__name__})") from None
+    else:
+        text = cfg.text or ""
+    params = SynthParams(lang=cfg.lang, text_normalization=cfg.text_normalization)
+    if cfg.artifact is None:
+        front = _FrontWithoutArtifact(Normalizer({}))
+    elif (cfg.artifact / ROUTING_NAME).is_file():
+        front = Router(cfg.artifact, autotune=False).front
+    else:
+        front = TextFront.open(cfg.artifact)
+    return front.segments(text, params)
+
+
+class _FrontWithoutArtifact:
+    """`TextFront.segments` with no homophone map (no artifact given)."""
+
+    def __init__(self, normalizer: Any) -> None:
+        self.normalizer = normalizer
+
+    def segments(self, text: str, params: SynthParams) -> tuple[list[str], str]:
+        from chattts_forge.runtime.textfront import TextFront
+
+        return TextFront.segments(self, text, params)  # type: ignore[arg-type]
+
+    def spoken(self, text: str, params: SynthParams) -> Any:
+        from chattts_forge.runtime.textfront import TextFront
+
+        return TextFront.spoken(self, text, params)  # type: ignore[arg-type]
+
+    def _checked(self, text: object, params: SynthParams, limit: int) -> str:
+        from chattts_forge.runtime.textfront import TextFront
+
+        return TextFront._checked(self, text, params, limit)  # type: ignore[arg-type]
+
+    def max_text_chars(self, split_sentences: bool = False, segmented: bool = False) -> int:
+        from chattts_forge.runtime.textfront import MAX_INPUT_CHARS
+
+        return MAX_INPUT_CHARS
 
 
 def read_batch_file(path: Path) -> list[str]:
@@ -259,6 +326,7 @@ def synth_params(cfg: SynthConfig, front: TextFront | Pipeline,
         refine=RefineTextParams(seed=cfg.seed) if cfg.refine else None,
         use_decoder=cfg.use_decoder,
         split_sentences=cfg.split_sentences,
+        text_normalization=cfg.text_normalization,
     )
     return params, spk if spk is not None else spk_smp
 
@@ -275,6 +343,12 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
         params, speaker_used = synth_params(cfg, pipe, lambda: pipe)
     wav_paths = output_paths(cfg.out, len(texts), ".wav")
     code_paths = output_paths(cfg.codes_out, len(texts), ".npy") if cfg.codes_out is not None else None
+    front = router.front if router is not None else pipe.text  # type: ignore[union-attr]
+    for i, text in enumerate(texts):
+        segments, removed = front.segments(text, params)
+        log.info("text %d speaks as %d segment(s): %s", i, len(segments), " | ".join(segments))
+        if removed:
+            log.warning("text %d: removed, cannot be spoken: %s", i, " ".join(removed))
     t1 = time.perf_counter()
     if cfg.stream:
         assert pipe is not None  # a stream runs one variant (open_target refuses a routed one)
@@ -339,7 +413,7 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, texts: lis
     t1 = time.perf_counter()
     results = []
     for start in range(0, len(texts), cfg.batch_size):
-        results += target.synthesize(texts[start : start + cfg.batch_size], params)
+        results += target.synthesize(texts[start : start + cfg.batch_size], params, whole=True)
     t2 = time.perf_counter()
     if cfg.cache_path is not None:
         log.info("phrase cache %s: %d of %d text(s) served from it", cfg.cache_path, sum(r.cached for r in results),

@@ -23,6 +23,8 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
+from chattts_forge.runtime.segments import split_segments
+from chattts_forge.runtime.spoken import SPOKEN, SpokenText
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import SynthParams
@@ -34,13 +36,21 @@ FRONT_FILES = ("homophones", "speaker_stats")
 # characters, so 8 characters per position leaves room for dropped punctuation and spaces.
 TEXT_CHARS_PER_POSITION = 8
 SPLIT_TEXT_FACTOR = 16
+# The longest input with text normalization on (OpenAI's speech API limit): it is cut into segments.
+MAX_INPUT_CHARS = 4096
+
+
+class InputError(ForgeError):
+    """The request's text itself cannot be spoken (HTTP: 400 naming the field `input`)."""
+
+    param = "input"
 
 
 def check_text_length(text: str, limit: int) -> None:
-    """ForgeError when an input text is longer than `limit` characters (before anything else runs)."""
+    """InputError when an input text is longer than `limit` characters (before anything else runs)."""
     if len(text) > limit:
-        raise ForgeError(f"text is {len(text)} characters long, more than the {limit} this model can take; "
-                         "split it into several requests")
+        raise InputError(f"text is {len(text)} characters long, more than the {limit} this model takes "
+                         "in one request; send it in several requests")
 
 
 def short_repr(text: str, n: int = 40) -> str:
@@ -90,32 +100,62 @@ class TextFront:
     def speaker_stats(self) -> np.ndarray:
         return load_speaker_stats(self.meta.support_path(self.path, "speaker_stats"), self.dims.hidden_size)
 
-    def max_text_chars(self, split_sentences: bool = False) -> int:
+    def max_text_chars(self, split_sentences: bool = False, segmented: bool = False) -> int:
         """The longest input text accepted (checked before normalising): a text that needs more
         characters than TEXT_CHARS_PER_POSITION per model position could not fit even once normalised;
-        split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer."""
+        split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer;
+        cut into segments (text normalization on), MAX_INPUT_CHARS whatever the model."""
         one = TEXT_CHARS_PER_POSITION * self.dims.max_position_embeddings
-        return one * SPLIT_TEXT_FACTOR if split_sentences else one
+        if split_sentences:
+            return one * SPLIT_TEXT_FACTOR
+        return MAX_INPUT_CHARS if segmented else one
 
-    def normalize(self, text: str, params: SynthParams | None = None) -> str:
-        """ChatTTS's normalisation of one text; ForgeError for empty or unspeakable text."""
-        if params is None:
-            from chattts_forge.runtime.pipeline import SynthParams
-
-            params = SynthParams()
+    def _checked(self, text: object, params: SynthParams, limit: int) -> str:
         if not isinstance(text, str):
-            raise ForgeError(f"text must be a string, got {type(text).__name__}")
-        check_text_length(text, self.max_text_chars(params.split_sentences))
+            raise InputError(f"text must be a string, got {type(text).__name__}")
+        check_text_length(text, limit)
         if not text.strip():
-            raise ForgeError("empty text")
+            raise InputError("empty text")
         if params.lang not in (None, "zh", "en"):
             raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
+        return text
+
+    def spoken(self, text: str, params: SynthParams | None = None) -> SpokenText:
+        """What the model receives for `text` and what was removed from it: the spoken form
+        (`params.text_normalization`, runtime.spoken) then ChatTTS's own normalisation and filter.
+        InputError for empty or unspeakable text."""
+        params = _params(params)
+        text = self._checked(text, params, self.max_text_chars(params.split_sentences, params.text_normalization))
+        written = SPOKEN.normalize(text, params.lang) if params.text_normalization else text
         # The invalid-character filter always runs, as in ChatTTS; the flags gate the rest.
-        out = self.normalizer(text, params.normalize, params.homophones, params.lang)
+        out, removed = self.normalizer.filtered(written, params.normalize, params.homophones, params.lang)
         if not out.strip() or not is_speakable(out):
-            raise ForgeError(f"text {short_repr(text)} normalises to nothing speakable")
-        return out
+            raise InputError(f"text {short_repr(text)} normalises to nothing speakable")
+        return SpokenText(out, removed)
+
+    def normalize(self, text: str, params: SynthParams | None = None) -> str:
+        """The text the model receives for `text` (`spoken`, without what was removed)."""
+        return self.spoken(text, params).text
+
+    def segments(self, text: str, params: SynthParams | None = None) -> tuple[list[str], str]:
+        """(the segments the model speaks for `text`, in order; what was removed). With text
+        normalization on, a long text is cut into segments of bounded duration (runtime.segments);
+        off, it is one segment, as ChatTTS takes it."""
+        params = _params(params)
+        spoken = self.spoken(text, params)
+        if not params.text_normalization:
+            return [spoken.text], spoken.removed
+        parts = [p for p in split_segments(spoken.text) if is_speakable(p)]
+        return parts or [spoken.text], spoken.removed
 
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the speaker statistics (`Chat.sample_random_speaker`)."""
         return sample_random_speaker(self.speaker_stats, np.random.default_rng(seed))
+
+
+def _params(params: SynthParams | None) -> SynthParams:
+    if params is None:
+        from chattts_forge.runtime.pipeline import SynthParams
+
+        return SynthParams()
+    return params

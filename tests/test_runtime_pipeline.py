@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from chattts_forge.runtime.frontend import is_speakable
 import pytest
 
 from chattts_forge.errors import ForgeError
@@ -306,10 +308,18 @@ def test_empty_text(pipe, text):
         pipe.synthesize([text])
 
 
-@pytest.mark.parametrize("text", ["!!!", "😀😀", "。。。", "@#$%"])
+@pytest.mark.parametrize("text", ["!!!", "😀😀", "。。。"])
 def test_text_that_normalises_to_nothing(pipe, text):
     with pytest.raises(ForgeError, match="normalises to nothing"):
         pipe.synthesize([text])
+
+
+def test_symbols_are_spoken_with_normalization_and_deleted_without(pipe):
+    """`@#$%`: ChatTTS's own front end deletes every character; the spoken form names them."""
+    with pytest.raises(ForgeError, match="normalises to nothing"):
+        pipe.synthesize(["@#$%"], SynthParams(text_normalization=False))
+    spoken = pipe.normalize("@#$%")
+    assert is_speakable(spoken) and not set("@#$%") & set(spoken)
 
 
 def test_unknown_characters_are_filtered_with_a_warning(pipe, caplog):
@@ -320,8 +330,21 @@ def test_unknown_characters_are_filtered_with_a_warning(pipe, caplog):
 
 
 def test_overlong_input(pipe):
-    with pytest.raises(ForgeError, match="too long"):
-        pipe.synthesize(["很长的句子。" * 400], SynthParams(code=InferCodeParams(max_new_token=2048)))
+    with pytest.raises(ForgeError, match="more than the 4096"):
+        pipe.synthesize(["很长的句子。" * 700], SynthParams(code=InferCodeParams(max_new_token=2048)))
+
+
+def test_long_input_is_cut_into_segments_that_join_to_its_spoken_form(pipe):
+    """2,400 characters: accepted (OpenAI's 4,096 bound), cut at sentence ends into bounded segments
+    whose concatenation is the whole spoken text; without normalization, ChatTTS's one prompt."""
+    from chattts_forge.runtime.segments import SEGMENT_SECONDS, spoken_seconds
+
+    text = "第1句话，价格是 ¥5。" * 200
+    segments, owner = pipe.normalize_texts([text], SynthParams())
+    assert len(segments) > 1 and set(owner) == {0}
+    assert all(spoken_seconds(s) <= SEGMENT_SECONDS for s in segments)
+    assert "".join(segments) == pipe.normalize(text).replace(" ", "")
+    assert not any(c.isdigit() or c == "¥" for c in "".join(segments))
 
 
 def test_unknown_provider(tiny_artifacts):

@@ -39,6 +39,7 @@ import json
 import queue
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +50,7 @@ import numpy as np
 from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, printable, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
@@ -266,7 +268,10 @@ class _Handlers:
         except ArtifactChanged as e:
             return self.changed(endpoint, version, e)
         except ForgeError as e:
-            return self.fail(endpoint, 400, str(e), "bad_request")
+            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+        if prep.removed:
+            self.metrics.removed_chars.inc(len(prep.removed))
+        self.metrics.segments.inc(1 + len(prep.rest))
         deadline = t0 + (req.deadline_s if req.deadline_s is not None else self.cfg.deadline_s)
         if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
             self.metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
@@ -316,6 +321,8 @@ class _Handlers:
             if not req.stream:
                 await job.waiter.until_done(deadline, request)
                 wav = await loop.run_in_executor(self.state.work, version.whole_wav, prep, handle.result())
+                if prep.rest:
+                    wav = await self._later_segments(job, wav, request)
                 return self._whole(endpoint, req, prep, wav, version, t0, cached=False)
             first = await job.waiter.next(deadline, request)
         except _Deadline:
@@ -333,6 +340,20 @@ class _Handlers:
         media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
         return _StreamStarted(StreamingResponse(self._stream(job, first), media_type=media,
                                                 headers=_headers(version, prep, cached=False)))
+
+    async def _later_segments(self, job: _Job, wav: np.ndarray, request: Any) -> np.ndarray:
+        """A long input's whole waveform: its later segments generated in turn after the first (`wav`),
+        a pause between each two."""
+        loop = asyncio.get_running_loop()
+        parts = [wav]
+        for k in range(len(job.prep.rest)):
+            seg = job.version.segment(job.prep, k)
+            job.handle = job.version.submit(seg)
+            job.waiter = _Waiter(job.handle, loop)
+            await job.waiter.until_done(job.deadline, request)
+            parts += [_pause(job.version, job.prep), await loop.run_in_executor(
+                self.state.work, job.version.whole_wav, seg, job.handle.result())]
+        return np.concatenate(parts).astype(np.float32)
 
     def _whole(self, endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
                t0: float, cached: bool) -> Any:
@@ -355,6 +376,7 @@ class _Handlers:
     async def _stream(self, job: _Job, first: np.ndarray | None) -> AsyncIterator[bytes]:
         """The response body of a streamed miss, from its first final chunk; the request ends here."""
         req, handle, metrics = job.req, job.handle, self.metrics
+        later = 0  # a long input's later segments already submitted
         sr = job.version.pipes[job.prep.variant].sample_rate
         enc = StreamEncoder(req.response_format, sr)
         sse = req.stream_format == "sse"
@@ -373,6 +395,18 @@ class _Handlers:
                     yield _sse_delta(data) if sse else data
                 try:
                     chunk = await job.waiter.next(job.deadline, None)
+                    if chunk is None and later < len(job.prep.rest):  # the next segment, after a pause
+                        seg = job.version.segment(job.prep, later)
+                        later += 1
+                        handle = job.handle = job.version.submit(seg)
+                        job.waiter = _Waiter(handle, asyncio.get_running_loop())
+                        chunk = _pause(job.version, job.prep)
+                except (QueueFullError, SchedulerClosedError) as e:
+                    metrics.errors.labels(kind="queue_full").inc()
+                    log.warning("request %d: its next segment was refused (%s); stream cut", handle.id, e)
+                    if sse:
+                        yield _sse_error(f"the next segment could not be queued: {e}")
+                    return
                 except _Deadline:
                     handle.cancel()
                     metrics.errors.labels(kind="deadline").inc()
@@ -401,7 +435,7 @@ class _Handlers:
             took = time.perf_counter() - job.t0
             metrics.served(took, samples / sr, False)
             self.count(job.endpoint, 200)
-            if job.version.redis is not None:  # fill the shared cache from the finished request
+            if job.version.redis is not None and not job.prep.rest:  # fill the shared cache from the finished request
                 asyncio.get_running_loop().run_in_executor(self.state.work, job.version.whole_wav, job.prep,
                                                            handle.result())
         finally:
@@ -652,9 +686,18 @@ def _origin_netloc(origin: str) -> str:
 
 
 def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, str]:
-    """Which version and variant answered, and whether from a phrase cache."""
-    return {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.served_by or prep.variant,
-            "X-Forge-Cached": str(cached).lower()}
+    """Which version and variant answered, whether from a phrase cache, how many segments were spoken
+    and which characters of the input could not be spoken (percent-encoded UTF-8, when any)."""
+    headers = {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.served_by or prep.variant,
+               "X-Forge-Cached": str(cached).lower(), "X-Forge-Segments": str(1 + len(prep.rest))}
+    if prep.removed:
+        headers["X-Forge-Removed"] = urllib.parse.quote(prep.removed, safe="")
+    return headers
+
+
+def _pause(version: ServedVersion, prep: Prepared) -> np.ndarray:
+    """The silence between two segments of a long input (runtime.segments.SEGMENT_PAUSE_SECONDS)."""
+    return np.zeros(int(SEGMENT_PAUSE_SECONDS * version.pipes[prep.variant].sample_rate), dtype=np.float32)
 
 
 def _sse_delta(data: bytes) -> bytes:

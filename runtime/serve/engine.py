@@ -28,7 +28,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ class Prepared:
     mel: np.ndarray | None = None
     key_text: str | None = None  # the normalised text before refinement (the caches' key); None: `text`
     served_by: str | None = None  # a hit from another variant's phrase-cache entry: that variant
+    removed: str = ""  # characters of the input that cannot be spoken (reported in X-Forge-Removed)
+    rest: list[str] = field(default_factory=list)  # a long input's later segments, spoken after `text`
 
 
 def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
@@ -264,12 +266,15 @@ class ServedVersion:
         """Normalise, route, check, look the request up in the caches (by the text before
         refinement: a hit is not refined again) and, on a miss, refine (if asked). Raises a
         ForgeError for a request that cannot be served (the client's error)."""
-        norm = self.front.normalize(text, params)
+        segments, removed = self.front.segments(text, params)
+        norm, rest = segments[0], segments[1:]
+        if rest:  # a long input: its segments are spoken in turn (`prepare_segment`), no refinement or cache
+            return self._prepare_long(segments, params, model, removed)
         variant = self.variant_for(model, norm)
         pipe = self.pipes[variant]
         check_code_request(pipe, norm, params.code)
         check_request(pipe, norm, replace(params, refine=None))  # all that submit checks: a 400 now, not later
-        prep = Prepared(variant, norm, params, key_text=norm)
+        prep = Prepared(variant, norm, params, key_text=norm, removed=removed)
         hit = self._file_cache_hit(variant, pipe, norm, params, routed=model is None or model == self.model_id)
         if hit is not None:
             row, prep.served_by = hit
@@ -288,6 +293,22 @@ class ServedVersion:
             check_code_request(pipe, refined, params.code)
             prep.text = refined
         return prep
+
+    def _prepare_long(self, segments: list[str], params: SynthParams, model: str | None, removed: str) -> Prepared:
+        """A long input's first segment ready for the scheduler, the others in `rest` (each checked now:
+        a segment that cannot be spoken is a 400 before any audio). Segments are spoken as written
+        (no refinement, which would rewrite each alone) and routed by the whole text's length."""
+        variant = self.variant_for(model, " ".join(segments))
+        pipe = self.pipes[variant]
+        plain = replace(params, refine=None)
+        for seg in segments:
+            check_code_request(pipe, seg, plain.code)
+        check_request(pipe, segments[0], plain)
+        return Prepared(variant, segments[0], plain, key_text=segments[0], removed=removed, rest=segments[1:])
+
+    def segment(self, prep: Prepared, k: int) -> Prepared:
+        """The `k`-th later segment of a long input as its own Prepared (same variant, speaker and seed)."""
+        return Prepared(prep.variant, prep.rest[k], prep.params, key_text=prep.rest[k])
 
     def _file_cache_hit(self, variant: str, pipe: Pipeline, norm: str, params: SynthParams,
                         routed: bool) -> tuple[Row, str] | None:

@@ -12,6 +12,8 @@
 | forge_phrase_cache_hits_total / _misses_total | counter | look-ups by tier (`file`, `redis`) |
 | forge_errors_total | counter | failed requests by `kind` (bad_request, queue_full, memory, deadline, disconnect, not_ready, internal, admin, reload_failed) |
 | forge_requests_total | counter | responses by `endpoint` and `status` |
+| forge_text_removed_chars_total | counter | characters of requests' text that could not be spoken and were removed (reported to the client in `X-Forge-Removed`) |
+| forge_text_segments_total | counter | segments spoken (a long input is cut into several) |
 | forge_rss_bytes | gauge | resident memory of the server process |
 | forge_process_cpu_seconds | gauge | CPU seconds (user + system, every thread) the server process has used |
 | forge_ready | gauge | 1 once the version is loaded, verified and warmed |
@@ -67,6 +69,10 @@ class Metrics:
         self.cache_misses = Counter("forge_phrase_cache_misses", "Phrase-cache misses", ["tier"], registry=r)
         self.errors = Counter("forge_errors", "Failed requests by kind", ["kind"], registry=r)
         self.requests = Counter("forge_requests", "Responses by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.removed_chars = Counter("forge_text_removed_chars", "Characters removed from requests' text as unspeakable",
+                                     registry=r)
+        self.segments = Counter("forge_text_segments", "Segments spoken (a long input is cut into several)",
                                 registry=r)
         self.reloads = Counter("forge_reloads", "Version swaps", ["result"], registry=r)
         if routing is not None:

@@ -11,7 +11,9 @@ Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `
 `repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool, default
 true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool, default true:
 chunked from the first final chunk; false: the whole waveform decoded at once, `synth`'s samples),
-`deadline_s`. Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
+`deadline_s`, `normalize` (bool, default true: numbers, money, dates and symbols spoken as words and
+a long input cut into segments, runtime.spoken; false: ChatTTS's own front end exactly, both
+endpoints). Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
 
 Native `POST /v1/chattts/speech`: ChatTTS's `Chat.infer` arguments: `text`, `model`, `voice`,
 `params_infer_code` (InferCodeParams: prompt, spk_emb, spk_smp, txt_smp, temperature (one or one per
@@ -227,7 +229,7 @@ def _names(naming: str, knobs: tuple[_Knob, ...]) -> set[str]:
 
 
 _OPENAI_FIELDS = {"model", "input", "voice", "response_format", "speed", "stream_format", "instructions",
-                  "seed", "refine", "stream", "deadline_s"} | _names("openai", (*CODE_KNOBS, _TEMPERATURE))
+                  "seed", "refine", "stream", "deadline_s", "normalize"} | _names("openai", (*CODE_KNOBS, _TEMPERATURE))
 
 
 def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequest:
@@ -245,7 +247,7 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
                    **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE)))
     refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
-    params = replace(defaults, code=code, refine=refine)
+    params = replace(defaults, code=code, refine=refine, text_normalization=_flag(body, "normalize", True))
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
 
 
@@ -255,7 +257,7 @@ def _model(model: str | None) -> str | None:
 
 _NATIVE_FIELDS = {"text", "model", "voice", "params_infer_code", "params_refine_text", "skip_refine_text",
                   "use_decoder", "do_text_normalization", "do_homophone_replacement", "lang", "response_format",
-                  "stream", "stream_format", "deadline_s"}
+                  "stream", "stream_format", "deadline_s", "normalize"}
 _CODE_FIELDS = {"prompt", "spk_emb", "spk_smp", "txt_smp", "temperature", "manual_seed"} | _names("native", CODE_KNOBS)
 _REFINE_FIELDS = {"prompt", "manual_seed"} | _names("native", REFINE_KNOBS)
 
@@ -306,5 +308,6 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
         raise BadRequest(f"lang must be zh, en or null, got {quote(lang)}", "lang")
     params = SynthParams(code=code, refine=refine, use_decoder=_flag(body, "use_decoder", True),
                          normalize=_flag(body, "do_text_normalization", True),
-                         homophones=_flag(body, "do_homophone_replacement", True), lang=lang)
+                         homophones=_flag(body, "do_homophone_replacement", True), lang=lang,
+                         text_normalization=_flag(body, "normalize", True))
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
