@@ -374,6 +374,16 @@ def _page_regression(record: dict[str, Any] | None) -> dict[str, Any] | None:
             "accepted": record.get("accepted")}
 
 
+def _normalizer_line() -> str:
+    """What turns written text into the spoken text the runtime feeds every variant (runtime.spoken)."""
+    from chattts_forge.runtime.spoken import SEGMENT_NOTE, normalizer_identity
+
+    ident = normalizer_identity()
+    options = ", ".join(f"{k}: {v}" for k, v in sorted(ident["options"].items()))
+    return html.escape(f"Text normalization: {ident['name']} {ident['version']} (rules {ident['rules']}; {options}). "
+                       f"{SEGMENT_NOTE}")
+
+
 def render_version_page(model: str, version: str, entries: list[VariantEntry], routing: dict[str, Any] | None,
                         sentences: int = LISTEN_SENTENCES) -> bytes:
     """The version page's bytes (see module docstring)."""
@@ -413,6 +423,8 @@ bootstrap interval; a change worse than the gate's [regression] tolerance over i
 {f"<img alt='Pareto plot' src='data:image/png;base64,{plot}'/>" if plot else "<p>No variant has both figures.</p>"}
 <h2>Routing</h2>
 {_routing(routing)}
+<h2>Text front end</h2>
+<p>{_normalizer_line()}</p>
 <h2>Listen</h2>
 {_listen(entries, sentences)}
 <script type="application/json" id="{PAGE_DATA_ID}">{data}</script>

@@ -67,7 +67,7 @@ LICENSES: dict[str, dict[str, str]] = {
 }
 
 # Distributions whose versions every manifest names (from the artifact's own record when it has one).
-MANIFEST_VERSIONS = ("torch", "chattts", "onnx", "onnxruntime", "onnxconverter-common")
+MANIFEST_VERSIONS = ("torch", "chattts", "onnx", "onnxruntime", "onnxconverter-common", "wetext", "kaldifst")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
@@ -161,6 +161,12 @@ def calibration_corpus(quant: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def normalizer_identity() -> dict[str, Any]:
+    from chattts_forge.runtime.spoken import normalizer_identity as identity
+
+    return identity()
+
+
 def library_versions_of(meta: ArtifactMeta) -> dict[str, str | None]:
     """Versions the artifact was built with (its own record); publish-time versions fill any gap."""
     from chattts_forge.versions import library_versions
@@ -228,6 +234,8 @@ def build_manifest_core(
             "git_commit": toolchain.get("git_commit"),
             "published_with": __version__,
         },
+        # what turns written text into the spoken text the runtime feeds this variant (runtime.spoken)
+        "text_normalizer": normalizer_identity(),
         "licenses": LICENSES,
         **({"regression": regression} if regression is not None else {}),
     }

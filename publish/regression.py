@@ -329,6 +329,7 @@ def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, A
     out.update(_flat("quantizer option", quant.get("options") or {}))
     out.update(_flat("calibration corpus", manifest.get("calibration_corpus") or {}))
     out.update(_flat("version of", manifest.get("versions") or {}))
+    out.update(_flat("text normalizer", manifest.get("text_normalizer") or {}))
     return out
 
 
@@ -337,7 +338,8 @@ def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dic
     """[{"what", "baseline", "now"}] of the records that differ ((manifest, report) of each build)."""
     a, b = _provenance(*baseline), _provenance(*now)
     return [{"what": k.replace("quantizer option.", "quantizer option ").replace("version of.", "version of ")
-             .replace("calibration corpus.", "calibration corpus "), "baseline": a.get(k), "now": b.get(k)}
+             .replace("calibration corpus.", "calibration corpus ").replace("text normalizer.", "text normalizer "),
+             "baseline": a.get(k), "now": b.get(k)}
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
