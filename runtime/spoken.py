@@ -173,6 +173,16 @@ class _Grammars:
 _GRAMMARS = _Grammars()
 
 
+_MAGNITUDES = frozenset("hundred thousand million billion trillion percent".split())
+
+
+def _context_word(word: str) -> bool:
+    """A word next to a number that can change its reading: a name or month (`Dec 8`, `Baker St.`), a short
+    unit or mark (`pm`, `kg`, `of`), a magnitude (`1.5 million`); not `plus`, `times`, `divided`."""
+    core = word.strip(".,;:!?\"'()")
+    return core[:1].isupper() or len(core) <= 3 or core.lower() in _MAGNITUDES
+
+
 def _verbalize_chunks(text: str, lang: str) -> str:
     """Only the pieces of a span that hold something to verbalize go through the grammar: an FST pass
     costs more than linearly in its length. English: each word that needs the grammar with one word of
@@ -183,7 +193,8 @@ def _verbalize_chunks(text: str, lang: str) -> str:
     parts = re.split(r"(\s+)", text)
     words = parts[0::2]
     need = [bool(_NEEDS_GRAMMAR.search(w)) for w in words]
-    near = [need[i] or (i > 0 and need[i - 1]) or (i + 1 < len(words) and need[i + 1]) for i in range(len(words))]
+    near = [need[i] or (_context_word(words[i]) and ((i > 0 and need[i - 1]) or (i + 1 < len(words) and need[i + 1])))
+            for i in range(len(words))]
     out: list[str] = []
     i = 0
     while i < len(words):
@@ -480,3 +491,9 @@ def registered(lang: str) -> Callable[[str], str]:
     if lang not in ("zh", "en"):
         raise ForgeError(f"no spoken-form normalizer for language {lang!r} (zh or en)")
     return lambda text: SPOKEN.normalize(text, lang)
+
+
+# One line for reports and pages: where the spoken text comes from and how long input is cut.
+SEGMENT_NOTE = ("Numbers, money, dates, times and symbols are spoken as words; input up to 4,096 characters is cut "
+                "at sentence ends into segments of at most ~20 s of speech; --no-text-normalization / "
+                "\"normalize\": false give ChatTTS's own front end.")
