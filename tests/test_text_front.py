@@ -1,0 +1,92 @@
+"""What users write reaches the model spoken: the `normalize` command, segments of long text, the
+server's report of removed characters and its long-input answers (issue 48)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_serve import STEPS, running, version  # noqa: F401 - version: the fixture
+
+from chattts_forge.cli import main
+from chattts_forge.runtime.segments import SEGMENT_SECONDS, split_segments, spoken_seconds
+
+LONG_ZH = "您的订单号是 20261206，金额 ¥199.50，请在 3 点前确认。" * 108
+LONG_EN = "Call 555-0123 at 3:30 pm on Dec 8, 2026, and pay $19.99 before noon. " * 55
+
+
+def normalize_cli(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["normalize", *args])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_normalize_prints_only_the_spoken_segments_and_lists_removed_characters_on_stderr() -> None:
+    code, out, err = normalize_cli("--text", "转人工请按 0 😀")
+    assert code == 0
+    assert out.strip().splitlines() == [out.strip()] and "零" in out and "0" not in out
+    assert "😀" in err and "😀" not in out
+
+
+def test_normalize_off_is_chattts_own_front_end() -> None:
+    code, out, _ = normalize_cli("--no-text-normalization", "--text", "What is 2+2?")
+    assert code == 0 and out.strip() == "What is"
+
+
+@pytest.mark.parametrize("text", [LONG_ZH, LONG_EN])
+def test_normalize_of_a_long_text_prints_bounded_segments_that_are_its_whole_spoken_text(tmp_path: Path,
+                                                                                         text: str) -> None:
+    assert 3500 < len(text) <= 4096
+    f = tmp_path / "long.txt"
+    f.write_text(text, encoding="utf-8")
+    code, out, _ = normalize_cli("--file", str(f))
+    segments = out.splitlines()
+    assert code == 0 and len(segments) > 5
+    assert all(spoken_seconds(s) <= SEGMENT_SECONDS for s in segments)
+    assert not any(c.isdigit() or c in "$¥" for c in out)
+    _, whole, _ = normalize_cli("--file", str(f))
+    assert "".join(segments).replace(" ", "") == whole.replace("\n", "").replace(" ", "")
+
+
+@pytest.mark.parametrize("args,message", [([], "exactly one of --text or --file"),
+                                          (["--text", ""], "empty text"),
+                                          (["--file", "/nonexistent/x.txt"], "does not exist"),
+                                          (["--text", "x" * 5000], "more than the 4096")])
+def test_normalize_bad_input_is_one_line_and_exit_nonzero(args: list[str], message: str) -> None:
+    code, out, err = normalize_cli(*args)
+    assert code != 0 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_segments_cut_at_sentence_ends_first_and_keep_tags_whole() -> None:
+    text = "第一句话很长很长。" * 20 + "[uv_break]" + "第二段，" * 40
+    parts = split_segments(text, 6.0)
+    assert all(spoken_seconds(p) <= 6.0 for p in parts)
+    assert sum(p.count("[uv_break]") for p in parts) == 1
+    assert "".join(parts) == text.replace(" ", "")
+
+
+def test_server_reports_removed_characters_and_speaks_a_long_input_in_segments(version: Path) -> None:  # noqa: F811
+    with running(version, max_batch=4, max_queue=16) as srv:
+        body = {"input": "转人工请按 0 😀", "voice": "alloy", "response_format": "wav", "stream": False,
+                "max_new_token": STEPS}
+        r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
+        assert r.status_code == 200
+        assert urllib.parse.unquote(r.headers["X-Forge-Removed"]) == "😀"
+        assert srv.metric("forge_text_removed_chars_total") >= 1
+        long = "请在 3 点前确认订单。" * 30
+        whole = httpx.post(srv.url + "/v1/audio/speech", timeout=300,
+                           json={**body, "input": long, "response_format": "pcm"})
+        assert whole.status_code == 200 and int(whole.headers["X-Forge-Segments"]) > 1
+        streamed = httpx.post(srv.url + "/v1/audio/speech", timeout=300,
+                              json={**body, "input": long, "response_format": "pcm", "stream": True})
+        assert streamed.status_code == 200
+        a = np.frombuffer(whole.content, "<i2")
+        b = np.frombuffer(streamed.content, "<i2")
+        assert len(a) == len(b) > 0
+        off = httpx.post(srv.url + "/v1/audio/speech", timeout=120,
+                         json={**body, "input": "2+2?", "normalize": False})
+        assert off.status_code == 400 and off.json()["error"]["param"] == "input"
