@@ -196,8 +196,10 @@ def test_text_and_recording_lengths_are_bounded_before_work(tiny_artifacts) -> N
 
     pipe = Pipeline(tiny_artifacts["fp32"], threads=1)
     limit = pipe.max_text_chars()
-    with pytest.raises(ForgeError, match=f"more than the {limit} this model can take"):
-        pipe.normalize("a" * (limit + 1))
+    with pytest.raises(ForgeError, match=f"more than the {limit} this model takes"):
+        pipe.normalize("a" * (limit + 1), SynthParams(text_normalization=False))
+    with pytest.raises(ForgeError, match="more than the 4096 this model takes"):
+        pipe.normalize("a" * 4097)
     with pytest.raises(ForgeError, match="more than the"):
         pipe.synthesize(["你好。" * (pipe.max_text_chars(True) // 3 + 1)], SynthParams(split_sentences=True))
     longest = pipe.max_recording_samples()
