@@ -128,12 +128,50 @@ def read_digit_by_digit(number: str, lang: str) -> str:
 # ---- the grammars -----------------------------------------------------------------------------------
 
 
+class _LazyFst:
+    """A kaldifst.TextNormalizer read from its file on first call (see `_import_wetext`)."""
+
+    def __init__(self, path: str, read: Callable[[str], Any]) -> None:
+        self._path, self._read = path, read
+        self._fst: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> str:
+        fst = self._fst
+        if fst is None:
+            with self._lock:
+                if self._fst is None:
+                    self._fst = self._read(self._path)
+                fst = self._fst
+        return fst(text)
+
+
+def _import_wetext() -> Any:
+    """`import wetext`, its grammars read on first use. wetext reads every grammar it ships at import
+    (zh, en, ja; TN and ITN: ~0.4 s of a cold start); we use two or four of them. Its module of
+    grammars is built while kaldifst.TextNormalizer is `_LazyFst`, so only what a text needs is read."""
+    import sys
+
+    if "wetext" in sys.modules:
+        return sys.modules["wetext"]
+    import kaldifst
+
+    read = kaldifst.TextNormalizer
+    kaldifst.TextNormalizer = lambda path: _LazyFst(path, read)
+    try:
+        import wetext
+    finally:
+        kaldifst.TextNormalizer = read
+    return wetext
+
+
 class _Grammars:
     """wetext's TN tagger + verbalizer per language, loaded on first use (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._normalizers: dict[str, Any] = {}
+        self._preloading = False
 
     def get(self, lang: str) -> Any:
         n = self._normalizers.get(lang)
@@ -144,11 +182,27 @@ class _Grammars:
                     if importlib.util.find_spec("wetext") is None:
                         raise ForgeError("text normalization needs the 'wetext' package (pip install wetext); "
                                          "or turn it off (--no-text-normalization, \"normalize\": false)")
-                    from wetext import Normalizer as WetextNormalizer
-
-                    n = WetextNormalizer(lang=lang, operator="tn")
+                    n = _import_wetext().Normalizer(lang=lang, operator="tn")
                     self._normalizers[lang] = n
         return n
+
+    def preload(self, langs: tuple[str, ...] = ("zh", "en")) -> None:
+        """Read the grammars of `langs` in a background thread, once per process: while a model's
+        sessions are built (onnxruntime lets go of the GIL meanwhile) the first text with a number
+        stops waiting for them. A text that needs a grammar before then waits on its lock."""
+        with self._lock:
+            if self._preloading:
+                return
+            self._preloading = True
+        threading.Thread(target=self._read_all, args=(langs,), name="spoken-grammars", daemon=True).start()
+
+    def _read_all(self, langs: tuple[str, ...]) -> None:
+        for lang in langs:
+            try:
+                self.get(lang).normalize("0")
+            except Exception as e:  # reported when a text needs it; a preload only saves time
+                log.debug("grammar %s not preloaded: %s", lang, e)
+                return
 
     def verbalize(self, text: str, lang: str) -> str:
         """One span through its language's grammar; a span the grammar rejects is verbalized word by word."""
@@ -438,6 +492,11 @@ def _post_zh(text: str) -> str:
 
 class SpokenNormalizer:
     """Written text -> spoken text, Chinese and English spans each through wetext (see the module doc)."""
+
+    @staticmethod
+    def preload() -> None:
+        """Read the grammars in a background thread (`_Grammars.preload`)."""
+        _GRAMMARS.preload()
 
     identity = staticmethod(normalizer_identity)
 

@@ -79,6 +79,7 @@ class TextFront:
         self.num_vq = self.dims.num_vq
         self.normalizer = Normalizer(meta.support_path(path, "homophones"))
         self.verification = verification
+        SPOKEN.preload()  # read beside the model's sessions, not on the first text with a number
 
     @classmethod
     def open(cls, folder: str | os.PathLike[str], verify: str = "sha256") -> TextFront:
