@@ -71,7 +71,7 @@ def test_segments_cut_at_sentence_ends_first_and_keep_tags_whole() -> None:
 
 def test_server_reports_removed_characters_and_speaks_a_long_input_in_segments(version: Path) -> None:  # noqa: F811
     with running(version, max_batch=4, max_queue=16) as srv:
-        body = {"input": "转人工请按 0 😀", "voice": "alloy", "response_format": "wav", "stream": False,
+        body = {"input": "转人工请按 0 😀", "voice": "alloy", "response_format": "wav", "stream": False, "refine": False,
                 "max_new_token": STEPS}
         r = httpx.post(srv.url + "/v1/audio/speech", json=body, timeout=120)
         assert r.status_code == 200

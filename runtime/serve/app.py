@@ -347,7 +347,7 @@ class _Handlers:
         loop = asyncio.get_running_loop()
         parts = [wav]
         for k in range(len(job.prep.rest)):
-            seg = job.version.segment(job.prep, k)
+            seg = await loop.run_in_executor(self.state.work, job.version.segment, job.prep, k)
             job.handle = job.version.submit(seg)
             job.waiter = _Waiter(job.handle, loop)
             await job.waiter.until_done(job.deadline, request)
@@ -396,7 +396,8 @@ class _Handlers:
                 try:
                     chunk = await job.waiter.next(job.deadline, None)
                     if chunk is None and later < len(job.prep.rest):  # the next segment, after a pause
-                        seg = job.version.segment(job.prep, later)
+                        seg = await asyncio.get_running_loop().run_in_executor(
+                            self.state.work, job.version.segment, job.prep, later)
                         later += 1
                         handle = job.handle = job.version.submit(seg)
                         job.waiter = _Waiter(handle, asyncio.get_running_loop())

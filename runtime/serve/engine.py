@@ -296,19 +296,40 @@ class ServedVersion:
 
     def _prepare_long(self, segments: list[str], params: SynthParams, model: str | None, removed: str) -> Prepared:
         """A long input's first segment ready for the scheduler, the others in `rest` (each checked now:
-        a segment that cannot be spoken is a 400 before any audio). Segments are spoken as written
-        (no refinement, which would rewrite each alone) and routed by the whole text's length."""
+        a segment that cannot be spoken is a 400 before any audio). Routed by the whole text's length;
+        not looked up in the caches; each segment refined on its own when asked (`segment`)."""
         variant = self.variant_for(model, " ".join(segments))
         pipe = self.pipes[variant]
         plain = replace(params, refine=None)
         for seg in segments:
             check_code_request(pipe, seg, plain.code)
         check_request(pipe, segments[0], plain)
-        return Prepared(variant, segments[0], plain, key_text=segments[0], removed=removed, rest=segments[1:])
+        prep = Prepared(variant, segments[0], params, key_text=segments[0], removed=removed, rest=segments[1:])
+        prep.text = self._refined(variant, segments[0], params)
+        return prep
+
+    def _refined(self, variant: str, text: str, params: SynthParams) -> str:
+        """A segment refined when `params` asks; refinement that leaves nothing speakable or too long a
+        text keeps the segment as written (a later segment fails no stream already under way)."""
+        if params.refine is None:
+            return text
+        pipe = self.pipes[variant]
+        with self._gpt_locks[variant]:  # refinement runs on the variant's one GPT step
+            refined = pipe.refine_text([text], params.refine)[0]
+        try:
+            if not is_speakable(refined):
+                raise ForgeError("refinement produced nothing speakable")
+            check_code_request(pipe, refined, params.code)
+        except ForgeError as e:
+            log.warning("segment %r: %s; spoken as written", text[:40], e)
+            return text
+        return refined
 
     def segment(self, prep: Prepared, k: int) -> Prepared:
-        """The `k`-th later segment of a long input as its own Prepared (same variant, speaker and seed)."""
-        return Prepared(prep.variant, prep.rest[k], prep.params, key_text=prep.rest[k])
+        """The `k`-th later segment of a long input as its own Prepared (same variant, speaker and seed),
+        refined when the request asks (this blocks on the variant's GPT step: run it off the event loop)."""
+        text = prep.rest[k]
+        return Prepared(prep.variant, self._refined(prep.variant, text, prep.params), prep.params, key_text=text)
 
     def _file_cache_hit(self, variant: str, pipe: Pipeline, norm: str, params: SynthParams,
                         routed: bool) -> tuple[Row, str] | None:
