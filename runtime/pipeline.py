@@ -416,7 +416,13 @@ class Pipeline:
         """Normalised (and split, if asked) texts, refined if asked, plus for each the index of the
         input it came from."""
         out, owner = self.normalize_texts(texts, params)
-        return self.refine_texts(out, params, owner), owner
+        n_inputs = 1 if isinstance(texts, str) else len(texts)
+        if len(out) <= max(n_inputs, SEGMENT_BATCH):
+            return self.refine_texts(out, params, owner), owner
+        refined: list[str] = []  # a long text's many segments: refined SEGMENT_BATCH at a time
+        for start in range(0, len(out), SEGMENT_BATCH):
+            refined += self.refine_texts(out[start: start + SEGMENT_BATCH], params, owner[start: start + SEGMENT_BATCH])
+        return refined, owner
 
     def normalize_texts(self, texts: Sequence[str], params: SynthParams) -> tuple[list[str], list[int]]:
         """`prepare_texts` before refinement (what a phrase cache is keyed by): each input's segments
@@ -554,23 +560,26 @@ class Pipeline:
             raise ForgeError(f"stream batch must be >= 1, got {every}")
         if params.split_sentences:
             raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
-        norm, owner = self.prepare_texts(texts, params)
+        norm, owner = self.normalize_texts(texts, params)
         if len(norm) > len(set(owner)):  # a long text cut into segments: spoken one after the other
             if len(set(owner)) > 1:
                 raise InputError("a stream of several texts takes one segment each; stream a long text on its own")
             yield from self._stream_segments(norm, params, every, on_done, lookahead_frames, progress)
             return
+        norm = self.refine_texts(norm, params, owner)
         yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
 
     def _stream_segments(self, norm: list[str], params: SynthParams, every: int,
                          on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
                          progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
-        """One text's segments streamed in turn, a pause between them; `on_done` gets their codes joined."""
+        """One text's segments streamed in turn (each refined just before it, when asked), a pause between
+        them; `on_done` gets their codes joined."""
         done: list[Generation] = []
         pause = np.zeros(int(SEGMENT_PAUSE_SECONDS * self.sample_rate), dtype=np.float32)
         for k, segment in enumerate(norm):
             if k:
                 yield [pause]
+            segment = self.refine_texts([segment], params)[0]  # each in its turn: first audio waits for one
             yield from self._stream_rows([segment], params, every, done.append, lookahead_frames, progress)
         if on_done is not None:
             on_done(join_generations(done))

@@ -388,3 +388,17 @@ def test_bad_artifact_json(tiny_artifacts, tmp_path):
     (art / "artifact.json").write_text("{not json")
     with pytest.raises(ForgeError, match="unreadable"):
         Pipeline(art)
+
+
+def test_a_long_text_streams_segment_after_segment_as_it_synthesizes_whole(pipe, speaker):
+    """Segments of one long text: streamed in turn (a pause between) = synthesized whole (batched rows,
+    each seeded alike), refinement off; without normalization the same text is one prompt."""
+    text = "第1段话，请在 3 点前确认订单。" * 12
+    params = SynthParams(code=InferCodeParams(seed=5, max_new_token=20, min_new_token=20, spk_emb=speaker))
+    segments, _ = pipe.normalize_texts([text], params)
+    assert len(segments) > 1
+    [whole] = pipe.synthesize([text], params)
+    streamed = np.concatenate([c[0] for c in pipe.stream([text], params, stream_batch=8)])
+    assert streamed.shape == whole.wav.shape
+    assert np.abs(streamed - whole.wav).max() <= STREAM_TOL
+    assert len(pipe.normalize_texts([text], replace(params, text_normalization=False))[0]) == 1
