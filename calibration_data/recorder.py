@@ -138,8 +138,12 @@ def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
     """Code-stage parameters of one recorded sentence: ChatTTS defaults, a seeded random speaker."""
     from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
 
+    # The corpus's text as ChatTTS's own front end reads it: calibration (and quantize's fidelity, which
+    # reads these parameters) stays independent of the runtime's text normalizer, so a new normalizer
+    # leaves every quantized graph's bytes as they were.
     return SynthParams(
-        code=InferCodeParams(spk_emb=pipe.random_speaker(seed), seed=seed, max_new_token=max_new_token)
+        code=InferCodeParams(spk_emb=pipe.random_speaker(seed), seed=seed, max_new_token=max_new_token),
+        text_normalization=False,
     )
 
 
