@@ -21,8 +21,9 @@ The names below are importable from here as before (params, generation and strea
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -560,16 +561,28 @@ class Pipeline:
             raise ForgeError(f"stream batch must be >= 1, got {every}")
         if params.split_sentences:
             raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
-        norm, owner = self.normalize_texts(texts, params)
-        if len(norm) > len(set(owner)):  # a long text cut into segments: spoken one after the other
-            if len(set(owner)) > 1:
-                raise InputError("a stream of several texts takes one segment each; stream a long text on its own")
-            yield from self._stream_segments(norm, params, every, on_done, lookahead_frames, progress)
+        one = texts if isinstance(texts, str) else texts[0] if isinstance(texts, Sequence) and len(texts) == 1 else None
+        if params.text_normalization and isinstance(one, str):
+            # one text: its segments come from the front end as its written chunks are normalised, so
+            # its first audio does not wait for the rest of a long text
+            check_synth_params(params, self.dims.max_position_embeddings, self.max_text_chars())
+            segments = (seg for seg, _ in self.text.iter_segments(one, params) if seg)
+            first = next(segments)
+            second = next(segments, None)
+            if second is not None:
+                yield from self._stream_segments(itertools.chain((first, second), segments), params, every, on_done,
+                                                 lookahead_frames, progress)
+                return
+            norm = self.refine_texts([first], params, [0])
+            yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
             return
+        norm, owner = self.normalize_texts(texts, params)
+        if len(norm) > len(set(owner)):
+            raise InputError("a stream of several texts takes one segment each; stream a long text on its own")
         norm = self.refine_texts(norm, params, owner)
         yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
 
-    def _stream_segments(self, norm: list[str], params: SynthParams, every: int,
+    def _stream_segments(self, norm: Iterable[str], params: SynthParams, every: int,
                          on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
                          progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
         """One text's segments streamed in turn (each refined just before it, when asked), a pause between

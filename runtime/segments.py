@@ -92,6 +92,38 @@ def _needs_space(left: str, right: str) -> bool:
     return bool(left) and bool(right) and (left[-1].isascii() or right[0].isascii())
 
 
+# A long written text is normalised in chunks of about this many characters, cut where a sentence
+# surely ends, so a stream's first segment is spoken before the rest of the text is normalised.
+WRITTEN_CHUNK_CHARS = 240
+_WRITTEN_END = re.compile(r"(?<=[。！？!?])|\n+")
+
+
+def written_chunks(text: str, size: int = WRITTEN_CHUNK_CHARS) -> list[str]:
+    """A written (not yet normalised) text cut after `。！？!?` and at newlines, never inside a tag, the
+    pieces packed into chunks of about `size` characters. Joined, the chunks are the text (newlines
+    aside). A period is not a cut: `3.5`, `Dr.` and `e.g.` read differently alone."""
+    pieces = [p for p in _cut_outside_tags(text, _WRITTEN_END) if p.strip()]
+    out: list[str] = []
+    for p in pieces:
+        if out and len(out[-1]) + len(p) <= size:
+            out[-1] += p
+        else:
+            out.append(p)
+    return out or [text]
+
+
+def _cut_outside_tags(text: str, pattern: re.Pattern[str]) -> list[str]:
+    tags = [(m.start(), m.end()) for m in _TAG.finditer(text)]
+    out, start = [], 0
+    for m in pattern.finditer(text):
+        if m.end() <= start or any(a < m.start() < b for a, b in tags):
+            continue
+        out.append(text[start: m.start()])
+        start = m.end()
+    out.append(text[start:])
+    return out
+
+
 def split_segments(text: str, limit_seconds: float = SEGMENT_SECONDS) -> list[str]:
     """`text` (normalised) as segments of at most `limit_seconds` estimated speech each, in order."""
     if limit_seconds <= 0:

@@ -104,7 +104,6 @@ class NormalizeConfig:
 
 def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
     """(the segments the model receives for `cfg`'s text, the characters removed as unspeakable)."""
-    from chattts_forge.runtime.frontend import Normalizer
     from chattts_forge.runtime.pipeline import SynthParams
     from chattts_forge.runtime.router import ROUTING_NAME, Router
     from chattts_forge.runtime.textfront import TextFront
@@ -122,39 +121,12 @@ def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
         text = cfg.text or ""
     params = SynthParams(lang=cfg.lang, text_normalization=cfg.text_normalization)
     if cfg.artifact is None:
-        front = _FrontWithoutArtifact(Normalizer({}))
+        front = TextFront.without_artifact()
     elif (cfg.artifact / ROUTING_NAME).is_file():
         front = Router(cfg.artifact, autotune=False).front
     else:
         front = TextFront.open(cfg.artifact)
     return front.segments(text, params)
-
-
-class _FrontWithoutArtifact:
-    """`TextFront.segments` with no homophone map (no artifact given)."""
-
-    def __init__(self, normalizer: Any) -> None:
-        self.normalizer = normalizer
-
-    def segments(self, text: str, params: SynthParams) -> tuple[list[str], str]:
-        from chattts_forge.runtime.textfront import TextFront
-
-        return TextFront.segments(self, text, params)  # type: ignore[arg-type]
-
-    def spoken(self, text: str, params: SynthParams) -> Any:
-        from chattts_forge.runtime.textfront import TextFront
-
-        return TextFront.spoken(self, text, params)  # type: ignore[arg-type]
-
-    def _checked(self, text: object, params: SynthParams, limit: int) -> str:
-        from chattts_forge.runtime.textfront import TextFront
-
-        return TextFront._checked(self, text, params, limit)  # type: ignore[arg-type]
-
-    def max_text_chars(self, split_sentences: bool = False, segmented: bool = False) -> int:
-        from chattts_forge.runtime.textfront import MAX_INPUT_CHARS
-
-        return MAX_INPUT_CHARS
 
 
 def read_batch_file(path: Path) -> list[str]:

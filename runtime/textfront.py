@@ -12,6 +12,7 @@ the same object over its own (fully checked) artifact.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
-from chattts_forge.runtime.segments import split_segments
+from chattts_forge.runtime.segments import split_segments, written_chunks
 from chattts_forge.runtime.spoken import SPOKEN, SpokenText
 
 if TYPE_CHECKING:
@@ -97,6 +98,16 @@ class TextFront:
         expected = {rel: e for rel, e in expected_files(path, meta).items() if rel in wanted}
         return cls(path, meta, check_files(path, expected, verify))
 
+    @classmethod
+    def without_artifact(cls) -> TextFront:
+        """The text front end alone (no homophone map, no speakers): what `normalize` prints without
+        --artifact. Its bound is MAX_INPUT_CHARS with text normalization on, as any model's."""
+        front = cls.__new__(cls)
+        front.path, front.meta, front.dims, front.verification = None, None, None, None  # type: ignore[assignment]
+        front.normalizer = Normalizer({})
+        SPOKEN.preload()
+        return front
+
     @cached_property
     def speaker_stats(self) -> np.ndarray:
         return load_speaker_stats(self.meta.support_path(self.path, "speaker_stats"), self.dims.hidden_size)
@@ -106,6 +117,8 @@ class TextFront:
         characters than TEXT_CHARS_PER_POSITION per model position could not fit even once normalised;
         split into sentences, each sentence must fit, and the whole may be SPLIT_TEXT_FACTOR times longer;
         cut into segments (text normalization on), MAX_INPUT_CHARS whatever the model."""
+        if self.dims is None:  # no model: the bound of every model with text normalization on
+            return MAX_INPUT_CHARS
         one = TEXT_CHARS_PER_POSITION * self.dims.max_position_embeddings
         if split_sentences:
             return one * SPLIT_TEXT_FACTOR
@@ -143,11 +156,42 @@ class TextFront:
         normalization on, a long text is cut into segments of bounded duration (runtime.segments);
         off, it is one segment, as ChatTTS takes it."""
         params = _params(params)
-        spoken = self.spoken(text, params)
         if not params.text_normalization:
+            spoken = self.spoken(text, params)
             return [spoken.text], spoken.removed
-        parts = [p for p in split_segments(spoken.text) if is_speakable(p)]
-        return parts or [spoken.text], spoken.removed
+        parts: list[str] = []
+        removed: set[str] = set()
+        for segment, gone in self.iter_segments(text, params):
+            if segment:
+                parts.append(segment)
+            removed.update(gone)
+        return parts, "".join(sorted(removed))
+
+    def iter_segments(self, text: str, params: SynthParams | None = None) -> Iterator[tuple[str, str]]:
+        """(segment, what its written chunk lost) in order, normalising the written text a chunk at a
+        time (`written_chunks`): a stream speaks its first segment before the rest is normalised. A
+        chunk with nothing speakable yields ("", what it lost). InputError up front for a bad text,
+        and at the end when nothing in it could be spoken."""
+        params = _params(params)
+        text = self._checked(text, params, self.max_text_chars(params.split_sentences, params.text_normalization))
+        if not params.text_normalization:
+            spoken = self.spoken(text, params)
+            yield spoken.text, spoken.removed
+            return
+        lang = params.lang or Normalizer.detect_language(text)  # the whole text's, for every chunk
+        any_spoken = False
+        for chunk in written_chunks(text):
+            written = SPOKEN.normalize(chunk, lang)
+            out, removed = self.normalizer.filtered(written, params.normalize, params.homophones, lang)
+            parts = [p for p in split_segments(out) if is_speakable(p)]
+            if not parts:  # nothing here can be spoken: what it lost is still reported
+                yield "", removed
+                continue
+            for k, part in enumerate(parts):
+                yield part, removed if k == 0 else ""
+            any_spoken = True
+        if not any_spoken:
+            raise InputError(f"text {short_repr(text)} normalises to nothing speakable")
 
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the speaker statistics (`Chat.sample_random_speaker`)."""
