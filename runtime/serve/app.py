@@ -269,11 +269,14 @@ class _Handlers:
             return self.changed(endpoint, version, e)
         except ForgeError as e:
             return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
-        if prep.removed:
-            self.metrics.removed_chars.inc(len(prep.removed))
-        self.metrics.segments.inc(1 + len(prep.rest))
+        if prep.pending is not None and not req.stream:  # a whole reply: every segment known and checked first
+            try:
+                await loop.run_in_executor(self.state.work, version.finish_segments, prep)
+            except ForgeError as e:
+                return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
         deadline = t0 + (req.deadline_s if req.deadline_s is not None else self.cfg.deadline_s)
         if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
+            self._count_text(prep)
             self.metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
             return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
         self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
@@ -323,8 +326,17 @@ class _Handlers:
                 wav = await loop.run_in_executor(self.state.work, version.whole_wav, prep, handle.result())
                 if prep.rest:
                     wav = await self._later_segments(job, wav, request)
+                self._count_text(prep)
                 return self._whole(endpoint, req, prep, wav, version, t0, cached=False)
+            rest = (loop.run_in_executor(self.state.work, version.finish_segments, prep)
+                    if prep.pending is not None else None)  # the rest of a long input, beside its first segment
             first = await job.waiter.next(deadline, request)
+            if rest is not None:
+                try:
+                    await rest
+                except ForgeError as e:
+                    handle.cancel()
+                    return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
         except _Deadline:
             handle.cancel()
             return self.fail(endpoint, 504, f"request deadline of {deadline - t0:.1f} s passed before any audio",
@@ -337,9 +349,16 @@ class _Handlers:
             return self.changed(endpoint, version, e)
         except ForgeError as e:
             return self.fail(endpoint, 500, str(e), "internal")
+        self._count_text(prep)
         media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
         return _StreamStarted(StreamingResponse(self._stream(job, first), media_type=media,
                                                 headers=_headers(version, prep, cached=False)))
+
+    def _count_text(self, prep: Prepared) -> None:
+        """/metrics: the characters of a request's text that could not be spoken, the segments spoken."""
+        if prep.removed:
+            self.metrics.removed_chars.inc(len(prep.removed))
+        self.metrics.segments.inc(1 + len(prep.rest))
 
     async def _later_segments(self, job: _Job, wav: np.ndarray, request: Any) -> np.ndarray:
         """A long input's whole waveform: its later segments generated in turn after the first (`wav`),

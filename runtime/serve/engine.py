@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ class Prepared:
     served_by: str | None = None  # a hit from another variant's phrase-cache entry: that variant
     removed: str = ""  # characters of the input that cannot be spoken (reported in X-Forge-Removed)
     rest: list[str] = field(default_factory=list)  # a long input's later segments, spoken after `text`
+    pending: Iterator[tuple[str, str]] | None = None  # a long input's segments not yet normalised
 
 
 def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
@@ -266,10 +267,21 @@ class ServedVersion:
         """Normalise, route, check, look the request up in the caches (by the text before
         refinement: a hit is not refined again) and, on a miss, refine (if asked). Raises a
         ForgeError for a request that cannot be served (the client's error)."""
-        segments, removed = self.front.segments(text, params)
-        norm, rest = segments[0], segments[1:]
-        if rest:  # a long input: its segments are spoken in turn (`prepare_segment`), no refinement or cache
-            return self._prepare_long(segments, params, model, removed)
+        pending = self.front.iter_segments(text, params)
+        segments: list[str] = []
+        gone: set[str] = set()
+        for seg, lost in pending:  # up to the second segment: the rest of a long text is normalised later
+            gone.update(lost)
+            if seg:
+                segments.append(seg)
+            if len(segments) == 2:
+                break
+        removed = "".join(sorted(gone))
+        norm = segments[0]
+        if len(segments) > 1:  # a long input: its segments are spoken in turn (`segment`), not cached
+            prep = self._prepare_long(segments, params, model, removed)
+            prep.pending = pending
+            return prep
         variant = self.variant_for(model, norm)
         pipe = self.pipes[variant]
         check_code_request(pipe, norm, params.code)
@@ -295,10 +307,11 @@ class ServedVersion:
         return prep
 
     def _prepare_long(self, segments: list[str], params: SynthParams, model: str | None, removed: str) -> Prepared:
-        """A long input's first segment ready for the scheduler, the others in `rest` (each checked now:
-        a segment that cannot be spoken is a 400 before any audio). Routed by the whole text's length;
-        not looked up in the caches; each segment refined on its own when asked (`segment`)."""
-        variant = self.variant_for(model, " ".join(segments))
+        """A long input's first segment ready for the scheduler, the others in `rest` (`finish_segments`
+        adds those not yet normalised; each is checked before any audio). Every segment is generated on
+        its own, so the route is the bucket of a segment (the longer of the first two); not looked up
+        in the caches; each segment refined on its own when asked (`segment`)."""
+        variant = self.variant_for(model, max(segments, key=len))
         pipe = self.pipes[variant]
         plain = replace(params, refine=None)
         for seg in segments:
@@ -324,6 +337,22 @@ class ServedVersion:
             log.warning("segment %r: %s; spoken as written", text[:40], e)
             return text
         return refined
+
+    def finish_segments(self, prep: Prepared) -> None:
+        """Normalise the rest of a long input (`prep.pending`) into `prep.rest`, each segment checked, what
+        it lost added to `prep.removed`: run beside its first segment's generation, before the reply's
+        headers (InputError: the request is refused before any audio)."""
+        if prep.pending is None:
+            return
+        pipe = self.pipes[prep.variant]
+        gone = set(prep.removed)
+        for seg, lost in prep.pending:
+            gone.update(lost)
+            if seg:
+                check_code_request(pipe, seg, prep.params.code)
+                prep.rest.append(seg)
+        prep.pending = None
+        prep.removed = "".join(sorted(gone))
 
     def segment(self, prep: Prepared, k: int) -> Prepared:
         """The `k`-th later segment of a long input as its own Prepared (same variant, speaker and seed),
