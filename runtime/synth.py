@@ -26,7 +26,7 @@ from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
-from chattts_forge.log import get_logger
+from chattts_forge.log import get_logger, quiet_logger
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, SynthParams
@@ -126,7 +126,9 @@ def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
         front = Router(cfg.artifact, autotune=False).front
     else:
         front = TextFront.open(cfg.artifact)
-    return front.segments(text, params)
+    # what was removed is this command's own report on stderr: ChatTTS's warning would repeat it
+    with quiet_logger("chattts_forge.runtime.frontend"):
+        return front.segments(text, params)
 
 
 def read_batch_file(path: Path) -> list[str]:

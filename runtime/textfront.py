@@ -144,7 +144,7 @@ class TextFront:
         # The invalid-character filter always runs, as in ChatTTS; the flags gate the rest.
         out, removed = self.normalizer.filtered(written, params.normalize, params.homophones, params.lang)
         if not out.strip() or not is_speakable(out):
-            raise InputError(f"text {short_repr(text)} normalises to nothing speakable")
+            raise InputError(f"text {short_repr(text)} normalises to nothing speakable{_removed_note(removed)}")
         return SpokenText(out, removed)
 
     def normalize(self, text: str, params: SynthParams | None = None) -> str:
@@ -180,22 +180,30 @@ class TextFront:
             return
         lang = params.lang or Normalizer.detect_language(text)  # the whole text's, for every chunk
         any_spoken = False
+        lost: set[str] = set()
         for chunk in written_chunks(text):
             written = SPOKEN.normalize(chunk, lang)
             out, removed = self.normalizer.filtered(written, params.normalize, params.homophones, lang)
             parts = [p for p in split_segments(out) if is_speakable(p)]
             if not parts:  # nothing here can be spoken: what it lost is still reported
+                lost.update(removed)
                 yield "", removed
                 continue
             for k, part in enumerate(parts):
                 yield part, removed if k == 0 else ""
             any_spoken = True
         if not any_spoken:
-            raise InputError(f"text {short_repr(text)} normalises to nothing speakable")
+            note = _removed_note("".join(sorted(lost)))
+            raise InputError(f"text {short_repr(text)} normalises to nothing speakable{note}")
 
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the speaker statistics (`Chat.sample_random_speaker`)."""
         return sample_random_speaker(self.speaker_stats, np.random.default_rng(seed))
+
+
+def _removed_note(removed: str) -> str:
+    """What a refusal says of the characters that could not be spoken (the client sees it in the error)."""
+    return f" (removed, cannot be spoken: {' '.join(removed)})" if removed else ""
 
 
 def _params(params: SynthParams | None) -> SynthParams:
