@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import re
 import threading
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 # Bumped whenever the rules below change what a text becomes (caches and records key on it).
-RULES_VERSION = 2
+RULES_VERSION = 3
 WETEXT_DIST = "wetext"
 
 
@@ -78,18 +79,21 @@ _FULL_TO_HALF.update({ord("–"): ord("-"), ord("—"): ord(","), ord("…"): or
 # The minus sign U+2212 between two numbers is subtraction (`5 − 3`); anywhere else it is a sign (`−3.5`).
 _BINARY_MINUS = re.compile(r"(?<=[\d)])\s*−\s*(?=[\d(])")
 # Something a grammar may change: a digit, a symbol, or an English abbreviation with its period.
-_NEEDS_GRAMMAR = re.compile(r"[0-9$€£¥￥%‰°℃℉+−×÷=<>@#&*/\\^~|]|\b[A-Za-z]{1,4}\.(?=\s|$)"
+_NEEDS_GRAMMAR = re.compile(r"[0-9$€£¥￥₹¢₩%‰°℃℉+−×÷=<>@#&*/\\^~|π²³]|\b[A-Za-z]{1,4}\.(?=\s|$)"
                             r"|\b[A-Za-z0-9-]+\.(?:com|org|net|edu|gov|io|cn|co|uk|de|jp)\b")
 
 _ZH_DIGITS = "零一二三四五六七八九"
 _ZH_PHONE_DIGITS = "零幺二三四五六七八九"  # 1 is read 幺 in phone numbers
 _EN_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_CURRENCY_WORDS = {"zh": {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"},
-                   "en": {"$": "dollars", "€": "euros", "£": "pounds", "¥": "yuan", "￥": "yuan"}}
+_CURRENCY_WORDS = {"zh": {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元", "₹": "卢比", "¢": "美分",
+                          "₩": "韩元"},
+                   "en": {"$": "dollars", "€": "euros", "£": "pounds", "¥": "yuan", "￥": "yuan", "₹": "rupees",
+                          "¢": "cents", "₩": "won"}}
 _SYMBOL_WORDS = {"zh": {"+": "加", "=": "等于", "×": "乘", "−": "减", "÷": "除以", "%": "百分号", "@": "艾特", "#": "井号",
-                        "&": "和", "°": "度", "℃": "摄氏度", "℉": "华氏度", "/": "斜杠", "*": "星号", "‰": "千分号"},
+                        "&": "和", "°": "度", "℃": "摄氏度", "℉": "华氏度", "/": "斜杠", "*": "星号", "‰": "千分号",
+                        "π": "派"},
                  "en": {"+": "plus", "=": "equals", "×": "times", "−": "minus", "÷": "divided by", "%": "percent", "@": "at",
-                        "#": "number", "&": "and", "°": "degrees", "℃": "degrees Celsius", "℉": "degrees Fahrenheit",
+                        "#": "number", "&": "and", "°": "degrees", "℃": "degrees Celsius", "℉": "degrees Fahrenheit", "π": "pi",
                         "/": "slash", "*": "star", "‰": "per mille"}}
 
 # A phone number: an optional +country code, then groups of digits split by spaces, dashes, dots or
@@ -105,6 +109,25 @@ _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
 # ?!;: and their full-width forms: sentence ends and clause marks the model can speak.
 _PAUSES = {"zh": str.maketrans({"?": "。", "？": "。", "!": "。", "！": "。", ";": "，", "；": "，", ":": "，", "：": "，"}),
            "en": str.maketrans({"?": ".", "？": ".", "!": ".", "！": ".", ";": ",", "；": ",", ":": ",", "：": ","})}
+
+
+# Compatibility characters that stand for digits, fractions or units (², ½, ①, ㎞, ㎏, ㎡): their NFKC
+# form, which the grammars read (½ -> 1/2, ㎞ -> km); CJK punctuation is left alone.
+_COMPATIBILITY = re.compile(r"[\u00b9\u00bc-\u00be\u2070-\u2079\u2150-\u215f\u2460-\u2473\u3380-\u33df]")
+_DIGIT_COLON = re.compile(r"(?<=\d)：(?=\d)")  # a full-width colon inside a time (１２：３０)
+_SEPARATOR_HYPHEN = re.compile(r"(?<=[A-Za-z])-(?=\d)")  # COVID-19: a separator, not a minus
+
+
+_SQUARED_UNIT = re.compile(r"(?<=\d)\s?([kcmd]?m)([²³])")  # 5 m² -> 5m2, which the grammars read as a unit
+
+
+def _compatibility_forms(text: str) -> str:
+    def form(m: re.Match[str]) -> str:
+        out = unicodedata.normalize("NFKC", m.group(0)).replace("\u2044", "/")
+        return out if not out[:1].isdigit() or m.group(0) in "¹" else f" {out} "
+
+    text = _SQUARED_UNIT.sub(lambda m: m.group(1) + ("2" if m.group(2) == "²" else "3"), text)
+    return _COMPATIBILITY.sub(form, text)
 
 
 def _digits(run: str, lang: str, phone: bool) -> str:
@@ -346,7 +369,7 @@ def _digit_runs(text: str, default: str) -> str:
 
 # A short unit or suffix written against a number (5km, 60kg, 1.5L, 3rd, 4K) goes with the number's span.
 _UNIT_AFTER_DIGIT = 3
-_UNIT = re.compile(r"[A-Za-z]{1,3}(?:/[A-Za-z]{1,2})?\b")  # km, kg, km/h
+_UNIT = re.compile(r"[A-Za-z]{1,3}(?:[23]|/[A-Za-z]{1,2})?\b")  # km, kg, km/h, m2 (a squared unit)
 
 
 def _attach_units(spans: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -409,11 +432,31 @@ def _strip_zeros(number: str) -> str:
     return number.rstrip("0").rstrip(".") if "." in number else number
 
 
+# Currency signs wetext does not know: the amount, then the currency's name (₹500 -> 500 rupees).
+_OTHER_CURRENCY = re.compile(r"([₹₩])\s?(\d[\d,]*(?:\.\d+)?)|(\d[\d,]*(?:\.\d+)?)\s?(¢)")
+# A power after a number or a single-letter variable (x², 2³); a squared unit (m², km²) is NFKC's m2.
+_POWER = re.compile(r"(?<![A-Za-z])([A-Za-z]|\d+)([²³])")
+
+
+def _pre_both(text: str, lang: str) -> str:
+    words = _CURRENCY_WORDS[lang]
+    sep = "" if lang == "zh" else " "
+
+    def other(m: re.Match[str]) -> str:
+        amount, sign = (m.group(2), m.group(1)) if m.group(1) else (m.group(3), m.group(4))
+        return f"{amount}{sep}{words[sign]}"
+
+    text = _OTHER_CURRENCY.sub(other, text)
+    power = {"zh": {"²": "的平方", "³": "的立方"}, "en": {"²": " squared", "³": " cubed"}}[lang]
+    text = _POWER.sub(lambda m: m.group(1) + power[m.group(2)], text)
+    return text.replace("π", f"{sep}{_SYMBOL_WORDS[lang]['π']}{sep}")
+
+
 def _pre_en(text: str) -> str:
     text = _BINARY_MINUS.sub(" − ", text)
     if "=" in text:  # an equation: `10 - 3 = 7` subtracts (elsewhere `10-20` is a range)
         text = re.sub(r"(?<=\d)\s+-\s+(?=\d)|(?<=\d)-(?=\d+\s*=)", " − ", text)
-    text = re.sub(r"(?<=\d)\s*=\s*(?=[\d\-])", " = ", text)  # 2=5: wetext says equal sign
+    text = re.sub(r"(?<=[\d²³)])\s*=\s*(?=[\d\-(])|(?<=squared)\s*=\s*|(?<=cubed)\s*=\s*", " = ", text)  # 2=5: not "equal sign"
     text = re.sub(r"(?<=\d)\s*×\s*(?=\d)", " times ", text).replace("÷", " divided by ").replace("−", " minus ")
     text = re.sub(r"(?<=\d)\s*~\s*(?=\d)", " to ", text)
     text = re.sub(r"~\s*(?=\d)", "about ", text)
@@ -519,7 +562,8 @@ class SpokenNormalizer:
     def _plain(self, text: str, default: str) -> str:
         if not text:
             return text
-        text = text.translate(_FULL_TO_HALF).replace("°C", "℃").replace("°F", "℉")
+        text = _compatibility_forms(text.translate(_FULL_TO_HALF)).replace("°C", "℃").replace("°F", "℉")
+        text = _SEPARATOR_HYPHEN.sub(" ", _DIGIT_COLON.sub(":", text))
         text = _BINARY_MINUS.sub(" − ", text).replace("−", "-")  # subtraction kept, a sign made ASCII
         if not _NEEDS_GRAMMAR.search(text) and not re.search(r"[?？!！;；:：]", text):
             return text
@@ -532,6 +576,7 @@ class SpokenNormalizer:
                 trail = span[len(span.rstrip()):]
                 core = re.sub(r"\s+", " ", span.strip())  # wetext asserts on a double space
                 if core:
+                    core = _pre_both(core, lang)
                     core = _pre_zh(core) if lang == "zh" else _pre_en(core)
                     spoken = _verbalize_chunks(core, lang)
                     core = _post_zh(spoken) if lang == "zh" else _post_en(spoken)
