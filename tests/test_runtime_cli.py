@@ -107,7 +107,7 @@ def _error(result) -> str:
         (["--text", ""], "empty"),
         (["--text", "   "], "empty"),
         (["--text", "!!! ???"], "normalises to nothing"),
-        (["--text", "很长的句子。" * 400, "--max-new-token", "2048"], "too long"),
+        (["--text", "很长的句子。" * 700, "--max-new-token", "2048"], "more than the 4096"),
         (["--text", "你好", "--provider", "tpu"], "unknown provider"),
         (["--text", "你好", "--provider", "cuda"], "cuda"),
         (["--text", "你好", "--temperature", "0"], "temperature"),
