@@ -317,6 +317,10 @@ def synthesize_to_files(cfg: SynthConfig) -> None:
         params, speaker_used = synth_params(cfg, pipe, lambda: pipe)
     wav_paths = output_paths(cfg.out, len(texts), ".wav")
     code_paths = output_paths(cfg.codes_out, len(texts), ".npy") if cfg.codes_out is not None else None
+    if pipe is not None and pipe.cache is None and cfg.text_normalization:
+        # the GPT session is built now (onnxruntime lets go of the GIL) while the text grammars are read
+        # beside it (TextFront's preload), instead of one after the other
+        _ = pipe.gpt
     front = router.front if router is not None else pipe.text  # type: ignore[union-attr]
     for i, text in enumerate(texts):
         segments, removed = front.segments(text, params)
