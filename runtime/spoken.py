@@ -34,7 +34,7 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 # Bumped whenever the rules below change what a text becomes (caches and records key on it).
-RULES_VERSION = 3
+RULES_VERSION = 4
 WETEXT_DIST = "wetext"
 
 
@@ -553,11 +553,25 @@ class SpokenNormalizer:
         out: list[str] = []
         pos = 0
         for m in _TAG.finditer(text):
-            out.append(self._plain(text[pos: m.start()], default))
+            out.append(self._sentences(text[pos: m.start()], default))
             out.append(m.group(0))
             pos = m.end()
-        out.append(self._plain(text[pos:], default))
+        out.append(self._sentences(text[pos:], default))
         return re.sub(r" {2,}", " ", "".join(out)).strip()
+
+    def _sentences(self, text: str, default: str) -> str:
+        """Sentence by sentence (cut after `。！？!?` and at line ends): a number's language is read from
+        its own sentence, not the next line's, and a line break ends a sentence."""
+        out = ""
+        for piece in _SENTENCE_CUT.split(re.sub(r"[\t\r\f\v]", " ", text)):
+            line_end = piece.endswith("\n")
+            spoken = self._plain(piece.rstrip("\n"), default).strip()
+            if line_end and spoken and spoken[-1] not in _ENDS:  # a line break is a sentence end
+                spoken += "。" if _CJK.search(spoken) else "."
+            if out and spoken and (out[-1].isascii() and out[-1] != "\n") and spoken[0].isascii():
+                out += " "
+            out += spoken
+        return (" " if text[:1].isspace() else "") + out + (" " if text[-1:].isspace() and out else "")
 
     def _plain(self, text: str, default: str) -> str:
         if not text:
@@ -585,6 +599,9 @@ class SpokenNormalizer:
         text = re.sub(r" +(?=[,.，。])", "", "".join(parts))  # `zero one two three .` from a phone
         return re.sub(r" {2,}", " ", text).strip()
 
+
+_SENTENCE_CUT = re.compile(r"(?<=[。！？!?\n])")
+_ENDS = set("。！？!?.，,、；;：:")
 
 SPOKEN = SpokenNormalizer()
 
