@@ -106,3 +106,31 @@ def test_segments_normalised_chunk_by_chunk_are_the_whole_texts_spoken_form(text
     whole = front.spoken(text, SynthParams()).text
     assert len(segments) > 1
     assert re.sub(r"\s+", "", "".join(segments)) == re.sub(r"\s+", "", whole)
+
+
+def test_a_segment_at_the_default_cap_is_a_cut_only_on_a_real_checkpoint(version: Path) -> None:  # noqa: F811
+    """What the server re-generates in halves (then refuses with 400 `param: input`): a row that reached
+    the default 2,048 steps on a real checkpoint. A cap the request set, a forced length and a synthetic
+    checkpoint's rows (random weights never end) are not cuts."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
+    from chattts_forge.runtime.serve.engine import Prepared
+
+    with running(version, max_batch=4, max_queue=16) as srv:
+        current = srv.state.current
+        assert current is not None
+        variant = next(iter(current.pipes))
+        prep = Prepared(variant, "第一句话，第二句话。", SynthParams(code=InferCodeParams(max_new_token=2048)))
+        full = SimpleNamespace(codes=np.zeros((2048, 4), np.int64))
+        ended = SimpleNamespace(codes=np.zeros((300, 4), np.int64))
+        assert not current.hit_cap(prep, full)  # synthetic: random weights never end a row
+        object.__setattr__(current.pipes[variant].artifact.meta, "source", {"kind": "real"})
+        assert current.hit_cap(prep, full) and not current.hit_cap(prep, ended)
+        asked = replace(prep, params=SynthParams(code=InferCodeParams(max_new_token=300)))
+        assert not current.hit_cap(asked, ended)
+        forced = replace(prep, params=SynthParams(code=InferCodeParams(max_new_token=2048, min_new_token=2048)))
+        assert not current.hit_cap(forced, full)
+        off = replace(prep, params=SynthParams(code=InferCodeParams(max_new_token=2048), text_normalization=False))
+        assert not current.hit_cap(off, full)  # ChatTTS's own behaviour: as ChatTTS, cut

@@ -50,13 +50,14 @@ import numpy as np
 from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, printable, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
-from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS
+from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
 from chattts_forge.runtime.serve.guard import Reservation
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
 from chattts_forge.runtime.serve.state import ServerState  # noqa: F401 - re-exported: callers import it here
+from chattts_forge.runtime.textfront import InputError
 
 log = get_logger(__name__)
 
@@ -323,7 +324,7 @@ class _Handlers:
         try:
             if not req.stream:
                 await job.waiter.until_done(deadline, request)
-                wav = await loop.run_in_executor(self.state.work, version.whole_wav, prep, handle.result())
+                wav = await self._spoken_whole(job, prep, handle.result(), request)
                 if prep.rest:
                     wav = await self._later_segments(job, wav, request)
                 self._count_text(prep)
@@ -347,6 +348,9 @@ class _Handlers:
             return Response(status_code=499)
         except ArtifactChanged as e:
             return self.changed(endpoint, version, e)
+        except InputError as e:  # a segment that cannot be spoken within the code-step cap
+            job.handle.cancel()
+            return self.fail(endpoint, 400, str(e), "bad_request", "input")
         except ForgeError as e:
             return self.fail(endpoint, 500, str(e), "internal")
         self._count_text(prep)
@@ -370,8 +374,30 @@ class _Handlers:
             job.handle = job.version.submit(seg)
             job.waiter = _Waiter(job.handle, loop)
             await job.waiter.until_done(job.deadline, request)
-            parts += [_pause(job.version, job.prep), await loop.run_in_executor(
-                self.state.work, job.version.whole_wav, seg, job.handle.result())]
+            parts += [_pause(job.version, job.prep), await self._spoken_whole(job, seg, job.handle.result(), request)]
+        return np.concatenate(parts).astype(np.float32)
+
+    async def _spoken_whole(self, job: _Job, seg: Prepared, result: Any, request: Any, depth: int = 2) -> np.ndarray:
+        """One segment's whole waveform. A segment that reached the default code-step cap (a real
+        checkpoint's row that never ended) is cut in two and generated again, up to `depth` times;
+        one that still cannot be spoken is an InputError (400, `param: input`), never a cut reply."""
+        loop = asyncio.get_running_loop()
+        if not job.version.hit_cap(seg, result):
+            return await loop.run_in_executor(self.state.work, job.version.whole_wav, seg, result)
+        halves = halve(seg.text)
+        if depth == 0 or len(halves) < 2:
+            raise InputError(f"the segment {seg.text[:40]!r} cannot be spoken within {seg.params.code.max_new_token} "
+                             "code steps; shorten it or add punctuation")
+        log.info("request %d: a segment hit the code-step cap: cut in two and generated again", job.handle.id)
+        parts: list[np.ndarray] = []
+        for half in halves:
+            sub = Prepared(seg.variant, half, seg.params, key_text=half)
+            job.handle = job.version.submit(sub)
+            job.waiter = _Waiter(job.handle, loop)
+            await job.waiter.until_done(job.deadline, request)
+            if parts:
+                parts.append(_pause(job.version, seg))
+            parts.append(await self._spoken_whole(job, sub, job.handle.result(), request, depth - 1))
         return np.concatenate(parts).astype(np.float32)
 
     def _whole(self, endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
