@@ -10,7 +10,10 @@ with a space they give it back (whitespace at the cuts collapses). A cut never f
 
 from __future__ import annotations
 
+import math
 import re
+
+from chattts_forge.runtime.spoken import CJK, CONTROL_TAG
 
 # The duration one segment may reach (estimated), well inside 2,048 code steps and the maintainers'
 # 15-30 s advice; a segment that still hits the step cap is split again (Pipeline).
@@ -20,8 +23,6 @@ OTHER_SECONDS = 0.07
 # The pause put between segments when their audio is joined (a sentence break's length).
 SEGMENT_PAUSE_SECONDS = 0.25
 
-_TAG = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 # Cut points, strongest first: after a sentence end, after a clause mark, at a space.
 _SENTENCE_END = re.compile(r"(?<=[。.!?！？；;…])\s*|\n+")
@@ -31,29 +32,19 @@ _SPACE = re.compile(r"\s+")
 
 def spoken_seconds(text: str) -> float:
     """The estimated spoken duration of a normalised text (tags count nothing)."""
-    plain = _TAG.sub("", text)
-    return CJK_SECONDS * len(_CJK.findall(plain)) + OTHER_SECONDS * len(_ALNUM.findall(plain))
+    plain = CONTROL_TAG.sub("", text)
+    return CJK_SECONDS * len(CJK.findall(plain)) + OTHER_SECONDS * len(_ALNUM.findall(plain))
 
 
 def _pieces(text: str, pattern: re.Pattern[str]) -> list[str]:
-    """`text` cut after each match of `pattern`, never inside a tag; each piece keeps its own text."""
-    tags = [(m.start(), m.end()) for m in _TAG.finditer(text)]
-    out, start = [], 0
-    for m in pattern.finditer(text):
-        if m.end() <= start or any(a < m.start() < b for a, b in tags):
-            continue
-        if m.start() > start:
-            out.append(text[start: m.start()])
-        start = m.end()
-    if start < len(text):
-        out.append(text[start:])
-    return [p.strip() for p in out if p.strip()]
+    """`text` cut after each match of `pattern`, never inside a tag; each piece stripped, empty ones dropped."""
+    return [p.strip() for p in _cut_outside_tags(text, pattern) if p.strip()]
 
 
 def _hard_cut(text: str, limit: float) -> list[str]:
     """A run with no punctuation or space longer than the bound: cut by characters (tags kept whole)."""
     out, cur = [], ""
-    for tok in re.findall(r"\[[A-Za-z_]+(?:_\d+)?\]|.", text, flags=re.S):
+    for tok in re.findall(CONTROL_TAG.pattern + "|.", text, flags=re.S):
         if cur and spoken_seconds(cur + tok) > limit:
             out.append(cur)
             cur = ""
@@ -113,7 +104,7 @@ def written_chunks(text: str, size: int = WRITTEN_CHUNK_CHARS) -> list[str]:
 
 
 def _cut_outside_tags(text: str, pattern: re.Pattern[str]) -> list[str]:
-    tags = [(m.start(), m.end()) for m in _TAG.finditer(text)]
+    tags = [(m.start(), m.end()) for m in CONTROL_TAG.finditer(text)]
     out, start = [], 0
     for m in pattern.finditer(text):
         if m.end() <= start or any(a < m.start() < b for a, b in tags):
@@ -142,12 +133,5 @@ def halve(segment: str) -> list[str]:
         if len(parts) >= 2:
             half = max(1, len(parts) // 2)
             left, right = parts[:half], parts[half:]
-            return [_pack_all(left), _pack_all(right)]
+            return [_pack(left, math.inf)[0], _pack(right, math.inf)[0]]
     return [segment]
-
-
-def _pack_all(parts: list[str]) -> str:
-    out = parts[0]
-    for p in parts[1:]:
-        out = out + (" " if _needs_space(out, p) else "") + p
-    return out

@@ -68,8 +68,10 @@ class SpokenText:
 
 # ---- character classes ----------------------------------------------------------------------------
 
-_TAG = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]")
-_CJK = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
+# A ChatTTS control tag ([uv_break], [laugh], [speed_5]) and a CJK ideograph: the segmenter reads them too.
+CONTROL_TAG = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]")
+_CJK_CLASS = "\u4e00-\u9fff\u3400-\u4dbf"
+CJK = re.compile(f"[{_CJK_CLASS}]")
 # Full-width ASCII variants (U+FF01..U+FF5E) to ASCII, except the CJK punctuation ChatTTS speaks as pauses.
 _KEEP_FULLWIDTH = set("，！？：；（）")
 _FULL_TO_HALF = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F) if chr(c) not in _KEEP_FULLWIDTH}
@@ -290,7 +292,7 @@ def _verbalize_chunks(text: str, lang: str) -> str:
 
 
 def _strong(ch: str) -> str | None:
-    if _CJK.match(ch):
+    if CJK.match(ch):
         return "zh"
     if ch.isascii() and ch.isalpha():
         return "en"
@@ -417,7 +419,6 @@ def _tidy(text: str, lang: str) -> str:
 
 # ---- passes around the grammars: what wetext 0.1.8 reads wrong or not as people say it --------------------
 
-_CJK_CLASS = "\u4e00-\u9fff\u3400-\u4dbf"
 _CENT_WORDS = {"$": ("cent", "cents"), "€": ("cent", "cents"), "£": ("penny", "pence")}
 _EN_MONEY_CENTS = re.compile(r"([$€£])(\d+)\.(\d\d?)(?!\d|\.\d)(?!\s*(?:thousand|million|billion|trillion)\b)")
 _YUAN = re.compile(r"[¥￥]\s?(\d+(?:\.\d+)?)(\s*(?:thousand|million|billion|trillion)\b)?")
@@ -549,10 +550,10 @@ class SpokenNormalizer:
     def normalize(self, text: str, lang: str | None = None) -> str:
         from chattts_forge.runtime.frontend import Normalizer
 
-        default = lang or Normalizer.detect_language(_TAG.sub("", text))
+        default = lang or Normalizer.detect_language(CONTROL_TAG.sub("", text))
         out: list[str] = []
         pos = 0
-        for m in _TAG.finditer(text):
+        for m in CONTROL_TAG.finditer(text):
             out.append(self._sentences(text[pos: m.start()], default))
             out.append(m.group(0))
             pos = m.end()
@@ -567,7 +568,7 @@ class SpokenNormalizer:
             line_end = piece.endswith("\n")
             spoken = self._plain(piece.rstrip("\n"), default).strip()
             if line_end and spoken and spoken[-1] not in _ENDS:  # a line break is a sentence end
-                spoken += "。" if _CJK.search(spoken) else "."
+                spoken += "。" if CJK.search(spoken) else "."
             if out and spoken and (out[-1].isascii() and out[-1] != "\n") and spoken[0].isascii():
                 out += " "
             out += spoken

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chattts_forge.runtime.spoken import _TAG, SPOKEN, normalizer_identity
+from chattts_forge.runtime.spoken import CONTROL_TAG, SPOKEN, normalizer_identity
 
 CASES_PATH = Path(__file__).resolve().parent / "data" / "spoken_cases.tsv"
 LANGS = {"zh", "en", "mixed", "tags", "edge"}
@@ -44,14 +44,14 @@ def test_case_table_is_well_formed() -> None:
 def test_spoken_case(case: dict[str, str]) -> None:
     text = case["input"]
     out = SPOKEN.normalize(text)
-    bare = _TAG.sub("", out)  # tags keep their digits ([speed_5])
+    bare = CONTROL_TAG.sub("", out)  # tags keep their digits ([speed_5])
     assert not re.search(r"[0-9]", bare), f"digit left in {out!r}"
     assert not re.search(r"[$€£¥￥]", bare), f"currency sign left in {out!r}"
     for want in _split(case["expect"]):
         assert want in out, f"{want!r} not in {out!r}"
     for unwanted in _split(case.get("absent")):
         assert unwanted not in out, f"{unwanted!r} in {out!r}"
-    assert _TAG.findall(out) == _TAG.findall(text)
+    assert CONTROL_TAG.findall(out) == CONTROL_TAG.findall(text)
     assert out == out.strip() and "  " not in out, repr(out)
 
 
