@@ -155,10 +155,6 @@ class TextFront:
         """(the segments the model speaks for `text`, in order; what was removed). With text
         normalization on, a long text is cut into segments of bounded duration (runtime.segments);
         off, it is one segment, as ChatTTS takes it."""
-        params = _params(params)
-        if not params.text_normalization:
-            spoken = self.spoken(text, params)
-            return [spoken.text], spoken.removed
         parts: list[str] = []
         removed: set[str] = set()
         for segment, gone in self.iter_segments(text, params):
@@ -173,11 +169,11 @@ class TextFront:
         chunk with nothing speakable yields ("", what it lost). InputError up front for a bad text,
         and at the end when nothing in it could be spoken."""
         params = _params(params)
-        text = self._checked(text, params, self.max_text_chars(params.split_sentences, params.text_normalization))
-        if not params.text_normalization:
+        if not params.text_normalization:  # ChatTTS's front end: the whole text is one prompt
             spoken = self.spoken(text, params)
             yield spoken.text, spoken.removed
             return
+        text = self._checked(text, params, self.max_text_chars(params.split_sentences, params.text_normalization))
         lang = params.lang or Normalizer.detect_language(text)  # the whole text's, for every chunk
         any_spoken = False
         lost: set[str] = set()

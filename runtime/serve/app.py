@@ -371,9 +371,7 @@ class _Handlers:
         parts = [wav]
         for k in range(len(job.prep.rest)):
             seg = await loop.run_in_executor(self.state.work, job.version.segment, job.prep, k)
-            job.handle = job.version.submit(seg)
-            job.waiter = _Waiter(job.handle, loop)
-            await job.waiter.until_done(job.deadline, request)
+            await _queue(job, seg).until_done(job.deadline, request)
             parts += [_pause(job.version, job.prep), await self._spoken_whole(job, seg, job.handle.result(), request)]
         return np.concatenate(parts).astype(np.float32)
 
@@ -392,9 +390,7 @@ class _Handlers:
         parts: list[np.ndarray] = []
         for half in halves:
             sub = Prepared(seg.variant, half, seg.params, key_text=half)
-            job.handle = job.version.submit(sub)
-            job.waiter = _Waiter(job.handle, loop)
-            await job.waiter.until_done(job.deadline, request)
+            await _queue(job, sub).until_done(job.deadline, request)
             if parts:
                 parts.append(_pause(job.version, seg))
             parts.append(await self._spoken_whole(job, sub, job.handle.result(), request, depth - 1))
@@ -444,8 +440,7 @@ class _Handlers:
                         seg = await asyncio.get_running_loop().run_in_executor(
                             self.state.work, job.version.segment, job.prep, later)
                         later += 1
-                        handle = job.handle = job.version.submit(seg)
-                        job.waiter = _Waiter(handle, asyncio.get_running_loop())
+                        handle = _queue(job, seg).handle
                         chunk = _pause(job.version, job.prep)
                 except (QueueFullError, SchedulerClosedError) as e:
                     metrics.errors.labels(kind="queue_full").inc()
@@ -739,6 +734,13 @@ def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, 
     if prep.removed:
         headers["X-Forge-Removed"] = urllib.parse.quote(prep.removed, safe="")
     return headers
+
+
+def _queue(job: _Job, seg: Prepared) -> _Waiter:
+    """Queue a long input's next segment (or half of one) as `job`'s current request; its waiter."""
+    job.handle = job.version.submit(seg)
+    job.waiter = _Waiter(job.handle, asyncio.get_running_loop())
+    return job.waiter
 
 
 def _pause(version: ServedVersion, prep: Prepared) -> np.ndarray:
