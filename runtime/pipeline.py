@@ -480,7 +480,7 @@ class Pipeline:
             rows = []
             for start in range(0, len(norm), batch):
                 rows += self.synthesize_rows(norm[start: start + batch], params)
-        if whole and params.text_normalization:
+        if whole:
             norm, owner, rows = self._respeak_capped(norm, owner, rows, params)
         n_inputs = 1 if isinstance(texts, str) else len(texts)
         pause = np.zeros(int(SEGMENT_PAUSE_SECONDS * self.sample_rate), dtype=np.float32)
@@ -502,14 +502,21 @@ class Pipeline:
             )
         return results
 
+    def cut_at_cap(self, params: SynthParams, steps: int) -> bool:
+        """Whether a row of `steps` code steps stopped at the default cap without ending: a cut the
+        request did not ask for. A cap or a length the request set is asked for, normalization off
+        keeps ChatTTS's cut, and a synthetic checkpoint's random weights never end a row."""
+        cap = params.code.max_new_token
+        synthetic = (self.artifact.meta.source or {}).get("kind") == "synthetic"
+        return (params.text_normalization and cap >= CODE_MAX_NEW_TOKEN and params.code.min_new_token < cap
+                and not synthetic and steps >= cap)
+
     def _respeak_capped(self, norm: list[str], owner: list[int], rows: list[Row], params: SynthParams,
                         depth: int = 2) -> tuple[list[str], list[int], list[Row]]:
         """Segments whose rows hit the default code-step cap, each cut in two and generated again (up to
         `depth` times); InputError for one that cannot be spoken within it."""
         cap = params.code.max_new_token
-        if cap < CODE_MAX_NEW_TOKEN or (self.artifact.meta.source or {}).get("kind") == "synthetic":
-            return norm, owner, rows  # a cap the caller chose is a cut they asked for; random weights never end
-        capped = [r for r, row in enumerate(rows) if not row.cached and len(row.codes) >= cap]
+        capped = [r for r, row in enumerate(rows) if not row.cached and self.cut_at_cap(params, len(row.codes))]
         if not capped:
             return norm, owner, rows
         new_norm, new_owner, new_rows = [], [], []

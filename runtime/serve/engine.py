@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON
-from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
 from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
@@ -397,14 +396,8 @@ class ServedVersion:
                               kv_itemsize=self.schedulers[prep.variant].kv_itemsize)
 
     def hit_cap(self, prep: Prepared, result: Any) -> bool:
-        """Whether a finished miss's code stage stopped at the default code-step cap without ending: a
-        cut the request did not ask for (a cap it set is a cut it asked for; a synthetic checkpoint's
-        random weights never end a row)."""
-        cap = prep.params.code.max_new_token
-        synthetic = (self.pipes[prep.variant].artifact.meta.source or {}).get("kind") == "synthetic"
-        forced = prep.params.code.min_new_token >= cap  # the request asked for exactly `cap` steps
-        return (prep.params.text_normalization and cap >= CODE_MAX_NEW_TOKEN and not synthetic and not forced
-                and len(result.codes) >= cap)
+        """Whether a finished miss's code stage was cut at the default cap unasked (`Pipeline.cut_at_cap`)."""
+        return self.pipes[prep.variant].cut_at_cap(prep.params, len(result.codes))
 
     def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
         """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`
