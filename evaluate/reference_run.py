@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate import textnorm
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
-from chattts_forge.runtime.spoken import identity_key, normalizer_identity
 
 if TYPE_CHECKING:
     from chattts_forge.evaluate.evaluate import EvaluateConfig
@@ -81,7 +81,7 @@ def run_settings(reference_files: dict[str, Any], corpus: Any, cfg: EvaluateConf
         "asr": cfg.asr,
         "asr_model": None if cfg.asr_model is None else str(cfg.asr_model),
         # the text the reference speaks and the form its transcripts are scored in (runtime.spoken)
-        "text_normalizer": identity_key(normalizer_identity()),
+        "text_normalizer": textnorm.normalizer_key(),
     }
 
 
