@@ -27,9 +27,14 @@ class ForgeError(Exception):
 
 
 class BadInput(ForgeError):
-    """An argument, option, request field or input file the command cannot take."""
+    """An argument, option, request field or input file the command cannot take. `param`: the request
+    field at fault (a server's error names it), None where no one field is."""
 
     http_status = 400
+
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class IntegrityError(ForgeError):

@@ -41,7 +41,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ from chattts_forge.runtime.textfront import InputError
 log = get_logger(__name__)
 
 _WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadline and its client
+# the response headers a web page allowed by --cors-origin may read
+EXPOSED_HEADERS = ("X-Forge-Model", "X-Forge-Variant", "X-Forge-Cached", "X-Forge-Segments", "X-Forge-Removed",
+                   "Retry-After")
 _MESSAGE_CHARS = 300  # an error message is cut to this (bad values inside are quoted to ~100 already)
 
 
@@ -109,6 +112,26 @@ class _Job:
     t0: float
     deadline: float
     reservation: Reservation | None = None  # its bytes in the memory guard's ledger, released at the end
+    usage: Usage = field(default_factory=lambda: Usage(0, 0))
+
+    def spoken(self, seg: Prepared, result: Any) -> None:
+        """Count a finished segment (or the whole request) in the usage: its text tokens, its code steps."""
+        self.usage.input_tokens += self.version.text_tokens(seg)
+        self.usage.output_tokens += len(result.codes)
+
+
+@dataclass
+class Usage:
+    """What a reply's SSE `speech.audio.done` event reports: `input_tokens`, the tokens of the input
+    text as spoken (normalised, before refinement; ChatTTS's tokenizer); `output_tokens`, the audio
+    tokens generated (code steps, each 2 mel frames) that the reply holds."""
+
+    input_tokens: int
+    output_tokens: int
+
+    def event(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens}
 
 
 class _Handlers:
@@ -221,6 +244,10 @@ class _Handlers:
         state = self.state
         endpoint = "/v1/audio/speech" if kind == "openai" else "/v1/chattts/speech"
         t0 = time.perf_counter()
+        refusal = self.cross_site_refusal(request)
+        if refusal is not None:
+            status, why, code = refusal
+            return self.fail(endpoint, status, why, code)
         if not state.ready or state.draining or state.current is None:
             why = ("the server is draining" if state.draining
                    else state.fault or state.load_error or "the model is still loading")
@@ -248,6 +275,20 @@ class _Handlers:
         finally:
             if not streaming:  # a started stream ends the request itself
                 version.end()
+
+    def cross_site_refusal(self, request: Any) -> tuple[int, str, str] | None:
+        """None when a speech request may run, else (status, why, code): a request from a web page of
+        another site (an `Origin` not allowed by --cors-origin), or a body that is not declared JSON
+        (a page may POST text/plain cross-site without a CORS preflight)."""
+        origin = request.headers.get("origin")
+        if origin is not None and not origin_allowed(origin, self.cfg.cors_origins):
+            return 403, (f"cross-origin requests are refused (Origin {quote(origin)}); a web app's origin may be "
+                         "allowed with --cors-origin"), "cross_origin"
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return 415, (f"the speech endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"), \
+                "content_type"
+        return None
 
     async def _parse(self, request: Any, kind: str, version: ServedVersion) -> SpeechRequest:
         body = await self.read_json(request)
@@ -279,7 +320,8 @@ class _Handlers:
         if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
             self._count_text(prep)
             self.metrics.cache_hits.labels(tier=prep.cache_tier or "file").inc()
-            return self._whole(endpoint, req, prep, prep.wav, version, t0, cached=True)
+            usage = Usage(version.text_tokens(prep), version.code_steps_of(prep, prep.wav))
+            return self._whole(endpoint, req, prep, prep.wav, version, t0, usage, cached=True)
         self.metrics.cache_misses.labels(tier="file" if version.file_cache is not None else "none").inc()
         guard = self.state.guard
         reservation: Reservation | None = None
@@ -319,7 +361,7 @@ class _Handlers:
         except SchedulerClosedError as e:  # a swap raced this request
             return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
         except ForgeError as e:  # what the scheduler refuses about the request itself
-            return self.fail(endpoint, 400, str(e), "bad_request")
+            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None) or "input")
         job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline, reservation)
         try:
             if not req.stream:
@@ -328,7 +370,7 @@ class _Handlers:
                 if prep.rest:
                     wav = await self._later_segments(job, wav, request)
                 self._count_text(prep)
-                return self._whole(endpoint, req, prep, wav, version, t0, cached=False)
+                return self._whole(endpoint, req, prep, wav, version, t0, job.usage, cached=False)
             rest = (loop.run_in_executor(self.state.work, version.finish_segments, prep)
                     if prep.pending is not None else None)  # the rest of a long input, beside its first segment
             first = await job.waiter.next(deadline, request)
@@ -381,6 +423,7 @@ class _Handlers:
         one that still cannot be spoken is an InputError (400, `param: input`), never a cut reply."""
         loop = asyncio.get_running_loop()
         if not job.version.hit_cap(seg, result):
+            job.spoken(seg, result)
             return await loop.run_in_executor(self.state.work, job.version.whole_wav, seg, result)
         halves = halve(seg.text)
         if depth == 0 or len(halves) < 2:
@@ -397,7 +440,7 @@ class _Handlers:
         return np.concatenate(parts).astype(np.float32)
 
     def _whole(self, endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
-               t0: float, cached: bool) -> Any:
+               t0: float, usage: Usage, cached: bool) -> Any:
         from starlette.responses import Response
 
         sr = version.pipes[prep.variant].sample_rate
@@ -410,7 +453,7 @@ class _Handlers:
         self.count(endpoint, 200)
         headers = _headers(version, prep, cached)
         if req.stream_format == "sse":
-            events = _sse_delta(data) + _sse_done(len(req.text), len(wav))
+            events = _sse_delta(data) + _sse_done(usage)
             return Response(events, media_type="text/event-stream", headers=headers)
         return Response(data, media_type=content_type(req.response_format), headers=headers)
 
@@ -424,6 +467,7 @@ class _Handlers:
         samples = 0
         finished = False
         first_sent = False
+        current = job.prep  # the segment being spoken
         try:
             chunk = first
             while chunk is not None:
@@ -436,11 +480,13 @@ class _Handlers:
                     yield _sse_delta(data) if sse else data
                 try:
                     chunk = await job.waiter.next(job.deadline, None)
+                    if chunk is None:
+                        job.spoken(current, handle.result())
                     if chunk is None and later < len(job.prep.rest):  # the next segment, after a pause
-                        seg = await asyncio.get_running_loop().run_in_executor(
+                        current = await asyncio.get_running_loop().run_in_executor(
                             self.state.work, job.version.segment, job.prep, later)
                         later += 1
-                        handle = _queue(job, seg).handle
+                        handle = _queue(job, current).handle
                         chunk = _pause(job.version, job.prep)
                 except (QueueFullError, SchedulerClosedError) as e:
                     metrics.errors.labels(kind="queue_full").inc()
@@ -470,7 +516,7 @@ class _Handlers:
                     metrics.first_audio.observe(time.perf_counter() - job.t0)
                 yield _sse_delta(tail) if sse else tail
             if sse:
-                yield _sse_done(len(req.text), samples)
+                yield _sse_done(job.usage)
             finished = True
             self.state.drain_rate(job.prep.variant).completed()
             took = time.perf_counter() - job.t0
@@ -545,9 +591,11 @@ class _Handlers:
         origin = request.headers.get("origin")
         if origin is not None and _origin_netloc(origin) != host.lower():
             return 403, f"admin endpoints refuse cross-origin requests (Origin {quote(origin)})"
-        given = request.headers.get("authorization", "")
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
         client = request.client.host if request.client else ""
-        if cfg.admin_token and hmac.compare_digest(given.encode(), f"Bearer {cfg.admin_token}".encode()):
+        # the scheme is case-insensitive (RFC 7235 2.1); the token is compared in constant time
+        if cfg.admin_token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                                    cfg.admin_token.encode()):
             pass
         elif cfg.admin_loopback and _is_loopback(client):
             pass
@@ -634,7 +682,16 @@ def create_app(state: ServerState, load_in_background: bool = True) -> Any:
         await asyncio.get_running_loop().run_in_executor(None, state.shutdown)
 
     handlers = _Handlers(state)
-    app = Starlette(routes=handlers.routes(), lifespan=lifespan, exception_handlers=handlers.exception_handlers())
+    middleware = []
+    if state.cfg.cors_origins:  # browsers may read answers (and send preflights) from these origins only
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(state.cfg.cors_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+                                     expose_headers=list(EXPOSED_HEADERS), max_age=600))
+    app = Starlette(routes=handlers.routes(), lifespan=lifespan, exception_handlers=handlers.exception_handlers(),
+                    middleware=middleware)
     app.state.forge = state
     return app
 
@@ -720,6 +777,11 @@ def _known_host(host: str, cfg: ServeConfig) -> bool:
         return False
 
 
+def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a request's `Origin` is one --cors-origin lists (`*`: any)."""
+    return "*" in allowed or origin.strip().lower().rstrip("/") in allowed
+
+
 def _origin_netloc(origin: str) -> str:
     """`scheme://host:port` of an Origin header -> `host:port` ("null" and others -> "")."""
     scheme, sep, rest = origin.strip().lower().partition("://")
@@ -753,9 +815,8 @@ def _sse_delta(data: bytes) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-def _sse_done(chars: int, samples: int) -> bytes:
-    usage = {"input_tokens": chars, "output_tokens": samples, "total_tokens": chars + samples}
-    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()
+def _sse_done(usage: Usage) -> bytes:
+    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage.event()})}\n\n".encode()
 
 
 def _sse_error(message: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="onnxruntime intra-op threads.")
 @provider_option
 @click.option("--voices", "voices_file", type=click.Path(path_type=Path), default=None,
-              help="JSON {name: speaker string}: named voices besides OpenAI's six and 'default'.")
+              help="JSON {name: speaker string}: named voices besides OpenAI's thirteen and 'default'.")
 @click.option("--cache", "phrase_cache", type=click.Path(path_type=Path), default=None,
               help="Phrase cache file (default: the version's phrase_cache.bin).")
 @click.option("--cache-redis", default=None, help="redis://HOST:PORT/DB: a phrase cache shared by replicas.")
@@ -47,6 +48,17 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
               help="Longest request body accepted (longer: 413).")
 @click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=5.0,
               show_default=True, help="Seconds a request body may take to arrive (else 408, counted as a disconnect).")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, help="Seconds a connection may take to send a request's headers (slow or stalled "
+              "clients are closed).")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Open connections served at once; beyond it a new one gets 503 and is closed.")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="A web origin (https://app.example.com) whose pages may call the API, with CORS headers; "
+              "requests carrying any other Origin are refused (403). Repeatable; '*' allows every site.")
+@click.option("--forwarded-allow-ips", default="127.0.0.1", show_default=True, metavar="IPS",
+              help="Comma-separated proxy addresses whose X-Forwarded-For/X-Forwarded-Proto are trusted "
+              "('*': any; docs/serving.md 'Behind a proxy').")
 @click.option("--canary-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="On reload, the share of new requests the new version gets until POST /admin/promote.")
 @click.option("--drain", "drain_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -92,6 +104,22 @@ def serve(ray_address: str | None, replicas: int, **options: Any) -> None:
     from chattts_forge.runtime.serve.server import serve as run
 
     run(cfg)
+    _exit_drained()
+
+
+def _exit_drained() -> None:
+    """Exit 0 once the server has drained and closed its schedulers, without the interpreter's
+    teardown: daemon threads may still be inside onnxruntime or kaldifst (a warm-up, a grammar read,
+    a cache fill), and tearing the interpreter down under them can abort the process (SIGABRT)."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()  # flush every log handler first: nothing said is lost
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def serve_config(options: dict[str, Any]) -> ServeConfig:
@@ -110,9 +138,19 @@ def serve_config(options: dict[str, Any]) -> ServeConfig:
     paths = {k: str(options[k]) if options[k] is not None else None
              for k in ("voices_file", "phrase_cache", "public_key", "admin_token_file")}
     options["admin_hosts"] = tuple(options["admin_hosts"])
+    options["cors_origins"] = tuple(_cors_origin(o) for o in options.get("cors_origins", ()))
     if options.get("memory_limit") is not None:
         from chattts_forge.runtime.serve.guard import parse_size
 
         options["memory_limit"] = parse_size(options["memory_limit"])
     return ServeConfig(artifact=str(artifact), **{**options, **paths,
                                                   "provider": resolve_provider(options["provider"])})
+
+
+def _cors_origin(origin: str) -> str:
+    """A --cors-origin value as browsers send it in `Origin` (lowercase, no trailing slash), checked."""
+    value = origin.strip().lower().rstrip("/")
+    scheme, sep, host = value.partition("://")
+    if value != "*" and (not sep or scheme not in ("http", "https") or not host or "/" in host):
+        raise ForgeError(f"--cors-origin takes SCHEME://HOST[:PORT] (e.g. https://app.example.com) or *, got {origin!r}")
+    return value

@@ -38,6 +38,10 @@ class ServeConfig:
     admin_hosts: tuple[str, ...] = ()  # Host names /admin/* answers besides localhost, IP literals and `host`
     max_body_bytes: int = 1 << 20  # a longer request body is refused (413) before it is parsed
     body_timeout_s: float = 5.0  # a body not received within this is a client disconnect (408)
+    header_timeout_s: float = 5.0  # a connection's request headers must arrive within this (serve.connections)
+    max_connections: int = 1000  # open connections beyond this are refused with 503 at once
+    cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the API ("*": any); others get 403
+    forwarded_allow_ips: str = "127.0.0.1"  # proxies whose X-Forwarded-For/-Proto are trusted (uvicorn's rule)
     canary_share: float = 0.0
     drain_s: float = 30.0
     warm_phrases: int = 8

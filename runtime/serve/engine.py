@@ -45,15 +45,11 @@ from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineText
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Handle, Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
-from chattts_forge.runtime.textfront import TextFront
+from chattts_forge.runtime.serve.voices import DEFAULT_VOICE, VoiceBook, load_voices  # noqa: F401 - load_voices re-exported
+from chattts_forge.runtime.textfront import InputError, TextFront
 
 log = get_logger(__name__)
 
-# OpenAI's voice names map to fixed voices: the speaker `Pipeline.random_speaker(seed)` draws from the
-# artifact's speaker statistics (what `synth --speaker random --seed SEED` uses), so existing client
-# code runs unchanged and a name always means the same voice on the same model.
-OPENAI_VOICE_SEEDS = {"alloy": 1, "echo": 2, "fable": 3, "onyx": 4, "nova": 5, "shimmer": 6}
-DEFAULT_VOICE = "default"  # no speaker string: the model's own default voice (what `warm` uses by default)
 PHRASE_CACHE_NAME = "phrase_cache.bin"
 
 
@@ -72,24 +68,6 @@ class Prepared:
     removed: str = ""  # characters of the input that cannot be spoken (reported in X-Forge-Removed)
     rest: list[str] = field(default_factory=list)  # a long input's later segments, spoken after `text`
     pending: Iterator[tuple[str, str]] | None = None  # a long input's segments not yet normalised
-
-
-def load_voices(path: str | os.PathLike[str] | None) -> dict[str, str]:
-    """A voices file: JSON {name: speaker string}; names must not shadow OpenAI's or 'default'."""
-    if path is None:
-        return {}
-    import json
-
-    p = Path(path)
-    try:
-        table = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NotFound(f"voices file {p} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"voices file {p} is not valid JSON ({e})") from None
-    if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
-        raise BadInput(f"voices file {p} must hold one JSON object of name -> speaker string")
-    return {k.strip(): v.strip() for k, v in table.items()}
 
 
 class ServedVersion:
@@ -158,7 +136,8 @@ class ServedVersion:
             from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
 
             self.redis = RedisPhraseCache(cfg.cache_redis)
-        self.voices = self._voices(voices, cfg.seed)
+        self.voice_book = VoiceBook(self.front, voices)
+        self.voices = self.voice_book.voices
         self.default_params = self._defaults(cfg.seed)
 
     # ---- loading ----------------------------------------------------------------------------
@@ -181,7 +160,8 @@ class ServedVersion:
         with self._open_lock:
             if variant not in self.pipes:
                 if variant not in self.published:
-                    raise ForgeError(f"model {quote(variant)} is not served here (models: {', '.join(self.model_names())})")
+                    raise BadInput(f"model {quote(variant)} is not served here (models: {', '.join(self.model_names())})",
+                                   "model")
                 assert self.router is not None
                 log.info("opening variant %s of %s", variant, self.path)
                 self._add(variant, self.router.pipeline(variant))
@@ -214,20 +194,6 @@ class ServedVersion:
         except ForgeError:  # a cache built for other variants of the version: this one has none
             pass
 
-    def _voices(self, named: dict[str, str], seed: int) -> dict[str, str | None]:
-        voices: dict[str, str | None] = {DEFAULT_VOICE: None}
-        for name, s in OPENAI_VOICE_SEEDS.items():
-            voices[name] = self.front.random_speaker(s)
-        for name, spk in named.items():
-            if name in voices:
-                raise ForgeError(f"voices file: name {name!r} is reserved (OpenAI's voices and 'default')")
-            try:
-                speaker_vector(spk, self.front.dims.hidden_size)
-            except ForgeError as e:
-                raise ForgeError(f"voices file: voice {name!r}: {e}") from None
-            voices[name] = spk
-        return voices
-
     @staticmethod
     def _defaults(seed: int) -> SynthParams:
         """`synth`'s defaults with `seed` (never a cache's knobs: a cache must not change what is said)."""
@@ -238,17 +204,8 @@ class ServedVersion:
         return names + [v for v in self.published if v != self.model_id]
 
     def speaker_for(self, voice: str) -> str | None:
-        """A named voice's speaker string, or `voice` itself when it is a raw speaker string."""
-        if voice in self.voices:
-            return self.voices[voice]
-        if len(voice) > 64:  # a raw spk_emb string (ChatTTS's speaker strings are hundreds of characters)
-            try:
-                speaker_vector(voice, self.front.dims.hidden_size)
-            except ForgeError as e:
-                raise ForgeError(f"voice is neither a known name nor a valid speaker string ({e})") from None
-            return voice
-        names = ", ".join(sorted(self.voices))
-        raise ForgeError(f"unknown voice {quote(voice)} (voices: {names}; or a raw speaker string)")
+        """The speaker string of a voice (serve.voices: a name, a mix or a raw speaker string)."""
+        return self.voice_book.speaker_for(voice)
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -301,7 +258,7 @@ class ServedVersion:
             with self._gpt_locks[variant]:  # refinement runs on the variant's one GPT step
                 refined = pipe.refine_text([norm], params.refine)[0]
             if not is_speakable(refined):
-                raise ForgeError("refinement produced nothing speakable")
+                raise InputError("refinement produced nothing speakable (send \"refine\": false to speak the text as written)")
             check_code_request(pipe, refined, params.code)
             prep.text = refined
         return prep
@@ -331,7 +288,7 @@ class ServedVersion:
             refined = pipe.refine_text([text], params.refine)[0]
         try:
             if not is_speakable(refined):
-                raise ForgeError("refinement produced nothing speakable")
+                raise InputError("refinement produced nothing speakable (send \"refine\": false to speak the text as written)")
             check_code_request(pipe, refined, params.code)
         except ForgeError as e:
             log.warning("segment %r: %s; spoken as written", text[:40], e)
@@ -398,6 +355,17 @@ class ServedVersion:
     def hit_cap(self, prep: Prepared, result: Any) -> bool:
         """Whether a finished miss's code stage was cut at the default cap unasked (`Pipeline.cut_at_cap`)."""
         return self.pipes[prep.variant].cut_at_cap(prep.params, len(result.codes))
+
+    def text_tokens(self, prep: Prepared) -> int:
+        """Tokens of `prep`'s input text as spoken (normalised, before refinement rewrites it; ChatTTS's
+        tokenizer, no prompt template)."""
+        return len(self.pipes[prep.variant].tokenizer.ids(prep.key_text or prep.text))
+
+    def code_steps_of(self, prep: Prepared, wav: np.ndarray) -> int:
+        """The code steps a decoded waveform holds: each step is 2 mel frames of `hop` samples, and Vocos
+        gives one hop fewer than its frames."""
+        hop = self.pipes[prep.variant].hop
+        return (len(wav) + hop) // (2 * hop)
 
     def whole_wav(self, prep: Prepared, result: Any) -> np.ndarray:
         """A finished miss's waveform decoded whole (Decoder + Vocos on all its steps, as `synth`
@@ -605,10 +573,24 @@ def check_code_request(pipe: Pipeline, text: str, code: InferCodeParams) -> None
     request answers 400 at once): sampling knobs, speaker, speaker sample and the prompt's length."""
     pipe.code_sampling(code)
     if code.stream_batch < 1:
-        raise ForgeError(f"stream_batch must be >= 1, got {code.stream_batch}")
-    prompt = pipe.speaker_sample_codes(code.spk_smp) if code.spk_smp is not None else None
+        raise BadInput(f"stream_batch must be >= 1, got {code.stream_batch}", "stream_batch")
+    with _field("spk_smp"):
+        prompt = pipe.speaker_sample_codes(code.spk_smp) if code.spk_smp is not None else None
     if code.spk_emb is not None:
-        speaker_vector(code.spk_emb, pipe.dims.hidden_size)
+        with _field("spk_emb"):
+            speaker_vector(code.spk_emb, pipe.dims.hidden_size)
     decorated = decorate_code_prompts([text], code.prompt, code.txt_smp, code.spk_emb)
     input_ids, _, _ = pipe.tokenizer.encode(decorated, pipe.num_vq, prompt)
-    pipe._check_length(input_ids.shape[1], code.max_new_token)
+    with _field("input"):
+        pipe._check_length(input_ids.shape[1], code.max_new_token)
+
+
+@contextlib.contextmanager
+def _field(param: str) -> Iterator[None]:
+    """A ForgeError raised inside as a BadInput naming the request field `param` (the 400's `param`)."""
+    try:
+        yield
+    except BadInput:
+        raise
+    except ForgeError as e:
+        raise BadInput(str(e), param) from None

@@ -18,6 +18,7 @@
 | forge_process_cpu_seconds | gauge | CPU seconds (user + system, every thread) the server process has used |
 | forge_ready | gauge | 1 once the version is loaded, verified and warmed |
 | forge_reloads_total | counter | version swaps by `result` (ok, failed) |
+| forge_connections_refused_total | counter | connections closed before a request ran, by `kind`: header_timeout (slow headers), too_many_connections (past --max-connections), bad_http (malformed request) |
 | forge_open_fds / forge_threads | gauge | open file descriptors / threads of the server process (flat over a soak; a rise is a leak) |
 | forge_stage_depth | gauge | per `variant` and `stage` (waiting: queued; running: rows of its GPT batch) |
 | forge_batch_limit | gauge | per `variant`: rows its GPT batch may hold now (`--max-batch`, halved while memory is short) |
@@ -75,6 +76,9 @@ class Metrics:
         self.segments = Counter("forge_text_segments", "Segments spoken (a long input is cut into several)",
                                 registry=r)
         self.reloads = Counter("forge_reloads", "Version swaps", ["result"], registry=r)
+        self.connections_refused = Counter("forge_connections_refused", "Connections closed before any request ran, "
+                                           "by why (header_timeout, too_many_connections, bad_http)", ["kind"],
+                                           registry=r)
         if routing is not None:
             r.register(_RoutingCollector(routing))
 

@@ -44,16 +44,14 @@ from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.serve.formats import FORMATS, check_format
 
-OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # route by length, as the version itself
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")  # route by length, as the version itself
 STREAM_FORMATS = ("audio", "sse")
 _SEED_MAX = 2**63 - 1
 QUOTE_PARAM = 64  # an unknown field's name as the error's `param`, cut to this many characters
 
 
 class BadRequest(BadInput):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+    """A request body the server cannot take; `param` names the field at fault."""
 
 
 @dataclass
@@ -213,14 +211,19 @@ def _read_knob(body: dict[str, Any], name: str, knob: _Knob) -> Any:
     return _number(body, name, knob.lo, knob.hi, open_low=knob.open_low)
 
 
-def read_knobs(body: dict[str, Any], naming: str, knobs: tuple[_Knob, ...]) -> dict[str, Any]:
+def read_knobs(body: dict[str, Any], naming: str, knobs: tuple[_Knob, ...],
+               base: InferCodeParams | RefineTextParams) -> dict[str, Any]:
     """{field: value} of the knobs `body` gives (by their `naming`, "openai" or "native" names),
-    each checked by kind and range; knobs it does not give are left out (the defaults stay)."""
+    each checked by kind and range; knobs it does not give are left out (`base`'s values stay)."""
     out = {}
     for knob in knobs:
         name = knob.openai if naming == "openai" else knob.native
         if name is not None and body.get(name) is not None:
             out[knob.field] = _read_knob(body, name, knob)
+    low, high = out.get("min_new_token", base.min_new_token), out.get("max_new_token", base.max_new_token)
+    if low > high:
+        raise BadRequest(f"min_new_token ({low}) must not exceed max_new_token ({high})",
+                         "min_new_token" if "min_new_token" in out else "max_new_token")
     return out
 
 
@@ -245,7 +248,7 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     code = defaults.code
     seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
     code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
-                   **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE)))
+                   **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE), code))
     refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
     params = replace(defaults, code=code, refine=refine, text_normalization=_flag(body, "normalize", True))
     return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
@@ -263,9 +266,11 @@ _REFINE_FIELDS = {"prompt", "manual_seed"} | _names("native", REFINE_KNOBS)
 
 
 def _section(body: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
-    section = body.get(name) or {}
+    section = body.get(name)
+    if section is None:
+        return {}
     if not isinstance(section, dict):
-        raise BadRequest(f"{name} must be a JSON object", name)
+        raise BadRequest(f"{name} must be a JSON object, got {type(section).__name__}", name)
     _unknown(section, known, name)
     return section
 
@@ -294,7 +299,7 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
     strings |= {k: _optional_text(c, k, max_chars, "params_infer_code") for k in ("prompt", "txt_smp")}
     code = replace(base, prompt=strings["prompt"] if strings["prompt"] is not None else base.prompt,
                    spk_emb=strings["spk_emb"], spk_smp=strings["spk_smp"], txt_smp=strings["txt_smp"],
-                   temperature=temps, seed=seed, **read_knobs(c, "native", CODE_KNOBS))
+                   temperature=temps, seed=seed, **read_knobs(c, "native", CODE_KNOBS, base))
     refine = None
     if not _flag(body, "skip_refine_text", False):
         r = _section(body, "params_refine_text", _REFINE_FIELDS)
@@ -302,7 +307,7 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
         rseed = _integer(r, "manual_seed", 0, _SEED_MAX, seed)
         prompt = _optional_text(r, "prompt", max_chars, "params_refine_text")
         refine = replace(rb, prompt=rb.prompt if prompt is None else prompt, seed=rseed,
-                         **read_knobs(r, "native", REFINE_KNOBS))
+                         **read_knobs(r, "native", REFINE_KNOBS, rb))
     lang = _get(body, "lang", (str,), "zh, en or null")
     if lang not in (None, "zh", "en"):
         raise BadRequest(f"lang must be zh, en or null, got {quote(lang)}", "lang")

@@ -70,12 +70,42 @@ def make_server(cfg: ServeConfig, state: ServerState | None = None, install_sign
     # characters escaped: log.EscapingFormatter) instead of a handler of its own.
     # Keep-alive past the longest Retry-After: a client that honours one comes back on its connection;
     # uvicorn's 5 s closed it as the client sent (the overload soak lost requests to that race).
+    # The h11 protocol with a header timeout, a connection bound and JSON errors (serve.connections).
+    # X-Forwarded-For/-Proto are trusted from `forwarded_allow_ips` only (docs/serving.md "Behind a proxy").
+    from chattts_forge.runtime.serve.connections import ForgeH11Protocol
+
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, log_config=None,
                             timeout_graceful_shutdown=max(1, int(cfg.drain_s)), lifespan="on",
-                            timeout_keep_alive=KEEP_ALIVE_S)
+                            timeout_keep_alive=KEEP_ALIVE_S, http=ForgeH11Protocol, proxy_headers=True,
+                            forwarded_allow_ips=cfg.forwarded_allow_ips)
+    config.forge_header_timeout_s = cfg.header_timeout_s  # type: ignore[attr-defined]
+    config.forge_max_connections = _connection_bound(cfg.max_connections)  # type: ignore[attr-defined]
+    config.forge_on_refusal = lambda kind: state.metrics.connections_refused.labels(kind=kind).inc()  # type: ignore[attr-defined]
     server = ForgeServer(config)
     server.forge_state = state  # type: ignore[attr-defined]
     return server
+
+
+FD_RESERVE = 128  # descriptors kept for what is not a client connection: models, logs, threads, Redis
+
+
+def _connection_bound(wanted: int) -> int:
+    """`wanted`, within what the process's open-file limit allows: the soft limit is raised to the hard
+    one when needed, and the bound lowered (with a warning) when even that is too few."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < need:
+        bound = max(1, soft - FD_RESERVE)
+        log.warning("open-file limit %d leaves room for %d connections, not --max-connections %d", soft, bound, wanted)
+        return bound
+    return wanted
 
 
 def serve(cfg: ServeConfig) -> None:
