@@ -285,26 +285,27 @@ def test_native_endpoint_full_knobs_with_refinement_equals_synth(server: Running
 
 # ---- bad input, faults ----------------------------------------------------------------------------
 
+# (body, what its error says, the field its error names as `param`: None where no one field is)
 BAD_BODIES = [
-    (b"{not json", "not valid JSON"),
-    (b"[1, 2]", "JSON object"),
-    ({"model": "tts-1", "voice": "alloy"}, "input must be a string (missing)"),
-    ({"model": "tts-1", "input": "   ", "voice": "alloy"}, "input is empty"),
-    ({"model": "tts-1", "input": "a" * 5000, "voice": "alloy"}, "at most 4096"),
-    ({"model": "tts-1", "input": 5, "voice": "alloy"}, "input must be a string"),
-    ({"model": "tts-1", "input": "Hi.", "voice": "nobody"}, "unknown voice 'nobody'"),
-    ({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}, "response_format must be one of"),
-    ({"model": "tts-1", "input": "Hi.", "speed": 9}, "speed must lie in"),
-    ({"model": "tts-1", "input": "Hi.", "speed": "fast"}, "speed must be a number"),
-    ({"model": "tts-1", "input": "Hi.", "temperature": -1}, "temperature must lie in"),
-    ({"model": "tts-1", "input": "Hi.", "top_k": True}, "top_k must be a whole number"),
-    ({"model": "tts-1", "input": "Hi.", "seed": 1.5}, "seed must be a whole number"),
-    ({"model": "tts-1", "input": "Hi.", "stream_format": "ws"}, "stream_format must be"),
-    ({"model": "tts-1", "input": "Hi.", "colour": "red"}, "unknown field 'colour'"),
-    ({"model": "tts-1", "input": "Hi.", "voice": "x" * 300}, "neither a known name nor a valid speaker"),
-    ({"model": "int4", "input": "Hi."}, "model 'int4' is not served"),
-    ({"model": "tts-1", "input": "!!!"}, "normalises to nothing speakable"),
-    ({"model": "tts-1", "input": "Hi.", "max_new_token": 4096}, "input too long"),
+    (b"{not json", "not valid JSON", None),
+    (b"[1, 2]", "JSON object", None),
+    ({"model": "tts-1", "voice": "alloy"}, "input must be a string (missing)", "input"),
+    ({"model": "tts-1", "input": "   ", "voice": "alloy"}, "input is empty", "input"),
+    ({"model": "tts-1", "input": "a" * 5000, "voice": "alloy"}, "at most 4096", "input"),
+    ({"model": "tts-1", "input": 5, "voice": "alloy"}, "input must be a string", "input"),
+    ({"model": "tts-1", "input": "Hi.", "voice": "nobody"}, "unknown voice 'nobody'", "voice"),
+    ({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}, "response_format must be one of", "response_format"),
+    ({"model": "tts-1", "input": "Hi.", "speed": 9}, "speed must lie in", "speed"),
+    ({"model": "tts-1", "input": "Hi.", "speed": "fast"}, "speed must be a number", "speed"),
+    ({"model": "tts-1", "input": "Hi.", "temperature": -1}, "temperature must lie in", "temperature"),
+    ({"model": "tts-1", "input": "Hi.", "top_k": True}, "top_k must be a whole number", "top_k"),
+    ({"model": "tts-1", "input": "Hi.", "seed": 1.5}, "seed must be a whole number", "seed"),
+    ({"model": "tts-1", "input": "Hi.", "stream_format": "ws"}, "stream_format must be", "stream_format"),
+    ({"model": "tts-1", "input": "Hi.", "colour": "red"}, "unknown field 'colour'", "colour"),
+    ({"model": "tts-1", "input": "Hi.", "voice": "x" * 300}, "neither a known name nor a valid speaker", "voice"),
+    ({"model": "int4", "input": "Hi."}, "model 'int4' is not served", "model"),
+    ({"model": "tts-1", "input": "!!!"}, "normalises to nothing speakable", "input"),
+    ({"model": "tts-1", "input": "Hi.", "max_new_token": 4096}, "input too long", "input"),
 ]
 
 
@@ -322,12 +323,14 @@ def test_bad_bodies_answer_400_one_line_and_never_disturb_others(server: Running
 
     t = threading.Thread(target=healthy)
     t.start()
-    for body, message in BAD_BODIES:
-        kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    for body, message, param in BAD_BODIES:
+        kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
+            else {"json": body}
         r = httpx.post(server.url + "/v1/audio/speech", timeout=30, **kw)
         assert r.status_code == 400, (body, r.text)
         err = r.json()["error"]
         assert message in err["message"] and "\n" not in err["message"], (message, err)
+        assert err["param"] == param, (body, err)  # the field at fault (OpenAI's `param`)
     bad_native = httpx.post(server.url + "/v1/chattts/speech", timeout=30,
                             json={"text": "Hi.", "params_infer_code": {"top_P": 2}})
     assert bad_native.status_code == 400 and "top_P must lie in" in bad_native.json()["error"]["message"]

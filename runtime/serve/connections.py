@@ -7,7 +7,7 @@
 - **Connection bound.** Beyond `max_connections` open connections a new one gets a 503 JSON error
   (`Retry-After`, `Connection: close`) at once and is closed, instead of exhausting the process's
   file descriptors.
-- **Malformed requests** (a non-numeric Content-Length, oversized or broken headers) get the
+- **Malformed requests** (a non-numeric Content-Length, a broken request line or header) get the
   server's JSON error body, not uvicorn's plain text.
 
 Settings come from `uvicorn.Config` attributes set by `server.make_server` (`forge_header_timeout_s`,
@@ -77,8 +77,8 @@ class ForgeH11Protocol(H11Protocol):
         if self.on_refusal is not None:
             self.on_refusal("bad_http")
         self.transport.write(json_error_bytes(
-            400, "Bad Request", "the request is not valid HTTP/1.1 (malformed request line or headers, e.g. a "
-            "non-numeric Content-Length, or headers over 16 KiB)", "bad_request"))
+            400, "Bad Request", "the request is not valid HTTP/1.1 (a malformed request line or header, e.g. a "
+            "non-numeric Content-Length)", "bad_request"))
         self.transport.close()
 
     def _refuse_connection(self) -> None:
