@@ -56,7 +56,7 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/soak/1"
-FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")  # the server's (runtime.serve.formats.FORMATS)
 MIX = {"stream": 0.45, "whole": 0.2, "hit": 0.15, "hangup": 0.1, "malformed": 0.1}
 SAMPLE_RATE = 24000
 HOP = 256  # ChatTTS's audio: 256 samples a mel frame, two mel frames a code step
@@ -332,7 +332,7 @@ class Soak:
             body = {"model": "tts-1", "input": text, "voice": "default", "response_format": fmt, "refine": False,
                     "max_new_token": steps, "min_new_token": steps, "seed": int(n % 1000),
                     "stream": kind != "whole"}
-            if kind == "stream" and fmt in ("pcm", "wav", "mp3", "opus", "flac") and rng.random() < 0.25:
+            if kind == "stream" and fmt in FORMATS and rng.random() < 0.25:
                 body["stream_format"] = "sse"
                 sse = True
         retries = 0
