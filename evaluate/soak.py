@@ -7,7 +7,7 @@ send, one after another until the time is up (closed loop; `--rate R`: open loop
 a second whatever the server's pace, as an overload test needs), requests drawn with a fixed seed from
 this mix:
 
-- `stream`: a miss streamed (every format: wav, pcm, flac, mp3, opus; some as SSE events);
+- `stream`: a miss streamed (every format: wav, pcm, flac, mp3, opus, aac; some as SSE events);
 - `whole`: a miss with `"stream": false`, every format;
 - `hit`: a phrase of DIR's phrase cache (`phrase_cache.bin`, or `--phrase-cache FILE`: the one a server
   runs with) with the cache's knobs (served whole from it);
@@ -18,7 +18,7 @@ this mix:
 A miss speaks a corpus sentence (`builtin:evaluation`) for as many code steps as a voice would take
 (`load_bench.speech_steps`, EOS masked: min = max new tokens), so its audio length is known: a healthy
 request (well-formed, not hung up) must come back 200 with decodable audio of that length (pcm, wav,
-flac exactly; mp3 and opus within a few codec frames; a cut stream is a lost request). A 429 or 503
+flac exactly; mp3, opus and aac within a few codec frames; a cut stream is a lost request). A 429 or 503
 with Retry-After is retried after it (as a client honouring it would, at most `retries` times): only
 a request that never comes back healthy is lost. The report counts the refusals and their Retry-After,
 and beside each request's whole latency the admitted attempt's (`admitted_p99_s`).
@@ -56,11 +56,11 @@ from chattts_forge.log import get_logger
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/soak/1"
-FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")  # the server's (runtime.serve.formats.FORMATS)
 MIX = {"stream": 0.45, "whole": 0.2, "hit": 0.15, "hangup": 0.1, "malformed": 0.1}
 SAMPLE_RATE = 24000
 HOP = 256  # ChatTTS's audio: 256 samples a mel frame, two mel frames a code step
-LOSSY_SLACK = 4 * 1152  # mp3/opus: the encoder's delay and padding, a few codec frames
+LOSSY_SLACK = 4 * 1152  # mp3/opus/aac: the encoder's delay and padding, a few codec frames
 METRICS = {"forge_rss_bytes": "rss", "forge_open_fds": "fds", "forge_threads": "threads",
            "forge_queue_depth": "queue", "forge_running_rows": "running", "forge_process_cpu_seconds": "cpu_s"}
 
@@ -181,8 +181,9 @@ def decode_samples(data: bytes, fmt: str) -> int:
     try:
         import av
     except ModuleNotFoundError:  # no decoder: the container's magic at least
-        magic = b"OggS" if fmt == "opus" else None
-        if (magic and not data.startswith(magic)) or (fmt == "mp3" and not (data[:3] == b"ID3" or data[0] == 0xFF)):
+        looks = {"opus": data[:4] == b"OggS", "mp3": data[:3] == b"ID3" or data[0] == 0xFF,
+                 "aac": len(data) > 1 and data[0] == 0xFF and data[1] & 0xF6 == 0xF0}  # aac: ADTS sync word, layer 0
+        if not looks.get(fmt, True):
             raise ForgeError(f"not {fmt}") from None
         return -1
     try:
@@ -331,7 +332,7 @@ class Soak:
             body = {"model": "tts-1", "input": text, "voice": "default", "response_format": fmt, "refine": False,
                     "max_new_token": steps, "min_new_token": steps, "seed": int(n % 1000),
                     "stream": kind != "whole"}
-            if kind == "stream" and fmt in ("pcm", "wav", "mp3", "opus", "flac") and rng.random() < 0.25:
+            if kind == "stream" and fmt in FORMATS and rng.random() < 0.25:
                 body["stream_format"] = "sse"
                 sse = True
         retries = 0

@@ -2,14 +2,17 @@
 
 Every response_format, whole (`stream: false`) and streamed (the default, read chunk by chunk), is
 fetched through the official `openai` client from a real running server and decoded by
-python-soundfile from memory, the standard library's `wave` (wav), Debian's ffmpeg and Chromium's Web
-Audio `decodeAudioData` (headless). Each decoded waveform is compared with the server's PCM reply to
-the same request (whole with whole, streamed with streamed):
+python-soundfile from memory (every format but aac: libsndfile has no AAC decoder), the standard
+library's `wave` (wav), Debian's ffmpeg, PyAV (aac) and Chromium's Web Audio `decodeAudioData`
+(headless). Each decoded waveform is compared with the server's PCM reply to the same request (whole
+with whole, streamed with streamed):
 
 - lossless formats (wav, pcm, flac): sample-exact 16-bit samples;
-- lossy ones (mp3, opus): the same length within one codec frame (`CODEC_FRAME`), aligned (the best
-  alignment within `MAX_LAG` samples: the decoder removed the codec's delay) and at least
-  `MIN_SNR_DB` there (tiny-model audio is noise-like, the hardest case for a speech codec).
+- lossy ones (mp3, opus, aac): the same length within one codec frame (`CODEC_FRAME`), aligned (the
+  best alignment within `MAX_LAG` samples: the decoder removed the codec's delay) and at least
+  `MIN_SNR_DB` there (tiny-model audio is noise-like, the hardest case for a speech codec). aac
+  (ADTS) cannot signal its encoder delay: every decoder returns `PRIMING` samples first, which are
+  cut before the comparison (so its length is the waveform's plus the priming, plus less than a frame).
 
 The ChatTTS-native endpoint's wav, `synth`'s files (float32 and 16-bit) and the compat API's
 waveforms go through soundfile and `wave` too: 16-bit `synth` files equal the server's PCM.
@@ -40,17 +43,20 @@ httpx = pytest.importorskip("httpx", reason="the conformance suite needs httpx (
 from test_serve import Running, running  # noqa: E402
 
 from chattts_forge.cli import main  # noqa: E402
-from chattts_forge.runtime.serve.formats import BUFFERED_WHEN_STREAMED, FORMATS, LOSSLESS  # noqa: E402
+from chattts_forge.runtime.serve.formats import AAC_FRAME, BUFFERED_WHEN_STREAMED, FORMATS, LOSSLESS  # noqa: E402
 
 SR = 24000
 TEXT = "Hello there, how are you today?"
 # Fixed-length requests (min = max new tokens), refinement off: the suite is about the containers.
 KNOBS = {"seed": 4, "refine": False, "max_new_token": 60, "min_new_token": 60}
 MODES = ("whole", "streamed")
-CODEC_FRAME = {"mp3": 576, "opus": 480}  # samples at 24 kHz: an MPEG-2 layer III frame, 20 ms of Opus
+# samples at 24 kHz: an MPEG-2 layer III frame, 20 ms of Opus, an AAC-LC frame
+CODEC_FRAME = {"mp3": 576, "opus": 480, "aac": AAC_FRAME}
+PRIMING = {"aac": AAC_FRAME}  # ADTS has no field for the encoder's delay: decoders return it
 MAX_LAG = 2
-MIN_SNR_DB = {"mp3": 10.0, "opus": 6.0}  # measured on tiny-model audio: mp3 ~17 dB, opus ~12 dB
-CHROMIUM_FORMATS = ("wav", "flac", "mp3", "opus")  # raw pcm has no container a browser can decode
+MIN_SNR_DB = {"mp3": 10.0, "opus": 6.0, "aac": 10.0}  # measured on tiny-model audio: mp3 ~17, opus ~12, aac ~17 dB
+CHROMIUM_FORMATS = ("wav", "flac", "mp3", "opus", "aac")  # raw pcm has no container a browser can decode
+SOUNDFILE_FORMATS = tuple(f for f in FORMATS if f != "aac")  # libsndfile has no AAC decoder (ffmpeg, PyAV read it)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +93,10 @@ def assert_matches(fmt: str, got: np.ndarray, ref16: np.ndarray, decoder: str) -
         return
     ref = ref16.astype(np.float64) / 32768
     got = np.asarray(got, dtype=np.float64)
+    if fmt in PRIMING:  # the priming comes first; then the waveform and less than a frame of padding
+        assert PRIMING[fmt] + len(ref) <= len(got) < PRIMING[fmt] + len(ref) + CODEC_FRAME[fmt], (decoder, fmt,
+                                                                                                 len(got), len(ref))
+        got = got[PRIMING[fmt]:]
     assert abs(len(got) - len(ref)) <= CODEC_FRAME[fmt], (decoder, fmt, len(got), len(ref))
     lag, snr = best_alignment(ref, got, CODEC_FRAME[fmt])
     assert abs(lag) <= MAX_LAG, (decoder, fmt, "not aligned", lag)
@@ -138,7 +148,7 @@ def test_buffered_formats_stream_the_bytes_of_a_whole_file(replies, server: Runn
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SOUNDFILE_FORMATS)
 def test_soundfile_reads_every_format_from_memory(replies, fmt: str, mode: str) -> None:
     data = io.BytesIO(replies[fmt, mode])
     if fmt == "pcm":
@@ -183,6 +193,21 @@ def test_ffmpeg_decodes_every_format_from_a_pipe(replies, fmt: str, mode: str) -
     assert proc.returncode == 0 and not proc.stderr, proc.stderr.decode()[-1000:]
     got = np.frombuffer(proc.stdout, "<i2" if lossless else "<f4")
     assert_matches(fmt, got, pcm_of(replies, mode), "ffmpeg")
+
+
+# ---- PyAV (aac: soundfile cannot read it) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pyav_decodes_aac(replies, mode: str) -> None:
+    av = pytest.importorskip("av", reason="aac needs PyAV (serve extra)")
+    data = replies["aac", mode]
+    with av.open(io.BytesIO(data)) as container:
+        assert container.format.name == "aac"  # ffmpeg's name for the ADTS demuxer
+        ctx = container.streams.audio[0].codec_context
+        assert (ctx.name, ctx.profile, ctx.sample_rate, ctx.layout.name) == ("aac", "LC", SR, "mono")
+        got = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    assert_matches("aac", got, pcm_of(replies, mode), "PyAV")
 
 
 # ---- Chromium's Web Audio decodeAudioData -----------------------------------------------------------
@@ -252,6 +277,15 @@ def test_native_endpoint_wav_through_soundfile_and_wave(server: Running, replies
         with wave.open(io.BytesIO(r.content), "rb") as w:
             assert_matches("wav", np.frombuffer(w.readframes(w.getnframes()), "<i2"), pcm_of(replies, mode), "wave")
         assert_matches("wav", sf.read(io.BytesIO(r.content), dtype="int16")[0], pcm_of(replies, mode), "soundfile")
+
+
+def test_native_endpoint_aac_is_the_openai_reply(server: Running, replies) -> None:
+    body = {"text": TEXT, "voice": "alloy", "skip_refine_text": True, "response_format": "aac",
+            "params_infer_code": {"manual_seed": KNOBS["seed"], "max_new_token": 60, "min_new_token": 60}}
+    for mode, stream in (("whole", False), ("streamed", True)):
+        r = httpx.post(server.url + "/v1/chattts/speech", json={**body, "stream": stream}, timeout=120)
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/aac", r.text[:300]
+        assert r.content == replies["aac", mode]  # the same waveform, the same (deterministic) encode
 
 
 def _synth(tmp_path: Path, artifact: Path, out: str, *extra: str) -> Path:

@@ -4,7 +4,7 @@ httpx), on a published tiny version (fp16 routed for short texts, fp32 for the r
 Each server is a real uvicorn server on a free port, in a thread (the SIGTERM/SIGHUP test runs the
 command in a subprocess). Audio is compared with what `chattts-forge synth` writes for the same
 knobs and seed: streamed responses with `synth --stream` (the scheduler cuts the stream where a lone
-stream is cut), whole responses (`stream: false`) with `synth`; wav/pcm/flac exactly, mp3/opus after
+stream is cut), whole responses (`stream: false`) with `synth`; wav/pcm/flac exactly, mp3/opus/aac after
 decoding, by SNR against the reference (and far below it against the reference reversed).
 """
 
@@ -42,7 +42,7 @@ from chattts_forge.cli import main  # noqa: E402
 from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
 from chattts_forge.runtime.serve.app import ServeConfig, ServerState  # noqa: E402
-from chattts_forge.runtime.serve.formats import FORMATS, to_int16  # noqa: E402
+from chattts_forge.runtime.serve.formats import AAC_FRAME, FORMATS, to_int16  # noqa: E402
 from chattts_forge.runtime.serve.server import make_server  # noqa: E402
 
 STEPS = 24  # the phrase cache's max_new_token (requests that want a hit send it: the cache sets no knob)
@@ -141,7 +141,9 @@ def decode(data: bytes, fmt: str) -> np.ndarray:
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
     if fmt == "wav":
         return sf.read(io.BytesIO(data), dtype="float32")[0]
-    import av  # streamed FLAC has an unknown length, which libsndfile's reader refuses; ffmpeg reads it
+    # streamed FLAC has an unknown length, which libsndfile's reader refuses, and libsndfile has no AAC
+    # decoder: ffmpeg reads both (aac with its 1,024 samples of priming first, which snr_db aligns away)
+    import av
 
     container = av.open(io.BytesIO(data))
     resampler = av.AudioResampler(format="flt", layout="mono", rate=24000)
@@ -166,7 +168,7 @@ def snr_db(ref: np.ndarray, got: np.ndarray, max_lag: int = 3000) -> float:
     return float(10 * np.log10(np.sum(ref[:m].astype(np.float64) ** 2) / max(err, 1e-20)))
 
 
-LOSSY_MIN_SNR = {"mp3": 10.0, "opus": 6.0}  # measured on tiny audio: mp3 ~17 dB, opus ~12 dB
+LOSSY_MIN_SNR = {"mp3": 10.0, "opus": 6.0, "aac": 10.0}  # measured on tiny audio: mp3 ~17, opus ~12, aac ~17 dB
 
 
 def assert_same_audio(data: bytes, fmt: str, ref: np.ndarray) -> None:
@@ -174,6 +176,8 @@ def assert_same_audio(data: bytes, fmt: str, ref: np.ndarray) -> None:
     if fmt in ("wav", "pcm", "flac"):  # 16-bit, as OpenAI's
         np.testing.assert_array_equal(to_int16(got), to_int16(ref))
     else:
+        if fmt == "aac":  # ADTS: the decoder's 1,024 samples of priming first, less than a frame of padding last
+            assert AAC_FRAME + len(ref) <= len(got) < 2 * AAC_FRAME + len(ref), (len(got), len(ref))
         assert snr_db(ref, got) >= LOSSY_MIN_SNR[fmt]
         assert snr_db(ref[::-1].copy(), got) < 3.0  # the comparison tells audio apart (same length, other content)
 
@@ -216,7 +220,7 @@ def test_openai_client_every_format_streamed_and_whole_equals_synth(server: Runn
         assert r.response.headers["x-forge-variant"] == "fp32"
         assert r.response.headers["content-type"].startswith({"wav": "audio/wav", "pcm": "audio/pcm",
                                                               "flac": "audio/flac", "mp3": "audio/mpeg",
-                                                              "opus": "audio/ogg"}[fmt])
+                                                              "opus": "audio/ogg", "aac": "audio/aac"}[fmt])
         assert_same_audio(r.content, fmt, refs[True])
         # its streaming response, read chunk by chunk
         with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",

@@ -335,7 +335,7 @@ def test_control_characters_in_logged_text_are_escaped() -> None:
 
 NASTY = ["", " ", "\x00", "\x1b[2J\x07", "\ud800", "\ufeff", "[Stts]", "[uv_break]", "[break_9]", "[", "]]",
          "你好", "Hi.", "A" * 5000, "中" * 4097, -1, 0, 1, 2**63, -(2**63), 10**30, 1e308, -0.0, 0.5, 4.0, True,
-         False, None, [], {}, [1, "a"], {"id": "alloy"}, {"id": 5}, "tts-1", "fp32", "nova", "wav", "pcm", "mp3",
+         False, None, [], {}, [1, "a"], {"id": "alloy"}, {"id": 5}, "tts-1", "fp32", "nova", "wav", "pcm", "mp3", "aac",
          "sse", "audio", "zh", "en"]
 OPENAI_FIELDS = ["model", "input", "voice", "response_format", "speed", "stream_format", "instructions", "seed",
                  "temperature", "top_p", "top_k", "repetition_penalty", "stream_batch", "refine", "stream"]

@@ -248,6 +248,18 @@ def test_check_audio_refuses_a_cut_or_undecodable_reply() -> None:
         check_audio(whole, "wav", steps)
     with pytest.raises(ForgeError, match="no audio"):
         check_audio(b"", "opus", None)
+    # aac: its 1,024 samples of priming and the last frame's padding are within the lossy slack; twice or
+    # three times the length is not
+    import numpy as np
+
+    from chattts_forge.runtime.serve.formats import encode_whole
+
+    aac = encode_whole(np.full(256 * (2 * steps - 1), 0.1, np.float32), 24000, "aac")
+    check_audio(aac, "aac", steps)
+    with pytest.raises(ForgeError, match="cut or padded"):
+        check_audio(aac + aac, "aac", steps)
+    with pytest.raises(ForgeError, match="cut or padded"):
+        check_audio(encode_whole(np.full(256 * (2 * 3 * steps - 1), 0.1, np.float32), 24000, "aac"), "aac", steps)
 
 
 # ---- reloads: one complete version, never a mix ----------------------------------------------------------

@@ -1,6 +1,6 @@
 """`chattts-forge serve`: the published artifacts behind an OpenAI-compatible streaming HTTP API.
 
-- `formats`: wav/pcm/flac/mp3/opus, whole or chunk by chunk;
+- `formats`: wav/pcm/flac/mp3/opus/aac, whole or chunk by chunk;
 - `engine`: `ServedVersion`, one loaded (verified, warmed) artifact or version folder with a
   continuous-batching scheduler per variant, length routing and the phrase caches;
 - `redis_cache`: the optional phrase cache shared by replicas;

@@ -1,4 +1,5 @@
-"""Audio response formats of the server: whole files and chunk-by-chunk streams (soundfile/libsndfile).
+"""Audio response formats of the server: whole files and chunk-by-chunk streams (soundfile/libsndfile;
+aac through PyAV, which libsndfile cannot encode).
 
 What OpenAI's speech API returns, in the forms other people's decoders read whole (docs/serving.md
 "Audio formats" lists the decoders checked):
@@ -10,6 +11,7 @@ What OpenAI's speech API returns, in the forms other people's decoders read whol
 | flac | 16-bit FLAC, STREAMINFO with the sample count and MD5 | buffered: the whole file, sent when the stream ends | audio/flac |
 | mp3  | MPEG layer III with its LAME tag (encoder delay and padding) | buffered: the whole file, sent when the stream ends | audio/mpeg |
 | opus | Opus in Ogg | Ogg pages as they are written (the last page's granule position ends the audio) | audio/ogg |
+| aac  | AAC-LC in ADTS, 64 kbit/s | ADTS frames as the encoder emits them (the bytes of the whole file) | audio/aac |
 
 Why flac and mp3 are buffered: a format whose header must hold the length cannot be streamed
 exactly. A live FLAC stream's STREAMINFO says "0 samples" (libsndfile then reports INT64_MAX frames
@@ -20,13 +22,22 @@ formats' streams) in the bytes a whole file of it has.
 
 16-bit formats quantize with `to_int16` (round(x * 32768), clipped): a decoder that divides by 32768
 gets every sample within half a step of the float waveform, and the samples are the same whether a
-response is whole or streamed. wav, pcm and flac are lossless over what they carry; mp3 and opus are
-lossy (their decoded audio matches only to the codec's tolerance).
+response is whole or streamed. wav, pcm and flac are lossless over what they carry; mp3, opus and aac
+are lossy (their decoded audio matches only to the codec's tolerance).
+
+aac (OpenAI's: AAC-LC in ADTS) is encoded by ffmpeg's native `aac` encoder through PyAV (the serve
+extra), mono at the server's rate, 64 kbit/s (transparent enough for 24 kHz mono speech at ~8 KB/s).
+ADTS is a run of self-delimiting frames with no length anywhere, so it streams truly: a streamed
+encode of a waveform is byte for byte its whole encode (PyAV cuts the input into 1,024-sample frames
+whatever the chunks; tests/test_serve_edges.py checks it). ADTS cannot signal the encoder's delay:
+a decoder (ffmpeg, PyAV, Chromium) returns 1,024 samples of priming (near silence) first, then the
+waveform, then up to one frame (1,023 samples) of padding: n + 1,024 <= decoded < n + 2,048.
 """
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 
@@ -40,16 +51,25 @@ _FORMATS: dict[str, tuple[str, str | None, str | None, bool]] = {
     "flac": ("audio/flac", "FLAC", "PCM_16", True),
     "mp3": ("audio/mpeg", "MP3", "MPEG_LAYER_III", False),
     "opus": ("audio/ogg", "OGG", "OPUS", False),
+    "aac": ("audio/aac", None, None, False),  # PyAV, not libsndfile (_AacEncoder)
 }
 FORMATS = tuple(_FORMATS)
 LOSSLESS = ("wav", "pcm", "flac")
 BUFFERED_WHEN_STREAMED = ("flac", "mp3")  # their headers hold the length (module docstring)
+AAC_FRAME = 1024  # samples per AAC-LC frame, and the priming a decoder returns first (module docstring)
+AAC_BIT_RATE = 64_000  # mono 24 kHz speech: near transparent, 8 KB/s (a sixth of 16-bit PCM's 48 KB/s)
 
 
 def check_format(name: object) -> str:
     if not isinstance(name, str) or name not in _FORMATS:
         raise ForgeError(f"response_format must be one of {', '.join(FORMATS)}, got {name!r}")
     return name
+
+
+def check_encoder(fmt: str) -> None:
+    """ForgeError (naming the extra to install) when `fmt`'s encoder cannot be imported."""
+    if fmt == "aac":
+        _av()
 
 
 def content_type(fmt: str) -> str:
@@ -65,6 +85,9 @@ def encode_whole(wav: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         return wav_bytes(wav, sample_rate, "pcm16")
     if fmt == "pcm":
         return to_int16(wav).tobytes()
+    if fmt == "aac":
+        enc = _AacEncoder(sample_rate)
+        return enc.write(wav) + enc.close()
     _, major, subtype, ints = _FORMATS[fmt]
     buf = io.BytesIO()
     sf.write(buf, to_int16(wav) if ints else wav, sample_rate, format=major, subtype=subtype)
@@ -118,6 +141,51 @@ class _Sink(io.RawIOBase):
         return out
 
 
+def _av() -> Any:
+    try:
+        import av
+    except ModuleNotFoundError:
+        raise ForgeError("response_format aac needs PyAV (av): pip install 'chattts-forge[serve]'") from None
+    return av
+
+
+class _AacEncoder:
+    """AAC-LC in ADTS (ffmpeg's native encoder through PyAV): `write` returns the frames encoded so far,
+    `close` the rest (the encoder's lookahead and the last, zero-padded frame)."""
+
+    def __init__(self, sample_rate: int) -> None:
+        av = _av()
+        self._av = av
+        self.sample_rate = sample_rate
+        self._sink = _Sink()
+        # flush_packets: each muxed frame reaches the sink at once, not when PyAV's 32 KiB buffer fills
+        self._out = av.open(self._sink, "w", format="adts", container_options={"flush_packets": "1"})
+        self._stream = self._out.add_stream("aac", rate=sample_rate, layout="mono")
+        self._stream.bit_rate = AAC_BIT_RATE
+        self._stream.codec_context.profile = "LC"
+        self._pts = 0
+
+    def _mux(self, frame: Any) -> bytes:
+        for packet in self._stream.encode(frame):
+            self._out.mux(packet)
+        return self._sink.take()
+
+    def write(self, chunk: np.ndarray) -> bytes:
+        if not len(chunk):
+            return b""
+        # clipped as the 16-bit formats are; planar float is what the aac encoder takes
+        planar = np.clip(chunk, -1.0, 1.0).astype(np.float32).reshape(1, -1)
+        frame = self._av.AudioFrame.from_ndarray(planar, format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = self.sample_rate, self._pts
+        self._pts += planar.shape[1]
+        return self._mux(frame)
+
+    def close(self) -> bytes:
+        out = self._mux(None)
+        self._out.close()
+        return out + self._sink.take()
+
+
 class StreamEncoder:
     """Encode a waveform chunk by chunk: `write(chunk)` and `close()` return the bytes to send now
     (for the buffered formats, nothing until `close()`, which returns the whole file)."""
@@ -129,6 +197,7 @@ class StreamEncoder:
         self._file = None
         self._sink: _Sink | None = None
         self._held: list[np.ndarray] = []  # a buffered format's chunks
+        self._aac = _AacEncoder(sample_rate) if fmt == "aac" else None
         if fmt == "opus":
             import soundfile as sf
 
@@ -149,6 +218,8 @@ class StreamEncoder:
             return b""
         if self.fmt in ("wav", "pcm"):
             return self._head() + to_int16(chunk).tobytes()
+        if self._aac is not None:
+            return self._aac.write(chunk)
         assert self._file is not None and self._sink is not None
         if len(chunk):
             self._file.write(chunk)
@@ -160,6 +231,9 @@ class StreamEncoder:
             wav = np.concatenate(self._held) if self._held else np.zeros(0, np.float32)
             self._held = []
             return encode_whole(wav, self.sample_rate, self.fmt)
+        if self._aac is not None:
+            out, self._aac = self._aac.close(), None
+            return out
         out = self._head()
         if self._file is not None and self._sink is not None:
             self._file.close()

@@ -4,7 +4,7 @@ Every problem is a `BadRequest` (a ForgeError) with one line naming the field; t
 with `{"error": {"message": ..., "type": "invalid_request_error", "param": field}}`.
 
 OpenAI `POST /v1/audio/speech` fields: `model` (str), `input` (str, 1..max_input_chars), `voice` (str
-or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus, default mp3 as OpenAI), `speed`
+or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus|aac, default mp3 as OpenAI), `speed`
 (0.25..4.0, default 1.0; ChatTTS's `[speed_N]` with N = round(5 x speed) clipped to 0..9, so 1.0 is
 ChatTTS's default `[speed_5]`), `stream_format` (audio|sse), `instructions` (accepted, unused).
 Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `top_k`,
@@ -42,7 +42,7 @@ from typing import Any
 from chattts_forge.errors import BadInput, ForgeError, quote
 from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
-from chattts_forge.runtime.serve.formats import FORMATS, check_format
+from chattts_forge.runtime.serve.formats import FORMATS, check_encoder, check_format
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")  # route by length, as the version itself
 STREAM_FORMATS = ("audio", "sse")
@@ -162,6 +162,10 @@ def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, 
     except ForgeError:
         raise BadRequest(f"response_format must be one of {', '.join(FORMATS)}, got {quote(given)}",
                          "response_format") from None
+    try:
+        check_encoder(fmt)  # aac without PyAV: refused here, not a stream cut after its 200
+    except ForgeError as e:
+        raise BadRequest(str(e), "response_format") from None
     sfmt = body.get("stream_format") or "audio"
     if not isinstance(sfmt, str) or sfmt not in STREAM_FORMATS:
         raise BadRequest(f"stream_format must be audio or sse, got {quote(sfmt)}", "stream_format")
