@@ -200,7 +200,8 @@ def test_sigterm_under_mixed_traffic_drains_and_exits_0_every_time(tiny_artifact
             statuses: list[int] = []
             started = threading.Barrier(len(bodies) + 1)
 
-            def call(body: dict) -> None:
+            def call(body: dict, url: str = url, started: threading.Barrier = started,
+                     statuses: list[int] = statuses) -> None:
                 with httpx.stream("POST", url + SPEECH, json=body, timeout=120) as r:
                     started.wait(timeout=60)
                     b"".join(r.iter_bytes())
