@@ -76,7 +76,7 @@ class ServedVersion:
     def __init__(self, path: str | os.PathLike[str], cfg: ServeConfig, voices: dict[str, str] | None = None,
                  release_free_rows: Callable[[], bool] | None = None) -> None:
         """Open `path` with `cfg`'s batch, queue, threads, provider, checks, caches and default seed;
-        `voices`: named voices besides OpenAI's six and 'default'; `release_free_rows`: whether the
+        `voices`: named voices besides OpenAI's thirteen and 'default'; `release_free_rows`: whether the
         schedulers give free rows' memory back now (a server near its memory limit)."""
         self.path = Path(path)
         if not self.path.is_dir():
