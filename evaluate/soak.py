@@ -315,7 +315,8 @@ class Soak:
         t = start - self.t0
         if kind == "malformed":
             body, why = MALFORMED[int(rng.integers(len(MALFORMED)))]
-            kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+            kw = ({"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes)
+                  else {"json": body})  # declared JSON: the malformed body itself is what gets refused
             r = self.client.post(self.base + "/v1/audio/speech", **kw)
             ok = 400 <= r.status_code < 500
             self._record(Outcome(kind, why, t, time.monotonic() - start, r.status_code, ok,
