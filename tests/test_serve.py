@@ -709,8 +709,9 @@ def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_art
                     next(r.iter_bytes())  # then the connection closes mid-stream
 
         def bad_ones() -> None:
-            for b, _ in BAD_BODIES[:8]:
-                kw = {"content": b} if isinstance(b, bytes) else {"json": b}
+            for b, _, _ in BAD_BODIES[:8]:
+                kw = {"content": b, "headers": {"Content-Type": "application/json"}} if isinstance(b, bytes) \
+                    else {"json": b}
                 r = httpx.post(srv.url + "/v1/audio/speech", timeout=30, **kw)
                 bad.append((r.status_code, r.json()["error"]["message"]))
             r = httpx.post(srv.url + "/admin/reload", json={"artifact": str(version / "missing")}, timeout=60,
