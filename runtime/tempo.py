@@ -3,9 +3,9 @@
 OpenAI's `speed` divides the duration by `speed`; ChatTTS's own `[speed_N]` prompt tag only nudges
 the model's pacing (no duration guarantee), so the server synthesises at speed 1 and stretches the
 waveform here. The stretch is ffmpeg's `atempo` filter (WSOLA) run in process through PyAV (the
-`serve` extra): deterministic and independent of how the input is cut, so a streamed reply
-(`Stretcher`) equals the whole one (`stretch`) sample for sample. The candidates compared are in
-docs/measurements/2026-12-06-tempo/README.md.
+`serve` extra). The filter is deterministic and is fed fixed blocks whatever the callers' chunks,
+so a streamed reply (`Stretcher`) equals the whole one (`stretch`) sample for sample. The candidates
+compared are in docs/measurements/2026-12-06-tempo/README.md.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ MAX_SPEED = 4.0
 # so a larger change is a chain of instances each within this range.
 STAGE_MIN = 0.5
 STAGE_MAX = 2.0
+# atempo's output depends on how its input is cut into frames, so the input goes to it in blocks of
+# this many samples whatever the callers' chunks: that makes a stream equal the whole waveform.
+BLOCK = 1024
 
 _EMPTY = np.zeros(0, np.float32)
 
@@ -73,7 +76,9 @@ class Stretcher:
         self.sample_rate = int(sample_rate)
         self.samples_in = 0
         self.samples_out = 0
+        self.samples_fed = 0  # input given to the filter
         self._held: list[np.ndarray] = []  # filter output beyond what the input so far allows
+        self._pending = _EMPTY  # input not yet a whole BLOCK
         self._flushed = False
         self._graph: Any = None
         if self.speed != 1.0:
@@ -103,6 +108,16 @@ class Stretcher:
                 return
             self._held.append(frame.to_ndarray().reshape(-1).astype(np.float32, copy=False))
 
+    def _feed(self, block: np.ndarray) -> None:
+        frame = self._av.AudioFrame.from_ndarray(np.ascontiguousarray(block).reshape(1, -1), format="flt",
+                                                 layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.time_base = Fraction(1, self.sample_rate)
+        frame.pts = self.samples_fed
+        self.samples_fed += len(block)
+        self._graph.push(frame)
+        self._drain()
+
     def _release(self, limit: int) -> np.ndarray:
         """Held output up to `limit` samples in all (the rest stays held)."""
         held = np.concatenate(self._held) if self._held else _EMPTY
@@ -120,15 +135,12 @@ class Stretcher:
             self.samples_in += len(chunk)
             self.samples_out += len(chunk)
             return chunk
-        if len(chunk):
-            frame = self._av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk).reshape(1, -1), format="flt",
-                                                     layout="mono")
-            frame.sample_rate = self.sample_rate
-            frame.time_base = Fraction(1, self.sample_rate)
-            frame.pts = self.samples_in
-            self.samples_in += len(chunk)
-            self._graph.push(frame)
-            self._drain()
+        self.samples_in += len(chunk)
+        pending = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
+        whole = len(pending) - len(pending) % BLOCK
+        for start in range(0, whole, BLOCK):
+            self._feed(pending[start:start + BLOCK])
+        self._pending = pending[whole:].copy()
         # never past the final length, so the flush can always cut the total to it exactly
         return self._release(round(self.samples_in / self.speed))
 
@@ -140,6 +152,9 @@ class Stretcher:
         self._flushed = True
         if self._graph is None:
             return _EMPTY
+        if len(self._pending):
+            self._feed(self._pending)
+            self._pending = _EMPTY
         if self.samples_in:
             self._graph.push(None)
             self._drain()
