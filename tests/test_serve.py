@@ -415,6 +415,12 @@ def test_phrase_cache_hit_skips_the_gpt_and_other_knobs_are_misses(server: Runni
     variant = r.headers["x-forge-variant"]
     ref = synth_wav(tmp_path, version, variant, PHRASES[1], *DEFAULT_KNOBS)
     assert float(np.max(np.abs(decode(r.content, "wav") - ref))) <= 1e-4  # the miss's waveform
+    # speed is applied to the cached speed-1 waveform: still a hit
+    r = httpx.post(server.url + "/v1/audio/speech", timeout=60, json={"model": "tts-1", "input": PHRASES[1],
+                                                                      "response_format": "wav", "speed": 2.0,
+                                                                      **CACHE_KNOBS})
+    assert r.status_code == 200 and r.headers["x-forge-cached"] == "true"
+    assert len(decode(r.content, "wav")) == round(len(ref) / 2)
     # other knobs (seed): a miss, synthesized as usual
     r = httpx.post(server.url + "/v1/audio/speech", timeout=60,
                    json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS, "seed": 5})
