@@ -422,12 +422,12 @@ class _Handlers:
         later = 0  # a long input's later segments already submitted
         sr = job.version.pipes[job.prep.variant].sample_rate
         enc = StreamEncoder(req.response_format, sr)
-        stretcher = Stretcher(req.speed, sr)
         sse = req.stream_format == "sse"
         samples = 0
         finished = False
         first_sent = False
         try:
+            stretcher = Stretcher(req.speed, sr)  # in the try: a failure still releases the request
             chunk = first
             while chunk is not None:
                 out = stretcher.push(chunk)
