@@ -14,7 +14,8 @@ Candidates (each skipped with a note when its package is missing):
 - rubberband-rt: Rubber Band's R3 engine in real-time mode, through `pylibrb`.
 
 Usage: python scripts/measure_tempo.py [--clips 2] [--out docs/measurements/2026-12-06-tempo/README.md]
-(needs the DNSMOS models: pip install --no-deps speechmos==0.0.1.1).
+(needs scipy and the DNSMOS models: pip install --no-deps speechmos==0.0.1.1; the text after the
+report's `<!-- choice -->` line is kept when it is rewritten).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def write_report(path: Path, rows: list[dict], reference: dict, clips: int, comm
         "",
         f"- Machine: {cpu_model()} (CPU only), Python {platform.python_version()}.",
         "- Packages: " + ", ".join(f"{m} {version_of(m)}" for m in ("av", "audiotsm", "pedalboard", "pylibrb")) + ".",
-        f"- Command: `{command}`",
+        f"- Command: `{command}` (the other candidates are no project dependencies: "
+        "`pip install audiotsm==0.1.2 pedalboard==0.9.26 pylibrb==0.1.2`; scipy resamples the clips)",
         "",
         "Columns: `out/in`: total output samples over total input samples (the goal is `1/speed`);",
         "DNSMOS P.835 OVRL, SIG, BAK and P.808 (`chattts_forge.evaluate.naturalness`), the mean over the",
