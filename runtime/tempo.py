@@ -11,6 +11,7 @@ compared are in docs/measurements/2026-12-06-tempo/README.md.
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 from typing import Any
 
@@ -35,7 +36,7 @@ _EMPTY = np.zeros(0, np.float32)
 
 def check_speed(speed: float) -> float:
     """`speed` as a float, or a ForgeError when it is not a number in [MIN_SPEED, MAX_SPEED]."""
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) \
+    if isinstance(speed, (bool, np.bool_)) or not isinstance(speed, numbers.Real) or not math.isfinite(speed) \
             or not MIN_SPEED <= speed <= MAX_SPEED:
         raise ForgeError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
     return float(speed)
