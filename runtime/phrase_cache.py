@@ -15,7 +15,8 @@ floats (at full size 800 bytes a code step, against 3 KB of GPT hidden states or
 float32 audio), and it keeps the cache independent of the waveform length arithmetic.
 
 An entry's key is the sha256 of (the artifact's payload hash, the normalised text before refinement,
-the knobs): the code prompt (speed), speaker string, speaker/text prompt samples, temperature(s),
+the knobs): the code prompt ([speed_N] and the other tags; the server's OpenAI `speed` is applied
+to the speed-1 waveform after, so not a knob), speaker string, speaker/text prompt samples, temperature(s),
 top-p, top-k, repetition penalty, max/min new tokens, ensure-non-empty, seed, Decoder-or-DVAE, and
 refinement: `false` (off), or every knob of it (prompt, sampling, token budget, seed). The whole
 request is recorded: an entry also holds the text the code stage spoke (`spoken`, the refined text,

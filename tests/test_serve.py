@@ -44,6 +44,7 @@ from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa:
 from chattts_forge.runtime.serve.app import ServeConfig, ServerState  # noqa: E402
 from chattts_forge.runtime.serve.formats import AAC_FRAME, FORMATS, to_int16  # noqa: E402
 from chattts_forge.runtime.serve.server import make_server  # noqa: E402
+from chattts_forge.runtime.tempo import stretch  # noqa: E402
 
 STEPS = 24  # the phrase cache's max_new_token (requests that want a hit send it: the cache sets no knob)
 PHRASES = ["请稍等", "Please hold on a moment."]
@@ -246,11 +247,28 @@ def test_sse_stream_and_speed_and_knobs(server: Running, version: Path, tmp_path
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert len(deltas) >= 1
     pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert events[-1]["usage"]["output_tokens"] == len(pcm) // 2  # the samples sent, after the tempo change
     echo = httpx.get(server.url + "/v1/voices").json()["voices"]["echo"]
+    # speed is a tempo change of the default-prompt synthesis, not ChatTTS's [speed_N] prompt
     ref = synth_wav(tmp_path, version, "fp32", TEXT, "--seed", "7", "--no-refine", "--temperature", "0.5",
-                    "--top-p", "0.8", "--top-k", "10", "--max-new-token", "30", "--prompt", "[speed_8]",
-                    stream=True, speaker=echo)
-    np.testing.assert_array_equal(np.frombuffer(pcm, "<i2"), to_int16(ref))
+                    "--top-p", "0.8", "--top-k", "10", "--max-new-token", "30", stream=True, speaker=echo)
+    np.testing.assert_array_equal(np.frombuffer(pcm, "<i2"), to_int16(stretch(ref, 1.6, 24000)))
+
+
+def test_speed_scales_the_duration_streamed_and_whole(server: Running) -> None:
+    body = {"model": "fp32", "input": TEXT, "voice": "alloy", "response_format": "wav", "seed": 5, **CACHE_KNOBS}
+    got = {}
+    for speed in (1.0, 2.0):
+        for stream in (True, False):
+            r = httpx.post(server.url + "/v1/audio/speech", json={**body, "speed": speed, "stream": stream},
+                           timeout=120)
+            assert r.status_code == 200, r.text
+            got[speed, stream] = decode(r.content, "wav")
+    for stream in (True, False):
+        assert len(got[2.0, stream]) == round(len(got[1.0, stream]) / 2)
+    # a stream is the whole waveform (to the synthesis' float tolerance), and so is its tempo change
+    assert len(got[2.0, True]) == len(got[2.0, False])
+    np.testing.assert_allclose(got[2.0, True], got[2.0, False], atol=2e-4)
 
 
 def test_models_health_and_routing(server: Running, version: Path) -> None:
@@ -404,6 +422,12 @@ def test_phrase_cache_hit_skips_the_gpt_and_other_knobs_are_misses(server: Runni
     variant = r.headers["x-forge-variant"]
     ref = synth_wav(tmp_path, version, variant, PHRASES[1], *DEFAULT_KNOBS)
     assert float(np.max(np.abs(decode(r.content, "wav") - ref))) <= 1e-4  # the miss's waveform
+    # speed is applied to the cached speed-1 waveform: still a hit
+    r = httpx.post(server.url + "/v1/audio/speech", timeout=60, json={"model": "tts-1", "input": PHRASES[1],
+                                                                      "response_format": "wav", "speed": 2.0,
+                                                                      **CACHE_KNOBS})
+    assert r.status_code == 200 and r.headers["x-forge-cached"] == "true"
+    assert len(decode(r.content, "wav")) == round(len(ref) / 2)
     # other knobs (seed): a miss, synthesized as usual
     r = httpx.post(server.url + "/v1/audio/speech", timeout=60,
                    json={"model": "tts-1", "input": PHRASES[1], "response_format": "wav", **CACHE_KNOBS, "seed": 5})

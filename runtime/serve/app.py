@@ -57,6 +57,7 @@ from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, enc
 from chattts_forge.runtime.serve.guard import Reservation
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
 from chattts_forge.runtime.serve.state import ServerState  # noqa: F401 - re-exported: callers import it here
+from chattts_forge.runtime.tempo import Stretcher, stretch
 from chattts_forge.runtime.textfront import InputError
 
 log = get_logger(__name__)
@@ -444,6 +445,7 @@ class _Handlers:
         from starlette.responses import Response
 
         sr = version.pipes[prep.variant].sample_rate
+        wav = stretch(wav, req.speed, sr)  # a cached waveform too: it is the speed-1 synthesis
         data = encode_whole(wav, sr, req.response_format)
         took = time.perf_counter() - t0
         if not cached:
@@ -469,12 +471,14 @@ class _Handlers:
         first_sent = False
         current = job.prep  # the segment being spoken
         try:
+            stretcher = Stretcher(req.speed, sr)  # in the try: a failure still releases the request
             chunk = first
             while chunk is not None:
-                data = enc.write(chunk)
-                samples += len(chunk)
+                out = stretcher.push(chunk)
+                data = enc.write(out)
+                samples += len(out)
                 if data:
-                    if not first_sent and len(chunk):
+                    if not first_sent and len(out):
                         metrics.first_audio.observe(time.perf_counter() - job.t0)
                         first_sent = True
                     yield _sse_delta(data) if sse else data
@@ -510,7 +514,9 @@ class _Handlers:
                     if sse:
                         yield _sse_error(str(e))
                     return
-            tail = enc.close()
+            rest = stretcher.flush()
+            samples += len(rest)
+            tail = enc.write(rest) + enc.close() if len(rest) else enc.close()
             if tail:
                 if not first_sent and samples:  # a buffered format (flac, mp3) sends its audio only now
                     metrics.first_audio.observe(time.perf_counter() - job.t0)

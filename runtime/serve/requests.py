@@ -5,8 +5,9 @@ with `{"error": {"message": ..., "type": "invalid_request_error", "param": field
 
 OpenAI `POST /v1/audio/speech` fields: `model` (str), `input` (str, 1..max_input_chars), `voice` (str
 or {"id": str}), `response_format` (wav|pcm|flac|mp3|opus|aac, default mp3 as OpenAI), `speed`
-(0.25..4.0, default 1.0; ChatTTS's `[speed_N]` with N = round(5 x speed) clipped to 0..9, so 1.0 is
-ChatTTS's default `[speed_5]`), `stream_format` (audio|sse), `instructions` (accepted, unused).
+(0.25..4.0, default 1.0: the duration divided by `speed`, pitch kept: the speed-1 synthesis
+time-scaled by runtime.tempo, so the code prompt stays the default (`[speed_5]`) and a phrase
+cache serves every speed), `stream_format` (audio|sse), `instructions` (accepted, unused).
 Extensions (the openai client's `extra_body`): `seed`, `temperature`, `top_p`, `top_k`,
 `repetition_penalty`, `max_new_token`, `min_new_token`, `stream_batch`, `refine` (bool, default
 true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool, default true:
@@ -22,7 +23,8 @@ ensure_non_empty, manual_seed), `params_refine_text` (RefineTextParams: prompt, 
 temperature, repetition_penalty, max_new_token, min_new_token, ensure_non_empty, manual_seed),
 `skip_refine_text` (default false, as ChatTTS and `synth`), `use_decoder`, `do_text_normalization`,
 `do_homophone_replacement`, `lang`, `response_format` (default wav), `stream`, `stream_format`,
-`deadline_s`. Knobs not given take `synth`'s defaults: `manual_seed` the server's `--seed` (0; a
+`deadline_s`; its speed is ChatTTS's own `[speed_N]` tag in `params_infer_code.prompt` (the model's
+pacing), its tempo never changed afterwards. Knobs not given take `synth`'s defaults: `manual_seed` the server's `--seed` (0; a
 seeded default makes a plain request reproducible and servable from a phrase cache warmed with the
 defaults), the refinement seed the code seed.
 
@@ -43,6 +45,7 @@ from chattts_forge.errors import BadInput, ForgeError, quote
 from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.serve.formats import FORMATS, check_encoder, check_format
+from chattts_forge.runtime.tempo import MAX_SPEED, MIN_SPEED
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")  # route by length, as the version itself
 STREAM_FORMATS = ("audio", "sse")
@@ -64,6 +67,7 @@ class SpeechRequest:
     stream_format: str
     stream: bool
     deadline_s: float | None
+    speed: float = 1.0  # OpenAI's speed: the reply is time-scaled by it (runtime.tempo) after synthesis
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -174,11 +178,6 @@ def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, 
     return fmt, sfmt, stream, deadline
 
 
-def speed_prompt(speed: float) -> str:
-    """OpenAI's speed (1.0 = normal) as ChatTTS's speed tag ([speed_5] = normal)."""
-    return f"[speed_{min(9, max(0, round(5 * speed)))}]"
-
-
 @dataclass(frozen=True)
 class _Knob:
     """One sampling knob: its field in InferCodeParams/RefineTextParams, its OpenAI `extra_body` name
@@ -248,14 +247,13 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     _get(body, "instructions", (str,), "a string")
     voice = _voice(body, "default")
     fmt, sfmt, stream, deadline = _common(body, "mp3")
-    speed = _number(body, "speed", 0.25, 4.0, 1.0)
+    speed = _number(body, "speed", MIN_SPEED, MAX_SPEED, 1.0)
     code = defaults.code
     seed = _integer(body, "seed", 0, _SEED_MAX, code.seed)
-    code = replace(code, prompt=speed_prompt(speed) if "speed" in body else code.prompt, seed=seed,
-                   **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE), code))
+    code = replace(code, seed=seed, **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE), code))
     refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
     params = replace(defaults, code=code, refine=refine, text_normalization=_flag(body, "normalize", True))
-    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
+    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline, speed)
 
 
 def _model(model: str | None) -> str | None:
