@@ -231,3 +231,16 @@ def test_wav_reply_is_what_the_reference_names(server: Running) -> None:
     with wave.open(io.BytesIO(data)) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
         assert w.getnframes() > 0
+
+
+def test_speed_scales_the_duration_over_the_reference_range(server: Running) -> None:
+    lo, hi, default = REFERENCE["speed"]
+    steps = {"max_new_token": 40, "min_new_token": 40}
+    for stream in (False, True):
+        base = len(speak(server, response_format="pcm", extra_body={"stream": stream, **steps}).content) // 2
+        assert len(speak(server, response_format="pcm", speed=default,
+                         extra_body={"stream": stream, **steps}).content) // 2 == base
+        for speed in (lo, 0.5, 2.0, hi):
+            got = len(speak(server, response_format="pcm", speed=speed,
+                            extra_body={"stream": stream, **steps}).content) // 2
+            assert abs(got / (base / speed) - 1) <= 0.03, (stream, speed, got, base)
