@@ -176,6 +176,9 @@ class ArtifactMeta:
     toolchain: dict[str, Any] | None = None
     created_at: str | None = None
     fidelity: dict[str, Any] | None = None
+    # The measured stream look-ahead (runtime.stream_lookahead); absent from artifacts made before it,
+    # which stream exactly.
+    streaming: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Key order of the loaded document (empty for a fresh one); where: the file, for messages.
     key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -217,6 +220,7 @@ class ArtifactMeta:
         for name, entry in comps.items():
             check_component_record(entry, f"{where}: components.{name}")
         check_files_section(doc.get("files"), where)
+        check_streaming_section(doc.get("streaming"), where)
         # A key the document lacks stays absent when it is written again (name has a default).
         values = {"name": None} | {k: v for k, v in doc.items() if k in known}
         extra = {k: v for k, v in doc.items() if k not in known}
@@ -283,6 +287,11 @@ class ArtifactMeta:
         no symbolic link out; else a one-line ForgeError naming artifact.json and the key)."""
         return resolve_inside(folder, self.support_file(key), file=self.where, field=f"files.{key}")
 
+    def stream_lookahead(self) -> int | None:
+        """The recorded stream look-ahead in mel frames (`streaming.lookahead_frames`); None when the
+        artifact records none (it streams exactly)."""
+        return None if self.streaming is None else self.streaming["lookahead_frames"]
+
     def require_dims(self) -> Dims:
         """The checkpoint dimensions (`dims`), which the runtime needs."""
         try:
@@ -347,6 +356,15 @@ def check_files_section(files: Any, where: str) -> None:
         if not isinstance(value, dict) or not isinstance(value.get("file"), str):
             raise ForgeError(f"{where}: files.{key} must be a file record {{file, bytes, sha256}} or a file name string")
         _check_size_and_hash(value, f"{where}: files.{key}")
+
+
+def check_streaming_section(streaming: Any, where: str) -> None:
+    """`streaming`: its `lookahead_frames` (what the runtime reads) is a whole number of mel frames >= 0."""
+    if streaming is None:
+        return
+    frames = streaming.get("lookahead_frames") if isinstance(streaming, dict) else None
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
+        raise ForgeError(f"{where}: streaming.lookahead_frames must be a whole number of mel frames >= 0, got {frames!r}")
 
 
 def _document_keys() -> tuple[str, ...]:

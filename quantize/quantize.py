@@ -39,6 +39,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
+from chattts_forge.gate import stream_threshold_db
 from chattts_forge.graph_storage import write_component
 from chattts_forge.integrity import PUBLISHED_NAMES, verify_files
 from chattts_forge.log import get_logger
@@ -61,6 +62,7 @@ from chattts_forge.quantize.fidelity import (
     summary_line,
 )
 from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
+from chattts_forge.runtime.stream_lookahead import record_lookahead
 
 log = get_logger(__name__)
 
@@ -257,6 +259,10 @@ def start_meta(meta: ArtifactMeta, src: Path, out: Path) -> ArtifactMeta:
     """The output's artifact.json before quantizing: the source's, without its fast GPT graph."""
     qmeta = copy.deepcopy(meta)
     qmeta.components.pop(FAST_GPT, None)
+    # the source's look-ahead describes its own Decoder: this one's is measured when it is written, and
+    # recorded last (after `fidelity`)
+    qmeta.streaming = None
+    qmeta.key_order = tuple(k for k in qmeta.key_order if k != "streaming")
     if (qmeta.source or {}).get("asset_dir"):  # recorded relative to the FP32 folder: rebase
         qmeta.source["asset_dir"] = portable_path(recorded_path(meta.source["asset_dir"], src), out)
     return qmeta
@@ -364,6 +370,7 @@ def quantize_artifact(artifact_dir: str | os.PathLike[str], out_dir: str | os.Pa
         outcome.decoder = decoder_record
         finish_meta(qmeta, out, tmp, quantizer, outcome, copied)
         qmeta.write(tmp)
+        record_lookahead(tmp, qmeta, threshold_db=stream_threshold_db(), threads=config.threads)
     sizes = qmeta.quantization["sizes"]
     log.info("%s artifact written to %s in %.0f s (gpt %.1f MB = %.0f%% of FP32)", method.variant, out,
              time.time() - started, sizes["gpt_bytes"] / 1e6, 100 * sizes["gpt_bytes"] / sizes["gpt_fp32_bytes"])

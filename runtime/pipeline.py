@@ -70,7 +70,13 @@ from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_
 from chattts_forge.runtime.sampling import SamplingConfig
 from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
 from chattts_forge.runtime.session import Artifact, GptStepLike
-from chattts_forge.runtime.stream_decode import StreamDecoder, decoder_radius, vocos_radius
+from chattts_forge.runtime.stream_decode import (
+    StreamDecoder,
+    StreamLookahead,
+    decoder_radius,
+    resolve_lookahead,
+    vocos_radius,
+)
 from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
     SPLIT_TEXT_FACTOR,
     TEXT_CHARS_PER_POSITION,
@@ -410,6 +416,18 @@ class Pipeline:
     def vocos_radius(self) -> int:
         """Mel frames on each side that one output sample of Vocos depends on (backbone + ISTFT)."""
         return vocos_radius(self.dims, self.hop)
+
+    @property
+    def default_lookahead(self) -> int | None:
+        """The look-ahead synth, serve and bench stream at unless told otherwise: the artifact's recorded
+        one (artifact.json `streaming`, runtime.stream_lookahead), None (exact) when it records none.
+        `stream(lookahead_frames=None)` itself stays exact; `resolve_lookahead` maps a request onto this."""
+        return self.artifact.meta.stream_lookahead()
+
+    def resolve_lookahead(self, requested: StreamLookahead = None) -> int | None:
+        """`lookahead_frames` for a request's stream: None asked -> `default_lookahead`; "exact" -> None
+        (the receptive field); a number -> that many mel frames."""
+        return resolve_lookahead(requested, self.default_lookahead)
 
     # ---- whole texts ----------------------------------------------------------------------
 

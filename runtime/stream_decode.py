@@ -8,7 +8,10 @@ convolutions over different lengths, ~1e-6). That right context is what bounds f
 `decoder_radius + vocos_radius` mel frames (55 code steps at full size). `lookahead_frames` trades
 exactness for latency: samples are emitted once that many mel frames of right context exist, so the
 few frames before each chunk boundary are decoded with a truncated right edge (a low-latency mode,
-like ChatTTS's own streaming, which is not exact either).
+like ChatTTS's own streaming, which is not exact either). An artifact records the shortest look-ahead
+whose seams it measured clean (artifact.json `streaming`, runtime.stream_lookahead); synth, serve and
+bench stream at it unless told `exact` (`resolve_lookahead`), while `Pipeline.stream` and
+`StreamDecoder` take None as the exact stream.
 """
 
 from __future__ import annotations
@@ -30,6 +33,36 @@ _DVAE_DILATION = 2
 _VOCOS_KERNEL = 7
 # Extra frames of context beyond the computed receptive fields (costs a little compute only).
 _SAFETY_FRAMES = 2
+# A requested look-ahead: this word for the exact (receptive-field) stream, a number of mel frames, or
+# None for the artifact's recorded default (`resolve_lookahead`).
+EXACT_LOOKAHEAD = "exact"
+StreamLookahead = int | str | None
+
+
+def parse_stream_lookahead(value: object, what: str = "stream lookahead") -> int | str:
+    """A look-ahead as a user gives it ("exact" or a whole number of mel frames >= 0, as text or int);
+    anything else is a one-line ForgeError naming `what`."""
+    if isinstance(value, str) and value.strip().lower() == EXACT_LOOKAHEAD:
+        return EXACT_LOOKAHEAD
+    if isinstance(value, bool):
+        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, "
+                             f"got {value!r}") from None
+    if not isinstance(value, int) or value < 0:
+        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, got {value!r}")
+    return value
+
+
+def resolve_lookahead(requested: StreamLookahead, default: int | None) -> int | None:
+    """The `lookahead_frames` a StreamDecoder takes for a request: `default` (the artifact's recorded
+    look-ahead; None when it has none) when nothing was asked, None (exact) for "exact", else the frames."""
+    if requested is None:
+        return default
+    return None if requested == EXACT_LOOKAHEAD else parse_stream_lookahead(requested)  # type: ignore[return-value]
 
 
 def decoder_radius(dims: Dims) -> int:

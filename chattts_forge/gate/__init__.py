@@ -226,6 +226,17 @@ def fidelity_rules(gate: dict[str, Any]) -> list[list[Any]]:
     return rules
 
 
+def stream_threshold_db(gate: dict[str, Any] | None = None) -> float:
+    """The gate's `min_stream_snr_db` (the shipped gate's when `gate` is None, or when the gate has no such
+    rule): the seam threshold a recorded stream look-ahead is chosen against (runtime.stream_lookahead)."""
+    for g in (gate, None) if gate is not None else (None,):
+        rules = (g or load_gate(None))["rules"]
+        found = [t for _, rule, metric, t in rules if rule == "min" and metric == "stream_snr_db"]
+        if found:
+            return found[0]
+    raise ForgeError(f"gate file {DEFAULT_GATE} has no min_stream_snr_db")
+
+
 def intelligibility_waivers(metrics: dict[str, float | None], synthetic: bool, reasons: dict[str, str] | None = None,
                             unmeasured: str = "not applicable") -> dict[str, str]:
     """The WER/CER waivers: all four on a synthetic checkpoint (random weights make noise for any ASR);
