@@ -295,6 +295,11 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     for key in ("stream_snr_db", "stream_lookahead_snr_db"):
         if m[key] is None:
             why[key] = (report.get("streaming") or {}).get("reason") or "stream seams were not measured"
+    from chattts_forge.evaluate.seams import recorded_lookahead_snr_db
+
+    m["stream_recorded_lookahead_snr_db"], recorded_why = recorded_lookahead_snr_db(report.get("streaming"))
+    if recorded_why is not None:
+        why["stream_recorded_lookahead_snr_db"] = recorded_why
     return m, why
 
 
@@ -355,7 +360,8 @@ class EvaluateConfig:
     times. `ray_shard_hook(kind, shard)` runs in the worker before each shard (tests kill it there).
     `listen_sentences`: sentences whose audio (MP3) and mel spectrograms are written beside the report
     for the version page; `seam_sentences`: sentences streamed to measure stream seams, default chunking
-    and with `seam_lookahead` mel frames of right context (default `seams.DEFAULT_LOOKAHEAD_FRAMES`);
+    and with `seam_lookahead` mel frames of right context (default: the artifact's recorded look-ahead, else
+    `seams.DEFAULT_LOOKAHEAD_FRAMES`; an override still measures the recorded one, which the gate judges);
     `clone_reference`: a recording to clone (its transcript `clone_transcript`, optional): SIM of the
     artifact's cloned output to it is the ``clone_similarity`` metric.
     `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
@@ -596,11 +602,10 @@ def _hear(j: Judged, cfg: EvaluateConfig, art_waves: Waves, ref_waves: Waves) ->
     speaker = listening.speaker_section(art_waves, ref_waves, texts, synthetic=j.synthetic, clone=clone)
     naturalness = listening.naturalness_section(art_waves, ref_waves, texts, synthetic=j.synthetic, threads=cfg.threads)
     log.info("measuring stream seams on %d sentence(s)", min(cfg.seam_sentences, len(j.sentences)))
-    lookahead = seams.DEFAULT_LOOKAHEAD_FRAMES if cfg.seam_lookahead is None else cfg.seam_lookahead
     with quiet_logger(enabled=j.synthetic):
         streaming = seams.measure_seams(j.artifact, j.sentences[:cfg.seam_sentences], max_new_token=cfg.max_new_token,
                                         seed=cfg.seed, threads=cfg.threads, provider=j.provider,
-                                        lookahead_frames=lookahead)
+                                        lookahead_frames=cfg.seam_lookahead)
     listen, files = listening.listen_files(art_waves, ref_waves, texts, str(j.art_desc["variant"]),
                                            cfg.listen_sentences)
     return {"speaker": speaker, "naturalness": naturalness, "streaming": streaming, "listen": listen, "files": files}
@@ -651,6 +656,11 @@ def waivers(j: Judged, metrics: dict[str, float | None], reasons: dict[str, str]
     waived = intelligibility_waivers(metrics, j.synthetic, reasons)
     if j.synthetic:
         waived.update(dict.fromkeys(HEARING_METRICS, SYNTHETIC_REASON))
+    from chattts_forge.evaluate.seams import NO_RECORDED_LOOKAHEAD
+
+    if metrics.get("stream_recorded_lookahead_snr_db") is None and reasons.get(
+            "stream_recorded_lookahead_snr_db") == NO_RECORDED_LOOKAHEAD:
+        waived["stream_recorded_lookahead_snr_db"] = NO_RECORDED_LOOKAHEAD  # older artifacts stream exactly
     if j.tiny:
         # A tiny model's step takes well under a millisecond: its timings are Python and onnxruntime
         # call overhead, so a ratio between two of them is machine noise, not a property of the variant.

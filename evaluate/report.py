@@ -156,7 +156,8 @@ def _hearing_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"- DNSMOS: not measured ({nat.get('reason')})")
     if streaming and streaming.get("measured"):
         for mode, rec in streaming["modes"].items():
-            lines.append(f"- stream seams, {mode} ({rec['lookahead_frames']} mel frames of right context, "
+            source = f", {rec['source']}" if rec.get("source") not in (None, "exact") else ""
+            lines.append(f"- stream seams, {mode} ({rec['lookahead_frames']} mel frames of right context{source}, "
                          f"{streaming['stream_batch']} steps per chunk): worst SNR {_f(rec['snr_db_min'])} dB, "
                          f"max abs difference {_f(rec['max_abs_diff'])}, click energy at chunk edges "
                          f"{_f(rec['click_db_max'])} dB")

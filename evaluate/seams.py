@@ -9,7 +9,10 @@ speaker and seed, so the same codes) in two modes:
 - ``default``: the runtime's default chunking (`stream_batch` steps per chunk, the exact right
   context: the concatenated stream should equal the whole waveform up to float rounding);
 - ``lookahead``: the same with `lookahead_frames` mel frames of right context (`synth
-  --stream-lookahead N`: starts sooner, inexact at the chunk edges by design).
+  --stream-lookahead N`: starts sooner, inexact at the chunk edges by design): the artifact's recorded
+  look-ahead (artifact.json `streaming`, what synth, serve and bench stream at by default) when it has
+  one, else `DEFAULT_LOOKAHEAD_FRAMES`; `evaluate --seam-lookahead N` overrides it, and the recorded one
+  is then measured too, as mode ``recorded``, so the gate still judges what users get.
 
 Per sentence and mode it records the maximum absolute difference, the SNR of the streamed audio
 against the whole-text audio (capped at `SNR_CEILING_DB`: identical audio would be +inf, which
@@ -17,12 +20,16 @@ strict JSON cannot hold), and a click detector: the energy of the high-passed di
 `CLICK_WINDOW_MS` window around each chunk edge, in dB relative to the high-passed whole-text
 signal's mean energy (``click_db``; `FLOOR_DB` when there is no difference), and relative to the
 high-passed difference away from the edges (``edge_over_rest_db``: > 0 means the error sits at the
-seams). The gate reads ``stream_snr_db``: the worst sentence's SNR at the default chunking.
+seams). The gate reads ``stream_snr_db``: the worst sentence's SNR at the default chunking, and
+``stream_recorded_lookahead_snr_db``: the worst at the recorded look-ahead (`recorded_lookahead_snr_db`).
 
 Report section ``streaming``::
 
-    {"measured": true, "stream_batch", "definition", "modes": {"default"|"lookahead":
-        {"lookahead_frames", "sentences": [{"id", "text", "samples", "length_difference", "chunks",
+    {"measured": true, "stream_batch", "definition", "recorded_lookahead_frames" (null: none recorded),
+     "recorded" (artifact.json's `streaming` record with its curve, or null),
+     "modes": {"default"|"lookahead"|"recorded" (only with an override):
+        {"lookahead_frames", "source" ("exact"|"recorded"|"option"|"fixed"),
+         "sentences": [{"id", "text", "samples", "length_difference", "chunks",
          "edges", "max_abs_diff", "snr_db", "click_db", "edge_over_rest_db"}],
          "snr_db_min", "snr_db_mean", "max_abs_diff", "click_db_max"}}}
 """
@@ -35,10 +42,12 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.stream_lookahead import SNR_CEILING_DB, snr_db
+
+__all__ = ["SNR_CEILING_DB", "snr_db", "measure_seams", "compare_stream", "recorded_lookahead_snr_db"]
 
 log = get_logger(__name__)
 
-SNR_CEILING_DB = 150.0  # float32 audio identical to rounding; stands for +inf
 FLOOR_DB = -150.0  # no difference at all at the edges
 CLICK_WINDOW_MS = 5.0  # each side of a chunk edge
 DEFAULT_LOOKAHEAD_FRAMES = 2  # mel frames of right context in the low-latency mode
@@ -55,16 +64,6 @@ def _db(num: float, den: float, lo: float = FLOOR_DB, hi: float = SNR_CEILING_DB
     if den <= 0:
         return hi
     return float(np.clip(10 * np.log10(num / den), lo, hi))
-
-
-def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
-    """SNR of `test` against `reference` (same length), capped at SNR_CEILING_DB."""
-    ref = np.asarray(reference, dtype=np.float64)
-    noise = float(np.sum((ref - np.asarray(test, dtype=np.float64)) ** 2))
-    signal = float(np.sum(ref**2))
-    if noise == 0:
-        return SNR_CEILING_DB
-    return _db(signal, noise)
 
 
 def high_pass(x: np.ndarray) -> np.ndarray:
@@ -112,14 +111,25 @@ def measure_seams(
     threads: int | None = 2,
     provider: str = "cpu",
     stream_batch: int = 24,
-    lookahead_frames: int = DEFAULT_LOOKAHEAD_FRAMES,
+    lookahead_frames: int | None = None,
 ) -> dict[str, Any]:
-    """The report's ``streaming`` section for `artifact` on `sentences` (see module docstring)."""
+    """The report's ``streaming`` section for `artifact` on `sentences` (see module docstring).
+    `lookahead_frames`: the lookahead mode's frames (None: the recorded look-ahead, else the fixed one)."""
     from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 
     pipe = Pipeline(Path(artifact), threads=threads, provider=provider)
     exact = pipe.decoder_radius + pipe.vocos_radius
-    modes: dict[str, int | None] = {"default": None, "lookahead": min(lookahead_frames, exact)}
+    recorded = pipe.default_lookahead
+    if lookahead_frames is not None:
+        chosen, source = lookahead_frames, "option"
+    elif recorded is not None:
+        chosen, source = recorded, "recorded"
+    else:
+        chosen, source = DEFAULT_LOOKAHEAD_FRAMES, "fixed"
+    modes: dict[str, int | None] = {"default": None, "lookahead": min(chosen, exact)}
+    sources = {"default": "exact", "lookahead": source}
+    if source == "option" and recorded is not None:  # the gate judges the recorded one, as users get it
+        modes["recorded"], sources["recorded"] = min(recorded, exact), "recorded"
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i, text in enumerate(sentences):
         params = SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(seed + i), seed=seed + i,
@@ -129,12 +139,15 @@ def measure_seams(
             chunks = [c[0] for c in pipe.stream([text], params, stream_batch=stream_batch, lookahead_frames=lookahead)]
             rows[mode].append({"id": f"{i + 1:03d}", "text": text,
                                **compare_stream(whole.wav, chunks, whole.sample_rate)})
-    out: dict[str, Any] = {"measured": True, "stream_batch": stream_batch, "definition": DEFINITION, "modes": {}}
+    out: dict[str, Any] = {"measured": True, "stream_batch": stream_batch, "definition": DEFINITION,
+                           "recorded_lookahead_frames": recorded, "recorded": pipe.artifact.meta.streaming,
+                           "modes": {}}
     for mode, lookahead in modes.items():
         r = rows[mode]
         snrs = [x["snr_db"] for x in r]
         out["modes"][mode] = {
             "lookahead_frames": exact if lookahead is None else lookahead,
+            "source": sources[mode],
             "sentences": r,
             "snr_db_min": min(snrs) if snrs else None,
             "snr_db_mean": float(np.mean(snrs)) if snrs else None,
@@ -145,3 +158,21 @@ def measure_seams(
                  out["modes"][mode]["lookahead_frames"], out["modes"][mode]["snr_db_min"] or 0.0,
                  out["modes"][mode]["max_abs_diff"] or 0.0)
     return out
+
+
+def recorded_lookahead_snr_db(streaming: dict[str, Any] | None) -> tuple[float | None, str | None]:
+    """The worst SNR at the artifact's recorded look-ahead in a ``streaming`` section, or (None, why)
+    when it records none (it streams exactly: ``stream_snr_db`` judges that) or seams were not measured."""
+    streaming = streaming or {}
+    if not streaming.get("measured"):
+        return None, streaming.get("reason") or "stream seams were not measured"
+    if streaming.get("recorded_lookahead_frames") is None:
+        return None, NO_RECORDED_LOOKAHEAD
+    for rec in (streaming.get("modes") or {}).values():
+        if rec.get("source") == "recorded":
+            return rec.get("snr_db_min"), None
+    return None, "the recorded look-ahead was not streamed"
+
+
+NO_RECORDED_LOOKAHEAD = ("the artifact records no stream look-ahead (artifact.json `streaming`): it streams exactly "
+                         "by default, which stream_snr_db judges")

@@ -253,6 +253,28 @@ def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
     return sorted(front, key=lambda v: (points[v][0], v))
 
 
+def _lookahead(entries: list[VariantEntry]) -> str:
+    """Per variant: the stream look-ahead its artifact.json records (what synth, serve and bench stream at),
+    its SNR on the held-out sentences with the gate's verdict, and the curve it was chosen on."""
+    rows = []
+    for e in entries:
+        streaming = (e.report or {}).get("streaming") or {}
+        record = streaming.get("recorded")
+        if not record:
+            text = "-" if not e.report else "none recorded: streams exactly"
+            rows.append(f"<tr><th>{html.escape(e.variant)}</th><td colspan='3'>{text}</td></tr>")
+            continue
+        curve = " &middot; ".join(f"{p['lookahead_frames']}: {_fmt(p['snr_db_min'], '.1f')}" for p in record["curve"])
+        chosen = (f"{record['lookahead_frames']} of {record['exact_frames']} mel frames (worst SNR &ge; "
+                  f"{_fmt(record['threshold_db'], 'g')} + {_fmt(record['margin_db'], 'g')} dB on "
+                  f"{record['sentences']} fixed sentences)")
+        held_out = _cell(e.report, ("", "stream_recorded_lookahead_snr_db", ("stream_recorded_lookahead_snr_db",),
+                                    None, ".1f"))
+        rows.append(f"<tr><th>{html.escape(e.variant)}</th><td>{chosen}</td>{held_out}<td>{curve}</td></tr>")
+    return ("<table class='lookahead'><tr><th>variant</th><th>recorded look-ahead</th><th>held-out SNR dB</th>"
+            f"<th>curve: look-ahead frames: worst SNR dB</th></tr>{''.join(rows)}</table>")
+
+
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
@@ -415,6 +437,11 @@ td.fail{{background:#ffebe9}} td.pass{{background:#dafbe1}} td.waived{{backgroun
 (hover for the check). SIM: speaker similarity to FP32's audio of the same sentence; stream SNR: streamed against
 whole-text audio at the default chunking (worst sentence).</p>
 {_table(entries)}
+<h2>Stream look-ahead</h2>
+<p>The mel frames of right context each variant streams at by default (`--stream-lookahead exact` waits for the
+whole receptive field), measured where its Decoder/Vocos stack was made, and its worst streamed-against-whole SNR
+on the held-out sentences, which the gate judges.</p>
+{_lookahead(entries)}
 <h2>Since the previous version</h2>
 <p>Each variant against the same variant of the previous published version (paired per held-out sentence, 95%
 bootstrap interval; a change worse than the gate's [regression] tolerance over its whole interval is a regression).</p>

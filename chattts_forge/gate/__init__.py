@@ -83,6 +83,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "ovrl_drop": ("DNSMOS OVRL of the FP32 audio minus the artifact's, mean over sentences", "MOS"),
     "stream_snr_db": ("streamed vs whole-text audio SNR at the default chunking, worst sentence", "dB"),
     "stream_lookahead_snr_db": ("streamed vs whole-text audio SNR with the stream lookahead, worst sentence", "dB"),
+    "stream_recorded_lookahead_snr_db": ("streamed vs whole-text audio SNR at the artifact's recorded look-ahead "
+                                         "(its default stream), worst held-out sentence", "dB"),
 }
 # The metrics a fidelity record gives (`artifact.Fidelity.gate_metrics`), in its order: what
 # `quantize --method auto` searches against.
