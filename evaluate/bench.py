@@ -143,8 +143,8 @@ class BenchConfig:
 
     `baseline`: "pytorch" also runs ChatTTS's PyTorch FP32 on `checkpoint` (default: the artifact's
     recorded source folder), on the torch device `baseline_device` (cpu, cuda); `stream_lookahead`: mel
-    frames of right context the runtime's stream waits for before emitting (None: the exact stream;
-    see `Pipeline.stream`); `provider`: the runtime's onnxruntime provider (cpu, cuda, auto: see
+    frames of right context the runtime's stream waits for before emitting ("exact": the receptive field;
+    None: the artifact's recorded look-ahead, exact when it has none; see `Pipeline.resolve_lookahead`); `provider`: the runtime's onnxruntime provider (cpu, cuda, auto: see
     runtime.providers)."""
 
     baseline: str | None = None
@@ -157,7 +157,7 @@ class BenchConfig:
     engine: str = "auto"
     text: str = DEFAULT_TEXT
     first_audio: bool = True
-    stream_lookahead: int | None = None
+    stream_lookahead: int | str | None = None
     provider: str = "cpu"
     baseline_device: str = "cpu"
 

@@ -12,6 +12,8 @@ import click
 
 from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.cli import StreamLookaheadParam
+from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP
 
 # Options (parameter names) of the load benchmark alone, refused without --load.
 LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "url")
@@ -55,9 +57,9 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--no-first-audio", is_flag=True, help="Skip the streaming first-audio measurement.")
 @click.option(
     "--stream-lookahead",
-    type=click.IntRange(min=0),
+    type=StreamLookaheadParam(),
     default=None,
-    help="Mel frames of right context the runtime's stream waits for (default: exact streaming).",
+    help=STREAM_LOOKAHEAD_HELP,
 )
 @click.option(
     "--baseline-device",

@@ -411,7 +411,7 @@ class LoadBenchConfig:
     baseline_requests: int = 4
     threads: int = 2
     seed: int = 0
-    stream_lookahead: int | None = None
+    stream_lookahead: int | str | None = None  # "exact", mel frames, or None: the artifact's recorded one
     phrase_cache_hit_ratio: float | None = None
     phrase_cache: str | os.PathLike[str] | None = None
     decode_overlap: bool | None = None
@@ -521,7 +521,8 @@ def _run_level(cfg: LoadBenchConfig, pipe: Pipeline, plan: list[LoadRequest], c:
     say(f"concurrency {c}: {cfg.requests} requests ({cfg.arrival} arrival)" + (" in-process" if cfg.url else ""))
     cpu0 = time.process_time()
     with quiet_logger():  # every request ends at its max_new_token on purpose
-        outcomes, wall, steps = replay(pipe, plan, c, cfg.arrivals, cfg.stream_lookahead, pcache, overlap)
+        outcomes, wall, steps = replay(pipe, plan, c, cfg.arrivals, pipe.resolve_lookahead(cfg.stream_lookahead),
+                                       pcache, overlap)
     summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
     summary["cpu_s"] = time.process_time() - cpu0
     if http is not None:
@@ -541,7 +542,7 @@ def _report(cfg: LoadBenchConfig, pipe: Pipeline, art: Path, plan: list[LoadRequ
                      "kv_cache": (meta.components.get(FAST_GPT) or {}).get("kv_cache", {}).get("dtype", "float32")},
         "settings": {"concurrency": cfg.levels, "requests": cfg.requests, "arrival": cfg.arrival, "rate": cfg.rate,
                      "corpus": cfg.corpus, "url": cfg.url,
-                     "seed": cfg.seed, "threads": cfg.threads, "stream_lookahead_frames": cfg.stream_lookahead,
+                     "seed": cfg.seed, "threads": cfg.threads, "stream_lookahead_frames": pipe.resolve_lookahead(cfg.stream_lookahead),
                      "lengths": "EOS masked up to speech_steps(text), then ended",
                      "request_steps": [r.steps for r in plan],
                      "phrase_cache_hit_ratio": cfg.phrase_cache_hit_ratio,

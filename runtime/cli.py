@@ -10,6 +10,20 @@ import click
 
 from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN, CODE_PROMPT
 from chattts_forge.cli_options import provider_option, sampling_options
+from chattts_forge.errors import ForgeError
+from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
+
+
+class StreamLookaheadParam(click.ParamType):
+    """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 0."""
+
+    name = "exact|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        try:
+            return parse_stream_lookahead(value, "--stream-lookahead")
+        except ForgeError as e:
+            self.fail(str(e), param, ctx)
 
 
 @click.command("synth")
@@ -90,10 +104,9 @@ from chattts_forge.cli_options import provider_option, sampling_options
 @click.option("--stream-batch", type=int, default=24, show_default=True, help="Steps between stream chunks.")
 @click.option(
     "--stream-lookahead",
-    type=click.IntRange(min=0),
+    type=StreamLookaheadParam(),
     default=None,
-    help="Mel frames of right context to wait for before emitting audio (default: all the Decoder and "
-    "Vocos need, so the stream equals the whole waveform; less starts sooner, inexact at chunk edges).",
+    help=STREAM_LOOKAHEAD_HELP,
 )
 @click.option(
     "--split-sentences", is_flag=True, help="Split each text into sentences like ChatTTS and join the audio."

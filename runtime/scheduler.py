@@ -69,7 +69,7 @@ from chattts_forge.runtime.generation import position_ids
 from chattts_forge.runtime.params import SynthParams, check_synth_params
 from chattts_forge.runtime.pipeline import Pipeline, Result
 from chattts_forge.runtime.sampling import Sampler, process_logits
-from chattts_forge.runtime.stream_decode import StreamDecoder
+from chattts_forge.runtime.stream_decode import StreamDecoder, StreamLookahead, resolve_lookahead
 from chattts_forge.runtime.textfront import check_text_length
 
 log = get_logger(__name__)
@@ -88,10 +88,11 @@ class SchedulerClosedError(Unavailable):
 class Handle:
     """One request: its audio chunks as they become final, its result, its cancellation."""
 
-    def __init__(self, request_id: int, text: str, normalized: bool = False) -> None:
+    def __init__(self, request_id: int, text: str, normalized: bool = False, lookahead_frames: int | None = None) -> None:
         self.id = request_id
         self.text = text
         self.normalized = normalized  # the caller normalised (or refined) `text`: used as it is
+        self.lookahead_frames = lookahead_frames  # mel frames its stream waits for (None: exact)
         self.submitted = time.perf_counter()
         self.first_audio: float | None = None  # seconds from submit to the first non-empty chunk
         self.finished: float | None = None  # seconds from submit to the end
@@ -294,6 +295,7 @@ class Scheduler:
         # the largest batch served. While `release_free_rows()` says so (a server near its memory
         # limit), every free row gives its pages back when a request leaves (serve.guard).
         self.release_free_rows = release_free_rows
+        # the look-ahead of requests that ask none (None: exact; the server passes the artifact's recorded one)
         self.lookahead_frames = lookahead_frames
         self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
         # Bounded: a slow decoder holds the GPT loop back instead of queueing work without end.
@@ -317,18 +319,21 @@ class Scheduler:
 
     # ---- submission -------------------------------------------------------------------------
 
-    def submit(self, text: str, params: SynthParams | None = None, normalized: bool = False) -> Handle:
+    def submit(self, text: str, params: SynthParams | None = None, normalized: bool = False,
+               lookahead: StreamLookahead = None) -> Handle:
         """Queue a request; ForgeError when the scheduler is closed, QueueFullError when `max_queue`
         requests wait, and for parameters of a wrong type or out of range (`check_request`), before
-        anything is queued. `normalized`: `text` is already normalised (or refined) by the caller."""
+        anything is queued. `normalized`: `text` is already normalised (or refined) by the caller.
+        `lookahead`: this request's stream look-ahead ("exact" or mel frames; None: the scheduler's)."""
         params = params or SynthParams()
         check_request(self.pipe, text, params)
+        frames = resolve_lookahead(lookahead, self.lookahead_frames)
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is closed")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"scheduler queue is full ({self.max_queue} requests waiting); retry later")
-            handle = Handle(self._next_id, text, normalized)
+            handle = Handle(self._next_id, text, normalized, frames)
             self._next_id += 1
             self._waiting.append((handle, params))
             self._wake.notify()
@@ -446,7 +451,7 @@ class Scheduler:
             handle=handle, params=params, text=text, sampler=Sampler(cfg, pipe.num_vq, 1, code.seed), cfg=cfg,
             tokens=np.zeros((code.max_new_token, pipe.num_vq), dtype=np.int64),
             hiddens=np.zeros((code.max_new_token, pipe.dims.hidden_size), dtype=np.float32),
-            decoder=StreamDecoder(pipe, params.use_decoder, self.lookahead_frames), length=prompt,
+            decoder=StreamDecoder(pipe, params.use_decoder, handle.lookahead_frames), length=prompt,
         )
         act.hiddens[0] = hidden[0]
         return act

@@ -57,6 +57,12 @@ def parse_stream_lookahead(value: object, what: str = "stream lookahead") -> int
     return value
 
 
+STREAM_LOOKAHEAD_HELP = ("Mel frames of right context to wait for before emitting audio: 'exact' (all the Decoder "
+                         "and Vocos need, so the stream equals the whole waveform) or N (fewer start sooner, inexact "
+                         "at chunk edges). Default: the look-ahead the artifact records (artifact.json `streaming`), "
+                         "exact for artifacts without one.")
+
+
 def resolve_lookahead(requested: StreamLookahead, default: int | None) -> int | None:
     """The `lookahead_frames` a StreamDecoder takes for a request: `default` (the artifact's recorded
     look-ahead; None when it has none) when nothing was asked, None (exact) for "exact", else the frames."""

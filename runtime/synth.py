@@ -62,7 +62,7 @@ class SynthConfig(CodeKnobs):
     codes_out: Path | None = None
     stream: bool = False
     stream_batch: int = chattts_defaults.STREAM_BATCH
-    stream_lookahead: int | None = None
+    stream_lookahead: int | str | None = None  # "exact", mel frames, or None: the artifact's recorded one
     split_sentences: bool = False
     text_normalization: bool = True
     batch_size: int = 8
@@ -355,7 +355,8 @@ def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params:
             group = writers[start : start + batch_size]
             done = lambda gen: codes.extend(gen.ids)  # noqa: E731
             for chunk in pipe.stream(
-                texts[start : start + batch_size], params, on_done=done, lookahead_frames=cfg.stream_lookahead
+                texts[start : start + batch_size], params, on_done=done,
+                lookahead_frames=pipe.resolve_lookahead(cfg.stream_lookahead)
             ):
                 chunks += 1
                 for w, c in zip(group, chunk, strict=True):

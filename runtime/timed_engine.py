@@ -43,7 +43,7 @@ class TimedGpt:
 class OnnxEngine:
     """The artifact's runtime (`Pipeline`) with its GPT step timed. `engine`: the runtime's GPT
     engine choice (auto | fast | plain, see `runtime.pipeline.ENGINES`); `stream_lookahead`: mel
-    frames of right context the stream waits for (None: the exact stream)."""
+    frames of right context the stream waits for ("exact"; None: the artifact's recorded look-ahead)."""
 
     name = "onnx"
 
@@ -52,7 +52,7 @@ class OnnxEngine:
         artifact: str | os.PathLike[str],
         threads: int | None,
         engine: str = "auto",
-        stream_lookahead: int | None = None,
+        stream_lookahead: int | str | None = None,
         provider: str = "cpu",
     ) -> None:
         from chattts_forge.runtime import Pipeline
@@ -63,7 +63,8 @@ class OnnxEngine:
         self.pipe.gpt = self.timed
         self.load_seconds = time.perf_counter() - t0
         self.gpt_engine = self.pipe.engine
-        self.stream_lookahead = stream_lookahead
+        # the look-ahead streamed at: the artifact's recorded one unless asked ("exact" -> None, exact)
+        self.stream_lookahead = self.pipe.resolve_lookahead(stream_lookahead)
         self.sample_rate = self.pipe.sample_rate
         self.hop_length = self.pipe.hop
 

@@ -312,6 +312,7 @@ class _Handlers:
             return self.changed(endpoint, version, e)
         except ForgeError as e:
             return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+        prep.lookahead = req.stream_lookahead
         if prep.pending is not None and not req.stream:  # a whole reply: every segment known and checked first
             try:
                 await loop.run_in_executor(self.state.work, version.finish_segments, prep)
@@ -433,7 +434,7 @@ class _Handlers:
         log.info("request %d: a segment hit the code-step cap: cut in two and generated again", job.handle.id)
         parts: list[np.ndarray] = []
         for half in halves:
-            sub = Prepared(seg.variant, half, seg.params, key_text=half)
+            sub = Prepared(seg.variant, half, seg.params, key_text=half, lookahead=seg.lookahead)
             await _queue(job, sub).until_done(job.deadline, request)
             if parts:
                 parts.append(_pause(job.version, seg))

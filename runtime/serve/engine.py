@@ -68,6 +68,7 @@ class Prepared:
     removed: str = ""  # characters of the input that cannot be spoken (reported in X-Forge-Removed)
     rest: list[str] = field(default_factory=list)  # a long input's later segments, spoken after `text`
     pending: Iterator[tuple[str, str]] | None = None  # a long input's segments not yet normalised
+    lookahead: int | str | None = None  # the request's stream_lookahead ("exact", frames; None: the artifact's)
 
 
 class ServedVersion:
@@ -146,7 +147,9 @@ class ServedVersion:
         self.pipes[variant] = pipe
         self._gpt_locks[variant] = gpt_lock = threading.Lock()
         if pipe.engine == "fast":  # the scheduler runs its own GPT steps; refinement alone uses pipe.gpt
+            # requests that ask no look-ahead stream at the artifact's recorded one (exact when none)
             self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue,
+                                                 lookahead_frames=pipe.default_lookahead,
                                                  release_free_rows=self.release_free_rows).start()
         else:
             log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
@@ -315,7 +318,8 @@ class ServedVersion:
         """The `k`-th later segment of a long input as its own Prepared (same variant, speaker and seed),
         refined when the request asks (this blocks on the variant's GPT step: run it off the event loop)."""
         text = prep.rest[k]
-        return Prepared(prep.variant, self._refined(prep.variant, text, prep.params), prep.params, key_text=text)
+        return Prepared(prep.variant, self._refined(prep.variant, text, prep.params), prep.params, key_text=text,
+                        lookahead=prep.lookahead)
 
     def _file_cache_hit(self, variant: str, pipe: Pipeline, norm: str, params: SynthParams,
                         routed: bool) -> tuple[Row, str] | None:
@@ -344,7 +348,8 @@ class ServedVersion:
     def submit(self, prep: Prepared) -> Handle:
         """Queue a prepared miss on its variant's scheduler (QueueFullError when its queue is full)."""
         # the text is refined already (prepare): the scheduler generates codes for it as it is
-        return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True)
+        return self.schedulers[prep.variant].submit(prep.text, replace(prep.params, refine=None), normalized=True,
+                                                    lookahead=prep.lookahead)
 
     def request_memory(self, prep: Prepared) -> RequestMemory:
         """At most what the miss `prep` adds to its variant's running batch (runtime.memory.request_memory)."""
@@ -492,15 +497,17 @@ class SequentialRunner:
         self._thread.start()
         return self
 
-    def submit(self, text: str, params: SynthParams, normalized: bool = False) -> Handle:
+    def submit(self, text: str, params: SynthParams, normalized: bool = False,
+               lookahead: int | str | None = None) -> Handle:
         from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
 
+        frames = self.pipe.resolve_lookahead(lookahead)  # None asked: the artifact's recorded look-ahead
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is closed")
             if self._queue.qsize() >= self.max_queue:
                 raise QueueFullError(f"queue is full ({self.max_queue} requests waiting); retry later")
-            handle = Handle(self._next_id, text, normalized)
+            handle = Handle(self._next_id, text, normalized, frames)
             self._next_id += 1
             self._queue.put((handle, params))
         return handle
@@ -536,7 +543,8 @@ class SequentialRunner:
                 raise Cancelled()
             # the text is normalised (and refined) already: the stream must not normalise it again
             plain = replace(params, normalize=False, homophones=False, refine=None)
-            for chunk in self.pipe.stream([handle.text], plain, on_done=gens.append, progress=progress):
+            for chunk in self.pipe.stream([handle.text], plain, on_done=gens.append, progress=progress,
+                                          lookahead_frames=handle.lookahead_frames):
                 if len(chunk[0]):
                     pieces.append(chunk[0])
                     handle._emit(chunk[0])

@@ -14,6 +14,8 @@ true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool
 chunked from the first final chunk; false: the whole waveform decoded at once, `synth`'s samples),
 `deadline_s`, `normalize` (bool, default true: numbers, money, dates and symbols spoken as words and
 a long input cut into segments, runtime.spoken; false: ChatTTS's own front end exactly, both
+endpoints), `stream_lookahead` ("exact" or a whole number of mel frames >= 0: the right context a
+stream waits for; absent: the artifact's recorded look-ahead, exact for artifacts without one; both
 endpoints). Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
 
 Native `POST /v1/chattts/speech`: ChatTTS's `Chat.infer` arguments: `text`, `model`, `voice`,
@@ -45,6 +47,7 @@ from chattts_forge.errors import BadInput, ForgeError, quote
 from chattts_forge.runtime.frontend import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.serve.formats import FORMATS, check_encoder, check_format
+from chattts_forge.runtime.stream_decode import EXACT_LOOKAHEAD, parse_stream_lookahead
 from chattts_forge.runtime.tempo import MAX_SPEED, MIN_SPEED
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")  # route by length, as the version itself
@@ -68,6 +71,8 @@ class SpeechRequest:
     stream: bool
     deadline_s: float | None
     speed: float = 1.0  # OpenAI's speed: the reply is time-scaled by it (runtime.tempo) after synthesis
+    # "exact" or mel frames of right context its stream waits for; None: the artifact's recorded look-ahead
+    stream_lookahead: int | str | None = None
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -178,6 +183,22 @@ def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, 
     return fmt, sfmt, stream, deadline
 
 
+def _stream_lookahead(body: dict[str, Any]) -> int | str | None:
+    """`stream_lookahead`: "exact" or a whole number of mel frames >= 0 (absent or null: the artifact's own)."""
+    value = body.get("stream_lookahead")
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, str | int) or (isinstance(value, str) and value.strip().lower() != EXACT_LOOKAHEAD):
+        raise BadRequest(f"stream_lookahead must be \"{EXACT_LOOKAHEAD}\" or a whole number of mel frames >= 0, "
+                         f"got {quote(value)}", "stream_lookahead")
+    try:
+        return parse_stream_lookahead(value, "stream_lookahead")
+    except ForgeError as e:
+        raise BadRequest(str(e), "stream_lookahead") from None
+
+
 @dataclass(frozen=True)
 class _Knob:
     """One sampling knob: its field in InferCodeParams/RefineTextParams, its OpenAI `extra_body` name
@@ -235,7 +256,7 @@ def _names(naming: str, knobs: tuple[_Knob, ...]) -> set[str]:
 
 
 _OPENAI_FIELDS = {"model", "input", "voice", "response_format", "speed", "stream_format", "instructions",
-                  "seed", "refine", "stream", "deadline_s", "normalize"} | _names("openai", (*CODE_KNOBS, _TEMPERATURE))
+                  "seed", "refine", "stream", "deadline_s", "normalize", "stream_lookahead"} | _names("openai", (*CODE_KNOBS, _TEMPERATURE))
 
 
 def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequest:
@@ -253,7 +274,8 @@ def parse_openai(body: Any, defaults: SynthParams, max_chars: int) -> SpeechRequ
     code = replace(code, seed=seed, **read_knobs(body, "openai", (*CODE_KNOBS, _TEMPERATURE), code))
     refine = RefineTextParams(seed=seed) if _flag(body, "refine", True) else None
     params = replace(defaults, code=code, refine=refine, text_normalization=_flag(body, "normalize", True))
-    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline, speed)
+    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline, speed,
+                         _stream_lookahead(body))
 
 
 def _model(model: str | None) -> str | None:
@@ -262,7 +284,7 @@ def _model(model: str | None) -> str | None:
 
 _NATIVE_FIELDS = {"text", "model", "voice", "params_infer_code", "params_refine_text", "skip_refine_text",
                   "use_decoder", "do_text_normalization", "do_homophone_replacement", "lang", "response_format",
-                  "stream", "stream_format", "deadline_s", "normalize"}
+                  "stream", "stream_format", "deadline_s", "normalize", "stream_lookahead"}
 _CODE_FIELDS = {"prompt", "spk_emb", "spk_smp", "txt_smp", "temperature", "manual_seed"} | _names("native", CODE_KNOBS)
 _REFINE_FIELDS = {"prompt", "manual_seed"} | _names("native", REFINE_KNOBS)
 
@@ -317,4 +339,5 @@ def parse_native(body: Any, max_chars: int, default_seed: int | None = None) -> 
                          normalize=_flag(body, "do_text_normalization", True),
                          homophones=_flag(body, "do_homophone_replacement", True), lang=lang,
                          text_normalization=_flag(body, "normalize", True))
-    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline)
+    return SpeechRequest(text, params, _model(model), voice, fmt, sfmt, stream, deadline,
+                         stream_lookahead=_stream_lookahead(body))
