@@ -359,12 +359,12 @@ def check_files_section(files: Any, where: str) -> None:
 
 
 def check_streaming_section(streaming: Any, where: str) -> None:
-    """`streaming`: its `lookahead_frames` (what the runtime reads) is a whole number of mel frames >= 0."""
+    """`streaming`: its `lookahead_frames` (what the runtime reads) is a whole number of mel frames >= 1."""
     if streaming is None:
         return
     frames = streaming.get("lookahead_frames") if isinstance(streaming, dict) else None
-    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
-        raise ForgeError(f"{where}: streaming.lookahead_frames must be a whole number of mel frames >= 0, got {frames!r}")
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ForgeError(f"{where}: streaming.lookahead_frames must be a whole number of mel frames >= 1, got {frames!r}")
 
 
 def _document_keys() -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_str
 
 
 class StreamLookaheadParam(click.ParamType):
-    """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 0."""
+    """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 1."""
 
     name = "exact|N"
 

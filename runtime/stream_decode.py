@@ -34,26 +34,28 @@ _VOCOS_KERNEL = 7
 # Extra frames of context beyond the computed receptive fields (costs a little compute only).
 _SAFETY_FRAMES = 2
 # A requested look-ahead: this word for the exact (receptive-field) stream, a number of mel frames, or
-# None for the artifact's recorded default (`resolve_lookahead`).
+# None for the artifact's recorded default (`resolve_lookahead`). At least one frame: the waveform of
+# F mel frames has (F - 1) hops, so a sample is never final before the next frame exists.
+MIN_LOOKAHEAD_FRAMES = 1
 EXACT_LOOKAHEAD = "exact"
 StreamLookahead = int | str | None
 
 
 def parse_stream_lookahead(value: object, what: str = "stream lookahead") -> int | str:
-    """A look-ahead as a user gives it ("exact" or a whole number of mel frames >= 0, as text or int);
+    """A look-ahead as a user gives it ("exact" or a whole number of mel frames >= 1, as text or int);
     anything else is a one-line ForgeError naming `what`."""
     if isinstance(value, str) and value.strip().lower() == EXACT_LOOKAHEAD:
         return EXACT_LOOKAHEAD
     if isinstance(value, bool):
-        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, got {value!r}")
+        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= {MIN_LOOKAHEAD_FRAMES}, got {value!r}")
     if isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
-            raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, "
-                             f"got {value!r}") from None
-    if not isinstance(value, int) or value < 0:
-        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= 0, got {value!r}")
+            raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= "
+                             f"{MIN_LOOKAHEAD_FRAMES}, got {value!r}") from None
+    if not isinstance(value, int) or value < MIN_LOOKAHEAD_FRAMES:
+        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= {MIN_LOOKAHEAD_FRAMES}, got {value!r}")
     return value
 
 
@@ -68,7 +70,8 @@ def resolve_lookahead(requested: StreamLookahead, default: int | None) -> int | 
     look-ahead; None when it has none) when nothing was asked, None (exact) for "exact", else the frames."""
     if requested is None:
         return default
-    return None if requested == EXACT_LOOKAHEAD else parse_stream_lookahead(requested)  # type: ignore[return-value]
+    frames = parse_stream_lookahead(requested)
+    return None if frames == EXACT_LOOKAHEAD else int(frames)
 
 
 def decoder_radius(dims: Dims) -> int:
@@ -98,8 +101,8 @@ class StreamDecoder:
         self.rd = pipe.decoder_radius
         self.rv = pipe.vocos_radius
         exact = self.rd + self.rv  # mel frames of right context a sample's whole receptive field spans
-        if lookahead_frames is not None and lookahead_frames < 0:
-            raise ForgeError(f"stream lookahead must be >= 0 mel frames, got {lookahead_frames}")
+        if lookahead_frames is not None and lookahead_frames < MIN_LOOKAHEAD_FRAMES:
+            raise ForgeError(f"stream lookahead must be >= {MIN_LOOKAHEAD_FRAMES} mel frame, got {lookahead_frames}")
         self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
         self.emitted = 0  # samples already returned
         self.closed = False

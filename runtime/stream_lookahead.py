@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.stream_decode import StreamDecoder
+from chattts_forge.runtime.stream_decode import MIN_LOOKAHEAD_FRAMES, StreamDecoder
 
 if TYPE_CHECKING:
     from chattts_forge.artifact import ArtifactMeta
@@ -104,7 +104,7 @@ def measure_lookahead(
     from chattts_forge.runtime.params import InferCodeParams, SynthParams
 
     exact = pipe.decoder_radius + pipe.vocos_radius
-    tried = sorted({c for c in candidates if 0 <= c < exact} | {exact})
+    tried = sorted({c for c in candidates if MIN_LOOKAHEAD_FRAMES <= c < exact} | {exact})
     worst: dict[int, float | None] = dict.fromkeys(tried)
     measured = 0
     every = stream_batch

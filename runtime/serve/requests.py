@@ -14,7 +14,7 @@ true: ChatTTS's and `synth`'s text refinement, seeded by `seed`), `stream` (bool
 chunked from the first final chunk; false: the whole waveform decoded at once, `synth`'s samples),
 `deadline_s`, `normalize` (bool, default true: numbers, money, dates and symbols spoken as words and
 a long input cut into segments, runtime.spoken; false: ChatTTS's own front end exactly, both
-endpoints), `stream_lookahead` ("exact" or a whole number of mel frames >= 0: the right context a
+endpoints), `stream_lookahead` ("exact" or a whole number of mel frames >= 1: the right context a
 stream waits for; absent: the artifact's recorded look-ahead, exact for artifacts without one; both
 endpoints). Knobs not given take `synth`'s defaults (seed: the server's `--seed`).
 
@@ -184,14 +184,14 @@ def _common(body: dict[str, Any], default_format: str) -> tuple[str, str, bool, 
 
 
 def _stream_lookahead(body: dict[str, Any]) -> int | str | None:
-    """`stream_lookahead`: "exact" or a whole number of mel frames >= 0 (absent or null: the artifact's own)."""
+    """`stream_lookahead`: "exact" or a whole number of mel frames >= 1 (absent or null: the artifact's own)."""
     value = body.get("stream_lookahead")
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, str | int) or (isinstance(value, str) and value.strip().lower() != EXACT_LOOKAHEAD):
-        raise BadRequest(f"stream_lookahead must be \"{EXACT_LOOKAHEAD}\" or a whole number of mel frames >= 0, "
+        raise BadRequest(f"stream_lookahead must be \"{EXACT_LOOKAHEAD}\" or a whole number of mel frames >= 1, "
                          f"got {quote(value)}", "stream_lookahead")
     try:
         return parse_stream_lookahead(value, "stream_lookahead")
