@@ -66,11 +66,9 @@ from chattts_forge.convert.onnx_export import (
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir
-from chattts_forge.gate import stream_threshold_db
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress
-from chattts_forge.runtime.stream_lookahead import record_lookahead
 
 log = get_logger(__name__)
 
@@ -289,13 +287,12 @@ def convert_checkpoint(
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
                     comps32[FAST_GPT] = optimize_gpt(dir32 / comps32[GPT]["file"], dir32 / FAST_GPT_FILE,
                                                      FusedGraphOptions(threads=threads, dims=dims.to_dict()))
-                meta32 = write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, **common)
-                record_lookahead(dir32, meta32, threshold_db=stream_threshold_db(), threads=threads)
+                write_artifact_json(dir32, variant="fp32", components=comps32, fp16=None, threads=threads, **common)
                 _make_readable(dir32)
                 result["fp32"] = out / "fp32"
             if dir16 is not None:
-                meta16 = write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, **common)
-                record_lookahead(dir16, meta16, threshold_db=stream_threshold_db(), threads=threads)
+                write_artifact_json(dir16, variant="fp16", components=comps16, fp16=fp16_info, threads=threads,
+                                    **common)
                 _make_readable(dir16)
                 result["fp16"] = out / "fp16"
     except BaseException:

@@ -113,7 +113,13 @@ def write_artifact_json(
     files: dict[str, dict[str, Any]],
     source: dict[str, Any],
     fp16: dict[str, Any] | None,
+    threads: int | None = 2,
 ) -> ArtifactMeta:
+    """Write `out_dir/artifact.json` once, with the stream look-ahead measured on the finished graphs
+    (runtime.stream_lookahead, against the shipped gate's seam threshold)."""
+    from chattts_forge.gate import stream_threshold_db
+    from chattts_forge.runtime.stream_lookahead import measure_artifact
+
     meta = ArtifactMeta(
         name="chattts",
         variant=variant,
@@ -134,5 +140,6 @@ def write_artifact_json(
         toolchain=toolchain_info(),
         created_at=build_timestamp(),
     )
+    meta.streaming = measure_artifact(out_dir, meta, threshold_db=stream_threshold_db(), threads=threads)
     meta.write(out_dir)
     return meta

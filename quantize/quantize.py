@@ -62,7 +62,7 @@ from chattts_forge.quantize.fidelity import (
     summary_line,
 )
 from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
-from chattts_forge.runtime.stream_lookahead import record_lookahead
+from chattts_forge.runtime.stream_lookahead import measure_artifact
 
 log = get_logger(__name__)
 
@@ -369,8 +369,9 @@ def quantize_artifact(artifact_dir: str | os.PathLike[str], out_dir: str | os.Pa
         outcome = quantize_and_measure(quantizer, tmp, qmeta, request.kv)
         outcome.decoder = decoder_record
         finish_meta(qmeta, out, tmp, quantizer, outcome, copied)
+        # this variant's Decoder (INT8 by default) streams differently from the source's: measured again
+        qmeta.streaming = measure_artifact(tmp, qmeta, threshold_db=stream_threshold_db(), threads=config.threads)
         qmeta.write(tmp)
-        record_lookahead(tmp, qmeta, threshold_db=stream_threshold_db(), threads=config.threads)
     sizes = qmeta.quantization["sizes"]
     log.info("%s artifact written to %s in %.0f s (gpt %.1f MB = %.0f%% of FP32)", method.variant, out,
              time.time() - started, sizes["gpt_bytes"] / 1e6, 100 * sizes["gpt_bytes"] / sizes["gpt_fp32_bytes"])

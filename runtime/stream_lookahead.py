@@ -13,7 +13,7 @@ which evaluate checks the recorded value again (evaluate.seams).
 Library::
 
     record = measure_lookahead(pipe, threshold_db=60.0)     # the `streaming` section
-    record_lookahead(folder, meta, threshold_db=60.0)       # measure the artifact in `folder`, write it
+    meta.streaming = measure_artifact(folder, meta)         # an artifact being written (meta in memory)
 """
 
 from __future__ import annotations
@@ -134,13 +134,14 @@ def measure_lookahead(
     return record
 
 
-def record_lookahead(folder: str | os.PathLike[str], meta: ArtifactMeta, *, threshold_db: float = DEFAULT_THRESHOLD_DB,
-                     threads: int | None = 2) -> dict[str, Any]:
-    """Measure the finished artifact in `folder` (whose artifact.json is `meta`), set `meta.streaming` and
-    write artifact.json again; returns the record. Files are checked by size only: the stage just wrote them."""
-    from chattts_forge.runtime.pipeline import Pipeline
 
-    record = measure_lookahead(Pipeline(folder, threads=threads, verify="size"), threshold_db=threshold_db)
-    meta.streaming = record
-    meta.write(folder)
-    return record
+def measure_artifact(folder: str | os.PathLike[str], meta: ArtifactMeta, *, threshold_db: float = DEFAULT_THRESHOLD_DB,
+                     threads: int | None = 2) -> dict[str, Any]:
+    """The `streaming` record of the artifact being written in `folder`, whose artifact.json is `meta`
+    (in memory: the stage writes it once, with this record). Files are only checked to exist: the stage
+    has just written them."""
+    from chattts_forge.runtime.pipeline import Pipeline
+    from chattts_forge.runtime.session import Artifact
+
+    artifact = Artifact(folder, threads=threads, verify="none", meta=meta, saved_sessions=False)
+    return measure_lookahead(Pipeline.from_artifact(artifact), threshold_db=threshold_db)

@@ -27,6 +27,7 @@ HEALTHY = {  # what a healthy dynamic-INT8 artifact measured on a tiny synthetic
     "similarity_worst": 0.8157,
     "ovrl_drop": -0.0026,
     "stream_snr_db": 124.6,
+    "stream_recorded_lookahead_snr_db": 122.5,  # at the artifact's recorded look-ahead (24 of 30 frames on tiny)
 }
 DAMAGED = {  # the same with its quantization scales multiplied by 3
     **HEALTHY,
@@ -80,6 +81,8 @@ def test_default_gate_passes_healthy_and_fails_damaged_int8() -> None:
         ({"similarity": 0.86, "similarity_worst": 0.52}, {"similarity_worst"}),  # one sentence lost the voice
         ({"ovrl_drop": 0.8}, {"ovrl_drop"}),  # hoarse / noisy: DNSMOS OVRL falls
         ({"stream_snr_db": 10.7}, {"stream_snr_db"}),  # streamed audio breaks at the chunk edges
+        # the recorded look-ahead is too short for sentences it was not chosen on
+        ({"stream_recorded_lookahead_snr_db": 28.4}, {"stream_recorded_lookahead_snr_db"}),
     ],
 )
 def test_listening_rules_fail_on_the_loss_they_name(damage: dict[str, float], failed: set[str]) -> None:
