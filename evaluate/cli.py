@@ -138,7 +138,8 @@ _SETTINGS_OPTIONS = [
     click.option("--seam-sentences", type=click.IntRange(min=0), default=3, show_default=True,
                  help="Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip)."),
     click.option("--seam-lookahead", type=click.IntRange(min=1), default=None,
-                 help="Mel frames of the lookahead stream judged beside the default chunking (default: 2)."),
+                 help="Mel frames of the lookahead stream measured beside the default chunking (default: the "
+                      "artifact's recorded look-ahead, else 2; the recorded one is still measured and gated)."),
     click.option("--clone-reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
                  help="A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it."),
     click.option("--clone-transcript", default=None, help="What --clone-reference says (ChatTTS's txt_smp)."),
