@@ -151,3 +151,24 @@ def test_verify_covers_the_page(tiny_artifacts: dict[str, Path], tmp_path: Path)
     publish_version_files(version_dir)
     assert not (version_dir / PAGE_NAME).exists()
     assert verify_path(version_dir).problems == []
+
+
+def test_page_shows_each_variants_recorded_look_ahead_and_its_curve(built: dict[str, VariantEntry]) -> None:
+    """The recorded stream look-ahead (artifact.json `streaming`, carried by the report's streaming section),
+    its held-out SNR with the gate's verdict, and the curve it was chosen on; a variant without one says so."""
+    fp32 = built["fp32"]
+    record = {"lookahead_frames": 24, "exact_frames": 30, "threshold_db": 60.0, "margin_db": 20.0, "sentences": 4,
+              "curve": [{"lookahead_frames": 8, "snr_db_min": 28.45}, {"lookahead_frames": 24, "snr_db_min": 122.48},
+                        {"lookahead_frames": 30, "snr_db_min": 123.56}]}
+    metric = "stream_recorded_lookahead_snr_db"
+    check = {"section": "streaming", "metric": metric, "rule": "min", "threshold": 60.0, "value": 21.3, "unit": "dB",
+             "status": "fail", "passed": False, "margin": -38.7, "message": f"{metric} = 21.3 violates >= 60"}
+    report = {**fp32.report, "streaming": {"measured": True, "recorded": record},
+              "metrics": {**fp32.report["metrics"], metric: 21.3},
+              "gate": {**fp32.report["gate"], "checks": [*fp32.report["gate"]["checks"], check]}}
+    entries = [VariantEntry("fp32", "refused", report, fp32.report_dir), built["int8-dynamic"]]
+    page = render_version_page("chattts", "v1", entries, None).decode("utf-8")
+    section = page[page.index("<h2>Stream look-ahead</h2>"):page.index("<h2>Since the previous version</h2>")]
+    assert "24 of 30 mel frames" in section and "8: 28.5" in section and "24: 122.5" in section
+    assert "21.3" in section and "FAIL" in section  # judged on the held-out sentences
+    assert "none recorded: streams exactly" in section  # the stand-in int8-dynamic report carries no record
