@@ -438,7 +438,7 @@ td.fail{{background:#ffebe9}} td.pass{{background:#dafbe1}} td.waived{{backgroun
 whole-text audio at the default chunking (worst sentence).</p>
 {_table(entries)}
 <h2>Stream look-ahead</h2>
-<p>The mel frames of right context each variant streams at by default (`--stream-lookahead exact` waits for the
+<p>The mel frames of right context each variant streams at by default (<code>--stream-lookahead exact</code> waits for the
 whole receptive field), measured where its Decoder/Vocos stack was made, and its worst streamed-against-whole SNR
 on the held-out sentences, which the gate judges.</p>
 {_lookahead(entries)}
