@@ -46,17 +46,16 @@ def parse_stream_lookahead(value: object, what: str = "stream lookahead") -> int
     anything else is a one-line ForgeError naming `what`."""
     if isinstance(value, str) and value.strip().lower() == EXACT_LOOKAHEAD:
         return EXACT_LOOKAHEAD
-    if isinstance(value, bool):
-        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= {MIN_LOOKAHEAD_FRAMES}, got {value!r}")
+    frames = value
     if isinstance(value, str):
         try:
-            value = int(value.strip())
+            frames = int(value.strip())
         except ValueError:
-            raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= "
-                             f"{MIN_LOOKAHEAD_FRAMES}, got {value!r}") from None
-    if not isinstance(value, int) or value < MIN_LOOKAHEAD_FRAMES:
-        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= {MIN_LOOKAHEAD_FRAMES}, got {value!r}")
-    return value
+            frames = None
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < MIN_LOOKAHEAD_FRAMES:
+        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= "
+                         f"{MIN_LOOKAHEAD_FRAMES}, got {value!r}")
+    return frames
 
 
 STREAM_LOOKAHEAD_HELP = ("Mel frames of right context to wait for before emitting audio: 'exact' (all the Decoder "

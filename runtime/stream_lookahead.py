@@ -134,7 +134,6 @@ def measure_lookahead(
     return record
 
 
-
 def measure_artifact(folder: str | os.PathLike[str], meta: ArtifactMeta, *, threshold_db: float = DEFAULT_THRESHOLD_DB,
                      threads: int | None = 2) -> dict[str, Any]:
     """The `streaming` record of the artifact being written in `folder`, whose artifact.json is `meta`
