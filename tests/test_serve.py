@@ -716,7 +716,8 @@ def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_art
     steps = 90
     pipe = Pipeline(version / "fp32", threads=1)
     params = SynthParams(code=InferCodeParams(seed=0, max_new_token=steps, min_new_token=steps))
-    ref = to_int16(np.concatenate([c[0] for c in pipe.stream([TEXT], params)]))
+    # the server streams at the artifact's recorded look-ahead (a library stream defaults to exact)
+    ref = to_int16(np.concatenate([c[0] for c in pipe.stream([TEXT], params, lookahead_frames=pipe.default_lookahead)]))
     body = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps, "min_new_token": steps,
             "refine": False}
     with running(version, max_batch=3, max_queue=1) as srv:
@@ -766,3 +767,36 @@ def test_mixed_faults_leave_the_healthy_requests_correct(version: Path, tiny_art
             time.sleep(0.05)
         assert srv.metric("forge_errors_total", kind="disconnect") >= 1
         assert httpx.get(srv.url + "/readyz").status_code == 200
+
+
+def test_stream_lookahead_field(server: Running, version: Path) -> None:
+    """Streams default to the artifact's recorded look-ahead (as `synth --stream`); `"stream_lookahead":
+    "exact"` gives the receptive-field stream and a number that many frames, on both endpoints; a bad
+    value is a 400 naming the field."""
+    from chattts_forge.runtime.pipeline import Pipeline
+
+    steps = 60
+    pipe = Pipeline(version / "fp32", threads=1)
+    params = SynthParams(code=InferCodeParams(seed=0, max_new_token=steps, min_new_token=steps))
+
+    def library(lookahead: int | None) -> np.ndarray:
+        return to_int16(np.concatenate([c[0] for c in pipe.stream([TEXT], params, lookahead_frames=lookahead)]))
+
+    def served(endpoint: str, body: dict) -> np.ndarray:
+        with httpx.stream("POST", server.url + endpoint, json=body, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            return np.frombuffer(b"".join(r.iter_bytes()), "<i2")
+
+    openai = {"model": "fp32", "input": TEXT, "response_format": "pcm", "max_new_token": steps,
+              "min_new_token": steps, "refine": False, "seed": 0}
+    native = {"model": "fp32", "text": TEXT, "response_format": "pcm", "skip_refine_text": True,
+              "params_infer_code": {"max_new_token": steps, "min_new_token": steps, "manual_seed": 0}}
+    assert pipe.default_lookahead is not None  # the tiny build records one
+    for asked, frames in ((None, pipe.default_lookahead), ("exact", None), (3, 3)):
+        extra = {} if asked is None else {"stream_lookahead": asked}
+        want = library(frames)
+        np.testing.assert_array_equal(served("/v1/audio/speech", {**openai, **extra}), want)
+        np.testing.assert_array_equal(served("/v1/chattts/speech", {**native, **extra}), want)
+    for endpoint, body in (("/v1/audio/speech", openai), ("/v1/chattts/speech", native)):
+        r = httpx.post(server.url + endpoint, json={**body, "stream_lookahead": "soon"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_lookahead", r.text

@@ -224,3 +224,13 @@ def test_the_gate_refuses_a_recorded_look_ahead_that_fails_on_held_out_sentences
     streaming = measure_seams(old, held_out[:1], max_new_token=48, threads=1)
     assert streaming["modes"]["lookahead"]["source"] == "fixed"
     assert recorded_lookahead_snr_db(streaming) == (None, NO_RECORDED_LOOKAHEAD)
+
+
+def test_bench_streams_at_the_recorded_look_ahead_unless_told(tiny_artifacts: dict[str, Path]) -> None:
+    from chattts_forge.runtime.timed_engine import OnnxEngine
+
+    folder = tiny_artifacts["fp32"]
+    n = ArtifactMeta.load(folder).stream_lookahead()
+    assert OnnxEngine(folder, 1).stream_lookahead == n
+    assert OnnxEngine(folder, 1, stream_lookahead="exact").stream_lookahead is None
+    assert OnnxEngine(folder, 1, stream_lookahead=7).stream_lookahead == 7
