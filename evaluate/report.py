@@ -155,6 +155,14 @@ def _hearing_lines(report: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"- DNSMOS: not measured ({nat.get('reason')})")
     if streaming and streaming.get("measured"):
+        recorded = streaming.get("recorded")
+        if recorded:
+            curve = ", ".join(f"{p['lookahead_frames']}: {_f(p['snr_db_min'])}" for p in recorded["curve"])
+            lines.append(f"- recorded stream look-ahead (artifact.json): {recorded['lookahead_frames']} of "
+                         f"{recorded['exact_frames']} mel frames (the shortest whose worst SNR reaches "
+                         f"{_f(recorded['threshold_db'])} + {_f(recorded['margin_db'])} dB on "
+                         f"{recorded['sentences']} fixed sentences, else the exact field; worst SNR dB by look-ahead: "
+                         f"{curve})")
         for mode, rec in streaming["modes"].items():
             source = f", {rec['source']}" if rec.get("source") not in (None, "exact") else ""
             lines.append(f"- stream seams, {mode} ({rec['lookahead_frames']} mel frames of right context{source}, "
