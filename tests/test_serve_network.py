@@ -26,6 +26,7 @@ pytest.importorskip("starlette", reason="serve needs the serve extra")
 pytest.importorskip("uvicorn", reason="serve needs the serve extra")
 
 from test_serve import Running, free_port, running  # noqa: E402  (the real uvicorn server in a thread)
+from test_serve_edges import wait_ready  # noqa: E402
 
 SPEECH = "/v1/audio/speech"
 QUICK = {"model": "tts-1", "input": "Hi there.", "voice": "alloy", "response_format": "wav", "max_new_token": 6,
@@ -190,13 +191,7 @@ def test_sigterm_under_mixed_traffic_drains_and_exits_0_every_time(tiny_artifact
                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                        break
-                assert proc.poll() is None, log.read_text()
-                time.sleep(0.2)
+            wait_ready(url, lambda proc=proc, log=log: proc.poll() is not None and log.read_text())
             statuses: list[int] = []
             started = threading.Barrier(len(bodies) + 1)
 
