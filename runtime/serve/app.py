@@ -285,7 +285,7 @@ class _Handlers:
         if origin is not None and not origin_allowed(origin, self.cfg.cors_origins):
             return 403, (f"cross-origin requests are refused (Origin {quote(origin)}); a web app's origin may be "
                          "allowed with --cors-origin"), "cross_origin"
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = _media_type(request)
         if ctype != "application/json":
             return 415, (f"the speech endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"), \
                 "content_type"
@@ -611,7 +611,7 @@ class _Handlers:
                          "whose path the server logged at start)")
         else:
             return 403, "admin endpoints answer loopback clients only (--admin-loopback); others need --admin-token"
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = _media_type(request)
         if ctype != "application/json":
             return 415, f"admin endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"
         return None
@@ -782,6 +782,11 @@ def _known_host(host: str, cfg: ServeConfig) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _media_type(request: Any) -> str:
+    """The media type of a request's Content-Type, lowercase, without its parameters ("" when none)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
 def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
