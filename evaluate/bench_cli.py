@@ -16,7 +16,7 @@ from chattts_forge.runtime.cli import StreamLookaheadParam
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP
 
 # Options (parameter names) of the load benchmark alone, refused without --load.
-LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "url")
+LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "first_chunk_priority", "url")
 # Options of the soak alone (--soak), refused without it.
 SOAK_ONLY = ("reload_every", "plot")
 
@@ -88,6 +88,8 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
 @click.option("--decode-overlap/--no-decode-overlap", default=None,
               help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
                    "(default: on when --threads leaves a core free).")
+@click.option("--first-chunk-priority/--no-first-chunk-priority", default=None,
+              help="--load: the scheduler runs a request without audio yet first (default: on, as serve does).")
 @click.option("--url", default=None, metavar="http://HOST:PORT",
               help="--load: also replay each concurrency over HTTP against `chattts-forge serve` serving --artifact "
                    "(real concurrent streaming clients), beside the in-process figures of the same run.")
@@ -121,8 +123,8 @@ def bench(**options: Any) -> None:
         _load_bench(options)
         return
     if any(options[name] is not None for name in LOAD_ONLY):
-        raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap and --url belong to the load "
-                         "benchmark (--load)")
+        raise ForgeError("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap, --first-chunk-priority and "
+                         "--url belong to the load benchmark (--load)")
     from chattts_forge.evaluate.bench import DEFAULT_TEXT, BenchConfig, format_table, run_bench
 
     config = BenchConfig(
@@ -156,7 +158,8 @@ def _load_bench(o: dict[str, Any]) -> None:
         arrival=o["arrival"], rate=o["rate"], baseline=None if o["baseline"] == "none" else o["baseline"],
         checkpoint=o["checkpoint"], baseline_requests=o["baseline_requests"], threads=o["threads"],
         stream_lookahead=o["stream_lookahead"], phrase_cache_hit_ratio=o["phrase_cache_hit_ratio"],
-        phrase_cache=o["phrase_cache"], decode_overlap=o["decode_overlap"], url=o["url"], json_out=o["json_out"],
+        phrase_cache=o["phrase_cache"], decode_overlap=o["decode_overlap"],
+        first_chunk_priority=o["first_chunk_priority"] is not False, url=o["url"], json_out=o["json_out"],
     ), progress=lambda msg: click.echo(msg, err=True))
     click.echo(format_load_table(report))
     if o["json_out"]:

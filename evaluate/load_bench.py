@@ -194,11 +194,13 @@ class Arrival:
 
 def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arrival: Arrival = Arrival(),
            lookahead: int | None = None, cache: PipelineCache | None = None,
-           decode_overlap: bool | None = None) -> tuple[list[Outcome], float, int]:
+           decode_overlap: bool | None = None, first_chunk_priority: bool = True,
+           counters: dict[str, int] | None = None) -> tuple[list[Outcome], float, int]:
     """Replay `plan` at one concurrency: (an Outcome per request in plan order, wall seconds, batched
     GPT steps). Scheduled requests run through a `Scheduler(max_batch=concurrency,
     decode_worker=decode_overlap)`; hits are looked up in `cache` on a thread of their own (a service's
-    request handler) and go to the scheduler if absent."""
+    request handler) and go to the scheduler if absent. `counters`, when given, gets the scheduler's
+    `first_chunk_steps` and `deferred_decodes`."""
     from chattts_forge.runtime.scheduler import Handle, Scheduler
 
     if any(r.hit for r in plan) and cache is None:
@@ -206,7 +208,7 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     outcomes: list[Outcome | None] = [None] * len(plan)
 
     with Scheduler(pipe, max_batch=concurrency, max_queue=len(plan), lookahead_frames=lookahead,
-                   decode_worker=decode_overlap) as sched:
+                   decode_worker=decode_overlap, first_chunk_priority=first_chunk_priority) as sched:
 
         def scheduled(req: LoadRequest, handle: Handle, asked: float) -> None:
             handle.wait()
@@ -246,16 +248,21 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
         arrival.pace(plan, concurrency, start)
         wall = time.perf_counter() - t0
         gpt_steps = sched.steps
+    if counters is not None:
+        counters.update(first_chunk_steps=sched.first_chunk_steps, deferred_decodes=sched.deferred_decodes)
     return [o for o in outcomes if o is not None], wall, gpt_steps
 
 
-def http_body(variant: str, req: LoadRequest) -> dict[str, Any]:
-    """The OpenAI speech request of a replayed request (extensions: seed, token budget, refinement; pcm,
-    streamed)."""
+def http_body(variant: str, req: LoadRequest, lookahead: int | str | None = None) -> dict[str, Any]:
+    """The OpenAI speech request of a replayed request (extensions: seed, token budget, refinement, the
+    stream look-ahead when one is asked; pcm, streamed)."""
     code = req.params.code
-    return {"model": variant, "input": req.text, "voice": "default", "response_format": "pcm",
+    body = {"model": variant, "input": req.text, "voice": "default", "response_format": "pcm",
             "seed": code.seed, "max_new_token": code.max_new_token, "min_new_token": code.min_new_token,
             "refine": req.params.refine is not None}
+    if lookahead is not None:
+        body["stream_lookahead"] = lookahead
+    return body
 
 
 def server_cpu_s(client: Any, url: str) -> float | None:
@@ -271,7 +278,8 @@ def server_cpu_s(client: Any, url: str) -> float | None:
 
 
 def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency: int, arrival: Arrival = Arrival(),
-                timeout_s: float = 600.0, cpu: dict[str, float | None] | None = None) -> tuple[list[Outcome], float]:
+                timeout_s: float = 600.0, cpu: dict[str, float | None] | None = None,
+                lookahead: int | str | None = None) -> tuple[list[Outcome], float]:
     """Replay `plan` against a server at `url` with real concurrent streaming HTTP clients (one httpx
     connection per request in flight): latency = request sent -> last byte, first audio = request
     sent -> first audio byte (16-bit PCM: every body byte is audio). `cpu`, when given, gets the CPU
@@ -295,7 +303,7 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
             first = None
             samples = 0
             try:
-                with client.stream("POST", endpoint, json=http_body(variant, req)) as r:
+                with client.stream("POST", endpoint, json=http_body(variant, req, lookahead)) as r:
                     if r.status_code != 200:
                         outcomes[req.index] = Outcome(req.index, None, error=f"HTTP {r.status_code}: {r.read()[:200]!r}")
                         return
@@ -333,6 +341,12 @@ def _times(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": _pct(values, 50), "p95": _pct(values, 95), "p99": _pct(values, 99), "max": max(values, default=None)}
 
 
+def _first_audio_after(done: Sequence[Outcome], start: int) -> dict[str, float | None]:
+    """First audio p50/p95 of the requests after the first `start` (in submission order)."""
+    first = [o.first_audio for o in done if o.index >= start and o.first_audio is not None]
+    return {"p50": _pct(first, 50), "p95": _pct(first, 95)}
+
+
 def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurrency: int, sample_rate: int,
               hit_ratio: float | None = None) -> dict[str, Any]:
     """One concurrency's figures (docs/bench-load.md); the hit/miss split when a hit ratio was asked."""
@@ -349,6 +363,9 @@ def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurre
         "batched_gpt_steps": gpt_steps,
         "latency_s": _times(lat),
         "first_audio_s": {"p50": _pct(first, 50), "p95": _pct(first, 95)},
+        # Without the requests submitted at the start together (a closed loop's first `concurrency`), whose
+        # first audio includes each other's prefills: the figure of a service already running.
+        "first_audio_s_running": _first_audio_after(done, concurrency),
         "sentences_per_s": len(done) / wall,
         "audio_s": audio_s,
         "real_time_streams": audio_s / wall,
@@ -415,6 +432,7 @@ class LoadBenchConfig:
     phrase_cache_hit_ratio: float | None = None
     phrase_cache: str | os.PathLike[str] | None = None
     decode_overlap: bool | None = None
+    first_chunk_priority: bool = True
     url: str | None = None
     json_out: str | os.PathLike[str] | None = None
 
@@ -514,17 +532,20 @@ def _run_level(cfg: LoadBenchConfig, pipe: Pipeline, plan: list[LoadRequest], c:
         say(f"concurrency {c}: {cfg.requests} requests over HTTP to {cfg.url} ({cfg.arrival} arrival)")
         cpu: dict[str, float | None] = {}
         with quiet_logger("httpx"):  # one INFO line per request otherwise
-            h_out, h_wall = replay_http(cfg.url, pipe.artifact.variant, plan, c, cfg.arrivals, cpu=cpu)
+            h_out, h_wall = replay_http(cfg.url, pipe.artifact.variant, plan, c, cfg.arrivals, cpu=cpu,
+                                        lookahead=cfg.stream_lookahead)
         http = summarize(h_out, h_wall, 0, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
         http.pop("batched_gpt_steps")
         http.update(cpu)
     say(f"concurrency {c}: {cfg.requests} requests ({cfg.arrival} arrival)" + (" in-process" if cfg.url else ""))
     cpu0 = time.process_time()
+    counters: dict[str, int] = {}
     with quiet_logger():  # every request ends at its max_new_token on purpose
         outcomes, wall, steps = replay(pipe, plan, c, cfg.arrivals, pipe.resolve_lookahead(cfg.stream_lookahead),
-                                       pcache, overlap)
+                                       pcache, overlap, cfg.first_chunk_priority, counters)
     summary = summarize(outcomes, wall, steps, c, pipe.sample_rate, cfg.phrase_cache_hit_ratio)
     summary["cpu_s"] = time.process_time() - cpu0
+    summary.update(counters)
     if http is not None:
         summary["http"] = http
         summary["http_vs_in_process_sentences_per_s"] = http["sentences_per_s"] / summary["sentences_per_s"]
@@ -547,6 +568,7 @@ def _report(cfg: LoadBenchConfig, pipe: Pipeline, art: Path, plan: list[LoadRequ
                      "request_steps": [r.steps for r in plan],
                      "phrase_cache_hit_ratio": cfg.phrase_cache_hit_ratio,
                      "decode_overlap": overlap,
+                     "first_chunk_priority": cfg.first_chunk_priority,
                      "decode_overlap_asked": "default (on when intra-op threads < usable cores)"
                      if cfg.decode_overlap is None else cfg.decode_overlap},
         "machine": machine_info(cfg.threads),  # the one machine record (runtime.machine), as bench's and the reports

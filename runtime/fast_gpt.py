@@ -246,29 +246,29 @@ class FastGptStep:
                 freed += discard_pages(buf[row])
         return freed
 
-    def _rows_binding(self, rows: int) -> Any:
-        binding = self._ragged_bindings.get(rows)
-        if binding is None:  # views of the first `rows` slots: C-contiguous, so bindable in place
+    def _rows_binding(self, start: int, stop: int) -> Any:
+        binding = self._ragged_bindings.get((start, stop))
+        if binding is None:  # views of slots [start, stop): C-contiguous, so bindable in place
             binding = self.session.io_binding()
             binding.bind_output("last_hidden_state")  # output 0 (rebound by name every call)
             for buf, past_name, present_name in zip(self._buffers, self.past_names, self.present_names, strict=True):
-                value = self._ort.OrtValue.ortvalue_from_numpy(buf[:rows])
+                value = self._ort.OrtValue.ortvalue_from_numpy(buf[start:stop])
                 binding.bind_ortvalue_input(past_name, value)
                 binding.bind_ortvalue_output(present_name, value)
-            self._ragged_bindings[rows] = binding
+            self._ragged_bindings[(start, stop)] = binding
         return binding
 
-    def step_rows(self, inputs_embeds: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """One new position for each of the first `len(lengths)` rows; `lengths[b]`: row b's
-        positions after this step (its new token sits at position lengths[b] - 1). Returns the
-        hidden states [rows, hidden]."""
+    def step_rows(self, inputs_embeds: np.ndarray, lengths: np.ndarray, start: int = 0) -> np.ndarray:
+        """One new position for each of the `len(lengths)` rows from slot `start` (the first rows by
+        default); `lengths[b]`: that row's positions after this step (its new token sits at position
+        lengths[b] - 1). Returns the hidden states [rows, hidden]."""
         rows = len(lengths)
         lengths = np.asarray(lengths, dtype=np.int64)
         total = int(lengths.max())
-        self.ensure_rows_capacity(total, live=rows)
+        self.ensure_rows_capacity(total, live=start + rows)
         keep = np.arange(total)[None, :] < lengths[:, None]
         bias = np.where(keep, np.float32(0), MASK_BIAS)[:, None, None, :]
-        b = self._rows_binding(rows)
+        b = self._rows_binding(start, start + rows)
         b.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=np.float32).reshape(rows, 1, -1))
         b.bind_cpu_input("position_ids", (lengths - 1)[:, None])
         b.bind_cpu_input("attention_bias", np.ascontiguousarray(bias, dtype=np.float32))

@@ -14,6 +14,14 @@ holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between 
    cuts `Pipeline.stream` makes, so the chunks equal a lone stream's bit for bit); a finished or
    cancelled request leaves the batch and its row is reused by the next waiting request.
 
+First chunk first (`first_chunk_priority`, on by default): while a running request has no audio yet,
+every other GPT step runs only the rows from the first such request on (the newest rows: the others
+wait that step), and the other requests' chunks due meanwhile wait (`_deferred`, in the order they were
+due, one stream_batch of steps at most) so that the Decoder + Vocos time goes to the new request's first
+chunk. Its first audio then waits for its own steps rather than behind eight long requests; the running
+requests lose the steps they wait, and no chunk changes (the cuts are decided as before, only
+decoded later).
+
 So a request's codes under the scheduler equal its codes alone (temperature 1e-9, same seed),
 whatever else runs. The waiting queue is bounded: `submit` refuses with a ForgeError when
 `max_queue` requests wait. Memory is bounded by `max_batch` rows of `capacity` positions (grown
@@ -283,7 +291,7 @@ class Scheduler:
 
     def __init__(self, pipe: Pipeline, max_batch: int = 8, max_queue: int = 64,
                  lookahead_frames: int | None = None, decode_worker: bool | None = None,
-                 release_free_rows: Callable[[], bool] | None = None) -> None:
+                 release_free_rows: Callable[[], bool] | None = None, first_chunk_priority: bool = True) -> None:
         if pipe.engine != "fast":
             raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
         if max_batch < 1 or max_queue < 0:
@@ -298,6 +306,13 @@ class Scheduler:
         # the look-ahead of requests that ask none (None: exact; the server passes the artifact's recorded one)
         self.lookahead_frames = lookahead_frames
         self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
+        # While a request has no audio yet, the running requests' later chunks wait (`_deferred`, at most
+        # one stream_batch of steps each), so the Decoder + Vocos time goes to the new request's first chunk.
+        self.first_chunk_priority = first_chunk_priority
+        self._deferred: deque[tuple[int, _Decode]] = deque()  # (GPT step it was due at, task), in due order
+        self.deferred_decodes = 0  # chunk decodes that waited for a new request's first chunk
+        self._stepped_from = 0  # the first row the last GPT step ran
+        self.first_chunk_steps = 0  # GPT steps that ran only the rows still without audio (and those after them)
         # Bounded: a slow decoder holds the GPT loop back instead of queueing work without end.
         self._decodes: queue.Queue[Any] = queue.Queue(maxsize=2 * max_batch)
         self._decoder_thread: threading.Thread | None = None
@@ -359,7 +374,7 @@ class Scheduler:
         self._retire_cancelled()
         self._admit()
         if not self._active:
-            return False
+            return self._flush_deferred()
         self._gpt_step()
         self._audio_and_retire()
         return True
@@ -368,6 +383,7 @@ class Scheduler:
         """Run steps until no request waits or runs, then let the queued decodes finish."""
         while self.step():
             pass
+        self._flush_deferred()
         self._stop_decoder()
 
     def start(self) -> Scheduler:
@@ -391,6 +407,7 @@ class Scheduler:
         for act in self._active:
             act.handle._finish(error=ForgeError(f"request {act.handle.id}: the scheduler closed while it ran"))
         self._active = []
+        self._flush_deferred()
         self._stop_decoder()  # requests that finished generating still get their audio
 
     def __enter__(self) -> Scheduler:
@@ -402,7 +419,7 @@ class Scheduler:
     def _worker(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and not self._waiting and not self._active:
+                while not self._closed and not self._waiting and not self._active and not self._deferred:
                     self._wake.wait()
                 if self._closed:
                     return
@@ -456,14 +473,28 @@ class Scheduler:
         act.hiddens[0] = hidden[0]
         return act
 
+    def _first_rows(self) -> int:
+        """Where this step's rows start: the requests from the first one still without audio on, every
+        other step while one waits for its first chunk (`first_chunk_priority`); all rows otherwise."""
+        if not self.first_chunk_priority or self.steps % 2 == 0:
+            return 0
+        for i, act in enumerate(self._active):
+            if act.asked == 0:
+                return i
+        return 0
+
     def _gpt_step(self) -> None:
-        """One GPT step for every running request (finished ones left the batch after their last step)."""
-        rows = self._active
+        """One GPT step for the running requests (finished ones left the batch after their last step):
+        every row, or the rows from `_first_rows` on (the rest wait one step)."""
+        start = self._first_rows()
+        rows = self._active[start:]
         feed = np.stack([a.tokens[a.steps - 1] for a in rows])[:, None, :]  # [n, 1, num_vq]
         emb = self.pipe.embed(feed, np.zeros((len(rows), 1), dtype=bool))
         lengths = np.array([a.length + 1 for a in rows], dtype=np.int64)
-        hidden = self._rows.step_rows(emb, lengths)
+        hidden = self._rows.step_rows(emb, lengths, start)
         self.steps += 1
+        self.first_chunk_steps += start > 0
+        self._stepped_from = start
         logits = self._head.run([self._head_out], {"hidden_states": hidden})[0]
         for i, act in enumerate(rows):
             act.length += 1
@@ -493,21 +524,52 @@ class Scheduler:
 
     def _audio_and_retire(self) -> None:
         keep: list[_Active] = []
-        for act in self._active:
+        later: list[_Decode] = []  # chunks of requests that already have audio
+        for i, act in enumerate(self._active):
             if act.handle.cancelled:
                 act.handle._finish(error=ForgeError(f"request {act.handle.id} was cancelled"))
                 continue
             if act.handle.done():  # its decode failed on the worker: the request is over
                 continue
+            if i < self._stepped_from:  # it waited this step: nothing new to decode
+                keep.append(act)
+                continue
+            first = act.asked == 0
             task = self._audio_task(act)
             if task is not None:
-                self._dispatch(task)
+                if first:  # a first chunk is decoded before anything else due at this step
+                    self._dispatch(task)
+                else:
+                    later.append(task)
             # A finished row is free now (its last audio may still be decoding on the worker); a request
             # whose decode failed here has ended.
             if act.finished or act.handle.done():
                 continue
             keep.append(act)
+        waiting_first = self.first_chunk_priority and any(a.asked == 0 for a in keep)
+        if waiting_first:
+            self._deferred.extend((self.steps, task) for task in later)
+            self.deferred_decodes += len(later)
+            self._flush_deferred(overdue_only=True)
+        else:
+            self._flush_deferred()
+            for task in later:
+                self._dispatch(task)
         self._compact(keep)
+
+    def _flush_deferred(self, overdue_only: bool = False) -> bool:
+        """Dispatch the deferred chunks in the order they were due (all, or those waiting a whole
+        stream_batch of steps: a first chunk delays another request's chunk by one chunk at most).
+        True when one was dispatched."""
+        done = False
+        while self._deferred:
+            due, task = self._deferred[0]
+            if overdue_only and self.steps - due < task.act.params.code.stream_batch:
+                break
+            self._deferred.popleft()
+            self._dispatch(task)
+            done = True
+        return done
 
     def _audio_task(self, act: _Active) -> _Decode | None:
         """The audio due after this step, decided from the scheduler's own bookkeeping (`act.asked`), so

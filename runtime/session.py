@@ -264,6 +264,7 @@ class Artifact:
         self.verify_mode = verify
         # where each session came from (`_create_session`): "saved", "built and saved", "built"
         self.session_sources: dict[str, str] = {}
+        self._float_matmuls: dict[str, bool] = {}  # component -> its session unpacks INT8 MatMuls (_unpacks)
         if saved_sessions is None:  # published folders only: the build opens many short-lived artifacts
             from chattts_forge.integrity import PUBLISHED_MANIFEST
             from chattts_forge.runtime.saved_sessions import saved_sessions_default
@@ -411,8 +412,21 @@ class Artifact:
         data = record(data_path) if data_path is not None else None
         if graph is None or graph.sha256 is None or (data_path is not None and (data is None or data.sha256 is None)):
             return None
-        return saved_key(graph.sha256, data.sha256 if data is not None else None,
-                         {"threads": threads, "spinning": name not in NO_SPIN_COMPONENTS, "level": "all"})
+        options = {"threads": threads, "spinning": name not in NO_SPIN_COMPONENTS, "level": "all"}
+        if self._unpacks(name):
+            options["float_matmuls"] = True  # the graph saved is the unpacked one (runtime.float_weights)
+        return saved_key(graph.sha256, data.sha256 if data is not None else None, options)
+
+    def _unpacks(self, name: str) -> bool:
+        """Whether the component's session is made from its graph with the INT8 Decoder MatMuls as float
+        ones (runtime.float_weights: the Decoder on the CPU)."""
+        if name != DECODER or self.provider != "cpu":
+            return False
+        if name not in self._float_matmuls:
+            from chattts_forge.runtime.float_weights import has_float_compute_nbits
+
+            self._float_matmuls[name] = has_float_compute_nbits(self.component_path(name))
+        return self._float_matmuls[name]
 
     def _create_session(self, name: str, path: Path, opts: Any, threads: int | None) -> tuple[Any, str]:
         """A new session of `path` and where it came from: "saved" (this host's saved optimized graph,
@@ -430,10 +444,15 @@ class Artifact:
                 log.info("saved session %s refused (%s): building %s again", saved, str(e).splitlines()[0], path.name)
                 opts.graph_optimization_level = level
         try:
+            graph: str | bytes = str(path)
+            if self._unpacks(name):
+                from chattts_forge.runtime.float_weights import float_decoder_bytes
+
+                graph = float_decoder_bytes(path) or graph
             if key is None or self._saved is None:
-                return ort.InferenceSession(str(path), sess_options=opts, providers=self.providers), "built"
+                return ort.InferenceSession(graph, sess_options=opts, providers=self.providers), "built"
             with self._saved.saving(key, opts):
-                session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+                session = ort.InferenceSession(graph, sess_options=opts, providers=self.providers)
             return session, "built and saved"
         except Exception as e:  # onnxruntime raises its own exception types
             raise ForgeError(f"cannot load {path}: {str(e).splitlines()[0]}") from None

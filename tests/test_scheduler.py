@@ -7,6 +7,7 @@ import asyncio
 import gc
 import threading
 import weakref
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -337,3 +338,39 @@ def test_rows_given_back_when_free_change_no_request(pipe, alone):
     np.testing.assert_array_equal(rest[-1].result().codes, pipe.synthesize([TEXTS[1]], long_params)[0].codes)
     assert sched._rows.capacity > 256
     assert not any(buf.any() for buf in sched._rows._buffers)
+
+
+# ---- first chunk first -------------------------------------------------------------------------------
+
+
+def _late_arrival(pipe, priority: bool) -> tuple[Scheduler, list, list[list[np.ndarray]]]:
+    """Two long requests run for a while (chunks already out), then a third arrives; every chunk kept."""
+    sched = Scheduler(pipe, max_batch=3, max_queue=4, first_chunk_priority=priority, lookahead_frames=12)
+    long = [replace(_params(i, 160), code=replace(_params(i, 160).code, min_new_token=160, stream_batch=2)) for i in (0, 1)]
+    handles = [sched.submit(TEXTS[1], long[0]), sched.submit(TEXTS[0], long[1])]
+    for _ in range(30):
+        sched.step()
+    assert all(h.first_audio is not None for h in handles)  # both already stream
+    handles.append(sched.submit(TEXTS[2], _params(2, 60)))
+    sched.run_until_idle()
+    return sched, handles, [list(h.chunks(timeout=0)) for h in handles]
+
+
+def test_a_new_request_goes_first_and_no_chunk_changes(pipe):
+    """With first_chunk_priority the late request runs alone every other step and the others' chunks wait
+    until its first one: the order of work changes, not one request's codes or chunks."""
+    first, handles, chunks = _late_arrival(pipe, True)
+    plain, plain_handles, plain_chunks = _late_arrival(pipe, False)
+    assert first.first_chunk_steps > 0 and first.deferred_decodes > 0
+    assert plain.first_chunk_steps == 0 and plain.deferred_decodes == 0
+    for i, (h, p) in enumerate(zip(handles, plain_handles, strict=True)):
+        res, ref = h.result(), p.result()
+        np.testing.assert_array_equal(res.codes, ref.codes)
+        assert len(chunks[i]) == len(plain_chunks[i]) >= 2
+        for x, y in zip(chunks[i], plain_chunks[i], strict=True):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(np.concatenate(chunks[i]), res.wav)
+    streamed = [c[0] for c in pipe.stream([TEXTS[2]], _params(2, 60), lookahead_frames=12) if len(c[0])]
+    assert len(streamed) == len(chunks[2])
+    for x, y in zip(streamed, chunks[2], strict=True):
+        np.testing.assert_array_equal(x, y)

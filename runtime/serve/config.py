@@ -22,6 +22,7 @@ class ServeConfig:
     port: int = 8000
     max_batch: int = 8
     max_queue: int = 64
+    first_chunk_priority: bool = True  # a request without audio yet goes first (runtime.scheduler)
     threads: int | None = None
     provider: str = "cpu"
     verify: str = "sha256"

@@ -83,6 +83,7 @@ class ServedVersion:
         if not self.path.is_dir():
             raise NotFound(f"artifact {self.path} does not exist (an artifact folder or a version folder)")
         self.max_batch, self.max_queue = cfg.max_batch, cfg.max_queue
+        self.first_chunk_priority = cfg.first_chunk_priority
         self.release_free_rows = release_free_rows
         kwargs: dict[str, Any] = {"provider": cfg.provider, "threads": cfg.threads, "verify": cfg.verify,
                                   "public_key": cfg.public_key, "engine": "auto"}
@@ -150,6 +151,7 @@ class ServedVersion:
             # requests that ask no look-ahead stream at the artifact's recorded one (exact when none)
             self.schedulers[variant] = Scheduler(pipe, max_batch=self.max_batch, max_queue=self.max_queue,
                                                  lookahead_frames=pipe.default_lookahead,
+                                                 first_chunk_priority=self.first_chunk_priority,
                                                  release_free_rows=self.release_free_rows).start()
         else:
             log.warning("variant %s has no fused GPT graph (gpt_fast) for continuous batching on %s: it serves one "
