@@ -217,6 +217,8 @@ class _Measured:
             "utterances": utterances,
             **_summary(utterances),
             "first_audio_seconds": {**percentiles(self.first_audio), "stream_batch": cfg.stream_batch,
+                                    # the artifact's recorded look-ahead (mel frames; None: the exact stream)
+                                    "stream_lookahead_frames": self.engine.stream_lookahead,
                                     "runs": len(self.first_audio), "samples": self.first_audio_samples},
             "throughput": self.throughput,
             "rss_mb": {"before_load": self.rss_before * MB, "after_load": self.rss_loaded * MB,

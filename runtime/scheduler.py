@@ -15,7 +15,7 @@ holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between 
    cancelled request leaves the batch and its row is reused by the next waiting request.
 
 First chunk first (`first_chunk_priority`, on by default): while a running request has no audio yet,
-every other GPT step runs only the rows from the first such request on (the newest rows: the others
+one GPT step in FIRST_CHUNK_EVERY (3) runs only the rows from the first such request on (the newest rows: the others
 wait that step), and the other requests' chunks due meanwhile wait (`_deferred`, in the order they were
 due, one stream_batch of steps at most) so that the Decoder + Vocos time goes to the new request's first
 chunk. Its first audio then waits for its own steps rather than behind eight long requests; the running
@@ -83,6 +83,10 @@ from chattts_forge.runtime.textfront import check_text_length
 log = get_logger(__name__)
 
 _END = object()  # the end of a handle's chunk queue
+# While a request waits for its first chunk, one GPT step in this many runs only it (and newer rows):
+# every second step cost 6-10% of the sentences/s at concurrency 8, every third about 2% for the same
+# first audio (docs/measurements/2026-12-06-first-audio).
+FIRST_CHUNK_EVERY = 3
 
 
 class QueueFullError(Busy):
@@ -474,9 +478,10 @@ class Scheduler:
         return act
 
     def _first_rows(self) -> int:
-        """Where this step's rows start: the requests from the first one still without audio on, every
-        other step while one waits for its first chunk (`first_chunk_priority`); all rows otherwise."""
-        if not self.first_chunk_priority or self.steps % 2 == 0:
+        """Where this step's rows start: the requests from the first one still without audio on, one
+        step in FIRST_CHUNK_EVERY while one waits for its first chunk (`first_chunk_priority`); all
+        rows otherwise."""
+        if not self.first_chunk_priority or self.steps % FIRST_CHUNK_EVERY != FIRST_CHUNK_EVERY - 1:
             return 0
         for i, act in enumerate(self._active):
             if act.asked == 0:

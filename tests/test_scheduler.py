@@ -357,7 +357,7 @@ def _late_arrival(pipe, priority: bool) -> tuple[Scheduler, list, list[list[np.n
 
 
 def test_a_new_request_goes_first_and_no_chunk_changes(pipe):
-    """With first_chunk_priority the late request runs alone every other step and the others' chunks wait
+    """With first_chunk_priority the late request runs alone one step in three and the others' chunks wait
     until its first one: the order of work changes, not one request's codes or chunks."""
     first, handles, chunks = _late_arrival(pipe, True)
     plain, plain_handles, plain_chunks = _late_arrival(pipe, False)
