@@ -89,7 +89,7 @@ def _batches(value: str, option: str = "--batch") -> list[int]:
               help="--load: the scheduler's Decoder + Vocos on a worker thread, overlapping the next GPT steps "
                    "(default: on when --threads leaves a core free).")
 @click.option("--first-chunk-priority/--no-first-chunk-priority", default=None,
-              help="--load: the scheduler runs a request without audio yet first (default: on, as serve does).")
+              help="--load: a request without audio yet runs alone one GPT step in three (default: on, as serve does).")
 @click.option("--url", default=None, metavar="http://HOST:PORT",
               help="--load: also replay each concurrency over HTTP against `chattts-forge serve` serving --artifact "
                    "(real concurrent streaming clients), beside the in-process figures of the same run.")

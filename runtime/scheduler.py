@@ -14,13 +14,14 @@ holds its own sequence from cache slot 0, `FastGptStep.step_rows`) and, between 
    cuts `Pipeline.stream` makes, so the chunks equal a lone stream's bit for bit); a finished or
    cancelled request leaves the batch and its row is reused by the next waiting request.
 
-First chunk first (`first_chunk_priority`, on by default): while a running request has no audio yet,
-one GPT step in FIRST_CHUNK_EVERY (3) runs only the rows from the first such request on (the newest rows: the others
-wait that step), and the other requests' chunks due meanwhile wait (`_deferred`, in the order they were
-due, one stream_batch of steps at most) so that the Decoder + Vocos time goes to the new request's first
-chunk. Its first audio then waits for its own steps rather than behind eight long requests; the running
-requests lose the steps they wait, and no chunk changes (the cuts are decided as before, only
-decoded later).
+First chunk first: while a running request has no audio yet, the other requests' chunks due meanwhile
+wait (`_deferred`, in the order they were due, one stream_batch of steps at most), so the Decoder +
+Vocos time goes to the new request's first chunk (the same work in another order: no cost). With
+`first_chunk_priority` (on by default) one GPT step in FIRST_CHUNK_EVERY (3) also runs only the rows
+from the first such request on (the newest rows; the others wait that step): its first audio then
+waits for its own steps rather than behind eight long requests, for the steps the running requests
+lose (a few percent of the sentences/s at concurrency 8; docs/measurements/2026-12-06-first-audio).
+No chunk changes: the cuts are decided as before, only decoded later.
 
 So a request's codes under the scheduler equal its codes alone (temperature 1e-9, same seed),
 whatever else runs. The waiting queue is bounded: `submit` refuses with a ForgeError when
@@ -311,7 +312,8 @@ class Scheduler:
         self.lookahead_frames = lookahead_frames
         self.decode_worker = default_decode_worker(pipe) if decode_worker is None else bool(decode_worker)
         # While a request has no audio yet, the running requests' later chunks wait (`_deferred`, at most
-        # one stream_batch of steps each), so the Decoder + Vocos time goes to the new request's first chunk.
+        # one stream_batch of steps each), so the Decoder + Vocos time goes to the new request's first
+        # chunk; with `first_chunk_priority` it also gets steps of its own (`_first_rows`).
         self.first_chunk_priority = first_chunk_priority
         self._deferred: deque[tuple[int, _Decode]] = deque()  # (GPT step it was due at, task), in due order
         self.deferred_decodes = 0  # chunk decodes that waited for a new request's first chunk
@@ -551,7 +553,7 @@ class Scheduler:
             if act.finished or act.handle.done():
                 continue
             keep.append(act)
-        waiting_first = self.first_chunk_priority and any(a.asked == 0 for a in keep)
+        waiting_first = any(a.asked == 0 for a in keep)
         if waiting_first:
             self._deferred.extend((self.steps, task) for task in later)
             self.deferred_decodes += len(later)

@@ -343,26 +343,32 @@ def test_rows_given_back_when_free_change_no_request(pipe, alone):
 # ---- first chunk first -------------------------------------------------------------------------------
 
 
+def _long(seed: int) -> SynthParams:  # a chunk due every other step
+    return replace(_params(seed, 160), code=replace(_params(seed, 160).code, min_new_token=160, stream_batch=2))
+
+
+_LATE_ARRIVAL = [(TEXTS[1], _long(0)), (TEXTS[0], _long(1)), (TEXTS[2], _params(2, 60))]
+
+
 def _late_arrival(pipe, priority: bool) -> tuple[Scheduler, list, list[list[np.ndarray]]]:
     """Two long requests run for a while (chunks already out), then a third arrives; every chunk kept."""
     sched = Scheduler(pipe, max_batch=3, max_queue=4, first_chunk_priority=priority, lookahead_frames=12)
-    long = [replace(_params(i, 160), code=replace(_params(i, 160).code, min_new_token=160, stream_batch=2)) for i in (0, 1)]
-    handles = [sched.submit(TEXTS[1], long[0]), sched.submit(TEXTS[0], long[1])]
+    handles = [sched.submit(text, params) for text, params in _LATE_ARRIVAL[:2]]
     for _ in range(30):
         sched.step()
     assert all(h.first_audio is not None for h in handles)  # both already stream
-    handles.append(sched.submit(TEXTS[2], _params(2, 60)))
+    handles.append(sched.submit(*_LATE_ARRIVAL[2]))
     sched.run_until_idle()
     return sched, handles, [list(h.chunks(timeout=0)) for h in handles]
 
 
 def test_a_new_request_goes_first_and_no_chunk_changes(pipe):
-    """With first_chunk_priority the late request runs alone one step in three and the others' chunks wait
-    until its first one: the order of work changes, not one request's codes or chunks."""
+    """The others' chunks wait for the late request's first one, and with first_chunk_priority it runs alone
+    one step in three: the order of work changes, not one request's codes or chunks."""
     first, handles, chunks = _late_arrival(pipe, True)
     plain, plain_handles, plain_chunks = _late_arrival(pipe, False)
     assert first.first_chunk_steps > 0 and first.deferred_decodes > 0
-    assert plain.first_chunk_steps == 0 and plain.deferred_decodes == 0
+    assert plain.first_chunk_steps == 0 and plain.deferred_decodes > 0
     for i, (h, p) in enumerate(zip(handles, plain_handles, strict=True)):
         res, ref = h.result(), p.result()
         np.testing.assert_array_equal(res.codes, ref.codes)
@@ -370,7 +376,8 @@ def test_a_new_request_goes_first_and_no_chunk_changes(pipe):
         for x, y in zip(chunks[i], plain_chunks[i], strict=True):
             np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(np.concatenate(chunks[i]), res.wav)
-    streamed = [c[0] for c in pipe.stream([TEXTS[2]], _params(2, 60), lookahead_frames=12) if len(c[0])]
-    assert len(streamed) == len(chunks[2])
-    for x, y in zip(streamed, chunks[2], strict=True):
-        np.testing.assert_array_equal(x, y)
+    for i, (text, params) in enumerate(_LATE_ARRIVAL):  # and each one's chunks are those of its lone stream
+        streamed = [c[0] for c in pipe.stream([text], params, lookahead_frames=12) if len(c[0])]
+        assert len(streamed) == len(chunks[i])
+        for x, y in zip(streamed, chunks[i], strict=True):
+            np.testing.assert_array_equal(x, y)

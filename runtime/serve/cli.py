@@ -22,7 +22,7 @@ from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Rows of each variant's running GPT batch (continuous batching).")
 @click.option("--first-chunk-priority/--no-first-chunk-priority", default=True, show_default=True,
-              help="While a request has no audio yet, one GPT step in three runs it alone (with any newer ones) and "
+              help="While a request has no audio yet, one GPT step in three runs it alone (with any newer ones), "
                    "the running requests' next chunks wait, so its first audio does not wait behind them.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait per variant; beyond it requests get 429 with Retry-After.")
