@@ -85,7 +85,7 @@ log = get_logger(__name__)
 
 _END = object()  # the end of a handle's chunk queue
 # While a request waits for its first chunk, one GPT step in this many runs only it (and newer rows):
-# every second step cost 6-10% of the sentences/s at concurrency 8, every third about 2% for the same
+# at concurrency 8 every second step cost ~10% of the sentences/s, every third ~4-7% for about the same
 # first audio (docs/measurements/2026-12-06-first-audio).
 FIRST_CHUNK_EVERY = 3
 
