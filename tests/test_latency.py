@@ -39,6 +39,7 @@ class FakeEngine:
     def __init__(self, artifact, threads, provider="cpu") -> None:
         self.folder = str(artifact)
         self.load_seconds, self.gpt_engine = 0.01, "fast"
+        self.stream_lookahead = None  # the look-ahead its first audio streams at (none recorded: exact)
         self.count: dict[int, int] = {}
 
     def run(self, texts, request, keep_audio=False) -> RunFigures:
