@@ -29,6 +29,11 @@ def _attributes(node: Any) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _float_compute_int8(at: dict[str, Any]) -> bool:
+    """Whether a MatMulNBits node's attributes say 8-bit weights computed in float (what this unpacks)."""
+    return at.get("bits", 4) == _BITS and at.get("accuracy_level", 0) in FLOAT_COMPUTE_LEVELS
+
+
 def _float_weight(node: Any, inits: dict[str, Any]) -> np.ndarray | None:
     """The float32 weight [K, N] a float-compute 8-bit MatMulNBits node multiplies by, or None where
     the node is not one this module unpacks."""
@@ -36,8 +41,7 @@ def _float_weight(node: Any, inits: dict[str, Any]) -> np.ndarray | None:
 
     at = _attributes(node)
     ins = list(node.input) + [""] * (6 - len(node.input))
-    if (at.get("bits", 4) != _BITS or at.get("accuracy_level", 0) not in FLOAT_COMPUTE_LEVELS
-            or ins[1] not in inits or ins[2] not in inits or ins[4] or (ins[3] and ins[3] not in inits)):
+    if (not _float_compute_int8(at) or ins[1] not in inits or ins[2] not in inits or ins[4] or (ins[3] and ins[3] not in inits)):
         return None
     k, n, block = int(at["K"]), int(at["N"]), int(at["block_size"])
     packed = numpy_helper.to_array(inits[ins[1]])
@@ -89,21 +93,15 @@ def has_float_compute_nbits(path: Path) -> bool:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            at = _attributes(node)
-            if at.get("bits", 4) == _BITS and at.get("accuracy_level", 0) in FLOAT_COMPUTE_LEVELS:
-                return True
-    return False
+    return any(node.op_type == "MatMulNBits" and _float_compute_int8(_attributes(node)) for node in model.graph.node)
 
 
 def float_decoder_bytes(path: Path) -> bytes | None:
     """The serialized graph at `path` with its float-compute INT8 MatMuls unpacked (external weights
-    loaded from beside it), or None when it has none."""
+    loaded from beside it), or None when it has none. Callers ask `has_float_compute_nbits` first (the
+    graph alone), so the weights are read only for a graph that unpacks."""
     import onnx
 
-    if not has_float_compute_nbits(path):
-        return None
     model = onnx.load(str(path))
     if not float_matmuls(model):
         return None
