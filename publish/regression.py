@@ -19,7 +19,11 @@ reports:
   first audio of the same sentence, timed in turn (`first_audio_ratio_vs_reference`, judged;
   machine-neutral like the RTF ratio). A baseline recorded before per-sentence first audio gives the
   two medians, no interval, not judged;
-- size (exact).
+- size (exact);
+- batch-1 peak RSS over its own build's FP32's (`peak_rss_ratio_vs_reference`, since issue 50: each
+  variant in a process of its own): a relative delta of one measurement per build, judged as a point
+  (no interval: it repeats within ~2% on one machine, inside the tolerance). A baseline measured
+  before issue 50 has no such figure: not compared.
 
 Two are measured now, by `compare_build_variant`:
 
@@ -89,7 +93,7 @@ LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_
           "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
           "rtf_ratio_vs_reference": "RTF over its FP32", "rtf_vs_baseline": "RTF (re-timed against it here)",
           "first_audio_seconds": "first audio", "first_audio_ratio_vs_reference": "first audio over its FP32",
-          "size_mb": "size"}
+          "size_mb": "size", "peak_rss_ratio_vs_reference": "batch-1 peak RSS over its FP32"}
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 NO_BASELINE = "no baseline: the first version of this model in the artifacts folder"
@@ -252,16 +256,25 @@ def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> d
             "how": f"paired per sentence: {how}"}
 
 
+# figures with one value per report judged as a point (the delta its own interval) -> how it is described
+_POINT_JUDGED = {
+    "size_mb": "bytes on disk (exact)",
+    "peak_rss_ratio_vs_reference": "one measurement per build, each side in a process of its own; judged as a point "
+                                   "(it repeats within ~2% on one machine)",
+}
+
+
 def _point_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
-    """A figure with one value per report (first audio's median, the size): no interval of its own."""
+    """A figure with one value per report (first audio's median, the size, the memory ratio): no
+    interval of its own; those of `_POINT_JUDGED` are judged on their delta."""
     a, b = _finite((new.get("metrics") or {}).get(figure)), _finite((old.get("metrics") or {}).get(figure))
     if a is None or b is None or b == 0:
         return None
     delta = (a - b) / abs(b)
-    exact = figure == "size_mb"  # bytes on disk are counted, not measured
-    return {"value": a, "baseline": b, "delta": delta, "low": delta if exact else None,
-            "high": delta if exact else None, "relative": True, "n": 0,
-            "how": "bytes on disk (exact)" if exact else "median of the latency run (no per-run values recorded)"}
+    point = figure in _POINT_JUDGED
+    return {"value": a, "baseline": b, "delta": delta, "low": delta if point else None,
+            "high": delta if point else None, "relative": True, "n": 0,
+            "how": _POINT_JUDGED.get(figure, "median of the latency run (no per-run values recorded)")}
 
 
 def _judge(figure: str, entry: dict[str, Any], tolerance: float | None, waived: dict[str, str],
@@ -360,7 +373,7 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
         if figure == "rtf_vs_baseline":
             continue  # measured now, not read from records (`retimed_figure`)
         entry = _sentence_figure(figure, report, old_report) if figure in _PER_SENTENCE else None
-        if entry is None and figure in ("first_audio_seconds", "size_mb"):
+        if entry is None and figure in ("first_audio_seconds", *_POINT_JUDGED):
             # a baseline published before per-sentence first audio: the two medians, no interval
             entry = _point_figure(figure, report, old_report)
         if entry is not None:
