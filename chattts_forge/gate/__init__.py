@@ -121,8 +121,8 @@ REGRESSION_FIGURES: dict[str, tuple[str, str, str, str | None]] = {
     "first_audio_ratio_vs_reference": ("first audio over its own build's FP32 first audio (per sentence, in turn), "
                                        "median", "lower", "relative", "rtf_ratio_vs_reference"),
     "size_mb": ("bytes on disk", "lower", "relative", None),
-    # one fresh-process measurement per build, judged as a point (it repeats within ~2% on one machine);
-    # over its own build's FP32, so two builds on different machines stay comparable
+    # one fresh-process measurement per build (publish.regression gives it the probe's repeatability as its
+    # interval); over its own build's FP32, so two builds on different machines stay comparable
     "peak_rss_ratio_vs_reference": ("batch-1 peak RSS over its own build's FP32's (each in a process of its own)",
                                     "lower", "relative", "peak_rss_ratio_vs_reference"),
 }
