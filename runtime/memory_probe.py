@@ -117,6 +117,7 @@ PROBE_MODULE = "chattts_forge.runtime.memory_probe"
 PROBE_BATCHES = (1, 8)
 WARMUP_STEPS = 16  # bench's warm-up run (BenchConfig.warmup_steps), part of the load phase as in bench
 MB = 1 / 2**20
+PROBE_TIMEOUT_S = 1800
 
 
 def probe(artifact: str | os.PathLike[str], text: str = BENCH_TEXT, threads: int | None = 2,
@@ -188,14 +189,22 @@ def measure_memory(artifact_dir: str | os.PathLike[str], text: str = BENCH_TEXT,
     args = [sys.executable, "-m", PROBE_MODULE, "--artifact", str(artifact_dir), "--text", text, "--steps", str(steps),
             "--batch", ",".join(map(str, batches)), "--threads", str(threads or 0), "--provider", provider]
     t0 = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
+    out: dict[str, Any] | None = None
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=PROBE_TIMEOUT_S)
         why = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        if proc.returncode == 0:
+            try:
+                out = json.loads((proc.stdout.strip().splitlines() or ["?"])[-1])
+            except ValueError:
+                why = f"the probe printed no figures ({why})"
+    except subprocess.TimeoutExpired:
+        why = f"the probe took more than {PROBE_TIMEOUT_S} s"
+    seconds = time.perf_counter() - t0
+    if out is None:
         log.warning("memory probe failed for %s: %s", artifact_dir, why)
         why = why.replace(str(artifact_dir), settings_label(label, artifact_dir))  # recorded: no machine path
         return {"peak_rss_mb": None, "peak_rss_mb_by_batch": {}, "error": why, "seconds": seconds, **settings}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {**out, "seconds": seconds, **settings}
 
 

@@ -254,7 +254,9 @@ def test_serve_warns_at_start_when_the_limit_cannot_hold_the_routed_variants(
     try:
         with caplog.at_level(logging.WARNING, logger="chattts_forge.runtime.serve.state"):
             state.open_version("unused")
-        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        # (the guard's own sampling may warn too: this test process is large)
+        warned = [r.getMessage() for r in caplog.records
+                  if r.levelno == logging.WARNING and r.name == "chattts_forge.runtime.serve.state"]
         assert len(warned) == 1 and "int8-dynamic 1097 MiB" in warned[0] and "--max-batch 8" in warned[0]
     finally:
         state.shutdown()
