@@ -39,6 +39,8 @@ from chattts_forge.runtime.memory_probe import RssSampler
 from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
+    BENCH_STEPS,
+    BENCH_TEXT,
     CONTEXT_LIMIT,
     Request,
     RunFigures,
@@ -50,8 +52,8 @@ from chattts_forge.runtime.timing import (
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/bench/1"
-DEFAULT_STEPS = 422  # 9 s of audio at 24 kHz, hop 256
-DEFAULT_TEXT = "你好，欢迎使用语音合成服务。今天天气很好，我们一起去公园散步吧。"
+DEFAULT_STEPS = BENCH_STEPS  # 9 s of audio at 24 kHz, hop 256
+DEFAULT_TEXT = BENCH_TEXT  # the report's memory figures synthesize the same (runtime.memory_probe)
 
 
 # ------------------------------------------------------------------------------------------------

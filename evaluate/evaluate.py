@@ -19,7 +19,8 @@ fidelity and the ASR transcription run sharded over Ray actors instead, with the
    and whether they match the hashes their artifact.json records;
 2. latency with the runtime (`latency.measure_artifact`) for the artifact *and* the FP32 reference:
    load time, warm-up, per-utterance time, RTF p50/p95/p99, steps/s, first-audio latency when
-   streaming, throughput at batch 1/4/8, memory, bytes on disk; with `baseline_checkpoint`, ChatTTS's
+   streaming, throughput at batch 1/4/8, bytes on disk, and memory (each side in a process of its own,
+   as `bench` measures it: the report's ``memory`` section); with `baseline_checkpoint`, ChatTTS's
    PyTorch FP32 pipeline too (`latency.measure_pytorch`), so every speed figure is also a ratio.
    Both measure with bench's engines (`chattts_forge.runtime.timing`): the gate's RTF is bench's
    end-to-end RTF at batch 1, on the corpus sentences with EOS free (docs/bench.md "Definitions");
@@ -276,9 +277,7 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
         why["rtf_ratio_vs_pytorch"] = "no PyTorch baseline was run (pass --baseline-checkpoint)"
     m["size_ratio_vs_reference"] = report["size"]["ratio_vs_reference"]
     m["size_mb"] = report["size"]["artifact_bytes"] / 1e6
-    m["peak_rss_mb"] = (art.get("memory") or {}).get("peak_rss_mb")
-    if m["peak_rss_mb"] is None:
-        why["peak_rss_mb"] = "the memory probe did not run or failed"
+    m.update(memory_metrics(report.get("memory"), why))
     speaker, nat = report.get("speaker") or {}, report.get("naturalness") or {}
     m["similarity"] = speaker.get("mean") if speaker.get("measured") else None
     m["similarity_worst"] = speaker.get("min") if speaker.get("measured") else None
@@ -301,6 +300,45 @@ def flat_metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[
     if recorded_why is not None:
         why["stream_recorded_lookahead_snr_db"] = recorded_why
     return m, why
+
+
+def memory_metrics(memory: dict[str, Any] | None, why: dict[str, str]) -> dict[str, float | None]:
+    """The gate's memory metrics from the report's ``memory`` section (`memory_section`): batch-1 and
+    batch-8 peak RSS, resident size after load, and batch-1 peak over the FP32 reference's; a missing
+    one gets its reason in `why`."""
+    memory = memory or {}
+    art = memory.get("artifact") or {}
+    by_batch = art.get("peak_rss_mb_by_batch") or {}
+    out = {"peak_rss_mb": by_batch.get("1"), "peak_rss_b8_mb": by_batch.get("8"),
+           "rss_after_load_mb": art.get("after_load_mb"),
+           "peak_rss_ratio_vs_reference": (memory.get("ratio_vs_reference") or {}).get("1")}
+    reason = (f"the memory probe failed: {art['error']}" if art.get("error") else
+              "the memory probe did not run" if not art else None)
+    for key, value in out.items():
+        if value is None:
+            why[key] = reason or ("the FP32 reference's memory probe did not run or failed"
+                                  if key == "peak_rss_ratio_vs_reference" else "not measured at this batch size")
+    return out
+
+
+MEMORY_DEFINITION = (
+    "Each variant measured in a process of its own, as `chattts-forge bench` measures it: load + a 16-step warm-up, "
+    "then its text at a fixed number of steps a row (EOS masked) at batch 1, then at batch 8; peak_rss_mb_by_batch[B] "
+    "is the process's peak RSS (kernel VmHWM, MiB) through load and batch B, after_load_mb its resident size once "
+    "loaded; ratio_vs_reference: the same figure over the FP32 reference's. `command` repeats it from the version "
+    "folder (docs/bench.md, \"Memory\")."
+)
+
+
+def memory_section(art_lat: dict[str, Any], ref_lat: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's ``memory`` section from the artifact's and the reference's latency records (their
+    fresh-process probes, latency.LatencyConfig.isolate_memory); None when neither was probed."""
+    art, ref = art_lat.get("memory"), ref_lat.get("memory")
+    if art is None and ref is None:
+        return None
+    a, r = (art or {}).get("peak_rss_mb_by_batch") or {}, (ref or {}).get("peak_rss_mb_by_batch") or {}
+    return {"artifact": art, "reference": ref, "definition": MEMORY_DEFINITION,
+            "ratio_vs_reference": {b: _ratio(a[b], r.get(b)) for b in sorted(a, key=int)}}
 
 
 def resolve_baseline(
@@ -501,9 +539,11 @@ def reference_side(j: Judged, cfg: EvaluateConfig) -> ReferenceRun:
     return measure_reference_run(j.reference, j.ref_desc, j.art_desc, j.corpus, cfg, j.synthetic, score_asr=False)
 
 
-def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[dict[str, Any], Waves]:
-    """The report's ``latency`` section (the artifact timed with the reference's settings) and the
-    artifact's audio (the input of ASR and hearing)."""
+def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun
+                    ) -> tuple[dict[str, Any], dict[str, Any] | None, Waves]:
+    """The report's ``latency`` section (the artifact timed with the reference's settings), its
+    ``memory`` section (each side's fresh-process figures, `memory_section`) and the artifact's audio
+    (the input of ASR and hearing)."""
     pair = None
     ref_lat, pt_lat = ref.latency, ref.pytorch
     if j.self_reference:
@@ -525,6 +565,9 @@ def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[
                                                    latency_config(cfg, j.provider, cfg.show),
                                                    desc=f"synth {j.art_desc['variant']}")
         art_lat, art_waves, ref_lat = pair.artifact, pair.artifact_waves, pair.reference
+    memory = memory_section(art_lat, ref.latency)  # the reference's memory: its own run's (probed once)
+    # the memory figures have one place in the report (its ``memory`` section), not one per latency record
+    art_lat, ref_lat = ({k: v for k, v in rec.items() if k != "memory"} for rec in (art_lat, ref_lat))
     latency = {
         "artifact": art_lat,
         "reference": ref_lat,
@@ -544,7 +587,7 @@ def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun) -> tuple[
     }
     log.info("latency done: RTF p50 %.3f (artifact) vs %.3f (fp32 reference)", art_lat["rtf"]["p50"] or 0,
              ref_lat["rtf"]["p50"] or 0)
-    return latency, art_waves
+    return latency, memory, art_waves
 
 
 @dataclass
@@ -612,7 +655,8 @@ def _hear(j: Judged, cfg: EvaluateConfig, art_waves: Waves, ref_waves: Waves) ->
 
 
 def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: CorpusFigures,
-                latency: dict[str, Any], hearing: dict[str, Any]) -> dict[str, Any]:
+                latency: dict[str, Any], hearing: dict[str, Any], memory: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
     """The report's measured sections, in their order (the gate, buckets and seal come after)."""
     from chattts_forge.evaluate.report_schema import REPORT_SCHEMA
     from chattts_forge.versions import library_versions, toolchain_info
@@ -639,6 +683,7 @@ def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: Corp
         "streaming": hearing["streaming"],
         "listen": hearing["listen"],
         "latency": latency,
+        **({"memory": memory} if memory is not None else {}),
         "size": {
             "artifact_bytes": art_desc["bytes_total"],
             "reference_bytes": ref_desc["bytes_total"],
@@ -694,7 +739,8 @@ def report_notes(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, distributed:
     if cfg.latency_run is not None and not j.self_reference:
         notes.append("Latency: the artifact was timed against the FP32 reference in the build's latency run, in the same "
                      "interleaved rounds as the build's other variants (the reference synthesized once per round for "
-                     "all of them; first audio, throughput and memory once per side, in turn).")
+                     "all of them; first audio and throughput once per side, in turn; memory: each variant in a "
+                     "process of its own).")
     if j.self_reference:
         notes.append("The artifact is its own reference: its latency was measured once and serves as both "
                      "(ratio vs reference 1 by construction); fidelity is still measured (it checks the fused GPT graph, "
@@ -762,10 +808,10 @@ def evaluate_artifact(
              j.reference, len(j.sentences), j.corpus.name)
     # Latency (and the audio for ASR): the reference's side first, then the artifact, same settings.
     ref = reference_side(j, cfg)
-    latency, art_waves = latency_section(j, cfg, ref)
+    latency, memory, art_waves = latency_section(j, cfg, ref)
     figures = corpus_phase(j, cfg, ref, art_waves)
     hearing = _hear(j, cfg, art_waves, ref.waves)
-    report = report_body(j, cfg, ref, figures, latency, hearing)
+    report = report_body(j, cfg, ref, figures, latency, hearing, memory)
     metrics, reasons = flat_metrics(report)
     waived = waivers(j, metrics, reasons)
     verdict = judge(j.gate, metrics, waived=waived, reasons=reasons, integrity=j.art_desc["manifest_mismatches"])

@@ -9,10 +9,12 @@ spans and definitions as `bench`; docs/bench.md "Definitions"), set by one `Late
 speaker of seed `seed + i`) and records per utterance: end-to-end seconds, audio seconds, codes and
 RTF (end-to-end seconds / audio seconds); RTF p50/p95/p99; codes per second; first audio when
 streaming (`stream_batch` steps); throughput at each batch size (one call with B sentences: streams
-= audio seconds of all rows per wall second, codes/s); memory: the peak RSS of a fresh process that
-loads the artifact and synthesizes once (`memory_probe.measure_memory`; the evaluating process's own peak
-is also recorded but is confounded by what ran before); bytes on disk. The waveforms are returned
-too (the evaluate stage scores them).
+= audio seconds of all rows per wall second, codes/s); memory (`memory`): the artifact measured in a
+process of its own as `bench` measures it (`memory_probe.measure_memory`: load, then bench's text
+at `memory_steps` steps a row at each of `memory_batches`; peak RSS per batch size, resident size
+after load, the command that repeats it). Timing may share a process with other artifacts; memory
+never does (RSS is per process, and allocators keep what others freed). Bytes on disk. The
+waveforms are returned too (the evaluate stage scores them).
 
 `measure_against(artifact_dir, reference_dir, sentences, config)` is the gate's comparison (issue
 27): both are loaded side by side and every sentence is synthesized by the two in turn, the order
@@ -46,15 +48,14 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress, track
 from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
-from chattts_forge.runtime.memory_probe import measure_memory
+from chattts_forge.runtime.memory_probe import PROBE_BATCHES, measure_memory
 from chattts_forge.runtime.timed_engine import OnnxEngine
 from chattts_forge.runtime.timing import (
+    BENCH_STEPS,
     CLOCK,
     Request,
     RunFigures,
-    current_rss_bytes,
     median,
-    peak_rss_bytes,
     per_second,
     percentiles,
     time_calls,
@@ -62,7 +63,6 @@ from chattts_forge.runtime.timing import (
 
 log = get_logger(__name__)
 
-MB = 1 / 2**20
 
 # The gate's RTF ratio: known to +-5% (90% interval of the median per-round ratio), or further
 # interleaved rounds after one pass over the sentences for at most 30 s and at most as long as that
@@ -78,7 +78,8 @@ class LatencyConfig:
     """How evaluate times an artifact: `threads` (onnxruntime intra-op), `max_new_token` (EOS free
     below it), `seed` (sentence i: sampling and speaker seed `seed + i`), `batch_sizes` (throughput),
     `warmup` untimed syntheses, `stream_batch` and `first_audio_runs` (first audio when streaming),
-    `isolate_memory` (peak RSS of a fresh process), `provider` (cpu or cuda, resolved), `progress`
+    `isolate_memory` (the memory figures, each artifact in a fresh process: `memory_steps` steps a row
+    at each of `memory_batches`, bench's workload), `provider` (cpu or cuda, resolved), `progress`
     (tqdm); for `measure_against`, the RTF ratio's `ratio_bound` and `ratio_time_cap_s` (module doc)."""
 
     threads: int | None = 2
@@ -89,6 +90,8 @@ class LatencyConfig:
     stream_batch: int = 24
     first_audio_runs: int = 3
     isolate_memory: bool = True
+    memory_steps: int = BENCH_STEPS
+    memory_batches: tuple[int, ...] = PROBE_BATCHES
     provider: str = "cpu"
     progress: bool = True
     ratio_bound: float = RATIO_BOUND
@@ -97,8 +100,11 @@ class LatencyConfig:
     def __post_init__(self) -> None:
         if self.max_new_token < 1 or self.warmup < 0 or self.first_audio_runs < 0 or self.stream_batch < 1:
             raise ForgeError("latency: max_new_token and stream_batch must be >= 1, warmup and first_audio_runs >= 0")
-        if any(b < 1 for b in self.batch_sizes):
-            raise ForgeError(f"latency: batch sizes must be >= 1, got {self.batch_sizes}")
+        if any(b < 1 for b in (*self.batch_sizes, *self.memory_batches)) or not self.memory_batches:
+            raise ForgeError(f"latency: batch sizes must be >= 1, got {self.batch_sizes} and memory "
+                             f"{self.memory_batches}")
+        if self.memory_steps < 2:
+            raise ForgeError(f"latency: memory_steps must be >= 2, got {self.memory_steps}")
         if not (self.ratio_bound > 0 and self.ratio_time_cap_s >= 0):
             raise ForgeError(f"latency: ratio_bound must be > 0 and ratio_time_cap_s >= 0, got {self.ratio_bound} "
                              f"and {self.ratio_time_cap_s}")
@@ -175,9 +181,7 @@ class _Measured:
     def __init__(self, artifact_dir: str | os.PathLike[str], config: LatencyConfig) -> None:
         self.artifact_dir = artifact_dir
         self.config = config
-        self.rss_before = current_rss_bytes()
         self.engine = OnnxEngine(artifact_dir, config.threads, provider=config.provider)
-        self.rss_loaded = current_rss_bytes()
         self.warmup_seconds = 0.0
         self.first_audio: list[float] = []
         self.first_audio_samples: list[dict[str, Any]] = []  # per sentence, for the regression gate's interval
@@ -204,7 +208,17 @@ class _Measured:
             "steps_per_second": per_second(sum(run.row_codes), run.e2e_s),
         }
 
-    def record(self, utterances: list[dict[str, Any]], sentence: str) -> dict[str, Any]:
+    def memory(self, probe: bool = True) -> dict[str, Any] | None:
+        """The artifact's memory figures, measured in a process of its own (None: not asked for)."""
+        cfg = self.config
+        if not (cfg.isolate_memory and probe):
+            return None
+        # the variant's name in the command: the folder a published version holds it in, never this path
+        label = self.engine.pipe.artifact.meta.variant or Path(self.artifact_dir).name
+        return measure_memory(self.artifact_dir, threads=cfg.threads, steps=cfg.memory_steps, provider=cfg.provider,
+                              batches=cfg.memory_batches, label=label)
+
+    def record(self, utterances: list[dict[str, Any]], probe_memory: bool = True) -> dict[str, Any]:
         cfg = self.config
         return {
             "artifact": str(self.artifact_dir),
@@ -221,11 +235,7 @@ class _Measured:
                                     "stream_lookahead_frames": self.engine.stream_lookahead,
                                     "runs": len(self.first_audio), "samples": self.first_audio_samples},
             "throughput": self.throughput,
-            "rss_mb": {"before_load": self.rss_before * MB, "after_load": self.rss_loaded * MB,
-                       "after_run": current_rss_bytes() * MB},
-            "peak_rss_process_mb": peak_rss_bytes() * MB,  # of the whole evaluating process, for reference
-            "memory": measure_memory(self.artifact_dir, sentence, cfg.threads, provider=cfg.provider)
-            if cfg.isolate_memory else None,
+            "memory": self.memory(probe_memory),
             "bytes_on_disk": dir_bytes(Path(self.artifact_dir)),
         }
 
@@ -248,13 +258,15 @@ def measure_artifact(
         m.time_first_audio(sentences[i], i)
     for b in cfg.batch_sizes:
         m.time_batch(sentences, b)
-    return m.record(utterances, sentences[0]), waves
+    return m.record(utterances), waves
 
 
 def _log_tail_phases(cfg: LatencyConfig, first_audio_runs: int) -> None:
     """What runs after the per-sentence timing (silent otherwise for a minute at full size)."""
     log.info("latency: first audio (%d streamed runs), throughput at batch %s%s", first_audio_runs,
-             "/".join(map(str, cfg.batch_sizes)), ", peak RSS in a fresh process" if cfg.isolate_memory else "")
+             "/".join(map(str, cfg.batch_sizes)),
+             f", memory in a fresh process per artifact (batch {'/'.join(map(str, cfg.memory_batches))}, "
+             f"{cfg.memory_steps} steps)" if cfg.isolate_memory else "")
 
 
 @dataclass(frozen=True)
@@ -296,8 +308,10 @@ def measure_against_many(
     interleaved rounds (module doc): per round each sentence once on the reference and once on every
     artifact, the order rotated, so the reference is timed once per round for all of them (the build's
     latency run, evaluate.latency_run). Rounds go on until every ratio's spread is within the bound
-    or the time cap; the reference's first audio, throughput and memory are measured once, in turn
-    with the artifacts'. One artifact: `measure_against`."""
+    or the time cap; the reference's first audio and throughput are measured once, in turn with the
+    artifacts'; each artifact's memory in a process of its own, the reference's not here (its record's
+    `memory` is None: the reference's own run, `measure_artifact`, measures it). One artifact:
+    `measure_against`."""
     cfg = config or LatencyConfig()
     if not sentences:
         raise ForgeError("latency: no sentences to time")
@@ -352,7 +366,9 @@ def measure_against_many(
                 tail.update(1)
         records = {}
         for name in sides:
-            records[name] = sides[name].record(_with_median_seconds(firsts[name], runs[name]), sentences[0])
+            # the reference's memory is its own run's (evaluate.reference_run): probed once per build
+            records[name] = sides[name].record(_with_median_seconds(firsts[name], runs[name]),
+                                               probe_memory=name != "reference")
             tail.update(1)
     finally:
         tail.close()

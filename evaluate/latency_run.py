@@ -6,7 +6,9 @@ Evaluated one by one, a build times the FP32 reference again for every variant: 
 pair of rounds, and its first audio, throughput and memory probe. `measure_latency_run` times all the
 variants of a build in one comparison instead (`latency.measure_against_many`): per round the
 reference once and every variant once, the order rotated, until every variant's ratio is within the
-bound or the time cap; the tail (first audio, throughput, memory) is measured once per side, in turn.
+bound or the time cap; the tail (first audio, throughput) is measured once per side, in turn, and each
+variant's memory in a process of its own (`memory_probe.measure_memory`; the reference's by its own
+run, evaluate.reference_run).
 Each variant's record and ratio are the figures `measure_against` gives (same definitions, same
 stopping rules), measured on one clock with the reference and the other variants.
 

@@ -83,16 +83,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "#### Latency (same run)",
         "",
-        "| variant | RTF p50 | RTF p95 | RTF p99 | ms/step p50 | steps/s | first audio p50 s | load s | peak RSS MB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| variant | RTF p50 | RTF p95 | RTF p99 | ms/step p50 | steps/s | first audio p50 s | load s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, rec in _latency_rows(report):
         fa = rec.get("first_audio_seconds", {}).get("p50") if isinstance(rec.get("first_audio_seconds"), dict) else None
         lines.append(
             f"| {name} | {_f(rec['rtf']['p50'])} | {_f(rec['rtf']['p95'])} | {_f(rec['rtf']['p99'])} | "
             f"{_f(rec['seconds_per_step']['p50'] * 1000 if rec['seconds_per_step']['p50'] else None)} | "
-            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} | "
-            f"{_f((rec.get('memory') or {}).get('peak_rss_mb'))} |"
+            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} |"
         )
     ratios = report["latency"]["ratios"]
     lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios['vs_reference']['rtf_p50'])}x**"]
@@ -111,6 +110,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "| batch | aggregate RTF | real-time streams | steps/s |", "| ---: | ---: | ---: | ---: |"]
         for b, rec in tp.items():
             lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
+    lines += _memory_lines(report)
     lines += _hearing_lines(report) + _interval_lines(report.get("intervals"))
     lines += _bucket_lines(report.get("buckets") or {}) + _cache_lines(report.get("phrase_cache"))
     lines += render_auto_search_markdown(report)
@@ -125,6 +125,33 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _memory_lines(report: dict[str, Any]) -> list[str]:
+    """The ``memory`` section (issue 50): each side's peak RSS in a process of its own, and the commands."""
+    memory = report.get("memory")
+    if not memory:
+        return []
+    sides = [(f"{report['artifact']['variant']} (artifact)", memory.get("artifact")),
+             ("fp32 (reference)", memory.get("reference"))]
+    some = next((rec for _, rec in sides if rec), {})
+    lines = ["", f"#### Memory (each in a process of its own: load, then {some.get('steps')} steps a row at batch "
+                 f"{' then '.join(map(str, some.get('batches') or []))})", "",
+             "| variant | peak RSS MB, batch 1 | batch 8 | after load MB | batch 1 / FP32 |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    ratio = (memory.get("ratio_vs_reference") or {}).get("1")
+    for i, (name, rec) in enumerate(sides):
+        rec = rec or {}
+        by_batch = rec.get("peak_rss_mb_by_batch") or {}
+        lines.append(f"| {name} | {_f(by_batch.get('1'))} | {_f(by_batch.get('8'))} | {_f(rec.get('after_load_mb'))} | "
+                     f"{_f(ratio) if i == 0 else '1'} |")
+    for name, rec in sides:
+        if rec and rec.get("error"):
+            lines.append(f"\n{name}: the memory probe failed: {rec['error']}")
+    commands = [f"`{rec['command']}`" for _, rec in sides if rec and rec.get("command")]
+    if commands:
+        lines += ["", "Repeat from the version folder: " + "; ".join(commands) + "."]
+    return lines
 
 
 def _hearing_lines(report: dict[str, Any]) -> list[str]:

@@ -16,7 +16,10 @@ accepted (`TOP_LEVEL`):
   "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}, "regression":
   {figure: tolerance} (the gate file's [regression] section; since issue 38, absent before)}`` (see gate.py);
 - ``metrics`` (flat name -> value, the gate's inputs), ``headline`` (`HEADLINE_KEYS`: the figures to
-  compare variants by), ``notes`` (plain sentences, e.g. why intelligibility was not measured);
+  compare variants by; since issue 50 also `HEADLINE_OPTIONAL_METRICS`, absent before, and
+  ``peak_rss_mb`` is the variant's own batch-1 peak, measured in a process of its own; before, the
+  peak of a process shared with the build's other variants), ``notes`` (plain sentences, e.g. why
+  intelligibility was not measured);
 - ``intelligibility``: ``{"measured": false, "reason", "note"}`` on synthetic checkpoints, else
   ``{"measured": true, "wer"/"cer", "reference_wer"/..., "wer_delta"/"cer_delta", "languages":
   {lang: {"asr", "variants": {"artifact"|"reference": {"corpus", "utterances"}}}}}``;
@@ -33,6 +36,12 @@ accepted (`TOP_LEVEL`):
   ``vs_reference.rtf_p50_of_p50s``; utterance records then carry ``runs`` (their seconds the
   median of those runs);
 - ``size`` (`SIZE_KEYS`), ``corpus``, ``settings``, ``machine``, ``versions``, ``toolchain``, ``timing``;
+- ``memory`` (optional, since issue 50): ``{"artifact", "reference": the fresh-process probe of each
+  (runtime.memory_probe.measure_memory: "peak_rss_mb_by_batch" {"1", "8"}, "peak_rss_mb" (batch 1),
+  "after_load_mb", "load_peak_mb", "python_baseline_mb", "steps", "batches", "threads", "provider",
+  "text", "warmup_steps", "gpt_engine", "rss_method", "method", "command" (repeats it from the version
+  folder), "seconds", "probe_seconds"; "error" when it failed), "ratio_vs_reference": {batch: the
+  artifact's peak over the reference's}, "definition"}``; the latency records carry no memory then;
 - ``buckets``: per length bucket of the held-out corpus, fidelity/intelligibility/latency and the
   bucket's gate verdict (`evaluate.buckets`; the routing table is made from it);
 - ``phrase_cache``: latency with and without a warm phrase cache at a stated hit ratio
@@ -136,6 +145,9 @@ GATE_OPTIONAL_KEYS: dict[str, Any] = {"regression": MapOf(_NUMBER)}
 HEADLINE_METRICS = ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch", "first_audio_seconds",
                     "code_agreement", "hidden_cosine", "mel_snr_db", "wer", "cer", "size_mb", "peak_rss_mb")
 HEADLINE_KEYS: dict[str, Any] = {"variant": _OPT_STR, "passed": bool, **dict.fromkeys(HEADLINE_METRICS, _OPT_NUMBER)}
+# Headline figures evaluate writes since issue 50 (absent in earlier reports): batch-8 peak RSS and the
+# batch-1 peak over FP32's, each variant measured in a process of its own (the ``memory`` section).
+HEADLINE_OPTIONAL_METRICS = ("peak_rss_b8_mb", "peak_rss_ratio_vs_reference")
 SIZE_KEYS: dict[str, Any] = {"artifact_bytes": int, "reference_bytes": int, "ratio_vs_reference": _OPT_NUMBER}
 TOP_LEVEL: dict[str, Any] = {
     "schema": str,
@@ -170,12 +182,14 @@ OPTIONAL_TOP_LEVEL: dict[str, Any] = {
     "listen": dict,  # the audio and spectrogram files beside report.json, with their sha256
     "intervals": dict,  # 95% bootstrap interval per corpus figure (evaluate.intervals)
     "sentences": ListOf(dict),  # per-sentence rows
+    "memory": dict,  # each side's memory measured in a process of its own (since issue 50)
 }
 
 
 def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | None]) -> dict[str, Any]:
     """The report's ``headline`` section from the gate's flat metrics."""
-    return {"variant": variant, "passed": passed, **{k: metrics.get(k) for k in HEADLINE_METRICS}}
+    return {"variant": variant, "passed": passed,
+            **{k: metrics.get(k) for k in (*HEADLINE_METRICS, *HEADLINE_OPTIONAL_METRICS)}}
 
 
 def _type_names(spec: type | tuple[type, ...]) -> str:
@@ -227,6 +241,12 @@ def validate(report: Any) -> None:
         for key in GATE_OPTIONAL_KEYS.keys() & gate.keys():
             _check(gate[key], GATE_OPTIONAL_KEYS[key], f"gate.{key}")
         required["gate"] = {k: v for k, v in gate.items() if k not in GATE_OPTIONAL_KEYS}
+    head = required.get("headline")
+    if isinstance(head, dict):
+        for key in HEADLINE_OPTIONAL_METRICS:
+            if key in head:
+                _check(head[key], _OPT_NUMBER, f"headline.{key}")
+        required["headline"] = {k: v for k, v in head.items() if k not in HEADLINE_OPTIONAL_METRICS}
     _check(required, TOP_LEVEL, "")
     for key, value in optional.items():
         _check(value, OPTIONAL_TOP_LEVEL[key], key)

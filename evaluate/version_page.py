@@ -10,8 +10,9 @@ What it shows:
 
 - a quality-vs-speed table: per variant its verdict (published / refused by the gate / not built),
   WER/CER, SIM, DNSMOS OVRL, code agreement, mel SNR, stream SNR, RTF, first audio, size and peak
-  RSS, each with its 95% interval where the report has one (evaluate.intervals) and the verdict of
-  the gate checks on that figure (pass / FAIL / waived, with the waiver's reason on hover);
+  RSS at batch 1 and at batch 8 (each variant in a process of its own: the report's ``memory``
+  section), each with its 95% interval where the report has one (evaluate.intervals) and the verdict
+  of the gate checks on that figure (pass / FAIL / waived, with the waiver's reason on hover);
 - a Pareto plot: speed (median RTF against FP32, same run) against fidelity (code agreement), the
   variants on the frontier joined;
 - "since vN" beside each figure and a list per variant: its change against the same variant of the
@@ -64,7 +65,9 @@ COLUMNS: list[tuple[str, str, tuple[str, ...], str | None, str]] = [
     ("RTF p50", "rtf_p50", ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch"), "rtf_p50", ".3f"),
     ("first audio s", "first_audio_seconds", ("first_audio_seconds",), None, ".3f"),
     ("size MB", "size_mb", ("size_mb", "size_ratio_vs_reference"), None, ".1f"),
-    ("peak RSS MB", "peak_rss_mb", ("peak_rss_mb",), None, ".0f"),
+    # each variant in a process of its own (the report's `memory` section): load + batch 1, load + batch 8
+    ("peak RSS MB b1", "peak_rss_mb", ("peak_rss_mb", "peak_rss_ratio_vs_reference"), None, ".0f"),
+    ("peak RSS MB b8", "peak_rss_b8_mb", ("peak_rss_b8_mb",), None, ".0f"),
 ]
 _RANK = {"fail": 3, "not_measured": 3, "pass": 2, "waived": 1}
 # column title -> the regression figures (publish.regression) its "since vN" cell shows
@@ -73,9 +76,11 @@ SINCE: dict[str, tuple[str, ...]] = {
     "code agreement": ("code_agreement", "code_kl"), "mel SNR dB": ("mel_snr_db",),
     "RTF p50": ("rtf_ratio_vs_reference", "rtf_vs_baseline"),
     "first audio s": ("first_audio_seconds", "first_audio_ratio_vs_reference"), "size MB": ("size_mb",),
+    "peak RSS MB b1": ("peak_rss_ratio_vs_reference",),
 }
 # how a cell holding two figures tells them apart (the re-timed RTF; first audio over its own FP32)
-_SINCE_TAGS = {"rtf_vs_baseline": "re-timed", "first_audio_ratio_vs_reference": "/ FP32"}
+_SINCE_TAGS = {"rtf_vs_baseline": "re-timed", "first_audio_ratio_vs_reference": "/ FP32",
+               "peak_rss_ratio_vs_reference": "/ FP32"}
 _SINCE_CLASS = {"regression": "fail", "improved": "pass", "worse": "waived", "same": "", "waived": "waived",
                 "not judged": "waived"}
 HISTORY_LINK = "../history.html"  # the model's history page (publish.history), beside its version folders

@@ -7,7 +7,9 @@ headline figures and regression records, publish.regression): no wall clock, no 
 `verify` rebuilds it and compares bytes, as it does index.json.
 
 Per variant, one row per version that holds it: the evaluation date, the headline figures (code
-agreement, mel SNR, WER/CER, median RTF and its ratio to the same build's FP32, first audio, size)
+agreement, mel SNR, WER/CER, median RTF and its ratio to the same build's FP32, first audio, size,
+peak RSS at batch 1 and 8: "-" for versions evaluated before each variant's memory was measured in
+a process of its own)
 and the verdict against the version it was compared with when published (no baseline, no
 regression, or a regression with the reason it was accepted). A JSON block (`HISTORY_SCHEMA`: model,
 {version: {variant: manifest sha256}}) says what the page was made from.
@@ -33,7 +35,12 @@ HISTORY_FIGURES: list[tuple[str, str, str]] = [
     ("code_agreement", "code agreement", ".3f"), ("mel_snr_db", "mel SNR dB", ".1f"), ("wer", "WER", ".3f"),
     ("cer", "CER", ".3f"), ("rtf_p50", "RTF p50", ".3f"), ("rtf_ratio_vs_reference", "RTF / FP32", ".3f"),
     ("first_audio_seconds", "first audio s", ".3f"), ("size_mb", "size MB", ".1f"),
+    ("peak_rss_mb", "peak RSS MB b1", ".0f"), ("peak_rss_b8_mb", "peak RSS MB b8", ".0f"),
 ]
+# Memory figures are shown only from headlines that record the batch-8 peak (issue 50, each variant in a
+# process of its own): an earlier `peak_rss_mb` is the peak of a process the build's variants shared.
+OWN_PROCESS_KEY = "peak_rss_b8_mb"
+MEMORY_FIGURES = ("peak_rss_mb", "peak_rss_b8_mb")
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -84,7 +91,9 @@ def history_bytes(model_dir: Path) -> bytes:
             m = by_variant.get(variant)
             if m is None:
                 continue
-            figures = (m.get("gate") or {}).get("headline") or {}
+            figures = dict((m.get("gate") or {}).get("headline") or {})
+            if OWN_PROCESS_KEY not in figures:
+                figures = {k: v for k, v in figures.items() if k not in MEMORY_FIGURES}
             cells = "".join(f"<td>{_fmt(figures.get(k), spec)}</td>" for k, _, spec in HISTORY_FIGURES)
             rows.append(f"<tr><th><a href='{html.escape(version)}/report.html'>{html.escape(version)}</a></th>"
                         f"<td>{html.escape(str(m.get('created_at')))}</td>{cells}{_verdict(m)}</tr>")
@@ -103,7 +112,8 @@ td.fail{{background:#ffebe9}} td.pass{{background:#dafbe1}}
 <h1>{title}: every published version</h1>
 <p>Each variant's headline figures per version (each against the FP32 of its own build) and its verdict against
 the version it was compared with when it was published. A version's own page (linked) has every figure with its
-interval and what changed between the builds.</p>
+interval and what changed between the builds. Peak RSS: each variant alone in a fresh process through load and a
+synthesis at batch 1 and at batch 8 (bench's text and steps; "-" before that was measured).</p>
 {''.join(sections) or '<p>Nothing published.</p>'}
 <script type="application/json" id="chattts-forge-history">{block}</script>
 </body></html>

@@ -19,7 +19,11 @@ reports:
   first audio of the same sentence, timed in turn (`first_audio_ratio_vs_reference`, judged;
   machine-neutral like the RTF ratio). A baseline recorded before per-sentence first audio gives the
   two medians, no interval, not judged;
-- size (exact).
+- size (exact);
+- batch-1 peak RSS over its own build's FP32's (`peak_rss_ratio_vs_reference`, since issue 50: each
+  variant in a process of its own): a relative delta of one measurement per build, its interval the
+  delta +-`MEMORY_REPEATABILITY` (what a fresh-process probe repeats within on one machine). A
+  baseline measured before issue 50 has no such figure: not compared.
 
 Two are measured now, by `compare_build_variant`:
 
@@ -89,7 +93,7 @@ LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_
           "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
           "rtf_ratio_vs_reference": "RTF over its FP32", "rtf_vs_baseline": "RTF (re-timed against it here)",
           "first_audio_seconds": "first audio", "first_audio_ratio_vs_reference": "first audio over its FP32",
-          "size_mb": "size"}
+          "size_mb": "size", "peak_rss_ratio_vs_reference": "batch-1 peak RSS over its FP32"}
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 NO_BASELINE = "no baseline: the first version of this model in the artifacts folder"
@@ -252,16 +256,31 @@ def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> d
             "how": f"paired per sentence: {how}"}
 
 
+# A fresh-process peak RSS repeats within ~2-3% on one machine (bench at full size, two runs each:
+# 496/509, 600/611, 1089/1090 MB; docs/measurements/2026-12-01-epyc-vnni/memory): the half-width of the
+# interval given to a memory figure, which has one measurement per build.
+MEMORY_REPEATABILITY = 0.03
+# figures with one value per report that are judged -> (half-width of their interval around the delta, how)
+_POINT_JUDGED: dict[str, tuple[float, str]] = {
+    "size_mb": (0.0, "bytes on disk (exact)"),
+    "peak_rss_ratio_vs_reference": (MEMORY_REPEATABILITY, "one measurement per build, each side in a process of its "
+                                    f"own; interval: the delta +-{MEMORY_REPEATABILITY:.0%}, the probe's repeatability"),
+}
+
+
 def _point_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
-    """A figure with one value per report (first audio's median, the size): no interval of its own."""
+    """A figure with one value per report (first audio's median, the size, the memory ratio): no
+    interval of its own; those of `_POINT_JUDGED` are judged on their delta within their stated noise."""
     a, b = _finite((new.get("metrics") or {}).get(figure)), _finite((old.get("metrics") or {}).get(figure))
     if a is None or b is None or b == 0:
         return None
     delta = (a - b) / abs(b)
-    exact = figure == "size_mb"  # bytes on disk are counted, not measured
-    return {"value": a, "baseline": b, "delta": delta, "low": delta if exact else None,
-            "high": delta if exact else None, "relative": True, "n": 0,
-            "how": "bytes on disk (exact)" if exact else "median of the latency run (no per-run values recorded)"}
+    if figure in _POINT_JUDGED:
+        noise, how = _POINT_JUDGED[figure]
+        return {"value": a, "baseline": b, "delta": delta, "low": delta - noise, "high": delta + noise,
+                "relative": True, "n": 0, "how": how}
+    return {"value": a, "baseline": b, "delta": delta, "low": None, "high": None, "relative": True, "n": 0,
+            "how": "median of the latency run (no per-run values recorded)"}
 
 
 def _judge(figure: str, entry: dict[str, Any], tolerance: float | None, waived: dict[str, str],
@@ -360,7 +379,7 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
         if figure == "rtf_vs_baseline":
             continue  # measured now, not read from records (`retimed_figure`)
         entry = _sentence_figure(figure, report, old_report) if figure in _PER_SENTENCE else None
-        if entry is None and figure in ("first_audio_seconds", "size_mb"):
+        if entry is None and figure in ("first_audio_seconds", *_POINT_JUDGED):
             # a baseline published before per-sentence first audio: the two medians, no interval
             entry = _point_figure(figure, report, old_report)
         if entry is not None:

@@ -167,8 +167,25 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
         "buckets": buckets,
         "variants": {v: {"manifest_sha256": sha256_file(d / MANIFEST_NAME), "payload_sha256": payload_sha256(d),
                          "report_sha256": sha256_file(d / REPORT_COPY_NAME),
-                         "evaluated_at": reports[v].get("created_at")} for v, d in variants.items()},
+                         "evaluated_at": reports[v].get("created_at"),
+                         **({"memory": mem} if (mem := memory_figures(reports[v])) else {})}
+                     for v, d in variants.items()},
     }
+
+
+# What routing.json records of each variant's memory (serve --memory-limit reads it: serve.guard).
+MEMORY_KEYS = ("peak_rss_mb_by_batch", "after_load_mb", "python_baseline_mb", "steps", "threads", "provider", "command")
+
+
+def memory_figures(report: dict[str, Any]) -> dict[str, Any] | None:
+    """A variant's memory as its report measured it (the ``memory`` section, each variant in a process of
+    its own, since issue 50): peak RSS per batch size (MiB), resident size after load, the runtime's own
+    start (python_baseline_mb), the workload and the command; None for a report without one."""
+    art = (report.get("memory") or {}).get("artifact") or {}
+    by_batch = art.get("peak_rss_mb_by_batch") or {}
+    if not by_batch or any(_finite(v) is None for v in by_batch.values()):
+        return None
+    return {k: art.get(k) for k in MEMORY_KEYS}
 
 
 def _entry(path: Path) -> FileEntry:

@@ -18,7 +18,14 @@ the same bytes)::
     {"schema", "model", "version", "length": "...", "fallback": "fp32",
      "buckets": [{"name", "min_chars", "max_chars", "variant", "reason",
                   "figures": {variant: {"passed", "rtf_p50", "seconds_p50", "code_agreement", ...}}}],
-     "variants": {variant: {"manifest_sha256", "payload_sha256", "report_sha256"}}}
+     "variants": {variant: {"manifest_sha256", "payload_sha256", "report_sha256", "evaluated_at",
+                            "memory" (since issue 50; absent for reports without it): {"peak_rss_mb_by_batch":
+                            {"1", "8"}, "after_load_mb", "python_baseline_mb", "steps", "threads", "provider",
+                            "command"}}}}
+
+`memory` is each variant's own peak RSS (MiB) through load and a synthesis at batch 1 and 8, each
+measured in a process of its own by the build (runtime.memory_probe); `serve --memory-limit` warns at
+start when the limit cannot hold the routed variants at its `--max-batch` (serve.guard.memory_warning).
 
 A table naming a variant that is not published in the version folder (or whose payload differs from
 the one it was measured on) is refused with a one-line ForgeError naming it; `verify` says the same.

@@ -17,8 +17,10 @@ so a figure with the same name means the same measurement everywhere. Definition
 - first audio: seconds from the call to the first streamed chunk holding at least one sample.
 - streams: the audio seconds of all rows of a batch per wall second (concurrent real-time streams);
   its inverse is the aggregate RTF.
-- peak RSS: the kernel's high-water mark of the process's resident memory (getrusage `ru_maxrss`;
-  per phase, `/proc/self/status` VmHWM reset at the phase's start, see `memory_probe.RssSampler`).
+- peak RSS: the kernel's high-water mark of the process's resident memory (`/proc/self/status`
+  VmHWM on Linux, else getrusage `ru_maxrss`; per phase, VmHWM reset at the phase's start, see
+  `memory_probe.RssSampler`). A variant's memory is measured in a process of its own
+  (`memory_probe.measure_memory`): load + synthesis of `BENCH_TEXT` at `BENCH_STEPS` steps a row.
 
 Where the rest of the measuring lives: the timed engines, same `run(texts, request)` /
 `first_audio(text, request)` interface and spans: `runtime.timed_engine.OnnxEngine` (the torch-free
@@ -47,6 +49,10 @@ T = TypeVar("T")
 MEL_FRAMES_PER_CODE = 2
 # Decode steps whose context is at most this many positions are also reported apart (gpt_step_ms_ctx400).
 CONTEXT_LIMIT = 400
+# `bench`'s default workload, which a variant's memory figures are measured on too (memory_probe), so
+# that `chattts-forge bench --artifact DIR --batch 1` and the report agree: 9 s of audio at 24 kHz, hop 256.
+BENCH_STEPS = 422
+BENCH_TEXT = "你好，欢迎使用语音合成服务。今天天气很好，我们一起去公园散步吧。"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,7 +258,28 @@ def current_rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def hwm_bytes() -> int | None:
+    """The kernel's high-water mark of this process's own memory map (Linux `/proc/self/status` VmHWM;
+    None elsewhere). It starts afresh at exec, and writing "5" to /proc/self/clear_refs resets it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory (getrusage ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """This process's peak resident memory: VmHWM where the kernel gives it, else getrusage ru_maxrss
+    (KiB on Linux, bytes on macOS). Not ru_maxrss on Linux: exec keeps the larger of the old and the
+    new map's peak, so a child started from a large process (fork or vfork, then exec) reports its
+    parent's memory as its own: exec keeps the old map's high-water mark, and a child's old map is its
+    parent's (vfork) or a copy of it (fork). Issue 50: every variant of a build reported the peak of
+    the latency process that started its probe."""
+    hwm = hwm_bytes()
+    if hwm is not None:
+        return hwm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if platform.system() == "Darwin" else int(peak) * 1024

@@ -18,9 +18,10 @@ from chattts_forge.evaluate.cli import evaluate_reference as evaluate_reference_
 from chattts_forge.evaluate.evaluate import EvaluateConfig, evaluate_artifact
 from chattts_forge.quantize import fidelity as fidelity_mod
 
-# Figures that are timings (or the evaluating process's own memory): measured again by every run.
+# Figures that are timings or memory (each variant's probe runs again in every evaluation): measured again by
+# every run.
 TIMED = ("rtf_p50", "rtf_p95", "rtf_p99", "first_audio_seconds", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch",
-         "peak_rss_mb")
+         "peak_rss_mb", "peak_rss_b8_mb", "rss_after_load_mb", "peak_rss_ratio_vs_reference")
 
 
 @pytest.fixture(scope="module")

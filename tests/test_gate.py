@@ -28,6 +28,7 @@ HEALTHY = {  # what a healthy dynamic-INT8 artifact measured on a tiny synthetic
     "ovrl_drop": -0.0026,
     "stream_snr_db": 124.6,
     "stream_recorded_lookahead_snr_db": 122.5,  # at the artifact's recorded look-ahead (24 of 30 frames on tiny)
+    "peak_rss_ratio_vs_reference": 0.97,  # batch-1 peak RSS over FP32's, each alone (tiny: the runtime is most of it)
 }
 DAMAGED = {  # the same with its quantization scales multiplied by 3
     **HEALTHY,
@@ -50,11 +51,12 @@ def test_default_gate_has_a_threshold_for_each_area() -> None:
     assert gate["path"] == str(DEFAULT_GATE)
     metrics = {metric for _, _, metric, _ in gate["rules"]}
     assert {"wer_delta", "cer_delta", "code_agreement", "hidden_cosine", "mel_snr_db"} <= metrics
-    assert {"rtf_ratio_vs_reference", "size_ratio_vs_reference"} <= metrics
+    assert {"rtf_ratio_vs_reference", "size_ratio_vs_reference", "peak_rss_ratio_vs_reference"} <= metrics
     assert {"similarity", "similarity_worst", "ovrl_drop", "stream_snr_db"} <= metrics
     sections = {(section, rule, metric) for section, rule, metric, _ in gate["rules"]}
     assert {("speaker", "min", "similarity"), ("naturalness", "max", "ovrl_drop"),
-            ("streaming", "min", "stream_snr_db")} <= sections
+            ("streaming", "min", "stream_snr_db"), ("memory", "max", "peak_rss_ratio_vs_reference")} <= sections
+    assert "peak_rss_ratio_vs_reference" in gate["regression"]
     assert all(m in METRICS for m in metrics)
 
 
@@ -83,6 +85,8 @@ def test_default_gate_passes_healthy_and_fails_damaged_int8() -> None:
         ({"stream_snr_db": 10.7}, {"stream_snr_db"}),  # streamed audio breaks at the chunk edges
         # the recorded look-ahead is too short for sentences it was not chosen on
         ({"stream_recorded_lookahead_snr_db": 28.4}, {"stream_recorded_lookahead_snr_db"}),
+        # a variant that needs more memory than FP32 by over half (e.g. holding float copies of its weights)
+        ({"peak_rss_ratio_vs_reference": 1.62}, {"peak_rss_ratio_vs_reference"}),
     ],
 )
 def test_listening_rules_fail_on_the_loss_they_name(damage: dict[str, float], failed: set[str]) -> None:
@@ -93,6 +97,21 @@ def test_listening_rules_fail_on_the_loss_they_name(damage: dict[str, float], fa
     for metric in failed:
         check = next(c for c in verdict["checks"] if c["metric"] == metric)
         assert check["status"] == "fail" and "violates" in check["message"]
+
+
+def test_the_memory_rule_judges_the_ratio_and_a_failed_probe_is_not_a_pass() -> None:
+    gate = load_gate(None)
+    threshold = next(t for _, rule, metric, t in gate["rules"] if (rule, metric) == ("max", "peak_rss_ratio_vs_reference"))
+    assert 1.0 < threshold <= 2.0  # FP16 (~FP32's memory on a CPU) passes; a doubling never does
+    at = judge(gate, {**REAL_HEALTHY, "peak_rss_ratio_vs_reference": threshold})
+    assert at["passed"]
+    over = judge(gate, {**REAL_HEALTHY, "peak_rss_ratio_vs_reference": threshold + 0.01})
+    check = next(c for c in over["checks"] if c["metric"] == "peak_rss_ratio_vs_reference")
+    assert over["failed"] == ["peak_rss_ratio_vs_reference"] and check["section"] == "memory" and check["unit"] == "x"
+    probe_failed = judge(gate, {**REAL_HEALTHY, "peak_rss_ratio_vs_reference": None},
+                         reasons={"peak_rss_ratio_vs_reference": "the memory probe failed: error: boom"})
+    check = next(c for c in probe_failed["checks"] if c["metric"] == "peak_rss_ratio_vs_reference")
+    assert not probe_failed["passed"] and check["status"] == "not_measured" and "boom" in check["message"]
 
 
 def test_synthetic_listening_figures_are_shown_but_not_gated() -> None:

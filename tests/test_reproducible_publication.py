@@ -28,8 +28,8 @@ CHECKOUT = Path(chattts_forge.__file__).resolve().parent.parent
 # Files whose bytes differ between two builds of the same inputs, by name, and why.
 DIFFERS = {
     "model.sig": "ECDSA signatures are randomized: a fresh nonce for every signature (each verifies with the key)",
-    "report.json": "the evaluation's measurements: latency/RTF, per-bucket and phrase-cache timings, the machine's "
-                   "load, created_at, evaluate_seconds",
+    "report.json": "the evaluation's measurements: latency/RTF, per-bucket and phrase-cache timings, peak RSS (its "
+                   "memory section), the machine's load, created_at, evaluate_seconds",
     "README.md": "the model card quotes the report's measured figures and its date",
     "manifest.json": "the gate's results, the report's sha256 and evaluated_at (a variant's); the routing (a version's)",
     "SHA256SUMS": "lists manifest.json's sha256",

@@ -76,7 +76,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "rtf_ratio_vs_pytorch": ("median RTF / ChatTTS PyTorch FP32 median RTF (same run)", "x"),
     "size_ratio_vs_reference": ("bytes on disk / the FP32 artifact's bytes", "x"),
     "size_mb": ("bytes on disk", "MB"),
-    "peak_rss_mb": ("resident memory after load and synthesis", "MB"),
+    "peak_rss_mb": ("peak RSS of a process of its own through load and a batch-1 synthesis", "MB"),
+    "peak_rss_b8_mb": ("peak RSS of a process of its own through load and a batch-8 synthesis", "MB"),
+    "rss_after_load_mb": ("resident memory of a process of its own once loaded and warmed", "MB"),
+    "peak_rss_ratio_vs_reference": ("batch-1 peak RSS / the FP32 artifact's (each in a process of its own)", "x"),
     "similarity": ("speaker similarity (SIM) of the artifact's audio to the FP32 audio of the same sentence, mean", ""),
     "similarity_worst": ("speaker similarity to the FP32 audio, worst sentence", ""),
     "clone_similarity": ("SIM of the cloned output to the cloning recording, mean", ""),
@@ -118,6 +121,10 @@ REGRESSION_FIGURES: dict[str, tuple[str, str, str, str | None]] = {
     "first_audio_ratio_vs_reference": ("first audio over its own build's FP32 first audio (per sentence, in turn), "
                                        "median", "lower", "relative", "rtf_ratio_vs_reference"),
     "size_mb": ("bytes on disk", "lower", "relative", None),
+    # one fresh-process measurement per build (publish.regression gives it the probe's repeatability as its
+    # interval); over its own build's FP32, so two builds on different machines stay comparable
+    "peak_rss_ratio_vs_reference": ("batch-1 peak RSS over its own build's FP32's (each in a process of its own)",
+                                    "lower", "relative", "peak_rss_ratio_vs_reference"),
 }
 
 

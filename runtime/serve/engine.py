@@ -109,6 +109,15 @@ class ServedVersion:
             self.close(0)
             raise
 
+    def memory_figures(self) -> dict[str, Any]:
+        """Per routed variant, the memory the build measured for it (routing.json `variants[v].memory`:
+        peak RSS per batch size in a process of its own; None where the table records none); {} for a
+        single artifact folder."""
+        if self.router is None:
+            return {}
+        recorded = self.router.table.get("variants") or {}
+        return {v: (recorded.get(v) or {}).get("memory") for v in sorted(self.router.variants_in_use())}
+
     def _load(self, kwargs: dict[str, Any], cfg: ServeConfig, voices: dict[str, str]) -> None:
         """The variants (routed ones, or the one artifact), their schedulers, caches, voices, defaults."""
         if (self.path / ROUTING_NAME).is_file():

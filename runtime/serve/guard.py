@@ -37,6 +37,12 @@ when no other miss is waiting, running or reserved ("serial"), so long texts are
 time instead of never. While refusing with nothing in flight, the C heap is trimmed (at most every
 `IDLE_TRIM_S`), so RSS falls to what the process holds idle and the level follows it; a limit under
 that is logged as an error once: nothing is admitted over 95% (the ceiling comes first).
+
+At start, `memory_warning` compares the limit with what the build measured of the routed variants
+(routing.json `variants[v].memory`: each variant's peak RSS through load and a synthesis at batch 1
+and 8, in a process of its own): one warning line when their figures at `--max-batch` (linear in the
+rows between and beyond the measured batch sizes), summed in one process, exceed `SOFT` x limit, the
+most the ledger admits up to: the limit will shed before the configured batch runs.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from chattts_forge.errors import BadInput
 from chattts_forge.log import get_logger
@@ -162,6 +169,64 @@ class Reservation:
 
     def release(self) -> None:
         self.guard._release(self)
+
+
+def _mib(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
+
+
+def batch_figure(by_batch: dict[str, Any], batch: int) -> tuple[float, bool] | None:
+    """(peak RSS MiB at `batch`, whether it was measured at that batch size) from figures per batch size
+    (routing.json's `peak_rss_mb_by_batch`): linear in the rows between and beyond the two nearest
+    measured sizes (the key/value cache and the activations grow with the rows); None without a figure."""
+    points = sorted((int(k), v) for k, x in by_batch.items() if str(k).isdigit() and (v := _mib(x)) is not None)
+    if not points:
+        return None
+    exact = dict(points).get(batch)
+    if exact is not None:
+        return exact, True
+    if len(points) == 1:
+        return points[0][1], False
+    lower, upper = [p for p in points if p[0] < batch], [p for p in points if p[0] > batch]
+    if lower and upper:  # between two measured sizes
+        (b0, v0), (b1, v1) = lower[-1], upper[0]
+    elif upper:  # below the smallest: the line through the two smallest
+        (b0, v0), (b1, v1) = upper[0], upper[1]
+    else:  # beyond the largest: the line through the two largest
+        (b0, v0), (b1, v1) = lower[-2], lower[-1]
+    return max(v0 + (v1 - v0) * (batch - b0) / (b1 - b0), 0.0), False
+
+
+def memory_warning(figures: dict[str, Any], limit: int, max_batch: int) -> str | None:
+    """One line when the routed variants' measured memory (`figures`: {variant: routing.json's `memory`
+    record, or None}) at `max_batch` rows cannot stay under `MemoryGuard.SOFT` x `limit` bytes in one
+    process (each variant's figure less the runtime's own start, `python_baseline_mb`, counted once);
+    None when it can or nothing was recorded."""
+    needs: dict[str, tuple[float, bool, float]] = {}
+    steps = None
+    for variant, record in sorted(figures.items()):
+        if not isinstance(record, dict) or not isinstance(record.get("peak_rss_mb_by_batch"), dict):
+            continue
+        at = batch_figure(record["peak_rss_mb_by_batch"], max_batch)
+        if at is None:
+            continue
+        needs[variant] = (*at, _mib(record.get("python_baseline_mb")) or 0.0)
+        steps = steps or record.get("steps")
+    if not needs:
+        return None
+    start = max(base for _, _, base in needs.values())
+    total = start + sum(mib - base for mib, _, base in needs.values())
+    room = MemoryGuard.SOFT * limit / 2**20
+    if total <= room:
+        return None
+    shown = ", ".join(f"{v} {mib:.0f} MiB{'' if exact else ' (estimated from its batch-1 and batch-8 figures)'}"
+                      for v, (mib, exact, _) in sorted(needs.items(), key=lambda kv: -kv[1][0]))
+    together = f"; together ~{total:.0f} MiB in one process" if len(needs) > 1 else ""
+    workload = f", {steps} steps a row" if isinstance(steps, int) else ""
+    return (f"memory: --memory-limit {limit / 2**20:.0f} MiB cannot hold the routed variants at --max-batch "
+            f"{max_batch}: peak RSS at batch {max_batch} (measured by the build{workload}) {shown}{together}, over "
+            f"the {MemoryGuard.SOFT:.0%} of the limit the guard admits up to: it will halve the batch and refuse "
+            "long texts")
 
 
 class MemoryGuard:

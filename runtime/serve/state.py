@@ -23,7 +23,7 @@ from chattts_forge.errors import ArtifactChanged, Conflict, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import ServedVersion
-from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, HeapTrimmer, MemoryGuard
+from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, HeapTrimmer, MemoryGuard, memory_warning
 from chattts_forge.runtime.serve.metrics import Metrics
 from chattts_forge.runtime.serve.voices import load_voices
 from chattts_forge.runtime.session import release_free_heap
@@ -180,6 +180,10 @@ class ServerState:
             raise
         log.info("loaded %s (%s; variants %s) in %.1f s, warmed with %d request(s)", version.model_id, path,
                  ", ".join(version.pipes), time.perf_counter() - t0, warmed)
+        if self.guard is not None:  # what the build measured of the routed variants against the limit
+            warning = memory_warning(version.memory_figures(), self.guard.limit, cfg.max_batch)
+            if warning is not None:
+                log.warning("%s", warning)
         return version
 
     def load_initial(self) -> None:
