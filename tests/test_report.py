@@ -179,3 +179,25 @@ def test_markdown_subset_to_html() -> None:
         "<ul><li>one</li><li>two</li></ul>\n"
         "<pre><code>raw **text**</code></pre>\n"
     )
+
+
+def test_markdown_sample_renders_to_its_recorded_html(data_dir: Path) -> None:
+    """Every construct of a report summary, plus a link and an ordered list (tests/data/markdown/)."""
+    sample = data_dir / "markdown" / "summary_sample.md"
+    html = to_html(sample.read_text(encoding="utf-8"))
+    assert html == (data_dir / "markdown" / "summary_sample.html").read_text(encoding="utf-8")
+    # one line per top-level block (a table's rows each on their own), raw HTML only as text
+    lines = html.splitlines()
+    assert all(line.startswith("<") and line.endswith(">") for line in lines)
+    assert sum(line.startswith("<tr>") for line in lines) == 2 and lines.count("<tbody>") == 1
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_markdown_edge_layouts() -> None:
+    """An empty document is one empty line; a header-only table keeps its empty body; soft breaks are spaces."""
+    assert to_html("") == "\n"
+    assert (
+        to_html("| a |\n| --- |\n")
+        == "<table>\n<thead><tr><th>a</th></tr></thead>\n<tbody>\n</tbody>\n</table>\n"
+    )
+    assert to_html("one\ntwo\n") == "<p>one two</p>\n"
