@@ -1,6 +1,6 @@
 """The whole pipeline, incremental and kill-safe: what `make artifacts` runs.
 
-    python -m chattts_forge.driver [--preset full|tiny] [--seed 0] [--checkpoint DIR]
+    chattts-forge build [--preset full|tiny] [--seed 0] [--checkpoint DIR]
         [--build build] [--to artifacts] [--calib-corpus SPEC] [--eval-corpus SPEC] [--gate GATE.toml]
 
 Steps (each a `chattts-forge` stage run in its own process, so torch's memory goes away with it):
@@ -35,7 +35,6 @@ File hashes are cached by (size, mtime, inode), so a run with nothing changed re
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -44,12 +43,13 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import click
 
 from chattts_forge.artifact import VARIANTS
 from chattts_forge.codegraph import CodeGraph, Layout
@@ -69,10 +69,10 @@ from chattts_forge.driver.steps import (
 )
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs
-from chattts_forge.log import get_logger, setup_logging
+from chattts_forge.log import get_logger
+from chattts_forge.options import option
 
 log = get_logger("chattts_forge.pipeline")
-
 
 
 @dataclass
@@ -305,7 +305,8 @@ class VariantOutcome:
 
 @dataclass
 class BuildConfig:
-    """What `run_pipeline` builds (the options of `python -m chattts_forge.driver`).
+    """What `run_pipeline` builds: the options of `chattts-forge build`, each field that is one option
+    declared with `chattts_forge.options.option` (chattts_forge.driver.cli adds the rest).
 
     `pytorch_baseline`: time ChatTTS's PyTorch pipeline in every evaluation (ratios in the reports).
     None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
@@ -320,25 +321,37 @@ class BuildConfig:
     pair, chattts_forge.signing); its public half is written to `to/signing-key.pub`.
     """
 
-    build: Path = Path("build")
-    to: Path = Path("artifacts")
-    preset: str = "full"
-    seed: int = 0
-    checkpoint: str | os.PathLike[str] | None = None
+    build: Path = option(Path("build"), "--build", kind="path")
+    to: Path = option(Path("artifacts"), "--to", kind="path")
+    preset: str = option("full", "--preset", choices=("full", "tiny"))
+    seed: int = option(0, "--seed", kind=int)
+    checkpoint: str | os.PathLike[str] | None = option(
+        None, "--checkpoint", "a real (or any) ChatTTS checkpoint instead of a synthetic one")
+    # `--variants a,b` on the command line (chattts_forge.driver.cli)
     variants: tuple[str, ...] = VARIANTS
-    calib_corpus: str = DEFAULT_CALIB_CORPUS
-    eval_corpus: str = DEFAULT_EVAL_CORPUS
-    gate: str | None = None
-    extra: dict[str, list[str]] | None = None
-    until: str | None = None
+    calib_corpus: str = option(DEFAULT_CALIB_CORPUS, "--calib-corpus")
+    eval_corpus: str = option(DEFAULT_EVAL_CORPUS, "--eval-corpus")
+    gate: str | None = option(None, "--gate")
+    extra: dict[str, list[str]] | None = None  # `--stage-args STAGE='--opt v'` (repeatable)
+    until: str | None = option(None, "--until", "stop after this stage (nothing is published)", choices=STAGES)
     forge_cmd: list[str] | None = None
-    pytorch_baseline: bool | None = None
-    code_root: str | os.PathLike[str] | None = None
-    ray: str | None = None
-    ray_step_cpus: float = 2
-    jobs: int = 1  # the steps that time nothing (calibrate, quantize but auto), this many at a time
-    sign_key: str | os.PathLike[str] | None = None
-    require_published: tuple[str, ...] = ()  # variants whose absence from the publication fails the run
+    pytorch_baseline: bool | None = option(
+        None, "--pytorch-baseline/--no-pytorch-baseline",
+        "time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)")
+    code_root: str | os.PathLike[str] | None = None  # a source copy, for tests (a hidden option)
+    ray: str | None = option(
+        None, "--ray", "run the variants' quantize/evaluate steps as Ray tasks (BUILD must be a shared path)",
+        metavar="ADDRESS|local")
+    ray_step_cpus: float = option(2, "--ray-step-cpus", "CPUs reserved per Ray step (default 2)", kind=float)
+    # the steps that time nothing (calibrate, quantize but auto), this many at a time
+    jobs: int = option(
+        1, "--jobs", "run calibrate and the quantize steps that time nothing N at a time; every step that times "
+        "something still runs alone (default 1; `make artifacts`: JOBS=2)", kind=click.IntRange(min=1), metavar="N")
+    sign_key: str | os.PathLike[str] | None = option(
+        None, "--sign-key", "EC private key to sign the published folders with (default: your own key pair in "
+        "$XDG_CONFIG_HOME/chattts-forge/, made on first use)", kind="path", metavar="PEM")
+    # variants whose absence from the publication fails the run (`--require-published a,b`)
+    require_published: tuple[str, ...] = ()
     # The regression gate (publish.regression): the version compared with (None: the newest published),
     # or none at all; variants published despite a regression, and why (recorded in their manifests).
     baseline: str | None = None
@@ -631,108 +644,3 @@ def _print_summary(pipe: Build, outcomes: list[VariantOutcome], seconds: float) 
     if (pipe.to / "signing-key.pub").is_file():
         print(f"signed: every published folder holds model.sig; public key {pipe.to / 'signing-key.pub'} "
               "(model_signing verify key DIR --signature DIR/model.sig --public_key KEY)")
-
-
-def _parse_extra(values: list[str]) -> dict[str, list[str]]:
-    """--stage-args STAGE='--opt v' (repeatable): extra options for one stage's command."""
-    out: dict[str, list[str]] = {}
-    for item in values:
-        stage, _, args = item.partition("=")
-        if stage not in (*STAGES, "warm"):
-            raise ForgeError(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STAGES)}, warm)")
-        out.setdefault(stage, []).extend(shlex.split(args))
-    return out
-
-
-def _regression_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """BuildConfig's regression fields from the shared options (publish.regression_gate)."""
-    from chattts_forge.publish.regression_gate import RegressionPolicy
-
-    policy = RegressionPolicy.from_options(args.baseline, args.no_baseline, args.accept_regression, args.reason)
-    return {"baseline": policy.baseline, "compare_baseline": policy.compare, "accept_regression": policy.accept,
-            "regression_reason": policy.reason}
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    from chattts_forge.publish.regression_gate import add_regression_arguments
-
-    ap = argparse.ArgumentParser(prog="python -m chattts_forge.driver", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="full", choices=["full", "tiny"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", default=None, help="a real (or any) ChatTTS checkpoint instead of a synthetic one")
-    ap.add_argument("--build", type=Path, default=Path("build"))
-    ap.add_argument("--to", type=Path, default=Path("artifacts"))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--calib-corpus", default=DEFAULT_CALIB_CORPUS)
-    ap.add_argument("--eval-corpus", default=DEFAULT_EVAL_CORPUS)
-    ap.add_argument("--gate", default=None)
-    ap.add_argument("--stage-args", action="append", default=[], metavar="STAGE=ARGS")
-    ap.add_argument("--until", choices=STAGES, default=None, help="stop after this stage (nothing is published)")
-    ap.add_argument(
-        "--pytorch-baseline",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)",
-    )
-    ap.add_argument("--ray", default=None, metavar="ADDRESS|local",
-                    help="run the variants' quantize/evaluate steps as Ray tasks (BUILD must be a shared path)")
-    ap.add_argument("--ray-step-cpus", type=float, default=2, help="CPUs reserved per Ray step (default 2)")
-    ap.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                    help="run calibrate and the quantize steps that time nothing N at a time; every step that "
-                         "times something still runs alone (default 1; `make artifacts`: JOBS=2)")
-    ap.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
-                    help="EC private key to sign the published folders with (default: your own key pair in "
-                         "$XDG_CONFIG_HOME/chattts-forge/, made on first use)")
-    ap.add_argument("--require-published", default="", metavar="VARIANTS",
-                    help="comma-separated variants that must pass the gate and be published, else exit 2 "
-                         "(the full-size check: docs/testing.md)")
-    add_regression_arguments(ap)  # --baseline, --no-baseline, --accept-regression, --reason (shared with publish)
-    ap.add_argument("--forge-cmd", default=None, help=argparse.SUPPRESS)  # a stand-in for tests
-    ap.add_argument("--code-root", type=Path, default=None, help=argparse.SUPPRESS)  # a source copy, for tests
-    ap.add_argument("-q", "--quiet", action="store_true")
-    args = ap.parse_args(argv)
-    setup_logging(-1 if args.quiet else 0)
-    try:
-        run_pipeline(
-            build=args.build,
-            to=args.to,
-            preset=args.preset,
-            seed=args.seed,
-            checkpoint=args.checkpoint or None,
-            variants=tuple(v for v in args.variants.split(",") if v),
-            calib_corpus=args.calib_corpus,
-            eval_corpus=args.eval_corpus,
-            gate=args.gate or None,
-            extra=_parse_extra(args.stage_args),
-            until=args.until,
-            forge_cmd=shlex.split(args.forge_cmd) if args.forge_cmd else None,
-            pytorch_baseline=args.pytorch_baseline,
-            code_root=args.code_root,
-            ray=args.ray or None,
-            ray_step_cpus=args.ray_step_cpus,
-            jobs=args.jobs,
-            sign_key=args.sign_key,
-            require_published=tuple(v for v in args.require_published.split(",") if v),
-            **_regression_fields(args),
-        )
-    except ForgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
