@@ -17,6 +17,7 @@ from chattts_forge.options import declared_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+PROVIDER_HELP = "onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU)."
 _SPEAKER_OPTION = click.option(
     "--speaker",
     default=None,
@@ -41,9 +42,4 @@ def provider_option(f: F) -> F:
     """Add --provider cpu|cuda|auto (resolved by chattts_forge.runtime.providers)."""
     # A plain string checked by the runtime (not click.Choice): a bad value is the project's one-line
     # `error:` like every other bad input, not click's usage block.
-    return click.option(
-        "--provider",
-        default="cpu",
-        show_default=True,
-        help="onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU).",
-    )(f)
+    return click.option("--provider", default="cpu", show_default=True, help=PROVIDER_HELP)(f)

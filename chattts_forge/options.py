@@ -25,7 +25,8 @@ class OptionSpec:
     `flags`: "--block-size", or "--on/--off" for a boolean pair; `kind`: the value's type on the
     command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
     Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
-    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple."""
+    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
+    refuses to run without it (its field's default, None, is never a value)."""
 
     flags: str
     help: str | None = None
@@ -36,6 +37,7 @@ class OptionSpec:
     is_flag: bool = False
     multiple: bool = False
     metavar: str | None = None
+    required: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -68,6 +70,8 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
         kwargs["multiple"] = True
     if spec.metavar:
         kwargs["metavar"] = spec.metavar
+    if spec.required:
+        kwargs["required"] = True
     if spec.is_flag:
         kwargs["is_flag"] = True
     elif spec.spellings is not None:
@@ -97,15 +101,19 @@ def declared_options(cls: Any) -> Callable[[F], F]:
     return add
 
 
-def option_args(cls: Any, values: dict[str, Any]) -> list[str]:
+def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) -> list[str]:
     """The command-line words that set `values` (field name -> value, in that order) on the command
-    whose options `cls` declares; a value equal to the field's default is left out."""
+    whose options `cls` declares; a value equal to the field's default is left out unless
+    `spell_defaults` (a command line that names what it means whatever the defaults), an unset switch
+    and an empty repeated option always."""
     declared = {f.name: f for f in declared_fields(cls)}
     args: list[str] = []
     for name, value in values.items():
         f = declared[name]
         spec: OptionSpec = f.metadata["option"]
-        if plain(value) == plain(f.default) or (spec.multiple and not value):
+        if (spec.multiple and not value) or (spec.is_flag and not value):
+            continue
+        if plain(value) == plain(f.default) and not spell_defaults:
             continue
         names = spec.names
         if len(names) == 2:

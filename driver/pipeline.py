@@ -70,7 +70,8 @@ from chattts_forge.driver.steps import (
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json, recover_replaced_dirs
 from chattts_forge.log import get_logger
-from chattts_forge.options import option
+from chattts_forge.options import option, option_args
+from chattts_forge.runtime.cli import WarmOptions
 
 log = get_logger("chattts_forge.pipeline")
 
@@ -599,7 +600,8 @@ def publish_serving_files(pipe: Build, version_dir: Path, outcomes: list[Variant
     step = Step(
         f"warm-{model}-{version}",
         "warm",
-        ["warm", "--artifact", str(version_dir), "--phrases", str(phrases), "--out", str(out), *WARM_ARGS],
+        ["warm", *option_args(WarmOptions, {"artifact": version_dir, "phrases": phrases, "out": out}, spell_defaults=True),
+         *WARM_ARGS],
         out,
         # routing.json records every variant's manifest and payload hash: it names what the cache is for.
         {"routing": pipe.cache.sha256(version_dir / ROUTING_NAME), "phrases": pipe.cache.sha256(phrases)},

@@ -93,3 +93,30 @@ def test_the_evaluate_steps_are_spelled_as_they_were(
             "--corpus", "builtin:evaluation", "--out", str(work / "reports" / variant), *baseline, *gated,
             "--reference-run", str(work / "reference_run"), *latency_run,
         ], variant  # fmt: skip
+
+
+def test_the_warm_step_words_are_spelled_as_they_were(tmp_path: Path) -> None:
+    from chattts_forge.options import option_args
+    from chattts_forge.runtime.cli import WarmOptions
+
+    version, phrases, out = tmp_path / "M" / "v1", tmp_path / "p.txt", tmp_path / "c.bin"
+    words = option_args(
+        WarmOptions, {"artifact": version, "phrases": phrases, "out": out}, spell_defaults=True
+    )
+    assert [*words, *WARM_ARGS] == ["--artifact", str(version), "--phrases", str(phrases), "--out", str(out),
+                                    "--seed", "0"]  # fmt: skip
+
+
+def test_spelled_defaults_name_values_but_never_an_unset_switch() -> None:
+    from chattts_forge.evaluate.cli import EvaluateSettingsOptions
+    from chattts_forge.options import option_args
+
+    values = {"seed": 0, "no_baseline": False, "threads": 2}
+    assert option_args(EvaluateSettingsOptions, values) == []
+    assert option_args(EvaluateSettingsOptions, values, spell_defaults=True) == [
+        "--seed",
+        "0",
+        "--threads",
+        "2",
+    ]
+    assert option_args(EvaluateSettingsOptions, {"no_baseline": True}) == ["--no-baseline"]
