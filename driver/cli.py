@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from chattts_forge.artifact import VARIANTS
-from chattts_forge.driver.pipeline import BuildConfig, run_pipeline
+from chattts_forge.driver.config import BuildConfig
+from chattts_forge.driver.pipeline import run_pipeline
 from chattts_forge.driver.steps import STAGES
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import setup_logging

@@ -1,6 +1,6 @@
 """The build's steps: what each `chattts-forge` stage of a build is asked to do (its command, inputs
 and output), the content fingerprints that key them, and `StepPlan`, the step builders of a build
-(`pipeline.Build` runs them; driver/pipeline.py's docstring tells the whole story).
+(`records.Build` runs them; driver/pipeline.py's docstring tells the whole story).
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
 from chattts_forge.calibration_data.cli import CalibrateOptions
+from chattts_forge.cli import SUBCOMMANDS
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.cli import EvaluateOptions, EvaluateSettingsOptions, LatencyRunOptions
+from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.options import changed_args, option_args
 from chattts_forge.quantize.config import QuantizeConfig
-from chattts_forge.quantize.methods import calibrated_variants
+from chattts_forge.quantize.methods import calibrated_variants, method_class
 from chattts_forge.runtime.cli import WarmOptions
 
 # Variants quantized from the calibration set (the method registry says which).
@@ -78,8 +80,6 @@ WARM_ARGS = option_args(WarmOptions, {"seed": 0}, spell_defaults=True)
 
 def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
     """The files a `chattts-forge SUBCOMMAND` run executes or reads as package data, by stable name."""
-    from chattts_forge.cli import SUBCOMMANDS
-
     if subcommand not in SUBCOMMANDS:
         raise ForgeError(f"no chattts-forge subcommand {subcommand!r}")
     return graph.files(graph.closure([CLI_MODULE, SUBCOMMANDS[subcommand][0]]))
@@ -122,8 +122,7 @@ class Step:
 @dataclass
 class StepPlan:
     """What a build builds, and its step builders: its paths and, stage by stage, the steps it takes
-    (`pipeline.Build` adds the steps' records and runs them)."""
-
+    (`records.Build` adds the steps' records and runs them)."""
     work: Path
     to: Path
     variants: tuple[str, ...]
@@ -160,7 +159,6 @@ class StepPlan:
     def steps(self, until: str | None = None) -> Iterator[Step]:
         """Yield steps in order, those of stages after `until` left out; inputs are computed when each
         step is reached (after its upstream ran), so a left-out step never reads what was not built."""
-
         def wanted(stage: str) -> bool:
             return within(stage, until)
 
@@ -264,8 +262,6 @@ class StepPlan:
     def quantize_step(self, variant: str) -> Step:
         """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
         declare (`changed_args`: the ones that differ from their defaults, in declaration order)."""
-        from chattts_forge.quantize.methods import method_class
-
         fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
         options: dict[str, Any] = {}
         inputs = {"fp32": self.cache.tree(fp32)}
@@ -304,8 +300,6 @@ class StepPlan:
 
     def quantize_is_untimed(self, variant: str) -> bool:
         """Whether the variant's quantize step times nothing (see `Step.untimed`)."""
-        from chattts_forge.quantize.methods import method_class
-
         return not method_class(VARIANT_METHOD[variant]).times_the_machine
 
     @property
@@ -370,8 +364,6 @@ class StepPlan:
 
     def timed_in_latency_run(self, variant: str) -> bool:
         """Whether the build's latency run (when it ran) holds `variant`'s timings."""
-        from chattts_forge.evaluate.latency_run import RECORD_FILE
-
         with contextlib.suppress(OSError, ValueError, AttributeError):
             record = json.loads((self.latency_run_dir / RECORD_FILE).read_text(encoding="utf-8"))
             return variant in record.get("artifacts", {})

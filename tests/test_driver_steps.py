@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chattts_forge.driver.pipeline import Build
+from chattts_forge.driver.records import Build
 from chattts_forge.driver.steps import PRESET_STAGE_ARGS, WARM_ARGS
 
 
