@@ -8,9 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from chattts_forge.cli import main
+from chattts_forge.driver import cli
+from chattts_forge.driver.config import BuildConfig
+from chattts_forge.driver.pipeline import _prepared_build
 from chattts_forge.driver.records import Build
 from chattts_forge.driver.steps import PRESET_STAGE_ARGS, WARM_ARGS
+from chattts_forge.evaluate.cli import EvaluateSettingsOptions
+from chattts_forge.options import option_args
+from chattts_forge.runtime.cli import WarmOptions
 
 
 def _build(tmp_path: Path, pytorch_baseline: bool, gate: str | None) -> Build:
@@ -96,9 +104,6 @@ def test_the_evaluate_steps_are_spelled_as_they_were(
 
 
 def test_the_warm_step_words_are_spelled_as_they_were(tmp_path: Path) -> None:
-    from chattts_forge.options import option_args
-    from chattts_forge.runtime.cli import WarmOptions
-
     version, phrases, out = tmp_path / "M" / "v1", tmp_path / "p.txt", tmp_path / "c.bin"
     words = option_args(
         WarmOptions, {"artifact": version, "phrases": phrases, "out": out}, spell_defaults=True
@@ -108,8 +113,6 @@ def test_the_warm_step_words_are_spelled_as_they_were(tmp_path: Path) -> None:
 
 
 def test_spelled_defaults_name_values_but_never_an_unset_switch() -> None:
-    from chattts_forge.evaluate.cli import EvaluateSettingsOptions
-    from chattts_forge.options import option_args
 
     values = {"seed": 0, "no_baseline": False, "threads": 2}
     assert option_args(EvaluateSettingsOptions, values) == []
@@ -120,3 +123,46 @@ def test_spelled_defaults_name_values_but_never_an_unset_switch() -> None:
         "2",
     ]
     assert option_args(EvaluateSettingsOptions, {"no_baseline": True}) == ["--no-baseline"]
+
+
+def _parsed_config(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, object]:
+    """`chattts-forge build ARGS` run up to the pipeline: (exit status, the BuildConfig it was given)."""
+
+    given: list[object] = []
+    monkeypatch.setattr(cli, "run_pipeline", given.append)
+    result = CliRunner().invoke(main, ["build", *args])
+    return result.exit_code, (given[0] if given else result.output)
+
+
+def test_build_turns_its_options_into_one_build_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, config = _parsed_config(monkeypatch, [
+        "--preset", "tiny", "--variants", "fp32,int8-dynamic", "--stage-args", "evaluate=--max-sentences 1",
+        "--stage-args", "evaluate=--batch 1", "--require-published", "int8-dynamic", "--accept-regression",
+        "int8-dynamic", "--reason", "why", "--jobs", "2", "--no-pytorch-baseline", "--gate", "", "--forge-cmd",
+        "python fake.py",
+    ])  # fmt: skip
+    assert code == 0, config
+    assert config == BuildConfig(
+        preset="tiny", variants=("fp32", "int8-dynamic"), extra={"evaluate": ["--max-sentences", "1", "--batch", "1"]},
+        require_published=("int8-dynamic",), accept_regression=("int8-dynamic",), regression_reason="why", jobs=2,
+        pytorch_baseline=False, gate=None, forge_cmd=["python", "fake.py"],
+    )  # fmt: skip
+
+
+def test_build_defaults_are_build_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, config = _parsed_config(monkeypatch, [])
+    assert code == 0, config
+    assert config == BuildConfig(extra={})
+
+
+@pytest.mark.parametrize("args", [["--jobs", "0"], ["--preset", "huge"], ["--stage-args", "nope=--x"],
+                                  ["--no-baseline", "--baseline", "v1"]])  # fmt: skip
+def test_build_refuses_bad_options_with_exit_2(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+
+    def must_not_run(config: object) -> None:
+        _prepared_build(config)  # type: ignore[arg-type]  # the option checks run_pipeline makes first
+
+    monkeypatch.setattr(cli, "run_pipeline", must_not_run)
+
+    result = CliRunner().invoke(main, ["build", *args])
+    assert result.exit_code == 2, result.output
