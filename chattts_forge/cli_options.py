@@ -18,18 +18,10 @@ from chattts_forge.options import declared_options
 F = TypeVar("F", bound=Callable[..., Any])
 
 PROVIDER_HELP = "onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU)."
-_SPEAKER_OPTION = click.option(
-    "--speaker",
-    default=None,
-    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
-)
-_DECODER_OPTION = click.option(
-    "--decoder/--dvae",
-    "use_decoder",
-    default=True,
-    show_default=True,
-    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
-)
+SPEAKER_HELP = "ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none."
+DECODER_HELP = "Mel from GPT hidden states (Decoder) or from the codes (DVAE)."
+_SPEAKER_OPTION = click.option("--speaker", default=None, help=SPEAKER_HELP)
+_DECODER_OPTION = click.option("--decoder/--dvae", "use_decoder", default=True, show_default=True, help=DECODER_HELP)
 
 
 def sampling_options(f: F) -> F:

@@ -7,7 +7,7 @@ driver puts in a step's command) are derived from it, so an option is written on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,9 +50,13 @@ class OptionSpec:
         return self.choices.values() if isinstance(self.choices, type) else tuple(self.choices)
 
 
-def option(default: Any, flags: str, help: str | None = None, **spec: Any) -> Any:
-    """A dataclass field (default `default`) declared as the command-line option `flags`."""
-    return field(default=default, metadata={"option": OptionSpec(flags, help, **spec)})
+def option(default: Any, flags: str, help: str | None = None, kw_only: Any = MISSING, **spec: Any) -> Any:
+    """A dataclass field (default `default`) declared as the command-line option `flags`; with
+    `dataclasses.MISSING` the field has no default and the option is required. `kw_only`: as
+    `dataclasses.field`'s (a subclass re-declaring a keyword-only field of its base keeps it one)."""
+    if default is MISSING:
+        spec["required"] = True
+    return field(default=default, kw_only=kw_only, metadata={"option": OptionSpec(flags, help, **spec)})
 
 
 def declared_fields(cls: Any) -> list[Field[Any]]:
@@ -63,7 +67,7 @@ def declared_fields(cls: Any) -> list[Field[Any]]:
 def _click_option(f: Field[Any]) -> Callable[[F], F]:
     spec: OptionSpec = f.metadata["option"]
     kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
-    default = plain(f.default)
+    default = None if f.default is MISSING else plain(f.default)
     if spec.multiple or spec.is_flag:
         default = None  # click's own: an empty tuple, False
     if spec.multiple:
@@ -84,7 +88,8 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
     if spec.convert is not None:
         convert = spec.convert
         kwargs["callback"] = lambda _ctx, _param, value: convert(value)
-    if not (spec.multiple or spec.is_flag):
+    # a required option has no default at all (click >= 8.3 takes an explicit None as a given value)
+    if not (spec.multiple or spec.is_flag or spec.required):
         kwargs["default"] = default
     return click.option(spec.flags, f.name, **kwargs)
 

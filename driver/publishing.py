@@ -26,8 +26,8 @@ from chattts_forge.publish.regression import published_regression
 from chattts_forge.publish.regression_gate import find_build_baseline, judge_variant, refused
 from chattts_forge.publish.verify import verify_path
 from chattts_forge.publish.version_files import publish_version_files, published_variants, routing_table
-from chattts_forge.runtime.cli import WarmOptions
 from chattts_forge.runtime.router import FALLBACK_VARIANT, ROUTING_NAME
+from chattts_forge.runtime.synth import WarmConfig
 
 log = get_logger("chattts_forge.pipeline")
 
@@ -191,7 +191,7 @@ def publish_serving_files(
         [
             "warm",
             *option_args(
-                WarmOptions, {"artifact": version_dir, "phrases": phrases, "out": out}, spell_defaults=True
+                WarmConfig, {"artifact": version_dir, "phrases": phrases, "out": out}, spell_defaults=True
             ),
             *WARM_ARGS,
         ],

@@ -25,7 +25,7 @@ from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.options import changed_args, option_args
 from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.methods import calibrated_variants, method_class
-from chattts_forge.runtime.cli import WarmOptions
+from chattts_forge.runtime.synth import WarmConfig
 
 # Variants quantized from the calibration set (the method registry says which).
 CALIBRATED = calibrated_variants()
@@ -67,12 +67,12 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     },
     # The full synthetic model's random weights rarely emit EOS: every phrase would run to 2048 code
     # steps (and 384 refinement steps), hours on a CPU. Its cache serves only requests with these knobs.
-    "full": {"warm": option_args(WarmOptions, {"max_new_token": 96, "refine": False})},
+    "full": {"warm": option_args(WarmConfig, {"max_new_token": 96, "refine": False})},
 }
 # The phrase cache a build publishes with each version: the shipped customer-service list with
 # `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
 # default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
-WARM_ARGS = option_args(WarmOptions, {"seed": 0}, spell_defaults=True)
+WARM_ARGS = option_args(WarmConfig, {"seed": 0}, spell_defaults=True)
 
 
 # ---- content fingerprints --------------------------------------------------------------------

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,9 @@ import click
 from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN, CODE_PROMPT
 from chattts_forge.cli_options import provider_option, sampling_options
 from chattts_forge.errors import ForgeError
-from chattts_forge.options import declared_options, option
+from chattts_forge.options import declared_options
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
+from chattts_forge.runtime.synth import WarmConfig
 
 
 class StreamLookaheadParam(click.ParamType):
@@ -198,31 +198,8 @@ def normalize(**options: Any) -> None:
         click.echo("removed (cannot be spoken): " + " ".join(removed), err=True)
 
 
-@dataclass(frozen=True)
-class WarmOptions:
-    """`chattts-forge warm`'s own options (declared once: its click options and the build driver's warm
-    step words come from here); the sampling knobs and the provider are the shared decorators'."""
-
-    artifact: Path | None = option(
-        None, "--artifact", "Artifact folder, or a published version folder (each phrase goes to the variant its "
-        "routing.json names).", kind="path", required=True)
-    phrases: Path | None = option(None, "--phrases", "UTF-8 phrase list, one per line.", kind="path", required=True)
-    out: Path | None = option(None, "--out", "Cache file to write.", kind="path", required=True)
-    seed: int = option(0, "--seed", "Seed of sampling (and of --speaker random).", kind=int, show_default=True)
-    max_new_token: int = option(CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True)
-    prompt: str = option(CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True)
-    refine: bool = option(
-        True, "--refine/--no-refine",
-        "Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
-        show_default=True)
-    engine: str = option("auto", "--engine", choices=("auto", "fast", "plain"), show_default=True)
-    threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
-
-
 @click.command("warm")
-@declared_options(WarmOptions)
-@sampling_options
-@provider_option
+@declared_options(WarmConfig)  # every option, declared once on its field (runtime/synth.py)
 def warm(**options: Any) -> None:
     """Pre-synthesize a phrase list into a phrase cache (for `synth --cache`, `Pipeline(cache=...)`).
 
@@ -236,6 +213,6 @@ def warm(**options: Any) -> None:
     Example:
       chattts-forge warm --artifact artifacts/M/v1 --phrases phrases.txt --out phrases.cache --seed 0
     """
-    from chattts_forge.runtime.synth import WarmConfig, warm_phrase_cache
+    from chattts_forge.runtime.synth import warm_phrase_cache
 
     warm_phrase_cache(WarmConfig(**options))

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +24,11 @@ import numpy as np
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.cli_options import DECODER_HELP, PROVIDER_HELP, SPEAKER_HELP
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.options import option
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, SynthParams
@@ -76,19 +78,32 @@ class SynthConfig(CodeKnobs):
 
 @dataclass(frozen=True)
 class WarmConfig(CodeKnobs):
-    """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`)."""
+    """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`).
+    Each field is declared as its option (chattts_forge.options): the command's click options and the
+    build driver's warm step words come from here."""
 
-    artifact: Path
-    phrases: Path
-    out: Path
-    seed: int = 0
-    speaker: str | None = None
-    # the code knobs: CodeKnobs
-    use_decoder: bool = True
-    refine: bool = True
-    engine: str = "auto"
-    provider: str = "cpu"
-    threads: int | None = None
+    artifact: Path = option(
+        MISSING, "--artifact", "Artifact folder, or a published version folder (each phrase goes to the variant its "
+        "routing.json names).", kind="path")
+    phrases: Path = option(MISSING, "--phrases", "UTF-8 phrase list, one per line.", kind="path")
+    out: Path = option(MISSING, "--out", "Cache file to write.", kind="path")
+    seed: int = option(0, "--seed", "Seed of sampling (and of --speaker random).", kind=int, show_default=True)
+    speaker: str | None = option(None, "--speaker", SPEAKER_HELP)
+    # the code knobs: CodeKnobs (warm spells its own --max-new-token and --prompt)
+    max_new_token: int = option(
+        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
+        kw_only=True)
+    prompt: str = option(
+        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
+        kw_only=True)
+    use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
+    refine: bool = option(
+        True, "--refine/--no-refine",
+        "Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
+        show_default=True)
+    engine: str = option("auto", "--engine", choices=("auto", "fast", "plain"), show_default=True)
+    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
 
 
 @dataclass(frozen=True)

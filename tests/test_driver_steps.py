@@ -18,7 +18,7 @@ from chattts_forge.driver.records import Build
 from chattts_forge.driver.steps import PRESET_STAGE_ARGS, WARM_ARGS
 from chattts_forge.evaluate.cli import EvaluateSettingsOptions
 from chattts_forge.options import option_args
-from chattts_forge.runtime.cli import WarmOptions
+from chattts_forge.runtime.synth import WarmConfig
 
 
 def _build(tmp_path: Path, pytorch_baseline: bool, gate: str | None) -> Build:
@@ -106,7 +106,7 @@ def test_the_evaluate_steps_are_spelled_as_they_were(
 def test_the_warm_step_words_are_spelled_as_they_were(tmp_path: Path) -> None:
     version, phrases, out = tmp_path / "M" / "v1", tmp_path / "p.txt", tmp_path / "c.bin"
     words = option_args(
-        WarmOptions, {"artifact": version, "phrases": phrases, "out": out}, spell_defaults=True
+        WarmConfig, {"artifact": version, "phrases": phrases, "out": out}, spell_defaults=True
     )
     assert [*words, *WARM_ARGS] == ["--artifact", str(version), "--phrases", str(phrases), "--out", str(out),
                                     "--seed", "0"]  # fmt: skip
