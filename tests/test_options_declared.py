@@ -12,8 +12,8 @@ import pytest
 from chattts_forge.calibration_data.cli import CalibrateOptions, calibrate
 from chattts_forge.evaluate.cli import EvaluateOptions, LatencyRunOptions, evaluate, evaluate_latency
 from chattts_forge.options import option_args
-from chattts_forge.runtime.cli import warm
-from chattts_forge.runtime.synth import WarmConfig
+from chattts_forge.runtime.cli import synth, warm
+from chattts_forge.runtime.synth import SynthConfig, WarmConfig
 
 
 def _read_back(command: click.Command, args: list[str]) -> dict[str, Any]:
@@ -29,6 +29,9 @@ CASES = [
                                  "provider": "auto"}),
     (evaluate_latency, LatencyRunOptions, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
                                            "artifacts": (Path("a"), Path("b"))}),
+    (synth, SynthConfig, {"artifact": Path("a"), "out": Path("o.wav"), "text": "Hi.", "autotune": False,
+                          "stream_lookahead": "exact", "sample_format": "pcm16", "verify": "size", "top_k": 5,
+                          "prompt": "[speed_3]", "use_decoder": False, "public_key": Path("k.pub"), "stream": True}),
     (warm, WarmConfig, {"artifact": Path("a"), "phrases": Path("p"), "out": Path("o"), "seed": 3, "refine": False,
                         "use_decoder": False, "engine": "plain", "temperature": 0.5, "max_new_token": 96}),
 ]  # fmt: skip
