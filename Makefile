@@ -81,7 +81,7 @@ lint: env
 	$(VENV)/bin/ruff check .
 
 # ---- the pipeline -------------------------------------------------------------------------
-# One driver runs every stage (driver/pipeline.py, chattts_forge.driver): each step is keyed by the
+# One driver runs every stage (`chattts-forge build`, chattts_forge.driver): each step is keyed by the
 # content of its inputs and of the code it runs (its computed import closure), so a second run with
 # nothing changed redoes nothing, and a run killed at any point resumes cleanly. Outputs: $(BUILD)/<run>/ (intermediate), $(ARTIFACTS)/ (published).
 #   make artifacts                                  full synthetic checkpoint, seed 0
@@ -116,7 +116,7 @@ SIGN_KEY ?=
 BASELINE ?=
 ACCEPT_REGRESSION ?=
 REASON ?=
-PIPELINE := $(PY) -m chattts_forge.driver --preset $(PRESET) --seed $(SEED) \
+PIPELINE := $(FORGE) build --preset $(PRESET) --seed $(SEED) \
 	--build $(BUILD) --to $(ARTIFACTS) --jobs $(JOBS) \
 	$(if $(filter none,$(BASELINE)),--no-baseline,$(if $(strip $(BASELINE)),--baseline '$(BASELINE)')) \
 	$(if $(strip $(ACCEPT_REGRESSION)),--accept-regression '$(ACCEPT_REGRESSION)' --reason '$(REASON)') \
@@ -150,7 +150,7 @@ FULL_CHECK_ARGS := --stage-args 'calibrate=--max-samples 48' \
 	--no-pytorch-baseline
 .PHONY: full-check
 full-check: env
-	$(PY) -m chattts_forge.driver --preset full --seed $(SEED) --build $(FULL_CHECK_DIR) --to $(FULL_CHECK_DIR)/artifacts --jobs $(JOBS) \
+	$(FORGE) build --preset full --seed $(SEED) --build $(FULL_CHECK_DIR) --to $(FULL_CHECK_DIR)/artifacts --jobs $(JOBS) \
 		$(if $(strip $(SIGN_KEY)),--sign-key '$(SIGN_KEY)') $(FULL_CHECK_ARGS) --require-published $(FULL_CHECK_REQUIRED)
 	$(FORGE) verify $(FULL_CHECK_DIR)/artifacts --public-key $(FULL_CHECK_DIR)/artifacts/signing-key.pub
 

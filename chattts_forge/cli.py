@@ -96,6 +96,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "verify",
         "Re-hash published artifacts against their manifests.",
     ),
+    "build": (
+        "chattts_forge.driver.cli",
+        "build",
+        "Run every stage, incrementally and kill-safe, then publish what passed (`make artifacts`).",
+    ),
 }
 
 

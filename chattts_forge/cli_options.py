@@ -17,18 +17,11 @@ from chattts_forge.options import declared_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SPEAKER_OPTION = click.option(
-    "--speaker",
-    default=None,
-    help="ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none.",
-)
-_DECODER_OPTION = click.option(
-    "--decoder/--dvae",
-    "use_decoder",
-    default=True,
-    show_default=True,
-    help="Mel from GPT hidden states (Decoder) or from the codes (DVAE).",
-)
+PROVIDER_HELP = "onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU)."
+SPEAKER_HELP = "ChatTTS speaker string, a file holding one, or 'random' (sampled with --seed). Default: none."
+DECODER_HELP = "Mel from GPT hidden states (Decoder) or from the codes (DVAE)."
+_SPEAKER_OPTION = click.option("--speaker", default=None, help=SPEAKER_HELP)
+_DECODER_OPTION = click.option("--decoder/--dvae", "use_decoder", default=True, show_default=True, help=DECODER_HELP)
 
 
 def sampling_options(f: F) -> F:
@@ -41,9 +34,4 @@ def provider_option(f: F) -> F:
     """Add --provider cpu|cuda|auto (resolved by chattts_forge.runtime.providers)."""
     # A plain string checked by the runtime (not click.Choice): a bad value is the project's one-line
     # `error:` like every other bad input, not click's usage block.
-    return click.option(
-        "--provider",
-        default="cpu",
-        show_default=True,
-        help="onnxruntime provider: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU).",
-    )(f)
+    return click.option("--provider", default="cpu", show_default=True, help=PROVIDER_HELP)(f)

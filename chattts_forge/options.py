@@ -7,7 +7,7 @@ driver puts in a step's command) are derived from it, so an option is written on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +25,8 @@ class OptionSpec:
     `flags`: "--block-size", or "--on/--off" for a boolean pair; `kind`: the value's type on the
     command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
     Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
-    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple."""
+    value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
+    refuses to run without it (its field's default, None, is never a value)."""
 
     flags: str
     help: str | None = None
@@ -36,6 +37,7 @@ class OptionSpec:
     is_flag: bool = False
     multiple: bool = False
     metavar: str | None = None
+    required: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -48,9 +50,13 @@ class OptionSpec:
         return self.choices.values() if isinstance(self.choices, type) else tuple(self.choices)
 
 
-def option(default: Any, flags: str, help: str | None = None, **spec: Any) -> Any:
-    """A dataclass field (default `default`) declared as the command-line option `flags`."""
-    return field(default=default, metadata={"option": OptionSpec(flags, help, **spec)})
+def option(default: Any, flags: str, help: str | None = None, kw_only: Any = MISSING, **spec: Any) -> Any:
+    """A dataclass field (default `default`) declared as the command-line option `flags`; with
+    `dataclasses.MISSING` the field has no default and the option is required. `kw_only`: as
+    `dataclasses.field`'s (a subclass re-declaring a keyword-only field of its base keeps it one)."""
+    if default is MISSING:
+        spec["required"] = True
+    return field(default=default, kw_only=kw_only, metadata={"option": OptionSpec(flags, help, **spec)})
 
 
 def declared_fields(cls: Any) -> list[Field[Any]]:
@@ -61,13 +67,15 @@ def declared_fields(cls: Any) -> list[Field[Any]]:
 def _click_option(f: Field[Any]) -> Callable[[F], F]:
     spec: OptionSpec = f.metadata["option"]
     kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
-    default = plain(f.default)
+    default = None if f.default is MISSING else plain(f.default)
     if spec.multiple or spec.is_flag:
         default = None  # click's own: an empty tuple, False
     if spec.multiple:
         kwargs["multiple"] = True
     if spec.metavar:
         kwargs["metavar"] = spec.metavar
+    if spec.required:
+        kwargs["required"] = True
     if spec.is_flag:
         kwargs["is_flag"] = True
     elif spec.spellings is not None:
@@ -80,7 +88,8 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
     if spec.convert is not None:
         convert = spec.convert
         kwargs["callback"] = lambda _ctx, _param, value: convert(value)
-    if not (spec.multiple or spec.is_flag):
+    # a required option has no default at all (click >= 8.3 takes an explicit None as a given value)
+    if not (spec.multiple or spec.is_flag or spec.required):
         kwargs["default"] = default
     return click.option(spec.flags, f.name, **kwargs)
 
@@ -97,15 +106,19 @@ def declared_options(cls: Any) -> Callable[[F], F]:
     return add
 
 
-def option_args(cls: Any, values: dict[str, Any]) -> list[str]:
+def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) -> list[str]:
     """The command-line words that set `values` (field name -> value, in that order) on the command
-    whose options `cls` declares; a value equal to the field's default is left out."""
+    whose options `cls` declares; a value equal to the field's default is left out unless
+    `spell_defaults` (a command line that names what it means whatever the defaults), an unset switch
+    and an empty repeated option always."""
     declared = {f.name: f for f in declared_fields(cls)}
     args: list[str] = []
     for name, value in values.items():
         f = declared[name]
         spec: OptionSpec = f.metadata["option"]
-        if plain(value) == plain(f.default) or (spec.multiple and not value):
+        if (spec.multiple and not value) or (spec.is_flag and not value):
+            continue
+        if plain(value) == plain(f.default) and not spell_defaults:
             continue
         names = spec.names
         if len(names) == 2:

@@ -31,7 +31,8 @@ import sys
 import time
 from typing import Any
 
-from chattts_forge.driver.pipeline import STAGES, Build, Step, stage_env
+from chattts_forge.driver.records import Build, stage_env
+from chattts_forge.driver.steps import STAGES, Step
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.raycluster import connect

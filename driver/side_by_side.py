@@ -20,15 +20,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from chattts_forge.driver.records import Build, stage_env
 from chattts_forge.driver.steplog import run_stage
 from chattts_forge.driver.steps import CALIBRATED, Step, within
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
-
-if TYPE_CHECKING:
-    from chattts_forge.driver.pipeline import Build
 
 log = get_logger("chattts_forge.pipeline")
 
@@ -97,7 +94,7 @@ def run_untimed(pipe: Build, jobs: int, variants: list[str]) -> None:
                     done.add(item.name)
                     continue
                 key, cmd, shown = prepared
-                future = pool.submit(run_stage, cmd, _env(), step.capture_stdout, step.name, side_by_side=True)
+                future = pool.submit(run_stage, cmd, stage_env(), step.capture_stdout, step.name, side_by_side=True)
                 running[future] = (step, key, shown, time.perf_counter())
             if not running:
                 if planned and not any(p.variant is None or p.variant not in pipe.broken for p in planned):
@@ -121,8 +118,3 @@ def run_untimed(pipe: Build, jobs: int, variants: list[str]) -> None:
     if busy:
         log.info("side by side: %.1f s of steps in %.1f s", busy, wall)
 
-
-def _env() -> dict[str, str]:
-    from chattts_forge.driver.pipeline import stage_env
-
-    return stage_env()

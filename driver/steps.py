@@ -1,6 +1,6 @@
 """The build's steps: what each `chattts-forge` stage of a build is asked to do (its command, inputs
 and output), the content fingerprints that key them, and `StepPlan`, the step builders of a build
-(`pipeline.Build` runs them; driver/pipeline.py's docstring tells the whole story).
+(`records.Build` runs them; driver/pipeline.py's docstring tells the whole story).
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
+from chattts_forge.calibration_data.cli import CalibrateOptions
+from chattts_forge.cli import SUBCOMMANDS
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.cli import EvaluateOptions, EvaluateSettingsOptions, LatencyRunOptions
+from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.options import changed_args, option_args
 from chattts_forge.quantize.config import QuantizeConfig
-from chattts_forge.quantize.methods import calibrated_variants
+from chattts_forge.quantize.methods import calibrated_variants, method_class
+from chattts_forge.runtime.synth import WarmConfig
 
 # Variants quantized from the calibration set (the method registry says which).
 CALIBRATED = calibrated_variants()
@@ -32,6 +37,8 @@ STAGES = ("checkpoint", "convert", "calibrate", "quantize", "evaluate")
 def within(stage: str, until: str | None) -> bool:
     """Whether a step of `stage` runs in a build stopped after `until` (None: the whole build)."""
     return until is None or STAGES.index(stage) <= STAGES.index(until)
+
+
 # A stage runs as `python -m chattts_forge.cli SUBCOMMAND ...`; the CLI imports the subcommand's
 # module by name (chattts_forge.cli.SUBCOMMANDS), so both are the entries of the step's closure.
 CLI_MODULE = "chattts_forge.cli"
@@ -40,23 +47,32 @@ DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 # keep it to a minute or two. User --stage-args come after these, so they win.
 PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
-        "calibrate": ["--max-samples", "8", "--max-new-token", "48"],
+        "calibrate": option_args(CalibrateOptions, {"max_samples": "8", "max_new_token": 48}),
         # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
-        "quantize": option_args(QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}),
-        "evaluate": [
-            "--max-sentences", "3", "--max-new-token", "48",
-            "--fidelity-sentences", "3", "--fidelity-steps", "24", "--batch", "1,4",
-            "--bucket-sentences", "2", "--cache-phrases", "4",
-        ],  # fmt: skip
+        "quantize": option_args(
+            QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}
+        ),
+        "evaluate": option_args(
+            EvaluateSettingsOptions,
+            {
+                "max_sentences": 3,
+                "max_new_token": 48,
+                "fidelity_sentences": 3,
+                "fidelity_steps": 24,
+                "batches": "1,4",
+                "bucket_sentences": 2,
+                "cache_phrases": 4,
+            },
+        ),
     },
     # The full synthetic model's random weights rarely emit EOS: every phrase would run to 2048 code
     # steps (and 384 refinement steps), hours on a CPU. Its cache serves only requests with these knobs.
-    "full": {"warm": ["--max-new-token", "96", "--no-refine"]},
+    "full": {"warm": option_args(WarmConfig, {"max_new_token": 96, "refine": False})},
 }
 # The phrase cache a build publishes with each version: the shipped customer-service list with
 # `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
 # default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
-WARM_ARGS = ["--seed", "0"]
+WARM_ARGS = option_args(WarmConfig, {"seed": 0}, spell_defaults=True)
 
 
 # ---- content fingerprints --------------------------------------------------------------------
@@ -64,8 +80,6 @@ WARM_ARGS = ["--seed", "0"]
 
 def step_code_files(subcommand: str, graph: CodeGraph) -> dict[str, Path]:
     """The files a `chattts-forge SUBCOMMAND` run executes or reads as package data, by stable name."""
-    from chattts_forge.cli import SUBCOMMANDS
-
     if subcommand not in SUBCOMMANDS:
         raise ForgeError(f"no chattts-forge subcommand {subcommand!r}")
     return graph.files(graph.closure([CLI_MODULE, SUBCOMMANDS[subcommand][0]]))
@@ -108,8 +122,7 @@ class Step:
 @dataclass
 class StepPlan:
     """What a build builds, and its step builders: its paths and, stage by stage, the steps it takes
-    (`pipeline.Build` adds the steps' records and runs them)."""
-
+    (`records.Build` adds the steps' records and runs them)."""
     work: Path
     to: Path
     variants: tuple[str, ...]
@@ -182,7 +195,16 @@ class StepPlan:
             yield Step(
                 "checkpoint",
                 "checkpoint",
-                ["checkpoint", "synthesize", "--preset", self.preset, "--seed", str(self.seed), "--out", str(self.ckpt_dir)],
+                [
+                    "checkpoint",
+                    "synthesize",
+                    "--preset",
+                    self.preset,
+                    "--seed",
+                    str(self.seed),
+                    "--out",
+                    str(self.ckpt_dir),
+                ],
                 self.ckpt_dir,
             )
         yield Step(
@@ -198,7 +220,15 @@ class StepPlan:
         yield Step(
             "convert",
             "convert",
-            ["convert", "--checkpoint", str(self.ckpt_dir), "--out", str(self.work / "convert"), "--precision", "all"],
+            [
+                "convert",
+                "--checkpoint",
+                str(self.ckpt_dir),
+                "--out",
+                str(self.work / "convert"),
+                "--precision",
+                "all",
+            ],
             self.work / "convert",
             {"checkpoint": self.cache.tree(self.ckpt_dir)},
         )
@@ -215,7 +245,14 @@ class StepPlan:
         return Step(
             "calibrate",
             "calibrate",
-            ["calibrate", "--artifact", str(fp32), "--corpus", self.calib_corpus, "--out", str(self.work / "calibration")],
+            [
+                "calibrate",
+                *option_args(
+                    CalibrateOptions,
+                    {"artifact_dir": fp32, "corpus": self.calib_corpus, "out_dir": self.work / "calibration"},
+                    spell_defaults=True,
+                ),
+            ],
             self.work / "calibration",
             {"fp32": self.cache.tree(fp32), "corpus": spec_fingerprint(self.calib_corpus, self.cache) or ""},
             feeds=calibrated,
@@ -225,8 +262,6 @@ class StepPlan:
     def quantize_step(self, variant: str) -> Step:
         """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
         declare (`changed_args`: the ones that differ from their defaults, in declaration order)."""
-        from chattts_forge.quantize.methods import method_class
-
         fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
         options: dict[str, Any] = {}
         inputs = {"fp32": self.cache.tree(fp32)}
@@ -243,27 +278,42 @@ class StepPlan:
         if method_class(method).takes_gate and self.gate:  # auto: meets the gate evaluate applies
             options["gate"] = self.gate
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
-        argv = ["quantize", "--artifact", str(fp32), "--method", method, "--out", str(self.artifact_dir(variant)),
-                *changed_args(QuantizeConfig(method, **options))]
-        return Step(f"quantize-{variant}", "quantize", argv, self.artifact_dir(variant), inputs, feeds=(variant,),
-                    untimed=not method_class(method).times_the_machine)
+        argv = [
+            "quantize",
+            "--artifact",
+            str(fp32),
+            "--method",
+            method,
+            "--out",
+            str(self.artifact_dir(variant)),
+            *changed_args(QuantizeConfig(method, **options)),
+        ]
+        return Step(
+            f"quantize-{variant}",
+            "quantize",
+            argv,
+            self.artifact_dir(variant),
+            inputs,
+            feeds=(variant,),
+            untimed=not method_class(method).times_the_machine,
+        )
 
     def quantize_is_untimed(self, variant: str) -> bool:
         """Whether the variant's quantize step times nothing (see `Step.untimed`)."""
-        from chattts_forge.quantize.methods import method_class
-
         return not method_class(VARIANT_METHOD[variant]).times_the_machine
 
     @property
     def reference_run_dir(self) -> Path:
         return self.work / "reference_run"
 
-    def _baseline_args(self, inputs: dict[str, str]) -> list[str]:
+    def _baseline_options(self, inputs: dict[str, str]) -> dict[str, Any]:
         """The PyTorch baseline options of the evaluate steps (and their input, the checkpoint)."""
         if self.pytorch_baseline:  # every speed figure also as a ratio to ChatTTS's own PyTorch code
             inputs["checkpoint"] = self.cache.tree(self.ckpt_dir)
-            return ["--baseline-checkpoint", str(self.ckpt_dir)]
-        return ["--no-baseline"]  # evaluate would otherwise find the artifact's source checkpoint by itself
+            return {"baseline_checkpoint": self.ckpt_dir}
+        return {
+            "no_baseline": True
+        }  # evaluate would otherwise find the artifact's source checkpoint by itself
 
     def reference_step(self) -> Step:
         """What every evaluation shares, measured once per build (evaluate.reference_run): the FP32
@@ -271,10 +321,17 @@ class StepPlan:
         audio. It takes the evaluate steps' options (its kind is "evaluate"), so it is measured with
         exactly the settings they read it with; every variant's evaluation needs it."""
         fp32 = self.artifact_dir("fp32")
-        argv = ["evaluate-reference", "--reference", str(fp32), "--corpus", self.eval_corpus,
-                "--out", str(self.reference_run_dir)]
-        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
-        argv += self._baseline_args(inputs)
+        inputs = {
+            "reference": self.cache.tree(fp32),
+            "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
+        }
+        options = {
+            "reference": fp32,
+            "corpus": self.eval_corpus,
+            "out": self.reference_run_dir,
+            **self._baseline_options(inputs),
+        }
+        argv = ["evaluate-reference", *option_args(EvaluateSettingsOptions, options, spell_defaults=True)]
         return Step("evaluate-reference", "evaluate", argv, self.reference_run_dir, inputs)
 
     @property
@@ -290,18 +347,23 @@ class StepPlan:
         if not timed:
             return None
         fp32 = self.artifact_dir("fp32")
-        argv = ["evaluate-latency", "--reference", str(fp32), "--corpus", self.eval_corpus,
-                "--out", str(self.latency_run_dir)]
-        inputs = {"reference": self.cache.tree(fp32), "corpus": spec_fingerprint(self.eval_corpus, self.cache) or ""}
+        inputs = {
+            "reference": self.cache.tree(fp32),
+            "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
+        }
         for variant in timed:
-            argv += ["--artifact", str(self.artifact_dir(variant))]
             inputs[variant] = self.cache.tree(self.artifact_dir(variant))
+        options = {
+            "reference": fp32,
+            "corpus": self.eval_corpus,
+            "out": self.latency_run_dir,
+            "artifacts": tuple(self.artifact_dir(v) for v in timed),
+        }
+        argv = ["evaluate-latency", *option_args(LatencyRunOptions, options, spell_defaults=True)]
         return Step("evaluate-latency", "evaluate", argv, self.latency_run_dir, inputs, optional=True)
 
     def timed_in_latency_run(self, variant: str) -> bool:
         """Whether the build's latency run (when it ran) holds `variant`'s timings."""
-        from chattts_forge.evaluate.latency_run import RECORD_FILE
-
         with contextlib.suppress(OSError, ValueError, AttributeError):
             record = json.loads((self.latency_run_dir / RECORD_FILE).read_text(encoding="utf-8"))
             return variant in record.get("artifacts", {})
@@ -309,32 +371,34 @@ class StepPlan:
 
     def evaluate_step(self, variant: str) -> Step:
         fp32 = self.artifact_dir("fp32")
-        argv = [
-            "evaluate",
-            "--artifact",
-            str(self.artifact_dir(variant)),
-            "--reference",
-            str(fp32),
-            "--corpus",
-            self.eval_corpus,
-            "--out",
-            str(self.report_dir(variant)),
-        ]
+        options: dict[str, Any] = {
+            "artifact": self.artifact_dir(variant),
+            "reference": fp32,
+            "corpus": self.eval_corpus,
+            "out": self.report_dir(variant),
+        }
         inputs = {
             "artifact": self.cache.tree(self.artifact_dir(variant)),
             "reference": self.cache.tree(fp32),
             "corpus": spec_fingerprint(self.eval_corpus, self.cache) or "",
         }
-        argv += self._baseline_args(inputs)
+        options.update(self._baseline_options(inputs))
         if self.gate:
-            argv += ["--gate", self.gate]
+            options["gate_path"] = self.gate
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         # the reference's side, measured once for the build by `reference_step`
-        argv += ["--reference-run", str(self.reference_run_dir)]
+        options["reference_run"] = self.reference_run_dir
         inputs["reference_run"] = self.cache.tree(self.reference_run_dir)
         if self.timed_in_latency_run(variant):  # timed with the other variants, in the same rounds
-            argv += ["--latency-run", str(self.latency_run_dir)]
+            options["latency_run"] = self.latency_run_dir
             inputs["latency_run"] = self.cache.tree(self.latency_run_dir)
+        argv = ["evaluate", *option_args(EvaluateOptions, options, spell_defaults=True)]
         return Step(
-            f"evaluate-{variant}", "evaluate", argv, self.report_dir(variant), inputs, gate_may_fail=True, feeds=(variant,)
+            f"evaluate-{variant}",
+            "evaluate",
+            argv,
+            self.report_dir(variant),
+            inputs,
+            gate_may_fail=True,
+            feeds=(variant,),
         )

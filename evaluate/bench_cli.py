@@ -12,8 +12,8 @@ import click
 
 from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.cli import StreamLookaheadParam
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP
+from chattts_forge.runtime.synth import StreamLookaheadParam
 
 # Options (parameter names) of the load benchmark alone, refused without --load.
 LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "first_chunk_priority", "url")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from chattts_forge.cli_options import provider_option
+from chattts_forge.cli_options import PROVIDER_HELP
 from chattts_forge.log import get_logger
+from chattts_forge.options import declared_options, option
 
 log = get_logger(__name__)
 
@@ -97,59 +99,84 @@ def _iv(interval: list[float] | None) -> str:
     return "[n/a]" if interval is None else f"[{interval[0]:.4f}, {interval[1]:.4f}]"
 
 
-# The options of an evaluation's settings (EvaluateConfig), shared by `evaluate` and
-# `evaluate-reference`: the build driver gives both the same evaluate options, and the reference run
-# must be measured with exactly the settings the evaluations read it with.
-_SETTINGS_OPTIONS = [
-    click.option("--reference", required=True, type=click.Path(path_type=Path), help="The FP32 artifact it came from."),
-    click.option("--corpus", required=True,
-                 help="Held-out corpus: a .txt file (one sentence per line), a folder, or builtin:evaluation."),
-    click.option("--gate", "gate_path", type=click.Path(path_type=Path), default=None,
-                 help="GATE.toml (default: shipped)."),
-    click.option("--out", required=True, type=click.Path(path_type=Path), help="Report folder (report.json/.md/.html)."),
-    click.option("--max-sentences", type=int, default=8, show_default=True, help="Sentences synthesized per variant."),
-    click.option("--max-new-token", type=int, default=96, show_default=True, help="GPT steps budget per sentence."),
-    click.option("--fidelity-sentences", type=int, default=8, show_default=True),
-    click.option("--fidelity-steps", type=int, default=48, show_default=True),
-    click.option("--threads", type=int, default=2, show_default=True, help="Threads for every runtime (fixed)."),
-    click.option("--batch", "batches", default="1,4,8", show_default=True, help="Batch sizes for throughput."),
-    click.option("--seed", type=int, default=0, show_default=True),
-    click.option("--asr", default="faster-whisper", show_default=True, help="ASR backend for WER/CER (real checkpoints)."),
-    click.option("--asr-model", type=click.Path(path_type=Path), default=None, help="A faster-whisper model folder."),
-    click.option(
-        "--baseline-checkpoint",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in this run (default: the checkpoint "
-        "the artifact was converted from, when present and torch is installed).",
-    ),
-    click.option("--no-baseline", is_flag=True, help="Skip the PyTorch FP32 baseline."),
-    provider_option,
-    click.option("--bucket-sentences", type=int, default=4, show_default=True,
-                 help="Held-out sentences per length bucket (the report's buckets section, the routing table's input)."),
-    click.option("--cache-phrases", type=int, default=8, show_default=True,
-                 help="Shipped customer-service phrases timed with and without a phrase cache (0: skip)."),
-    click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
-                 help="Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here)."),
-    click.option("--ray-workers", type=int, default=2, show_default=True, help="Ray actors (one corpus shard each)."),
-    click.option("--listen-sentences", type=click.IntRange(min=0), default=3, show_default=True,
-                 help="Held-out sentences written beside the report as MP3 + mel spectrograms (the version page's "
-                 "players)."),
-    click.option("--seam-sentences", type=click.IntRange(min=0), default=3, show_default=True,
-                 help="Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip)."),
-    click.option("--seam-lookahead", type=click.IntRange(min=1), default=None,
-                 help="Mel frames of the lookahead stream measured beside the default chunking (default: the "
-                      "artifact's recorded look-ahead, else 2; the recorded one is still measured and gated)."),
-    click.option("--clone-reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                 help="A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it."),
-    click.option("--clone-transcript", default=None, help="What --clone-reference says (ChatTTS's txt_smp)."),
-]
+# The options of an evaluation's settings (EvaluateConfig), shared by `evaluate`, `evaluate-reference`
+# and `evaluate-latency`: the build driver gives them the same evaluate options, and the reference run
+# must be measured with exactly the settings the evaluations read it with. Declared once
+# (chattts_forge.options): the commands' click options and the driver's step words come from here.
+@dataclass(frozen=True)
+class EvaluateSettingsOptions:
+    reference: Path | None = option(None, "--reference", "The FP32 artifact it came from.", kind="path", required=True)
+    corpus: str | None = option(
+        None, "--corpus", "Held-out corpus: a .txt file (one sentence per line), a folder, or builtin:evaluation.",
+        required=True)
+    gate_path: Path | None = option(None, "--gate", "GATE.toml (default: shipped).", kind="path")
+    out: Path | None = option(None, "--out", "Report folder (report.json/.md/.html).", kind="path", required=True)
+    max_sentences: int = option(8, "--max-sentences", "Sentences synthesized per variant.", kind=int, show_default=True)
+    max_new_token: int = option(96, "--max-new-token", "GPT steps budget per sentence.", kind=int, show_default=True)
+    fidelity_sentences: int = option(8, "--fidelity-sentences", kind=int, show_default=True)
+    fidelity_steps: int = option(48, "--fidelity-steps", kind=int, show_default=True)
+    threads: int = option(2, "--threads", "Threads for every runtime (fixed).", kind=int, show_default=True)
+    batches: str = option("1,4,8", "--batch", "Batch sizes for throughput.", show_default=True)
+    seed: int = option(0, "--seed", kind=int, show_default=True)
+    asr: str = option("faster-whisper", "--asr", "ASR backend for WER/CER (real checkpoints).", show_default=True)
+    asr_model: Path | None = option(None, "--asr-model", "A faster-whisper model folder.", kind="path")
+    baseline_checkpoint: Path | None = option(
+        None, "--baseline-checkpoint", "ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in this run "
+        "(default: the checkpoint the artifact was converted from, when present and torch is installed).",
+        kind="path")
+    no_baseline: bool = option(False, "--no-baseline", "Skip the PyTorch FP32 baseline.", is_flag=True)
+    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    bucket_sentences: int = option(
+        4, "--bucket-sentences",
+        "Held-out sentences per length bucket (the report's buckets section, the routing table's input).", kind=int,
+        show_default=True)
+    cache_phrases: int = option(
+        8, "--cache-phrases", "Shipped customer-service phrases timed with and without a phrase cache (0: skip).",
+        kind=int, show_default=True)
+    ray_address: str | None = option(
+        None, "--ray", "Shard fidelity and ASR over a Ray cluster (needs the scale extra; latency stays here).",
+        metavar="ADDRESS|local")
+    ray_workers: int = option(2, "--ray-workers", "Ray actors (one corpus shard each).", kind=int, show_default=True)
+    listen_sentences: int = option(
+        3, "--listen-sentences", "Held-out sentences written beside the report as MP3 + mel spectrograms (the version "
+        "page's players).", kind=click.IntRange(min=0), show_default=True)
+    seam_sentences: int = option(
+        3, "--seam-sentences",
+        "Sentences whose streamed audio is compared with their whole-text audio (stream seams; 0: skip).",
+        kind=click.IntRange(min=0), show_default=True)
+    seam_lookahead: int | None = option(
+        None, "--seam-lookahead", "Mel frames of the lookahead stream measured beside the default chunking (default: "
+        "the artifact's recorded look-ahead, else 2; the recorded one is still measured and gated).",
+        kind=click.IntRange(min=1))
+    clone_reference: Path | None = option(
+        None, "--clone-reference", "A recording (24 kHz mono): also judge SIM of the variant's cloned voice to it.",
+        kind=click.Path(exists=True, dir_okay=False, path_type=Path))
+    clone_transcript: str | None = option(
+        None, "--clone-transcript", "What --clone-reference says (ChatTTS's txt_smp).")
 
 
-def _settings_options(command: Any) -> Any:
-    for option in reversed(_SETTINGS_OPTIONS):
-        command = option(command)
-    return command
+@dataclass(frozen=True)
+class EvaluateOptions(EvaluateSettingsOptions):
+    """`chattts-forge evaluate`: the settings, the artifact judged and the shared runs it reads."""
+
+    artifact: Path | None = option(None, "--artifact", "Artifact folder to judge.", kind="path", required=True)
+    reference_run: Path | None = option(
+        None, "--reference-run", "A folder `chattts-forge evaluate-reference` wrote with the same settings: the FP32 "
+        "reference's latency run, audio, PyTorch baseline, ASR and fidelity runs are read from it, not measured again "
+        "(the build does this once for all its variants).", kind=click.Path(exists=True, file_okay=False, path_type=Path))
+    latency_run: Path | None = option(
+        None, "--latency-run", "A folder `chattts-forge evaluate-latency` wrote with the same settings: this "
+        "artifact's latency record, audio and interleaved RTF ratio against the reference are read from it (the build "
+        "times all its variants in the same rounds).", kind=click.Path(exists=True, file_okay=False, path_type=Path))
+
+
+@dataclass(frozen=True)
+class LatencyRunOptions(EvaluateSettingsOptions):
+    """`chattts-forge evaluate-latency`: the settings and every artifact timed."""
+
+    artifacts: tuple[Path, ...] = option(
+        (), "--artifact", "An artifact folder to time (repeat: every variant of the build).", kind="path",
+        multiple=True, required=True)
 
 
 def config_from_options(options: dict[str, Any]) -> Any:
@@ -175,16 +202,7 @@ def config_from_options(options: dict[str, Any]) -> Any:
 
 
 @click.command("evaluate")
-@click.option("--artifact", required=True, type=click.Path(path_type=Path), help="Artifact folder to judge.")
-@_settings_options
-@click.option("--reference-run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="A folder `chattts-forge evaluate-reference` wrote with the same settings: the FP32 reference's "
-              "latency run, audio, PyTorch baseline, ASR and fidelity runs are read from it, not measured again (the "
-              "build does this once for all its variants).")
-@click.option("--latency-run", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="A folder `chattts-forge evaluate-latency` wrote with the same settings: this artifact's latency "
-              "record, audio and interleaved RTF ratio against the reference are read from it (the build times all "
-              "its variants in the same rounds).")
+@declared_options(EvaluateOptions)
 def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
     """Run the quality gate on an artifact and write JSON/Markdown/HTML reports.
 
@@ -203,7 +221,7 @@ def evaluate(artifact: Path, reference: Path, **options: Any) -> None:
 
 
 @click.command("evaluate-reference")
-@_settings_options
+@declared_options(EvaluateSettingsOptions)
 def evaluate_reference(reference: Path, **options: Any) -> None:
     """Measure what every evaluation against REFERENCE shares, once: its latency run and audio, ChatTTS's
     PyTorch baseline, the ASR of its audio and the FP32 runs fidelity replays, into --out (read by
@@ -221,9 +239,7 @@ def evaluate_reference(reference: Path, **options: Any) -> None:
 
 
 @click.command("evaluate-latency")
-@click.option("--artifact", "artifacts", required=True, multiple=True, type=click.Path(path_type=Path),
-              help="An artifact folder to time (repeat: every variant of the build).")
-@_settings_options
+@declared_options(LatencyRunOptions)
 def evaluate_latency(reference: Path, artifacts: tuple[Path, ...], **options: Any) -> None:
     """Time every --artifact against REFERENCE in the same interleaved rounds, into --out (read by
     `evaluate --latency-run`): each variant's latency record, audio and RTF ratio, the reference

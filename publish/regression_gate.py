@@ -1,10 +1,9 @@
 """The regression gate as a build and a plain publish both run it: one set of options, one baseline
-rule, one record, one refusal (so `python -m chattts_forge.driver` and `chattts-forge publish` cannot
+rule, one record, one refusal (so `chattts-forge build` and `chattts-forge publish` cannot
 disagree).
 
 - `REGRESSION_OPTIONS`: `--baseline vN`, `--no-baseline`, `--accept-regression VARIANT` (repeatable,
-  comma-separated), `--reason WHY`; declared once, added to the driver's argparse parser by
-  `add_regression_arguments` and to click commands by `regression_options`.
+  comma-separated), `--reason WHY`; declared once, added to both commands by `regression_options`.
 - `RegressionPolicy.check`: the options' own errors (the same one-line messages for both).
 - `find_build_baseline`: the baseline (the newest published version of the model in the target
   folder, or the requested one), or None and why.
@@ -16,7 +15,6 @@ disagree).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,19 +47,8 @@ REGRESSION_OPTIONS: tuple[_Option, ...] = (
 _DEFAULTS = {"baseline": None, "reason": ""}
 
 
-def add_regression_arguments(parser: argparse.ArgumentParser) -> None:
-    """The regression options on an argparse parser (the driver's)."""
-    for o in REGRESSION_OPTIONS:
-        if o.kind == "flag":
-            parser.add_argument(o.flag, action="store_true", help=o.help)
-        elif o.kind == "append":
-            parser.add_argument(o.flag, action="append", default=[], metavar=o.metavar, help=o.help)
-        else:
-            parser.add_argument(o.flag, default=_DEFAULTS[o.dest], metavar=o.metavar, help=o.help)
-
-
 def regression_options(f: F) -> F:
-    """The regression options on a click command (publish); click applies decorators bottom-up."""
+    """The regression options on a click command (build, publish); click applies decorators bottom-up."""
     for o in reversed(REGRESSION_OPTIONS):
         if o.kind == "flag":
             f = click.option(o.flag, o.dest, is_flag=True, default=False, help=o.help)(f)

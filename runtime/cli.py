@@ -8,136 +8,12 @@ from typing import Any
 
 import click
 
-from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN, CODE_PROMPT
-from chattts_forge.cli_options import provider_option, sampling_options
-from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
-
-
-class StreamLookaheadParam(click.ParamType):
-    """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 1."""
-
-    name = "exact|N"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        try:
-            return parse_stream_lookahead(value, "--stream-lookahead")
-        except ForgeError as e:
-            self.fail(str(e), param, ctx)
+from chattts_forge.options import declared_options
+from chattts_forge.runtime.synth import SynthConfig, WarmConfig
 
 
 @click.command("synth")
-@click.option(
-    "--artifact",
-    "artifact",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Artifact folder, or a published version folder (artifacts/<model>/<version>) whose routing.json "
-    "sends each text to its length bucket's variant.",
-)
-@click.option("--variant", default=None, help="With a version folder: send every text to this published variant.")
-@click.option(
-    "--autotune/--no-autotune",
-    default=None,
-    help="With a version folder: rank each bucket's gate-passing variants on this machine at first load "
-    "(a few seconds, cached under $XDG_CACHE_HOME/chattts-forge/autotune), or take the build's ranking. "
-    "Default: on, unless CHATTTS_FORGE_AUTOTUNE=0.",
-)
-@click.option(
-    "--cache",
-    "cache_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Phrase cache (chattts-forge warm): cached texts skip the code stage and the Decoder.",
-)
-@click.option("--text", "text", default=None, help="Text to speak (one utterance).")
-@click.option(
-    "--batch-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="UTF-8 file, one text per line, synthesized as one batch (shared GPT steps).",
-)
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Output WAV. With several texts: OUT_000.wav, OUT_001.wav, ... beside it, or DIR/000.wav ... "
-    "when OUT is a folder (existing, or ending in '/').",
-)
-@click.option("--sample-format", type=click.Choice(["float32", "pcm16"]), default="float32", show_default=True,
-              help="WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of sampling and refinement (and of --speaker random); the default is warm's and serve's.")
-@click.option(
-    "--speaker-out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Write the speaker string used (--speaker's, else the spk_smp string made from --speaker-audio).",
-)
-@click.option(
-    "--speaker-audio",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Clone the voice of a recording (mono, 24 kHz, any format soundfile reads): ChatTTS's "
-    "sample_audio_speaker, run by the artifact's dvae_encoder.onnx, gives the spk_smp prompt.",
-)
-@click.option(
-    "--speaker-text", default=None, help="Transcript of --speaker-audio (ChatTTS's txt_smp; recommended)."
-)
-@sampling_options
-@click.option("--max-new-token", type=int, default=CODE_MAX_NEW_TOKEN, show_default=True, help="Most code steps.")
-@click.option("--prompt", default=CODE_PROMPT, show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
-@click.option(
-    "--refine/--no-refine", default=True, show_default=True, help="Refine the text with the GPT's text head first."
-)
-@click.option(
-    "--codes-out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Save the audio codes as an int64 .npy array [steps, 4] (numbered like --out for several texts).",
-)
-@click.option("--text-normalization/--no-text-normalization", default=True, show_default=True,
-              help="Speak numbers, money, dates and symbols as words and cut a long text into segments "
-                   "(`chattts-forge normalize` shows the result); off: ChatTTS's own front end exactly.")
-@click.option("--stream", is_flag=True, help="Decode while generating (every --stream-batch steps).")
-@click.option("--stream-batch", type=int, default=24, show_default=True, help="Steps between stream chunks.")
-@click.option(
-    "--stream-lookahead",
-    type=StreamLookaheadParam(),
-    default=None,
-    help=STREAM_LOOKAHEAD_HELP,
-)
-@click.option(
-    "--split-sentences", is_flag=True, help="Split each text into sentences like ChatTTS and join the audio."
-)
-@click.option(
-    "--batch-size", type=int, default=8, show_default=True, help="Texts of --batch-file generated together."
-)
-@click.option(
-    "--engine",
-    type=click.Choice(["auto", "fast", "plain"]),
-    default="auto",
-    show_default=True,
-    help="GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
-)
-@provider_option
-@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
-@click.option(
-    "--public-key",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="PEM public key: the published folder's model.sig (and a version folder's) must verify with it.",
-)
-@click.option(
-    "--verify",
-    "verify",
-    type=click.Choice(["sha256", "full", "size", "none"]),
-    default="sha256",
-    show_default=True,
-    help="How the artifact's files are checked before use: sha256 (each hashed once, then cached), full "
-    "(hashed on every load), size (sizes only: the opt-out), none.",
-)
+@declared_options(SynthConfig)  # every option, declared once on its field (runtime/synth.py)
 def synth(**options: Any) -> None:
     """Synthesize speech from an ONNX artifact (no torch), as ChatTTS would.
 
@@ -158,7 +34,7 @@ def synth(**options: Any) -> None:
       chattts-forge synth --artifact artifacts/M/v1 --text "请稍等" \\
           --cache artifacts/M/v1/phrase_cache.bin --out a.wav
     """
-    from chattts_forge.runtime.synth import SynthConfig, synthesize_to_files
+    from chattts_forge.runtime.synth import synthesize_to_files
 
     synthesize_to_files(SynthConfig(**options))
 
@@ -197,25 +73,7 @@ def normalize(**options: Any) -> None:
 
 
 @click.command("warm")
-@click.option(
-    "--artifact",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Artifact folder, or a published version folder (each phrase goes to the variant its routing.json names).",
-)
-@click.option("--phrases", required=True, type=click.Path(path_type=Path), help="UTF-8 phrase list, one per line.")
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Cache file to write.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampling (and of --speaker random).")
-@sampling_options
-@click.option("--max-new-token", type=int, default=CODE_MAX_NEW_TOKEN, show_default=True, help="Most code steps.")
-@click.option("--prompt", default=CODE_PROMPT, show_default=True, help="Code prompt (speed/oral/laugh/break tags).")
-@click.option(
-    "--refine/--no-refine", default=True, show_default=True,
-    help="Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
-)
-@click.option("--engine", type=click.Choice(["auto", "fast", "plain"]), default="auto", show_default=True)
-@provider_option
-@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@declared_options(WarmConfig)  # every option, declared once on its field (runtime/synth.py)
 def warm(**options: Any) -> None:
     """Pre-synthesize a phrase list into a phrase cache (for `synth --cache`, `Pipeline(cache=...)`).
 
@@ -229,6 +87,6 @@ def warm(**options: Any) -> None:
     Example:
       chattts-forge warm --artifact artifacts/M/v1 --phrases phrases.txt --out phrases.cache --seed 0
     """
-    from chattts_forge.runtime.synth import WarmConfig, warm_phrase_cache
+    from chattts_forge.runtime.synth import warm_phrase_cache
 
     warm_phrase_cache(WarmConfig(**options))

@@ -16,17 +16,21 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import click
 import numpy as np
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.cli_options import DECODER_HELP, PROVIDER_HELP, SPEAKER_HELP
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.options import option
+from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline, SynthParams
@@ -34,6 +38,18 @@ if TYPE_CHECKING:
     from chattts_forge.runtime.textfront import TextFront
 
 log = get_logger(__name__)
+
+
+class StreamLookaheadParam(click.ParamType):
+    """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 1."""
+
+    name = "exact|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        try:
+            return parse_stream_lookahead(value, "--stream-lookahead")
+        except ForgeError as e:
+            self.fail(str(e), param, ctx)
 
 @dataclass(frozen=True)
 class SynthConfig(CodeKnobs):
@@ -44,51 +60,109 @@ class SynthConfig(CodeKnobs):
     defaults serves it. `cache_path` never changes a knob: a text whose request the cache holds is
     served from it, any other is synthesized as usual."""
 
-    artifact: Path
-    out: Path
-    text: str | None = None
-    batch_file: Path | None = None
-    variant: str | None = None
-    autotune: bool | None = None
-    cache_path: Path | None = None
-    seed: int | None = 0
-    speaker: str | None = None
-    speaker_out: Path | None = None
-    speaker_audio: Path | None = None
-    speaker_text: str | None = None
-    # the code knobs (temperature, top_p, top_k, repetition_penalty, max/min_new_token, prompt): CodeKnobs
-    refine: bool = True
-    use_decoder: bool = True
-    codes_out: Path | None = None
-    stream: bool = False
-    stream_batch: int = chattts_defaults.STREAM_BATCH
-    stream_lookahead: int | str | None = None  # "exact", mel frames, or None: the artifact's recorded one
-    split_sentences: bool = False
-    text_normalization: bool = True
-    batch_size: int = 8
-    engine: str = "auto"
-    provider: str = "cpu"
-    threads: int | None = None
-    public_key: Path | None = None
-    verify: str = "sha256"
-    sample_format: str = "float32"
+    artifact: Path = option(
+        MISSING, "--artifact", "Artifact folder, or a published version folder (artifacts/<model>/<version>) whose "
+        "routing.json sends each text to its length bucket's variant.", kind="path")
+    out: Path = option(
+        MISSING, "--out", "Output WAV. With several texts: OUT_000.wav, OUT_001.wav, ... beside it, or DIR/000.wav ... "
+        "when OUT is a folder (existing, or ending in '/').", kind="path")
+    text: str | None = option(None, "--text", "Text to speak (one utterance).")
+    batch_file: Path | None = option(
+        None, "--batch-file", "UTF-8 file, one text per line, synthesized as one batch (shared GPT steps).",
+        kind="path")
+    variant: str | None = option(None, "--variant", "With a version folder: send every text to this published variant.")
+    autotune: bool | None = option(
+        None, "--autotune/--no-autotune", "With a version folder: rank each bucket's gate-passing variants on this "
+        "machine at first load (a few seconds, cached under $XDG_CACHE_HOME/chattts-forge/autotune), or take the "
+        "build's ranking. Default: on, unless CHATTTS_FORGE_AUTOTUNE=0.")
+    cache_path: Path | None = option(
+        None, "--cache", "Phrase cache (chattts-forge warm): cached texts skip the code stage and the Decoder.",
+        kind="path")
+    seed: int | None = option(
+        0, "--seed", "Seed of sampling and refinement (and of --speaker random); the default is warm's and serve's.",
+        kind=int, show_default=True)
+    speaker: str | None = option(None, "--speaker", SPEAKER_HELP)
+    speaker_out: Path | None = option(
+        None, "--speaker-out",
+        "Write the speaker string used (--speaker's, else the spk_smp string made from --speaker-audio).", kind="path")
+    speaker_audio: Path | None = option(
+        None, "--speaker-audio", "Clone the voice of a recording (mono, 24 kHz, any format soundfile reads): ChatTTS's "
+        "sample_audio_speaker, run by the artifact's dvae_encoder.onnx, gives the spk_smp prompt.", kind="path")
+    speaker_text: str | None = option(
+        None, "--speaker-text", "Transcript of --speaker-audio (ChatTTS's txt_smp; recommended).")
+    # the code knobs (temperature, top_p, top_k, repetition_penalty, min_new_token): CodeKnobs; synth
+    # spells its own --max-new-token and --prompt
+    max_new_token: int = option(
+        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
+        kw_only=True)
+    prompt: str = option(
+        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
+        kw_only=True)
+    refine: bool = option(
+        True, "--refine/--no-refine", "Refine the text with the GPT's text head first.", show_default=True)
+    use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
+    codes_out: Path | None = option(
+        None, "--codes-out",
+        "Save the audio codes as an int64 .npy array [steps, 4] (numbered like --out for several texts).", kind="path")
+    stream: bool = option(False, "--stream", "Decode while generating (every --stream-batch steps).", is_flag=True)
+    stream_batch: int = option(
+        chattts_defaults.STREAM_BATCH, "--stream-batch", "Steps between stream chunks.", kind=int, show_default=True)
+    # "exact", mel frames, or None: the artifact's recorded one
+    stream_lookahead: int | str | None = option(
+        None, "--stream-lookahead", STREAM_LOOKAHEAD_HELP, kind=StreamLookaheadParam())
+    split_sentences: bool = option(
+        False, "--split-sentences", "Split each text into sentences like ChatTTS and join the audio.", is_flag=True)
+    text_normalization: bool = option(
+        True, "--text-normalization/--no-text-normalization", "Speak numbers, money, dates and symbols as words and "
+        "cut a long text into segments (`chattts-forge normalize` shows the result); off: ChatTTS's own front end "
+        "exactly.", show_default=True)
+    batch_size: int = option(8, "--batch-size", "Texts of --batch-file generated together.", kind=int, show_default=True)
+    engine: str = option(
+        "auto", "--engine", "GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
+        choices=("auto", "fast", "plain"), show_default=True)
+    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
+    public_key: Path | None = option(
+        None, "--public-key",
+        "PEM public key: the published folder's model.sig (and a version folder's) must verify with it.", kind="file")
+    verify: str = option(
+        "sha256", "--verify", "How the artifact's files are checked before use: sha256 (each hashed once, then cached), "
+        "full (hashed on every load), size (sizes only: the opt-out), none.", choices=("sha256", "full", "size", "none"),
+        show_default=True)
+    sample_format: str = option(
+        "float32", "--sample-format",
+        "WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).",
+        choices=("float32", "pcm16"), show_default=True)
 
 
 @dataclass(frozen=True)
 class WarmConfig(CodeKnobs):
-    """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`)."""
+    """One `warm` run: a phrase list pre-synthesized into a phrase cache (`chattts-forge warm --help`).
+    Each field is declared as its option (chattts_forge.options): the command's click options and the
+    build driver's warm step words come from here."""
 
-    artifact: Path
-    phrases: Path
-    out: Path
-    seed: int = 0
-    speaker: str | None = None
-    # the code knobs: CodeKnobs
-    use_decoder: bool = True
-    refine: bool = True
-    engine: str = "auto"
-    provider: str = "cpu"
-    threads: int | None = None
+    artifact: Path = option(
+        MISSING, "--artifact", "Artifact folder, or a published version folder (each phrase goes to the variant its "
+        "routing.json names).", kind="path")
+    phrases: Path = option(MISSING, "--phrases", "UTF-8 phrase list, one per line.", kind="path")
+    out: Path = option(MISSING, "--out", "Cache file to write.", kind="path")
+    seed: int = option(0, "--seed", "Seed of sampling (and of --speaker random).", kind=int, show_default=True)
+    speaker: str | None = option(None, "--speaker", SPEAKER_HELP)
+    # the code knobs: CodeKnobs (warm spells its own --max-new-token and --prompt)
+    max_new_token: int = option(
+        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
+        kw_only=True)
+    prompt: str = option(
+        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
+        kw_only=True)
+    use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
+    refine: bool = option(
+        True, "--refine/--no-refine",
+        "Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
+        show_default=True)
+    engine: str = option("auto", "--engine", choices=("auto", "fast", "plain"), show_default=True)
+    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
 
 
 @dataclass(frozen=True)

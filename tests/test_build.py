@@ -338,7 +338,7 @@ def test_jobs_a_failed_calibration_sets_aside_what_reads_it(tmp_path: Path) -> N
 
 def test_jobs_must_be_a_whole_number_of_at_least_one(tmp_path: Path) -> None:
     proc = Runner(tmp_path).run("--jobs", "0")
-    assert proc.returncode == 2 and "--jobs: '0' is not a whole number >= 1" in proc.stderr
+    assert proc.returncode == 2 and "Invalid value for '--jobs': 0 is not in the range x>=1" in proc.stderr
 
 
 def test_a_crashing_variant_is_set_aside_and_the_others_are_published(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Every option of every command keeps its name and default (issue 35's acceptance).
 
 Each `chattts-forge` subcommand (nested groups included, e.g. `checkpoint verify`) and the build
-driver (`python -m chattts_forge.driver`) is read for the options its `--help` lists: their spellings,
+driver's alias (`python -m chattts_forge.driver`, the same command as `chattts-forge build`) is read for the options its `--help` lists: their spellings,
 default, whether it is a flag or repeatable, and its closed set of choices. The result is compared
 with `tests/data/cli_options.json`, recorded from the code before issue 35's refactor; a deliberate
 change re-records it (`python tests/test_cli_options.py --record`) and says so in the README.
@@ -9,15 +9,12 @@ change re-records it (`python tests/test_cli_options.py --record`) and says so i
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import click
-import pytest
 
 RECORD = Path(__file__).parent / "data" / "cli_options.json"
 NO_DEFAULT = getattr(click.core, "UNSET", None)  # how click >= 8.3 marks an option given no default
@@ -58,36 +55,28 @@ def _click_commands(cmd: click.Command, path: str, ctx: click.Context) -> dict[s
         for name in cmd.list_commands(ctx):
             sub = cmd.get_command(ctx, name)
             assert sub is not None, f"{path} {name}: no command"
-            found.update(_click_commands(sub, f"{path} {name}", click.Context(sub, parent=ctx, info_name=name)))
+            found.update(
+                _click_commands(sub, f"{path} {name}", click.Context(sub, parent=ctx, info_name=name))
+            )
     return found
 
 
 def _driver_options() -> list[dict[str, Any]]:
-    from chattts_forge.driver import pipeline
+    """`python -m chattts_forge.driver`'s options: `chattts-forge build`'s (the alias runs it), spelled as
+    the record of the argparse driver it replaced spelled them (a flag pair's both names in `names`)."""
+    from chattts_forge.driver.cli import build
 
-    parsers: list[argparse.ArgumentParser] = []
-
-    class Parsed(Exception):
-        """Stops the driver once its parser is built, before it parses or runs anything."""
-
-    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        parsers.append(self)
-        raise Parsed
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", capture), pytest.raises(Parsed):
-        pipeline.main([])
-    (parser,) = parsers
     options = []
-    for action in parser._actions:
-        if not action.option_strings or action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
-            continue
-        options.append({
-            "names": sorted(action.option_strings),
-            "default": _plain(action.default),
-            "flag": action.nargs == 0,
-            "multiple": isinstance(action, argparse._AppendAction),
-            **({"choices": sorted(str(c) for c in action.choices)} if action.choices else {}),
-        })
+    for entry in _click_commands(build, "build", click.Context(build, info_name="build"))["build"]:
+        entry = dict(entry)
+        pair = entry.pop("off")
+        entry["names"] = sorted(entry["names"] + pair)
+        # click leaves these unset, meaning what argparse wrote out: nothing repeated, a switch off
+        if entry["default"] is None and entry["multiple"]:
+            entry["default"] = []
+        elif entry["default"] is None and entry["flag"] and not pair:
+            entry["default"] = False
+        options.append(entry)
     return sorted(options, key=lambda o: o["names"])
 
 
@@ -107,7 +96,11 @@ def test_every_command_keeps_its_options_names_and_defaults() -> None:
     for command, options in recorded.items():
         now = {tuple(o["names"]): o for o in current[command]}
         was = {tuple(o["names"]): o for o in options}
-        diff = {" ".join(k): (was.get(k), now.get(k)) for k in sorted(set(now) | set(was)) if now.get(k) != was.get(k)}
+        diff = {
+            " ".join(k): (was.get(k), now.get(k))
+            for k in sorted(set(now) | set(was))
+            if now.get(k) != was.get(k)
+        }
         if diff:
             changed[command] = diff
     assert not changed, json.dumps(changed, indent=1)[:4000]

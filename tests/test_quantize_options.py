@@ -13,7 +13,7 @@ import pytest
 
 from chattts_forge.artifact import ArtifactMeta, DecoderWeights, KvCache, QuantizeMethod
 from chattts_forge.choices import plain
-from chattts_forge.driver.pipeline import Build
+from chattts_forge.driver.records import Build
 from chattts_forge.driver.steps import PRESET_STAGE_ARGS
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.options import changed_args, declared_fields, option_args

@@ -145,11 +145,12 @@ def test_nothing_imports_ray_unless_asked() -> None:
 def test_driver_runs_variant_steps_as_ray_tasks_with_unchanged_keys(ray_cluster, tmp_path) -> None:
     """`make artifacts RAY=local` on tiny: the variants' steps run as Ray tasks (side by side, 1 CPU each
     here), the same records are written, so a run without Ray finds everything up to date."""
-    from chattts_forge.driver.pipeline import _parse_extra, run_pipeline
+    from chattts_forge.driver.cli import parse_stage_args
+    from chattts_forge.driver.pipeline import run_pipeline
     from chattts_forge.publish import verify_path
 
     kwargs = dict(build=tmp_path / "build", to=tmp_path / "artifacts", preset="tiny", variants=("fp32", "int8-dynamic"),
-                  extra=_parse_extra([
+                  extra=parse_stage_args([
                       "quantize=--fidelity-sentences 1 --fidelity-steps 16",
                       "evaluate=--max-sentences 1 --max-new-token 24 --fidelity-sentences 1 --fidelity-steps 16 --batch 1",
                   ]))

@@ -409,7 +409,7 @@ def test_a_kill_between_the_two_renames_is_recovered_not_deleted(tmp_path: Path,
     elif cleaner == "clean_stale_partials":
         clean_stale_partials(tmp_path)
     else:
-        from chattts_forge.driver.pipeline import sweep_leftovers
+        from chattts_forge.driver.lock import sweep_leftovers
 
         sweep_leftovers(tmp_path)
     assert (final / "data.txt").read_text() == "one"
