@@ -21,7 +21,7 @@ import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
 from chattts_forge.runtime.segments import split_segments, written_chunks
@@ -41,10 +41,11 @@ SPLIT_TEXT_FACTOR = 16
 MAX_INPUT_CHARS = 4096
 
 
-class InputError(ForgeError):
+class InputError(BadInput):
     """The request's text itself cannot be spoken (HTTP: 400 naming the field `input`)."""
 
-    param = "input"
+    def __init__(self, message: str = "", param: str | None = "input") -> None:
+        super().__init__(message, param)
 
 
 def check_text_length(text: str, limit: int) -> None:
