@@ -64,7 +64,7 @@ def load_speaker_stats(path: Path, hidden_size: int) -> np.ndarray:
     try:
         stats = np.load(path)
     except (OSError, ValueError) as e:
-        raise ForgeError(f"{path} is unreadable: {e}") from None
+        raise BadInput(f"{path} is unreadable: {e}") from None
     if stats.shape != (2, hidden_size):
         raise ForgeError(f"{path} has shape {stats.shape}, expected (2, {hidden_size})")
     return stats.astype(np.float16)
@@ -132,7 +132,7 @@ class TextFront:
         if not text.strip():
             raise InputError("empty text")
         if params.lang not in (None, "zh", "en"):
-            raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
+            raise BadInput(f"unknown language '{params.lang}' (zh, en or None to detect)")
         return text
 
     def spoken(self, text: str, params: SynthParams | None = None) -> SpokenText:

@@ -715,7 +715,8 @@ def _host_name(host: str) -> str:
 
 def _known_host(host: str, cfg: ServeConfig) -> bool:
     """A Host header naming this server: localhost, an IP literal (a rebound DNS name is neither),
-    the --host it listens on, or an --admin-host."""
+    the --host it listens on, or an --admin-host. Not Starlette's TrustedHostMiddleware: it guards every
+    route (not /admin/* only) with a plain-text 400 (ours: a JSON 403), and has no "any IP literal"."""
     name = _host_name(host)
     if not name:
         return False
