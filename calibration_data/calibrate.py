@@ -65,7 +65,7 @@ from chattts_forge.calibration_data.store import (
     RawSample,
     RawSampleBounds,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_path
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
@@ -178,23 +178,23 @@ def _check_merge(paths: Sequence[Path], identity: dict[str, Any], corp: Corpus, 
         store = CalibrationStore(p)
         m = store.manifest
         if (m.get("artifact") or {}).get("gpt_sha256") != identity["gpt_sha256"]:
-            raise ForgeError(f"--merge {p}: its statistics were recorded from another artifact (gpt sha256 differs)")
+            raise IntegrityError(f"--merge {p}: its statistics were recorded from another artifact (gpt sha256 differs)")
         if m.get("seed") != seed:
-            raise ForgeError(f"--merge {p}: recorded with seed {m.get('seed')}, this run uses {seed}")
+            raise BadInput(f"--merge {p}: recorded with seed {m.get('seed')}, this run uses {seed}")
         theirs = m.get("settings") or {}
         for k in MERGE_SETTINGS:
             if theirs.get(k) != settings[k]:
-                raise ForgeError(f"--merge {p}: recorded with {k}={theirs.get(k)}, this run uses {settings[k]}")
+                raise BadInput(f"--merge {p}: recorded with {k}={theirs.get(k)}, this run uses {settings[k]}")
         # Built-in corpora are versioned: statistics of two versions (or of edited files) do not mix.
         theirs_corpus = m.get("corpus") or {}
         their_name = str(theirs_corpus.get("name", ""))
         if is_builtin_spec(their_name) and is_builtin_spec(corp.name):
             version, their_version = corp.name.partition(":")[0], their_name.partition(":")[0]
             if version != their_version:
-                raise ForgeError(f"--merge {p}: recorded from corpus version {their_version}, this run reads {version}")
+                raise BadInput(f"--merge {p}: recorded from corpus version {their_version}, this run reads {version}")
             for name, sha in (theirs_corpus.get("file_sha256") or {}).items():
                 if name in files and files[name] != sha:
-                    raise ForgeError(f"--merge {p}: recorded from another version of corpus file {name} "
+                    raise IntegrityError(f"--merge {p}: recorded from another version of corpus file {name} "
                                      "(sha256 differs)")
         stores.append(store)
     return stores
@@ -207,9 +207,9 @@ def parse_max_samples(value: int | str | None) -> int | None:
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise ForgeError(f"--max-samples must be a count or 'all', got {value!r}") from None
+        raise BadInput(f"--max-samples must be a count or 'all', got {value!r}") from None
     if n < 1:
-        raise ForgeError(f"--max-samples must be >= 1, got {n}")
+        raise BadInput(f"--max-samples must be >= 1, got {n}")
     return n
 
 
@@ -234,16 +234,16 @@ class CalibrateConfig:
 
     def check(self) -> None:
         if self.max_new_token < 2:
-            raise ForgeError(f"--max-new-token must be >= 2, got {self.max_new_token}")
+            raise BadInput(f"--max-new-token must be >= 2, got {self.max_new_token}")
         if self.decode_positions < 0 or self.max_past < 1 or self.head_steps < 0:
-            raise ForgeError("decode positions and head steps must be >= 0 and max past >= 1")
+            raise BadInput("decode positions and head steps must be >= 0 and max past >= 1")
         if self.disk_budget_mb <= 0:
-            raise ForgeError(f"--disk-budget-mb must be > 0, got {self.disk_budget_mb}")
+            raise BadInput(f"--disk-budget-mb must be > 0, got {self.disk_budget_mb}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ForgeError(f"--batch-size must be a whole number >= 1, got {self.batch_size!r}")
+            raise BadInput(f"--batch-size must be a whole number >= 1, got {self.batch_size!r}")
         calls = self.batches_per_call
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-            raise ForgeError(f"--batches-per-call must be a whole number >= 1, got {calls!r}")
+            raise BadInput(f"--batches-per-call must be a whole number >= 1, got {calls!r}")
 
     def settings(self, count: int | None) -> dict[str, Any]:
         """What the manifest records (and `--merge` compares: `MERGE_SETTINGS`)."""
@@ -324,10 +324,10 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
 
 def _check_corpus(corp: Corpus, allow_one_language: bool) -> None:
     if not corp.sentences:
-        raise ForgeError(f"corpus '{corp.name}' has no sentences")
+        raise BadInput(f"corpus '{corp.name}' has no sentences")
     languages = _languages(corp.sentences)
     if len(languages) < 2 and not allow_one_language:
-        raise ForgeError(f"corpus '{corp.name}' holds only {next(iter(languages))} sentences: static ranges would "
+        raise BadInput(f"corpus '{corp.name}' holds only {next(iter(languages))} sentences: static ranges would "
                          "miss the other language (pass --allow-one-language to calibrate on it anyway)")
 
 
@@ -361,7 +361,7 @@ def _plan_sentences(pipe: Any, corp: Corpus, earlier: list[CalibrationStore], co
             else:
                 usable.append(i)
     if not usable and not earlier:
-        raise ForgeError(f"no sentence of corpus '{corp.name}' is speakable ({len(skipped)} refused by the front end)")
+        raise BadInput(f"no sentence of corpus '{corp.name}' is speakable ({len(skipped)} refused by the front end)")
     if skipped:
         log.warning("calibrate: %d corpus line(s) the front end refuses are skipped", len(skipped))
     picked = [usable[j] for j in select_sentences([stems[i] for i in usable], count, seed)]

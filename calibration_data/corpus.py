@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.integrity import sha256_file
 
@@ -111,13 +111,13 @@ def read_sentences(path: str | Path) -> list[str]:
     """Sentences of one corpus file: stripped, blank lines dropped. ForgeError on any bad file."""
     path = Path(path)
     if not path.exists():
-        raise ForgeError(f"corpus file {path} does not exist")
+        raise NotFound(f"corpus file {path} does not exist")
     if not path.is_file():
-        raise ForgeError(f"corpus {path} is not a file")
+        raise BadInput(f"corpus {path} is not a file")
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise ForgeError(f"corpus file {path} is unreadable: {e.strerror}") from None
+        raise BadInput(f"corpus file {path} is unreadable: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -126,7 +126,7 @@ def read_sentences(path: str | Path) -> list[str]:
     sentences = [line.strip() for line in text.lstrip("\ufeff").splitlines()]
     sentences = [s for s in sentences if s]
     if not sentences:
-        raise ForgeError(f"corpus file {path} is empty (no non-blank lines)")
+        raise BadInput(f"corpus file {path} is empty (no non-blank lines)")
     return sentences
 
 
@@ -151,7 +151,7 @@ def _builtin_files(spec: str) -> tuple[str, list[Path]]:
     version = latest_version() if prefix == "builtin" else prefix
     split, _, stem = rest.partition("/")
     if split not in SPLITS:
-        raise ForgeError(f"unknown corpus split '{split}' in '{spec}'; use one of {', '.join(SPLITS)}")
+        raise BadInput(f"unknown corpus split '{split}' in '{spec}'; use one of {', '.join(SPLITS)}")
     split_dir = CORPORA_DIR / version / split
     if not split_dir.is_dir():
         raise ForgeError(f"built-in corpus version '{version}' has no {split} split ({split_dir})")
@@ -159,7 +159,7 @@ def _builtin_files(spec: str) -> tuple[str, list[Path]]:
         path = split_dir / f"{stem}.txt"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in split_dir.glob("*.txt")))
-            raise ForgeError(f"no built-in corpus '{stem}' in {version}/{split}; known: {known}")
+            raise NotFound(f"no built-in corpus '{stem}' in {version}/{split}; known: {known}")
         return f"{version}:{split}/{stem}", [path]
     return f"{version}:{split}", sorted(split_dir.glob("*.txt"))
 
@@ -183,7 +183,7 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
     else:
         path = Path(spec)
         if not path.exists():
-            raise ForgeError(f"corpus {path} does not exist (a .txt file, a folder of .txt files or builtin:SPLIT)")
+            raise NotFound(f"corpus {path} does not exist (a .txt file, a folder of .txt files or builtin:SPLIT)")
         if path.is_dir():
             files = sorted(path.glob("*.txt"))
             if not files:
@@ -193,7 +193,7 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
         name = path.stem if path.is_file() else path.name
         root = path if path.is_dir() else path.parent
     if not files:
-        raise ForgeError(f"corpus '{spec_str}' has no files")
+        raise BadInput(f"corpus '{spec_str}' has no files")
     seen: set[str] = set()
     sentences: list[str] = []
     origins: list[int] = []
@@ -205,7 +205,7 @@ def load_corpus(spec: str | Path, max_sentences: int | None = None) -> Corpus:
                 origins.append(i)
     if max_sentences is not None:
         if max_sentences < 1:
-            raise ForgeError(f"max_sentences must be >= 1, got {max_sentences}")
+            raise BadInput(f"max_sentences must be >= 1, got {max_sentences}")
         sentences, origins = sentences[:max_sentences], origins[:max_sentences]
     return Corpus(name=name, sentences=sentences, files=files, language=_language_of(files), origins=origins,
                   root=root)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 
 STATS_FILE = "statistics.npz"
 STATS_SCHEMA = "chattts-forge/calibration-statistics/1"
@@ -253,7 +253,7 @@ class Statistics:
     def merge(self, other: Statistics) -> None:
         for graph, sha in other.graph_sha256.items():
             if self.graph_sha256.setdefault(graph, sha) != sha:
-                raise ForgeError(f"cannot merge statistics of two different {graph} graphs (sha256 differs)")
+                raise IntegrityError(f"cannot merge statistics of two different {graph} graphs (sha256 differs)")
         for graph, tensors in other.graphs.items():
             mine = self.graphs.setdefault(graph, {})
             for name, st in tensors.items():
@@ -389,7 +389,7 @@ class Statistics:
         except ForgeError:
             raise
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise ForgeError(f"calibration statistics {path} are unreadable ({e}); re-run `calibrate`") from None
+            raise BadInput(f"calibration statistics {path} are unreadable ({e}); re-run `calibrate`") from None
         return out
 
 

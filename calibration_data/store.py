@@ -33,7 +33,7 @@ import numpy as np
 
 from chattts_forge.artifact import DECODER, DVAE, GPT, HEAD_CODE
 from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import portable_path, recorded_path, resolve_inside
 
 SCHEMA = "chattts-forge/calibration/2"
@@ -134,15 +134,15 @@ def check_calibration_manifest(manifest: Any, where: str | os.PathLike[str]) -> 
         raise ForgeError(f"{where}: schema {str(got)[:80]!r} is not {SCHEMA!r}")
     comps = manifest.get("components", {})
     if not isinstance(comps, dict):
-        raise ForgeError(f"{where}: 'components' must be an object")
+        raise BadInput(f"{where}: 'components' must be an object")
     for name, comp in comps.items():
         if not isinstance(comp, dict):
-            raise ForgeError(f"{where}: components.{name} must be an object")
+            raise BadInput(f"{where}: components.{name} must be an object")
         shards, samples = comp.get("shards", []), comp.get("samples", 0)
         if not isinstance(shards, list) or not all(isinstance(r, str) for r in shards):
-            raise ForgeError(f"{where}: components.{name}.shards must be a list of file names")
+            raise BadInput(f"{where}: components.{name}.shards must be a list of file names")
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise ForgeError(f"{where}: components.{name}.samples must be a whole number >= 0, got {str(samples)[:40]!r}")
+            raise BadInput(f"{where}: components.{name}.samples must be a whole number >= 0, got {str(samples)[:40]!r}")
 
 
 class CalibrationStore:
@@ -152,13 +152,13 @@ class CalibrationStore:
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not self.path.is_dir():
-            raise ForgeError(f"calibration folder {self.path} does not exist (run `chattts-forge calibrate`)")
+            raise NotFound(f"calibration folder {self.path} does not exist (run `chattts-forge calibrate`)")
         try:
             self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ForgeError(f"{mpath} is missing: {self.path} is not a calibration folder") from None
+            raise BadInput(f"{mpath} is missing: {self.path} is not a calibration folder") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise ForgeError(f"{mpath} is unreadable: {str(e)[:200]}") from None
+            raise BadInput(f"{mpath} is unreadable: {str(e)[:200]}") from None
         if isinstance(self.manifest, dict) and self.manifest.get("schema") in OLD_SCHEMAS:
             raise ForgeError(f"{self.path} is a calibration folder of stored tensors (schema "
                              f"{self.manifest.get('schema')}); re-run `chattts-forge calibrate` to get statistics")
@@ -173,7 +173,7 @@ class CalibrationStore:
                     raise ForgeError(f"calibration shard {shard} is missing")
             self._shards[name] = paths
         if not (self.path / STATS_FILE).is_file():
-            raise ForgeError(f"calibration statistics {self.path / STATS_FILE} are missing; re-run `calibrate`")
+            raise NotFound(f"calibration statistics {self.path / STATS_FILE} are missing; re-run `calibrate`")
 
     @property
     def statistics(self) -> Statistics:
@@ -195,7 +195,7 @@ class CalibrationStore:
                         idx, _, name = key.partition(".")
                         by_index.setdefault(idx, {})[name] = shard[key]
             except Exception as e:  # noqa: BLE001 - numpy/zipfile/zlib raise many types on a damaged .npz
-                raise ForgeError(f"calibration shard {path} is unreadable ({type(e).__name__}: {str(e)[:200]})") from None
+                raise BadInput(f"calibration shard {path} is unreadable ({type(e).__name__}: {str(e)[:200]})") from None
             for idx in sorted(by_index):
                 yield {
                     n: a.astype(np.float32) if a.dtype == np.float16 else a for n, a in by_index[idx].items()

@@ -24,7 +24,7 @@ from typing import Any
 
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.choices import Choice
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_json, resolve_inside
 
 # ---- file names ------------------------------------------------------------------------------
@@ -118,9 +118,9 @@ KV_CACHE_SUFFIX = {"fp32": "", "int8": "-kv8"}
 def quantized_variant(method: str, kv_cache: str = "fp32") -> str:
     """The variant `quantize --method METHOD --kv-cache KV_CACHE` writes (e.g. int8-dynamic-kv8)."""
     if method not in METHOD_VARIANT:
-        raise ForgeError(f"unknown method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+        raise BadInput(f"unknown method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
     if kv_cache not in KV_CACHE_SUFFIX:
-        raise ForgeError(f"unknown KV cache '{kv_cache}' (choose from: {', '.join(KV_CACHES)})")
+        raise BadInput(f"unknown KV cache '{kv_cache}' (choose from: {', '.join(KV_CACHES)})")
     return METHOD_VARIANT[method] + KV_CACHE_SUFFIX[kv_cache]
 
 
@@ -192,31 +192,31 @@ class ArtifactMeta:
         folder = Path(folder).expanduser()
         path = folder / ARTIFACT_JSON
         if not folder.is_dir():
-            raise ForgeError(f"artifact folder {folder} does not exist")
+            raise NotFound(f"artifact folder {folder} does not exist")
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ForgeError(f"{folder} is not an artifact folder ({ARTIFACT_JSON} is missing)") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise ForgeError(f"{path} is unreadable: {e}") from None
+            raise BadInput(f"{path} is unreadable: {e}") from None
         return cls.from_dict(doc, where=str(path))
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = ARTIFACT_JSON) -> ArtifactMeta:
         """Validate a parsed artifact.json (schema, variant, components; types of the sections)."""
         if not isinstance(doc, dict):
-            raise ForgeError(f"{where}: not a JSON object")
+            raise BadInput(f"{where}: not a JSON object")
         if doc.get("schema") != SCHEMA:
             raise ForgeError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
         if not isinstance(doc.get("variant"), str):
-            raise ForgeError(f"{where}: 'variant' is missing or not a string")
+            raise BadInput(f"{where}: 'variant' is missing or not a string")
         comps = doc.get("components")
         if not isinstance(comps, dict) or not all(isinstance(c, dict) for c in comps.values()):
-            raise ForgeError(f"{where}: 'components' is missing or not a mapping of component entries")
+            raise BadInput(f"{where}: 'components' is missing or not a mapping of component entries")
         known = _document_keys()
         for key in set(known) - {"schema", "name", "variant", "created_at"}:
             if doc.get(key) is not None and not isinstance(doc[key], dict):
-                raise ForgeError(f"{where}: '{key}' is not a JSON object")
+                raise BadInput(f"{where}: '{key}' is not a JSON object")
         for name, entry in comps.items():
             check_component_record(entry, f"{where}: components.{name}")
         check_files_section(doc.get("files"), where)
@@ -249,7 +249,7 @@ class ArtifactMeta:
         if data is None:
             return None
         if not isinstance(data, dict) or "file" not in data:
-            raise ForgeError(f"{self.where}: components.{name}.external_data must be an object with a 'file'")
+            raise BadInput(f"{self.where}: components.{name}.external_data must be an object with a 'file'")
         graph = self.component_path(folder, name)
         # Inside the graph's folder, which is inside `folder`: so inside `folder` too.
         return resolve_inside(graph.parent, data["file"], file=self.where, field=f"components.{name}.external_data.file")
@@ -322,9 +322,9 @@ class ArtifactMeta:
 def _check_size_and_hash(rec: dict[str, Any], where: str) -> None:
     size, sha = rec.get("bytes"), rec.get("sha256")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-        raise ForgeError(f"{where}.bytes must be a whole number >= 0, got {size!r}")
+        raise BadInput(f"{where}.bytes must be a whole number >= 0, got {size!r}")
     if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
-        raise ForgeError(f"{where}.sha256 must be 64 lowercase hex digits, got {str(sha)[:80]!r}")
+        raise BadInput(f"{where}.sha256 must be 64 lowercase hex digits, got {str(sha)[:80]!r}")
 
 
 def check_component_record(rec: Any, where: str) -> None:
@@ -332,14 +332,14 @@ def check_component_record(rec: Any, where: str) -> None:
     (hex), external_data ({"file", "bytes", "sha256"}). Where it points is checked when it is used
     (`resolve_inside`)."""
     if not isinstance(rec, dict):
-        raise ForgeError(f"{where} is not a JSON object")
+        raise BadInput(f"{where} is not a JSON object")
     if "file" in rec and not isinstance(rec["file"], str):
-        raise ForgeError(f"{where}.file must be a string, got {type(rec['file']).__name__}")
+        raise BadInput(f"{where}.file must be a string, got {type(rec['file']).__name__}")
     _check_size_and_hash(rec, where)
     data = rec.get("external_data")
     if data is not None:
         if not isinstance(data, dict) or not isinstance(data.get("file"), str):
-            raise ForgeError(f"{where}.external_data must be an object with a 'file' string")
+            raise BadInput(f"{where}.external_data must be an object with a 'file' string")
         _check_size_and_hash(data, f"{where}.external_data")
 
 
@@ -349,12 +349,12 @@ def check_files_section(files: Any, where: str) -> None:
     if files is None:
         return
     if not isinstance(files, dict):
-        raise ForgeError(f"{where}: files is not a JSON object")
+        raise BadInput(f"{where}: files is not a JSON object")
     for key, value in files.items():
         if isinstance(value, str):
             continue
         if not isinstance(value, dict) or not isinstance(value.get("file"), str):
-            raise ForgeError(f"{where}: files.{key} must be a file record {{file, bytes, sha256}} or a file name string")
+            raise BadInput(f"{where}: files.{key} must be a file record {{file, bytes, sha256}} or a file name string")
         _check_size_and_hash(value, f"{where}: files.{key}")
 
 
@@ -364,7 +364,7 @@ def check_streaming_section(streaming: Any, where: str) -> None:
         return
     frames = streaming.get("lookahead_frames") if isinstance(streaming, dict) else None
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
-        raise ForgeError(f"{where}: streaming.lookahead_frames must be a whole number of mel frames >= 1, got {frames!r}")
+        raise BadInput(f"{where}: streaming.lookahead_frames must be a whole number of mel frames >= 1, got {frames!r}")
 
 
 def _document_keys() -> tuple[str, ...]:
@@ -394,11 +394,11 @@ def _record_dict(record: Any) -> dict[str, Any]:
 def _record_values(cls: type, doc: Any, what: str) -> dict[str, Any]:
     """The fields of `cls` read from a JSON object; unknown or missing non-optional keys are refused."""
     if not isinstance(doc, dict):
-        raise ForgeError(f"{what}: not a JSON object")
+        raise BadInput(f"{what}: not a JSON object")
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(doc) - names)
     if unknown:
-        raise ForgeError(f"{what}: unknown key(s) {', '.join(unknown)}")
+        raise BadInput(f"{what}: unknown key(s) {', '.join(unknown)}")
     required = [f.name for f in fields(cls) if not f.metadata.get("omit_none") and f.name not in doc]
     if required:
         raise ForgeError(f"{what}: missing key(s) {', '.join(required)}")

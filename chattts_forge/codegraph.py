@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import read_toml
 
 TOP_PACKAGE = "chattts_forge"
@@ -132,7 +132,7 @@ class CodeGraph:
         try:
             tree = ast.parse(path.read_bytes(), filename=str(path))
         except SyntaxError as e:
-            raise ForgeError(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
+            raise BadInput(f"cannot parse {path}: {e.msg} (line {e.lineno})") from None
         is_package = path.name == "__init__.py"
         found: set[str] = set()
         for node in _statements(tree):

@@ -74,7 +74,8 @@ class Unavailable(ForgeError):
 
 
 def http_status_of(error: ForgeError, default: int) -> int:
-    """The HTTP status a server answers `error` with: its type's, else the endpoint's `default`."""
+    """The HTTP status a server answers `error` with: its type's, else the endpoint's `default` (the
+    server's one ForgeError handler is its caller: runtime.serve.app)."""
     return error.http_status if error.http_status is not None else default
 
 

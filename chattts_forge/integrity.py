@@ -58,7 +58,7 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     component_file_name,
 )
-from chattts_forge.errors import ArtifactChanged, BadInput, ForgeError, IntegrityError, NotFound
+from chattts_forge.errors import ArtifactChanged, BadInput, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
 
@@ -557,7 +557,7 @@ def check_files(
         return report
     unrecorded = [rel for rel, e in expected.items() if e.sha256 is None and rel in sizes]
     if unrecorded and not collect:
-        raise ForgeError(f"{folder / unrecorded[0]}: no sha256 is recorded for it ({ARTIFACT_JSON} of an artifact "
+        raise IntegrityError(f"{folder / unrecorded[0]}: no sha256 is recorded for it ({ARTIFACT_JSON} of an artifact "
                          "made before every file was recorded); convert it again, or load it with verify='size' "
                          "(synth --verify size)")
     wrong = {m.rel for m in found}

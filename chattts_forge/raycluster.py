@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -21,7 +21,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ForgeError(f"--ray needs Ray, which is not installed ({SCALE_HINT})") from None
+        raise BadInput(f"--ray needs Ray, which is not installed ({SCALE_HINT})") from None
     return ray
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import SIGNATURE_NAME
 from chattts_forge.log import get_logger
@@ -97,11 +97,11 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except FileNotFoundError:
-        raise ForgeError(f"signing key {path} does not exist") from None
+        raise NotFound(f"signing key {path} does not exist") from None
     except TypeError:
-        raise ForgeError(f"signing key {path} is encrypted; give an unencrypted PEM key") from None
+        raise BadInput(f"signing key {path} is encrypted; give an unencrypted PEM key") from None
     except (OSError, ValueError) as e:
-        raise ForgeError(f"signing key {path} is not a PEM private key ({str(e).splitlines()[0]})") from None
+        raise BadInput(f"signing key {path} is not a PEM private key ({str(e).splitlines()[0]})") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in ("secp256r1", "secp384r1", "secp521r1"):
         raise ForgeError(f"signing key {path} is not an EC P-256/P-384/P-521 key (the only kind the OpenSSF "
                          "Model Signing key format takes)")
@@ -157,9 +157,9 @@ def load_public_key(path: str | os.PathLike[str]) -> bytes:
         data = path.read_bytes()
         key = serialization.load_pem_public_key(data)
     except FileNotFoundError:
-        raise ForgeError(f"public key {path} does not exist") from None
+        raise NotFound(f"public key {path} does not exist") from None
     except (OSError, ValueError) as e:
-        raise ForgeError(f"public key {path} is not a PEM public key ({str(e).splitlines()[0]})") from None
+        raise BadInput(f"public key {path} is not a PEM public key ({str(e).splitlines()[0]})") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise ForgeError(f"public key {path} is not an EC key (the OpenSSF Model Signing key format uses EC keys)")
     return data
@@ -249,13 +249,13 @@ def verify_folder(
             raise ForgeError(_describe_mismatch(folder, text)) from None
         if "Key mismatch" in text:
             raise ForgeError(f"{signature}: signed with another key than {public_key}") from None
-        raise ForgeError(f"{signature}: not a valid signature ({text.splitlines()[0] if text else 'ValueError'})") from None
+        raise BadInput(f"{signature}: not a valid signature ({text.splitlines()[0] if text else 'ValueError'})") from None
     except Exception as e:  # a broken bundle: JSON, protobuf or cryptography errors
         name = type(e).__name__
         if name == "InvalidSignature":
             raise ForgeError(f"{signature}: the signature does not verify with {public_key} (another key, or "
                              "the signature was changed)") from None
-        raise ForgeError(f"{signature}: unreadable signature ({name}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise BadInput(f"{signature}: unreadable signature ({name}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def _cached_hashing(model_signing: Any, hashes: Callable[[Path, list[str]], dict[str, str]]) -> Any:

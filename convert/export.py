@@ -64,7 +64,7 @@ from chattts_forge.convert.onnx_export import (
     set_metadata,
 )
 from chattts_forge.convert.parity import ParityCase, check_parity, make_session
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
@@ -88,7 +88,7 @@ def _check_output_parent(out: Path) -> None:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ForgeError(f"output path {probe} exists and is not a folder")
+        raise BadInput(f"output path {probe} exists and is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ForgeError(f"output folder {probe} is not writable")
 
@@ -250,7 +250,7 @@ def convert_checkpoint(
     import torch
 
     if precision not in PRECISIONS:
-        raise ForgeError(f"unknown precision '{precision}' (choose from: {', '.join(PRECISIONS)})")
+        raise BadInput(f"unknown precision '{precision}' (choose from: {', '.join(PRECISIONS)})")
     t_start = time.perf_counter()
     asset_dir = resolve_asset_dir(checkpoint)
     out = Path(out).expanduser()

@@ -31,7 +31,7 @@ from typing import Any
 import click
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger, setup_logging
 
@@ -205,7 +205,7 @@ def run_parity(
 
     cfg = config or ParityConfig()
     if cfg.steps < 1:
-        raise ForgeError("--steps must be >= 1")
+        raise BadInput("--steps must be >= 1")
     texts = cfg.texts or TEXTS
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()

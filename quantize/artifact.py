@@ -13,7 +13,7 @@ from typing import Any
 import onnx
 
 from chattts_forge.artifact import ARTIFACT_JSON, GPT, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 from chattts_forge.graph_storage import storage_record
 
 # Op types that carry integer / low-bit math once a graph is quantized.
@@ -40,7 +40,7 @@ def require_fp32_source(meta: ArtifactMeta, artifact_dir: Path) -> None:
     """Quantizing starts from FP32 only (quantizing FP16 or INT8 graphs again loses accuracy twice)."""
     gpt_precision = meta.component(GPT).get("precision", "fp32")
     if meta.quantization or gpt_precision != "fp32":
-        raise ForgeError(
+        raise BadInput(
             f"{artifact_dir} is a '{meta.variant}' artifact (gpt precision {gpt_precision}); "
             "quantize needs the FP32 artifact from `convert`"
         )

@@ -47,7 +47,7 @@ import numpy as np
 import onnx
 
 from chattts_forge.artifact import DECODER, FAST_GPT, HEAD_CODE, ArtifactMeta, Fidelity
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.gate import fidelity_rules, judge, load_gate
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress
@@ -99,7 +99,7 @@ def fidelity_targets(gate: str | Path | None) -> dict[str, Any]:
 def with_headroom(rules: Sequence[Sequence[Any]], headroom: float) -> list[list[Any]]:
     """The gate's rules as the search applies them (`SEARCH_HEADROOM`)."""
     if not 0.0 <= headroom < 1.0:
-        raise ForgeError(f"search headroom must lie in [0, 1), got {headroom}")
+        raise BadInput(f"search headroom must lie in [0, 1), got {headroom}")
     return [[rule, metric, round(threshold + headroom * (1.0 - threshold), 6)
              if rule == "min" and metric in _BOUNDED_BY_ONE and threshold < 1.0 else threshold]
             for rule, metric, threshold in rules]
@@ -495,7 +495,7 @@ def search(fp32_dir: Path, meta: ArtifactMeta, work: Path, samples: list[dict[st
     tiny = (meta.source or {}).get("preset") == "tiny"
     rank_by = settings.rank_by or ("bytes" if tiny else "step_ms")
     if rank_by not in ("bytes", "step_ms"):
-        raise ForgeError(f"rank_by must be 'bytes' or 'step_ms', got {rank_by!r}")
+        raise BadInput(f"rank_by must be 'bytes' or 'step_ms', got {rank_by!r}")
     feeds = [fused_feed(s) for s in samples]
     started = time.time()
     subset = [feeds[i] for i in evenly_spaced(len(feeds), SENSITIVITY_SAMPLES)]

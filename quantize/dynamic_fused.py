@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 WEIGHT_QMAX = 127
 
@@ -78,7 +78,7 @@ def insert_dynamic_int8(model: onnx.ModelProto, nodes: Iterable[str]) -> int:
     sizes: dict[str, list[int]] = {}
     for node in targets:
         if node.op_type != "MatMul" or node.input[1] not in inits or len(inits[node.input[1]].dims) != 2:
-            raise ForgeError(f"{node.name} is not a MatMul with a constant weight")
+            raise BadInput(f"{node.name} is not a MatMul with a constant weight")
         sizes[node.name] = projection_sizes(model, node, int(inits[node.input[1]].dims[1]))
     replaced: dict[str, onnx.NodeProto] = {}
     dropped: set[str] = set()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, METHOD_VARIANT, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.quantize import fast_gpt_graph
 from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, GraphQuantizer
 from chattts_forge.quantize.methods import METHODS
@@ -39,7 +39,7 @@ def fast_gpt_quantizer(
     """The fused graph's quantizer of a rebuilding method (`QUANTIZE_METHODS`: dynamic INT8
     MatMulInteger, per tensor unless `per_channel`; int4 MatMulNBits at `block_size`, `accuracy_level`)."""
     if method not in QUANTIZE_METHODS:
-        raise ForgeError(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
+        raise BadInput(f"unknown quantization method '{method}' (choose from: {', '.join(QUANTIZE_METHODS)})")
     return METHODS[method].fast_graph_quantizer(block_size=block_size, accuracy_level=accuracy_level,
                                                 per_channel=per_channel)
 
@@ -88,7 +88,7 @@ def optimize_artifact(
     options = {key: q[key] for key in ("block_size", "accuracy_level", "per_channel") if key in q}
     options.update({key: kwargs.pop(key) for key in ("block_size", "accuracy_level", "per_channel") if key in kwargs})
     if quantize is not None and weights_from is None and variant != "fp32":
-        raise ForgeError(f"artifact {folder} is {variant}: pass weights_from=<its FP32 artifact folder>")
+        raise BadInput(f"artifact {folder} is {variant}: pass weights_from=<its FP32 artifact folder>")
     quantizer = None if quantize is None else fast_gpt_quantizer(quantize, **options)
     return fast_gpt_graph.optimize_artifact(folder, FusedGraphOptions(quantizer=quantizer, weights_from=weights_from,
                                                                       **kwargs))

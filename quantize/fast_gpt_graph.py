@@ -59,7 +59,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge import __version__
 from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import portable_path
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
@@ -107,7 +107,7 @@ def _load_graph(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - any parse failure is a broken file for the user
-        raise ForgeError(f"{path}: not a readable ONNX model ({e})") from None
+        raise BadInput(f"{path}: not a readable ONNX model ({e})") from None
 
 
 class _GraphConstants:
@@ -202,7 +202,7 @@ def _check_complete(path: Path, weights: dict[str, np.ndarray]) -> int:
     if "norm.weight" not in weights:
         missing.append("norm.weight")
     if missing:
-        raise ForgeError(
+        raise BadInput(
             f"{path}: cannot find {len(missing)} Llama weight(s) in the graph (first: {missing[0]}); "
             "only plain FP32 exports can be optimised - optimise the FP32 artifact and quantize with --quantize"
         )
@@ -294,7 +294,7 @@ class FusedGraphShape:
 
 def check_kv_cache(kv_cache: str) -> None:
     if kv_cache not in KV_CACHE_TYPES:
-        raise ForgeError(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
+        raise BadInput(f"unknown KV cache type '{kv_cache}' (choose from: {', '.join(KV_CACHE_TYPES)})")
 
 
 class _FusedGraphBuilder:
@@ -353,10 +353,10 @@ class _FusedGraphBuilder:
     def kv_scale(self, i: int, kind: str) -> None:
         scale = (self.shape.kv_scales or {}).get(f"{i}.{kind}")
         if scale is None:
-            raise ForgeError(f"an int8 KV cache needs the scale of layer {i}'s {kind}s (kv_scales['{i}.{kind}'])")
+            raise BadInput(f"an int8 KV cache needs the scale of layer {i}'s {kind}s (kv_scales['{i}.{kind}'])")
         scale = np.asarray(scale, dtype=np.float32).reshape((1, self.shape.num_key_value_heads, 1, self.head_dim))
         if not (np.isfinite(scale).all() and (scale > 0).all()):
-            raise ForgeError(f"KV cache scale of layer {i}'s {kind}s must be finite and > 0")
+            raise BadInput(f"KV cache scale of layer {i}'s {kind}s must be finite and > 0")
         self.init(f"kv_cache.{i}.{kind}_scale", scale)
 
     def input_norm(self, i: int, x: str, residual_in: str | None) -> tuple[str, str]:
@@ -656,7 +656,7 @@ def optimize_gpt(
         dims = (ArtifactMeta.load(src).dims or {}) if src.is_dir() else {}
     if out is None:
         if not src.is_dir():
-            raise ForgeError("give `out` when the source is a gpt.onnx file")
+            raise BadInput("give `out` when the source is a gpt.onnx file")
         out = src / FAST_GPT_FILE
     out = Path(out).expanduser()
     w_src = _weights_source(src, gpt_path, opts.weights_from)

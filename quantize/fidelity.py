@@ -40,7 +40,7 @@ from chattts_forge.calibration_data.recorder import (
     synth_params,
 )
 from chattts_forge.checkpoint.layout import Dims
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import track
 from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
@@ -180,7 +180,7 @@ def read_fp32_runs(path: Path, settings: dict[str, Any]) -> list[Trajectory] | N
                 return None
             trajs = trajectories_from(z, head["trajectories"])
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
-        raise ForgeError(f"FP32 runs {path} are unreadable ({type(e).__name__}: {e})") from None
+        raise BadInput(f"FP32 runs {path} are unreadable ({type(e).__name__}: {e})") from None
     log.info("fidelity: the FP32 runs of %d sentences read from %s (recorded once for the build)", len(trajs), path)
     return trajs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from chattts_forge.artifact import GPT, ArtifactMeta
 from chattts_forge.calibration_data.store import CalibrationStore
-from chattts_forge.errors import ForgeError, IntegrityError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file, verify_files
 
 
@@ -33,21 +33,21 @@ def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,
     recorded = (store.manifest.get("artifact") or {}).get("gpt_sha256")
     current = meta.component(GPT).get("sha256") or sha256_file(meta.component_file(src, GPT))
     if not recorded:
-        raise ForgeError(f"calibration {calibration}: its manifest names no source artifact (gpt sha256); "
+        raise IntegrityError(f"calibration {calibration}: its manifest names no source artifact (gpt sha256); "
                          "re-run `chattts-forge calibrate`")
     if recorded != current:
-        raise ForgeError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
+        raise IntegrityError(f"calibration {calibration} was recorded from a different artifact (gpt sha256 differs)")
     for c in components:
         if store.count(c) == 0:
-            raise ForgeError(f"calibration {calibration} has no {c} samples (empty; re-run `calibrate`)")
+            raise BadInput(f"calibration {calibration} has no {c} samples (empty; re-run `calibrate`)")
         for rel in store.manifest["components"][c].get("shards", []):
             try:
                 with zipfile.ZipFile(store.path / rel) as z:
                     bad = z.testzip()
             except (OSError, zipfile.BadZipFile) as e:
-                raise ForgeError(f"calibration shard {store.path / rel} is unreadable ({e}); re-run `calibrate`") from None
+                raise BadInput(f"calibration shard {store.path / rel} is unreadable ({e}); re-run `calibrate`") from None
             if bad is not None:
-                raise ForgeError(f"calibration shard {store.path / rel} is corrupt ({bad}); re-run `calibrate`")
+                raise IntegrityError(f"calibration shard {store.path / rel} is corrupt ({bad}); re-run `calibrate`")
     _ = store.statistics  # read now: unreadable statistics are a one-line error before any work
     return store
 
@@ -63,5 +63,5 @@ def check_statistics_graph(store: CalibrationStore, graph: str, meta: ArtifactMe
         raise ForgeError(f"calibration {store.path} has no statistics of {graph} (re-run `chattts-forge calibrate`)")
     current = meta.component(component).get("sha256") or sha256_file(meta.component_file(src, component))
     if recorded != current:
-        raise ForgeError(f"calibration {store.path}: its {graph} statistics were observed on another graph "
+        raise IntegrityError(f"calibration {store.path}: its {graph} statistics were observed on another graph "
                          "(sha256 differs; recorded from another artifact?)")

@@ -30,7 +30,7 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
     MatMulNBitsQuantizer,
 )
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import Int4Algorithm
 
@@ -63,11 +63,11 @@ def evenly_spaced(total: int, count: int) -> list[int]:
 def check_int4_options(block_size: int, accuracy_level: int, algorithm: str) -> None:
     """Validate INT4 options up front (before any work)."""
     if block_size not in BLOCK_SIZES:
-        raise ForgeError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {block_size}")
+        raise BadInput(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {block_size}")
     if accuracy_level not in ACCURACY_LEVELS:
-        raise ForgeError(f"--accuracy-level must be one of {ACCURACY_LEVELS}, got {accuracy_level}")
+        raise BadInput(f"--accuracy-level must be one of {ACCURACY_LEVELS}, got {accuracy_level}")
     if algorithm not in ALGORITHMS:
-        raise ForgeError(f"unknown INT4 algorithm '{algorithm}' (choose from: {', '.join(ALGORITHMS)})")
+        raise BadInput(f"unknown INT4 algorithm '{algorithm}' (choose from: {', '.join(ALGORITHMS)})")
 
 
 def quantize_int4_graph(
@@ -83,7 +83,7 @@ def quantize_int4_graph(
     options record for artifact.json."""
     check_int4_options(block_size, accuracy_level, algorithm)
     if algorithm in ("importance", "gptq"):
-        raise ForgeError(f"{algorithm} INT4 needs calibration statistics: use quantize_{algorithm}_int4_graph "
+        raise BadInput(f"{algorithm} INT4 needs calibration statistics: use quantize_{algorithm}_int4_graph "
                          f"(int4_{algorithm}.py)")
     if algorithm == "rtn":
         config: Any = DefaultWeightOnlyQuantConfig(

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import GPT
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.quantize.int4_importance import block_scales, pack_int4, rewrite_rtn_blocks
 
 PERCDAMP = 0.01  # damping, a share of the mean diagonal of H (GPTQ's and onnxruntime's default)
@@ -116,7 +116,7 @@ def gptq_blocks(w: np.ndarray, hessian: np.ndarray, block_size: int,
     if hblocks * hb != k:
         raise ForgeError(f"GPTQ: a Hessian of {hblocks} x {hb} channels for a weight of {k} input channels")
     if hblocks > 1 and hb % block_size:
-        raise ForgeError(f"GPTQ: --block-size {block_size} does not divide the Hessian blocks of {hb} channels")
+        raise BadInput(f"GPTQ: --block-size {block_size} does not divide the Hessian blocks of {hb} channels")
     codes = np.zeros((n, k), np.uint8)
     scales = np.zeros((n, k), np.float64)
     for j in range(hblocks):

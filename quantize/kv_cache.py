@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.calibration_data.store import CalibrationStore
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 INT8_MAX = 127
 # A channel never seen non-zero still needs a positive scale; values that small round to 0 anyway.
@@ -41,11 +41,11 @@ def kv_cache_scales(
     `headroom` > 1 widens every range (values beyond the calibrated maximum are clipped by the op).
     """
     if not headroom >= 1.0:
-        raise ForgeError(f"KV cache scale headroom must be >= 1, got {headroom}")
+        raise BadInput(f"KV cache scale headroom must be >= 1, got {headroom}")
     store = calibration if isinstance(calibration, CalibrationStore) else CalibrationStore(calibration)
     stats = store.statistics
     if not stats.kv_samples:
-        raise ForgeError(
+        raise BadInput(
             f"calibration {store.path} has no recorded GPT decode step with a past: cannot calibrate a KV cache "
             "(record with --decode-positions >= 1)"
         )

@@ -37,7 +37,7 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     DecoderWeights,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
 from chattts_forge.gate import stream_threshold_db
 from chattts_forge.graph_storage import write_component
@@ -88,7 +88,7 @@ def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
     meta = ArtifactMeta.load(src)
     require_fp32_source(meta, src)
     if out.resolve() == src.resolve():
-        raise ForgeError("--out must differ from --artifact (the FP32 source is never modified)")
+        raise BadInput("--out must differ from --artifact (the FP32 source is never modified)")
     method = open_method(cfg, src, meta)
     targets = cfg.targets
     method.check_targets(targets)

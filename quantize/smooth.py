@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 # s stays within these bounds: a channel that never fired (absmax 0) keeps s = 1.
 SCALE_BOUNDS = (1e-4, 1e4)
@@ -34,7 +34,7 @@ FOLDABLE = {"RMSNormalization": 1, "SkipSimplifiedLayerNormalization": 2, "Simpl
 
 def check_alpha(alpha: float | None) -> None:
     if alpha is not None and not 0.0 <= alpha <= 1.0:
-        raise ForgeError(f"--smooth-alpha must be within 0..1, got {alpha}")
+        raise BadInput(f"--smooth-alpha must be within 0..1, got {alpha}")
 
 
 def smoothing_factors(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.ndarray:

@@ -26,7 +26,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from chattts_forge.calibration_data.store import CalibrationStore
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 
@@ -124,9 +124,9 @@ def quantize_static_graph(
     calibrate_method, per_channel, activation_type = options.calibrate_method, options.per_channel, options.activation_type
     symmetric_activations, exclude_nodes = options.symmetric_activations, options.exclude_nodes
     if calibrate_method not in CALIBRATE_METHODS:
-        raise ForgeError(f"unknown calibration method '{calibrate_method}' (minmax, entropy, percentile)")
+        raise BadInput(f"unknown calibration method '{calibrate_method}' (minmax, entropy, percentile)")
     if activation_type not in ("uint8", "int8"):
-        raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
+        raise BadInput(f"activation type must be uint8 or int8, got '{activation_type}'")
     if store.count(component) == 0:
         raise ForgeError(f"calibration data has no samples for '{component}' (re-run `calibrate`)")
     if activation_type == "int8":

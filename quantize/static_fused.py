@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from chattts_forge.calibration_data.observe import const_weight_matmuls, fused_feed
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.dynamic_fused import replace_nodes
 from chattts_forge.quantize.smooth import smooth_inputs
@@ -171,7 +171,7 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
     activation_type, reduce_range = str(settings.activation_type), settings.reduce_range
     smooth_alpha, percentile = settings.smooth_alpha, settings.percentile
     if activation_type not in ACTIVATION_TYPES:
-        raise ForgeError(f"activation type must be uint8 or int8, got '{activation_type}'")
+        raise BadInput(f"activation type must be uint8 or int8, got '{activation_type}'")
     model = onnx.load(str(src))
     excluded = set(exclude_nodes)
     targets = [n for n in const_weight_matmuls(model) if n.name not in excluded]
@@ -184,13 +184,13 @@ def quantize_static_inputs(src: Path, dst: Path, feeds: Iterable[dict[str, np.nd
     elif feeds is not None:
         ranges, count = record_ranges(src, tensors, feeds, threads=threads)
     else:
-        raise ForgeError(f"static INT8 of {src.name} needs calibration statistics or feeds")
+        raise BadInput(f"static INT8 of {src.name} needs calibration statistics or feeds")
     smoothing = None
     if smooth_alpha is not None:
         if percentile is not None:
-            raise ForgeError("SmoothQuant migration takes minmax ranges, not percentile ones")
+            raise BadInput("SmoothQuant migration takes minmax ranges, not percentile ones")
         if statistics is None:
-            raise ForgeError("SmoothQuant migration needs calibration statistics (per-channel absmax)")
+            raise BadInput("SmoothQuant migration needs calibration statistics (per-channel absmax)")
         smoothed = smooth_inputs(model, targets, statistics[0].tensors(statistics[1]), ranges, smooth_alpha)
         ranges, smoothing = smoothed.ranges, smoothed.record(smooth_alpha)
     insert_qdq(model, ranges, [n.name for n in targets], activation_type, reduce_range)

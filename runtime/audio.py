@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes
 
 SAMPLE_FORMATS = ("float32", "pcm16")
@@ -50,7 +50,7 @@ def wav_bytes(wav: np.ndarray, sample_rate: int, sample_format: str = "float32")
 
 def check_sample_format(sample_format: str) -> str:
     if sample_format not in SAMPLE_FORMATS:
-        raise ForgeError(f"sample format must be one of {', '.join(SAMPLE_FORMATS)}, got {sample_format!r}")
+        raise BadInput(f"sample format must be one of {', '.join(SAMPLE_FORMATS)}, got {sample_format!r}")
     return sample_format
 
 
@@ -73,7 +73,7 @@ def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str =
     one longer than `max_samples` frames (checked from its header, before the samples are read)."""
     path = Path(path)
     if not path.is_file():
-        raise ForgeError(f"{what} {path} does not exist")
+        raise NotFound(f"{what} {path} does not exist")
     try:
         if max_samples is not None:
             frames = sf.info(str(path)).frames
@@ -83,9 +83,9 @@ def read_wav(path: str | os.PathLike[str], sample_rate: int = 24000, what: str =
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (OSError, RuntimeError, sf.LibsndfileError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ForgeError(f"{what} {path} is not a readable audio file: {first}") from None
+        raise BadInput(f"{what} {path} is not a readable audio file: {first}") from None
     if rate != sample_rate:
         raise ForgeError(f"{what} {path} is sampled at {rate} Hz; resample it to {sample_rate} Hz first")
     if data.shape[1] != 1:
-        raise ForgeError(f"{what} {path} has {data.shape[1]} channels; give a mono recording")
+        raise BadInput(f"{what} {path} has {data.shape[1]} channels; give a mono recording")
     return data[:, 0]

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.interleave import (
@@ -290,7 +290,7 @@ def choose_routes(
             cached["cache_file"] = str(path)
             return cached
     if settings.cold_cache not in COLD_CACHE_CHOICES:
-        raise ForgeError(f"AutotuneSettings.cold_cache must be one of {', '.join(COLD_CACHE_CHOICES)}, "
+        raise BadInput(f"AutotuneSettings.cold_cache must be one of {', '.join(COLD_CACHE_CHOICES)}, "
                          f"got {settings.cold_cache!r}")
     if to_rank and settings.cold_cache == "defer":
         # Opening and timing every passing variant (FP32's 1.9 GB hashed and packed included) is most of

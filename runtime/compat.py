@@ -218,7 +218,7 @@ class Normalizer:
         lang: str | None = None,
     ) -> str:
         if self.base is None:
-            raise ForgeError("the normalizer needs a loaded artifact (call chat.load(...) first)")
+            raise BadInput("the normalizer needs a loaded artifact (call chat.load(...) first)")
         if do_text_normalization:
             lang = self.base.detect_language(text) if lang is None else lang
             if lang in self.normalizers:
@@ -522,7 +522,7 @@ class Chat:
         """ChatTTS's split-text step: speak the first sentence, encode that audio as spk_smp."""
         pipe = self._pipe()
         if not pipe.artifact.has_component(DVAE_ENCODER):
-            raise ForgeError(
+            raise BadInput(
                 f"split_text on a text of several sentences makes a reference speaker from audio, and artifact "
                 f"{pipe.artifact.path} has no dvae_encoder.onnx: pass split_text=False or a spk_smp, or convert again"
             )
@@ -634,7 +634,7 @@ def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu
     """An artifact folder, or the chosen variant folder of a version folder (see the module docstring)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise ForgeError(f"load: custom_path {folder} is not a folder")
+        raise BadInput(f"load: custom_path {folder} is not a folder")
     if (folder / ARTIFACT_JSON).is_file():
         if variant is not None and variant != folder.name:
             raise CompatArgumentError(f"load: variant={variant!r} given, but {folder} is one artifact")

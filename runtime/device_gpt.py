@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.checkpoint.layout import Dims
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 
 DEVICES = ("cpu", "cuda")
 
@@ -32,7 +32,7 @@ class DeviceGptStep:
         import onnxruntime as ort
 
         if device not in DEVICES:
-            raise ForgeError(f"unknown device '{device}' (choose from: {', '.join(DEVICES)})")
+            raise BadInput(f"unknown device '{device}' (choose from: {', '.join(DEVICES)})")
         self._ort = ort
         self.session = session
         self.device = device
@@ -48,7 +48,7 @@ class DeviceGptStep:
     def reset(self, batch: int) -> None:
         """Start a new sequence batch: an empty cache on the device."""
         if batch < 1:
-            raise ForgeError(f"batch must be >= 1, got {batch}")
+            raise BadInput(f"batch must be >= 1, got {batch}")
         empty = np.zeros((batch, self.kv_heads, 0, self.head_dim), dtype=np.float32)
         value = self._ort.OrtValue.ortvalue_from_numpy(empty, self.device, self.device_id)
         self._past = [value] * (2 * self.num_layers)
@@ -61,7 +61,7 @@ class DeviceGptStep:
     def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Hidden states [B, S, hidden] of the S new positions; `attention_mask` covers past + new."""
         if not self._past:
-            raise ForgeError("reset(batch) must be called before the first step")
+            raise BadInput("reset(batch) must be called before the first step")
         binding = self.session.io_binding()
         binding.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=np.float32))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.session import discard_pages
 
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
@@ -76,11 +76,11 @@ class FastGptStep:
         names = {i.name for i in session.get_inputs()}
         need = {"inputs_embeds", "position_ids", "attention_bias", "seqlens_k", "total_sequence_length"}
         if not need <= names:
-            raise ForgeError(f"not a fast GPT graph: inputs {sorted(need - names)} are missing")
+            raise BadInput(f"not a fast GPT graph: inputs {sorted(need - names)} are missing")
         self.past_names = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
         cache_type = {i.name: i.type for i in session.get_inputs()}.get(self.past_names[0])
         if cache_type not in _CACHE_DTYPES:
-            raise ForgeError(f"fast GPT graph: unsupported KV cache type {cache_type} (float32 or int8)")
+            raise BadInput(f"fast GPT graph: unsupported KV cache type {cache_type} (float32 or int8)")
         self.cache_dtype = np.dtype(_CACHE_DTYPES[cache_type])
         self._reserved = 0  # positions the next reset allocates for (0: initial_capacity)
         self.present_names = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
@@ -119,7 +119,7 @@ class FastGptStep:
         """Start a new sequence batch: an empty cache sized by the last `reserve` (buffers reused
         when the batch size is the same and they are no more than twice that size)."""
         if batch < 1:
-            raise ForgeError(f"batch must be >= 1, got {batch}")
+            raise BadInput(f"batch must be >= 1, got {batch}")
         want = _round_up(self._reserved or self.initial_capacity, self.max_positions)
         if batch != self.batch or not self._buffers or not (want <= self.capacity <= 2 * want):
             self._buffers = []  # free the old cache before allocating the new one (peak memory)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pybase16384 as b14
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -100,12 +100,12 @@ class Normalizer:
             try:
                 homophones = json.loads(Path(homophones).read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-                raise ForgeError(f"cannot read homophone map {homophones}: {str(e)[:200]}") from None
+                raise BadInput(f"cannot read homophone map {homophones}: {str(e)[:200]}") from None
         if not isinstance(homophones, dict) or not all(isinstance(v, str) for v in homophones.values()):
-            raise ForgeError("homophone map must be a JSON object of single characters")
+            raise BadInput("homophone map must be a JSON object of single characters")
         bad = [k for k, v in homophones.items() if len(k) != 1 or len(v) != 1]
         if bad:
-            raise ForgeError(f"homophone map entries must be single characters (e.g. {bad[0]!r})")
+            raise BadInput(f"homophone map entries must be single characters (e.g. {bad[0]!r})")
         # ChatTTS replaces UTF-16 code units; keys and values are BMP characters, so a per-character
         # translation is the same (a surrogate pair never matches a BMP key).
         self.homophones = {ord(k): ord(v) for k, v in homophones.items() if ord(k) < 0x10000}
@@ -305,7 +305,7 @@ def max_encoded_chars(raw_bytes: int) -> int:
 
 def _check_speaker_text(value: object, what: str, limit_chars: int) -> str:
     if not isinstance(value, str):
-        raise ForgeError(f"{what} must be a string, got {type(value).__name__}")
+        raise BadInput(f"{what} must be a string, got {type(value).__name__}")
     if len(value) > limit_chars:
         raise ForgeError(f"{what} is {len(value)} characters long; no ChatTTS string for this model exceeds "
                          f"{limit_chars}")
@@ -338,9 +338,9 @@ def decode_speaker(spk_emb: str, max_values: int = DEFAULT_MAX_SPEAKER_VALUES) -
     try:
         raw = bounded_lzma_decompress(b14.decode_from_string(spk_emb), limit, "speaker string")
     except (lzma.LZMAError, ValueError, TypeError, UnicodeError, EOFError) as e:
-        raise ForgeError(f"not a ChatTTS speaker string ({e})") from None
+        raise BadInput(f"not a ChatTTS speaker string ({e})") from None
     if len(raw) % 2:
-        raise ForgeError("not a ChatTTS speaker string (odd byte count)")
+        raise BadInput("not a ChatTTS speaker string (odd byte count)")
     return np.frombuffer(raw, dtype=np.float16).copy()
 
 
@@ -380,7 +380,7 @@ def encode_prompt(codes: np.ndarray) -> str:
     base16384 of the uint16 shape, then the LZMA2-compressed little-endian uint16 codes."""
     arr = np.asarray(codes)
     if arr.ndim != 2:
-        raise ForgeError(f"speaker sample codes must be 2-D [num_vq, T], got shape {arr.shape}")
+        raise BadInput(f"speaker sample codes must be 2-D [num_vq, T], got shape {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
         raise ForgeError("speaker sample codes must fit in uint16")
     head = np.array(arr.shape, dtype="<u2").tobytes()
@@ -402,11 +402,11 @@ def decode_prompt(prompt: str, max_codes: int = DEFAULT_MAX_PROMPT_CODES) -> np.
         rows, cols = (int(x) for x in np.frombuffer(dec[:4], dtype="<u2"))
         want = rows * cols
         if want > max_codes:
-            raise ForgeError(f"not a ChatTTS speaker sample string for this model: its header announces "
+            raise BadInput(f"not a ChatTTS speaker sample string for this model: its header announces "
                              f"{rows} x {cols} codes, more than the {max_codes} it takes")
         raw = bounded_lzma_decompress(dec[4:], 2 * want, "speaker sample string")
         if len(raw) != 2 * want:
             raise ValueError(f"holds {len(raw) // 2} codes, its header announces {rows} x {cols}")
         return np.frombuffer(raw, dtype="<u2").astype(np.int64).reshape(rows, cols)
     except (lzma.LZMAError, ValueError, TypeError, UnicodeError, EOFError) as e:
-        raise ForgeError(f"not a ChatTTS speaker sample string ({e})") from None
+        raise BadInput(f"not a ChatTTS speaker sample string ({e})") from None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
 from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
@@ -94,7 +94,7 @@ class Generation:
 def check_engine(engine: str) -> None:
     """ForgeError unless `engine` is one of ENGINES."""
     if engine not in ENGINES:
-        raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
+        raise BadInput(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
 
 
 def choose_engine(artifact: Artifact, engine: str = "auto") -> str:

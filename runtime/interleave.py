@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 Clock = Callable[[], float]
 
@@ -59,7 +59,7 @@ class RatioSettings:
 
     def __post_init__(self) -> None:
         if not (self.bound > 0 and self.time_cap_s > 0 and 2 <= self.min_rounds <= self.max_rounds):
-            raise ForgeError(f"interleaved timing settings out of range: {self}")
+            raise BadInput(f"interleaved timing settings out of range: {self}")
 
     def to_dict(self) -> dict[str, Any]:
         # without the cap's start: only the gate's latency comparisons set it, and they record their
@@ -201,7 +201,7 @@ def compare_rounds(
     if reference in candidates:
         raise ForgeError(f"candidate {reference!r} is also the reference")
     if not candidates:
-        raise ForgeError("an interleaved comparison needs at least one candidate")
+        raise BadInput("an interleaved comparison needs at least one candidate")
     names = [reference, *candidates]
     start = clock() if start is None else start
     cap_from, cap_s = start, settings.time_cap_s

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chattts_forge import chattts_defaults
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 from chattts_forge.runtime.frontend import (
     DEFAULT_MAX_PROMPT_CODES,
     DEFAULT_MAX_SPEAKER_VALUES,
@@ -93,42 +93,42 @@ def _check_whole(where: str, value: object, low: int, high: int | None = None, o
     if optional and value is None:
         return
     if not _is_whole(value):
-        raise ForgeError(f"{where} must be a whole number, got {type(value).__name__} {str(value)[:40]!r}")
+        raise BadInput(f"{where} must be a whole number, got {type(value).__name__} {str(value)[:40]!r}", where)
     if value < low or (high is not None and value > high):  # type: ignore[operator]
         span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ForgeError(f"{where} must be {span}, got {value}")
+        raise BadInput(f"{where} must be {span}, got {value}", where)
 
 
 def _check_real(where: str, value: object, optional: bool = False) -> None:
     if optional and value is None:
         return
     if not _is_real(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
-        raise ForgeError(f"{where} must be a finite number, got {type(value).__name__} {str(value)[:40]!r}")
+        raise BadInput(f"{where} must be a finite number, got {type(value).__name__} {str(value)[:40]!r}", where)
 
 
 def _check_bool(where: str, value: object) -> None:
     if not isinstance(value, (bool, np.bool_)):
-        raise ForgeError(f"{where} must be true or false, got {type(value).__name__} {str(value)[:40]!r}")
+        raise BadInput(f"{where} must be true or false, got {type(value).__name__} {str(value)[:40]!r}", where)
 
 
 def _check_optional_str(where: str, value: object, limit: int) -> None:
     if value is None:
         return
     if not isinstance(value, str):
-        raise ForgeError(f"{where} must be a string or None, got {type(value).__name__}")
+        raise BadInput(f"{where} must be a string or None, got {type(value).__name__}", where)
     if len(value) > limit:
-        raise ForgeError(f"{where} is {len(value)} characters long, more than {limit}")
+        raise BadInput(f"{where} is {len(value)} characters long, more than {limit}", where)
 
 
 def check_sampling_params(params: InferCodeParams | RefineTextParams, where: str, max_positions: int | None) -> None:
-    """The knobs code generation and refinement share: types first, then ranges (one-line ForgeError
+    """The knobs code generation and refinement share: types first, then ranges (a one-line BadInput
     naming the field)."""
     if not isinstance(params.prompt, str) or len(params.prompt) > MAX_PROMPT_CHARS:
-        raise ForgeError(f"{where}.prompt must be a string of at most {MAX_PROMPT_CHARS} characters")
+        raise BadInput(f"{where}.prompt must be a string of at most {MAX_PROMPT_CHARS} characters", f"{where}.prompt")
     temps = params.temperature
     if isinstance(temps, (list, tuple)):
         if not temps:
-            raise ForgeError(f"{where}.temperature must be a number or a non-empty list of numbers")
+            raise BadInput(f"{where}.temperature must be a number or a non-empty list of numbers", f"{where}.temperature")
         for i, t in enumerate(temps):
             _check_real(f"{where}.temperature[{i}]", t)
     else:
@@ -147,20 +147,20 @@ def check_sampling_params(params: InferCodeParams | RefineTextParams, where: str
 
 def check_synth_params(params: object, max_positions: int | None = None, max_text_chars: int | None = None) -> SynthParams:
     """Validate a request's parameters by type and range before anything runs on them (the scheduler's
-    `submit`, `Pipeline.synthesize`/`stream`, compat, a server): a one-line ForgeError naming the
+    `submit`, `Pipeline.synthesize`/`stream`, compat, a server): a one-line BadInput naming the
     first bad field, else `params` unchanged. `max_positions` (the model's) bounds max_new_token;
     `max_text_chars` bounds txt_smp."""
     if not isinstance(params, SynthParams):
-        raise ForgeError(f"params must be SynthParams, got {type(params).__name__}")
+        raise BadInput(f"params must be SynthParams, got {type(params).__name__}", "params")
     code = params.code
     if not isinstance(code, InferCodeParams):
-        raise ForgeError(f"params.code must be InferCodeParams, got {type(code).__name__}")
+        raise BadInput(f"params.code must be InferCodeParams, got {type(code).__name__}", "params.code")
     if params.refine is not None and not isinstance(params.refine, RefineTextParams):
-        raise ForgeError(f"params.refine must be RefineTextParams or None, got {type(params.refine).__name__}")
+        raise BadInput(f"params.refine must be RefineTextParams or None, got {type(params.refine).__name__}", "params.refine")
     for name in ("use_decoder", "text_normalization", "normalize", "homophones", "split_sentences"):
         _check_bool(f"params.{name}", getattr(params, name))
     if params.lang not in (None, "zh", "en"):
-        raise ForgeError(f"params.lang must be None, 'zh' or 'en', got {str(params.lang)[:40]!r}")
+        raise BadInput(f"params.lang must be None, 'zh' or 'en', got {str(params.lang)[:40]!r}", "params.lang")
     check_sampling_params(code, "params.code", max_positions)
     # Speaker strings are bounded again (tighter, by the model) when decoded; this bounds the work before.
     _check_optional_str("params.code.spk_emb", code.spk_emb, max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES))
@@ -175,14 +175,14 @@ def check_synth_params(params: object, max_positions: int | None = None, max_tex
 def check_sampling_ranges(temperature: Sequence[float], top_p: float | None, top_k: int | None,
                     max_new_token: int, min_new_token: int, penalty: float | None) -> None:
     if any(not (t > 0) or not math.isfinite(t) for t in temperature):
-        raise ForgeError(f"temperature must be > 0, got {list(temperature)}")
+        raise BadInput(f"temperature must be > 0, got {list(temperature)}", "temperature")
     if top_p is not None and not (0 <= top_p <= 1):
-        raise ForgeError(f"top-p must lie in [0, 1], got {top_p}")
+        raise BadInput(f"top-p must lie in [0, 1], got {top_p}", "top_p")
     if top_k is not None and top_k < 1:
-        raise ForgeError(f"top-k must be >= 1, got {top_k}")
+        raise BadInput(f"top-k must be >= 1, got {top_k}", "top_k")
     if max_new_token < 1:
-        raise ForgeError(f"max-new-token must be >= 1, got {max_new_token}")
+        raise BadInput(f"max-new-token must be >= 1, got {max_new_token}", "max_new_token")
     if not (0 <= min_new_token <= max_new_token):
-        raise ForgeError(f"min-new-token must lie in [0, max-new-token={max_new_token}], got {min_new_token}")
+        raise BadInput(f"min-new-token must lie in [0, max-new-token={max_new_token}], got {min_new_token}", "min_new_token")
     if penalty is not None and not (penalty > 0):
-        raise ForgeError(f"repetition penalty must be > 0, got {penalty}")
+        raise BadInput(f"repetition penalty must be > 0, got {penalty}", "repetition_penalty")

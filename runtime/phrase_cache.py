@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
@@ -149,7 +149,7 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
 
     for name in ("speaker_sha256", "spk_smp_sha256", "txt_smp_sha256"):
         if knobs.get(name) is not None:
-            raise ForgeError(f"the cache's requests used a {name.removesuffix('_sha256')} known only by its hash: "
+            raise BadInput(f"the cache's requests used a {name.removesuffix('_sha256')} known only by its hash: "
                              "they cannot be replayed from the cache's header")
     try:
         temps = [float(t) for t in knobs["temperature"]]
@@ -164,9 +164,9 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
         params = SynthParams(code=code, refine=refine, use_decoder=bool(knobs["use_decoder"]),
                              text_normalization=knobs.get("text_normalization", "off") != "off")
     except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise ForgeError(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
+        raise BadInput(f"the cache's knobs cannot be replayed ({type(e).__name__}: {e})") from None
     if cache_knobs(params, num_vq) != knobs:  # e.g. a knob a newer writer added
-        raise ForgeError("the cache's knobs cannot be replayed: they hold a knob this runtime does not rebuild")
+        raise BadInput("the cache's knobs cannot be replayed: they hold a knob this runtime does not rebuild")
     return params
 
 
@@ -183,7 +183,7 @@ def check_cacheable(params: SynthParams) -> None:
     """Only a reproducible request can be cached: seeded (its refinement too)."""
     reason = unseeded(params)
     if reason is not None:
-        raise ForgeError(f"a phrase cache needs a seed ({reason}: unseeded sampling gives different audio every time)")
+        raise BadInput(f"a phrase cache needs a seed ({reason}: unseeded sampling gives different audio every time)")
 
 
 @dataclass(frozen=True)
@@ -267,7 +267,7 @@ def _read_header(buf: Any, size: int, path: Path) -> tuple[dict[str, Any], int]:
     try:
         header = json.loads(bytes(buf[start : start + head_len]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ForgeError(f"{where}: unreadable header ({str(e)[:200]})") from None
+        raise BadInput(f"{where}: unreadable header ({str(e)[:200]})") from None
     if not isinstance(header, dict) or header.get("schema") != CACHE_SCHEMA:
         got = header.get("schema") if isinstance(header, dict) else None
         raise ForgeError(f"{where}: schema {str(got)[:80]!r} is not {CACHE_SCHEMA!r}")
@@ -280,25 +280,25 @@ def check_cache_header(header: dict[str, Any], data_bytes: int, where: str) -> N
     payload_sha256, sha256, offset, n_mels, frames, steps, num_vq}] with whole counts >= 0 whose
     bytes lie inside the `data_bytes` of entry data."""
     if not isinstance(header.get("knobs"), dict):
-        raise ForgeError(f"{where}: header 'knobs' must be an object")
+        raise BadInput(f"{where}: header 'knobs' must be an object")
     artifacts, entries = header.get("artifacts"), header.get("entries")
     if not isinstance(artifacts, list) or not isinstance(entries, list):
-        raise ForgeError(f"{where}: header 'artifacts' and 'entries' must be lists")
+        raise BadInput(f"{where}: header 'artifacts' and 'entries' must be lists")
     for i, a in enumerate(artifacts):
         if not isinstance(a, dict) or not isinstance(a.get("variant"), str) or not _is_sha(a.get("payload_sha256")):
-            raise ForgeError(f"{where}: artifacts[{i}] must be {{variant, payload_sha256}}")
+            raise BadInput(f"{where}: artifacts[{i}] must be {{variant, payload_sha256}}")
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise ForgeError(f"{where}: entries[{i}] is not an object")
         if not all(isinstance(e.get(k), str) for k in ("key", "text", "variant")):
-            raise ForgeError(f"{where}: entries[{i}] needs 'key', 'text' and 'variant' strings")
+            raise BadInput(f"{where}: entries[{i}] needs 'key', 'text' and 'variant' strings")
         if not isinstance(e.get("spoken", ""), str):
-            raise ForgeError(f"{where}: entries[{i}] 'spoken' must be a string")
+            raise BadInput(f"{where}: entries[{i}] 'spoken' must be a string")
         if not (_is_sha(e.get("payload_sha256")) and _is_sha(e.get("sha256"))):
-            raise ForgeError(f"{where}: entries[{i}] payload_sha256/sha256 must be 64 hex digits")
+            raise BadInput(f"{where}: entries[{i}] payload_sha256/sha256 must be 64 hex digits")
         counts = [e.get(k) for k in _ENTRY_COUNTS]
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
-            raise ForgeError(f"{where}: entries[{i}] {'/'.join(_ENTRY_COUNTS)} must be whole numbers >= 0")
+            raise BadInput(f"{where}: entries[{i}] {'/'.join(_ENTRY_COUNTS)} must be whole numbers >= 0")
         offset, n_mels, frames, steps, num_vq = counts
         if offset + 4 * n_mels * frames + 2 * steps * num_vq > data_bytes:
             raise ForgeError(f"{where}: entries[{i}] ({e['text'][:40]!r}) lies outside the file's entry data")
@@ -310,18 +310,18 @@ class PhraseCache:
     def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = Path(path)
         if max_bytes < 0:
-            raise ForgeError(f"phrase cache byte limit must be >= 0, got {max_bytes}")
+            raise BadInput(f"phrase cache byte limit must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         if not self.path.is_file():
-            raise ForgeError(f"phrase cache {self.path} does not exist")
+            raise NotFound(f"phrase cache {self.path} does not exist")
         if not os.access(self.path, os.R_OK):
             raise ForgeError(f"phrase cache {self.path} is not readable")
         size = self.path.stat().st_size
         if size < len(MAGIC) + _LEN.size + _DIGEST:
-            raise ForgeError(f"phrase cache {self.path} is truncated or not a phrase cache ({size} bytes)")
+            raise BadInput(f"phrase cache {self.path} is truncated or not a phrase cache ({size} bytes)")
         with open(self.path, "rb") as f:
             if f.read(len(MAGIC)) != MAGIC:
-                raise ForgeError(f"phrase cache {self.path} is not a chattts-forge phrase cache (bad magic)")
+                raise BadInput(f"phrase cache {self.path} is not a chattts-forge phrase cache (bad magic)")
             f.seek(0)
             remaining = size - _DIGEST
             h = hashlib.sha256()
@@ -330,7 +330,7 @@ class PhraseCache:
                 h.update(chunk)
                 remaining -= len(chunk)
             if h.digest() != f.read(_DIGEST):
-                raise ForgeError(f"phrase cache {self.path} is damaged or was changed (its sha256 does not match); "
+                raise IntegrityError(f"phrase cache {self.path} is damaged or was changed (its sha256 does not match); "
                                  "rebuild it with chattts-forge warm")
         with open(self.path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -414,7 +414,7 @@ class PhraseCache:
         a = self._data_start + entry["offset"]
         blob = self._map[a : a + mel_bytes + code_bytes]
         if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-            raise ForgeError(f"phrase cache {self.path}: the entry of {entry['text']!r} is damaged (sha256 mismatch)")
+            raise IntegrityError(f"phrase cache {self.path}: the entry of {entry['text']!r} is damaged (sha256 mismatch)")
         mel = np.frombuffer(blob, dtype="<f4", count=entry["n_mels"] * entry["frames"]).reshape(entry["n_mels"], entry["frames"])
         codes = np.frombuffer(blob, dtype="<i2", offset=mel_bytes).reshape(entry["steps"], entry["num_vq"])
         return CachedPhrase(mel=mel.astype(np.float32), codes=codes.astype(np.int64),
@@ -544,9 +544,9 @@ def read_phrase_list(path: str | os.PathLike[str], normalize: Callable[[str], st
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ForgeError(f"phrase list {path} does not exist") from None
+        raise NotFound(f"phrase list {path} does not exist") from None
     except OSError as e:
-        raise ForgeError(f"phrase list {path} is unreadable: {e.strerror}") from None
+        raise BadInput(f"phrase list {path} is unreadable: {e.strerror}") from None
     try:
         text = raw.decode("utf-8").lstrip("\ufeff")
     except UnicodeDecodeError as e:
@@ -562,14 +562,14 @@ def read_phrase_list(path: str | os.PathLike[str], normalize: Callable[[str], st
         try:
             norm = normalize(phrase)
         except ForgeError as e:
-            raise ForgeError(f"phrase list {path} line {n} ({phrase!r}) cannot be spoken: {e}") from None
+            raise BadInput(f"phrase list {path} line {n} ({phrase!r}) cannot be spoken: {e}") from None
         if norm in first_line:
             log.warning("phrase list %s line %d repeats line %d (%r): skipped", path, n, first_line[norm], norm)
             continue
         first_line[norm] = n
         out.append((n, norm))
     if not out:
-        raise ForgeError(f"phrase list {path} holds no phrase")
+        raise BadInput(f"phrase list {path} holds no phrase")
     return out
 
 

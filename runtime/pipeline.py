@@ -31,7 +31,7 @@ import numpy as np
 
 from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT, VOCODER
 from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.frontend import (
     TextTokenizer,
@@ -205,23 +205,23 @@ class Pipeline:
         try:
             arr = np.asarray(wav)
         except Exception as e:  # e.g. a CUDA tensor: numpy cannot read it
-            raise ForgeError(f"{what} must be a numpy array (or CPU tensor) of samples: {e}") from None
+            raise BadInput(f"{what} must be a numpy array (or CPU tensor) of samples: {e}") from None
         if arr.ndim != 1:
-            raise ForgeError(
+            raise BadInput(
                 f"{what} must be 1-D [samples] (one mono {self.sample_rate} Hz recording), got shape {arr.shape}"
             )
         if not np.issubdtype(arr.dtype, np.floating):
             hint = " (divide int16 PCM by 32768)" if np.issubdtype(arr.dtype, np.integer) else ""
             raise ForgeError(f"{what} must hold float samples in [-1, 1], got dtype {arr.dtype}{hint}")
         if arr.size == 0:
-            raise ForgeError(f"{what} is empty")
+            raise BadInput(f"{what} is empty")
         longest = self.max_recording_samples()
         if arr.size > longest:
-            raise ForgeError(f"{what} has {arr.size} samples ({arr.size / self.sample_rate:.1f} s); its codes would "
+            raise BadInput(f"{what} has {arr.size} samples ({arr.size / self.sample_rate:.1f} s); its codes would "
                              f"not fit the model's {self.dims.max_position_embeddings} positions (at most {longest})")
         shortest = self.dims.n_fft // 2 + 1
         if arr.size < shortest:
-            raise ForgeError(f"{what} has {arr.size} samples; the encoder needs at least {shortest}")
+            raise BadInput(f"{what} has {arr.size} samples; the encoder needs at least {shortest}")
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if not np.all(np.isfinite(arr)):
             raise ForgeError(f"{what} holds NaN or infinite samples")
@@ -248,7 +248,7 @@ class Pipeline:
         except ForgeError as e:
             raise ForgeError(f"spk_smp: {e}") from None
         if codes.shape[0] != self.num_vq or codes.shape[1] == 0:
-            raise ForgeError(
+            raise BadInput(
                 f"spk_smp holds codes of shape {codes.shape}, this model takes [{self.num_vq}, T > 0] "
                 "(a sample string from another model?)"
             )
@@ -274,7 +274,7 @@ class Pipeline:
     def _check_length(self, prompt_len: int, max_new_token: int) -> None:
         limit = self.dims.max_position_embeddings
         if prompt_len + max_new_token > limit:
-            raise ForgeError(
+            raise BadInput(
                 f"input too long: {prompt_len} prompt tokens + max-new-token {max_new_token} exceed the "
                 f"model's {limit} positions; shorten the text, lower --max-new-token or split sentences"
             )
@@ -295,7 +295,7 @@ class Pipeline:
         temps = params.temperature
         temps = tuple(float(t) for t in temps) if isinstance(temps, (list, tuple)) else (float(temps),) * self.num_vq
         if len(temps) != self.num_vq:
-            raise ForgeError(f"give one temperature or {self.num_vq} (one per code stream), got {len(temps)}")
+            raise BadInput(f"give one temperature or {self.num_vq} (one per code stream), got {len(temps)}")
         check_sampling_ranges(temps, params.top_p, params.top_k, params.max_new_token, params.min_new_token,
                         params.repetition_penalty)
         return SamplingConfig(
@@ -390,7 +390,7 @@ class Pipeline:
         for x in items:
             x = np.asarray(x)
             if x.ndim != 2:
-                raise ForgeError(f"decode input must be 2-D [T, channels], got shape {x.shape}")
+                raise BadInput(f"decode input must be 2-D [T, channels], got shape {x.shape}")
             wavs.append(self.vocos(self.decode_mel(x, use_decoder)) if len(x) else np.zeros(0, np.float32))
         return wavs
 
@@ -450,7 +450,7 @@ class Pipeline:
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, Sequence):
-            raise ForgeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+            raise BadInput(f"texts must be a string or a list of strings, got {type(texts).__name__}")
         if not texts:
             raise ForgeError("no text to synthesize")
         out, owner = [], []
@@ -583,9 +583,9 @@ class Pipeline:
         params = params or SynthParams()
         every = stream_batch or params.code.stream_batch
         if every < 1:
-            raise ForgeError(f"stream batch must be >= 1, got {every}")
+            raise BadInput(f"stream batch must be >= 1, got {every}")
         if params.split_sentences:
-            raise ForgeError("streaming does not support sentence splitting; give one text per line instead")
+            raise BadInput("streaming does not support sentence splitting; give one text per line instead")
         one = texts if isinstance(texts, str) else texts[0] if isinstance(texts, Sequence) and len(texts) == 1 else None
         if params.text_normalization and isinstance(one, str):
             # one text: its segments come from the front end as its written chunks are normalised, so

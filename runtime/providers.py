@@ -22,7 +22,7 @@ import io
 import warnings
 from functools import lru_cache
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -81,13 +81,13 @@ def cuda_status() -> tuple[bool, str]:
 def resolve_provider(requested: str) -> str:
     """`cpu` or `cuda` for a requested `cpu`/`cuda`/`auto`; ForgeError when `cuda` is not usable."""
     if requested not in PROVIDER_CHOICES:
-        raise ForgeError(f"unknown provider '{requested}' (choose from: {', '.join(PROVIDER_CHOICES)})")
+        raise BadInput(f"unknown provider '{requested}' (choose from: {', '.join(PROVIDER_CHOICES)})")
     if requested == "cpu":
         return "cpu"
     usable, why = cuda_status()
     if requested == "cuda":
         if not usable:
-            raise ForgeError(f"--provider cuda: {why}; {INSTALL_HINT}, or use --provider cpu|auto")
+            raise BadInput(f"--provider cuda: {why}; {INSTALL_HINT}, or use --provider cpu|auto")
         return "cuda"
     if usable:
         log.info("provider auto: running on CUDA (%s)", why)

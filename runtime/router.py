@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import ARTIFACT_JSON
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.log import get_logger
 
@@ -83,17 +83,17 @@ class Bucket:
 def buckets_from_edges(edges: Sequence[int], names: Sequence[str] | None = None) -> tuple[Bucket, ...]:
     """Buckets split at `edges` (the inclusive upper ends, increasing): [10, 40] -> <=10, 11-40, >40."""
     if not isinstance(edges, (list, tuple)) or (names is not None and not isinstance(names, (list, tuple))):
-        raise ForgeError(f"bucket edges and names must be lists, got {type(edges).__name__} and {type(names).__name__}")
+        raise BadInput(f"bucket edges and names must be lists, got {type(edges).__name__} and {type(names).__name__}")
     edges = list(edges)
     if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges) or edges != sorted(set(edges)):
-        raise ForgeError(f"bucket edges must be increasing whole numbers >= 1, got {edges}")
+        raise BadInput(f"bucket edges must be increasing whole numbers >= 1, got {edges}")
     if names is None:
         names = ("short", "medium", "long") if len(edges) == 2 else [f"b{i}" for i in range(len(edges) + 1)]
     names = list(names)
     if not all(isinstance(n, str) and n for n in names):
-        raise ForgeError(f"bucket names must be non-empty strings, got {names}")
+        raise BadInput(f"bucket names must be non-empty strings, got {names}")
     if len(names) != len(edges) + 1 or len(set(names)) != len(names):
-        raise ForgeError(f"give {len(edges) + 1} distinct bucket names for edges {edges}, got {names}")
+        raise BadInput(f"give {len(edges) + 1} distinct bucket names for edges {edges}, got {names}")
     lows = [1, *(e + 1 for e in edges)]
     highs: list[int | None] = [*edges, None]
     return tuple(Bucket(n, lo, hi) for n, lo, hi in zip(names, lows, highs, strict=True))
@@ -129,9 +129,9 @@ def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ForgeError(f"{version_dir} has no {ROUTING_NAME}: not a published version folder with a routing table") from None
+        raise BadInput(f"{version_dir} has no {ROUTING_NAME}: not a published version folder with a routing table") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ForgeError(f"{path}: not valid JSON ({e})") from None
+        raise BadInput(f"{path}: not valid JSON ({e})") from None
     problems = routing_problems(table, version_dir)
     if problems:
         raise ForgeError(problems[0])
@@ -254,7 +254,7 @@ def variant_folder(version_dir: Path, variant: str, *, file: str | os.PathLike[s
     """A variant's folder in a version folder: one plain name, confined to it (no path, no `..`, no
     symbolic link out); else a one-line ForgeError naming `file` and `field`."""
     if isinstance(variant, str) and ("/" in variant or "\\" in variant):
-        raise ForgeError(f"{file}: {field} must be a variant name, not a path ({variant!r})")
+        raise BadInput(f"{file}: {field} must be a variant name, not a path ({variant!r})")
     return resolve_inside(version_dir, variant, file=file, field=field)
 
 
@@ -290,7 +290,7 @@ class Router:
 
         self.path = Path(version_dir)
         if not self.path.is_dir():
-            raise ForgeError(f"version folder {self.path} does not exist")
+            raise NotFound(f"version folder {self.path} does not exist")
         if pipeline_kwargs.get("public_key") is not None:  # the version's own files: routing.json, phrase cache
             from chattts_forge.signing import verify_folder
 

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import HEAD_CODE
-from chattts_forge.errors import ArtifactChanged, Busy, ForgeError, Unavailable
+from chattts_forge.errors import ArtifactChanged, BadInput, Busy, ForgeError, Unavailable
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.generation import position_ids
@@ -283,12 +283,12 @@ def check_request(pipe: Pipeline, text: object, params: object) -> None:
     model can take, and SynthParams whose every field has its type and range
     (`pipeline.check_synth_params`); one sentence, no refinement. One-line ForgeError otherwise."""
     if not isinstance(text, str):
-        raise ForgeError(f"text must be a string, got {type(text).__name__}")
+        raise BadInput(f"text must be a string, got {type(text).__name__}")
     check_text_length(text, pipe.max_text_chars())
     check_synth_params(params, pipe.dims.max_position_embeddings, pipe.max_text_chars())
     assert isinstance(params, SynthParams)
     if params.refine is not None or params.split_sentences:
-        raise ForgeError("the scheduler takes one sentence without text refinement per request")
+        raise BadInput("the scheduler takes one sentence without text refinement per request")
 
 
 class Scheduler:
@@ -298,9 +298,9 @@ class Scheduler:
                  lookahead_frames: int | None = None, decode_worker: bool | None = None,
                  release_free_rows: Callable[[], bool] | None = None, first_chunk_priority: bool = True) -> None:
         if pipe.engine != "fast":
-            raise ForgeError("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
+            raise BadInput("continuous batching needs the fused GPT graph (gpt_fast.onnx; engine 'fast')")
         if max_batch < 1 or max_queue < 0:
-            raise ForgeError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
+            raise BadInput(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
         self.pipe = pipe
         self.max_batch = max_batch
         self.max_queue = max_queue

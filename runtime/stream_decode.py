@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 
 if TYPE_CHECKING:
     from chattts_forge.checkpoint.layout import Dims
@@ -53,7 +53,7 @@ def parse_stream_lookahead(value: object, what: str = "stream lookahead") -> int
         except ValueError:
             frames = None
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < MIN_LOOKAHEAD_FRAMES:
-        raise ForgeError(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= "
+        raise BadInput(f"{what} must be '{EXACT_LOOKAHEAD}' or a whole number of mel frames >= "
                          f"{MIN_LOOKAHEAD_FRAMES}, got {value!r}")
     return frames
 
@@ -101,7 +101,7 @@ class StreamDecoder:
         self.rv = pipe.vocos_radius
         exact = self.rd + self.rv  # mel frames of right context a sample's whole receptive field spans
         if lookahead_frames is not None and lookahead_frames < MIN_LOOKAHEAD_FRAMES:
-            raise ForgeError(f"stream lookahead must be >= {MIN_LOOKAHEAD_FRAMES} mel frame, got {lookahead_frames}")
+            raise BadInput(f"stream lookahead must be >= {MIN_LOOKAHEAD_FRAMES} mel frame, got {lookahead_frames}")
         self.lookahead = exact if lookahead_frames is None else min(lookahead_frames, exact)
         self.emitted = 0  # samples already returned
         self.closed = False

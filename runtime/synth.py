@@ -26,7 +26,7 @@ import numpy as np
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.cli_options import DECODER_HELP, PROVIDER_HELP, SPEAKER_HELP
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.options import option
@@ -183,14 +183,14 @@ def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
     from chattts_forge.runtime.textfront import TextFront
 
     if (cfg.text is None) == (cfg.file is None):
-        raise ForgeError("give exactly one of --text or --file")
+        raise BadInput("give exactly one of --text or --file")
     if cfg.file is not None:
         try:
             text = cfg.file.read_text(encoding="utf-8").lstrip("\ufeff")
         except FileNotFoundError:
-            raise ForgeError(f"--file {cfg.file} does not exist") from None
+            raise NotFound(f"--file {cfg.file} does not exist") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise ForgeError(f"--file {cfg.file} is not a readable UTF-8 text file ({type(e).__name__})") from None
+            raise BadInput(f"--file {cfg.file} is not a readable UTF-8 text file ({type(e).__name__})") from None
     else:
         text = cfg.text or ""
     params = SynthParams(lang=cfg.lang, text_normalization=cfg.text_normalization)
@@ -209,12 +209,12 @@ def read_batch_file(path: Path) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise ForgeError(f"--batch-file {path} does not exist") from None
+        raise NotFound(f"--batch-file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ForgeError(f"--batch-file {path} is unreadable: {e}") from None
+        raise BadInput(f"--batch-file {path} is unreadable: {e}") from None
     texts = [line.strip() for line in lines if line.strip()]
     if not texts:
-        raise ForgeError(f"--batch-file {path} has no text lines")
+        raise BadInput(f"--batch-file {path} has no text lines")
     return texts
 
 
@@ -230,11 +230,11 @@ def resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
 
         limit = 4 * max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES)  # bytes of UTF-8: 3 a character + room
         if p.stat().st_size > limit:
-            raise ForgeError(f"--speaker file {p} has {p.stat().st_size} bytes; a speaker string is far shorter")
+            raise BadInput(f"--speaker file {p} has {p.stat().st_size} bytes; a speaker string is far shorter")
         try:
             value = p.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as e:
-            raise ForgeError(f"--speaker file {p} is not a readable UTF-8 text file ({type(e).__name__})") from None
+            raise BadInput(f"--speaker file {p} is not a readable UTF-8 text file ({type(e).__name__})") from None
     from chattts_forge.runtime.frontend import speaker_vector
 
     speaker_vector(value, pipe.dims.hidden_size)  # validates: one-line ForgeError if malformed
@@ -312,16 +312,16 @@ class StreamingWav:
 def _check_texts(cfg: SynthConfig) -> list[str]:
     """The texts to speak, after the checks that need no artifact (one-line errors naming the option)."""
     if (cfg.text is None) == (cfg.batch_file is None):
-        raise ForgeError("give exactly one of --text or --batch-file")
+        raise BadInput("give exactly one of --text or --batch-file")
     if cfg.text is not None and not cfg.text.strip():
-        raise ForgeError("--text is empty")
+        raise BadInput("--text is empty")
     texts = [cfg.text] if cfg.text is not None else read_batch_file(cfg.batch_file)  # type: ignore[arg-type]
     if cfg.batch_size < 1:
-        raise ForgeError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+        raise BadInput(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.speaker_out is not None and cfg.speaker is None and cfg.speaker_audio is None:
-        raise ForgeError("--speaker-out needs --speaker (a string, a file or 'random') or --speaker-audio")
+        raise BadInput("--speaker-out needs --speaker (a string, a file or 'random') or --speaker-audio")
     if cfg.speaker_text is not None and cfg.speaker_audio is None:
-        raise ForgeError("--speaker-text is the transcript of --speaker-audio: give --speaker-audio too")
+        raise BadInput("--speaker-text is the transcript of --speaker-audio: give --speaker-audio too")
     return texts
 
 
@@ -332,18 +332,18 @@ def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline | None]:
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
     if cfg.cache_path is not None and cfg.stream:
-        raise ForgeError("--cache serves whole waveforms; it cannot be combined with --stream")
+        raise BadInput("--cache serves whole waveforms; it cannot be combined with --stream")
     runtime = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine, "verify": cfg.verify,
                "public_key": cfg.public_key}
     if (cfg.artifact / ROUTING_NAME).is_file():
         router = Router(cfg.artifact, variant=cfg.variant, cache=cfg.cache_path, autotune=cfg.autotune, **runtime)
         if cfg.stream and cfg.variant is None:
-            raise ForgeError("--stream through a routing table needs --variant (one variant streams)")
+            raise BadInput("--stream through a routing table needs --variant (one variant streams)")
         return router, router.pipeline(cfg.variant) if cfg.variant is not None else None
     if cfg.variant is not None:
-        raise ForgeError(f"--variant needs a version folder with {ROUTING_NAME}; {cfg.artifact} has none")
+        raise BadInput(f"--variant needs a version folder with {ROUTING_NAME}; {cfg.artifact} has none")
     if cfg.autotune is not None:
-        raise ForgeError(f"--autotune/--no-autotune choose among a version folder's variants; {cfg.artifact} has no "
+        raise BadInput(f"--autotune/--no-autotune choose among a version folder's variants; {cfg.artifact} has no "
                          f"{ROUTING_NAME}")
     return None, Pipeline(cfg.artifact, cache=cfg.cache_path, **runtime)
 
@@ -474,7 +474,7 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, texts: lis
     steps = max(len(r.codes) for r in results)
     for i, r in enumerate(results):
         if len(r.wav) == 0:
-            raise ForgeError(f"text {i} produced no audio (the model ended at once); try --min-new-token")
+            raise BadInput(f"text {i} produced no audio (the model ended at once); try --min-new-token")
         write_wav(wav_paths[i], r.wav, r.sample_rate, cfg.sample_format)
         log.info("wrote %s: %.2f s of audio, %d code steps", wav_paths[i], len(r.wav) / r.sample_rate, len(r.codes))
         if code_paths is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 __all__ = ["MIN_SPEED", "MAX_SPEED", "Stretcher", "check_speed", "stretch"]
 
@@ -38,7 +38,7 @@ def check_speed(speed: float) -> float:
     """`speed` as a float, or a ForgeError when it is not a number in [MIN_SPEED, MAX_SPEED]."""
     if isinstance(speed, (bool, np.bool_)) or not isinstance(speed, numbers.Real) or not math.isfinite(speed) \
             or not MIN_SPEED <= speed <= MAX_SPEED:
-        raise ForgeError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
+        raise BadInput(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
     return float(speed)
 
 

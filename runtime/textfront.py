@@ -21,7 +21,7 @@ import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
 from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
 from chattts_forge.runtime.segments import split_segments, written_chunks
@@ -41,10 +41,11 @@ SPLIT_TEXT_FACTOR = 16
 MAX_INPUT_CHARS = 4096
 
 
-class InputError(ForgeError):
+class InputError(BadInput):
     """The request's text itself cannot be spoken (HTTP: 400 naming the field `input`)."""
 
-    param = "input"
+    def __init__(self, message: str = "", param: str | None = "input") -> None:
+        super().__init__(message, param)
 
 
 def check_text_length(text: str, limit: int) -> None:
@@ -63,7 +64,7 @@ def load_speaker_stats(path: Path, hidden_size: int) -> np.ndarray:
     try:
         stats = np.load(path)
     except (OSError, ValueError) as e:
-        raise ForgeError(f"{path} is unreadable: {e}") from None
+        raise BadInput(f"{path} is unreadable: {e}") from None
     if stats.shape != (2, hidden_size):
         raise ForgeError(f"{path} has shape {stats.shape}, expected (2, {hidden_size})")
     return stats.astype(np.float16)
@@ -131,7 +132,7 @@ class TextFront:
         if not text.strip():
             raise InputError("empty text")
         if params.lang not in (None, "zh", "en"):
-            raise ForgeError(f"unknown language '{params.lang}' (zh, en or None to detect)")
+            raise BadInput(f"unknown language '{params.lang}' (zh, en or None to detect)")
         return text
 
     def spoken(self, text: str, params: SynthParams | None = None) -> SpokenText:

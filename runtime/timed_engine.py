@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import quiet_logger
 from chattts_forge.runtime.timing import Request, RunFigures, first_audio_seconds
 
@@ -114,7 +114,7 @@ class OnnxEngine:
         fig.row_codes = [len(ids) for ids in gen.ids]
         fig.add_gpt_calls(self.timed.calls)
         if any(len(w) == 0 for w in wavs):
-            raise ForgeError("the runtime produced an empty waveform")
+            raise BadInput("the runtime produced an empty waveform")
         if keep_audio:
             fig.wavs = [np.asarray(w, dtype=np.float32) for w in wavs]
         return fig

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 
 MARKER_NAME = "chattts_forge_synthetic.json"
 
@@ -112,7 +112,7 @@ class Dims:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ForgeError(f"unknown checkpoint dimension(s): {', '.join(sorted(unknown))}")
+            raise BadInput(f"unknown checkpoint dimension(s): {', '.join(sorted(unknown))}")
         kw = dict(d)
         for key in ("decoder", "dvae_encoder", "dvae_decoder"):
             if key in kw and isinstance(kw[key], dict):
@@ -182,7 +182,7 @@ def preset_dims(name: str) -> Dims:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ForgeError(f"unknown preset '{name}' (choose from: {', '.join(PRESETS)})") from None
+        raise BadInput(f"unknown preset '{name}' (choose from: {', '.join(PRESETS)})") from None
 
 
 def read_marker(asset_dir: Path) -> dict[str, Any] | None:
@@ -193,7 +193,7 @@ def read_marker(asset_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{p}: unreadable synthetic marker ({e})") from None
+        raise BadInput(f"{p}: unreadable synthetic marker ({e})") from None
 
 
 def load_dims(asset_dir: str | os.PathLike[str]) -> Dims:
@@ -252,9 +252,9 @@ def resolve_asset_dir(path: str | os.PathLike[str] | None) -> Path:
         return resolve_asset_dir(snap)
     p = Path(path).expanduser()
     if not p.exists():
-        raise ForgeError(f"checkpoint folder {p} does not exist")
+        raise NotFound(f"checkpoint folder {p} does not exist")
     if not p.is_dir():
-        raise ForgeError(f"checkpoint {p} is not a folder")
+        raise BadInput(f"checkpoint {p} is not a folder")
     if (p / "gpt").is_dir() or (p / MARKER_NAME).exists() or (p / "Embed.safetensors").exists():
         return p
     if (p / "asset").is_dir():
@@ -267,7 +267,7 @@ def resolve_asset_dir(path: str | os.PathLike[str] | None) -> Path:
         snap = find_hf_snapshot(p / "hub")
         if snap is not None:
             return resolve_asset_dir(snap)
-    raise ForgeError(
+    raise BadInput(
         f"{p} is not a ChatTTS checkpoint: expected an asset folder (gpt/, Embed.safetensors, ...), "
         "a snapshot root containing asset/, or a Hugging Face cache"
     )

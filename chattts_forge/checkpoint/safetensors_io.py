@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 
 # Metadata written by torch's safetensors `save_file`/`save_pretrained`; transformers checks it.
 DEFAULT_METADATA = {"format": "pt"}
@@ -220,5 +220,5 @@ def read_tensor(
         data = f.read(e.end - e.begin)
     dt = _DTYPES[e.dtype]
     if dt is None:
-        raise ForgeError(f"{path}: cannot read {e.dtype} tensor '{name}' with numpy")
+        raise BadInput(f"{path}: cannot read {e.dtype} tensor '{name}' with numpy")
     return np.frombuffer(data, dtype=dt).reshape(e.shape)

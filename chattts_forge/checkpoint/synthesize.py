@@ -42,7 +42,7 @@ from chattts_forge.checkpoint.layout import ASSET_FILES, MARKER_NAME, Dims, pres
 from chattts_forge.checkpoint.release import release_spk_stat
 from chattts_forge.checkpoint.safetensors_io import write_safetensors
 from chattts_forge.checkpoint.tokenizer import write_tokenizer
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_text
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
@@ -94,7 +94,7 @@ def make_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
         tilt = np.linspace(init.high, init.low, half) + init.std * rng.standard_normal(half)
         phase = rng.uniform(-math.pi, math.pi, shape[0] - half)
         return np.concatenate([tilt, phase]).astype(np.float32)
-    raise ForgeError(f"internal: unknown init kind {kind!r} for {spec.name}")
+    raise BadInput(f"internal: unknown init kind {kind!r} for {spec.name}")
 
 
 def synthetic_spk_stat(dims: Dims, seed: int) -> str:
@@ -145,9 +145,9 @@ def _check_out_dir(out: Path) -> None:
     """Refuse to replace a folder that is not a checkpoint we made (a typo must not erase data)."""
     if out.exists():
         if not out.is_dir():
-            raise ForgeError(f"{out} exists and is not a folder")
+            raise BadInput(f"{out} exists and is not a folder")
         if any(out.iterdir()) and read_marker(out) is None:
-            raise ForgeError(f"{out} exists and is not a synthetic checkpoint; choose an empty or new folder")
+            raise BadInput(f"{out} exists and is not a synthetic checkpoint; choose an empty or new folder")
 
 
 def synthesize_checkpoint(
@@ -160,7 +160,7 @@ def synthesize_checkpoint(
     """
     dims = preset_dims(preset)
     if not isinstance(seed, int) or seed < 0:
-        raise ForgeError(f"seed must be a non-negative integer, got {seed!r}")
+        raise BadInput(f"seed must be a non-negative integer, got {seed!r}")
     out = Path(out_dir).expanduser()
     _check_out_dir(out)
     inventory = checkpoint_inventory(dims)

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_text, installed_file
 
 VOCAB_DISTRIBUTION = "cn-clip"
@@ -55,7 +55,7 @@ def special_token_id(token: str) -> int:
     try:
         return BERT_VOCAB_SIZE + CHATTTS_SPECIAL_TOKENS.index(token)
     except ValueError:
-        raise ForgeError(f"unknown ChatTTS special token {token}") from None
+        raise BadInput(f"unknown ChatTTS special token {token}") from None
 
 
 def find_vocab_file() -> Path:

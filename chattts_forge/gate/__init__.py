@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import read_toml
 from chattts_forge.integrity import sha256_file
 
@@ -151,7 +151,7 @@ def load_gate(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     rules: list[tuple[str, str, str, float]] = []
     for section, table in raw.items():
         if not isinstance(table, dict):
-            raise ForgeError(f"gate file {path}: '{section}' must be a [section] of min_/max_ thresholds")
+            raise BadInput(f"gate file {path}: '{section}' must be a [section] of min_/max_ thresholds")
         rules += _thresholds(path, section, table, {(r[1], r[2]) for r in rules})
     if not rules:
         raise ForgeError(f"gate file {path} has no thresholds")
@@ -168,14 +168,14 @@ def _regression(path: Path, table: Any) -> dict[str, float]:
             raise ForgeError(f"gate file {path}: the shipped gate has no [regression] section")
         return load_gate(DEFAULT_GATE)["regression"]
     if not isinstance(table, dict):
-        raise ForgeError(f"gate file {path}: 'regression' must be a [regression] section of tolerances")
+        raise BadInput(f"gate file {path}: 'regression' must be a [regression] section of tolerances")
     out = {}
     for figure, value in table.items():
         if figure not in REGRESSION_FIGURES:
-            raise ForgeError(f"gate file {path}: unknown tolerance 'regression.{figure}' "
+            raise BadInput(f"gate file {path}: unknown tolerance 'regression.{figure}' "
                              f"(known: {', '.join(REGRESSION_FIGURES)})")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ForgeError(f"gate file {path}: 'regression.{figure}' must be a finite number >= 0, got {value!r}")
+            raise BadInput(f"gate file {path}: 'regression.{figure}' must be a finite number >= 0, got {value!r}")
         out[figure] = float(value)
     return out
 
@@ -188,9 +188,9 @@ def _thresholds(path: Path, section: str, table: dict[str, Any], seen: set[tuple
         rule, _, metric = key.partition("_")
         if rule not in ("min", "max") or metric not in METRICS:
             known = ", ".join(f"min_/max_{m}" for m in METRICS)
-            raise ForgeError(f"gate file {path}: unknown threshold '{section}.{key}' (known: {known})")
+            raise BadInput(f"gate file {path}: unknown threshold '{section}.{key}' (known: {known})")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ForgeError(f"gate file {path}: '{section}.{key}' must be a finite number, got {value!r}")
+            raise BadInput(f"gate file {path}: '{section}.{key}' must be a finite number, got {value!r}")
         if (rule, metric) in seen:
             raise ForgeError(f"gate file {path}: '{key}' is given twice")
         seen.add((rule, metric))
@@ -204,7 +204,7 @@ def _buckets(path: Path, table: Any, rules: list[tuple[str, str, str, float]]) -
     from chattts_forge.runtime.router import DEFAULT_BUCKETS, buckets_from_edges
 
     if table is not None and not isinstance(table, dict):
-        raise ForgeError(f"gate file {path}: 'buckets' must be a [buckets] section")
+        raise BadInput(f"gate file {path}: 'buckets' must be a [buckets] section")
     table = dict(table or {})
     edges, names = table.pop("edges", None), table.pop("names", None)
     try:
@@ -217,7 +217,7 @@ def _buckets(path: Path, table: Any, rules: list[tuple[str, str, str, float]]) -
     out = []
     for name in table:
         if name not in known or not isinstance(table[name], dict):
-            raise ForgeError(f"gate file {path}: unknown bucket '{name}' in [buckets] (buckets: {', '.join(sorted(known))})")
+            raise BadInput(f"gate file {path}: unknown bucket '{name}' in [buckets] (buckets: {', '.join(sorted(known))})")
     for b in buckets:
         own = _thresholds(path, f"buckets.{b.name}", table.get(b.name, {}), set())
         replaced = {(r[1], r[2]) for r in own}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge import chattts_defaults
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.torch_ref.chat import quiet_chattts
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def normalize_texts(chat: ChatTTS.Chat, texts: Sequence[str], normalize: bool = 
     with quiet_chattts():
         for t in texts:
             if not t or not t.strip():
-                raise ForgeError("empty text")
+                raise BadInput("empty text")
             n = chat.normalizer(t, True, True, None) if normalize else t
             if not n.strip():
                 raise ForgeError(f"text {t!r} normalises to nothing")
@@ -161,7 +161,7 @@ def _instrumented(chat: ChatTTS.Chat, recorder: _Recorder) -> Iterator[None]:
 
 def _check_chat(chat: Any) -> None:
     if not hasattr(chat, "gpt") or not hasattr(chat, "tokenizer"):
-        raise ForgeError("the oracle needs a loaded ChatTTS Chat (chattts_forge.torch_ref.chat.load_chat)")
+        raise BadInput("the oracle needs a loaded ChatTTS Chat (chattts_forge.torch_ref.chat.load_chat)")
     if getattr(chat.gpt, "is_vllm", False):
         raise ForgeError("the oracle instruments ChatTTS's PyTorch generate loop; vLLM is not supported")
 
@@ -194,11 +194,11 @@ class OracleParams:
 
     def check(self) -> None:
         if self.max_new_token < 1:
-            raise ForgeError("max_new_token must be at least 1")
+            raise BadInput("max_new_token must be at least 1")
         if self.min_new_token < 0 or self.min_new_token > self.max_new_token:
-            raise ForgeError("min_new_token must lie between 0 and max_new_token")
+            raise BadInput("min_new_token must lie between 0 and max_new_token")
         if not self.temperature > 0:
-            raise ForgeError("temperature must be > 0")
+            raise BadInput("temperature must be > 0")
 
 
 def _run(chat: ChatTTS.Chat, texts: Sequence[str], p: OracleParams, forced: list[np.ndarray] | None) -> dict[str, Any]:
@@ -310,11 +310,11 @@ def chattts_teacher_forced_logits(
     hidden state that produced each step's logits).
     """
     if len(codes) != len(texts):
-        raise ForgeError(f"teacher forcing needs one code array per text ({len(codes)} != {len(texts)})")
+        raise BadInput(f"teacher forcing needs one code array per text ({len(codes)} != {len(texts)})")
     forced = [np.asarray(c, dtype=np.int64) for c in codes]
     for c in forced:
         if c.ndim != 2 or c.shape[0] < 1:
-            raise ForgeError(f"codes must be int arrays [steps, num_vq] with steps >= 1, got shape {c.shape}")
+            raise BadInput(f"codes must be int arrays [steps, num_vq] with steps >= 1, got shape {c.shape}")
     steps = max(len(c) for c in forced)
     run = _run(chat, texts, replace(params or OracleParams(), **{**knobs, "max_new_token": steps}), forced=forced)
     for b, (got, want) in enumerate(zip(run["codes"], forced, strict=True)):
@@ -344,7 +344,7 @@ def chattts_decode_to_wavs(
         t = x.detach() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
         t = t.to(chat.device, dtype=torch.float32 if use_decoder else torch.long).clone()
         if t.ndim != 2 or t.shape[0] < 1:
-            raise ForgeError(f"decode input must be 2-D [T >= 1, channels], got shape {tuple(t.shape)}")
+            raise BadInput(f"decode input must be 2-D [T >= 1, channels], got shape {tuple(t.shape)}")
         items.append(t)
     with quiet_chattts():
         wavs = chat._decode_to_wavs(items, use_decoder)

@@ -31,7 +31,7 @@ import numpy as np
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.log import get_logger
 from chattts_forge.torch_ref.chat import quiet_chattts
@@ -76,12 +76,12 @@ def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
     try:
         vec = Speaker._decode(speaker.strip())
     except (lzma.LZMAError, ValueError, TypeError, UnicodeError) as e:
-        raise ForgeError(f"--speaker is not a ChatTTS speaker string ({type(e).__name__}: {e})") from None
+        raise BadInput(f"--speaker is not a ChatTTS speaker string ({type(e).__name__}: {e})") from None
     hidden = int(chat.config.gpt.hidden_size)
     if vec.size != hidden:
-        raise ForgeError(f"--speaker encodes {vec.size} values, this checkpoint needs {hidden}")
+        raise BadInput(f"--speaker encodes {vec.size} values, this checkpoint needs {hidden}")
     if not np.all(np.isfinite(vec)):
-        raise ForgeError("--speaker contains non-finite values")
+        raise BadInput("--speaker contains non-finite values")
     return speaker.strip()
 
 
@@ -119,7 +119,7 @@ def reference_synthesize(
     p = replace(params or ReferenceParams(), **knobs)
     texts = [text] if isinstance(text, str) else list(text)
     if not texts or any(not t or not t.strip() for t in texts):
-        raise ForgeError("empty text")
+        raise BadInput("empty text")
     p.check()
     with quiet_chattts():
         for t in texts:
@@ -234,19 +234,19 @@ def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
     from chattts_forge.torch_ref.chat import load_chat
 
     if not cfg.text.strip():
-        raise ForgeError("--text is empty")
+        raise BadInput("--text is empty")
     if cfg.out.is_dir():
-        raise ForgeError(f"--out {cfg.out} is a folder; give a .wav file path")
+        raise BadInput(f"--out {cfg.out} is a folder; give a .wav file path")
     if cfg.speaker_out is not None and cfg.params.speaker is None:
-        raise ForgeError("--speaker-out needs --speaker (a string or 'random')")
+        raise BadInput("--speaker-out needs --speaker (a string or 'random')")
     device = cfg.device.strip()
     if device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise ForgeError(f"--device {device}: CUDA is not available to torch on this machine")
+            raise BadInput(f"--device {device}: CUDA is not available to torch on this machine")
     elif device != "cpu":
-        raise ForgeError(f"--device {device}: use cpu or cuda[:N]")
+        raise BadInput(f"--device {device}: use cpu or cuda[:N]")
     t0 = time.perf_counter()
     chat = load_chat(cfg.checkpoint, device=device)
     t1 = time.perf_counter()

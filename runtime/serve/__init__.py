@@ -7,7 +7,8 @@
 - `requests`: the OpenAI and ChatTTS-native request bodies, checked by type and range;
 - `voices`: OpenAI's thirteen names, the voices file's, custom ids and weighted mixes as speakers;
 - `connections`: uvicorn's h11 protocol with a header timeout, a connection bound and JSON errors;
-- `metrics`: Prometheus metrics; `app`: the Starlette app and the version swaps; `server`: uvicorn
+- `metrics`: Prometheus metrics; `app`: the Starlette app and the version swaps; `refusals`: the
+  server's own refusals as ForgeError types and the JSON error body its one handler sends; `server`: uvicorn
   with SIGTERM drain and SIGHUP reload; `config`: `ServeConfig`; `cli`: the command;
 - `ray_serve`: the same app as a Ray Serve deployment (`--ray`; the scale extra, imported only then).
 

@@ -14,7 +14,7 @@ Endpoints (docs/serving.md "The server"):
 Bodies: at most `max_body_bytes` (413), received within `body_timeout_s` (else 408, counted as a
 client disconnect), valid JSON however deep (400). A file of the served version that changed on disk
 (found when a session or variant is opened) is a 500 `artifact_changed` naming it, and /readyz turns
-503 until a reload succeeds. Error messages are one line of at most `_MESSAGE_CHARS` characters.
+503 until a reload succeeds. Error messages are one line of at most `refusals.MESSAGE_CHARS` characters.
 
 A request: checked (400, one JSON line), prepared on a worker thread (normalise, route, refine,
 phrase-cache look-ups: a hit is answered whole at once), queued on its variant's scheduler (429 with
@@ -46,8 +46,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
-from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, printable, quote
+from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
 from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
@@ -55,6 +61,22 @@ from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
 from chattts_forge.runtime.serve.guard import Reservation
+from chattts_forge.runtime.serve.refusals import (
+    UNTYPED_STATUS,
+    AdminRefused,
+    BodyTimeout,
+    BodyTooLarge,
+    ClientGone,
+    CrossOrigin,
+    DeadlinePassed,
+    NotJson,
+    NotReady,
+    QueueFull,
+    Refusal,
+    ShortOfMemory,
+    error_body,
+    param_of,
+)
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
 from chattts_forge.runtime.serve.state import ServerState  # noqa: F401 - re-exported: callers import it here
 from chattts_forge.runtime.tempo import Stretcher, stretch
@@ -66,7 +88,6 @@ _WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadl
 # the response headers a web page allowed by --cors-origin may read
 EXPOSED_HEADERS = ("X-Forge-Model", "X-Forge-Variant", "X-Forge-Cached", "X-Forge-Segments", "X-Forge-Removed",
                    "Retry-After")
-_MESSAGE_CHARS = 300  # an error message is cut to this (bad values inside are quoted to ~100 already)
 
 
 # ---- the app -------------------------------------------------------------------------------------
@@ -78,26 +99,6 @@ class _Deadline(Exception):
 
 class _Disconnected(Exception):
     pass
-
-
-class _BodyRefused(Exception):
-    """A request body refused before it was parsed (too long, incomplete, the client gone)."""
-
-    def __init__(self, status: int, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.status, self.kind = status, kind
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None):
-    from starlette.responses import JSONResponse
-
-    etype = "invalid_request_error" if 400 <= status < 500 and status != 429 else kind
-    line = printable(message.splitlines()[0]) if message.strip() else kind
-    if len(line) > _MESSAGE_CHARS:
-        line = line[:_MESSAGE_CHARS] + "..."
-    body = {"error": {"message": line, "type": etype, "param": None if param is None else printable(param),
-                      "code": kind}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 @dataclass
@@ -144,8 +145,6 @@ class _Handlers:
         self.metrics = state.metrics
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
         return [
             Route("/v1/audio/speech", self.speech_openai, methods=["POST"]),
             Route("/v1/chattts/speech", self.speech_native, methods=["POST"]),
@@ -160,18 +159,13 @@ class _Handlers:
         ]
 
     def exception_handlers(self) -> dict[Any, Any]:
-        return {404: self.not_found, 405: self.method_not_allowed, Exception: self.internal}
+        return {404: self.not_found, 405: self.method_not_allowed, ForgeError: self.forge_error,
+                Exception: self.internal}
 
     # ---- helpers ----------------------------------------------------------------------------
 
     def count(self, endpoint: str, status: int) -> None:
         self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
-
-    def fail(self, endpoint: str, status: int, message: str, kind: str, param: str | None = None,
-             headers: dict[str, str] | None = None) -> Any:
-        self.metrics.errors.labels(kind=kind).inc()
-        self.count(endpoint, status)
-        return _error(status, message, kind, param, headers)
 
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.cfg.retry_after_s)}
@@ -179,12 +173,10 @@ class _Handlers:
     async def read_body(self, request: Any) -> bytes:
         """The request body: at most `max_body_bytes` (413), in `body_timeout_s` (408: a body shorter
         than its Content-Length, or a client that went away, is a disconnect, not a server error)."""
-        from starlette.requests import ClientDisconnect
-
         limit = self.cfg.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-            raise _BodyRefused(413, f"the body has {int(declared)} bytes; at most {limit} are accepted", "too_large")
+            raise BodyTooLarge(f"the body has {int(declared)} bytes; at most {limit} are accepted")
         chunks: list[bytes] = []
         size = 0
 
@@ -193,7 +185,7 @@ class _Handlers:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise _BodyRefused(413, f"the body has more than {limit} bytes", "too_large")
+                    raise BodyTooLarge(f"the body has more than {limit} bytes")
                 chunks.append(chunk)
 
         try:
@@ -201,10 +193,10 @@ class _Handlers:
         except asyncio.TimeoutError:
             log.info("%s: %d of %s body bytes came in %.1f s; treated as a disconnect", request.url.path, size,
                      declared or "?", self.cfg.body_timeout_s)
-            raise _BodyRefused(408, f"the body did not arrive within {self.cfg.body_timeout_s:g} s "
-                                    f"({size} of {declared or 'unknown'} bytes)", "disconnect") from None
+            raise BodyTimeout(f"the body did not arrive within {self.cfg.body_timeout_s:g} s "
+                              f"({size} of {declared or 'unknown'} bytes)") from None
         except ClientDisconnect:
-            raise _BodyRefused(499, "the client disconnected while sending the body", "disconnect") from None
+            raise ClientGone("the client disconnected while sending the body") from None
         return b"".join(chunks)
 
     async def read_json(self, request: Any) -> Any:
@@ -216,22 +208,6 @@ class _Handlers:
         except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, and ints past the digit limit
             raise BadRequest(f"the body is not valid JSON ({str(e)[:100]})") from None
 
-    def refused(self, endpoint: str, e: _BodyRefused) -> Any:
-        """The answer to a refused body (a disconnect counts as one, not as an internal error)."""
-        from starlette.responses import Response
-
-        if e.status == 499:  # nobody to answer
-            self.metrics.errors.labels(kind="disconnect").inc()
-            self.count(endpoint, 499)
-            return Response(status_code=499)
-        return self.fail(endpoint, e.status, str(e), e.kind, headers={"Connection": "close"})
-
-    def changed(self, endpoint: str, version: ServedVersion, e: ArtifactChanged) -> Any:
-        """A served file changed on disk: the server's failure (500 naming the file), and not ready."""
-        if version is self.state.current or version is self.state.canary:
-            self.state.artifact_changed(e)
-        return self.fail(endpoint, 500, f"the served artifact changed on disk: {e}", "artifact_changed")
-
     # ---- speech -----------------------------------------------------------------------------
 
     async def speech_openai(self, request: Any) -> Any:
@@ -241,35 +217,22 @@ class _Handlers:
         return await self.speech(request, "native")
 
     async def speech(self, request: Any, kind: str) -> Any:
-        """Check, prepare and queue one request; answer a hit whole, a miss streamed or whole."""
+        """Check, prepare and queue one request; answer a hit whole, a miss streamed or whole. A refusal
+        is raised: the one ForgeError handler (`forge_error`) answers it."""
         state = self.state
-        endpoint = "/v1/audio/speech" if kind == "openai" else "/v1/chattts/speech"
         t0 = time.perf_counter()
-        refusal = self.cross_site_refusal(request)
-        if refusal is not None:
-            status, why, code = refusal
-            return self.fail(endpoint, status, why, code)
+        request.state.phase = "checking"
+        self.check_cross_site(request)
         if not state.ready or state.draining or state.current is None:
             why = ("the server is draining" if state.draining
                    else state.fault or state.load_error or "the model is still loading")
-            return self.fail(endpoint, 503, why, "not_ready", headers=self.retry_after())
+            raise NotReady(why, self.retry_after())
         version = state.acquire()
-        try:
-            req = await self._parse(request, kind, version)
-        except _BodyRefused as e:
-            version.end()
-            return self.refused(endpoint, e)
-        except ArtifactChanged as e:
-            version.end()
-            return self.changed(endpoint, version, e)
-        except ForgeError as e:
-            version.end()
-            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
-        except BaseException:
-            version.end()
-            raise
+        request.state.version = version  # the handler reports an ArtifactChanged of this version
         streaming = False
         try:
+            req = await self._parse(request, kind, version)
+            endpoint = request.url.path
             response = await self._answer(request, endpoint, req, version, t0)
             streaming = isinstance(response, _StreamStarted)
             return response.response if streaming else response
@@ -277,19 +240,17 @@ class _Handlers:
             if not streaming:  # a started stream ends the request itself
                 version.end()
 
-    def cross_site_refusal(self, request: Any) -> tuple[int, str, str] | None:
-        """None when a speech request may run, else (status, why, code): a request from a web page of
-        another site (an `Origin` not allowed by --cors-origin), or a body that is not declared JSON
-        (a page may POST text/plain cross-site without a CORS preflight)."""
+    def check_cross_site(self, request: Any) -> None:
+        """Refuse a speech request from a web page of another site (an `Origin` not allowed by
+        --cors-origin), or a body that is not declared JSON (a page may POST text/plain cross-site
+        without a CORS preflight)."""
         origin = request.headers.get("origin")
         if origin is not None and not origin_allowed(origin, self.cfg.cors_origins):
-            return 403, (f"cross-origin requests are refused (Origin {quote(origin)}); a web app's origin may be "
-                         "allowed with --cors-origin"), "cross_origin"
+            raise CrossOrigin(f"cross-origin requests are refused (Origin {quote(origin)}); a web app's origin may be "
+                              "allowed with --cors-origin")
         ctype = _media_type(request)
         if ctype != "application/json":
-            return 415, (f"the speech endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"), \
-                "content_type"
-        return None
+            raise NotJson(f"the speech endpoints take Content-Type: application/json, not {quote(ctype or 'none')}")
 
     async def _parse(self, request: Any, kind: str, version: ServedVersion) -> SpeechRequest:
         body = await self.read_json(request)
@@ -306,18 +267,10 @@ class _Handlers:
                       t0: float) -> Any:
         """The response of a parsed request (a `_StreamStarted` once a stream owns the request's end)."""
         loop = asyncio.get_running_loop()
-        try:
-            prep = await loop.run_in_executor(self.state.work, version.prepare, req.text, req.params, req.model)
-        except ArtifactChanged as e:
-            return self.changed(endpoint, version, e)
-        except ForgeError as e:
-            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+        prep = await loop.run_in_executor(self.state.work, version.prepare, req.text, req.params, req.model)
         prep.lookahead = req.stream_lookahead
         if prep.pending is not None and not req.stream:  # a whole reply: every segment known and checked first
-            try:
-                await loop.run_in_executor(self.state.work, version.finish_segments, prep)
-            except ForgeError as e:
-                return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+            await loop.run_in_executor(self.state.work, version.finish_segments, prep)
         deadline = t0 + (req.deadline_s if req.deadline_s is not None else self.cfg.deadline_s)
         if prep.wav is not None:  # a phrase-cache hit: the whole waveform at once
             self._count_text(prep)
@@ -335,9 +288,9 @@ class _Handlers:
             if reservation is None:
                 sched = version.schedulers[prep.variant]
                 wait_s = self.state.retry_after(prep.variant, sched.waiting + sched.running)
-                return self.fail(endpoint, 503, f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, "
-                                 f"limit {guard.limit >> 20} MiB): retry in about {wait_s} s", "memory",
-                                 headers={"Retry-After": str(wait_s)})
+                raise ShortOfMemory(f"the server is short of memory (RSS {guard.last_rss >> 20} MiB, "
+                                    f"limit {guard.limit >> 20} MiB): retry in about {wait_s} s",
+                                    {"Retry-After": str(wait_s)})
         streaming = False
         try:
             response = await self._miss(request, endpoint, req, prep, version, t0, deadline, reservation)
@@ -350,21 +303,20 @@ class _Handlers:
     async def _miss(self, request: Any, endpoint: str, req: SpeechRequest, prep: Prepared, version: ServedVersion,
                     t0: float, deadline: float, reservation: Reservation | None) -> Any:
         """Queue an admitted miss and answer it (a `_StreamStarted` once its stream owns the request's end)."""
-        from starlette.responses import Response, StreamingResponse
-
         loop = asyncio.get_running_loop()
+        request.state.phase = "submitting"
         try:
             handle = version.submit(prep)
-        except QueueFullError as e:
+        except QueueFullError as e:  # the Retry-After of this variant's measured drain rate
             waiting = version.schedulers[prep.variant].waiting
             wait_s = self.state.retry_after(prep.variant, waiting)
-            return self.fail(endpoint, 429, f"{e} (the queue drains in about {wait_s} s at the measured rate)",
-                             "queue_full", headers={"Retry-After": str(wait_s)})
+            raise QueueFull(f"{e} (the queue drains in about {wait_s} s at the measured rate)",
+                            {"Retry-After": str(wait_s)}) from None
         except SchedulerClosedError as e:  # a swap raced this request
-            return self.fail(endpoint, 503, str(e), "not_ready", headers=self.retry_after())
-        except ForgeError as e:  # what the scheduler refuses about the request itself
-            return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None) or "input")
+            raise NotReady(str(e), self.retry_after()) from None
+        request.state.phase = "queued"
         job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline, reservation)
+        started = False
         try:
             if not req.stream:
                 await job.waiter.until_done(deadline, request)
@@ -377,26 +329,16 @@ class _Handlers:
                     if prep.pending is not None else None)  # the rest of a long input, beside its first segment
             first = await job.waiter.next(deadline, request)
             if rest is not None:
-                try:
-                    await rest
-                except ForgeError as e:
-                    handle.cancel()
-                    return self.fail(endpoint, 400, str(e), "bad_request", getattr(e, "param", None))
+                request.state.phase = "checking"  # the later segments' text is still the request's to fix
+                await rest
+            started = True
         except _Deadline:
-            handle.cancel()
-            return self.fail(endpoint, 504, f"request deadline of {deadline - t0:.1f} s passed before any audio",
-                             "deadline")
+            raise DeadlinePassed(f"request deadline of {deadline - t0:.1f} s passed before any audio") from None
         except _Disconnected:
-            handle.cancel()
-            self.metrics.errors.labels(kind="disconnect").inc()
-            return Response(status_code=499)
-        except ArtifactChanged as e:
-            return self.changed(endpoint, version, e)
-        except InputError as e:  # a segment that cannot be spoken within the code-step cap
-            job.handle.cancel()
-            return self.fail(endpoint, 400, str(e), "bad_request", "input")
-        except ForgeError as e:
-            return self.fail(endpoint, 500, str(e), "internal")
+            raise ClientGone("the client disconnected") from None
+        finally:
+            if not started and not job.handle.done():  # refused or failed before a stream took it over
+                job.handle.cancel()
         self._count_text(prep)
         media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
         return _StreamStarted(StreamingResponse(self._stream(job, first), media_type=media,
@@ -443,8 +385,6 @@ class _Handlers:
 
     def _whole(self, endpoint: str, req: SpeechRequest, prep: Prepared, wav: np.ndarray, version: ServedVersion,
                t0: float, usage: Usage, cached: bool) -> Any:
-        from starlette.responses import Response
-
         sr = version.pipes[prep.variant].sample_rate
         wav = stretch(wav, req.speed, sr)  # a cached waveform too: it is the speed-1 synthesis
         data = encode_whole(wav, sr, req.response_format)
@@ -483,6 +423,8 @@ class _Handlers:
                         metrics.first_audio.observe(time.perf_counter() - job.t0)
                         first_sent = True
                     yield _sse_delta(data) if sse else data
+                # headers (200) are sent: a failure from here on can only cut the stream (an SSE stream
+                # ends with an error event), never change the status, so it is answered here
                 try:
                     chunk = await job.waiter.next(job.deadline, None)
                     if chunk is None:
@@ -544,11 +486,9 @@ class _Handlers:
     # ---- models, health, metrics ------------------------------------------------------------
 
     async def models(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
         current = self.state.current
         if current is None:
-            return self.fail("/v1/models", 503, self.state.load_error or "the model is still loading", "not_ready")
+            raise NotReady(self.state.load_error or "the model is still loading")
         created = int(Path(current.path).stat().st_mtime)
         data = [{"id": m, "object": "model", "created": created, "owned_by": "chattts-forge"}
                 for m in current.model_names()]
@@ -556,20 +496,14 @@ class _Handlers:
         return JSONResponse({"object": "list", "data": data})
 
     async def voices(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
         if self.state.current is None:
-            return self.fail("/v1/voices", 503, self.state.load_error or "the model is still loading", "not_ready")
+            raise NotReady(self.state.load_error or "the model is still loading")
         return JSONResponse({"voices": self.state.current.voices})
 
     async def healthz(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
         state = self.state
         if state.ready and not state.draining and state.current is not None:
             body = {"status": "ready", "model": state.current.model_id,
@@ -580,24 +514,22 @@ class _Handlers:
         return JSONResponse({"status": why}, status_code=503)
 
     async def metrics_endpoint(self, request: Any) -> Any:
-        from starlette.responses import Response
-
         data, ctype = self.metrics.render()
         return Response(data, media_type=ctype.split(";")[0], headers={"Content-Type": ctype})
 
     # ---- admin ------------------------------------------------------------------------------
 
-    def admin_refusal(self, request: Any) -> tuple[int, str] | None:
-        """None when `request` may use /admin/*, else (status, why not): no foreign Host (DNS rebinding)
-        or Origin (a web page), the bearer token (or a loopback client, with `admin_loopback`), JSON."""
+    def check_admin(self, request: Any) -> None:
+        """Refuse (AdminRefused) a request that may not use /admin/*: a foreign Host (DNS rebinding) or
+        Origin (a web page), no bearer token (or a loopback client, with `admin_loopback`), not JSON."""
         cfg = self.cfg
         host = request.headers.get("host", "")
         if not _known_host(host, cfg):
-            return 403, (f"admin endpoints answer only the Host names this server is known by (localhost, an IP "
-                         f"address, --host, --admin-host), not {quote(host)}")
+            raise AdminRefused(403, f"admin endpoints answer only the Host names this server is known by (localhost, "
+                                    f"an IP address, --host, --admin-host), not {quote(host)}")
         origin = request.headers.get("origin")
         if origin is not None and _origin_netloc(origin) != host.lower():
-            return 403, f"admin endpoints refuse cross-origin requests (Origin {quote(origin)})"
+            raise AdminRefused(403, f"admin endpoints refuse cross-origin requests (Origin {quote(origin)})")
         scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
         client = request.client.host if request.client else ""
         # the scheme is case-insensitive (RFC 7235 2.1); the token is compared in constant time
@@ -607,43 +539,31 @@ class _Handlers:
         elif cfg.admin_loopback and _is_loopback(client):
             pass
         elif cfg.admin_token:
-            return 401, ("admin endpoints need Authorization: Bearer <token> (--admin-token, or the token file "
-                         "whose path the server logged at start)")
+            raise AdminRefused(401, "admin endpoints need Authorization: Bearer <token> (--admin-token, or the token "
+                                    "file whose path the server logged at start)")
         else:
-            return 403, "admin endpoints answer loopback clients only (--admin-loopback); others need --admin-token"
+            raise AdminRefused(403, "admin endpoints answer loopback clients only (--admin-loopback); others need "
+                                    "--admin-token")
         ctype = _media_type(request)
         if ctype != "application/json":
-            return 415, f"admin endpoints take Content-Type: application/json, not {quote(ctype or 'none')}"
-        return None
+            raise AdminRefused(415, f"admin endpoints take Content-Type: application/json, not {quote(ctype or 'none')}")
 
     async def admin(self, request: Any, action: str) -> Any:
-        from starlette.responses import JSONResponse
-
         endpoint = f"/admin/{action}"
-        refusal = self.admin_refusal(request)
-        if refusal:
-            status, why = refusal
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return self.fail(endpoint, status, why, "admin", headers=headers)
-        try:
-            body = await self.read_json(request)
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object ({\"artifact\": DIR} for reload, {} otherwise)")
-            if action == "reload":
-                path = _reload_path(body)
-                result = await asyncio.get_running_loop().run_in_executor(None, self.state.reload, path)
-            elif body:
-                raise BadRequest(f"/admin/{action} takes an empty object {{}}, got field {quote(next(iter(body)))}")
-            elif action == "promote":
-                result = self.state.promote()
-            else:
-                result = self.state.rollback()
-        except _BodyRefused as e:
-            return self.refused(endpoint, e)
-        except BadRequest as e:
-            return self.fail(endpoint, 400, str(e), "bad_request", e.param)
-        except ForgeError as e:
-            return self.fail(endpoint, http_status_of(e, 422), str(e), "reload_failed" if action == "reload" else "admin")
+        request.state.phase = "admin"
+        self.check_admin(request)
+        body = await self.read_json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object ({\"artifact\": DIR} for reload, {} otherwise)")
+        if action == "reload":
+            path = _reload_path(body)
+            result = await asyncio.get_running_loop().run_in_executor(None, self.state.reload, path)
+        elif body:
+            raise BadRequest(f"/admin/{action} takes an empty object {{}}, got field {quote(next(iter(body)))}")
+        elif action == "promote":
+            result = self.state.promote()
+        else:
+            result = self.state.rollback()
         self.count(endpoint, 200)
         return JSONResponse(result)
 
@@ -659,15 +579,43 @@ class _Handlers:
     # ---- errors -----------------------------------------------------------------------------
 
     async def not_found(self, request: Any, exc: Exception) -> Any:
-        return _error(404, f"no route {request.url.path}", "not_found")
+        return error_body(404, f"no route {request.url.path}", "not_found")
 
     async def method_not_allowed(self, request: Any, exc: Exception) -> Any:
-        return _error(405, f"method {request.method} not allowed on {request.url.path}", "method_not_allowed")
+        return error_body(405, f"method {request.method} not allowed on {request.url.path}", "method_not_allowed")
+
+    async def forge_error(self, request: Request, exc: Exception) -> Response:
+        """The one answer to a ForgeError raised by an endpoint: its type's status (an untyped one: its
+        phase's default, refusals.UNTYPED_STATUS), counted in /metrics by its code."""
+        assert isinstance(exc, ForgeError)
+        phase = getattr(request.state, "phase", "checking")
+        status = http_status_of(exc, UNTYPED_STATUS[phase])
+        message, param, headers = str(exc), param_of(exc), None
+        if isinstance(exc, Refusal):
+            code, headers = exc.code, exc.headers
+        elif phase == "admin" and not isinstance(exc, BadRequest):  # the action failed, not its request
+            code, param = "reload_failed" if request.url.path == "/admin/reload" else "admin", None
+        elif isinstance(exc, ArtifactChanged):
+            version = getattr(request.state, "version", None)
+            if version is not None and (version is self.state.current or version is self.state.canary):
+                self.state.artifact_changed(exc)
+            code, message, param = "artifact_changed", f"the served artifact changed on disk: {exc}", None
+        elif status >= 500:
+            code, param = "internal", None
+        else:
+            code = "bad_request"
+            if param is None and phase == "submitting":  # what the scheduler refuses is the input's
+                param = "input"
+        self.metrics.errors.labels(kind=code).inc()
+        self.count(request.url.path, status)
+        if status == 499:  # nobody to answer
+            return Response(status_code=499)
+        return error_body(status, message, code, param, headers)
 
     async def internal(self, request: Any, exc: Exception) -> Any:
         log.error("internal error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
         self.metrics.errors.labels(kind="internal").inc()
-        return _error(500, f"internal error ({type(exc).__name__})", "internal")
+        return error_body(500, f"internal error ({type(exc).__name__})", "internal")
 
 
 @dataclass
@@ -679,7 +627,6 @@ class _StreamStarted:
 
 def create_app(state: ServerState, load_in_background: bool = True) -> Any:
     """The Starlette app serving `state` (loading its version at startup unless already loaded)."""
-    from starlette.applications import Starlette
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -691,9 +638,6 @@ def create_app(state: ServerState, load_in_background: bool = True) -> Any:
     handlers = _Handlers(state)
     middleware = []
     if state.cfg.cors_origins:  # browsers may read answers (and send preflights) from these origins only
-        from starlette.middleware import Middleware
-        from starlette.middleware.cors import CORSMiddleware
-
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(state.cfg.cors_origins),
                                      allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
                                      expose_headers=list(EXPOSED_HEADERS), max_age=600))
@@ -771,7 +715,8 @@ def _host_name(host: str) -> str:
 
 def _known_host(host: str, cfg: ServeConfig) -> bool:
     """A Host header naming this server: localhost, an IP literal (a rebound DNS name is neither),
-    the --host it listens on, or an --admin-host."""
+    the --host it listens on, or an --admin-host. Not Starlette's TrustedHostMiddleware: it guards every
+    route (not /admin/* only) with a plain-text 400 (ours: a JSON 403), and has no "any IP literal"."""
     name = _host_name(host)
     if not name:
         return False

@@ -609,7 +609,9 @@ def _field(param: str) -> Iterator[None]:
     """A ForgeError raised inside as a BadInput naming the request field `param` (the 400's `param`)."""
     try:
         yield
-    except BadInput:
+    except BadInput as e:
+        if e.param is None:  # a BadInput raised without a field is about this one
+            e.param = param
         raise
     except ForgeError as e:
         raise BadInput(str(e), param) from None

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.audio import pcm16_wav_header, to_int16, wav_bytes
 
 # format -> (content type, libsndfile major format, subtype, feeds int16)
@@ -62,7 +62,7 @@ AAC_BIT_RATE = 64_000  # mono 24 kHz speech: near transparent, 8 KB/s (a sixth o
 
 def check_format(name: object) -> str:
     if not isinstance(name, str) or name not in _FORMATS:
-        raise ForgeError(f"response_format must be one of {', '.join(FORMATS)}, got {name!r}")
+        raise BadInput(f"response_format must be one of {', '.join(FORMATS)}, got {name!r}")
     return name
 
 

@@ -16,7 +16,7 @@ import signal
 import threading
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.raycluster import SCALE_HINT, connect
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
@@ -73,7 +73,7 @@ def start_ray_serve(cfg: ServeConfig, address: str, replicas: int) -> Any:
     Each replica reserves one CPU, or an equal share of the cluster's CPUs when it has fewer than
     `replicas` (so `--ray local --replicas 4` on two cores starts, oversubscribed, instead of waiting)."""
     if replicas < 1:
-        raise ForgeError(f"--replicas must be >= 1, got {replicas}")
+        raise BadInput(f"--replicas must be >= 1, got {replicas}")
     serve = import_serve()
     ray = connect(address)
     replica_cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / replicas)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, IntegrityError, Unavailable
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.phrase_cache import cache_knobs, entry_key, payload_sha256, unseeded
 
@@ -53,10 +53,10 @@ def encode_value(key: str, payload: str, text: str, mel: np.ndarray, codes: np.n
 def decode_value(blob: bytes, key: str, n_mels: int) -> np.ndarray:
     """The mel of a value, after every check (ForgeError naming what failed)."""
     if len(blob) < len(MAGIC) + _LEN.size + 32 or not blob.startswith(MAGIC):
-        raise ForgeError("not a chattts-forge phrase value (bad magic or truncated)")
+        raise IntegrityError("not a chattts-forge phrase value (bad magic or truncated)")
     body, digest = blob[:-32], blob[-32:]
     if hashlib.sha256(body).digest() != digest:
-        raise ForgeError("damaged value (sha256 mismatch)")
+        raise IntegrityError("damaged value (sha256 mismatch)")
     (head_len,) = _LEN.unpack_from(body, len(MAGIC))
     start = len(MAGIC) + _LEN.size
     try:
@@ -64,14 +64,14 @@ def decode_value(blob: bytes, key: str, n_mels: int) -> np.ndarray:
         frames, steps, vq = int(header["frames"]), int(header["steps"]), int(header["num_vq"])
         stored_mels = int(header["n_mels"])
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ForgeError(f"unreadable header ({e})") from None
+        raise IntegrityError(f"unreadable header ({e})") from None
     if header.get("key") != key:
         raise ForgeError("the value belongs to another key")
     if stored_mels != n_mels:
         raise ForgeError(f"mel of {stored_mels} bands, this model has {n_mels}")
     data = body[start + head_len :]
     if len(data) != 4 * n_mels * frames + 2 * steps * vq:
-        raise ForgeError("value length does not match its header")
+        raise IntegrityError("value length does not match its header")
     return np.frombuffer(data, dtype="<f4", count=n_mels * frames).reshape(n_mels, frames).astype(np.float32)
 
 
@@ -89,7 +89,7 @@ class RedisPhraseCache:
             self.client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
             self.client.ping()
         except (redis.RedisError, ValueError) as e:
-            raise ForgeError(f"--cache-redis {url}: cannot reach Redis ({e})") from None
+            raise Unavailable(f"--cache-redis {url}: cannot reach Redis ({e})") from None
         self._payloads: dict[str, str] = {}
         self._lock = threading.Lock()
         self.hits = self.misses = self.rejected = self.errors = 0
