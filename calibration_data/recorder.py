@@ -1,7 +1,7 @@
 """Capture the real inputs (and outputs) of the runtime's onnxruntime sessions through its public hook.
 
 The runtime (`chattts_forge.runtime.Pipeline`) reports every session `run` to the observers of its
-artifact (`Artifact.add_observer`). `instrument(pipe, callback, components)` adds one that calls
+artifact (`LoadedArtifact.add_observer`). `instrument(pipe, callback, components)` adds one that calls
 `callback(component, feeds, output_names, outputs)` and counts the calls per component. If a
 future runtime stops calling `session.run` for a component (e.g. IO binding), `check_recorded`
 raises a clear error instead of silently recording nothing.

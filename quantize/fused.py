@@ -39,7 +39,7 @@ def write_fast_graph(src_dir: Path, meta: ArtifactMeta, tmp: Path, precision: st
                      threads: int = 1) -> dict[str, Any]:
     """Quantize the source's FP32 `gpt_fast.onnx` into `tmp` with `quantize(src, dst)` and return its
     `components.gpt_fast` record (parity against the plain gpt.onnx in `tmp`, quantized with the same choices)."""
-    from chattts_forge.quantize.artifact import copy_metadata_props
+    from chattts_forge.quantize.variant_files import copy_metadata_props
 
     src = meta.component_file(src_dir, FAST_GPT)
     dst = tmp / FAST_GPT_FILE

@@ -43,14 +43,6 @@ from chattts_forge.gate import stream_threshold_db
 from chattts_forge.graph_storage import write_component
 from chattts_forge.integrity import PUBLISHED_NAMES, verify_files
 from chattts_forge.log import get_logger
-from chattts_forge.quantize.artifact import (
-    component_fields,
-    component_record,
-    copy_metadata_props,
-    copy_unchanged,
-    graph_summary,
-    require_fp32_source,
-)
 from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.fallback import producers_of, run_fallback
 from chattts_forge.quantize.fidelity import (
@@ -61,7 +53,15 @@ from chattts_forge.quantize.fidelity import (
     record_trajectories,
     summary_line,
 )
+from chattts_forge.quantize.graph_ops import graph_summary
 from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
+from chattts_forge.quantize.variant_files import (
+    component_fields,
+    component_record,
+    copy_metadata_props,
+    copy_unchanged,
+    require_fp32_source,
+)
 from chattts_forge.runtime.stream_lookahead import measure_artifact
 
 log = get_logger(__name__)

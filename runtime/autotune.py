@@ -151,17 +151,17 @@ class RuntimeSteps:
     def _open(self, folder: Path) -> tuple[Any, Any]:
         if folder not in self._opened:
             from chattts_forge.runtime.generation import open_gpt_step
-            from chattts_forge.runtime.session import Artifact
+            from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
             # Not saved (runtime.saved_sessions): a variant timed here may never be served on this host,
             # and FP32's saved GPT graph alone is 1.5 GB written at the first load.
-            artifact = Artifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
+            artifact = LoadedArtifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
                                 public_key=self.public_key, saved_sessions=False)
             self._opened[folder] = (artifact, open_gpt_step(artifact, self.engine))
         return self._opened[folder]
 
     def opened_artifact(self, folder: Path) -> Any:
-        """The `runtime.session.Artifact` measured for `folder` (its sessions open), or None."""
+        """The `runtime.loaded_artifact.LoadedArtifact` measured for `folder` (its sessions open), or None."""
         entry = self._opened.get(folder)
         return None if entry is None else entry[0]
 

@@ -24,8 +24,9 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.gpt_step import GptStep, GptStepLike
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
-from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline
@@ -97,7 +98,7 @@ def check_engine(engine: str) -> None:
         raise ForgeError(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
 
 
-def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
+def choose_engine(artifact: LoadedArtifact, engine: str = "auto") -> str:
     """The GPT engine ("fast" or "plain") the runtime runs for `engine` (one of ENGINES) on `artifact`."""
     check_engine(engine)
     if engine == "fast" and not artifact.has_component(FAST_GPT):
@@ -108,7 +109,7 @@ def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
     return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT) else "plain"
 
 
-def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
+def open_gpt_step(artifact: LoadedArtifact, engine: str = "auto") -> GptStepLike:
     """A new GPT step (its own KV cache) of `artifact` for `engine` (see `choose_engine`)."""
     if choose_engine(artifact, engine) == "fast":
         from chattts_forge.runtime.fast_gpt import FastGptStep

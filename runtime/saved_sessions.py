@@ -20,7 +20,7 @@ verified-hash cache gives a stat key. The folder is `$XDG_CACHE_HOME/chattts-for
 A saved entry costs disk (the graph's weights plus their packed copy: ~380 MB for the full INT8 GPT,
 ~1.5 GB for FP32). The runtime saves the sessions of published variant folders (what it serves), not
 those of the build's intermediate artifacts; `CHATTTS_FORGE_SAVED_SESSIONS=0` (or
-`Artifact(saved_sessions=False)`) turns it off, `Artifact(saved_sessions=True)` on for any folder.
+`LoadedArtifact(saved_sessions=False)`) turns it off, `LoadedArtifact(saved_sessions=True)` on for any folder.
 """
 
 from __future__ import annotations

@@ -139,8 +139,8 @@ def measure_artifact(folder: str | os.PathLike[str], meta: ArtifactMeta, *, thre
     """The `streaming` record of the artifact being written in `folder`, whose artifact.json is `meta`
     (in memory: the stage writes it once, with this record). Files are only checked to exist: the stage
     has just written them."""
+    from chattts_forge.runtime.loaded_artifact import LoadedArtifact
     from chattts_forge.runtime.pipeline import Pipeline
-    from chattts_forge.runtime.session import Artifact
 
-    artifact = Artifact(folder, threads=threads, verify="none", meta=meta, saved_sessions=False)
+    artifact = LoadedArtifact(folder, threads=threads, verify="none", meta=meta, saved_sessions=False)
     return measure_lookahead(Pipeline.from_artifact(artifact), threshold_db=threshold_db)

@@ -2,7 +2,7 @@
 
 A routed version opens no FP32 artifact unless a bucket routes to it or it is asked for; text
 normalisation and length routing open no model session; a variant's files are checked and its
-sessions loaded on its first text. Every onnxruntime session and every `Artifact` the runtime
+sessions loaded on its first text. Every onnxruntime session and every `LoadedArtifact` the runtime
 makes is recorded (`opened`), so the tests check what is opened when, never how long it takes.
 """
 
@@ -20,8 +20,8 @@ from stand_in_report import publish_stand_in_version
 
 from chattts_forge.cli import main
 from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.router import Router
-from chattts_forge.runtime.session import Artifact
 
 STEPS = 12
 SHORT = "请稍等"
@@ -33,8 +33,8 @@ def params() -> SynthParams:
 
 
 class Opened:
-    """The variant folders (their names) each Artifact and each session was made for, and every
-    onnxruntime session made at all (a session made outside an Artifact would show as a surplus)."""
+    """The variant folders (their names) each LoadedArtifact and each session was made for, and every
+    onnxruntime session made at all (a session made outside a LoadedArtifact would show as a surplus)."""
 
     def __init__(self) -> None:
         self.artifacts: list[str] = []
@@ -49,7 +49,7 @@ class Opened:
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
     seen = Opened()
-    real_session, real_init, real_create = ort.InferenceSession, Artifact.__init__, Artifact._create_session
+    real_session, real_init, real_create = ort.InferenceSession, LoadedArtifact.__init__, LoadedArtifact._create_session
 
     def session(*args, **kwargs):
         seen.onnxruntime_sessions += 1
@@ -64,8 +64,8 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
         return real_create(self, name, *args, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", session)
-    monkeypatch.setattr(Artifact, "__init__", init)
-    monkeypatch.setattr(Artifact, "_create_session", create)
+    monkeypatch.setattr(LoadedArtifact, "__init__", init)
+    monkeypatch.setattr(LoadedArtifact, "_create_session", create)
     return seen
 
 
@@ -210,7 +210,7 @@ def test_saved_session_key_and_invalidation(tiny_artifacts, tmp_path, monkeypatc
     saved = SavedSessions(tmp_path / "sessions")
 
     def source() -> str:
-        artifact = Artifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
+        artifact = LoadedArtifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
         artifact.session("vocos")
         return artifact.session_sources["vocos"]
 

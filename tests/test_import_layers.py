@@ -216,7 +216,7 @@ def test_every_installed_package_has_a_layer() -> None:
 
 def test_imports_run_one_way() -> None:
     modules = installed_modules()
-    assert "chattts_forge.runtime.session" in modules and "chattts_forge.quantize.fidelity" in modules
+    assert "chattts_forge.runtime.loaded_artifact" in modules and "chattts_forge.quantize.fidelity" in modules
     known = set(modules)
     found = [
         str(up)
@@ -230,7 +230,7 @@ def test_imports_run_one_way() -> None:
     ("module", "source", "expected"),
     [
         # a function-local absolute import from the runtime into quantize
-        ("chattts_forge.runtime.session", "def f():\n    from chattts_forge.quantize import dynamic\n",
+        ("chattts_forge.runtime.loaded_artifact", "def f():\n    from chattts_forge.quantize import dynamic\n",
          [(2, "chattts_forge.quantize.dynamic", "quantize")]),
         # the old cycle: quantize importing convert
         ("chattts_forge.quantize.x", "import chattts_forge.convert.export\n",
