@@ -9,6 +9,8 @@ recorded plain-graph feed into the fused graph's (as `runtime.fast_gpt.FastGptSt
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -91,9 +93,6 @@ class Observer:
 
 def release_freed_memory() -> None:
     """Hand the protobuf copies freed above back to the OS (glibc keeps them in the heap otherwise)."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     if name:
         with contextlib.suppress(OSError, AttributeError):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -286,8 +287,6 @@ def _cached_hashing(model_signing: Any, hashes: Callable[[Path, list[str]], dict
 
 def signature_key_hint(signature: str | os.PathLike[str]) -> str | None:
     """The public-key hint (sha256 of the signer's public key PEM) a signature carries, or None."""
-    import json
-
     try:
         doc = json.loads(Path(signature).read_text(encoding="utf-8"))
         return str(doc["verificationMaterial"]["publicKey"]["hint"])

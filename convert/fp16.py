@@ -21,6 +21,7 @@ FP16 Cast and back; `bypass_fp16_round_trips` rewires those to the float32 value
 from __future__ import annotations
 
 import warnings
+from importlib import metadata
 from typing import Any
 
 import onnx
@@ -48,8 +49,6 @@ EXTRA_OP_BLOCK_LIST: tuple[str, ...] = (
 
 
 def _converter_versions() -> dict[str, str]:
-    from importlib import metadata
-
     out = {}
     for dist in ("onnxconverter-common", "onnxruntime"):
         try:

@@ -18,6 +18,7 @@ from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path
+from chattts_forge.gate import stream_threshold_db
 from chattts_forge.integrity import file_record, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
@@ -117,7 +118,6 @@ def write_artifact_json(
 ) -> ArtifactMeta:
     """Write `out_dir/artifact.json` once, with the stream look-ahead measured on the finished graphs
     (runtime.stream_lookahead, against the shipped gate's seam threshold)."""
-    from chattts_forge.gate import stream_threshold_db
     from chattts_forge.runtime.stream_lookahead import measure_artifact
 
     meta = ArtifactMeta(

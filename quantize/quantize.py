@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from chattts_forge.artifact import (
     DECODER,
     FAST_GPT,
@@ -37,6 +39,7 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     DecoderWeights,
 )
+from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
 from chattts_forge.gate import stream_threshold_db
@@ -54,7 +57,8 @@ from chattts_forge.quantize.fidelity import (
     summary_line,
 )
 from chattts_forge.quantize.graph_ops import graph_summary
-from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
+from chattts_forge.quantize.inputs import check_input_artifact
+from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, method_class, open_method
 from chattts_forge.quantize.variant_files import (
     component_fields,
     component_record,
@@ -63,6 +67,7 @@ from chattts_forge.quantize.variant_files import (
     require_fp32_source,
 )
 from chattts_forge.runtime.stream_lookahead import measure_artifact
+from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
 
@@ -81,9 +86,6 @@ class Request:
 
 def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
     """Everything checked before any work: a damaged input or a bad option is one line, nothing written."""
-    from chattts_forge.quantize.inputs import check_input_artifact
-    from chattts_forge.quantize.methods import method_class
-
     method_class(cfg.method)  # an unknown method is named before the source is read
     meta = ArtifactMeta.load(src)
     require_fp32_source(meta, src)
@@ -205,7 +207,6 @@ def record_fp32_runs(src: Path, cfg: QuantizeConfig, needed: bool = False) -> li
     """The FP32 trajectories fidelity (and auto's search, `needed`) replays; None when nothing asks."""
     if not (cfg.fidelity or cfg.targets.any() or needed):
         return None
-    from chattts_forge.calibration_data.corpus import load_corpus
 
     corpus, st = load_corpus(cfg.fidelity_corpus), cfg.fidelity_settings
     if cfg.fp32_runs is not None:
@@ -285,7 +286,6 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
     before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
     if cfg.decoder == DecoderWeights.FP32 or not meta.has_component(DECODER):
         return None
-    import onnx
 
     from chattts_forge.quantize.decoder import quantize_decoder
 
@@ -308,8 +308,6 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
     """Fill the output's artifact.json: component records, `quantization` (the method's record),
     `fidelity`, stamps. `out` is the final folder (recorded paths are relative to it), `out_dir` the
     temporary one being written."""
-    from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
-
     method = quantizer.method
     meta = method.meta
     summaries = {}

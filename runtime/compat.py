@@ -46,6 +46,7 @@ What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` n
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pybase16384 as b14
 
 from chattts_forge import chattts_defaults
 from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
@@ -654,10 +656,6 @@ def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu
 
 def artifact_coef(pipe: Pipeline) -> str | None:
     """The artifact's DVAE coefficients as ChatTTS's `coef` string (pybase16384 of float32), if recorded."""
-    import json
-
-    import pybase16384 as b14
-
     path = pipe.artifact.file("dvae_coef")
     try:
         coef = json.loads(path.read_text(encoding="utf-8"))["dvae"]

@@ -24,6 +24,7 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.gpt_step import GptStep, GptStepLike
 from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
@@ -112,8 +113,6 @@ def choose_engine(artifact: LoadedArtifact, engine: str = "auto") -> str:
 def open_gpt_step(artifact: LoadedArtifact, engine: str = "auto") -> GptStepLike:
     """A new GPT step (its own KV cache) of `artifact` for `engine` (see `choose_engine`)."""
     if choose_engine(artifact, engine) == "fast":
-        from chattts_forge.runtime.fast_gpt import FastGptStep
-
         return FastGptStep.from_artifact(artifact)
     if artifact.provider == "cuda":
         from chattts_forge.runtime.device_gpt import DeviceGptStep

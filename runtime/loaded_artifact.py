@@ -58,7 +58,6 @@ from chattts_forge.runtime.machine import u8s8_saturates
 from chattts_forge.runtime.providers import resolve_provider, session_providers
 from chattts_forge.runtime.saved_sessions import SavedSessions, saved_key, saved_sessions_default
 from chattts_forge.runtime.textfront import load_speaker_stats
-from chattts_forge.signing import verify_folder
 
 log = get_logger(__name__)
 
@@ -228,6 +227,8 @@ class LoadedArtifact:
 
     def _check_signature(self) -> None:
         """The folder's model.sig against the public key, from the sha256s just checked (no second read)."""
+        from chattts_forge.signing import verify_folder
+
         checked = {rel: e.sha256 for rel, e in self._expected.items() if e.sha256}
 
         def hashes(root: Path, rels: list[str]) -> dict[str, str]:

@@ -9,6 +9,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.runtime.providers import EXECUTION_PROVIDERS
+
 # CPU features that decide which kernels onnxruntime runs (x86 /proc/cpuinfo flag names).
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
               "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
@@ -55,7 +57,6 @@ def machine_info(threads: int | None, provider: str = "cpu") -> dict[str, Any]:
     import onnxruntime as ort
     import psutil
 
-    from chattts_forge.runtime.providers import EXECUTION_PROVIDERS
     from chattts_forge.versions import library_versions, toolchain_info
 
     return {

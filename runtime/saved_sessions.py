@@ -37,6 +37,7 @@ from typing import Any
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import stat_key, user_cache_dir
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import machine
 
 log = get_logger(__name__)
 
@@ -60,10 +61,8 @@ def saved_key(graph_sha256: str, data_sha256: str | None, options: dict[str, Any
     """What a saved graph depends on: the source graph's bytes, onnxruntime, the CPU, the options."""
     import onnxruntime as ort
 
-    from chattts_forge.runtime.machine import cpu_flags, cpu_model
-
     return {"schema": SAVED_SCHEMA, "graph_sha256": graph_sha256, "data_sha256": data_sha256,
-            "onnxruntime": ort.__version__, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+            "onnxruntime": ort.__version__, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
             "options": dict(sorted(options.items()))}
 
 

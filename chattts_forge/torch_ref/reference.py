@@ -22,6 +22,7 @@ import contextlib
 import io
 import lzma
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,9 +33,9 @@ import numpy as np
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.errors import ForgeError
-from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
 from chattts_forge.log import get_logger
-from chattts_forge.torch_ref.chat import quiet_chattts
+from chattts_forge.torch_ref.chat import load_chat, quiet_chattts
 
 if TYPE_CHECKING:
     import ChatTTS
@@ -228,11 +229,6 @@ class ReferenceConfig:
 
 def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
     """`chattts-forge reference`: load the checkpoint, synthesize, write the WAV (and codes, speaker)."""
-    import time
-
-    from chattts_forge.fsutil import atomic_write_text
-    from chattts_forge.torch_ref.chat import load_chat
-
     if not cfg.text.strip():
         raise ForgeError("--text is empty")
     if cfg.out.is_dir():
