@@ -129,6 +129,7 @@ def check_recorded(recording: Recording, component: str = GPT) -> None:
 def new_pipeline(artifact_dir: Any, threads: int | None, engine: str = "auto") -> Any:
     """A runtime Pipeline on `artifact_dir`: the fused GPT graph generates when the artifact has one
     ("auto"; its steps are observed as plain-graph feeds, `instrument`), else the plain graph."""
+    # the runtime package loads soundfile (12 ms): needed only here
     from chattts_forge.runtime import Pipeline
 
     return Pipeline(artifact_dir, threads=threads, engine=engine)
@@ -136,6 +137,7 @@ def new_pipeline(artifact_dir: Any, threads: int | None, engine: str = "auto") -
 
 def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
     """Code-stage parameters of one recorded sentence: ChatTTS defaults, a seeded random speaker."""
+    # runtime.pipeline loads soundfile (12 ms): needed only here
     from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
 
     # The corpus's text as ChatTTS's own front end reads it: calibration (and quantize's fidelity, which

@@ -126,6 +126,7 @@ class SourceGraphs:
                 os.symlink(f.resolve(), work / f.name)
         pre: dict[str, dict[str, Any]] = {}
         if method.preprocesses:
+            # quantize.static loads onnxruntime.quantization: only for the static method
             from chattts_forge.quantize.static import preprocess as quant_pre_process
 
             for c in method.cfg.components:
@@ -157,6 +158,7 @@ class ComponentQuantizer:
     quantizer's options record and the nodes it left in FP32 (both go into artifact.json)."""
 
     def __init__(self, method: QuantizationMethod, graphs: SourceGraphs, out_dir: Path, work: Path) -> None:
+        # quantize.static loads onnxruntime.quantization: only for the static method
         from chattts_forge.quantize.static import resolve_excludes
 
         self.method, self.cfg, self.graphs, self.out_dir, self.work = method, method.cfg, graphs, out_dir, work
@@ -287,6 +289,7 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
     if cfg.decoder == DecoderWeights.FP32 or not meta.has_component(DECODER):
         return None
 
+    # quantize.decoder loads onnxruntime.quantization: only for the Decoder
     from chattts_forge.quantize.decoder import quantize_decoder
 
     source = meta.component_file(src, DECODER)

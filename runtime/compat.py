@@ -352,6 +352,7 @@ class Chat:
                    "public_key": cfg.public_key}
         if cfg.variant is None and (version / ROUTING_NAME).is_file():
             # A Chat holds one variant for its life, so a cold autotune cache is measured at load, not later.
+            # (autotune, with timed_engine and timing: loaded only for a routed version)
             from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 
             autotune: bool | AutotuneSettings = autotune_default() if cfg.autotune is None else cfg.autotune
@@ -592,6 +593,7 @@ class _progress_bar:  # noqa: N801 - used as a context manager like tqdm
     def __init__(self, show: bool, total: int) -> None:
         self.bar = None
         if show:
+            # tqdm: only when progress is shown; 33 ms to import
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="code", unit="step", leave=False)

@@ -47,6 +47,7 @@ def _graph_bytes(folder: Path, meta: ArtifactMeta, component: str) -> int:
 
 
 def _cache_value_bytes(graph: Path) -> int:
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)

@@ -115,6 +115,7 @@ def open_gpt_step(artifact: LoadedArtifact, engine: str = "auto") -> GptStepLike
     if choose_engine(artifact, engine) == "fast":
         return FastGptStep.from_artifact(artifact)
     if artifact.provider == "cuda":
+        # device_gpt: CUDA only, never loaded on a CPU run
         from chattts_forge.runtime.device_gpt import DeviceGptStep
 
         return DeviceGptStep(artifact.session(GPT), artifact.dims, device="cuda")

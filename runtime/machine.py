@@ -54,6 +54,7 @@ def machine_info(threads: int | None, provider: str = "cpu") -> dict[str, Any]:
     """Where a measurement ran: CPU, cores, memory, threads, the onnxruntime provider the runtime used
     (`cpu` or `cuda`, resolved) and those available, platform, load, library versions and the
     toolchain's commit."""
+    # onnxruntime (0.06 s), psutil (11 ms), versions (2.2 ms): for reports only
     import onnxruntime as ort
     import psutil
 

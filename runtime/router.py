@@ -285,12 +285,14 @@ class Router:
         keep_measured: bool = False,
         **pipeline_kwargs: Any,
     ) -> None:
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
 
         self.path = Path(version_dir)
         if not self.path.is_dir():
             raise ForgeError(f"version folder {self.path} does not exist")
         if pipeline_kwargs.get("public_key") is not None:  # the version's own files: routing.json, phrase cache
+            # signing: only with a public key; 3.6 ms to import
             from chattts_forge.signing import verify_folder
 
             verify_folder(self.path, pipeline_kwargs["public_key"])
@@ -353,6 +355,7 @@ class Router:
         return {"provider": kw.get("provider", "cpu"), "threads": kw.get("threads"), "engine": kw.get("engine", "auto")}
 
     def _runtime_steps(self) -> Any:
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime.autotune import RuntimeSteps
 
         kw = self.pipeline_kwargs
@@ -368,6 +371,7 @@ class Router:
         """This host's measurement that the first load deferred (every passing variant of each ranked
         bucket opened, timed and dropped; the record cached as a measuring load would), not yet applied:
         `apply_routes(record)` does. None when nothing is pending (or another call is measuring)."""
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
 
         if not self.tune_pending or self._settings is None or not self._tune_lock.acquire(blocking=False):
@@ -385,6 +389,7 @@ class Router:
 
     def apply_routes(self, record: dict[str, Any]) -> None:
         """Route by `record` (a measurement's) from now on; logs one line per bucket."""
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
 
         routes = {name: b["variant"] for name, b in record["buckets"].items()}

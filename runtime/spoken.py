@@ -179,6 +179,7 @@ def _import_wetext() -> Any:
     grammars is built while kaldifst.TextNormalizer is `_LazyFst`, so only what a text needs is read."""
     if "wetext" in sys.modules:
         return sys.modules["wetext"]
+    # kaldifst/wetext: on the first text to normalise; wetext 0.55 s to import
     import kaldifst
 
     read = kaldifst.TextNormalizer

@@ -204,6 +204,7 @@ def _removed_note(removed: str) -> str:
 
 def _params(params: SynthParams | None) -> SynthParams:
     if params is None:
+        # a cycle at the top: runtime.pipeline leads back to this module
         from chattts_forge.runtime.pipeline import SynthParams
 
         return SynthParams()

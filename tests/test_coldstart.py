@@ -9,6 +9,8 @@ makes is recorded (`opened`), so the tests check what is opened when, never how 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -383,3 +385,29 @@ def test_serve_measures_after_its_first_reply_and_opens_a_moved_route_first(fp16
         assert version._tune_thread is first  # measured once
     finally:
         version.close()
+
+
+# Packages the runtime imports only inside the functions that use them (each with its import cost in a
+# comment there): starting a command, or its --help, must not load them.
+DEFERRED_PACKAGES = frozenset({"onnxruntime", "onnx", "torch", "ChatTTS", "transformers", "wetext", "kaldifst",
+                               "model_signing", "cryptography", "psutil", "tqdm", "av", "ray", "tokenizers"})
+
+
+def _imported_packages(module: str) -> set[str]:
+    """The top-level packages a fresh interpreter holds after importing `module`."""
+    code = f"import sys, {module}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return {name.split(".")[0] for name in out.split()}
+
+
+@pytest.mark.parametrize("module", ["chattts_forge.cli", "chattts_forge.runtime.cli", "chattts_forge.runtime.synth",
+                                    "chattts_forge.runtime.router", "chattts_forge.runtime.loaded_artifact"])
+def test_starting_a_command_loads_no_deferred_package(module: str) -> None:
+    loaded = _imported_packages(module) & DEFERRED_PACKAGES
+    assert not loaded, f"importing {module} loads {sorted(loaded)}: keep those imports inside their functions"
+
+
+def test_the_command_line_help_loads_no_stage() -> None:
+    """`chattts-forge --help` loads each stage lazily, by name: not even numpy."""
+    packages = _imported_packages("chattts_forge.cli")
+    assert "numpy" not in packages and "chattts_forge" in packages

@@ -261,3 +261,15 @@ def test_checker_finds_upward_imports(module: str, source: str, expected: list[t
 def test_import_time_imports_skip_function_bodies() -> None:
     source = "import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\ndef f():\n    import torchaudio\n"
     assert import_time_imports(source) == [(1, "numpy"), (3, "torch")]
+
+
+def test_artifact_names_one_thing() -> None:
+    """One name per concept: `artifact` is the contract module (artifact.json as `ArtifactMeta`); a folder
+    opened for inference is `runtime.loaded_artifact.LoadedArtifact`; no class is named plain `Artifact`."""
+    modules = installed_modules()
+    named_artifact = sorted(name for name in modules if name.rsplit(".", 1)[-1] == "artifact")
+    assert named_artifact == ["chattts_forge.artifact"]
+    plain = [f"{m.path}:{node.lineno}" for m in modules.values()
+             for node in ast.walk(ast.parse(m.path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and node.name == "Artifact"]
+    assert not plain, f"classes named Artifact: {plain}"

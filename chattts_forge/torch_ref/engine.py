@@ -34,6 +34,7 @@ class TorchEngine:
         self, checkpoint: str | os.PathLike[str] | None, threads: int | None, chat: Any = None, device: str = "cpu"
     ) -> None:
         try:
+            # torch: the PyTorch side only; 1.9 s to import
             import torch
 
             from chattts_forge.torch_ref.chat import load_chat
@@ -86,6 +87,7 @@ class TorchEngine:
         self._hooks = []
 
     def _params(self, request: Request) -> Any:
+        # ChatTTS: the PyTorch reference only; 7.9 s to import
         from ChatTTS.core import Chat
 
         spk = None if request.speaker_seed is None else sample_speaker(self.chat, request.speaker_seed)
