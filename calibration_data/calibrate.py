@@ -70,6 +70,7 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
+from chattts_forge.runtime.frontend import Normalizer, is_speakable
 from chattts_forge.runtime.generation import PromptBatch, iter_generate
 from chattts_forge.runtime.sampling import SeedGroups
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
@@ -156,8 +157,6 @@ def select_sentences(stems: Sequence[str], count: int | None, seed: int) -> list
 
 
 def _languages(sentences: Sequence[str]) -> dict[str, int]:
-    from chattts_forge.runtime.frontend import Normalizer
-
     counts: dict[str, int] = {}
     for s in sentences:
         lang = Normalizer.detect_language(s)
@@ -345,8 +344,6 @@ class _SentencePlan:
 def _plan_sentences(pipe: Any, corp: Corpus, earlier: list[CalibrationStore], count: int | None,
                     seed: int) -> _SentencePlan:
     """Lines the front end refuses, and sentences an earlier (merged) run saw, are set aside first."""
-    from chattts_forge.runtime.frontend import is_speakable
-
     seen = {sha for s in earlier for sha in s.manifest.get("sentence_sha256", [])}
     stems = _file_stems(corp)
     usable: list[int] = []

@@ -9,6 +9,8 @@ recorded plain-graph feed into the fused graph's (as `runtime.fast_gpt.FastGptSt
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -57,6 +59,7 @@ class Observer:
     """An onnxruntime session of `path` whose outputs are its projection MatMuls' activation inputs."""
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
+        # onnxruntime: only once a session is made here; 0.06 s to import
         import onnxruntime as ort
 
         self.path = path
@@ -91,9 +94,6 @@ class Observer:
 
 def release_freed_memory() -> None:
     """Hand the protobuf copies freed above back to the OS (glibc keeps them in the heap otherwise)."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     if name:
         with contextlib.suppress(OSError, AttributeError):

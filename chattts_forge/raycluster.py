@@ -19,6 +19,7 @@ SCALE_HINT = "pip install 'chattts-forge[scale]'"
 def import_ray() -> Any:
     """The `ray` module, or a one-line error saying how to install it."""
     try:
+        # ray: only with --ray; 0.46 s to import
         import ray
     except ImportError:
         raise BadInput(f"--ray needs Ray, which is not installed ({SCALE_HINT})") from None

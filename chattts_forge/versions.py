@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -67,8 +68,6 @@ def build_timestamp() -> str:
     toolchain's commit time) so that a rerun after a crash writes the same bytes as an
     uninterrupted run; the wall clock otherwise.
     """
-    import time
-
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     seconds = int(epoch) if epoch and epoch.isdigit() else int(time.time())
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, GPT, HEAD_CODE, HEAD_TEXT, VOCODER
 from chattts_forge.checkpoint.layout import Dims
@@ -153,8 +154,6 @@ def gpt_reference(
     past: list[torch.Tensor],
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The LlamaModel call of ChatTTS `GPT.generate` (float mask and positions, DynamicCache)."""
-    from transformers.cache_utils import DynamicCache
-
     seq = inputs_embeds.shape[1]
     past_len = past[0].shape[2] if past else 0
     position_ids = chattts_position_ids(attention_mask, seq)

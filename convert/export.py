@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from chattts_forge.artifact import (
     COMPONENTS,
     EXTERNAL_DATA_SUFFIX,
@@ -69,6 +71,8 @@ from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress
+from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
+from chattts_forge.torch_ref.chat import load_chat
 
 log = get_logger(__name__)
 
@@ -94,8 +98,6 @@ def _check_output_parent(out: Path) -> None:
 
 
 def _load_sources(asset_dir: Path) -> tuple[Any, SourceModules]:
-    from chattts_forge.torch_ref.chat import load_chat
-
     try:
         chat = load_chat(asset_dir)
     except ForgeError:
@@ -247,8 +249,6 @@ def convert_checkpoint(
     Raises ForgeError (nothing written) on a broken checkpoint, an unwritable output or a failed
     parity check.
     """
-    import torch
-
     if precision not in PRECISIONS:
         raise BadInput(f"unknown precision '{precision}' (choose from: {', '.join(PRECISIONS)})")
     t_start = time.perf_counter()
@@ -282,8 +282,6 @@ def convert_checkpoint(
                 common["files"] = files
             if want32:
                 if fast_gpt:
-                    from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
-
                     log.info("building the fused GPT graph (gpt_fast.onnx)")
                     comps32[FAST_GPT] = optimize_gpt(dir32 / comps32[GPT]["file"], dir32 / FAST_GPT_FILE,
                                                      FusedGraphOptions(threads=threads, dims=dims.to_dict()))

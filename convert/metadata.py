@@ -18,6 +18,7 @@ from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import portable_path
+from chattts_forge.gate import stream_threshold_db
 from chattts_forge.integrity import file_record, sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
@@ -59,6 +60,7 @@ def io_description(spec: ComponentSpec) -> tuple[list[dict[str, Any]], list[dict
 
 
 def special_tokens(tokenizer_json: Path, dims: Dims) -> dict[str, int]:
+    # tokenizers: only when a tokenizer is read; 6 ms to import
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -87,6 +89,7 @@ def source_record(asset_dir: Path, artifact_dir: Path) -> dict[str, Any]:
 def write_support_files(out_dir: Path, asset_dir: Path, chat: Any) -> dict[str, dict[str, Any]]:
     """tokenizer.json, speaker_stats.npy, dvae_coef.json, homophones_map.json; returns the `files` map
     ({key: {"file", "bytes", "sha256"}}: what the runtime checks each file against before using it)."""
+    # ChatTTS: the PyTorch reference only; 7.9 s to import
     import ChatTTS
 
     shutil.copyfile(asset_dir / "tokenizer" / "tokenizer.json", out_dir / SUPPORT_FILES["tokenizer"])
@@ -117,7 +120,7 @@ def write_artifact_json(
 ) -> ArtifactMeta:
     """Write `out_dir/artifact.json` once, with the stream look-ahead measured on the finished graphs
     (runtime.stream_lookahead, against the shipped gate's seam threshold)."""
-    from chattts_forge.gate import stream_threshold_db
+    # runtime.stream_lookahead loads soundfile (12 ms): needed only here
     from chattts_forge.runtime.stream_lookahead import measure_artifact
 
     meta = ArtifactMeta(

@@ -34,6 +34,10 @@ import numpy as np
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger, setup_logging
+from chattts_forge.torch_ref import oracle
+from chattts_forge.torch_ref.chat import load_chat
+from chattts_forge.torch_ref.compare import compare_codes, compare_processed_logits
+from chattts_forge.torch_ref.reference import sample_speaker
 
 log = get_logger(__name__)
 
@@ -87,9 +91,8 @@ class _ParityRun:
 
     def codes(self, name: str, label: str, text: str, spk_emb: Any) -> tuple[dict[str, Any], str, dict[str, Any], str]:
         """The codes of both engines: (ChatTTS's result, the normalised text, the case record, its line)."""
+        # the runtime package loads soundfile (12 ms): needed only here
         from chattts_forge.runtime import InferCodeParams
-        from chattts_forge.torch_ref import oracle
-        from chattts_forge.torch_ref.compare import compare_codes
 
         steps, fig = self.cfg.steps, self.figures
         t = time.perf_counter()
@@ -129,8 +132,6 @@ class _ParityRun:
 
     def waveform(self, ref: dict[str, Any], case: dict[str, Any]) -> str:
         """The runtime's decode of ChatTTS's hidden states against ChatTTS's own."""
-        from chattts_forge.torch_ref import oracle
-
         want = oracle.chattts_decode_to_wavs(self.chat, ref["hiddens"], use_decoder=True)[0]
         got = self.pipe.decode(ref["hiddens"], use_decoder=True)[0]
         same_len = want.shape == got.shape
@@ -143,9 +144,8 @@ class _ParityRun:
 
     def teacher_forced(self, text: str, norm: str, spk_emb: Any, case: dict[str, Any]) -> str:
         """Processed logits of both engines fed the same (ChatTTS-sampled) codes."""
+        # the runtime package loads soundfile (12 ms): needed only here
         from chattts_forge.runtime import InferCodeParams
-        from chattts_forge.torch_ref import oracle
-        from chattts_forge.torch_ref.compare import compare_processed_logits
 
         n, temp = min(self.cfg.logits_steps, self.cfg.steps), self.cfg.logits_temperature
         # ChatTTS samples the codes at its default temperature; both engines are then fed them.
@@ -197,11 +197,10 @@ def run_parity(
     echo: Any = print,
 ) -> dict[str, Any]:
     """Run the checks `config` asks for; returns {"ok": bool, "cases": [...], "figures": {...}}."""
+    # torch: the PyTorch side only, 1.9 s to import; the runtime package loads soundfile (12 ms)
     import torch
 
     from chattts_forge.runtime import Pipeline
-    from chattts_forge.torch_ref.chat import load_chat
-    from chattts_forge.torch_ref.reference import sample_speaker
 
     cfg = config or ParityConfig()
     if cfg.steps < 1:

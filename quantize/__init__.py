@@ -78,6 +78,7 @@ held-out split, so it means the same on synthetic (random) checkpoints as on the
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import QUANTIZE_METHODS as METHODS
@@ -96,7 +97,5 @@ _LAZY = {"measure_fidelity": "chattts_forge.quantize.fidelity", "quantize_artifa
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

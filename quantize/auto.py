@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from chattts_forge.artifact import DECODER, FAST_GPT, HEAD_CODE, ArtifactMeta, Fidelity
 from chattts_forge.errors import BadInput, ForgeError
@@ -52,9 +53,13 @@ from chattts_forge.gate import fidelity_rules, judge, load_gate
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress
 from chattts_forge.quantize.dynamic_fused import insert_dynamic_int8
-from chattts_forge.quantize.int4 import evenly_spaced
+from chattts_forge.quantize.fidelity import code_metrics, cosine_rows, make_session, mel_metrics, replay
+from chattts_forge.quantize.int4 import evenly_spaced, quantize_int4_graph
 from chattts_forge.quantize.static_fused import const_weight_matmuls, fused_feed
+from chattts_forge.runtime.autotune import decode_call_at
+from chattts_forge.runtime.fast_gpt import FastGptStep
 from chattts_forge.runtime.interleave import Clock, RatioSettings, compare_interleaved, prefer_simpler
+from chattts_forge.runtime.timing import quantiles, time_calls
 
 log = get_logger(__name__)
 
@@ -144,8 +149,6 @@ def quantize_mixed(src: Path, dst: Path, assignment: dict[str, str], work: Path,
                    accuracy_level: int, algorithm: str = "rtn") -> dict[str, Any]:
     """Write `src` with each named MatMul in its assigned precision (unnamed ones stay FP32): INT8 as
     dynamic INT8 (`dynamic_fused`), INT4 as MatMulNBits."""
-    from chattts_forge.quantize.int4 import quantize_int4_graph
-
     model = onnx.load(str(src))
     int8 = [n for n, c in assignment.items() if c == INT8]
     int4 = [n for n, c in assignment.items() if c == INT4]
@@ -179,10 +182,6 @@ def _simulated_int4(w: np.ndarray, block: int) -> np.ndarray:
 def sensitivity(fast: Path, head: Path, feeds: Sequence[dict[str, np.ndarray]], block_size: int,
                 threads: int = 1) -> list[dict[str, Any]]:
     """Per projection MatMul: the loss when it alone is INT4 (see module doc), least sensitive first."""
-    import onnxruntime as ort
-
-    from chattts_forge.quantize.fidelity import cosine_rows, make_session
-
     model = onnx.load(str(fast))
     inits = {i.name: i for i in model.graph.initializer}
     nodes = [(n.name, n.input[1]) for n in const_weight_matmuls(model)]
@@ -217,9 +216,6 @@ def sensitivity(fast: Path, head: Path, feeds: Sequence[dict[str, np.ndarray]], 
 
 def _fast_step(fast: Path, dims: dict[str, Any], threads: int | None, capacity: int | None = None) -> Any:
     """The runtime's `FastGptStep` on a fused graph file (a candidate, not yet in an artifact folder)."""
-    from chattts_forge.quantize.fidelity import make_session
-    from chattts_forge.runtime.fast_gpt import FastGptStep
-
     hidden = int(dims["hidden_size"])
     return FastGptStep(make_session(fast, threads), int(dims["num_hidden_layers"]), int(dims["num_key_value_heads"]),
                        hidden // int(dims["num_attention_heads"]), hidden, int(dims.get("max_position_embeddings", 4096)),
@@ -230,8 +226,6 @@ def fast_fidelity(fp32_dir: Path, fast: Path, trajectories: Sequence[Any], dims:
                   threads: int | None, head: Path | None = None) -> dict[str, Any]:
     """The gate's fidelity metrics of a fused graph with code head `head` (default: the FP32 one) and
     the FP32 Decoder, teacher-forced on the held-out trajectories."""
-    from chattts_forge.quantize.fidelity import code_metrics, cosine_rows, make_session, mel_metrics, replay
-
     meta = ArtifactMeta.load(fp32_dir)
     head_sess = make_session(head or meta.component_file(fp32_dir, HEAD_CODE), threads)
     dec = make_session(meta.component_file(fp32_dir, DECODER), threads)
@@ -274,8 +268,6 @@ def _decode_stepper(fast: Path, dims: dict[str, Any], threads: int, past: int, s
 def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200, steps: int = 40) -> float:
     """Median decode-step time of a fused graph through FastGptStep at context `past`, batch 1
     (timed by `runtime.timing`; the first quarter of the steps warms caches and threads)."""
-    from chattts_forge.runtime.timing import quantiles, time_calls
-
     times = time_calls(_decode_stepper(fast, dims, threads, past, steps), steps - steps // 4, warmup=steps // 4)
     return 1000.0 * (quantiles(times, [50]) or [math.nan])[0]
 
@@ -283,8 +275,6 @@ def fast_step_ms(fast: Path, dims: dict[str, Any], threads: int, past: int = 200
 def repeatable_step(fast: Path, dims: dict[str, Any], threads: int, past: int = RETIME_CONTEXT) -> Callable[[], object]:
     """One decode step of a fused graph at a fixed context of `past` positions, batch 1, repeatable
     (the runtime's `FastGptStep`, rewound before every call; `runtime.autotune.decode_call_at`)."""
-    from chattts_forge.runtime.autotune import decode_call_at
-
     step = _fast_step(fast, dims, threads, capacity=past + 8)
     return decode_call_at(step, int(dims["hidden_size"]), past)
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from safetensors.numpy import load_file
 
 from chattts_forge import __version__
 from chattts_forge.artifact import FAST_GPT, FAST_GPT_FILE, ArtifactMeta
@@ -252,8 +253,6 @@ def _heads_from_graph(model: onnx.ModelProto, hidden: int) -> int:
 
 def weights_from_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Llama weights from a checkpoint's `gpt/model.safetensors` (prefix-free transformers names)."""
-    from safetensors.numpy import load_file
-
     raw = load_file(str(path))
     return {k.removeprefix("model.").removeprefix("gpt."): v.astype(np.float32) for k, v in raw.items()}
 

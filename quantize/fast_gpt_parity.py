@@ -17,6 +17,7 @@ from chattts_forge.errors import ForgeError
 
 
 def _session(path: Path, threads: int | None) -> Any:
+    # onnxruntime: only once a session is made here; 0.06 s to import
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -84,6 +85,7 @@ class LeftPaddedSteps:
     pads: tuple[int, ...] | None = None
 
     def run(self, plain: Any, fast_session: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        # runtime.fast_gpt loads soundfile (12 ms): needed only here
         from chattts_forge.runtime.fast_gpt import FastGptStep
 
         hp = self.hp

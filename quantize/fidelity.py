@@ -43,9 +43,9 @@ from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import track
-from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
 from chattts_forge.quantize.config import FidelitySettings  # the one fidelity settings type
-from chattts_forge.runtime import Artifact, GptStep, GptStepLike, open_gpt_step
+from chattts_forge.quantize.graph_ops import matmul_nodes_with_const_weight
+from chattts_forge.runtime import GptStep, GptStepLike, LoadedArtifact, open_gpt_step
 
 log = get_logger(__name__)
 
@@ -192,6 +192,7 @@ def recording_pipeline(fp32_dir: Path, threads: int | None) -> Any:
 
 
 def make_session(path: Path, threads: int | None = 1) -> Any:
+    # onnxruntime: only once a session is made here; 0.06 s to import
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -228,7 +229,7 @@ def fast_step(quant_dir: Path, threads: int | None, quant_meta: ArtifactMeta | N
     """The artifact's fused `gpt_fast` graph driven by the runtime's own fast step (its in-place KV
     cache), so the graph the runtime prefers is measured too. `quant_meta`: the folder's
     artifact.json when it is not written yet (the quantize stage)."""
-    return open_gpt_step(Artifact(quant_dir, threads=threads, verify="none", meta=quant_meta), "fast")
+    return open_gpt_step(LoadedArtifact(quant_dir, threads=threads, verify="none", meta=quant_meta), "fast")
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from chattts_forge.log import get_logger
 from chattts_forge.quantize.fast_gpt_graph import make_fused_graph
 from chattts_forge.quantize.fast_gpt_parity import RecordedSamples
 from chattts_forge.quantize.static_fused import fused_feed
+from chattts_forge.quantize.variant_files import copy_metadata_props
 
 log = get_logger(__name__)
 
@@ -39,8 +40,6 @@ def write_fast_graph(src_dir: Path, meta: ArtifactMeta, tmp: Path, precision: st
                      threads: int = 1) -> dict[str, Any]:
     """Quantize the source's FP32 `gpt_fast.onnx` into `tmp` with `quantize(src, dst)` and return its
     `components.gpt_fast` record (parity against the plain gpt.onnx in `tmp`, quantized with the same choices)."""
-    from chattts_forge.quantize.artifact import copy_metadata_props
-
     src = meta.component_file(src_dir, FAST_GPT)
     dst = tmp / FAST_GPT_FILE
     options, parity = make_fused_graph(src, dst, quantize, tmp / meta.component_file(src_dir, GPT).name,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from chattts_forge.artifact import GPT, ArtifactMeta
+from chattts_forge.artifact import FAST_GPT, GPT, ArtifactMeta
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.integrity import sha256_file, verify_files
@@ -55,8 +55,6 @@ def open_calibration(calibration: str | Path, src: Path, meta: ArtifactMeta,
 def check_statistics_graph(store: CalibrationStore, graph: str, meta: ArtifactMeta, src: Path) -> None:
     """The statistics of `graph` were observed on this source's own file (its sha256), so every
     tensor name means the same activation."""
-    from chattts_forge.artifact import FAST_GPT
-
     component = FAST_GPT if graph == FAST_GPT else graph
     recorded = store.statistics.graph_sha256.get(graph)
     if recorded is None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import GPT
+from chattts_forge.calibration_data.statistics import match_tensors
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.quantize.int4_importance import block_scales, pack_int4, rewrite_rtn_blocks
 
@@ -152,8 +153,6 @@ def graph_hessians(stats: Any, graph: str) -> tuple[dict[str, np.ndarray], int]:
     """E[x x^T] per MatMul input of `graph` from calibration `Statistics`, and the rows they saw: the
     graph's own X^T X, or, for a graph calibrate kept none for (the fused GPT), those of the gpt.onnx
     tensor that is the same activation (`match_tensors`)."""
-    from chattts_forge.calibration_data.statistics import match_tensors
-
     tensors = stats.tensors(graph)
     own = {name: st for name, st in tensors.items() if st.xtx is not None}
     if len(own) == len(tensors):

@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from chattts_forge.artifact import (
     DECODER,
     FAST_GPT,
@@ -37,20 +39,13 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     DecoderWeights,
 )
+from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir, portable_path, recorded_path
 from chattts_forge.gate import stream_threshold_db
 from chattts_forge.graph_storage import write_component
 from chattts_forge.integrity import PUBLISHED_NAMES, verify_files
 from chattts_forge.log import get_logger
-from chattts_forge.quantize.artifact import (
-    component_fields,
-    component_record,
-    copy_metadata_props,
-    copy_unchanged,
-    graph_summary,
-    require_fp32_source,
-)
 from chattts_forge.quantize.config import QuantizeConfig
 from chattts_forge.quantize.fallback import producers_of, run_fallback
 from chattts_forge.quantize.fidelity import (
@@ -61,8 +56,18 @@ from chattts_forge.quantize.fidelity import (
     record_trajectories,
     summary_line,
 )
-from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, open_method
+from chattts_forge.quantize.graph_ops import graph_summary
+from chattts_forge.quantize.inputs import check_input_artifact
+from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, method_class, open_method
+from chattts_forge.quantize.variant_files import (
+    component_fields,
+    component_record,
+    copy_metadata_props,
+    copy_unchanged,
+    require_fp32_source,
+)
 from chattts_forge.runtime.stream_lookahead import measure_artifact
+from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
 
@@ -81,9 +86,6 @@ class Request:
 
 def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
     """Everything checked before any work: a damaged input or a bad option is one line, nothing written."""
-    from chattts_forge.quantize.inputs import check_input_artifact
-    from chattts_forge.quantize.methods import method_class
-
     method_class(cfg.method)  # an unknown method is named before the source is read
     meta = ArtifactMeta.load(src)
     require_fp32_source(meta, src)
@@ -124,6 +126,7 @@ class SourceGraphs:
                 os.symlink(f.resolve(), work / f.name)
         pre: dict[str, dict[str, Any]] = {}
         if method.preprocesses:
+            # quantize.static loads onnxruntime.quantization: only for the static method
             from chattts_forge.quantize.static import preprocess as quant_pre_process
 
             for c in method.cfg.components:
@@ -155,6 +158,7 @@ class ComponentQuantizer:
     quantizer's options record and the nodes it left in FP32 (both go into artifact.json)."""
 
     def __init__(self, method: QuantizationMethod, graphs: SourceGraphs, out_dir: Path, work: Path) -> None:
+        # quantize.static loads onnxruntime.quantization: only for the static method
         from chattts_forge.quantize.static import resolve_excludes
 
         self.method, self.cfg, self.graphs, self.out_dir, self.work = method, method.cfg, graphs, out_dir, work
@@ -205,7 +209,6 @@ def record_fp32_runs(src: Path, cfg: QuantizeConfig, needed: bool = False) -> li
     """The FP32 trajectories fidelity (and auto's search, `needed`) replays; None when nothing asks."""
     if not (cfg.fidelity or cfg.targets.any() or needed):
         return None
-    from chattts_forge.calibration_data.corpus import load_corpus
 
     corpus, st = load_corpus(cfg.fidelity_corpus), cfg.fidelity_settings
     if cfg.fp32_runs is not None:
@@ -285,8 +288,8 @@ def write_decoder(src: Path, meta: ArtifactMeta, cfg: QuantizeConfig, out_dir: P
     before fidelity is measured (its mel is part of it); its options record, or None when kept FP32."""
     if cfg.decoder == DecoderWeights.FP32 or not meta.has_component(DECODER):
         return None
-    import onnx
 
+    # quantize.decoder loads onnxruntime.quantization: only for the Decoder
     from chattts_forge.quantize.decoder import quantize_decoder
 
     source = meta.component_file(src, DECODER)
@@ -308,8 +311,6 @@ def finish_meta(qmeta: ArtifactMeta, out: Path, out_dir: Path, quantizer: Compon
     """Fill the output's artifact.json: component records, `quantization` (the method's record),
     `fidelity`, stamps. `out` is the final folder (recorded paths are relative to it), `out_dir` the
     temporary one being written."""
-    from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
-
     method = quantizer.method
     meta = method.meta
     summaries = {}

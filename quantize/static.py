@@ -28,7 +28,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.quantize.artifact import matmul_nodes_with_const_weight
+from chattts_forge.quantize.graph_ops import matmul_nodes_with_const_weight
 
 log = get_logger(__name__)
 

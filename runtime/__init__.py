@@ -80,7 +80,7 @@ ChatTTS's own API (`Chat`, `Chat.InferCodeParams`, `infer`, ...) on an artifact:
 
 GPT engine: `Pipeline(..., engine="auto")` (default: fast when the artifact has gpt_fast.onnx, as
 `synth --engine auto`), "fast" (gpt_fast.onnx through `fast_gpt.FastGptStep`, in-place KV cache)
-or "plain" (gpt.onnx through `session.GptStep`). `choose_engine(artifact, engine)` is that choice
+or "plain" (gpt.onnx through `gpt_step.GptStep`). `choose_engine(artifact, engine)` is that choice
 (what `pipe.engine` holds), `open_gpt_step(artifact, engine)` a new step of it.
 
 Hooks for the stages built on the runtime (they need none of its private names):
@@ -123,14 +123,15 @@ Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runt
 
 from chattts_forge.runtime.audio import write_wav
 from chattts_forge.runtime.generation import ENGINES, Generation, check_engine, choose_engine, open_gpt_step
+from chattts_forge.runtime.gpt_step import GptStep, GptStepLike
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact, RunObserver
 from chattts_forge.runtime.params import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.pipeline import Pipeline, Result
-from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike, RunObserver
 from chattts_forge.runtime.stream_decode import StreamDecoder
 
 __all__ = [
     "ENGINES",
-    "Artifact",
+    "LoadedArtifact",
     "Generation",
     "GptStep",
     "GptStepLike",

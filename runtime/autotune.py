@@ -38,9 +38,12 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.artifact import FAST_GPT, ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import machine
+from chattts_forge.runtime.generation import open_gpt_step
 from chattts_forge.runtime.interleave import (
     Clock,
     Comparison,
@@ -48,7 +51,10 @@ from chattts_forge.runtime.interleave import (
     compare_interleaved,
     prefer_simpler,
 )
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
+from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.router import Bucket, bucket_build_ranking, bucket_passing, table_buckets
+from chattts_forge.runtime.timed_engine import decode_step_call
 
 log = get_logger(__name__)
 
@@ -126,8 +132,6 @@ def decode_call_at(step: Any, hidden_size: int, context: int, seed: int = 0) -> 
 
         return fused
     if hasattr(step, "past") and hasattr(step, "kv_heads"):
-        from chattts_forge.runtime.timed_engine import decode_step_call
-
         return decode_step_call(step, hidden_size, context, batch=1, seed=seed)
     raise ForgeError(f"cannot time a {type(step).__name__} at a fixed context")
 
@@ -144,24 +148,19 @@ class RuntimeSteps:
 
     def max_positions(self, folder: Path) -> int:
         """The model's positions, from artifact.json alone: a cache hit opens no variant."""
-        from chattts_forge.artifact import ArtifactMeta
-
         return int(ArtifactMeta.load(folder).require_dims().max_position_embeddings)
 
     def _open(self, folder: Path) -> tuple[Any, Any]:
         if folder not in self._opened:
-            from chattts_forge.runtime.generation import open_gpt_step
-            from chattts_forge.runtime.session import Artifact
-
             # Not saved (runtime.saved_sessions): a variant timed here may never be served on this host,
             # and FP32's saved GPT graph alone is 1.5 GB written at the first load.
-            artifact = Artifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
+            artifact = LoadedArtifact(folder, provider=self.provider, threads=self.threads, verify=self.verify,
                                 public_key=self.public_key, saved_sessions=False)
             self._opened[folder] = (artifact, open_gpt_step(artifact, self.engine))
         return self._opened[folder]
 
     def opened_artifact(self, folder: Path) -> Any:
-        """The `runtime.session.Artifact` measured for `folder` (its sessions open), or None."""
+        """The `runtime.loaded_artifact.LoadedArtifact` measured for `folder` (its sessions open), or None."""
         entry = self._opened.get(folder)
         return None if entry is None else entry[0]
 
@@ -178,11 +177,10 @@ class RuntimeSteps:
 
 def cache_key(table: dict[str, Any], contexts: dict[str, int], *, provider: str, threads: int | None,
               engine: str, bound: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    # onnxruntime: only once a session is made here; 0.06 s to import
     import onnxruntime as ort
 
-    from chattts_forge.runtime.machine import cpu_flags, cpu_model
-
-    return {"schema": AUTOTUNE_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+    return {"schema": AUTOTUNE_SCHEMA, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
             "onnxruntime": ort.__version__,
             "provider": provider, "threads": threads, "engine": engine, "bound": bound, "contexts": contexts,
             "manifests": {v: rec.get("manifest_sha256") for v, rec in sorted(table["variants"].items())},
@@ -216,9 +214,6 @@ def read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 def batchable(version_dir: Path, variants: list[str], provider: str = "cpu") -> list[str]:
     """Those of `variants` the continuous-batching scheduler runs (a fused GPT graph, on the CPU); all
     of them where none does (on CUDA every variant runs the plain graph, one request at a time)."""
-    from chattts_forge.artifact import FAST_GPT, ArtifactMeta
-    from chattts_forge.runtime.providers import resolve_provider
-
     if resolve_provider(provider) != "cpu":
         return variants
 

@@ -46,6 +46,7 @@ What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` n
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pybase16384 as b14
 
 from chattts_forge import chattts_defaults
 from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
@@ -350,6 +352,7 @@ class Chat:
                    "public_key": cfg.public_key}
         if cfg.variant is None and (version / ROUTING_NAME).is_file():
             # A Chat holds one variant for its life, so a cold autotune cache is measured at load, not later.
+            # (autotune, with timed_engine and timing: loaded only for a routed version)
             from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 
             autotune: bool | AutotuneSettings = autotune_default() if cfg.autotune is None else cfg.autotune
@@ -590,6 +593,7 @@ class _progress_bar:  # noqa: N801 - used as a context manager like tqdm
     def __init__(self, show: bool, total: int) -> None:
         self.bar = None
         if show:
+            # tqdm: only when progress is shown; 33 ms to import
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="code", unit="step", leave=False)
@@ -654,10 +658,6 @@ def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu
 
 def artifact_coef(pipe: Pipeline) -> str | None:
     """The artifact's DVAE coefficients as ChatTTS's `coef` string (pybase16384 of float32), if recorded."""
-    import json
-
-    import pybase16384 as b14
-
     path = pipe.artifact.file("dvae_coef")
     try:
         coef = json.loads(path.read_text(encoding="utf-8"))["dvae"]

@@ -29,6 +29,7 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, ArtifactMeta
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.autotune import user_cache_dir
 from chattts_forge.runtime.machine import cpu_flags, cpu_model
 
 log = get_logger(__name__)
@@ -46,6 +47,7 @@ def _graph_bytes(folder: Path, meta: ArtifactMeta, component: str) -> int:
 
 
 def _cache_value_bytes(graph: Path) -> int:
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -86,8 +88,6 @@ def measure_read_bandwidth(mb: int = BANDWIDTH_MB, repeats: int = BANDWIDTH_REPE
 def read_bandwidth(use_cache: bool = True, cache_dir: Path | None = None,
                    measure: Callable[[], dict[str, Any]] = measure_read_bandwidth) -> dict[str, Any]:
     """`measure()` (the numpy sum), cached per CPU model (see the module docstring)."""
-    from chattts_forge.runtime.autotune import user_cache_dir
-
     key = {"schema": BANDWIDTH_SCHEMA, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "mb": BANDWIDTH_MB,
            "repeats": BANDWIDTH_REPEATS}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]

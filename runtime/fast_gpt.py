@@ -1,6 +1,6 @@
 """The fast GPT step: the fused `gpt_fast.onnx` graph driven with an in-place key/value cache.
 
-`FastGptStep` is a drop-in replacement for `chattts_forge.runtime.session.GptStep` (same call
+`FastGptStep` is a drop-in replacement for `chattts_forge.runtime.gpt_step.GptStep` (same call
 contract: `reset(batch)`, `past_length`, `step(inputs_embeds, attention_mask, position_ids)` ->
 hidden states [B, S, hidden]). The graph (built by `chattts_forge.quantize.fast_gpt_graph`) uses
 onnxruntime's GroupQueryAttention with past/present buffer sharing: every layer's key and value
@@ -21,7 +21,7 @@ an additive bias (the finite float32 minimum, as transformers does) and rotary p
 Library use::
 
     from chattts_forge.runtime.fast_gpt import FastGptStep
-    step = FastGptStep.from_artifact(artifact)          # a runtime.session.Artifact with gpt_fast
+    step = FastGptStep.from_artifact(artifact)          # a runtime.loaded_artifact.LoadedArtifact with gpt_fast
     step.reset(batch)
     h = step(inputs_embeds, attention_mask, position_ids)   # [B, S, hidden]
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import BadInput, ForgeError
-from chattts_forge.runtime.session import discard_pages
+from chattts_forge.runtime.heap import discard_pages
 
 # transformers' additive mask value; finite so an all-masked (padding) query row stays finite.
 MASK_BIAS = np.float32(np.finfo(np.float32).min)
@@ -63,6 +63,7 @@ class FastGptStep:
         max_positions: int = 4096,
         capacity: int = DEFAULT_CAPACITY,
     ) -> None:
+        # onnxruntime: only once a session is made here; 0.06 s to import
         import onnxruntime as ort
 
         self._ort = ort
@@ -92,7 +93,7 @@ class FastGptStep:
 
     @classmethod
     def from_artifact(cls, artifact: Any, capacity: int = DEFAULT_CAPACITY) -> FastGptStep:
-        """Open the artifact's `gpt_fast` component (a `runtime.session.Artifact`)."""
+        """Open the artifact's `gpt_fast` component (a `runtime.loaded_artifact.LoadedArtifact`)."""
         dims = artifact.dims
         return cls(
             artifact.session(FAST_GPT),

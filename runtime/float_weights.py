@@ -24,6 +24,7 @@ _BITS = 8  # the Decoder's weight-only INT8 (quantize.decoder.BITS); other width
 
 
 def _attributes(node: Any) -> dict[str, Any]:
+    # onnx: only when a graph is read here; 1.2 s to import
     from onnx import helper
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -37,6 +38,7 @@ def _float_compute_int8(at: dict[str, Any]) -> bool:
 def _float_weight(node: Any, inits: dict[str, Any]) -> np.ndarray | None:
     """The float32 weight [K, N] a float-compute 8-bit MatMulNBits node multiplies by, or None where
     the node is not one this module unpacks."""
+    # onnx: only when a graph is read here; 1.2 s to import
     from onnx import numpy_helper
 
     at = _attributes(node)
@@ -58,6 +60,7 @@ def _float_weight(node: Any, inits: dict[str, Any]) -> np.ndarray | None:
 def float_matmuls(model: Any) -> int:
     """Replace, in place, every float-compute 8-bit MatMulNBits of `model` (an onnx ModelProto) by a
     MatMul with its dequantized float32 weight (and an Add of its bias); the nodes replaced."""
+    # onnx: only when a graph is read here; 1.2 s to import
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -90,6 +93,7 @@ def float_matmuls(model: Any) -> int:
 def has_float_compute_nbits(path: Path) -> bool:
     """Whether the graph at `path` holds a MatMulNBits that `float_matmuls` would replace (graph only,
     its external weights not read)."""
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -100,6 +104,7 @@ def float_decoder_bytes(path: Path) -> bytes | None:
     """The serialized graph at `path` with its float-compute INT8 MatMuls unpacked (external weights
     loaded from beside it), or None when it has none. Callers ask `has_float_compute_nbits` first (the
     graph alone), so the weights are read only for a graph that unpacks."""
+    # onnx: only when a graph is read here; 1.2 s to import
     import onnx
 
     model = onnx.load(str(path))

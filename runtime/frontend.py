@@ -210,6 +210,7 @@ class TextTokenizer:
     """The artifact's `tokenizer.json` through `tokenizers`, encoding like ChatTTS's `Tokenizer`."""
 
     def __init__(self, tokenizer_json: str | Path) -> None:
+        # tokenizers: only when a tokenizer is read; 6 ms to import
         from tokenizers import Tokenizer
 
         try:

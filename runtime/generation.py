@@ -24,8 +24,10 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.fast_gpt import FastGptStep
+from chattts_forge.runtime.gpt_step import GptStep, GptStepLike
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.sampling import Sampler, SamplingConfig, SeedGroups, process_logits
-from chattts_forge.runtime.session import Artifact, GptStep, GptStepLike
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.pipeline import Pipeline
@@ -97,7 +99,7 @@ def check_engine(engine: str) -> None:
         raise BadInput(f"unknown GPT engine '{engine}' (choose from: {', '.join(ENGINES)})")
 
 
-def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
+def choose_engine(artifact: LoadedArtifact, engine: str = "auto") -> str:
     """The GPT engine ("fast" or "plain") the runtime runs for `engine` (one of ENGINES) on `artifact`."""
     check_engine(engine)
     if engine == "fast" and not artifact.has_component(FAST_GPT):
@@ -108,13 +110,12 @@ def choose_engine(artifact: Artifact, engine: str = "auto") -> str:
     return "fast" if engine == "auto" and on_cpu and artifact.has_component(FAST_GPT) else "plain"
 
 
-def open_gpt_step(artifact: Artifact, engine: str = "auto") -> GptStepLike:
+def open_gpt_step(artifact: LoadedArtifact, engine: str = "auto") -> GptStepLike:
     """A new GPT step (its own KV cache) of `artifact` for `engine` (see `choose_engine`)."""
     if choose_engine(artifact, engine) == "fast":
-        from chattts_forge.runtime.fast_gpt import FastGptStep
-
         return FastGptStep.from_artifact(artifact)
     if artifact.provider == "cuda":
+        # device_gpt: CUDA only, never loaded on a CPU run
         from chattts_forge.runtime.device_gpt import DeviceGptStep
 
         return DeviceGptStep(artifact.session(GPT), artifact.dims, device="cuda")

@@ -18,7 +18,7 @@ The runtime's resident memory is the graphs it loads plus what one request batch
 
 `ACTIVATION_FACTOR` covers the copies and the onnxruntime arena's rounding of those activations.
 The runtime returns the free heap pages left by loading the graphs to the kernel
-(`runtime.session.release_free_heap`), so a request's allocations are not hidden in them.
+(`runtime.heap.release_free_heap`), so a request's allocations are not hidden in them.
 
 Library use::
 

@@ -31,8 +31,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.timing import BENCH_STEPS, BENCH_TEXT, current_rss_bytes, hwm_bytes, peak_rss_bytes
+from chattts_forge.runtime.timed_engine import OnnxEngine
+from chattts_forge.runtime.timing import (
+    BENCH_STEPS,
+    BENCH_TEXT,
+    Request,
+    current_rss_bytes,
+    hwm_bytes,
+    peak_rss_bytes,
+)
 
 log = get_logger(__name__)
 
@@ -124,9 +133,6 @@ def probe(artifact: str | os.PathLike[str], text: str = BENCH_TEXT, threads: int
           steps: int = BENCH_STEPS, batches: Sequence[int] = PROBE_BATCHES, provider: str = "cpu") -> dict[str, Any]:
     """The figures of `artifact` measured in this process (see module doc); meant for a fresh
     interpreter (`measure_memory`), where nothing else has used memory before it."""
-    from chattts_forge.runtime.timed_engine import OnnxEngine
-    from chattts_forge.runtime.timing import Request
-
     batches = sorted({int(b) for b in batches})
     t0 = time.perf_counter()
     with RssSampler() as rss:
@@ -229,7 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--batch values must be >= 1, --steps >= 2 and --threads >= 0")
     if not Path(a.artifact).is_dir():
         parser.error(f"artifact folder {a.artifact} does not exist")
-    from chattts_forge.errors import ForgeError
 
     try:
         out = probe(a.artifact, a.text, a.threads or None, a.steps, batches, a.provider)

@@ -145,6 +145,7 @@ def replay_params(knobs: dict[str, Any], num_vq: int) -> SynthParams:
     """The SynthParams of a request that a cache built with `knobs` serves (e.g. to replay its phrases
     under load). Refused with a one-line ForgeError: knobs that name a speaker or a sample only by
     hash (they cannot be rebuilt from the header), or knobs this runtime cannot rebuild."""
+    # a cycle at the top: runtime.pipeline leads back to this module
     from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 
     for name in ("speaker_sha256", "spk_smp_sha256", "txt_smp_sha256"):
@@ -506,6 +507,7 @@ class PipelineCache:
     @staticmethod
     def _row(pipe: Pipeline, phrase: CachedPhrase) -> Row:
         """A hit's Row: the stored codes, no hidden states (the code stage did not run), Vocos on the mel."""
+        # a cycle at the top: runtime.pipeline leads back to this module
         from chattts_forge.runtime.pipeline import Row
 
         wav = pipe.vocos(phrase.mel) if phrase.mel.shape[1] else np.zeros(0, np.float32)
@@ -606,6 +608,7 @@ def build_phrase_cache(
     `progress`: phrases done / total, rate and ETA (a bar on a terminal, log lines elsewhere; None
     decides by the terminal, False shows nothing). Returns a summary.
     """
+    # a cycle at the top: runtime.router leads back to this module
     from chattts_forge.runtime.router import ROUTING_NAME, Router
 
     check_cacheable(params)
@@ -617,6 +620,7 @@ def build_phrase_cache(
             raise ForgeError(f"the pipeline given runs {pipeline.artifact.path}, not {target}")
         single = pipeline
     elif router is None:
+        # a cycle at the top: runtime.pipeline leads back to this module
         from chattts_forge.runtime.pipeline import Pipeline
 
         single = Pipeline(target, **pipeline_kwargs)

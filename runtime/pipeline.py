@@ -56,6 +56,8 @@ from chattts_forge.runtime.generation import (  # noqa: F401 - re-exported: call
     open_gpt_step,
     position_ids,
 )
+from chattts_forge.runtime.gpt_step import GptStepLike
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.params import (  # noqa: F401 - re-exported: callers import them here
     MAX_PROMPT_CHARS,
     MAX_SEED,
@@ -69,7 +71,6 @@ from chattts_forge.runtime.params import (  # noqa: F401 - re-exported: callers 
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
 from chattts_forge.runtime.sampling import SamplingConfig
 from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
-from chattts_forge.runtime.session import Artifact, GptStepLike
 from chattts_forge.runtime.stream_decode import (
     StreamDecoder,
     StreamLookahead,
@@ -136,12 +137,12 @@ class Pipeline:
         """`verify`: how the artifact's files are checked before use (sha256 (default, cached), full,
         size, none: chattts_forge.integrity); `public_key`: the folder's model.sig must verify with it."""
         check_engine(engine)  # before opening the artifact: a typo is reported first
-        self._open(Artifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key),
+        self._open(LoadedArtifact(artifact_dir, provider=provider, threads=threads, verify=verify, public_key=public_key),
                    engine, cache)
 
     @classmethod
     def from_artifact(
-        cls, artifact: Artifact, engine: str = "auto", cache: PhraseCache | str | os.PathLike[str] | None = None
+        cls, artifact: LoadedArtifact, engine: str = "auto", cache: PhraseCache | str | os.PathLike[str] | None = None
     ) -> Pipeline:
         """A Pipeline over an artifact already open (its files checked, its sessions reused: the Router
         hands on what its autotune measured, so those sessions are opened once)."""
@@ -150,7 +151,7 @@ class Pipeline:
         pipe._open(artifact, engine, cache)
         return pipe
 
-    def _open(self, artifact: Artifact, engine: str, cache: PhraseCache | str | os.PathLike[str] | None) -> None:
+    def _open(self, artifact: LoadedArtifact, engine: str, cache: PhraseCache | str | os.PathLike[str] | None) -> None:
         self.artifact = artifact
         self.engine = choose_engine(self.artifact, engine)
         self.dims = self.artifact.dims

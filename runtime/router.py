@@ -37,7 +37,7 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +45,13 @@ from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
+from chattts_forge.runtime.pipeline import Pipeline, SynthParams
+from chattts_forge.runtime.textfront import TextFront
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.autotune import AutotuneSettings
-    from chattts_forge.runtime.phrase_cache import PhraseCache
-    from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
-    from chattts_forge.runtime.textfront import TextFront
+    from chattts_forge.runtime.pipeline import Result
 
 log = get_logger(__name__)
 
@@ -227,7 +228,6 @@ def routing_problems(table: Any, version_dir: Path) -> list[str]:
         expect = (b.max_chars or 0) + 1
     if buckets and buckets[-1].max_chars is not None:
         problems.append(f"{path}: the last bucket must have no upper end")
-    from chattts_forge.runtime.phrase_cache import payload_sha256
 
     passing = [(f"bucket {b['name']!r} (passing)", b["name"], v) for b in table["buckets"]
                for v in bucket_passing(b, fallback) if v != b["variant"]]
@@ -285,13 +285,14 @@ class Router:
         keep_measured: bool = False,
         **pipeline_kwargs: Any,
     ) -> None:
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
-        from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 
         self.path = Path(version_dir)
         if not self.path.is_dir():
             raise NotFound(f"version folder {self.path} does not exist")
         if pipeline_kwargs.get("public_key") is not None:  # the version's own files: routing.json, phrase cache
+            # signing: only with a public key; 3.6 ms to import
             from chattts_forge.signing import verify_folder
 
             verify_folder(self.path, pipeline_kwargs["public_key"])
@@ -354,6 +355,7 @@ class Router:
         return {"provider": kw.get("provider", "cpu"), "threads": kw.get("threads"), "engine": kw.get("engine", "auto")}
 
     def _runtime_steps(self) -> Any:
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime.autotune import RuntimeSteps
 
         kw = self.pipeline_kwargs
@@ -369,8 +371,7 @@ class Router:
         """This host's measurement that the first load deferred (every passing variant of each ranked
         bucket opened, timed and dropped; the record cached as a measuring load would), not yet applied:
         `apply_routes(record)` does. None when nothing is pending (or another call is measuring)."""
-        from dataclasses import replace
-
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
 
         if not self.tune_pending or self._settings is None or not self._tune_lock.acquire(blocking=False):
@@ -388,8 +389,8 @@ class Router:
 
     def apply_routes(self, record: dict[str, Any]) -> None:
         """Route by `record` (a measurement's) from now on; logs one line per bucket."""
+        # a cycle at the top: runtime.autotune leads back to this module
         from chattts_forge.runtime import autotune as tuning
-        from chattts_forge.runtime.phrase_cache import payload_sha256
 
         routes = {name: b["variant"] for name, b in record["buckets"].items()}
         if self.cache is not None:
@@ -419,8 +420,6 @@ class Router:
     def pipeline(self, variant: str) -> Pipeline:
         """The variant's Pipeline, opened on first use."""
         if variant not in self._pipes:
-            from chattts_forge.runtime.pipeline import Pipeline
-
             cache = self.cache if variant in self._cached_variants else None
             measured = self._measured.pop(variant, None)
             if measured is not None:
@@ -451,15 +450,11 @@ class Router:
             if variant in self._pipes or self.pipeline_kwargs.get("public_key") is not None:
                 self._front = self.pipeline(variant).text
             else:
-                from chattts_forge.runtime.textfront import TextFront
-
                 self._front = TextFront.open(self.path / variant, self.pipeline_kwargs.get("verify", "sha256"))
         return self._front
 
     def route(self, text: str, params: SynthParams | None = None) -> tuple[str, Bucket, int]:
         """(variant, bucket, length) for one input text."""
-        from chattts_forge.runtime.pipeline import SynthParams
-
         length = text_length(self.front.normalize(text, params or SynthParams()))
         bucket = bucket_of(length, self.buckets)
         return self.override or self.routes[bucket.name], bucket, length

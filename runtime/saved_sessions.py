@@ -20,7 +20,7 @@ verified-hash cache gives a stat key. The folder is `$XDG_CACHE_HOME/chattts-for
 A saved entry costs disk (the graph's weights plus their packed copy: ~380 MB for the full INT8 GPT,
 ~1.5 GB for FP32). The runtime saves the sessions of published variant folders (what it serves), not
 those of the build's intermediate artifacts; `CHATTTS_FORGE_SAVED_SESSIONS=0` (or
-`Artifact(saved_sessions=False)`) turns it off, `Artifact(saved_sessions=True)` on for any folder.
+`LoadedArtifact(saved_sessions=False)`) turns it off, `LoadedArtifact(saved_sessions=True)` on for any folder.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import stat_key, user_cache_dir
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import machine
 
 log = get_logger(__name__)
 
@@ -58,12 +59,11 @@ def saved_sessions_default() -> bool:
 
 def saved_key(graph_sha256: str, data_sha256: str | None, options: dict[str, Any]) -> dict[str, Any]:
     """What a saved graph depends on: the source graph's bytes, onnxruntime, the CPU, the options."""
+    # onnxruntime: only once a session is made here; 0.06 s to import
     import onnxruntime as ort
 
-    from chattts_forge.runtime.machine import cpu_flags, cpu_model
-
     return {"schema": SAVED_SCHEMA, "graph_sha256": graph_sha256, "data_sha256": data_sha256,
-            "onnxruntime": ort.__version__, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+            "onnxruntime": ort.__version__, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
             "options": dict(sorted(options.items()))}
 
 

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
+from chattts_forge.runtime.params import InferCodeParams, SynthParams
+from chattts_forge.runtime.pipeline import Pipeline
 from chattts_forge.runtime.stream_decode import MIN_LOOKAHEAD_FRAMES, StreamDecoder
 
 if TYPE_CHECKING:
     from chattts_forge.artifact import ArtifactMeta
-    from chattts_forge.runtime.pipeline import Pipeline
 
 log = get_logger(__name__)
 
@@ -101,8 +103,6 @@ def measure_lookahead(
     stream_batch: int | None = None,
 ) -> dict[str, Any]:
     """artifact.json's `streaming` section for the artifact `pipe` runs (see the module docstring)."""
-    from chattts_forge.runtime.params import InferCodeParams, SynthParams
-
     exact = pipe.decoder_radius + pipe.vocos_radius
     tried = sorted({c for c in candidates if MIN_LOOKAHEAD_FRAMES <= c < exact} | {exact})
     worst: dict[int, float | None] = dict.fromkeys(tried)
@@ -139,8 +139,5 @@ def measure_artifact(folder: str | os.PathLike[str], meta: ArtifactMeta, *, thre
     """The `streaming` record of the artifact being written in `folder`, whose artifact.json is `meta`
     (in memory: the stage writes it once, with this record). Files are only checked to exist: the stage
     has just written them."""
-    from chattts_forge.runtime.pipeline import Pipeline
-    from chattts_forge.runtime.session import Artifact
-
-    artifact = Artifact(folder, threads=threads, verify="none", meta=meta, saved_sessions=False)
+    artifact = LoadedArtifact(folder, threads=threads, verify="none", meta=meta, saved_sessions=False)
     return measure_lookahead(Pipeline.from_artifact(artifact), threshold_db=threshold_db)

@@ -12,16 +12,18 @@ here, so a library caller gets the same one-line errors and the same files.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import numpy as np
+import soundfile as sf
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
@@ -30,12 +32,13 @@ from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.options import option
+from chattts_forge.runtime.audio import check_sample_format, pcm16_wav_header, read_wav, to_int16, write_wav
+from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars, speaker_vector
+from chattts_forge.runtime.phrase_cache import build_phrase_cache
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
+from chattts_forge.runtime.router import ROUTING_NAME, Router
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.pipeline import Pipeline, SynthParams
-    from chattts_forge.runtime.router import Router
-    from chattts_forge.runtime.textfront import TextFront
+from chattts_forge.runtime.textfront import TextFront
 
 log = get_logger(__name__)
 
@@ -178,10 +181,6 @@ class NormalizeConfig:
 
 def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
     """(the segments the model receives for `cfg`'s text, the characters removed as unspeakable)."""
-    from chattts_forge.runtime.pipeline import SynthParams
-    from chattts_forge.runtime.router import ROUTING_NAME, Router
-    from chattts_forge.runtime.textfront import TextFront
-
     if (cfg.text is None) == (cfg.file is None):
         raise BadInput("give exactly one of --text or --file")
     if cfg.file is not None:
@@ -226,8 +225,6 @@ def resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
         return pipe.random_speaker(seed)
     p = Path(value)
     if len(value) < 256 and p.is_file():
-        from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars
-
         limit = 4 * max_encoded_chars(2 * DEFAULT_MAX_SPEAKER_VALUES)  # bytes of UTF-8: 3 a character + room
         if p.stat().st_size > limit:
             raise BadInput(f"--speaker file {p} has {p.stat().st_size} bytes; a speaker string is far shorter")
@@ -235,7 +232,6 @@ def resolve_speaker(speaker: str | None, seed: int | None, pipe) -> str | None:
             value = p.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as e:
             raise BadInput(f"--speaker file {p} is not a readable UTF-8 text file ({type(e).__name__})") from None
-    from chattts_forge.runtime.frontend import speaker_vector
 
     speaker_vector(value, pipe.dims.hidden_size)  # validates: one-line ForgeError if malformed
     return value
@@ -252,8 +248,6 @@ def output_paths(out: Path, count: int, suffix: str) -> list[Path]:
 
 
 def write_codes(path: Path, codes: np.ndarray) -> None:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, np.asarray(codes, dtype=np.int64))
     atomic_write_bytes(path, buf.getvalue())
@@ -264,10 +258,6 @@ class StreamingWav:
     commit. 16-bit samples are quantized as the server's (`to_int16`), so both write the same samples."""
 
     def __init__(self, path: Path, sample_rate: int, sample_format: str = "float32") -> None:
-        import soundfile as sf
-
-        from chattts_forge.runtime.audio import check_sample_format, pcm16_wav_header
-
         self.path = path
         self.sample_format = check_sample_format(sample_format)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,8 +272,6 @@ class StreamingWav:
         self.samples = 0
 
     def write(self, chunk: np.ndarray) -> None:
-        from chattts_forge.runtime.audio import to_int16
-
         if len(chunk):
             if self.sample_format == "pcm16":
                 self.f.write(to_int16(chunk).tobytes())
@@ -292,8 +280,6 @@ class StreamingWav:
             self.samples += len(chunk)
 
     def commit(self) -> None:
-        from chattts_forge.runtime.audio import pcm16_wav_header
-
         if self.sample_format == "pcm16":
             self.f.seek(0)
             self.f.write(pcm16_wav_header(self.sample_rate, 2 * self.samples))
@@ -328,9 +314,6 @@ def _check_texts(cfg: SynthConfig) -> list[str]:
 def open_target(cfg: SynthConfig) -> tuple[Router | None, Pipeline | None]:
     """A version folder's Router (with the pipeline of `--variant`, else None: each variant opens on its
     first text), or one artifact's Pipeline."""
-    from chattts_forge.runtime.pipeline import Pipeline
-    from chattts_forge.runtime.router import ROUTING_NAME, Router
-
     if cfg.cache_path is not None and cfg.stream:
         raise BadInput("--cache serves whole waveforms; it cannot be combined with --stream")
     runtime = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine, "verify": cfg.verify,
@@ -353,13 +336,9 @@ def synth_params(cfg: SynthConfig, front: TextFront | Pipeline,
     """The runtime's `SynthParams` for `cfg`, and the speaker string it uses (for --speaker-out:
     --speaker's, else the spk_smp string made from --speaker-audio). `front` draws and checks speaker
     strings; `voice_pipe()` is the pipeline whose DVAE encoder reads --speaker-audio (opened only then)."""
-    from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
-
     spk = resolve_speaker(cfg.speaker, cfg.seed, front)
     spk_smp = None
     if cfg.speaker_audio is not None:
-        from chattts_forge.runtime.audio import read_wav
-
         pipe = voice_pipe()
         spk_smp = pipe.sample_audio_speaker(read_wav(cfg.speaker_audio, pipe.sample_rate, "--speaker-audio",
                                                      max_samples=pipe.max_recording_samples()))
@@ -460,9 +439,6 @@ def _stream_to_files(cfg: SynthConfig, pipe: Pipeline, texts: list[str], params:
 def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, texts: list[str],
                          params: SynthParams, wav_paths: list[Path], code_paths: list[Path] | None,
                          load_s: float) -> None:
-    from chattts_forge.runtime.audio import write_wav
-    from chattts_forge.runtime.router import Router
-
     t1 = time.perf_counter()
     results = []
     for start in range(0, len(texts), cfg.batch_size):
@@ -493,10 +469,6 @@ def _synthesize_to_files(cfg: SynthConfig, target: Router | Pipeline, texts: lis
 
 def warm_phrase_cache(cfg: WarmConfig) -> dict[str, Any]:
     """`chattts-forge warm`: pre-synthesize `cfg.phrases` into the phrase cache `cfg.out`; its summary."""
-    from chattts_forge.runtime.phrase_cache import build_phrase_cache
-    from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
-    from chattts_forge.runtime.router import ROUTING_NAME, Router
-
     t0 = time.perf_counter()
     kwargs = {"provider": cfg.provider, "threads": cfg.threads, "engine": cfg.engine}
     artifact = cfg.artifact

@@ -57,6 +57,7 @@ def stage_factors(speed: float) -> list[float]:
 
 def _import_av() -> Any:
     try:
+        # av (PyAV): only for a speed change; 88 ms to import
         import av
         import av.filter
     except ModuleNotFoundError:

@@ -86,7 +86,7 @@ class TextFront:
     @classmethod
     def open(cls, folder: str | os.PathLike[str], verify: str = "sha256") -> TextFront:
         """The front end of `folder`, its FRONT_FILES checked against their records (`verify` mode,
-        as `Artifact`'s) and nothing else read: no graph is hashed or loaded."""
+        as `LoadedArtifact`'s) and nothing else read: no graph is hashed or loaded."""
         path = Path(folder).expanduser()
         meta = ArtifactMeta.load(path)
         verify = check_verify_mode(verify)
@@ -205,6 +205,7 @@ def _removed_note(removed: str) -> str:
 
 def _params(params: SynthParams | None) -> SynthParams:
     if params is None:
+        # a cycle at the top: runtime.pipeline leads back to this module
         from chattts_forge.runtime.pipeline import SynthParams
 
         return SynthParams()

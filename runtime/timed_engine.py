@@ -16,6 +16,7 @@ import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import quiet_logger
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 from chattts_forge.runtime.timing import Request, RunFigures, first_audio_seconds
 
 
@@ -55,8 +56,6 @@ class OnnxEngine:
         stream_lookahead: int | str | None = None,
         provider: str = "cpu",
     ) -> None:
-        from chattts_forge.runtime import Pipeline
-
         t0 = time.perf_counter()
         self.pipe = Pipeline(artifact, provider=provider, threads=threads, engine=engine)
         self.timed = TimedGpt(self.pipe.gpt)  # opens the GPT session: part of loading
@@ -74,8 +73,6 @@ class OnnxEngine:
         return self.timed.inner
 
     def _params(self, request: Request) -> Any:
-        from chattts_forge.runtime import InferCodeParams, SynthParams
-
         spk = None if request.speaker_seed is None else self.pipe.random_speaker(request.speaker_seed)
         return SynthParams(code=InferCodeParams(
             spk_emb=spk, max_new_token=request.max_new_token, min_new_token=request.min_new_token,

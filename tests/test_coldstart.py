@@ -2,13 +2,15 @@
 
 A routed version opens no FP32 artifact unless a bucket routes to it or it is asked for; text
 normalisation and length routing open no model session; a variant's files are checked and its
-sessions loaded on its first text. Every onnxruntime session and every `Artifact` the runtime
+sessions loaded on its first text. Every onnxruntime session and every `LoadedArtifact` the runtime
 makes is recorded (`opened`), so the tests check what is opened when, never how long it takes.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,8 +22,8 @@ from stand_in_report import publish_stand_in_version
 
 from chattts_forge.cli import main
 from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.router import Router
-from chattts_forge.runtime.session import Artifact
 
 STEPS = 12
 SHORT = "请稍等"
@@ -33,8 +35,8 @@ def params() -> SynthParams:
 
 
 class Opened:
-    """The variant folders (their names) each Artifact and each session was made for, and every
-    onnxruntime session made at all (a session made outside an Artifact would show as a surplus)."""
+    """The variant folders (their names) each LoadedArtifact and each session was made for, and every
+    onnxruntime session made at all (a session made outside a LoadedArtifact would show as a surplus)."""
 
     def __init__(self) -> None:
         self.artifacts: list[str] = []
@@ -49,7 +51,7 @@ class Opened:
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
     seen = Opened()
-    real_session, real_init, real_create = ort.InferenceSession, Artifact.__init__, Artifact._create_session
+    real_session, real_init, real_create = ort.InferenceSession, LoadedArtifact.__init__, LoadedArtifact._create_session
 
     def session(*args, **kwargs):
         seen.onnxruntime_sessions += 1
@@ -64,8 +66,8 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
         return real_create(self, name, *args, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", session)
-    monkeypatch.setattr(Artifact, "__init__", init)
-    monkeypatch.setattr(Artifact, "_create_session", create)
+    monkeypatch.setattr(LoadedArtifact, "__init__", init)
+    monkeypatch.setattr(LoadedArtifact, "_create_session", create)
     return seen
 
 
@@ -210,7 +212,7 @@ def test_saved_session_key_and_invalidation(tiny_artifacts, tmp_path, monkeypatc
     saved = SavedSessions(tmp_path / "sessions")
 
     def source() -> str:
-        artifact = Artifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
+        artifact = LoadedArtifact(tiny_artifacts["fp32"], threads=1, saved_sessions=saved)
         artifact.session("vocos")
         return artifact.session_sources["vocos"]
 
@@ -383,3 +385,29 @@ def test_serve_measures_after_its_first_reply_and_opens_a_moved_route_first(fp16
         assert version._tune_thread is first  # measured once
     finally:
         version.close()
+
+
+# Packages the runtime imports only inside the functions that use them (each with its import cost in a
+# comment there): starting a command, or its --help, must not load them.
+DEFERRED_PACKAGES = frozenset({"onnxruntime", "onnx", "torch", "ChatTTS", "transformers", "wetext", "kaldifst",
+                               "model_signing", "cryptography", "psutil", "tqdm", "av", "ray", "tokenizers"})
+
+
+def _imported_packages(module: str) -> set[str]:
+    """The top-level packages a fresh interpreter holds after importing `module`."""
+    code = f"import sys, {module}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return {name.split(".")[0] for name in out.split()}
+
+
+@pytest.mark.parametrize("module", ["chattts_forge.cli", "chattts_forge.runtime.cli", "chattts_forge.runtime.synth",
+                                    "chattts_forge.runtime.router", "chattts_forge.runtime.loaded_artifact"])
+def test_starting_a_command_loads_no_deferred_package(module: str) -> None:
+    loaded = _imported_packages(module) & DEFERRED_PACKAGES
+    assert not loaded, f"importing {module} loads {sorted(loaded)}: keep those imports inside their functions"
+
+
+def test_the_command_line_help_loads_no_stage() -> None:
+    """`chattts-forge --help` loads each stage lazily, by name: not even numpy."""
+    packages = _imported_packages("chattts_forge.cli")
+    assert "numpy" not in packages and "chattts_forge" in packages

@@ -99,9 +99,9 @@ def test_fast_graph_is_fused_and_recorded(fast_artifact: Path) -> None:
     assert rec["opset"] == 23
     onnx.checker.check_model(str(fast_artifact / "gpt_fast.onnx"), full_check=True)
     # the runtime opens it with its own checks (size + sha256 of artifact.json)
-    from chattts_forge.runtime.session import Artifact
+    from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
-    art = Artifact(fast_artifact, threads=1)
+    art = LoadedArtifact(fast_artifact, threads=1)
     step = FastGptStep.from_artifact(art)
     step.reset(2)
     assert step.past_length == 0
@@ -205,9 +205,9 @@ def test_runtime_logits_identical_with_fast_step(fast_artifact: Path) -> None:
 
 def test_thread_policy_per_component(fast_artifact: Path) -> None:
     """GPT graphs get every thread, the tiny per-step graphs one, the decoders no spinning workers."""
-    from chattts_forge.runtime.session import Artifact
+    from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
-    art = Artifact(fast_artifact, threads=2)
+    art = LoadedArtifact(fast_artifact, threads=2)
     opts = {name: art.session(name).get_session_options() for name in ("embed", "head_code", "gpt_fast", "gpt", "vocos")}
     assert opts["gpt_fast"].intra_op_num_threads == 2 and opts["gpt"].intra_op_num_threads == 2
     assert opts["embed"].intra_op_num_threads == 1 and opts["head_code"].intra_op_num_threads == 1

@@ -14,7 +14,7 @@ import pytest
 from chattts_forge.artifact import DECODER
 from chattts_forge.quantize.decoder import quantize_decoder
 from chattts_forge.runtime.float_weights import float_decoder_bytes, float_matmuls, has_float_compute_nbits
-from chattts_forge.runtime.session import Artifact
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
 
 def _session(graph: str | bytes) -> ort.InferenceSession:
@@ -65,11 +65,11 @@ def test_int8_compute_nodes_stay_packed(packed):
 
 
 def test_a_quantized_artifacts_decoder_session_is_the_unpacked_graph(tiny_kv8, tiny_artifacts):
-    art = Artifact(tiny_kv8, threads=1, saved_sessions=False)
+    art = LoadedArtifact(tiny_kv8, threads=1, saved_sessions=False)
     assert art._unpacks(DECODER)
     graph = float_decoder_bytes(tiny_kv8 / "decoder.onnx")
     assert graph is not None
     x = np.random.default_rng(1).standard_normal((1, art.dims.hidden_size, 9)).astype(np.float32)
     np.testing.assert_array_equal(art.session(DECODER).run(None, {"hidden_states": x})[0], _decode(_session(graph), x))
-    fp32 = Artifact(tiny_artifacts["fp32"], threads=1, saved_sessions=False)
+    fp32 = LoadedArtifact(tiny_artifacts["fp32"], threads=1, saved_sessions=False)
     assert not fp32._unpacks(DECODER) and float_decoder_bytes(tiny_artifacts["fp32"] / "decoder.onnx") is None

@@ -132,7 +132,7 @@ def test_store_is_idempotent_and_converts_an_inline_folder(tiny_artifacts, tmp_p
 
 
 def test_runtime_checks_the_external_data_file(tiny_artifacts, tmp_path: Path):
-    from chattts_forge.runtime.session import Artifact
+    from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
     folder = tmp_path / "a"
     shutil.copytree(tiny_artifacts["fp32"], folder)
@@ -141,13 +141,13 @@ def test_runtime_checks_the_external_data_file(tiny_artifacts, tmp_path: Path):
     blob[-1] ^= 0xFF  # same size, different bytes: only the sha256 can tell (tiny: cheap to hash)
     data.write_bytes(bytes(blob))
     with pytest.raises(ForgeError, match="embed.onnx.data does not match its sha256"):
-        Artifact(folder).check_component("embed")
+        LoadedArtifact(folder).check_component("embed")
     data.write_bytes(bytes(blob[:-8]))
     with pytest.raises(ForgeError, match="embed.onnx.data has .* bytes, artifact.json says"):
-        Artifact(folder).check_component("embed")
+        LoadedArtifact(folder).check_component("embed")
     data.unlink()
     with pytest.raises(ForgeError, match=r"embed.onnx.data \(component 'embed'\) is missing"):
-        Artifact(folder).check_component("embed")
+        LoadedArtifact(folder).check_component("embed")
     # The record is what the runtime reads: artifact.json names the data file.
     assert json.loads((folder / "artifact.json").read_text())["components"]["embed"]["external_data"]["file"] == (
         "embed.onnx.data")

@@ -216,7 +216,7 @@ def test_every_installed_package_has_a_layer() -> None:
 
 def test_imports_run_one_way() -> None:
     modules = installed_modules()
-    assert "chattts_forge.runtime.session" in modules and "chattts_forge.quantize.fidelity" in modules
+    assert "chattts_forge.runtime.loaded_artifact" in modules and "chattts_forge.quantize.fidelity" in modules
     known = set(modules)
     found = [
         str(up)
@@ -230,7 +230,7 @@ def test_imports_run_one_way() -> None:
     ("module", "source", "expected"),
     [
         # a function-local absolute import from the runtime into quantize
-        ("chattts_forge.runtime.session", "def f():\n    from chattts_forge.quantize import dynamic\n",
+        ("chattts_forge.runtime.loaded_artifact", "def f():\n    from chattts_forge.quantize import dynamic\n",
          [(2, "chattts_forge.quantize.dynamic", "quantize")]),
         # the old cycle: quantize importing convert
         ("chattts_forge.quantize.x", "import chattts_forge.convert.export\n",
@@ -261,3 +261,15 @@ def test_checker_finds_upward_imports(module: str, source: str, expected: list[t
 def test_import_time_imports_skip_function_bodies() -> None:
     source = "import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\ndef f():\n    import torchaudio\n"
     assert import_time_imports(source) == [(1, "numpy"), (3, "torch")]
+
+
+def test_artifact_names_one_thing() -> None:
+    """One name per concept: `artifact` is the contract module (artifact.json as `ArtifactMeta`); a folder
+    opened for inference is `runtime.loaded_artifact.LoadedArtifact`; no class is named plain `Artifact`."""
+    modules = installed_modules()
+    named_artifact = sorted(name for name in modules if name.rsplit(".", 1)[-1] == "artifact")
+    assert named_artifact == ["chattts_forge.artifact"]
+    plain = [f"{m.path}:{node.lineno}" for m in modules.values()
+             for node in ast.walk(ast.parse(m.path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and node.name == "Artifact"]
+    assert not plain, f"classes named Artifact: {plain}"

@@ -16,7 +16,7 @@ from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.integrity import CACHE_FILE, VerifiedHashCache, check_files, expected_files, user_cache_dir
-from chattts_forge.runtime.session import Artifact
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def test_a_flipped_byte_in_any_file_kind_is_refused(tiny_artifacts: dict[str, Pa
             "dvae coefficients": "dvae_coef.json", "unused graph": "dvae_encoder.onnx"}[kind]
     flip(folder / name)
     with pytest.raises(ForgeError, match=rf"{folder / name} does not match its sha256 in artifact.json"):
-        Artifact(folder)
-    Artifact(folder, verify="size")  # the explicit opt-out loads it (same size)
+        LoadedArtifact(folder)
+    LoadedArtifact(folder, verify="size")  # the explicit opt-out loads it (same size)
 
 
 def test_synth_refuses_a_changed_tokenizer_in_one_line_without_audio(tiny_artifacts: dict[str, Path],
@@ -97,25 +97,25 @@ def test_published_folder_every_file_checked(published: Path, tmp_path: Path) ->
         # A byte in the middle of the JSON files is a value (created_at, a figure), so it still parses.
         flip(folder / name)
         with pytest.raises(ForgeError, match=str(folder / ("SHA256SUMS" if name == "SHA256SUMS" else name))):
-            Artifact(folder)
-    Artifact(published)
+            LoadedArtifact(folder)
+    LoadedArtifact(published)
 
 
 def test_signature_checked_with_a_public_key(published: Path, tmp_path: Path) -> None:
     pub = published.parent.parent.parent / "signing-key.pub"
-    art = Artifact(published, public_key=pub)
+    art = LoadedArtifact(published, public_key=pub)
     assert art.verification.hashed == [] or art.verification.cached  # hashed once, then from the cache
     folder = copy_of(published, tmp_path)
     (folder / "notes.txt").write_text("added after signing")
-    Artifact(folder)  # the records say nothing of an extra file; the signature does
+    LoadedArtifact(folder)  # the records say nothing of an extra file; the signature does
     with pytest.raises(ForgeError, match=r"notes.txt: not part of what was signed"):
-        Artifact(folder, public_key=pub)
+        LoadedArtifact(folder, public_key=pub)
     (folder / "notes.txt").unlink()
     (folder / "model.sig").unlink()
     with pytest.raises(ForgeError, match=r"model.sig: missing"):
-        Artifact(folder, public_key=pub)
+        LoadedArtifact(folder, public_key=pub)
     with pytest.raises(ForgeError, match="cannot be combined with verify='size'"):
-        Artifact(published, public_key=pub, verify="size")
+        LoadedArtifact(published, public_key=pub, verify="size")
     from chattts_forge.runtime.pipeline import Pipeline
 
     assert Pipeline(published, public_key=pub).artifact.public_key == pub
@@ -144,22 +144,22 @@ def test_second_load_is_vouched_for_by_the_cache(tiny_artifacts: dict[str, Path]
     real = integrity.sha256_file
     monkeypatch.setattr(integrity, "sha256_file", lambda path, *a, **k: (hashed.append(path.name), real(path, *a, **k))[1])
     folder = copy_of(tiny_artifacts["fp32"], tmp_path)
-    first = Artifact(folder).verification
+    first = LoadedArtifact(folder).verification
     files = set(first.files)
     assert set(first.hashed) == files and not first.cached and set(hashed) == files
     hashed.clear()
-    second = Artifact(folder).verification
+    second = LoadedArtifact(folder).verification
     assert hashed == [] and second.hashed == [] and set(second.cached) == files
     # A rewritten file (same bytes, new inode) is hashed again; the others stay vouched for.
     tok = folder / "tokenizer.json"
     data = tok.read_bytes()
     tok.unlink()
     tok.write_bytes(data)
-    third = Artifact(folder).verification
+    third = LoadedArtifact(folder).verification
     assert hashed == ["tokenizer.json"] and third.hashed == ["tokenizer.json"]
     # verify="full" never trusts the cache.
     hashed.clear()
-    assert set(Artifact(folder, verify="full").verification.hashed) == files and set(hashed) == files
+    assert set(LoadedArtifact(folder, verify="full").verification.hashed) == files and set(hashed) == files
 
 
 def test_cache_keyed_by_identity_and_expected_hash(tmp_path: Path) -> None:
@@ -183,10 +183,10 @@ def test_corrupt_cache_is_ignored_and_rewritten(tiny_artifacts: dict[str, Path],
     for junk in (b"\xff\xfe not json", b'{"schema": "other", "entries": {}}', b'{"schema": 1', b"[]"):
         path.write_bytes(junk)
         folder = tiny_artifacts["fp32"]
-        assert Artifact(folder).verification.hashed  # nothing trusted from a broken cache
+        assert LoadedArtifact(folder).verification.hashed  # nothing trusted from a broken cache
         doc = json.loads(path.read_text())
         assert doc["schema"] == "chattts-forge/verified-sha256/1" and len(doc["entries"]) >= len(
-            Artifact(folder).verification.cached)
+            LoadedArtifact(folder).verification.cached)
 
 
 def test_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,16 +214,16 @@ def test_unrecorded_files_need_the_opt_out(tiny_artifacts: dict[str, Path], tmp_
     doc["files"] = {k: v["file"] for k, v in doc["files"].items()}
     (folder / "artifact.json").write_text(json.dumps(doc, indent=2))
     with pytest.raises(ForgeError, match=r"(dvae_coef|homophones_map|speaker_stats|tokenizer)\.(json|npy): no sha256 is recorded.*verify=.size."):
-        Artifact(folder)
-    assert Artifact(folder, verify="size").meta.support_file("tokenizer") == "tokenizer.json"
+        LoadedArtifact(folder)
+    assert LoadedArtifact(folder, verify="size").meta.support_file("tokenizer") == "tokenizer.json"
 
 
 def test_verify_modes(tiny_artifacts: dict[str, Path]) -> None:
     folder = tiny_artifacts["fp32"]
-    assert Artifact(folder, verify="cheap").verify_mode == "sha256"  # the old default's name
-    assert Artifact(folder, verify="none").verification.hashed == []
+    assert LoadedArtifact(folder, verify="cheap").verify_mode == "sha256"  # the old default's name
+    assert LoadedArtifact(folder, verify="none").verification.hashed == []
     with pytest.raises(ForgeError, match="unknown verify mode 'fast'"):
-        Artifact(folder, verify="fast")
+        LoadedArtifact(folder, verify="fast")
 
 
 def test_quantize_keeps_one_record_shape(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
@@ -236,8 +236,8 @@ def test_quantize_keeps_one_record_shape(tiny_artifacts: dict[str, Path], tmp_pa
                                                                    threads=1))
     src, meta = ArtifactMeta.load(fp32), ArtifactMeta.load(out)
     assert meta.files == src.files
-    report = Artifact(out).verification
+    report = LoadedArtifact(out).verification
     assert set(report.files) == {p.name for p in out.iterdir()} - {"artifact.json"}
     flip(out / "gpt_fast.onnx.data")
     with pytest.raises(ForgeError, match="gpt_fast.onnx.data does not match its sha256"):
-        Artifact(out)
+        LoadedArtifact(out)

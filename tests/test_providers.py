@@ -22,8 +22,9 @@ from click.testing import CliRunner
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime import providers
 from chattts_forge.runtime.device_gpt import DeviceGptStep
+from chattts_forge.runtime.gpt_step import GptStep
+from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
-from chattts_forge.runtime.session import Artifact, GptStep
 
 TEXTS = ["你好，欢迎光临。", "Hello, how can I help you today?", "请稍等 one moment please."]
 # Where `make env` puts the CPU build of the onnxruntime release that onnxruntime-gpu pins.
@@ -93,7 +94,7 @@ def test_synth_cli_provider_choice(tiny_artifacts: dict[str, Path], tmp_path: Pa
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])
 def test_device_gpt_step_equals_host_step(tiny_artifacts: dict[str, Path], variant: str) -> None:
     """The IO-bound step (cache kept as OrtValues on the device) computes what GptStep computes."""
-    art = Artifact(tiny_artifacts[variant], threads=1)
+    art = LoadedArtifact(tiny_artifacts[variant], threads=1)
     dims = art.dims
     host, bound = GptStep(art.session("gpt"), dims), DeviceGptStep(art.session("gpt"), dims, device="cpu")
     rng = np.random.default_rng(0)
@@ -114,7 +115,7 @@ def test_device_gpt_step_equals_host_step(tiny_artifacts: dict[str, Path], varia
 
 
 def test_device_gpt_step_needs_reset(tiny_artifacts: dict[str, Path]) -> None:
-    art = Artifact(tiny_artifacts["fp32"], threads=1)
+    art = LoadedArtifact(tiny_artifacts["fp32"], threads=1)
     step = DeviceGptStep(art.session("gpt"), art.dims, device="cpu")
     with pytest.raises(ForgeError, match="reset"):
         step(np.zeros((1, 1, art.dims.hidden_size), np.float32), np.ones((1, 1), np.int64), np.zeros((1, 1), np.int64))

@@ -199,7 +199,7 @@ def test_a_published_source_leaves_what_publish_added_behind(tiny_artifacts, tmp
     that folder, so the quantized artifact does not carry them (the runtime would refuse the stale
     manifest, publish the reserved names)."""
     from chattts_forge.integrity import PUBLISHED_NAMES
-    from chattts_forge.runtime import Artifact
+    from chattts_forge.runtime import LoadedArtifact
 
     src = tmp_path / "published-fp32"
     shutil.copytree(tiny_artifacts["fp32"], src)
@@ -207,7 +207,7 @@ def test_a_published_source_leaves_what_publish_added_behind(tiny_artifacts, tmp
         (src / name).write_text("{}\n")
     out = quantize_artifact(src, tmp_path / "dyn", QuantizeConfig("dynamic", fidelity=False))
     assert not PUBLISHED_NAMES & {p.name for p in out.iterdir()}
-    Artifact(out, verify="sha256").session("gpt")  # the folder is whole without them
+    LoadedArtifact(out, verify="sha256").session("gpt")  # the folder is whole without them
 
 
 def test_fast_gpt_graph_is_rebuilt_quantized_or_dropped(tiny_artifacts, calib, tmp_path: Path):

@@ -497,7 +497,7 @@ def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_sa
     import logging
 
     import chattts_forge.runtime.machine as machine
-    from chattts_forge.runtime import Artifact
+    from chattts_forge.runtime import LoadedArtifact
 
     out = quantize_artifact(tiny_artifacts["fp32"], tmp_path / "w8",
                             QuantizeConfig("static", calibration=calib, weight_bits=8, **FID))
@@ -512,8 +512,8 @@ def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_sa
         monkeypatch.setattr(machine, "cpu_flags", lambda flags=flags: flags)
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            Artifact(out, verify="size")
-            Artifact(static, verify="size")
+            LoadedArtifact(out, verify="size")
+            LoadedArtifact(static, verify="size")
         assert ("saturate" in caplog.text) == warned, flags
         assert caplog.text.count("saturate") == int(warned)  # the 7-bit build never
 

@@ -13,6 +13,7 @@ import pytest
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import PRESETS
+from chattts_forge.runtime.heap import discard_pages
 from chattts_forge.runtime.memory import (
     DECODER_INT8_BYTES_PER_WEIGHT,
     PROMPT_EXTRA_POSITIONS,
@@ -23,7 +24,6 @@ from chattts_forge.runtime.memory import (
     weight_bytes_from_dims,
 )
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, SynthParams
-from chattts_forge.runtime.session import discard_pages
 
 STEPS = 160
 TEXT = "Hello there, this is a test of the runtime memory at several batch sizes."
@@ -101,9 +101,9 @@ def test_batch8_memory_within_the_bound_and_the_formula_scales_to_full(tiny_arti
 
 
 def test_whole_text_decodes_shrink_the_arena_and_stream_chunks_do_not():
-    """runtime.session: a Decoder/Vocos run over more than SHRINK_MIN_POSITIONS positions gets the
+    """runtime.loaded_artifact: a Decoder/Vocos run over more than SHRINK_MIN_POSITIONS positions gets the
     arena-shrinking run options; a stream chunk's window and the GPT's runs do not."""
-    from chattts_forge.runtime.session import SHRINK_MIN_POSITIONS, ObservedSession
+    from chattts_forge.runtime.loaded_artifact import SHRINK_MIN_POSITIONS, ObservedSession
 
     seen = []
 

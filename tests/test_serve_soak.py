@@ -299,7 +299,7 @@ def test_the_server_trims_the_c_heap_until_it_shuts_down(versions) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_malloc_arenas_are_capped_unless_the_environment_sets_them() -> None:
-    code = "from chattts_forge.runtime.session import cap_malloc_arenas; print(cap_malloc_arenas(2))"
+    code = "from chattts_forge.runtime.heap import cap_malloc_arenas; print(cap_malloc_arenas(2))"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     capped = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert capped.stdout.strip() == "True"

@@ -78,7 +78,7 @@ def test_artifact_support_files_are_confined(tmp_path: Path) -> None:
 
 
 def test_the_runtime_refuses_an_artifact_whose_files_point_out(tiny_artifacts, tmp_path: Path) -> None:
-    from chattts_forge.runtime.session import Artifact
+    from chattts_forge.runtime.loaded_artifact import LoadedArtifact
 
     art = tmp_path / "fp32"
     shutil.copytree(tiny_artifacts["fp32"], art)
@@ -87,13 +87,13 @@ def test_the_runtime_refuses_an_artifact_whose_files_point_out(tiny_artifacts, t
     doc["files"]["tokenizer"] = "../stolen.json"
     (art / "artifact.json").write_text(json.dumps(doc))
     with pytest.raises(ForgeError, match=r"files\.tokenizer climbs out") as e:
-        Artifact(art)
+        LoadedArtifact(art)
     assert "\n" not in str(e.value)
     doc["files"]["tokenizer"] = "tokenizer.json"
     doc["components"]["embed"]["external_data"]["file"] = str(tmp_path / "embed.onnx.data")
     (art / "artifact.json").write_text(json.dumps(doc))
     with pytest.raises(ForgeError, match=r"components\.embed\.external_data\.file is an absolute path"):
-        Artifact(art)
+        LoadedArtifact(art)
 
 
 def test_routing_variants_and_manifest_paths_are_confined(tmp_path: Path) -> None:

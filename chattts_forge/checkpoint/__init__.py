@@ -39,10 +39,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "synthesize_checkpoint":
+        # a cycle at the top: checkpoint.synthesize leads back to this module
         from chattts_forge.checkpoint.synthesize import synthesize_checkpoint
 
         return synthesize_checkpoint
     if name == "verify_checkpoint":
+        # checkpoint.verify loads tqdm (33 ms): needed only here
         from chattts_forge.checkpoint.verify import verify_checkpoint
 
         return verify_checkpoint

@@ -24,6 +24,7 @@ def _stack(c: ConvStackDims) -> dict[str, int]:
 
 def build_modules(dims: Dims, meta: bool = False) -> dict[str, Any]:
     """{asset file: torch module} for every tensor file, built like ChatTTS.Chat._load does."""
+    # torch, ChatTTS, transformers, vocos: the PyTorch modules only; ChatTTS alone takes 7.9 s to import
     import torch
     from ChatTTS.model.dvae import DVAE
     from ChatTTS.model.embed import Embed
@@ -66,6 +67,7 @@ def build_modules(dims: Dims, meta: bool = False) -> dict[str, Any]:
 
 def load_modules(asset_dir: str | Path) -> dict[str, Any]:
     """Build the modules for the checkpoint's dims and load it with strict load_state_dict."""
+    # safetensors.torch imports torch (3.0 s)
     from safetensors.torch import load_file
 
     asset = resolve_asset_dir(asset_dir)

@@ -201,6 +201,7 @@ def _thresholds(path: Path, section: str, table: dict[str, Any], seen: set[tuple
 def _buckets(path: Path, table: Any, rules: list[tuple[str, str, str, float]]) -> list[dict[str, Any]]:
     """The length buckets ([buckets] edges/names, default <= 10, 11-40, > 40 characters), each with its
     rules: the gate's rules, a threshold in [buckets.NAME] replacing the same min_/max_ metric."""
+    # runtime.router loads soundfile (12 ms): needed only here
     from chattts_forge.runtime.router import DEFAULT_BUCKETS, buckets_from_edges
 
     if table is not None and not isinstance(table, dict):

@@ -51,6 +51,7 @@ def build_config(dims: Dims, spk_stat: str | None = None) -> Config:
     Every nested dataclass is built anew: ChatTTS's `Config` uses shared instances as field
     defaults, so mutating `Config().gpt` in place would change every other Chat in the process.
     """
+    # ChatTTS: the PyTorch reference only; 7.9 s to import
     from ChatTTS.config import config as C
 
     def stack(s: Any) -> C.Decoder:
@@ -125,6 +126,7 @@ def quiet_chattts(verbose: bool = False) -> Iterator[None]:
     if verbose:
         yield
         return
+    # transformers: the PyTorch side only; 0.75 s to import
     from transformers.utils import logging as hf_logging
 
     names = ("ChatTTS", CHATTTS_LOGGER, "transformers")
@@ -154,6 +156,7 @@ def _check_released_hashes(asset_dir: Path, sha256_map: dict[str, str]) -> None:
     """ChatTTS's own check (`check_all_assets`) where the folder is named `asset`, else the same
     comparison against the same `res/sha256_map.json`, naming the first mismatching file."""
     if asset_dir.name == "asset":
+        # ChatTTS: the PyTorch reference only; 7.9 s to import
         from ChatTTS.utils import check_all_assets
 
         with quiet_chattts():
@@ -180,6 +183,7 @@ def load_chat(
     Dimensions come from the checkpoint (`load_dims`), so `tiny` checkpoints load as they are.
     Loading never disturbs the caller's torch RNG (ChatTTS draws a throw-away DVAE coef from it).
     """
+    # torch, ChatTTS: the PyTorch reference only; 7.9 s to import
     import ChatTTS
     import torch
     from ChatTTS.core import Chat

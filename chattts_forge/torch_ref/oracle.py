@@ -102,6 +102,7 @@ class _Recorder:
         return call
 
     def __call__(self, logits_token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        # torch: the PyTorch side only; 1.9 s to import
         import torch
 
         i = self.step
@@ -139,6 +140,7 @@ class _Recorder:
 
 @contextlib.contextmanager
 def _instrumented(chat: ChatTTS.Chat, recorder: _Recorder) -> Iterator[None]:
+    # ChatTTS: the PyTorch reference only; 7.9 s to import
     import ChatTTS.core as core
 
     orig_gen_logits = core.gen_logits
@@ -202,6 +204,7 @@ class OracleParams:
 
 
 def _run(chat: ChatTTS.Chat, texts: Sequence[str], p: OracleParams, forced: list[np.ndarray] | None) -> dict[str, Any]:
+    # torch, ChatTTS: the PyTorch reference only; 7.9 s to import
     import torch
     from ChatTTS.core import Chat
 
@@ -334,6 +337,7 @@ def chattts_decode_to_wavs(
     Returns float32 [items, hop_length * (2 * T_max - 1)] exactly as ChatTTS returns it (Vocos with
     centred ISTFT gives hop * (frames - 1) samples; Decoder/DVAE make 2 mel frames per step).
     """
+    # torch: the PyTorch side only; 1.9 s to import
     import torch
 
     _check_chat(chat)

@@ -22,6 +22,7 @@ import contextlib
 import io
 import lzma
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,9 +33,9 @@ import numpy as np
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.errors import BadInput, ForgeError
-from chattts_forge.fsutil import atomic_write_bytes
+from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
 from chattts_forge.log import get_logger
-from chattts_forge.torch_ref.chat import quiet_chattts
+from chattts_forge.torch_ref.chat import load_chat, quiet_chattts
 
 if TYPE_CHECKING:
     import ChatTTS
@@ -55,6 +56,7 @@ class ReferenceResult:
 
 def sample_speaker(chat: ChatTTS.Chat, seed: int | None) -> str:
     """ChatTTS's `sample_random_speaker` (torch RNG), seeded for reproducibility when `seed` is set."""
+    # torch: the PyTorch side only; 1.9 s to import
     import torch
 
     if seed is None:
@@ -67,6 +69,7 @@ def sample_speaker(chat: ChatTTS.Chat, seed: int | None) -> str:
 def check_speaker(chat: ChatTTS.Chat, speaker: str) -> str:
     """The speaker string (or the one in the file it names) if ChatTTS can decode it to a vector
     of the model's width, else ForgeError."""
+    # ChatTTS: the PyTorch reference only; 7.9 s to import
     from ChatTTS.model.speaker import Speaker
 
     speaker = speaker.strip()
@@ -114,6 +117,7 @@ def reference_synthesize(
 ) -> ReferenceResult:
     """Synthesize `text` with ChatTTS's `Chat.infer` with `params` (`knobs`: fields of
     `ReferenceParams` that replace its, e.g. `reference_synthesize(chat, text, seed=0, refine=False)`)."""
+    # torch: the PyTorch side only; 1.9 s to import
     import torch
 
     p = replace(params or ReferenceParams(), **knobs)
@@ -165,6 +169,7 @@ def reference_synthesize(
 
 def _chattts_params(p: ReferenceParams, speaker: str | None) -> tuple[Any, Any]:
     """ChatTTS's (InferCodeParams, RefineTextParams) for `p`."""
+    # ChatTTS: the PyTorch reference only; 7.9 s to import
     from ChatTTS.core import Chat
 
     params_code = Chat.InferCodeParams(
@@ -228,11 +233,6 @@ class ReferenceConfig:
 
 def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
     """`chattts-forge reference`: load the checkpoint, synthesize, write the WAV (and codes, speaker)."""
-    import time
-
-    from chattts_forge.fsutil import atomic_write_text
-    from chattts_forge.torch_ref.chat import load_chat
-
     if not cfg.text.strip():
         raise BadInput("--text is empty")
     if cfg.out.is_dir():
@@ -241,6 +241,7 @@ def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
         raise BadInput("--speaker-out needs --speaker (a string or 'random')")
     device = cfg.device.strip()
     if device.startswith("cuda"):
+        # torch: the PyTorch side only; 1.9 s to import
         import torch
 
         if not torch.cuda.is_available():
@@ -267,6 +268,7 @@ def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
 
 def write_wav(path: str | os.PathLike[str], wav: np.ndarray, sample_rate: int) -> Path:
     """float32 mono WAV via soundfile, written atomically."""
+    # soundfile: only when a WAV is written; 12 ms to import
     import soundfile as sf
 
     buf = io.BytesIO()

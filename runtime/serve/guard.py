@@ -58,7 +58,7 @@ from typing import Any
 
 from chattts_forge.errors import BadInput
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.session import release_free_heap
+from chattts_forge.runtime.heap import release_free_heap
 
 log = get_logger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.heap import cap_malloc_arenas
 from chattts_forge.runtime.serve.app import create_app
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.guard import MAX_RETRY_AFTER_S
 from chattts_forge.runtime.serve.state import ServerState, work_threads
-from chattts_forge.runtime.session import cap_malloc_arenas
 
 log = get_logger(__name__)
 KEEP_ALIVE_S = MAX_RETRY_AFTER_S + 5  # seconds an idle client connection stays open

@@ -21,12 +21,12 @@ from typing import Any
 
 from chattts_forge.errors import ArtifactChanged, Conflict, ForgeError
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.heap import release_free_heap
 from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
 from chattts_forge.runtime.serve.engine import ServedVersion
 from chattts_forge.runtime.serve.guard import NORMAL, DrainRate, HeapTrimmer, MemoryGuard, memory_warning
 from chattts_forge.runtime.serve.metrics import Metrics
 from chattts_forge.runtime.serve.voices import load_voices
-from chattts_forge.runtime.session import release_free_heap
 
 log = get_logger(__name__)
 

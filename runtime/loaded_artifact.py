@@ -1,6 +1,6 @@
-"""An artifact folder opened for inference: checked files, onnxruntime sessions, the GPT step.
+"""An artifact folder opened for inference: checked files and the components' onnxruntime sessions.
 
-`Artifact(path, provider="cpu", threads=None, verify="sha256", public_key=None)` validates
+`LoadedArtifact(path, provider="cpu", threads=None, verify="sha256", public_key=None)` validates
 `artifact.json` (schema, dims), checks every file of the folder against its recorded sha256 before
 any session exists (chattts_forge.integrity: artifact.json's records, and in a published folder its
 manifest.json and SHA256SUMS; hashed in parallel once, then vouched for by the verified-hash cache;
@@ -9,13 +9,11 @@ the folder's signature (`model.sig`) when a public key is given, and opens one
 `onnxruntime.InferenceSession` per component on first use. `artifact.verification` says what was
 hashed and what the cache vouched for.
 
-`GptStep` is the single place where the GPT graph runs: it owns the key/value cache and turns
-(inputs_embeds, attention_mask, position_ids) into the last hidden states. Any object with its
-interface (`GptStepLike`: `reset(batch)`, `past_length`, `__call__`) can replace it on a `Pipeline`
-(`pipe.gpt = step`; `runtime.fast_gpt.FastGptStep` is the other engine).
+(`chattts_forge.artifact.ArtifactMeta` is that folder's artifact.json; the GPT step that runs its
+GPT graph is `runtime.gpt_step`; the heap tuning around sessions is `runtime.heap`.)
 
-Observing graph inputs (public hook, used by calibration and fidelity): every session `Artifact.session`
-returns reports each `run` to the observers added with `Artifact.add_observer(observer, components)`:
+Observing graph inputs (public hook, used by calibration and fidelity): every session `LoadedArtifact.session`
+returns reports each `run` to the observers added with `LoadedArtifact.add_observer(observer, components)`:
 `observer(component, feeds, output_names, outputs)` after the run. IO-binding runs (the fast GPT
 engine) are not observed: they feed the fused graph, whose inputs are not `gpt.onnx`'s.
 """
@@ -23,12 +21,11 @@ engine) are not observed: they feed the fused graph, whose inputs are not `gpt.o
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache, cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -44,92 +41,25 @@ from chattts_forge.artifact import (
     VOCODER,
     ArtifactMeta,
 )
-from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import ArtifactChanged, ForgeError
-from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files, stat_key
+from chattts_forge.integrity import (
+    PUBLISHED_MANIFEST,
+    CheckReport,
+    check_files,
+    check_verify_mode,
+    expected_files,
+    sha256_file,
+    stat_key,
+)
 from chattts_forge.log import get_logger
+from chattts_forge.runtime.float_weights import float_decoder_bytes, has_float_compute_nbits
+from chattts_forge.runtime.heap import release_free_heap
 from chattts_forge.runtime.machine import u8s8_saturates
 from chattts_forge.runtime.providers import resolve_provider, session_providers
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.saved_sessions import SavedSessions
+from chattts_forge.runtime.saved_sessions import SavedSessions, saved_key, saved_sessions_default
+from chattts_forge.runtime.textfront import load_speaker_stats
 
 log = get_logger(__name__)
-
-
-def _glibc(name: str) -> Any:
-    """glibc's function `name` through ctypes, or None where this is not glibc (or it lacks it)."""
-    if os.name != "posix":
-        return None
-    try:
-        import ctypes
-
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _glibc("malloc_trim")
-_MADVISE = _glibc("madvise") if sys.platform.startswith("linux") else None
-if _MADVISE is not None:
-    import ctypes
-
-    _MADVISE.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_MADV_DONTNEED = 4  # Linux: the pages go back to the kernel; private anonymous memory reads as zeros after
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number
-
-
-def cap_malloc_arenas(count: int) -> bool:
-    """Cap glibc's malloc arenas at `count` (mallopt M_ARENA_MAX) unless MALLOC_ARENA_MAX is set in the
-    environment (the operator's choice stands); False where this is not glibc.
-
-    glibc gives threads that allocate at once arenas of their own, up to eight per core, and each
-    arena keeps the buffers freed into it: a server's request, decode and onnxruntime threads spread
-    one working set over many arenas. Call it before those threads start. Figures:
-    docs/measurements/2026-12-05-xeon/heap/README.md.
-    """
-    mallopt = _glibc("mallopt")
-    if mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    return bool(mallopt(_M_ARENA_MAX, max(1, count)))
-
-
-def release_free_heap() -> None:
-    """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; a no-op elsewhere).
-
-    Loading an .onnx file parses the whole protobuf; once the session holds its own copies the
-    parse is freed, but glibc keeps those pages (they came from the heap). Figures:
-    docs/measurements/2026-12-01/code-comment-figures.md.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def discard_pages(buf: np.ndarray) -> int:
-    """Give the whole pages inside a C-contiguous array back to the kernel and zero the array; the bytes
-    given back (0 where `madvise` is missing: there the array is only zeroed).
-
-    Freed rows of a long-lived buffer (the scheduler's key/value rows) otherwise stay resident at the
-    largest batch served; `madvise(MADV_DONTNEED)` on private anonymous memory drops the pages, and
-    the next write maps fresh zero pages. The partial pages at either end are zeroed by hand."""
-    if not buf.flags.c_contiguous:
-        raise ValueError("discard_pages needs a C-contiguous array")
-    start, size = buf.ctypes.data, buf.nbytes
-    first = -(-start // _PAGE) * _PAGE
-    last = (start + size) // _PAGE * _PAGE
-    if _MADVISE is None or last <= first:
-        buf.fill(0)
-        return 0
-    flat = buf.reshape(-1).view(np.uint8)
-    flat[: first - start] = 0
-    flat[last - start :] = 0
-    if _MADVISE(first, last - first, _MADV_DONTNEED) != 0:
-        buf.fill(0)
-        return 0
-    return last - first
 
 
 # The support files synthesis needs (artifact.json `files` keys).
@@ -177,6 +107,7 @@ def _time_positions(feed: Mapping[str, Any]) -> int:
 @cache
 def _shrink_arena_options() -> Any:
     """onnxruntime RunOptions that shrink the CPU arena at the end of the run."""
+    # onnxruntime: only once a session is made here; 0.06 s to import
     import onnxruntime as ort
 
     options = ort.RunOptions()
@@ -188,8 +119,11 @@ def warn_if_kernels_saturate(folder: Path, meta: ArtifactMeta) -> None:
     """Static INT8 with 8-bit weights (`quantize --weight-bits 8`) computes what its gate measured only
     where onnxruntime's u8s8 kernels do not saturate (`machine.u8s8_saturates`): say so elsewhere."""
     if ((meta.quantization or {}).get("options") or {}).get("weight_bits") == 8 and u8s8_saturates():
-        log.warning("%s has 8-bit static INT8 weights, which this CPU's u8s8 kernels (no VNNI/AMX) saturate: "
-                    "its outputs are less faithful than its gate measured; use a 7-bit build here", folder)
+        log.warning(
+            "%s has 8-bit static INT8 weights, which this CPU's u8s8 kernels (no VNNI/AMX) saturate: "
+            "its outputs are less faithful than its gate measured; use a 7-bit build here",
+            folder,
+        )
 
 
 def _stat_of(path: Path) -> str | None:
@@ -205,13 +139,17 @@ class ObservedSession:
     Every other attribute (inputs, outputs, IO binding, options) is the wrapped session's own.
     """
 
-    def __init__(self, session: Any, component: str, observers: list[tuple[frozenset[str] | None, RunObserver]]) -> None:
+    def __init__(
+        self, session: Any, component: str, observers: list[tuple[frozenset[str] | None, RunObserver]]
+    ) -> None:
         self.session = session
         self.component = component
         self._observers = observers  # the artifact's list, shared: observers added later apply too
         self._shrink = component in SHRINK_ARENA_COMPONENTS
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list:
         if self._shrink and run_options is None and _time_positions(input_feed) > SHRINK_MIN_POSITIONS:
             run_options = _shrink_arena_options()
         outs = self.session.run(output_names, input_feed, run_options)
@@ -226,7 +164,7 @@ class ObservedSession:
         return getattr(self.session, name)
 
 
-class Artifact:
+class LoadedArtifact:
     """An artifact folder (docs/artifact-format.md) with lazily created sessions."""
 
     def __init__(
@@ -248,8 +186,10 @@ class Artifact:
             raise ForgeError(f"artifact folder {self.path} does not exist")
         verify = check_verify_mode(verify)
         if public_key is not None and verify in ("size", "none"):
-            raise ForgeError(f"a signature check (public key {public_key}) needs the files hashed; "
-                             f"it cannot be combined with verify={verify!r}")
+            raise ForgeError(
+                f"a signature check (public key {public_key}) needs the files hashed; "
+                f"it cannot be combined with verify={verify!r}"
+            )
         if threads is not None and threads < 1:
             raise ForgeError(f"threads must be >= 1, got {threads}")
         # `provider` may be cpu, cuda or auto; `self.provider` is what it resolved to (cpu or cuda).
@@ -266,13 +206,8 @@ class Artifact:
         self.session_sources: dict[str, str] = {}
         self._float_matmuls: dict[str, bool] = {}  # component -> its session unpacks INT8 MatMuls (_unpacks)
         if saved_sessions is None:  # published folders only: the build opens many short-lived artifacts
-            from chattts_forge.integrity import PUBLISHED_MANIFEST
-            from chattts_forge.runtime.saved_sessions import saved_sessions_default
-
             saved_sessions = saved_sessions_default() and (self.path / PUBLISHED_MANIFEST).is_file()
         if saved_sessions is True:
-            from chattts_forge.runtime.saved_sessions import SavedSessions
-
             saved_sessions = SavedSessions()
         self._saved: SavedSessions | None = saved_sessions or None
         self.public_key = Path(public_key).expanduser() if public_key is not None else None
@@ -293,7 +228,7 @@ class Artifact:
 
     def _check_signature(self) -> None:
         """The folder's model.sig against the public key, from the sha256s just checked (no second read)."""
-        from chattts_forge.integrity import sha256_file
+        # signing: only with a public key; 3.6 ms to import
         from chattts_forge.signing import verify_folder
 
         checked = {rel: e.sha256 for rel, e in self._expected.items() if e.sha256}
@@ -340,8 +275,11 @@ class Artifact:
             return
         paths = [self.component_path(name), self.meta.external_data_path(self.path, name)]
         rels = [Path(os.path.relpath(p, self.path)).as_posix() for p in paths if p is not None]
-        changed = {rel: self._expected[rel] for rel in rels
-                   if rel in self._expected and _stat_of(self.path / rel) != self._verified_stats.get(rel)}
+        changed = {
+            rel: self._expected[rel]
+            for rel in rels
+            if rel in self._expected and _stat_of(self.path / rel) != self._verified_stats.get(rel)
+        }
         if changed:
             check_files(self.path, changed, self.verify_mode)
             self._verified_stats.update({rel: _stat_of(self.path / rel) for rel in changed})
@@ -353,7 +291,9 @@ class Artifact:
         """Intra-op threads of a component's session (None: onnxruntime's default, one per core)."""
         return 1 if name in SINGLE_THREAD_COMPONENTS else self.threads
 
-    def add_observer(self, observer: RunObserver, components: Iterable[str] | None = None) -> Callable[[], None]:
+    def add_observer(
+        self, observer: RunObserver, components: Iterable[str] | None = None
+    ) -> Callable[[], None]:
         """Call `observer(component, feeds, output_names, outputs)` after every `run` of the sessions of
         `components` (all when None), those already open included. Returns a function that removes it."""
         entry = (None if components is None else frozenset(components), observer)
@@ -368,6 +308,7 @@ class Artifact:
     def session(self, name: str) -> Any:
         """The onnxruntime session of a component (created on first use), observable (`add_observer`)."""
         if name not in self._sessions:
+            # onnxruntime: only once a session is made here; 0.06 s to import
             import onnxruntime as ort
 
             path = self.check_component(name)
@@ -388,21 +329,32 @@ class Artifact:
             session, source = self._create_session(name, path, opts, threads)
             got = session.get_providers()
             if got[0] != self.providers[0]:  # onnxruntime's silent fallback (see runtime.providers)
-                raise ForgeError(f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})")
+                raise ForgeError(
+                    f"{path.name} could not be placed on {self.providers[0]} (got {', '.join(got)})"
+                )
             release_free_heap()
             self._sessions[name] = ObservedSession(session, name, self._observers)
             self.session_sources[name] = source
-            log.debug("loaded %s on %s in %.3f s (%s)", path.name, self.providers[0], time.perf_counter() - t0, source)
+            log.debug(
+                "loaded %s on %s in %.3f s (%s)",
+                path.name,
+                self.providers[0],
+                time.perf_counter() - t0,
+                source,
+            )
         return self._sessions[name]
 
     def _saved_key(self, name: str, threads: int | None) -> dict[str, Any] | None:
         """The saved-session key of a component (runtime.saved_sessions), or None where none is used:
         turned off, not on the CPU, or files not hashed (verify size/none: a saved graph must never
         stand in for a file nobody checked)."""
-        if (self._saved is None or name not in SAVED_COMPONENTS or self.provider != "cpu"
-                or self.verify_mode not in ("sha256", "full")):
+        if (
+            self._saved is None
+            or name not in SAVED_COMPONENTS
+            or self.provider != "cpu"
+            or self.verify_mode not in ("sha256", "full")
+        ):
             return None
-        from chattts_forge.runtime.saved_sessions import saved_key
 
         def record(p: Path) -> Any:
             return self._expected.get(Path(os.path.relpath(p, self.path)).as_posix())
@@ -410,7 +362,11 @@ class Artifact:
         graph = record(self.component_path(name))
         data_path = self.meta.external_data_path(self.path, name)
         data = record(data_path) if data_path is not None else None
-        if graph is None or graph.sha256 is None or (data_path is not None and (data is None or data.sha256 is None)):
+        if (
+            graph is None
+            or graph.sha256 is None
+            or (data_path is not None and (data is None or data.sha256 is None))
+        ):
             return None
         options = {"threads": threads, "spinning": name not in NO_SPIN_COMPONENTS, "level": "all"}
         if self._unpacks(name):
@@ -423,14 +379,13 @@ class Artifact:
         if name != DECODER or self.provider != "cpu":
             return False
         if name not in self._float_matmuls:
-            from chattts_forge.runtime.float_weights import has_float_compute_nbits
-
             self._float_matmuls[name] = has_float_compute_nbits(self.component_path(name))
         return self._float_matmuls[name]
 
     def _create_session(self, name: str, path: Path, opts: Any, threads: int | None) -> tuple[Any, str]:
         """A new session of `path` and where it came from: "saved" (this host's saved optimized graph,
         loaded with optimizations off), "built and saved", or "built"."""
+        # onnxruntime: only once a session is made here; 0.06 s to import
         import onnxruntime as ort
 
         key = self._saved_key(name, threads)
@@ -441,13 +396,16 @@ class Artifact:
             try:
                 return ort.InferenceSession(str(saved), sess_options=opts, providers=self.providers), "saved"
             except Exception as e:  # a saved entry onnxruntime refuses: built again from the artifact
-                log.info("saved session %s refused (%s): building %s again", saved, str(e).splitlines()[0], path.name)
+                log.info(
+                    "saved session %s refused (%s): building %s again",
+                    saved,
+                    str(e).splitlines()[0],
+                    path.name,
+                )
                 opts.graph_optimization_level = level
         try:
             graph: str | bytes = str(path)
             if self._unpacks(name):
-                from chattts_forge.runtime.float_weights import float_decoder_bytes
-
                 graph = float_decoder_bytes(path) or graph
             if key is None or self._saved is None:
                 return ort.InferenceSession(graph, sess_options=opts, providers=self.providers), "built"
@@ -459,56 +417,7 @@ class Artifact:
 
     @cached_property
     def speaker_stats(self) -> np.ndarray:
-        from chattts_forge.runtime.textfront import load_speaker_stats
-
         return load_speaker_stats(self.file("speaker_stats"), self.dims.hidden_size)
 
     def token_ids(self) -> dict[str, int]:
         return dict(self.meta.tokens or {})
-
-
-class GptStepLike(Protocol):
-    """What a `Pipeline` needs of its GPT step (`GptStep`, `fast_gpt.FastGptStep`, or a caller's own)."""
-
-    def reset(self, batch: int) -> None: ...
-
-    @property
-    def past_length(self) -> int: ...
-
-    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray: ...
-
-
-class GptStep:
-    """One forward of `gpt.onnx` with the key/value cache kept between calls."""
-
-    def __init__(self, session: Any, dims: Dims) -> None:
-        self.session = session
-        self.num_layers = dims.num_hidden_layers
-        self.kv_heads = dims.num_key_value_heads
-        self.head_dim = dims.head_dim
-        self.past: list[np.ndarray] = []
-        self.output_names = ["last_hidden_state"] + [
-            f"present.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")
-        ]
-        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
-
-    def reset(self, batch: int) -> None:
-        """Start a new sequence batch: an empty cache."""
-        empty = np.zeros((batch, self.kv_heads, 0, self.head_dim), dtype=np.float32)
-        self.past = [empty] * (2 * self.num_layers)
-
-    @property
-    def past_length(self) -> int:
-        return int(self.past[0].shape[2]) if self.past else 0
-
-    def __call__(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Hidden states [B, S, hidden] of the S new positions; `attention_mask` covers past + new."""
-        feeds = {
-            "inputs_embeds": np.ascontiguousarray(inputs_embeds, dtype=np.float32),
-            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
-            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
-        }
-        feeds.update(zip(self.past_names, self.past, strict=True))
-        outs = self.session.run(self.output_names, feeds)
-        self.past = outs[1:]
-        return outs[0]
