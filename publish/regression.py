@@ -73,6 +73,7 @@ import numpy as np
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
 from chattts_forge.publish.index import iter_variant_dirs, version_number
 from chattts_forge.publish.manifest import (
@@ -220,15 +221,12 @@ def _paired(new: np.ndarray, old: np.ndarray, w_new: np.ndarray, w_old: np.ndarr
         return (a - b) / np.abs(b) if relative else a - b
 
     point = float(delta(stat(new, w_new), stat(old, w_old)))
-    idx = np.random.default_rng(0).integers(0, new.size, size=(RESAMPLES, new.size))
     with np.errstate(divide="ignore", invalid="ignore"):
-        d = delta(stat(new[idx], w_new[idx]), stat(old[idx], w_old[idx]))
-    d = d[np.isfinite(d)]
-    if d.size == 0:
+        bounds = bootstrap(lambda idx: delta(stat(new[idx], w_new[idx]), stat(old[idx], w_old[idx])), new.size,
+                           confidence=CONFIDENCE, resamples=RESAMPLES, seed=0, finite_only=True)
+    if bounds is None:
         return point, point, point
-    alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(d, [alpha, 1 - alpha])
-    return point, float(lo), float(hi)
+    return point, bounds[0], bounds[1]
 
 
 def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
@@ -406,7 +404,6 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     the FP32 report's fidelity settings), so a change of exporter or onnxruntime shows here first."""
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.intervals import fidelity_sentences
-    from chattts_forge.evaluate.stats import bootstrap_ratio_interval
     from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
     sentences, steps, seed = (int(settings.get(k) or d) for k, d in
@@ -440,10 +437,10 @@ def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
     arr = np.asarray([r for r in ratios if math.isfinite(r)], np.float64)
     if arr.size == 0:
         return math.inf, math.inf, math.inf
-    idx = np.random.default_rng(0).integers(0, arr.size, size=(RESAMPLES, arr.size))
-    alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(np.median(arr[idx], axis=-1), [alpha, 1 - alpha])
-    return float(np.median(arr)), float(lo), float(hi)
+    bounds = bootstrap(lambda idx: np.median(arr[idx], axis=-1), arr.size,
+                       confidence=CONFIDENCE, resamples=RESAMPLES, seed=0)
+    assert bounds is not None  # every resample of finite ratios has a finite median
+    return float(np.median(arr)), bounds[0], bounds[1]
 
 
 def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
