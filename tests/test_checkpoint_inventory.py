@@ -115,4 +115,5 @@ def test_the_hand_read_header_and_safetensors_own_reader_agree(tiny_ckpt) -> Non
             tensor = read_tensor(tiny_ckpt / file, name)
             assert tensor.shape == entry.shape, name
             assert tensor.dtype.itemsize * tensor.size == entry.end - entry.begin, name
-            assert tensor.tobytes() == raw[header.data_start + entry.begin : header.data_start + entry.end], name
+            span = raw[header.data_start + entry.begin : header.data_start + entry.end]
+            assert tensor.tobytes() == span, name

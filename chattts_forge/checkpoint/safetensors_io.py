@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from safetensors import SafetensorError, safe_open
 
 from chattts_forge.errors import ForgeError, IntegrityError
