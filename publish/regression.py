@@ -86,9 +86,15 @@ from chattts_forge.publish.manifest import (
     read_json_document,
     source_fingerprint,
 )
+from chattts_forge.publish.regression_record import (
+    REGRESSION_SCHEMA,
+    Accepted,
+    RegressionRecord,
+    regression_builtins,
+    regression_from_builtins,
+)
 from chattts_forge.runtime.router import FALLBACK_VARIANT
 
-REGRESSION_SCHEMA = "chattts-forge/regression/1"
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
           "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
@@ -428,8 +434,7 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
 
 
 def no_baseline(note: str = NO_BASELINE) -> dict[str, Any]:
-    return {"schema": REGRESSION_SCHEMA, "baseline": None, "note": note, "figures": {}, "changed": [],
-            "regressions": [], "improvements": [], "verdict": "no baseline", "accepted": None}
+    return regression_builtins(RegressionRecord(schema=REGRESSION_SCHEMA, baseline=None, note=note))
 
 
 def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
@@ -526,35 +531,38 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
             fp32_against_baseline(artifact_dir, old, corpus, sealed.data.get("settings") or {}))
-    return record
+    return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 
 def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:
     """A regression the build was told to publish anyway, with why (recorded in the manifest)."""
     if not reason or not reason.strip():
         raise ForgeError("--accept-regression needs --reason: why this regression may ship")
-    return {**record, "accepted": {"reason": reason.strip()}}
+    accepted = regression_from_builtins(record)
+    accepted.accepted = Accepted(reason=reason.strip())
+    return regression_builtins(accepted)
 
 
 def summary(variant: str, record: dict[str, Any]) -> str:
     """One line for the build's summary."""
-    if record["baseline"] is None:
-        return f"{variant}: {record.get('note', NO_BASELINE)}"
-    base = record["baseline"]["version"]
-    changed = ", ".join(c["what"] for c in record["changed"][:6]) or "nothing in the records"
-    if record["regressions"]:
-        what = "; ".join(record["figures"][f]["message"] for f in record["regressions"])
-        if record.get("accepted"):
-            what += f" (accepted: {record['accepted']['reason']})"
-        elif record.get("already_published"):
-            what += f" (these bytes are already published in {record['already_published']})"
+    rec = regression_from_builtins(record)
+    if rec.baseline is None:
+        return f"{variant}: {rec.note or NO_BASELINE}"
+    base = rec.baseline.version
+    changed = ", ".join(c.what for c in rec.changed[:6]) or "nothing in the records"
+    if rec.regressions:
+        what = "; ".join(str(rec.figures[f].message) for f in rec.regressions)
+        if rec.accepted:
+            what += f" (accepted: {rec.accepted.reason})"
+        elif rec.already_published:
+            what += f" (these bytes are already published in {rec.already_published})"
         return f"{variant}: REGRESSION against {base}: {what}; changed: {changed}"
-    if record["improvements"]:
-        how = "improved: " + ", ".join(record["improvements"])
-    elif all(e["status"] in ("same", "waived", "not judged") for e in record["figures"].values()):
+    if rec.improvements:
+        how = "improved: " + ", ".join(rec.improvements)
+    elif all(e.status in ("same", "waived", "not judged") for e in rec.figures.values()):
         how = "every figure within noise"
     else:
-        how = "worse within the tolerances: " + ", ".join(f for f, e in record["figures"].items() if e["status"] == "worse")
+        how = "worse within the tolerances: " + ", ".join(f for f, e in rec.figures.items() if e.status == "worse")
     return f"{variant}: no regression against {base} ({how}); changed: {changed}"
 
 

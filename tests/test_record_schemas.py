@@ -1,0 +1,91 @@
+"""The typed records of routing.json and the regression record: published bytes read and written
+back unchanged, older tables still load, wrong types refused, and docs/schemas/ equal to what the
+types generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from chattts_forge.errors import IntegrityError
+from chattts_forge.publish.manifest import manifest_bytes
+from chattts_forge.publish.record_schemas import SCHEMA_DIR, SCHEMAS, schema_bytes
+from chattts_forge.publish.regression import accept, no_baseline, summary
+from chattts_forge.publish.regression_record import regression_builtins, regression_from_builtins
+from chattts_forge.runtime.router import routing_bytes
+from chattts_forge.runtime.routing_record import UNSET, decode_routing, encode_routing, routing_from_builtins
+
+
+@pytest.fixture
+def records(data_dir: Path) -> Path:
+    return data_dir / "records"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_the_committed_schema_is_what_the_types_generate(name: str) -> None:
+    # regenerate with: python -m chattts_forge.publish.record_schemas
+    assert (SCHEMA_DIR / name).read_bytes() == schema_bytes(SCHEMAS[name])
+
+
+@pytest.mark.parametrize("name", ["routing-before-memory.json", "routing-with-memory.json"])
+def test_published_routing_tables_read_and_write_back_byte_for_byte(records: Path, name: str) -> None:
+    data = (records / name).read_bytes()
+    table = decode_routing(data)
+    assert encode_routing(table) == data
+    assert routing_bytes(json.loads(data)) == data  # the writer the build uses goes through the record
+
+
+def test_a_table_from_before_memory_loads_without_it(records: Path) -> None:
+    old = decode_routing((records / "routing-before-memory.json").read_bytes())
+    new = decode_routing((records / "routing-with-memory.json").read_bytes())
+    assert all(v.memory is UNSET for v in old.variants.values())
+    assert all(v.memory is not UNSET and v.memory.peak_rss_mb_by_batch for v in new.variants.values())
+    assert [b.name for b in old.buckets] == [b.name for b in new.buckets]
+
+
+def test_a_table_without_the_passing_set_still_loads(records: Path) -> None:
+    table = json.loads((records / "routing-before-memory.json").read_bytes())
+    for bucket in table["buckets"]:
+        del bucket["passing"], bucket["build_ranking"]
+    loaded = routing_from_builtins(table)
+    assert all(b.passing is UNSET and b.build_ranking is UNSET for b in loaded.buckets)
+    assert "passing" not in json.loads(encode_routing(loaded))["buckets"][0]
+
+
+def test_a_wrong_type_in_a_routing_table_is_refused_naming_the_field(records: Path) -> None:
+    table = json.loads((records / "routing-with-memory.json").read_bytes())
+    table["buckets"][1]["min_chars"] = "11"
+    with pytest.raises(msgspec.ValidationError, match=r"buckets\[1\]\.min_chars"):
+        routing_from_builtins(table)
+    table["buckets"][1]["min_chars"] = 0
+    with pytest.raises(msgspec.ValidationError, match=r"buckets\[1\]\.min_chars"):
+        routing_from_builtins(table)
+
+
+@pytest.mark.parametrize("name", ["regression-against-v1.json", "regression-no-baseline.json"])
+def test_published_regression_records_read_and_write_back_in_their_order(records: Path, name: str) -> None:
+    raw = json.loads((records / name).read_bytes())
+    again = regression_builtins(regression_from_builtins(raw))
+    assert list(again) == list(raw)
+    assert manifest_bytes({"regression": again}) == manifest_bytes({"regression": raw})
+
+
+def test_no_baseline_and_accept_write_the_record_as_before(records: Path) -> None:
+    raw = json.loads((records / "regression-no-baseline.json").read_bytes())
+    assert manifest_bytes(no_baseline(raw["note"])) == manifest_bytes(raw)
+    against = json.loads((records / "regression-against-v1.json").read_bytes())
+    accepted = accept(against, "  known: the tiny model's noise  ")
+    assert list(accepted) == list(against)
+    assert accepted["accepted"] == {"reason": "known: the tiny model's noise"}
+    line = summary("int8-static", accepted)  # the fixture's two regressions, accepted with this reason
+    assert line.startswith("int8-static: REGRESSION against v1: ") and "(accepted: known: the tiny" in line
+
+
+def test_a_wrong_regression_record_is_an_integrity_error_naming_the_field(records: Path) -> None:
+    raw = json.loads((records / "regression-against-v1.json").read_bytes())
+    raw["figures"]["size_mb"]["status"] = "fine"
+    with pytest.raises(IntegrityError, match=r"figures\[\.\.\.\]\.status"):
+        regression_from_builtins(raw)
