@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -201,39 +201,39 @@ def _check(value: Any, spec: Any, where: str) -> None:
     """Raise ForgeError naming the first key of `value` that does not match `spec`."""
     if isinstance(spec, dict):
         if not isinstance(value, dict):
-            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
+            raise BadInput(f"report key {where} must be an object, got {type(value).__name__}")
         prefix = f"{where}." if where else ""
         for key in spec:
             if key not in value:
-                raise ForgeError(f"report key {prefix}{key} is missing")
+                raise BadInput(f"report key {prefix}{key} is missing")
         for key in value:
             if key not in spec:
-                raise ForgeError(f"unknown report key {prefix}{key}")
+                raise BadInput(f"unknown report key {prefix}{key}")
         for key, sub in spec.items():
             _check(value[key], sub, f"{prefix}{key}")
     elif isinstance(spec, ListOf):
         if not isinstance(value, list):
-            raise ForgeError(f"report key {where} must be a list, got {type(value).__name__}")
+            raise BadInput(f"report key {where} must be a list, got {type(value).__name__}")
         for i, item in enumerate(value):
             _check(item, spec.item, f"{where}[{i}]")
     elif isinstance(spec, MapOf):
         if not isinstance(value, dict):
-            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
+            raise BadInput(f"report key {where} must be an object, got {type(value).__name__}")
         for key, item in value.items():
             _check(item, spec.value, f"{where}.{key}")
     else:
         # bool is an int to Python, never a number to the report.
         wrong_bool = isinstance(value, bool) and bool not in (spec if isinstance(spec, tuple) else (spec,))
         if wrong_bool or not isinstance(value, spec):
-            raise ForgeError(f"report key {where} must be {_type_names(spec)}, got {type(value).__name__}")
+            raise BadInput(f"report key {where} must be {_type_names(spec)}, got {type(value).__name__}")
 
 
 def validate(report: Any) -> None:
     """Strict check of a report against the schema: every key known, present and of its type."""
     if not isinstance(report, dict):
-        raise ForgeError(f"a report must be a JSON object, got {type(report).__name__}")
+        raise BadInput(f"a report must be a JSON object, got {type(report).__name__}")
     if report.get("schema") != REPORT_SCHEMA:
-        raise ForgeError(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
+        raise BadInput(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
     optional = {k: report[k] for k in OPTIONAL_TOP_LEVEL if k in report}
     required = {k: v for k, v in report.items() if k not in optional}
     gate = required.get("gate")
@@ -252,12 +252,12 @@ def validate(report: Any) -> None:
         _check(value, OPTIONAL_TOP_LEVEL[key], key)
     for i, check in enumerate(report["gate"]["checks"]):
         if check["status"] not in CHECK_STATUSES:
-            raise ForgeError(f"report key gate.checks[{i}].status is {check['status']!r}, "
+            raise BadInput(f"report key gate.checks[{i}].status is {check['status']!r}, "
                              f"not one of {', '.join(CHECK_STATUSES)}")
     if report["passed"] != report["gate"]["passed"]:
-        raise ForgeError("report key passed contradicts gate.passed")
+        raise BadInput("report key passed contradicts gate.passed")
     if not report["artifact"]["files"]:
-        raise ForgeError("report key artifact.files names no file")
+        raise BadInput("report key artifact.files names no file")
 
 
 # ------------------------------------------------------------------ the seal
@@ -310,17 +310,17 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
     """Write a sealed, valid `report` as `out_dir/report.json`, with `renderings` ({relative path: text
     or bytes}) beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
     if not verify_integrity(report):
-        raise ForgeError("refusing to write an unsealed report (seal it first)")
+        raise BadInput("refusing to write an unsealed report (seal it first)")
     validate(report)
     renderings = dict(renderings or {})
     if REPORT_NAME in renderings:
-        raise ForgeError(f"a rendering may not be named {REPORT_NAME}")
+        raise BadInput(f"a rendering may not be named {REPORT_NAME}")
     with atomic_output_dir(Path(out_dir)) as tmp:
         (tmp / REPORT_NAME).write_bytes(report_json_bytes(report))
         for name, content in renderings.items():
             target = tmp / name
             if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise ForgeError(f"a rendering's path must stay inside the report folder, got {name!r}")
+                raise BadInput(f"a rendering's path must stay inside the report folder, got {name!r}")
             target.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, bytes):
                 target.write_bytes(content)
@@ -403,16 +403,16 @@ def parse_report(path: Path, raw: bytes) -> SealedReport:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path}: not a valid JSON report ({e})") from None
+        raise BadInput(f"{path}: not a valid JSON report ({e})") from None
     if not isinstance(data, dict):
-        raise ForgeError(f"{path}: not a JSON object")
+        raise BadInput(f"{path}: not a JSON object")
     if data.get("schema") != REPORT_SCHEMA:
-        raise ForgeError(f"{path}: unknown report schema {data.get('schema')!r} (expected {REPORT_SCHEMA})")
+        raise BadInput(f"{path}: unknown report schema {data.get('schema')!r} (expected {REPORT_SCHEMA})")
     stored = data.get(INTEGRITY_KEY)
     if not isinstance(stored, str):
-        raise ForgeError(f"{path}: report has no integrity field; refusing an unsealed report")
+        raise IntegrityError(f"{path}: report has no integrity field; refusing an unsealed report")
     if stored != report_integrity(data):
-        raise ForgeError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
+        raise IntegrityError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
     try:
         validate(data)
     except ForgeError as e:
@@ -426,5 +426,5 @@ def read_report(report: str | Path) -> SealedReport:
     if path.is_dir():
         path = path / REPORT_NAME
     if not path.is_file():
-        raise ForgeError(f"no evaluation report at {path}: run `chattts-forge evaluate` first")
+        raise NotFound(f"no evaluation report at {path}: run `chattts-forge evaluate` first")
     return parse_report(path, path.read_bytes())

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -130,7 +130,7 @@ def find_baseline(root: Path, model: str, requested: str | None = None) -> Basel
     versions = model_versions(root, model)
     if requested is not None:
         if requested not in versions:
-            raise ForgeError(f"--baseline {requested}: {model} has no such version in {root} "
+            raise NotFound(f"--baseline {requested}: {model} has no such version in {root} "
                              f"(published: {', '.join(versions) or 'none'})")
         versions = versions[: versions.index(requested) + 1]
     if not versions:
@@ -537,7 +537,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
 def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:
     """A regression the build was told to publish anyway, with why (recorded in the manifest)."""
     if not reason or not reason.strip():
-        raise ForgeError("--accept-regression needs --reason: why this regression may ship")
+        raise BadInput("--accept-regression needs --reason: why this regression may ship")
     accepted = regression_from_builtins(record)
     accepted.accepted = Accepted(reason=reason.strip())
     return regression_builtins(accepted)

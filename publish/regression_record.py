@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from chattts_forge.errors import IntegrityError
+from chattts_forge.errors import BadInput
 
 REGRESSION_SCHEMA = "chattts-forge/regression/1"
 
@@ -76,11 +76,11 @@ class RegressionRecord(Struct):
 
 def regression_from_builtins(record: Any) -> RegressionRecord:
     """A regression record read from a manifest (or built in memory), every field's type checked;
-    an IntegrityError names the first field that does not fit."""
+    a BadInput names the first field that does not fit."""
     try:
         return msgspec.convert(record, RegressionRecord, strict=True)
     except msgspec.ValidationError as e:
-        raise IntegrityError(f"regression record: {e}") from None
+        raise BadInput(f"regression record: {e}") from None
 
 
 def regression_builtins(record: RegressionRecord) -> dict[str, Any]:

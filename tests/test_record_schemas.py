@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from chattts_forge.errors import IntegrityError
+from chattts_forge.errors import BadInput
 from chattts_forge.publish.manifest import manifest_bytes
 from chattts_forge.publish.record_schemas import SCHEMA_DIR, SCHEMAS, schema_bytes
 from chattts_forge.publish.regression import accept, no_baseline, summary
@@ -84,8 +84,8 @@ def test_no_baseline_and_accept_write_the_record_as_before(records: Path) -> Non
     assert line.startswith("int8-static: REGRESSION against v1: ") and "(accepted: known: the tiny" in line
 
 
-def test_a_wrong_regression_record_is_an_integrity_error_naming_the_field(records: Path) -> None:
+def test_a_wrong_regression_record_is_bad_input_naming_the_field(records: Path) -> None:
     raw = json.loads((records / "regression-against-v1.json").read_bytes())
     raw["figures"]["size_mb"]["status"] = "fine"
-    with pytest.raises(IntegrityError, match=r"figures\[\.\.\.\]\.status"):
+    with pytest.raises(BadInput, match=r"figures\[\.\.\.\]\.status"):
         regression_from_builtins(raw)
