@@ -4,7 +4,7 @@ The evaluate stage writes `REPORT_DIR/report.json` through `write_report`; the p
 the build driver) read it through `read_report`. Nothing else knows the format.
 
 report.json (schema ``chattts-forge/report/1``); every top-level key is required and no other is
-accepted (`TOP_LEVEL`):
+accepted (`report_record.ReportRecord`):
 
 - ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
 - ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {relative path:
@@ -57,9 +57,10 @@ accepted (`TOP_LEVEL`):
   refuses it. Non-finite floats are stored as null (`seal`) so the JSON is strict (RFC 8259) and the
   canonical form is stable.
 
-Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...) are
-checked for their type only; the sections publish reads (artifact, gate, checks, headline, size) are
-checked key by key. A missing or unknown key is a one-line `ForgeError` naming it (e.g.
+The types are evaluate.report_record's (msgspec; docs/schemas/report.schema.json is generated from
+them). Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...)
+are checked for their type only; the sections publish reads (artifact, gate, checks, headline, size)
+are checked key by key. A missing or unknown key is a one-line `BadInput` naming it (e.g.
 ``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
 """
 
@@ -74,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
+from chattts_forge.evaluate.report_record import check_report
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -84,106 +86,17 @@ REPORT_NAME = PUBLISHED_REPORT
 REPORT_SCHEMA = "chattts-forge/report/1"
 INTEGRITY_KEY = "integrity"
 
-# ------------------------------------------------------------------ the schema, as data
-# A field spec is a type (or tuple of types), a nested `dict` spec (exactly these keys), or
-# `ListOf(spec)` / `MapOf(spec)` (any number of entries / any string keys, each matching spec).
-_NUMBER = (int, float)
-_OPT_NUMBER = (int, float, type(None))
-_OPT_STR = (str, type(None))
-
-
-@dataclass(frozen=True)
-class ListOf:
-    item: Any
-
-
-@dataclass(frozen=True)
-class MapOf:
-    value: Any
-
-
-FILE_KEYS: dict[str, Any] = {"sha256": str, "bytes": int}
-ARTIFACT_KEYS: dict[str, Any] = {
-    "dir": str,
-    "name": _OPT_STR,
-    "variant": _OPT_STR,
-    "files": MapOf(FILE_KEYS),
-    "bytes_total": int,
-    "manifest_mismatches": ListOf(str),
-    "source": dict,
-    "precisions": dict,
-    "quantization_method": _OPT_STR,
-    "quantization_search": (dict, type(None)),  # quantize --method auto's candidates (search_report.py)
-}
+# ------------------------------------------------------------------ the schema: evaluate.report_record's types
 CHECK_STATUSES = ("pass", "fail", "waived", "not_measured")
-CHECK_KEYS: dict[str, Any] = {
-    "section": str,
-    "metric": str,
-    "rule": str,
-    "threshold": _OPT_NUMBER,
-    "value": _OPT_NUMBER,
-    "unit": str,
-    "status": str,
-    "passed": (bool, type(None)),
-    "margin": _OPT_NUMBER,
-    "message": str,
-}
-GATE_KEYS: dict[str, Any] = {
-    "path": str,
-    "sha256": str,
-    "schema": str,
-    "passed": bool,
-    "checks": ListOf(CHECK_KEYS),
-    "failed": ListOf(str),
-    "waived": MapOf(str),
-    "thresholds": MapOf(_NUMBER),
-}
-# Gate keys evaluate writes since issue 38 (absent in earlier reports): the gate file's [regression]
-# tolerances, {figure: tolerance}, which the regression gate (publish.regression_gate) judges with.
-GATE_OPTIONAL_KEYS: dict[str, Any] = {"regression": MapOf(_NUMBER)}
 # The figures a reader compares variants by (copied into the manifest and index.json by publish).
 HEADLINE_METRICS = ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch", "first_audio_seconds",
                     "code_agreement", "hidden_cosine", "mel_snr_db", "wer", "cer", "size_mb", "peak_rss_mb")
-HEADLINE_KEYS: dict[str, Any] = {"variant": _OPT_STR, "passed": bool, **dict.fromkeys(HEADLINE_METRICS, _OPT_NUMBER)}
 # Headline figures evaluate writes since issue 50 (absent in earlier reports): batch-8 peak RSS and the
 # batch-1 peak over FP32's, each variant measured in a process of its own (the ``memory`` section).
 HEADLINE_OPTIONAL_METRICS = ("peak_rss_b8_mb", "peak_rss_ratio_vs_reference")
-SIZE_KEYS: dict[str, Any] = {"artifact_bytes": int, "reference_bytes": int, "ratio_vs_reference": _OPT_NUMBER}
-TOP_LEVEL: dict[str, Any] = {
-    "schema": str,
-    "created_at": str,
-    "passed": bool,
-    "artifact": ARTIFACT_KEYS,
-    "reference": ARTIFACT_KEYS,
-    "corpus": dict,
-    "settings": dict,
-    "intelligibility": dict,
-    "fidelity": dict,
-    "latency": dict,
-    "size": SIZE_KEYS,
-    "machine": dict,
-    "versions": dict,
-    "toolchain": dict,
-    "metrics": MapOf(_OPT_NUMBER),
-    "gate": GATE_KEYS,
-    "headline": HEADLINE_KEYS,
-    "notes": ListOf(str),
-    "timing": dict,
-    "buckets": dict,
-    "phrase_cache": (dict, type(None)),
-    INTEGRITY_KEY: str,
-}
-# Sections evaluate writes since issue 25 (what listeners hear); optional so earlier reports of the
-# same schema still read: typed when present.
-OPTIONAL_TOP_LEVEL: dict[str, Any] = {
-    "speaker": dict,  # SIM to the FP32 audio per sentence (evaluate.listening)
-    "naturalness": dict,  # DNSMOS per sentence and the OVRL drop
-    "streaming": dict,  # stream seams (evaluate.seams)
-    "listen": dict,  # the audio and spectrogram files beside report.json, with their sha256
-    "intervals": dict,  # 95% bootstrap interval per corpus figure (evaluate.intervals)
-    "sentences": ListOf(dict),  # per-sentence rows
-    "memory": dict,  # each side's memory measured in a process of its own (since issue 50)
-}
+# Sections evaluate writes since issue 25 (memory: issue 50); optional so earlier reports of the
+# same schema still read: typed when present (report_record.ReportRecord).
+OPTIONAL_TOP_LEVEL = ("speaker", "naturalness", "streaming", "listen", "intervals", "sentences", "memory")
 
 
 def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | None]) -> dict[str, Any]:
@@ -192,64 +105,13 @@ def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | No
             **{k: metrics.get(k) for k in (*HEADLINE_METRICS, *HEADLINE_OPTIONAL_METRICS)}}
 
 
-def _type_names(spec: type | tuple[type, ...]) -> str:
-    types = spec if isinstance(spec, tuple) else (spec,)
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
-
-
-def _check(value: Any, spec: Any, where: str) -> None:
-    """Raise ForgeError naming the first key of `value` that does not match `spec`."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            raise BadInput(f"report key {where} must be an object, got {type(value).__name__}")
-        prefix = f"{where}." if where else ""
-        for key in spec:
-            if key not in value:
-                raise BadInput(f"report key {prefix}{key} is missing")
-        for key in value:
-            if key not in spec:
-                raise BadInput(f"unknown report key {prefix}{key}")
-        for key, sub in spec.items():
-            _check(value[key], sub, f"{prefix}{key}")
-    elif isinstance(spec, ListOf):
-        if not isinstance(value, list):
-            raise BadInput(f"report key {where} must be a list, got {type(value).__name__}")
-        for i, item in enumerate(value):
-            _check(item, spec.item, f"{where}[{i}]")
-    elif isinstance(spec, MapOf):
-        if not isinstance(value, dict):
-            raise BadInput(f"report key {where} must be an object, got {type(value).__name__}")
-        for key, item in value.items():
-            _check(item, spec.value, f"{where}.{key}")
-    else:
-        # bool is an int to Python, never a number to the report.
-        wrong_bool = isinstance(value, bool) and bool not in (spec if isinstance(spec, tuple) else (spec,))
-        if wrong_bool or not isinstance(value, spec):
-            raise BadInput(f"report key {where} must be {_type_names(spec)}, got {type(value).__name__}")
-
-
 def validate(report: Any) -> None:
     """Strict check of a report against the schema: every key known, present and of its type."""
     if not isinstance(report, dict):
         raise BadInput(f"a report must be a JSON object, got {type(report).__name__}")
     if report.get("schema") != REPORT_SCHEMA:
         raise BadInput(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
-    optional = {k: report[k] for k in OPTIONAL_TOP_LEVEL if k in report}
-    required = {k: v for k, v in report.items() if k not in optional}
-    gate = required.get("gate")
-    if isinstance(gate, dict):
-        for key in GATE_OPTIONAL_KEYS.keys() & gate.keys():
-            _check(gate[key], GATE_OPTIONAL_KEYS[key], f"gate.{key}")
-        required["gate"] = {k: v for k, v in gate.items() if k not in GATE_OPTIONAL_KEYS}
-    head = required.get("headline")
-    if isinstance(head, dict):
-        for key in HEADLINE_OPTIONAL_METRICS:
-            if key in head:
-                _check(head[key], _OPT_NUMBER, f"headline.{key}")
-        required["headline"] = {k: v for k, v in head.items() if k not in HEADLINE_OPTIONAL_METRICS}
-    _check(required, TOP_LEVEL, "")
-    for key, value in optional.items():
-        _check(value, OPTIONAL_TOP_LEVEL[key], key)
+    check_report(report)
     for i, check in enumerate(report["gate"]["checks"]):
         if check["status"] not in CHECK_STATUSES:
             raise BadInput(f"report key gate.checks[{i}].status is {check['status']!r}, "

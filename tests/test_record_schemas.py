@@ -1,4 +1,4 @@
-"""The typed records of routing.json and the regression record: published bytes read and written
+"""The typed records of report.json, routing.json and the regression record: published bytes read and written
 back unchanged, older tables still load, wrong types refused, and docs/schemas/ equal to what the
 types generate."""
 
@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from chattts_forge.errors import BadInput
+from chattts_forge.evaluate.report_record import check_report
+from chattts_forge.evaluate.report_schema import report_json_bytes, seal, validate, verify_integrity
 from chattts_forge.publish.manifest import manifest_bytes
 from chattts_forge.publish.record_schemas import SCHEMA_DIR, SCHEMAS, schema_bytes
 from chattts_forge.publish.regression import accept, no_baseline, summary
@@ -89,3 +92,57 @@ def test_a_wrong_regression_record_is_bad_input_naming_the_field(records: Path) 
     raw["figures"]["size_mb"]["status"] = "fine"
     with pytest.raises(BadInput, match=r"figures\[\.\.\.\]\.status"):
         regression_from_builtins(raw)
+
+
+def _report(records: Path) -> tuple[bytes, dict[str, Any]]:
+    data = (records / "report-before-memory.json").read_bytes()
+    return data, json.loads(data)
+
+
+def test_a_published_report_reads_through_its_record_and_writes_back_byte_for_byte(records: Path) -> None:
+    data, report = _report(records)
+    record = check_report(report)
+    assert record.headline.variant == "fp16" and record.gate.checks and record.memory is UNSET
+    assert report_json_bytes(report) == data and verify_integrity(report)
+
+
+def test_reports_without_the_newer_sections_still_load(records: Path) -> None:
+    _, report = _report(records)
+    first_audio = report["latency"]["artifact"]["first_audio_seconds"]
+    del first_audio["stream_lookahead_frames"]  # recorded since issue 52
+    for key in ("peak_rss_b8_mb", "peak_rss_ratio_vs_reference"):  # since issue 50
+        report["headline"].pop(key, None)
+    del report["gate"]["regression"]  # since issue 38
+    validate(seal(report))
+    with_memory = seal({**report, "memory": {"artifact": {"peak_rss_mb_by_batch": {"1": 300.0}}}})
+    validate(with_memory)
+    assert check_report(with_memory).memory != UNSET
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r["gate"].update(approved_by="me"), "unknown report key gate.approved_by"),
+        (lambda r: r["headline"].pop("rtf_p50"), "report key headline.rtf_p50 is missing"),
+        (
+            lambda r: r["artifact"]["files"]["artifact.json"].update(bytes="12"),
+            "report key artifact.files.artifact.json.bytes must be int, got str",
+        ),
+        (lambda r: r["gate"]["checks"][2].pop("margin"), "report key gate.checks[2].margin is missing"),
+        (lambda r: r.update(sentences={}), "report key sentences must be a list, got dict"),
+        (lambda r: r.update(corpus=None), "report key corpus must be an object, got NoneType"),
+        (
+            lambda r: r["headline"].update(wer=True),
+            "report key headline.wer must be int or float or null, got bool",
+        ),
+        (lambda r: r.update(extra=1), "unknown report key extra"),
+    ],
+)
+def test_the_records_refusals_name_the_key_as_the_hand_written_check_did(
+    records: Path, change, message: str
+) -> None:
+    _, report = _report(records)
+    change(report)
+    with pytest.raises(BadInput) as e:
+        validate(report)
+    assert str(e.value) == message
