@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chattts_forge.evaluate.latency_record import latency_json_schema
 from chattts_forge.evaluate.report_record import report_json_schema
 from chattts_forge.publish.regression_record import regression_json_schema
 from chattts_forge.runtime.routing_record import routing_json_schema
@@ -21,6 +22,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
 # file name -> the function that generates it
 SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {
     "report.schema.json": report_json_schema,
+    "latency.schema.json": latency_json_schema,
     "routing.schema.json": routing_json_schema,
     "regression.schema.json": regression_json_schema,
 }

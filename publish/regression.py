@@ -72,6 +72,7 @@ import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
+from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -157,32 +158,27 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
-    latency = report.get("latency") or {}
-    ref = {u.get("text"): _finite(u.get("rtf")) for u in (latency.get("reference") or {}).get("utterances") or []}
+    latency = latency_section(report)
+    ref = {u.text: _finite(u.rtf) for u in latency.reference.utterances} if latency.reference else {}
     out = {}
-    for u in (latency.get("artifact") or {}).get("utterances") or []:
-        mine, theirs = _finite(u.get("rtf")), ref.get(u.get("text"))
+    for u in latency.artifact.utterances if latency.artifact else []:
+        mine, theirs = _finite(u.rtf), ref.get(u.text)
         if mine is not None and theirs:
-            out[u["text"]] = mine / theirs
+            out[u.text] = mine / theirs
     return out
 
 
-def _first_audio(record: dict[str, Any] | None) -> dict[str, float]:
+def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     """{text: first audio seconds} of one latency record (its per-sentence runs; none before issue 38's
     item 2 recorded them)."""
-    samples = ((record or {}).get("first_audio_seconds") or {}).get("samples") or []
-    out = {}
-    for s in samples:
-        value = _finite(s.get("seconds")) if isinstance(s, dict) else None
-        if value is not None and isinstance(s.get("text"), str):
-            out[s["text"]] = value
-    return out
+    samples = record.first_audio_seconds.samples if record and record.first_audio_seconds else []
+    return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
 def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
-    latency = report.get("latency") or {}
-    mine, ref = _first_audio(latency.get("artifact")), _first_audio(latency.get("reference"))
+    latency = latency_section(report)
+    mine, ref = _first_audio(latency.artifact), _first_audio(latency.reference)
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -215,7 +211,7 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
 # per-sentence figures read from the latency records rather than the report's sentence rows
 _FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio((report.get("latency") or {}).get("artifact")),
+    "first_audio": lambda report: _first_audio(latency_section(report).artifact),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -460,8 +456,8 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
     from chattts_forge.log import get_logger, quiet_logger
 
-    latency = report.get("latency") or {}
-    sentences = [u["text"] for u in (latency.get("artifact") or {}).get("utterances") or [] if isinstance(u, dict)]
+    timed = latency_section(report).artifact
+    sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
     settings = report.get("settings") or {}

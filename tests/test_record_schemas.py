@@ -12,8 +12,10 @@ import msgspec
 import pytest
 
 from chattts_forge.errors import BadInput
+from chattts_forge.evaluate.latency_record import latency_section
 from chattts_forge.evaluate.report_record import check_report
 from chattts_forge.evaluate.report_schema import report_json_bytes, seal, validate, verify_integrity
+from chattts_forge.publish import regression
 from chattts_forge.publish.manifest import manifest_bytes
 from chattts_forge.publish.record_schemas import SCHEMA_DIR, SCHEMAS, schema_bytes
 from chattts_forge.publish.regression import accept, no_baseline, summary
@@ -146,3 +148,27 @@ def test_the_records_refusals_name_the_key_as_the_hand_written_check_did(
     with pytest.raises(BadInput) as e:
         validate(report)
     assert str(e.value) == message
+
+
+def test_the_latency_record_reads_what_the_regression_gate_pairs_and_older_records_load(records: Path) -> None:
+    _, report = _report(records)
+    latency = latency_section(report)
+    assert latency.artifact is not None and latency.artifact.utterances
+    first_audio = latency.artifact.first_audio_seconds
+    assert first_audio is not None and first_audio.stream_lookahead_frames is not UNSET and first_audio.samples
+    assert set(regression._first_audio(latency.artifact)) == {s.text for s in first_audio.samples}
+    # a record from before issue 52 (no look-ahead) and issue 38 (no per-sentence samples)
+    raw = report["latency"]["artifact"]["first_audio_seconds"]
+    del raw["stream_lookahead_frames"], raw["samples"]
+    older = latency_section(report).artifact
+    assert older is not None and older.first_audio_seconds is not None
+    assert older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.samples == []
+    assert regression._first_audio(older) == {}
+    assert latency_section({}).artifact is None  # a report without latency: nothing to pair
+
+
+def test_a_latency_record_of_the_wrong_type_is_one_line(records: Path) -> None:
+    _, report = _report(records)
+    report["latency"]["artifact"]["utterances"][0]["rtf"] = "fast"
+    with pytest.raises(BadInput, match=r"report key latency: .*utterances\[0\]\.rtf"):
+        latency_section(report)
