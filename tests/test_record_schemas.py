@@ -150,19 +150,25 @@ def test_the_records_refusals_name_the_key_as_the_hand_written_check_did(
     assert str(e.value) == message
 
 
-def test_the_latency_record_reads_what_the_regression_gate_pairs_and_older_records_load(records: Path) -> None:
+def test_the_latency_record_reads_what_the_regression_gate_pairs_and_older_records_load(
+    records: Path,
+) -> None:
     _, report = _report(records)
     latency = latency_section(report)
     assert latency.artifact is not None and latency.artifact.utterances
     first_audio = latency.artifact.first_audio_seconds
-    assert first_audio is not None and first_audio.stream_lookahead_frames is not UNSET and first_audio.samples
+    assert (
+        first_audio is not None and first_audio.stream_lookahead_frames is not UNSET and first_audio.samples
+    )
     assert set(regression._first_audio(latency.artifact)) == {s.text for s in first_audio.samples}
     # a record from before issue 52 (no look-ahead) and issue 38 (no per-sentence samples)
     raw = report["latency"]["artifact"]["first_audio_seconds"]
     del raw["stream_lookahead_frames"], raw["samples"]
     older = latency_section(report).artifact
     assert older is not None and older.first_audio_seconds is not None
-    assert older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.samples == []
+    assert (
+        older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.samples == []
+    )
     assert regression._first_audio(older) == {}
     assert latency_section({}).artifact is None  # a report without latency: nothing to pair
 
