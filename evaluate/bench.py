@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, GPT, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
 from chattts_forge.runtime.generation import check_engine
@@ -169,22 +169,22 @@ def checked_config(art: Path, cfg: BenchConfig, chat: Any = None) -> tuple[Bench
     and the checkpoint of the PyTorch baseline (None without one): every refusal before any work."""
     ArtifactMeta.load(art)  # a folder that is not an artifact fails here, before anything is timed
     if cfg.baseline not in (None, "none", "pytorch"):
-        raise ForgeError(f"unknown baseline '{cfg.baseline}' (pytorch or none)")
+        raise BadInput(f"unknown baseline '{cfg.baseline}' (pytorch or none)")
     check_engine(cfg.engine)
     if cfg.baseline_device not in ("cpu", "cuda"):
-        raise ForgeError(f"unknown baseline device '{cfg.baseline_device}' (cpu or cuda)")
+        raise BadInput(f"unknown baseline device '{cfg.baseline_device}' (cpu or cuda)")
     provider = resolve_provider(cfg.provider)  # `cuda` without a usable GPU fails here, before any work
     batches = sorted({int(b) for b in cfg.batches})
     if not batches or batches[0] < 1:
-        raise ForgeError("batch sizes must be >= 1")
+        raise BadInput("batch sizes must be >= 1")
     if cfg.steps < 2:
-        raise ForgeError("--steps must be >= 2")
+        raise BadInput("--steps must be >= 2")
     if cfg.reps < 1:
-        raise ForgeError("--reps must be >= 1")
+        raise BadInput("--reps must be >= 1")
     if cfg.threads < 1:
-        raise ForgeError("--threads must be >= 1")
+        raise BadInput("--threads must be >= 1")
     if not cfg.text.strip():
-        raise ForgeError("empty benchmark text")
+        raise BadInput("empty benchmark text")
     cfg = replace(cfg, baseline=None if cfg.baseline == "none" else cfg.baseline, provider=provider, batches=batches)
     ckpt: Path | None = None
     if cfg.baseline == "pytorch":
@@ -192,7 +192,7 @@ def checked_config(art: Path, cfg: BenchConfig, chat: Any = None) -> tuple[Bench
         if ckpt is None and chat is not None:
             ckpt = Path(str(getattr(chat, "forge_asset_dir", "<given Chat>")))
         if ckpt is None:
-            raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
+            raise BadInput("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
     return cfg, ckpt
 
 

@@ -84,7 +84,7 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
     from onnx import numpy_helper
 
     from chattts_forge.artifact import ArtifactMeta
-    from chattts_forge.errors import ForgeError
+    from chattts_forge.errors import BadInput
     from chattts_forge.fsutil import atomic_output_dir
     from chattts_forge.graph_storage import write_component
 
@@ -113,7 +113,7 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
                 meta.components[name] = write_component(model, tmp, name, comp)
                 damaged.append(path.name)
         if not damaged:
-            raise ForgeError(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
+            raise BadInput(f"{src} has no quantization scales to damage (is it a quantized artifact?)")
         meta.variant = f"{meta.variant}-damaged-x{factor:g}"
         meta.write(tmp)
     return damaged

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, ArtifactMeta, Fidelity
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
@@ -230,7 +230,7 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
     try:
         from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories, summarize_fidelity
     except ImportError as e:
-        raise ForgeError(f"fidelity needs chattts_forge.quantize ({e})") from None
+        raise BadInput(f"fidelity needs chattts_forge.quantize ({e})") from None
     from chattts_forge.evaluate.intervals import fidelity_sentences
 
     reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
@@ -351,7 +351,7 @@ def resolve_baseline(
         return None, "No PyTorch baseline in this run (disabled); speed ratios are against the FP32 artifact only."
     if str(requested) != "auto":
         if not Path(requested).exists():
-            raise ForgeError(f"baseline checkpoint {requested} does not exist")
+            raise NotFound(f"baseline checkpoint {requested} does not exist")
         return Path(requested), None
     source = art["source"].get("asset_dir") or ref["source"].get("asset_dir")
     if importlib.util.find_spec("torch") is None:
@@ -442,13 +442,13 @@ class EvaluateConfig:
     def check(self) -> None:
         """One-line ForgeError on settings no evaluation can run with."""
         if self.max_sentences < 1 or self.max_new_token < 1:
-            raise ForgeError("max_sentences and max_new_token must be >= 1")
+            raise BadInput("max_sentences and max_new_token must be >= 1")
         if self.bucket_sentences < 1 or self.cache_phrases < 0:
-            raise ForgeError("bucket_sentences must be >= 1 and cache_phrases >= 0")
+            raise BadInput("bucket_sentences must be >= 1 and cache_phrases >= 0")
         if self.listen_sentences < 0 or self.seam_sentences < 1:
-            raise ForgeError("listen_sentences must be >= 0 and seam_sentences >= 1")
+            raise BadInput("listen_sentences must be >= 0 and seam_sentences >= 1")
         if self.clone_reference is not None and not Path(self.clone_reference).is_file():
-            raise ForgeError(f"cloning recording {self.clone_reference} does not exist")
+            raise NotFound(f"cloning recording {self.clone_reference} does not exist")
 
     @property
     def show(self) -> bool:
@@ -505,7 +505,7 @@ def prepare(artifact: Path, reference: Path, cfg: EvaluateConfig) -> Judged:
 
     for p, what in ((artifact, "artifact"), (reference, "reference")):
         if not p.is_dir():
-            raise ForgeError(f"{what} folder {p} does not exist")
+            raise NotFound(f"{what} folder {p} does not exist")
     cfg.check()
     if cfg.ray is not None:
         from chattts_forge.raycluster import import_ray

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 from chattts_forge.log import get_logger
 from chattts_forge.progress import Progress, track
 from chattts_forge.runtime.interleave import RatioSettings, compare_rounds
@@ -99,14 +99,14 @@ class LatencyConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_token < 1 or self.warmup < 0 or self.first_audio_runs < 0 or self.stream_batch < 1:
-            raise ForgeError("latency: max_new_token and stream_batch must be >= 1, warmup and first_audio_runs >= 0")
+            raise BadInput("latency: max_new_token and stream_batch must be >= 1, warmup and first_audio_runs >= 0")
         if any(b < 1 for b in (*self.batch_sizes, *self.memory_batches)) or not self.memory_batches:
-            raise ForgeError(f"latency: batch sizes must be >= 1, got {self.batch_sizes} and memory "
+            raise BadInput(f"latency: batch sizes must be >= 1, got {self.batch_sizes} and memory "
                              f"{self.memory_batches}")
         if self.memory_steps < 2:
-            raise ForgeError(f"latency: memory_steps must be >= 2, got {self.memory_steps}")
+            raise BadInput(f"latency: memory_steps must be >= 2, got {self.memory_steps}")
         if not (self.ratio_bound > 0 and self.ratio_time_cap_s >= 0):
-            raise ForgeError(f"latency: ratio_bound must be > 0 and ratio_time_cap_s >= 0, got {self.ratio_bound} "
+            raise BadInput(f"latency: ratio_bound must be > 0 and ratio_time_cap_s >= 0, got {self.ratio_bound} "
                              f"and {self.ratio_time_cap_s}")
 
     def request(self, i: int) -> Request:
@@ -249,7 +249,7 @@ def measure_artifact(
     """(latency record, {utterance id: (waveform, sample_rate)}) of one artifact; see module doc."""
     cfg = config or LatencyConfig()
     if not sentences:
-        raise ForgeError("latency: no sentences to time")
+        raise BadInput("latency: no sentences to time")
     m = _Measured(artifact_dir, cfg)
     utterances, waves, m.warmup_seconds = measure_utterances(m.engine, sentences, cfg.request, cfg.warmup,
                                                              cfg.progress, desc, True)
@@ -314,9 +314,9 @@ def measure_against_many(
     `measure_against`."""
     cfg = config or LatencyConfig()
     if not sentences:
-        raise ForgeError("latency: no sentences to time")
+        raise BadInput("latency: no sentences to time")
     if not artifacts or "reference" in artifacts:
-        raise ForgeError("latency: name one artifact or more to time against the reference (not 'reference')")
+        raise BadInput("latency: name one artifact or more to time against the reference (not 'reference')")
     n = len(sentences)
     sides = {"reference": _Measured(reference_dir, cfg)}
     sides |= {name: _Measured(folder, cfg) for name, folder in artifacts.items()}
@@ -470,7 +470,7 @@ def retime_against(
     taken (loading included) and what stopped it. No first audio, throughput or memory: RTF only."""
     cfg = config or LatencyConfig()
     if not sentences:
-        raise ForgeError("latency: no sentences to re-time")
+        raise BadInput("latency: no sentences to re-time")
     started = clock()
     engines = {"baseline": OnnxEngine(baseline_dir, cfg.threads, provider=cfg.provider),
                "artifact": OnnxEngine(artifact_dir, cfg.threads, provider=cfg.provider)}

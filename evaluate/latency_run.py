@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
 
@@ -78,9 +78,9 @@ def measure_latency_run(reference: Path, artifacts: list[Path], out: Path, cfg: 
 
     for folder in (reference, *artifacts):
         if not Path(folder).is_dir():
-            raise ForgeError(f"artifact folder {folder} does not exist")
+            raise NotFound(f"artifact folder {folder} does not exist")
     if not artifacts:
-        raise ForgeError("evaluate-latency needs at least one --artifact")
+        raise BadInput("evaluate-latency needs at least one --artifact")
     cfg.check()
     provider = resolve_provider(cfg.provider)
     corpus = load_corpus(cfg.corpus, max_sentences=cfg.max_sentences)
@@ -90,7 +90,7 @@ def measure_latency_run(reference: Path, artifacts: list[Path], out: Path, cfg: 
         desc = describe_artifact(folder)
         name = str(desc["variant"])
         if name in described or name == REFERENCE or Path(folder).resolve() == Path(reference).resolve():
-            raise ForgeError(f"evaluate-latency: {folder} (variant {name}) is the reference or named twice")
+            raise BadInput(f"evaluate-latency: {folder} (variant {name}) is the reference or named twice")
         described[name] = (Path(folder), desc)
     synthetic = ref_desc["source"].get("kind") == "synthetic"
     log.info("timing %s against %s on %d sentences, interleaved in the same rounds", ", ".join(described),
@@ -132,23 +132,23 @@ def read_latency_pair(folder: Path, variant: str, settings: dict[str, Any], arti
         record = json.loads(path.read_text(encoding="utf-8"))
         entry = record["artifacts"].get(variant)
         if record.get("schema") != LATENCY_RUN_SCHEMA:
-            raise ForgeError(f"{path}: schema {record.get('schema')!r} is not {LATENCY_RUN_SCHEMA!r}")
+            raise BadInput(f"{path}: schema {record.get('schema')!r} is not {LATENCY_RUN_SCHEMA!r}")
         if entry is None:
-            raise ForgeError(f"latency run {folder} did not time variant {variant}")
+            raise BadInput(f"latency run {folder} did not time variant {variant}")
         with np.load(Path(folder) / WAVES_FILE, allow_pickle=False) as z:
             def waves(side: str, ids: list[str]) -> dict[str, tuple[np.ndarray, int]]:
                 return {u: (z[f"{side}/wav_{u}"], int(z[f"{side}/sr_{u}"])) for u in ids}
 
             art_waves, ref_waves = waves(variant, entry["waves"]), waves(REFERENCE, record["reference"]["waves"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ForgeError(f"latency run {folder} is unreadable ({type(e).__name__}: {e}); "
+        raise BadInput(f"latency run {folder} is unreadable ({type(e).__name__}: {e}); "
                          "run `chattts-forge evaluate-latency` again") from None
     if record.get("settings") != settings:
         theirs = record.get("settings") or {}
         differ = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
-        raise ForgeError(f"latency run {folder} was measured with other settings ({', '.join(differ)}); "
+        raise BadInput(f"latency run {folder} was measured with other settings ({', '.join(differ)}); "
                          "evaluate without --latency-run or measure it again with these settings")
     if entry["files_sha256"] != files_sha256(artifact_files):
-        raise ForgeError(f"latency run {folder} timed other files for variant {variant}; "
+        raise IntegrityError(f"latency run {folder} timed other files for variant {variant}; "
                          "evaluate without --latency-run or measure it again")
     return PairLatency(entry["latency"], art_waves, record["reference"]["latency"], ref_waves, entry["ratio"])

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -204,9 +204,9 @@ def read_listen_file(report_dir: Path, entry: Mapping[str, Any]) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ForgeError(f"{path}: unreadable ({e})") from None
+        raise BadInput(f"{path}: unreadable ({e})") from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise ForgeError(f"{path}: differs from the sha256 its report.json records")
+        raise IntegrityError(f"{path}: differs from the sha256 its report.json records")
     return data
 
 
@@ -232,7 +232,7 @@ def clone_waves(
     try:
         wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
     except (OSError, RuntimeError) as e:
-        raise ForgeError(f"cloning recording {path}: unreadable ({e})") from None
+        raise BadInput(f"cloning recording {path}: unreadable ({e})") from None
     mono = wav.mean(axis=1)
     pipe = Pipeline(Path(artifact), threads=threads, provider=provider)
     rec24 = mono if sr == pipe.sample_rate else resample(mono, int(sr), pipe.sample_rate)

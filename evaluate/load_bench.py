@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
@@ -95,7 +95,7 @@ def corpus_requests(corpus: str, n: int, seed: int) -> list[tuple[str, int]]:
 
     sentences = list(load_corpus(corpus).sentences)
     if not sentences:
-        raise ForgeError(f"corpus {corpus} has no sentence")
+        raise BadInput(f"corpus {corpus} has no sentence")
     order = np.random.default_rng(seed).permutation(len(sentences))
     picked = [sentences[int(order[i % len(sentences)])] for i in range(n)]
     return [(t, speech_steps(t)) for t in picked]
@@ -103,7 +103,7 @@ def corpus_requests(corpus: str, n: int, seed: int) -> list[tuple[str, int]]:
 
 def check_hit_ratio(ratio: float | None) -> None:
     if ratio is not None and not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and 0 <= ratio <= 1):
-        raise ForgeError(f"--phrase-cache-hit-ratio must lie in [0, 1], got {ratio}")
+        raise BadInput(f"--phrase-cache-hit-ratio must lie in [0, 1], got {ratio}")
 
 
 def hit_indices(n: int, ratio: float, seed: int) -> list[int]:
@@ -140,7 +140,7 @@ def plan_requests(reqs: Sequence[tuple[str, int]], seed: int, hits: Sequence[int
     cached phrase with `hit_params` (their own text, or `hit_texts` drawn in turn when given)."""
     marked = set(hits)
     if marked and hit_params is None:
-        raise ForgeError("cache hits need the cache's request parameters")
+        raise BadInput("cache hits need the cache's request parameters")
     out, j = [], 0
     for i, (text, steps) in enumerate(reqs):
         if i in marked:
@@ -288,7 +288,7 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
     try:
         import httpx
     except ModuleNotFoundError:
-        raise ForgeError("bench --url needs httpx: pip install 'chattts-forge[dev]'") from None
+        raise BadInput("bench --url needs httpx: pip install 'chattts-forge[dev]'") from None
     endpoint = url.rstrip("/") + "/v1/audio/speech"
     try:
         httpx.get(url.rstrip("/") + "/readyz", timeout=10).raise_for_status()
@@ -448,24 +448,24 @@ class LoadBenchConfig:
         """A ForgeError naming the first option that cannot be run."""
         levels = self.levels
         if not levels or levels[0] < 1:
-            raise ForgeError("--concurrency takes values >= 1")
+            raise BadInput("--concurrency takes values >= 1")
         if self.requests < 1:
-            raise ForgeError("--requests must be >= 1")
+            raise BadInput("--requests must be >= 1")
         if self.arrival not in ARRIVALS:
-            raise ForgeError(f"unknown arrival '{self.arrival}' (choose from: {', '.join(ARRIVALS)})")
+            raise BadInput(f"unknown arrival '{self.arrival}' (choose from: {', '.join(ARRIVALS)})")
         rate = self.rate
         if self.arrival == "poisson" and not (rate is not None and rate > 0 and math.isfinite(rate)):
-            raise ForgeError("--arrival poisson needs --rate R (requests per second, > 0)")
+            raise BadInput("--arrival poisson needs --rate R (requests per second, > 0)")
         if self.baseline not in (None, "pytorch"):
-            raise ForgeError(f"unknown baseline '{self.baseline}' (pytorch or none)")
+            raise BadInput(f"unknown baseline '{self.baseline}' (pytorch or none)")
         check_hit_ratio(self.phrase_cache_hit_ratio)
         if self.url is not None and self.phrase_cache_hit_ratio is not None:
             raise ForgeError("--url replays scheduled requests only (the server's phrase cache decides its hits); "
                              "drop --phrase-cache-hit-ratio")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ForgeError(f"--url must be http://HOST:PORT, got {self.url!r}")
+            raise BadInput(f"--url must be http://HOST:PORT, got {self.url!r}")
         if self.phrase_cache is not None and self.phrase_cache_hit_ratio is None:
-            raise ForgeError("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
+            raise BadInput("--phrase-cache needs --phrase-cache-hit-ratio R (the share of requests it serves)")
 
     def baseline_checkpoint(self, art: Path) -> Path | None:
         """The PyTorch baseline's checkpoint (None without a baseline); ForgeError when none is known."""
@@ -475,7 +475,7 @@ class LoadBenchConfig:
 
         ckpt = Path(self.checkpoint).expanduser() if self.checkpoint is not None else default_checkpoint(art)
         if ckpt is None:
-            raise ForgeError("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
+            raise BadInput("the pytorch baseline needs --checkpoint (the artifact records no existing source folder)")
         return ckpt
 
 
@@ -601,7 +601,7 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
             pcache = PipelineCache(cache, pipe)  # refused unless built for this artifact
             pool = cache.texts(pcache.payload)
             if hits and not pool:
-                raise ForgeError(f"phrase cache {cache.path} holds no phrase for {art}")
+                raise NotFound(f"phrase cache {cache.path} holds no phrase for {art}")
             params = replay_params(cache.knobs, pipe.num_vq)
         except ForgeError:
             cache.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import ForgeError, NotFound
 from chattts_forge.evaluate.melspec import mel_power, power_to_db
 from chattts_forge.fsutil import installed_file, recorded_installed_file
 
@@ -105,7 +105,7 @@ class Dnsmos:
             p835, p808 = Path(models_dir) / "sig_bak_ovr.onnx", Path(models_dir) / "model_v8.onnx"
             for p in (p835, p808):
                 if not p.is_file():
-                    raise ForgeError(f"DNSMOS model {p} does not exist")
+                    raise NotFound(f"DNSMOS model {p} does not exist")
         return cls(p835, p808, threads)
 
     def describe(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.raycluster import connect
 
@@ -132,7 +132,7 @@ class RayShards:
 
     def __enter__(self) -> RayShards:
         if self.workers < 1:
-            raise ForgeError("--ray-workers must be >= 1")
+            raise BadInput("--ray-workers must be >= 1")
         ray = self.ray = connect(self.address)
         remote = ray.remote(num_cpus=1, max_restarts=self.retries, max_task_retries=self.retries)(CorpusWorker)
         self.actors = [remote.remote(str(self.reference), str(self.artifact), self.threads,
@@ -189,7 +189,7 @@ class RayShards:
         comparisons = [c for cmp, _ in results for c in cmp]
         trajectories = [t for _, trajs in results for t in trajs]
         if not comparisons:
-            raise ForgeError(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
+            raise BadInput(f"no sentence of corpus '{corpus.name}' could be synthesized for fidelity")
         result = summarize_fidelity(self.reference, corpus, comparisons,
                                     {"max_sentences": sentences, "max_new_token": steps, "seed": seed})
         if per_tensor:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, NotFound
 from chattts_forge.evaluate import textnorm
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
@@ -151,14 +151,14 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
             with np.load(Path(folder) / TRAJECTORIES_FILE, allow_pickle=False) as z:
                 trajectories = trajectories_from(z, record["trajectories"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ForgeError(f"reference run {folder} is unreadable ({type(e).__name__}: {e}); "
+        raise BadInput(f"reference run {folder} is unreadable ({type(e).__name__}: {e}); "
                          "run `chattts-forge evaluate-reference` again") from None
     if record.get("schema") != REFERENCE_RUN_SCHEMA:
-        raise ForgeError(f"{path}: schema {record.get('schema')!r} is not {REFERENCE_RUN_SCHEMA!r}")
+        raise BadInput(f"{path}: schema {record.get('schema')!r} is not {REFERENCE_RUN_SCHEMA!r}")
     if record.get("settings") != settings:
         theirs = record.get("settings") or {}
         differ = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
-        raise ForgeError(f"reference run {folder} was measured with other settings ({', '.join(differ)}); "
+        raise BadInput(f"reference run {folder} was measured with other settings ({', '.join(differ)}); "
                          "evaluate without --reference-run or measure it again with these settings")
     baseline = record["baseline_checkpoint"]
     return ReferenceRun(record["latency"], waves, record["pytorch"], None if baseline is None else Path(baseline),
@@ -181,7 +181,7 @@ def _read_buckets(folder: Path, index: dict[str, Any] | None) -> dict[str, Any] 
                                             {k: (view[f"wav_{k}"], int(sr)) for k, sr in rec["waves"].items()},
                                             trajectories_from(view, rec["trajectories"]), rec["settings"])
     except (OSError, ValueError, KeyError) as e:
-        raise ForgeError(f"reference run {folder}: {BUCKETS_FILE} is unreadable ({type(e).__name__}: {e})") from None
+        raise BadInput(f"reference run {folder}: {BUCKETS_FILE} is unreadable ({type(e).__name__}: {e})") from None
     return out
 
 
@@ -248,7 +248,7 @@ def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConf
 
     reference = Path(reference)
     if not reference.is_dir():
-        raise ForgeError(f"reference folder {reference} does not exist")
+        raise NotFound(f"reference folder {reference} does not exist")
     cfg.check()
     provider = resolve_provider(cfg.provider)
     corp = load_corpus(cfg.corpus, max_sentences=cfg.max_sentences)

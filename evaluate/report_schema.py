@@ -4,7 +4,7 @@ The evaluate stage writes `REPORT_DIR/report.json` through `write_report`; the p
 the build driver) read it through `read_report`. Nothing else knows the format.
 
 report.json (schema ``chattts-forge/report/1``); every top-level key is required and no other is
-accepted (`TOP_LEVEL`):
+accepted (`report_record.ReportRecord`):
 
 - ``schema``, ``created_at`` (UTC, ISO 8601), ``passed`` (bool, the gate's verdict);
 - ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {relative path:
@@ -57,9 +57,10 @@ accepted (`TOP_LEVEL`):
   refuses it. Non-finite floats are stored as null (`seal`) so the JSON is strict (RFC 8259) and the
   canonical form is stable.
 
-Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...) are
-checked for their type only; the sections publish reads (artifact, gate, checks, headline, size) are
-checked key by key. A missing or unknown key is a one-line `ForgeError` naming it (e.g.
+The types are evaluate.report_record's (msgspec; docs/schemas/report.schema.json is generated from
+them). Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...)
+are checked for their type only; the sections publish reads (artifact, gate, checks, headline, size)
+are checked key by key. A missing or unknown key is a one-line `BadInput` naming it (e.g.
 ``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
 """
 
@@ -73,7 +74,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
+from chattts_forge.evaluate.report_record import check_report
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -84,106 +86,17 @@ REPORT_NAME = PUBLISHED_REPORT
 REPORT_SCHEMA = "chattts-forge/report/1"
 INTEGRITY_KEY = "integrity"
 
-# ------------------------------------------------------------------ the schema, as data
-# A field spec is a type (or tuple of types), a nested `dict` spec (exactly these keys), or
-# `ListOf(spec)` / `MapOf(spec)` (any number of entries / any string keys, each matching spec).
-_NUMBER = (int, float)
-_OPT_NUMBER = (int, float, type(None))
-_OPT_STR = (str, type(None))
-
-
-@dataclass(frozen=True)
-class ListOf:
-    item: Any
-
-
-@dataclass(frozen=True)
-class MapOf:
-    value: Any
-
-
-FILE_KEYS: dict[str, Any] = {"sha256": str, "bytes": int}
-ARTIFACT_KEYS: dict[str, Any] = {
-    "dir": str,
-    "name": _OPT_STR,
-    "variant": _OPT_STR,
-    "files": MapOf(FILE_KEYS),
-    "bytes_total": int,
-    "manifest_mismatches": ListOf(str),
-    "source": dict,
-    "precisions": dict,
-    "quantization_method": _OPT_STR,
-    "quantization_search": (dict, type(None)),  # quantize --method auto's candidates (search_report.py)
-}
+# ------------------------------------------------------------------ the schema: evaluate.report_record's types
 CHECK_STATUSES = ("pass", "fail", "waived", "not_measured")
-CHECK_KEYS: dict[str, Any] = {
-    "section": str,
-    "metric": str,
-    "rule": str,
-    "threshold": _OPT_NUMBER,
-    "value": _OPT_NUMBER,
-    "unit": str,
-    "status": str,
-    "passed": (bool, type(None)),
-    "margin": _OPT_NUMBER,
-    "message": str,
-}
-GATE_KEYS: dict[str, Any] = {
-    "path": str,
-    "sha256": str,
-    "schema": str,
-    "passed": bool,
-    "checks": ListOf(CHECK_KEYS),
-    "failed": ListOf(str),
-    "waived": MapOf(str),
-    "thresholds": MapOf(_NUMBER),
-}
-# Gate keys evaluate writes since issue 38 (absent in earlier reports): the gate file's [regression]
-# tolerances, {figure: tolerance}, which the regression gate (publish.regression_gate) judges with.
-GATE_OPTIONAL_KEYS: dict[str, Any] = {"regression": MapOf(_NUMBER)}
 # The figures a reader compares variants by (copied into the manifest and index.json by publish).
 HEADLINE_METRICS = ("rtf_p50", "rtf_ratio_vs_reference", "rtf_ratio_vs_pytorch", "first_audio_seconds",
                     "code_agreement", "hidden_cosine", "mel_snr_db", "wer", "cer", "size_mb", "peak_rss_mb")
-HEADLINE_KEYS: dict[str, Any] = {"variant": _OPT_STR, "passed": bool, **dict.fromkeys(HEADLINE_METRICS, _OPT_NUMBER)}
 # Headline figures evaluate writes since issue 50 (absent in earlier reports): batch-8 peak RSS and the
 # batch-1 peak over FP32's, each variant measured in a process of its own (the ``memory`` section).
 HEADLINE_OPTIONAL_METRICS = ("peak_rss_b8_mb", "peak_rss_ratio_vs_reference")
-SIZE_KEYS: dict[str, Any] = {"artifact_bytes": int, "reference_bytes": int, "ratio_vs_reference": _OPT_NUMBER}
-TOP_LEVEL: dict[str, Any] = {
-    "schema": str,
-    "created_at": str,
-    "passed": bool,
-    "artifact": ARTIFACT_KEYS,
-    "reference": ARTIFACT_KEYS,
-    "corpus": dict,
-    "settings": dict,
-    "intelligibility": dict,
-    "fidelity": dict,
-    "latency": dict,
-    "size": SIZE_KEYS,
-    "machine": dict,
-    "versions": dict,
-    "toolchain": dict,
-    "metrics": MapOf(_OPT_NUMBER),
-    "gate": GATE_KEYS,
-    "headline": HEADLINE_KEYS,
-    "notes": ListOf(str),
-    "timing": dict,
-    "buckets": dict,
-    "phrase_cache": (dict, type(None)),
-    INTEGRITY_KEY: str,
-}
-# Sections evaluate writes since issue 25 (what listeners hear); optional so earlier reports of the
-# same schema still read: typed when present.
-OPTIONAL_TOP_LEVEL: dict[str, Any] = {
-    "speaker": dict,  # SIM to the FP32 audio per sentence (evaluate.listening)
-    "naturalness": dict,  # DNSMOS per sentence and the OVRL drop
-    "streaming": dict,  # stream seams (evaluate.seams)
-    "listen": dict,  # the audio and spectrogram files beside report.json, with their sha256
-    "intervals": dict,  # 95% bootstrap interval per corpus figure (evaluate.intervals)
-    "sentences": ListOf(dict),  # per-sentence rows
-    "memory": dict,  # each side's memory measured in a process of its own (since issue 50)
-}
+# Sections evaluate writes since issue 25 (memory: issue 50); optional so earlier reports of the
+# same schema still read: typed when present (report_record.ReportRecord).
+OPTIONAL_TOP_LEVEL = ("speaker", "naturalness", "streaming", "listen", "intervals", "sentences", "memory")
 
 
 def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | None]) -> dict[str, Any]:
@@ -192,72 +105,21 @@ def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | No
             **{k: metrics.get(k) for k in (*HEADLINE_METRICS, *HEADLINE_OPTIONAL_METRICS)}}
 
 
-def _type_names(spec: type | tuple[type, ...]) -> str:
-    types = spec if isinstance(spec, tuple) else (spec,)
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
-
-
-def _check(value: Any, spec: Any, where: str) -> None:
-    """Raise ForgeError naming the first key of `value` that does not match `spec`."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
-        prefix = f"{where}." if where else ""
-        for key in spec:
-            if key not in value:
-                raise ForgeError(f"report key {prefix}{key} is missing")
-        for key in value:
-            if key not in spec:
-                raise ForgeError(f"unknown report key {prefix}{key}")
-        for key, sub in spec.items():
-            _check(value[key], sub, f"{prefix}{key}")
-    elif isinstance(spec, ListOf):
-        if not isinstance(value, list):
-            raise ForgeError(f"report key {where} must be a list, got {type(value).__name__}")
-        for i, item in enumerate(value):
-            _check(item, spec.item, f"{where}[{i}]")
-    elif isinstance(spec, MapOf):
-        if not isinstance(value, dict):
-            raise ForgeError(f"report key {where} must be an object, got {type(value).__name__}")
-        for key, item in value.items():
-            _check(item, spec.value, f"{where}.{key}")
-    else:
-        # bool is an int to Python, never a number to the report.
-        wrong_bool = isinstance(value, bool) and bool not in (spec if isinstance(spec, tuple) else (spec,))
-        if wrong_bool or not isinstance(value, spec):
-            raise ForgeError(f"report key {where} must be {_type_names(spec)}, got {type(value).__name__}")
-
-
 def validate(report: Any) -> None:
     """Strict check of a report against the schema: every key known, present and of its type."""
     if not isinstance(report, dict):
-        raise ForgeError(f"a report must be a JSON object, got {type(report).__name__}")
+        raise BadInput(f"a report must be a JSON object, got {type(report).__name__}")
     if report.get("schema") != REPORT_SCHEMA:
-        raise ForgeError(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
-    optional = {k: report[k] for k in OPTIONAL_TOP_LEVEL if k in report}
-    required = {k: v for k, v in report.items() if k not in optional}
-    gate = required.get("gate")
-    if isinstance(gate, dict):
-        for key in GATE_OPTIONAL_KEYS.keys() & gate.keys():
-            _check(gate[key], GATE_OPTIONAL_KEYS[key], f"gate.{key}")
-        required["gate"] = {k: v for k, v in gate.items() if k not in GATE_OPTIONAL_KEYS}
-    head = required.get("headline")
-    if isinstance(head, dict):
-        for key in HEADLINE_OPTIONAL_METRICS:
-            if key in head:
-                _check(head[key], _OPT_NUMBER, f"headline.{key}")
-        required["headline"] = {k: v for k, v in head.items() if k not in HEADLINE_OPTIONAL_METRICS}
-    _check(required, TOP_LEVEL, "")
-    for key, value in optional.items():
-        _check(value, OPTIONAL_TOP_LEVEL[key], key)
+        raise BadInput(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
+    check_report(report)
     for i, check in enumerate(report["gate"]["checks"]):
         if check["status"] not in CHECK_STATUSES:
-            raise ForgeError(f"report key gate.checks[{i}].status is {check['status']!r}, "
+            raise BadInput(f"report key gate.checks[{i}].status is {check['status']!r}, "
                              f"not one of {', '.join(CHECK_STATUSES)}")
     if report["passed"] != report["gate"]["passed"]:
-        raise ForgeError("report key passed contradicts gate.passed")
+        raise BadInput("report key passed contradicts gate.passed")
     if not report["artifact"]["files"]:
-        raise ForgeError("report key artifact.files names no file")
+        raise BadInput("report key artifact.files names no file")
 
 
 # ------------------------------------------------------------------ the seal
@@ -310,17 +172,17 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
     """Write a sealed, valid `report` as `out_dir/report.json`, with `renderings` ({relative path: text
     or bytes}) beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
     if not verify_integrity(report):
-        raise ForgeError("refusing to write an unsealed report (seal it first)")
+        raise BadInput("refusing to write an unsealed report (seal it first)")
     validate(report)
     renderings = dict(renderings or {})
     if REPORT_NAME in renderings:
-        raise ForgeError(f"a rendering may not be named {REPORT_NAME}")
+        raise BadInput(f"a rendering may not be named {REPORT_NAME}")
     with atomic_output_dir(Path(out_dir)) as tmp:
         (tmp / REPORT_NAME).write_bytes(report_json_bytes(report))
         for name, content in renderings.items():
             target = tmp / name
             if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise ForgeError(f"a rendering's path must stay inside the report folder, got {name!r}")
+                raise BadInput(f"a rendering's path must stay inside the report folder, got {name!r}")
             target.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, bytes):
                 target.write_bytes(content)
@@ -403,16 +265,16 @@ def parse_report(path: Path, raw: bytes) -> SealedReport:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ForgeError(f"{path}: not a valid JSON report ({e})") from None
+        raise BadInput(f"{path}: not a valid JSON report ({e})") from None
     if not isinstance(data, dict):
-        raise ForgeError(f"{path}: not a JSON object")
+        raise BadInput(f"{path}: not a JSON object")
     if data.get("schema") != REPORT_SCHEMA:
-        raise ForgeError(f"{path}: unknown report schema {data.get('schema')!r} (expected {REPORT_SCHEMA})")
+        raise BadInput(f"{path}: unknown report schema {data.get('schema')!r} (expected {REPORT_SCHEMA})")
     stored = data.get(INTEGRITY_KEY)
     if not isinstance(stored, str):
-        raise ForgeError(f"{path}: report has no integrity field; refusing an unsealed report")
+        raise IntegrityError(f"{path}: report has no integrity field; refusing an unsealed report")
     if stored != report_integrity(data):
-        raise ForgeError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
+        raise IntegrityError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
     try:
         validate(data)
     except ForgeError as e:
@@ -426,5 +288,5 @@ def read_report(report: str | Path) -> SealedReport:
     if path.is_dir():
         path = path / REPORT_NAME
     if not path.is_file():
-        raise ForgeError(f"no evaluation report at {path}: run `chattts-forge evaluate` first")
+        raise NotFound(f"no evaluation report at {path}: run `chattts-forge evaluate` first")
     return parse_report(path, path.read_bytes())

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.stats import bootstrap_interval, bootstrap_ratio_interval
 from chattts_forge.log import get_logger
@@ -77,28 +77,28 @@ def read_transcripts(path: str | os.PathLike[str]) -> dict[str, str]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ForgeError(f"transcripts file {path} does not exist") from None
+        raise NotFound(f"transcripts file {path} does not exist") from None
     except OSError as e:
         raise ForgeError(f"cannot read transcripts file {path}: {e.strerror}") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise ForgeError(f"transcripts file {path} is not UTF-8") from None
+        raise BadInput(f"transcripts file {path} is not UTF-8") from None
     out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if "\t" not in line:
-            raise ForgeError(f"{path}:{lineno}: expected 'ID<TAB>sentence', got {line[:60]!r}")
+            raise BadInput(f"{path}:{lineno}: expected 'ID<TAB>sentence', got {line[:60]!r}")
         utt_id, sentence = line.split("\t", 1)
         utt_id, sentence = utt_id.strip(), sentence.strip()
         if not utt_id or not sentence:
-            raise ForgeError(f"{path}:{lineno}: empty id or sentence")
+            raise BadInput(f"{path}:{lineno}: empty id or sentence")
         if utt_id in out:
-            raise ForgeError(f"{path}:{lineno}: duplicate id '{utt_id}'")
+            raise BadInput(f"{path}:{lineno}: duplicate id '{utt_id}'")
         out[utt_id] = sentence
     if not out:
-        raise ForgeError(f"transcripts file {path} has no 'ID<TAB>sentence' lines")
+        raise BadInput(f"transcripts file {path} has no 'ID<TAB>sentence' lines")
     return out
 
 
@@ -158,7 +158,7 @@ def error_rates(
     sides in their spoken form first (see the module doc), False: the project's number rules only."""
     missing = sorted(set(references) - set(hypotheses))
     if missing:
-        raise ForgeError(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
+        raise BadInput(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
     totals = {"sub": 0, "del": 0, "ins": 0, "words": 0, "char_edits": 0, "chars": 0}
     raw_totals = {"edits": 0, "words": 0, "char_edits": 0, "chars": 0}
     unspoken_pairs: list[tuple[str, str]] = []
@@ -255,7 +255,7 @@ def seed_tts_eval_process(reference: str, hypothesis: str, lang: str) -> dict[st
     import jiwer
 
     if lang not in ("en", "zh"):
-        raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+        raise BadInput(f"unsupported language '{lang}' (expected en or zh)")
     if lang == "zh":
         import zhconv
 
@@ -300,9 +300,9 @@ def seed_tts_eval_rates(
     """(corpus, {id: utterance}) as Seed-TTS-eval's run_wer.py + average_wer.py compute them."""
     missing = sorted(set(references) - set(hypotheses))
     if missing:
-        raise ForgeError(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
+        raise BadInput(f"no hypothesis for utterance(s) {', '.join(missing[:5])}")
     if not references:
-        raise ForgeError("no utterances to score")
+        raise BadInput("no utterances to score")
     rows = {utt_id: seed_tts_eval_process(ref, hypotheses[utt_id], lang) for utt_id, ref in references.items()}
     wers = [r["wer"] for r in rows.values()]
     below = [w for w in wers if w <= 0.5]
@@ -335,7 +335,7 @@ def transcribe_waveforms(
     timing: dict[str, dict[str, float]] = {}
     for utt_id in track(ids, desc, "utt", enabled=progress, leave=False):
         if utt_id not in waveforms:
-            raise ForgeError(f"no audio for utterance '{utt_id}'")
+            raise BadInput(f"no audio for utterance '{utt_id}'")
         audio, sr = waveforms[utt_id]
         audio16 = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sr, ASR_SAMPLE_RATE)
         t0 = time.perf_counter()
@@ -418,11 +418,11 @@ def load_speaker_reference(path: str | os.PathLike[str], encoder: Any) -> tuple[
     if path.is_dir():
         files = _wav_files(path)
         if not files:
-            raise ForgeError(f"speaker reference folder {path} has no .wav files")
+            raise NotFound(f"speaker reference folder {path} has no .wav files")
     elif path.is_file():
         files = [path]
     else:
-        raise ForgeError(f"speaker reference {path} does not exist")
+        raise NotFound(f"speaker reference {path} does not exist")
     embeddings = encoder.embed_many([(load_audio(f, SAMPLE_RATE), SAMPLE_RATE) for f in files])
     return pooled_reference(embeddings), [str(f) for f in files]
 
@@ -435,7 +435,7 @@ def speaker_section(
     from chattts_forge.evaluate.speaker import pooled_reference, similarity
 
     if not waveforms:
-        raise ForgeError("no utterances to compare with the speaker reference")
+        raise BadInput("no utterances to compare with the speaker reference")
     ids = list(waveforms)
     chunks = [ids[i : i + 16] for i in range(0, len(ids), 16)]
     embeddings: dict[str, np.ndarray] = {}
@@ -461,7 +461,7 @@ def naturalness_section(
     from chattts_forge.evaluate.naturalness import KEYS
 
     if not waveforms:
-        raise ForgeError("no utterances to score with DNSMOS")
+        raise BadInput("no utterances to score with DNSMOS")
     per_utt = {}
     for utt_id in track(list(waveforms), "DNSMOS", "utt", enabled=progress, leave=False):
         per_utt[utt_id] = dnsmos.score(*waveforms[utt_id])
@@ -496,16 +496,16 @@ def _audio_to_score(audio_dir: Path, transcripts: str | os.PathLike[str] | dict[
     if transcripts is None:
         paths = {p.stem: p for p in _wav_files(audio_dir)}
         if not paths:
-            raise ForgeError(f"audio folder {audio_dir} has no .wav files")
+            raise NotFound(f"audio folder {audio_dir} has no .wav files")
         return paths, None, lang
     references = transcripts if isinstance(transcripts, dict) else read_transcripts(transcripts)
     lang = lang or textnorm.detect_lang(list(references.values()))
     if lang not in ("en", "zh"):
-        raise ForgeError(f"unsupported language '{lang}' (expected en or zh)")
+        raise BadInput(f"unsupported language '{lang}' (expected en or zh)")
     paths = {utt_id: audio_dir / f"{utt_id}.wav" for utt_id in references}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
-        raise ForgeError(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
+        raise BadInput(f"{len(missing)} audio file(s) missing, e.g. {missing[0]}")
     return paths, references, lang
 
 
@@ -527,9 +527,9 @@ def score_audio_dir(
     st = dataclasses.replace(settings or ScoreSettings(), **options)
     audio_dir = Path(audio_dir)
     if not audio_dir.is_dir():
-        raise ForgeError(f"audio folder {audio_dir} does not exist")
+        raise NotFound(f"audio folder {audio_dir} does not exist")
     if transcripts is None and st.speaker_reference is None and not st.mos:
-        raise ForgeError("nothing to score: give transcripts, a speaker reference or --mos")
+        raise BadInput("nothing to score: give transcripts, a speaker reference or --mos")
     paths, references, lang = _audio_to_score(audio_dir, transcripts, st.lang)
     waveforms = {utt_id: (load_audio(p), 16000) for utt_id, p in paths.items()}
     if references is not None:

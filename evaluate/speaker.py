@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.evaluate.melspec import mel_power
 from chattts_forge.fsutil import installed_file, recorded_installed_file
 from chattts_forge.integrity import sha256_file
@@ -91,7 +91,7 @@ class _LazyTensor:
     def materialise(self) -> np.ndarray:
         data = self.storage["data"]
         if data is None:
-            raise ForgeError("torch checkpoint: a tensor's storage was never written")
+            raise BadInput("torch checkpoint: a tensor's storage was never written")
         item = data.itemsize
         view = np.lib.stride_tricks.as_strided(
             data[self.offset :], shape=self.size, strides=tuple(s * item for s in self.stride)
@@ -160,11 +160,11 @@ def read_torch_legacy_state(path: str | os.PathLike[str], key: str = "model_stat
         with path.open("rb") as f:
             magic = pickle.load(f)
             if magic != 0x1950A86A20F9469CFC6C:
-                raise ForgeError(f"{path} is not a legacy torch checkpoint (bad magic number)")
+                raise BadInput(f"{path} is not a legacy torch checkpoint (bad magic number)")
             pickle.load(f)  # protocol version
             sys_info = pickle.load(f)
             if not sys_info.get("little_endian", True):
-                raise ForgeError(f"{path}: big-endian torch checkpoints are not supported")
+                raise BadInput(f"{path}: big-endian torch checkpoints are not supported")
             obj = _LegacyUnpickler(f, storages).load()
             keys = pickle.load(f)
             for storage_key in keys:
@@ -172,14 +172,14 @@ def read_torch_legacy_state(path: str | os.PathLike[str], key: str = "model_stat
                 count = int(np.frombuffer(f.read(8), dtype="<i8")[0])
                 raw = f.read(count * storage["dtype"].itemsize)
                 if len(raw) != count * storage["dtype"].itemsize:
-                    raise ForgeError(f"{path} is truncated (storage {storage_key})")
+                    raise BadInput(f"{path} is truncated (storage {storage_key})")
                 storage["data"] = np.frombuffer(raw, dtype=storage["dtype"].newbyteorder("<"))
     except FileNotFoundError:
         raise ForgeError(f"speaker encoder weights {path} do not exist") from None
     except (pickle.UnpicklingError, EOFError, KeyError, IndexError, ValueError, AttributeError) as e:
-        raise ForgeError(f"{path} is not a readable torch checkpoint: {e}") from None
+        raise BadInput(f"{path} is not a readable torch checkpoint: {e}") from None
     if not isinstance(obj, dict) or key not in obj:
-        raise ForgeError(f"{path} has no '{key}' entry")
+        raise BadInput(f"{path} has no '{key}' entry")
     return {
         name: t.materialise() if isinstance(t, _LazyTensor) else np.asarray(t) for name, t in obj[key].items()
     }
@@ -210,7 +210,7 @@ def _load_weights(path: str) -> dict[str, np.ndarray]:
     for name, shape in expected.items():
         if name not in state or state[name].shape != shape:
             got = state[name].shape if name in state else "missing"
-            raise ForgeError(f"{path} is not a GE2E speaker encoder ({name}: {got}, expected {shape})")
+            raise BadInput(f"{path} is not a GE2E speaker encoder ({name}: {got}, expected {shape})")
     return {name: state[name].astype(np.float32) for name in expected}
 
 
@@ -379,7 +379,7 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two embeddings (0.0 when either is all zeros)."""
     a, b = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
     if a.shape != b.shape:
-        raise ForgeError(f"embeddings of different sizes: {a.shape[0]} and {b.shape[0]}")
+        raise BadInput(f"embeddings of different sizes: {a.shape[0]} and {b.shape[0]}")
     denom = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / denom) if denom > 0 else 0.0
 
@@ -388,5 +388,5 @@ def pooled_reference(embeddings: np.ndarray | Sequence[np.ndarray]) -> np.ndarra
     """One reference embedding of several utterances: their mean, re-normalised."""
     stacked = np.asarray(embeddings, dtype=np.float32)
     if stacked.ndim != 2 or stacked.shape[0] == 0:
-        raise ForgeError("a pooled reference needs at least one embedding")
+        raise BadInput("a pooled reference needs at least one embedding")
     return _normalised(stacked.mean(axis=0))

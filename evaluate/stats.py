@@ -6,6 +6,7 @@ Sentences are resampled with replacement `resamples` times and the statistic rec
 resample; the interval is the (1 - confidence) / 2 and (1 + confidence) / 2 quantiles of those.
 A fixed seed makes the interval a pure function of its inputs (reports are reproducible).
 
+- `bootstrap(estimate, n)`: the one resampling loop (evaluate's intervals and publish.regression's).
 - `bootstrap_interval(values, statistic=np.mean)`: a statistic of one value per sentence.
 - `bootstrap_ratio_interval(numerators, denominators)`: a pooled ratio such as corpus WER
   (total edits over total reference words), resampling sentences, not words.
@@ -19,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput
 
-__all__ = ["bootstrap_interval", "bootstrap_ratio_interval", "paired_bootstrap_interval"]
+__all__ = ["bootstrap", "bootstrap_interval", "bootstrap_ratio_interval", "paired_bootstrap_interval"]
 
 Statistic = Callable[[np.ndarray], float]
 
@@ -29,24 +30,45 @@ Statistic = Callable[[np.ndarray], float]
 def _check(values: Sequence[float] | np.ndarray, name: str = "values") -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64).reshape(-1)
     if arr.size == 0:
-        raise ForgeError(f"a bootstrap interval needs at least one value ({name} is empty)")
+        raise BadInput(f"a bootstrap interval needs at least one value ({name} is empty)")
     if not np.all(np.isfinite(arr)):
-        raise ForgeError(f"a bootstrap interval needs finite {name}")
+        raise BadInput(f"a bootstrap interval needs finite {name}")
     return arr
 
 
-def _indices(n: int, resamples: int, seed: int) -> np.ndarray:
+def bootstrap(
+    estimate: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    finite_only: bool = False,
+) -> tuple[float, float] | None:
+    """(low, high) percentile interval of `estimate(idx)` over `resamples` resamplings of n items.
+
+    `estimate` gets a (resamples, n) array of indices drawn with replacement and returns one estimate
+    per row. The one bootstrap of the project: evaluate's intervals and the regression gate's.
+    `finite_only` drops resamples whose estimate is not finite (a ratio over a zero); None when none is.
+    """
     if resamples < 1:
-        raise ForgeError(f"resamples must be >= 1, got {resamples}")
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
-def _quantiles(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
+        raise BadInput(f"resamples must be >= 1, got {resamples}")
     if not 0.0 < confidence < 1.0:
-        raise ForgeError(f"confidence must be between 0 and 1, got {confidence}")
+        raise BadInput(f"confidence must be between 0 and 1, got {confidence}")
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    estimates = np.asarray(estimate(idx), dtype=np.float64)
+    if finite_only:
+        estimates = estimates[np.isfinite(estimates)]
+        if estimates.size == 0:
+            return None
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(estimates, [alpha, 1.0 - alpha])
     return float(lo), float(hi)
+
+
+def _interval(bounds: tuple[float, float] | None) -> tuple[float, float]:
+    assert bounds is not None  # without finite_only every resample counts
+    return bounds
 
 
 def _apply(statistic: Statistic, samples: np.ndarray) -> np.ndarray:
@@ -66,7 +88,15 @@ def bootstrap_interval(
 ) -> tuple[float, float]:
     """(low, high) percentile-bootstrap interval of `statistic` over per-sentence `values`."""
     arr = _check(values)
-    return _quantiles(_apply(statistic, arr[_indices(arr.size, resamples, seed)]), confidence)
+    return _interval(
+        bootstrap(
+            lambda idx: _apply(statistic, arr[idx]),
+            arr.size,
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
+        )
+    )
 
 
 def bootstrap_ratio_interval(
@@ -80,15 +110,18 @@ def bootstrap_ratio_interval(
     """Interval of sum(numerators) / sum(denominators) (a pooled rate) resampling sentences."""
     num, den = _check(numerators, "numerators"), _check(denominators, "denominators")
     if num.shape != den.shape:
-        raise ForgeError(f"{num.size} numerators but {den.size} denominators")
+        raise BadInput(f"{num.size} numerators but {den.size} denominators")
     if np.any(den < 0) or den.sum() <= 0:
-        raise ForgeError("a pooled rate needs non-negative denominators with a positive total")
-    idx = _indices(num.size, resamples, seed)
-    totals = den[idx].sum(axis=1)
-    # A resample made only of empty references has no rate; count it as its edits' presence (as
-    # score._rate does), so the interval stays defined.
-    rates = np.where(totals > 0, num[idx].sum(axis=1) / np.where(totals > 0, totals, 1.0), (num[idx].sum(axis=1) > 0))
-    return _quantiles(rates.astype(np.float64), confidence)
+        raise BadInput("a pooled rate needs non-negative denominators with a positive total")
+
+    def rates(idx: np.ndarray) -> np.ndarray:
+        totals = den[idx].sum(axis=1)
+        # A resample made only of empty references has no rate; count it as its edits' presence (as
+        # score._rate does), so the interval stays defined.
+        edits = num[idx].sum(axis=1)
+        return np.where(totals > 0, edits / np.where(totals > 0, totals, 1.0), edits > 0)
+
+    return _interval(bootstrap(rates, num.size, confidence=confidence, resamples=resamples, seed=seed))
 
 
 def paired_bootstrap_interval(
@@ -103,6 +136,13 @@ def paired_bootstrap_interval(
     """Interval of statistic(a) - statistic(b), `a[i]` and `b[i]` measured on the same sentence i."""
     x, y = _check(a, "a"), _check(b, "b")
     if x.shape != y.shape:
-        raise ForgeError(f"paired values of different lengths: {x.size} and {y.size}")
-    idx = _indices(x.size, resamples, seed)
-    return _quantiles(_apply(statistic, x[idx]) - _apply(statistic, y[idx]), confidence)
+        raise BadInput(f"paired values of different lengths: {x.size} and {y.size}")
+    return _interval(
+        bootstrap(
+            lambda idx: _apply(statistic, x[idx]) - _apply(statistic, y[idx]),
+            x.size,
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
+        )
+    )

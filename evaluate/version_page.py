@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -473,13 +473,13 @@ def read_page_data(page: bytes) -> dict[str, Any]:
     """The JSON block of a version page (ForgeError when missing or malformed)."""
     match = _DATA_RE.search(page.decode("utf-8", errors="replace"))
     if match is None:
-        raise ForgeError("no chattts-forge page data block")
+        raise BadInput("no chattts-forge page data block")
     try:
         data = json.loads(match.group(1).replace("<\\/", "</"))
     except json.JSONDecodeError as e:
-        raise ForgeError(f"page data is not valid JSON ({e})") from None
+        raise BadInput(f"page data is not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("schema") != PAGE_SCHEMA:
-        raise ForgeError(f"page data schema is not {PAGE_SCHEMA!r}")
+        raise BadInput(f"page data schema is not {PAGE_SCHEMA!r}")
     return data
 
 

@@ -27,6 +27,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
 from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
+from chattts_forge.publish.regression_record import regression_from_builtins
 
 HISTORY_NAME = "history.html"
 HISTORY_SCHEMA = "chattts-forge/history-page/1"
@@ -49,18 +50,17 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def _verdict(manifest: dict[str, Any]) -> str:
-    record = manifest.get("regression")
-    if not isinstance(record, dict):
+    if not isinstance(manifest.get("regression"), dict):
         return "<td>not compared</td>"
-    base = (record.get("baseline") or {}).get("version")
-    if base is None:
-        return f"<td>{html.escape(str(record.get('note', 'no baseline')))}</td>"
-    if record.get("regressions"):
-        worse = ", ".join(record["regressions"])
-        accepted = record.get("accepted") or {}
-        why = f"; accepted: {html.escape(str(accepted.get('reason')))}" if accepted else ""
+    record = regression_from_builtins(manifest["regression"])
+    if record.baseline is None:
+        return f"<td>{html.escape(str(record.note or 'no baseline'))}</td>"
+    base = record.baseline.version
+    if record.regressions:
+        worse = ", ".join(record.regressions)
+        why = f"; accepted: {html.escape(record.accepted.reason)}" if record.accepted else ""
         return f"<td class='fail'>REGRESSION since {html.escape(base)} ({html.escape(worse)}){why}</td>"
-    better = ", ".join(record.get("improvements") or [])
+    better = ", ".join(record.improvements)
     return (f"<td class='pass'>no regression since {html.escape(base)}"
             f"{f' (improved: {html.escape(better)})' if better else ''}</td>")
 

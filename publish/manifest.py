@@ -22,7 +22,7 @@ from typing import Any
 
 from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.integrity import (
@@ -75,7 +75,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 def check_safe_name(kind: str, name: str) -> str:
     """Model, version and variant names become folder names: keep them plain."""
     if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in {".", ".."}:
-        raise ForgeError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_', '+', '-'")
+        raise BadInput(f"invalid {kind} name {name!r}: use letters, digits, '.', '_', '+', '-'")
     return name
 
 
@@ -85,14 +85,14 @@ def component_precisions(meta: ArtifactMeta) -> dict[str, str]:
     for name, comp in sorted(meta.components.items()):
         precision = comp.get("precision")
         if not isinstance(precision, str):
-            raise ForgeError(f"{ARTIFACT_JSON}: component {name!r} has no precision")
+            raise BadInput(f"{ARTIFACT_JSON}: component {name!r} has no precision")
         out[name] = precision
     vocoders = [n for n in out if n.startswith(VOCODER)]
     if not vocoders:
-        raise ForgeError(f"{ARTIFACT_JSON}: no vocos component")
+        raise BadInput(f"{ARTIFACT_JSON}: no vocos component")
     for name in vocoders:
         if out[name].lower() not in {"fp32", "float32"}:
-            raise ForgeError(f"{ARTIFACT_JSON}: vocoder {name!r} is {out[name]}, it must stay fp32")
+            raise BadInput(f"{ARTIFACT_JSON}: vocoder {name!r} is {out[name]}, it must stay fp32")
     return out
 
 
@@ -104,14 +104,14 @@ def source_checkpoint(meta: ArtifactMeta) -> dict[str, Any]:
     src = meta.source or {}
     kind = src.get("kind")
     if kind not in {"real", "synthetic"}:
-        raise ForgeError(f"{ARTIFACT_JSON}: source.kind must be 'real' or 'synthetic', not {kind!r}")
+        raise BadInput(f"{ARTIFACT_JSON}: source.kind must be 'real' or 'synthetic', not {kind!r}")
     out: dict[str, Any] = {"kind": kind}
     for key in ("preset", "seed"):
         if src.get(key) is not None:
             out[key] = src[key]
     hashes = src.get("hashes")
     if not isinstance(hashes, dict) or not hashes:
-        raise ForgeError(f"{ARTIFACT_JSON}: source.hashes (the checkpoint file hashes) is missing")
+        raise BadInput(f"{ARTIFACT_JSON}: source.hashes (the checkpoint file hashes) is missing")
     out["hashes"] = dict(sorted(hashes.items()))
     return out
 
@@ -258,15 +258,15 @@ def read_json_document(path: str | os.PathLike[str], what: str = "file") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ForgeError(f"{path}: missing") from None
+        raise NotFound(f"{path}: missing") from None
     except IsADirectoryError:
         raise ForgeError(f"{path}: is a folder, not a {what}") from None
     except OSError as e:
-        raise ForgeError(f"{path}: unreadable ({e.strerror})") from None
+        raise BadInput(f"{path}: unreadable ({e.strerror})") from None
     except UnicodeDecodeError:
-        raise ForgeError(f"{path}: not UTF-8 text") from None
+        raise BadInput(f"{path}: not UTF-8 text") from None
     except (json.JSONDecodeError, RecursionError) as e:
-        raise ForgeError(f"{path}: not valid JSON ({str(e)[:200]})") from None
+        raise BadInput(f"{path}: not valid JSON ({str(e)[:200]})") from None
 
 
 def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -275,9 +275,9 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     manifest = read_json_document(path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         got = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise ForgeError(f"{path}: unknown manifest schema {str(got)[:80]!r} (expected {MANIFEST_SCHEMA})")
+        raise BadInput(f"{path}: unknown manifest schema {str(got)[:80]!r} (expected {MANIFEST_SCHEMA})")
     if not isinstance(manifest.get("files"), list):
-        raise ForgeError(f"{path}: manifest has no files list")
+        raise BadInput(f"{path}: manifest has no files list")
     check_file_entries(manifest["files"], path)
     check_manifest_fields(manifest, path)
     return manifest
@@ -289,20 +289,20 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 def check_file_entries(entries: Any, where: str | os.PathLike[str]) -> None:
     """A `files` list: [{"path": str, "bytes": int >= 0, "sha256": 64 hex}], paths unique."""
     if not isinstance(entries, list):
-        raise ForgeError(f"{where}: 'files' must be a list")
+        raise BadInput(f"{where}: 'files' must be a list")
     seen: set[str] = set()
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
-            raise ForgeError(f"{where}: files[{i}] is not an object")
+            raise BadInput(f"{where}: files[{i}] is not an object")
         rel, size, sha = e.get("path"), e.get("bytes"), e.get("sha256")
         if not isinstance(rel, str) or not rel:
-            raise ForgeError(f"{where}: files[{i}].path must be a non-empty string")
+            raise BadInput(f"{where}: files[{i}].path must be a non-empty string")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ForgeError(f"{where}: files[{i}].bytes must be a whole number >= 0, got {str(size)[:40]!r}")
+            raise BadInput(f"{where}: files[{i}].bytes must be a whole number >= 0, got {str(size)[:40]!r}")
         if not isinstance(sha, str) or not _HEX64.match(sha):
-            raise ForgeError(f"{where}: files[{i}].sha256 must be 64 lowercase hex digits")
+            raise BadInput(f"{where}: files[{i}].sha256 must be 64 lowercase hex digits")
         if rel in seen:
-            raise ForgeError(f"{where}: files[{i}].path {rel!r} is listed twice")
+            raise BadInput(f"{where}: files[{i}].path {rel!r} is listed twice")
         seen.add(rel)
 
 
@@ -310,22 +310,22 @@ def check_manifest_fields(manifest: dict[str, Any], where: str | os.PathLike[str
     """Types of the keys `index.json` is built from (model/version/variant names, gate, source)."""
     for key in ("model", "version", "variant", "created_at"):
         if not isinstance(manifest.get(key), str):
-            raise ForgeError(f"{where}: '{key}' must be a string")
+            raise BadInput(f"{where}: '{key}' must be a string")
     for key in ("gate", "source_checkpoint"):
         if not isinstance(manifest.get(key), dict):
-            raise ForgeError(f"{where}: '{key}' must be an object")
+            raise BadInput(f"{where}: '{key}' must be an object")
     source = manifest["source_checkpoint"]
     if not isinstance(source.get("kind"), str) or not isinstance(source.get("hashes"), dict):
-        raise ForgeError(f"{where}: source_checkpoint needs a 'kind' string and a 'hashes' object")
+        raise BadInput(f"{where}: source_checkpoint needs a 'kind' string and a 'hashes' object")
     if not isinstance(manifest["gate"].get("passed"), bool):
-        raise ForgeError(f"{where}: gate.passed must be true or false")
+        raise BadInput(f"{where}: gate.passed must be true or false")
     if manifest["gate"].get("headline") is not None and not isinstance(manifest["gate"]["headline"], dict):
-        raise ForgeError(f"{where}: gate.headline must be an object")
+        raise BadInput(f"{where}: gate.headline must be an object")
     if not isinstance(manifest.get("precision"), dict):
-        raise ForgeError(f"{where}: 'precision' must be an object")
+        raise BadInput(f"{where}: 'precision' must be an object")
     total = manifest.get("total_bytes")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
-        raise ForgeError(f"{where}: total_bytes must be a whole number")
+        raise BadInput(f"{where}: total_bytes must be a whole number")
 
 
 def manifest_file_problems(folder: Path, listed: dict[str, FileEntry], present: set[str], own: set[str]) -> list[str]:
@@ -370,6 +370,6 @@ def parse_sha256sums(text: str, where: str = SUMS_NAME) -> dict[str, str]:
     for n, line in enumerate(text.rstrip("\n").split("\n"), 1):
         m = _SUMS_LINE.match(line)
         if not m:
-            raise ForgeError(f"{where}: line {n} is not '<sha256>  <path>'")
+            raise BadInput(f"{where}: line {n} is not '<sha256>  <path>'")
         out[m.group(2)] = m.group(1)
     return out

@@ -39,7 +39,7 @@ from typing import Any
 from chattts_forge.artifact import (
     ArtifactMeta,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
 from chattts_forge.fsutil import atomic_write_bytes, fsync_dir
 from chattts_forge.integrity import (
@@ -155,7 +155,7 @@ def copy_verified(src: Path, dst: Path, expected: FileEntry) -> None:
         fout.flush()
         os.fsync(fout.fileno())
     if h.hexdigest() != expected.sha256 or size != expected.bytes:
-        raise ForgeError(f"{src} changed while it was being published; nothing was published")
+        raise IntegrityError(f"{src} changed while it was being published; nothing was published")
     shutil.copymode(src, dst)
 
 
@@ -247,13 +247,13 @@ def publish_artifact(
     gate = read_report(report)
     if not gate.passed:
         failed = ", ".join(c["metric"] for c in gate.failed_checks()) or "see report"
-        raise ForgeError(f"{gate.path}: the quality gate failed ({failed}); refusing to publish")
+        raise BadInput(f"{gate.path}: the quality gate failed ({failed}); refusing to publish")
     log.info("re-hashing %s", artifact_dir)
     files = hash_tree(artifact_dir)
     check_report_matches(gate, files, artifact_dir)
     clash = sorted(set(files) & RESERVED_NAMES)
     if clash:
-        raise ForgeError(f"{artifact_dir} contains {clash[0]}, a name publish reserves for itself")
+        raise BadInput(f"{artifact_dir} contains {clash[0]}, a name publish reserves for itself")
     variant = check_safe_name("variant", meta.variant)
     source = source_checkpoint(meta)
     model = check_safe_name("model", model) if model else default_model_name(meta, source)

@@ -71,8 +71,10 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
+from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
 from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
 from chattts_forge.publish.index import iter_variant_dirs, version_number
 from chattts_forge.publish.manifest import (
@@ -85,9 +87,15 @@ from chattts_forge.publish.manifest import (
     read_json_document,
     source_fingerprint,
 )
+from chattts_forge.publish.regression_record import (
+    REGRESSION_SCHEMA,
+    Accepted,
+    RegressionRecord,
+    regression_builtins,
+    regression_from_builtins,
+)
 from chattts_forge.runtime.router import FALLBACK_VARIANT
 
-REGRESSION_SCHEMA = "chattts-forge/regression/1"
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
           "similarity": "SIM", "ovrl": "DNSMOS OVRL", "wer": "WER", "cer": "CER",
@@ -123,7 +131,7 @@ def find_baseline(root: Path, model: str, requested: str | None = None) -> Basel
     versions = model_versions(root, model)
     if requested is not None:
         if requested not in versions:
-            raise ForgeError(f"--baseline {requested}: {model} has no such version in {root} "
+            raise NotFound(f"--baseline {requested}: {model} has no such version in {root} "
                              f"(published: {', '.join(versions) or 'none'})")
         versions = versions[: versions.index(requested) + 1]
     if not versions:
@@ -150,32 +158,27 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
-    latency = report.get("latency") or {}
-    ref = {u.get("text"): _finite(u.get("rtf")) for u in (latency.get("reference") or {}).get("utterances") or []}
+    latency = latency_section(report)
+    ref = {u.text: _finite(u.rtf) for u in latency.reference.utterances} if latency.reference else {}
     out = {}
-    for u in (latency.get("artifact") or {}).get("utterances") or []:
-        mine, theirs = _finite(u.get("rtf")), ref.get(u.get("text"))
+    for u in latency.artifact.utterances if latency.artifact else []:
+        mine, theirs = _finite(u.rtf), ref.get(u.text)
         if mine is not None and theirs:
-            out[u["text"]] = mine / theirs
+            out[u.text] = mine / theirs
     return out
 
 
-def _first_audio(record: dict[str, Any] | None) -> dict[str, float]:
+def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     """{text: first audio seconds} of one latency record (its per-sentence runs; none before issue 38's
     item 2 recorded them)."""
-    samples = ((record or {}).get("first_audio_seconds") or {}).get("samples") or []
-    out = {}
-    for s in samples:
-        value = _finite(s.get("seconds")) if isinstance(s, dict) else None
-        if value is not None and isinstance(s.get("text"), str):
-            out[s["text"]] = value
-    return out
+    samples = record.first_audio_seconds.samples if record and record.first_audio_seconds else []
+    return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
 def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
-    latency = report.get("latency") or {}
-    mine, ref = _first_audio(latency.get("artifact")), _first_audio(latency.get("reference"))
+    latency = latency_section(report)
+    mine, ref = _first_audio(latency.artifact), _first_audio(latency.reference)
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -208,7 +211,7 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
 # per-sentence figures read from the latency records rather than the report's sentence rows
 _FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio((report.get("latency") or {}).get("artifact")),
+    "first_audio": lambda report: _first_audio(latency_section(report).artifact),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -220,15 +223,12 @@ def _paired(new: np.ndarray, old: np.ndarray, w_new: np.ndarray, w_old: np.ndarr
         return (a - b) / np.abs(b) if relative else a - b
 
     point = float(delta(stat(new, w_new), stat(old, w_old)))
-    idx = np.random.default_rng(0).integers(0, new.size, size=(RESAMPLES, new.size))
     with np.errstate(divide="ignore", invalid="ignore"):
-        d = delta(stat(new[idx], w_new[idx]), stat(old[idx], w_old[idx]))
-    d = d[np.isfinite(d)]
-    if d.size == 0:
+        bounds = bootstrap(lambda idx: delta(stat(new[idx], w_new[idx]), stat(old[idx], w_old[idx])), new.size,
+                           confidence=CONFIDENCE, resamples=RESAMPLES, seed=0, finite_only=True)
+    if bounds is None:
         return point, point, point
-    alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(d, [alpha, 1 - alpha])
-    return point, float(lo), float(hi)
+    return point, bounds[0], bounds[1]
 
 
 def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
@@ -406,7 +406,6 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     the FP32 report's fidelity settings), so a change of exporter or onnxruntime shows here first."""
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate.intervals import fidelity_sentences
-    from chattts_forge.evaluate.stats import bootstrap_ratio_interval
     from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
     sentences, steps, seed = (int(settings.get(k) or d) for k, d in
@@ -431,8 +430,7 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
 
 
 def no_baseline(note: str = NO_BASELINE) -> dict[str, Any]:
-    return {"schema": REGRESSION_SCHEMA, "baseline": None, "note": note, "figures": {}, "changed": [],
-            "regressions": [], "improvements": [], "verdict": "no baseline", "accepted": None}
+    return regression_builtins(RegressionRecord(schema=REGRESSION_SCHEMA, baseline=None, note=note))
 
 
 def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
@@ -440,10 +438,10 @@ def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
     arr = np.asarray([r for r in ratios if math.isfinite(r)], np.float64)
     if arr.size == 0:
         return math.inf, math.inf, math.inf
-    idx = np.random.default_rng(0).integers(0, arr.size, size=(RESAMPLES, arr.size))
-    alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(np.median(arr[idx], axis=-1), [alpha, 1 - alpha])
-    return float(np.median(arr)), float(lo), float(hi)
+    bounds = bootstrap(lambda idx: np.median(arr[idx], axis=-1), arr.size,
+                       confidence=CONFIDENCE, resamples=RESAMPLES, seed=0)
+    assert bounds is not None  # every resample of finite ratios has a finite median
+    return float(np.median(arr)), bounds[0], bounds[1]
 
 
 def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
@@ -458,8 +456,8 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
     from chattts_forge.log import get_logger, quiet_logger
 
-    latency = report.get("latency") or {}
-    sentences = [u["text"] for u in (latency.get("artifact") or {}).get("utterances") or [] if isinstance(u, dict)]
+    timed = latency_section(report).artifact
+    sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
     settings = report.get("settings") or {}
@@ -529,35 +527,38 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
             fp32_against_baseline(artifact_dir, old, corpus, sealed.data.get("settings") or {}))
-    return record
+    return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 
 def accept(record: dict[str, Any], reason: str) -> dict[str, Any]:
     """A regression the build was told to publish anyway, with why (recorded in the manifest)."""
     if not reason or not reason.strip():
-        raise ForgeError("--accept-regression needs --reason: why this regression may ship")
-    return {**record, "accepted": {"reason": reason.strip()}}
+        raise BadInput("--accept-regression needs --reason: why this regression may ship")
+    accepted = regression_from_builtins(record)
+    accepted.accepted = Accepted(reason=reason.strip())
+    return regression_builtins(accepted)
 
 
 def summary(variant: str, record: dict[str, Any]) -> str:
     """One line for the build's summary."""
-    if record["baseline"] is None:
-        return f"{variant}: {record.get('note', NO_BASELINE)}"
-    base = record["baseline"]["version"]
-    changed = ", ".join(c["what"] for c in record["changed"][:6]) or "nothing in the records"
-    if record["regressions"]:
-        what = "; ".join(record["figures"][f]["message"] for f in record["regressions"])
-        if record.get("accepted"):
-            what += f" (accepted: {record['accepted']['reason']})"
-        elif record.get("already_published"):
-            what += f" (these bytes are already published in {record['already_published']})"
+    rec = regression_from_builtins(record)
+    if rec.baseline is None:
+        return f"{variant}: {rec.note or NO_BASELINE}"
+    base = rec.baseline.version
+    changed = ", ".join(c.what for c in rec.changed[:6]) or "nothing in the records"
+    if rec.regressions:
+        what = "; ".join(str(rec.figures[f].message) for f in rec.regressions)
+        if rec.accepted:
+            what += f" (accepted: {rec.accepted.reason})"
+        elif rec.already_published:
+            what += f" (these bytes are already published in {rec.already_published})"
         return f"{variant}: REGRESSION against {base}: {what}; changed: {changed}"
-    if record["improvements"]:
-        how = "improved: " + ", ".join(record["improvements"])
-    elif all(e["status"] in ("same", "waived", "not judged") for e in record["figures"].values()):
+    if rec.improvements:
+        how = "improved: " + ", ".join(rec.improvements)
+    elif all(e.status in ("same", "waived", "not judged") for e in rec.figures.values()):
         how = "every figure within noise"
     else:
-        how = "worse within the tolerances: " + ", ".join(f for f, e in record["figures"].items() if e["status"] == "worse")
+        how = "worse within the tolerances: " + ", ".join(f for f, e in rec.figures.items() if e.status == "worse")
     return f"{variant}: no regression against {base} ({how}); changed: {changed}"
 
 

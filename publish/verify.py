@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.integrity import SIGNATURE_NAME, list_files, sha256_file, sha256sums_text
 from chattts_forge.publish.history import HISTORY_NAME, history_problems
 from chattts_forge.publish.index import (
@@ -199,7 +199,7 @@ def verify_path(path: str | os.PathLike[str], public_key: str | os.PathLike[str]
 
         load_public_key(key)  # a wrong key file is one error, not one per folder
     if not path.is_dir():
-        raise ForgeError(f"{path} is not a folder")
+        raise BadInput(f"{path} is not a folder")
     if (path / MANIFEST_NAME).is_file() and is_version_manifest(path / MANIFEST_NAME):
         result = VerifyResult(versions=[path])
         result.variants = [p for p in sorted(path.iterdir()) if (p / MANIFEST_NAME).is_file()]
@@ -212,7 +212,7 @@ def verify_path(path: str | os.PathLike[str], public_key: str | os.PathLike[str]
     else:
         result = verify_tree(path, key)
         if not result.variants and not result.problems:
-            raise ForgeError(f"nothing published under {path} (no */*/*/{MANIFEST_NAME})")
+            raise NotFound(f"nothing published under {path} (no */*/*/{MANIFEST_NAME})")
         named = path / PUBLIC_KEY_FILE
         if key is not None and named.is_file() and named.read_bytes() != key.read_bytes():
             result.problems.append(f"{named}: another key than {key} (the tree names a key it was not signed with)")

@@ -44,7 +44,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
 from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import SIGNATURE_NAME, sha256_file
@@ -119,12 +119,12 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
     """The routing table of a published version (see module docstring)."""
     variants = published_variants(version_dir)
     if FALLBACK_VARIANT not in variants:
-        raise ForgeError(f"{version_dir}: no {FALLBACK_VARIANT} variant published; routing needs it as the fallback")
+        raise BadInput(f"{version_dir}: no {FALLBACK_VARIANT} variant published; routing needs it as the fallback")
     reports = {v: _read_json(d / REPORT_COPY_NAME) for v, d in variants.items()}
     definitions = {v: json.dumps((r.get("buckets") or {}).get("definition"), sort_keys=True) for v, r in reports.items()
                    if (r.get("buckets") or {}).get("results")}
     if len(set(definitions.values())) > 1:
-        raise ForgeError(f"{version_dir}: the variants' reports use different length buckets "
+        raise BadInput(f"{version_dir}: the variants' reports use different length buckets "
                          f"({', '.join(sorted(definitions))}); evaluate them with the same gate")
     if definitions:
         first = next(iter(definitions))
@@ -231,7 +231,7 @@ def cache_record(cache_file: Path, version_dir: Path, phrase_list: dict[str, Any
         published = {v: payload_sha256(d) for v, d in published_variants(version_dir).items()}
         for variant, payload in sorted(cache.artifacts.items()):
             if published.get(variant) != payload:
-                raise ForgeError(f"phrase cache {cache_file} was built for variant {variant!r} (payload {payload[:12]}), "
+                raise IntegrityError(f"phrase cache {cache_file} was built for variant {variant!r} (payload {payload[:12]}), "
                                  f"which is not published in {version_dir}")
         return {"file": PHRASE_CACHE_NAME, "phrases": len(cache), "variants": dict(sorted(cache.artifacts.items())),
                 "knobs": cache.knobs, "phrase_list": phrase_list}
@@ -280,7 +280,7 @@ def publish_version_files(
     version_dir = Path(version_dir).resolve()
     root = version_dir.parent.parent
     if not version_dir.is_dir():
-        raise ForgeError(f"version folder {version_dir} does not exist")
+        raise NotFound(f"version folder {version_dir} does not exist")
     key = resolve_signing_key(sign_key)
     with publish_lock(root):
         public_key = record_public_key(root, key)
@@ -325,19 +325,19 @@ def load_version_manifest(path: Path) -> dict[str, Any]:
     manifest = read_json_document(path, "version manifest")
     if not isinstance(manifest, dict) or manifest.get("schema") != VERSION_MANIFEST_SCHEMA:
         got = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise ForgeError(f"{path}: schema {str(got)[:80]!r} is not {VERSION_MANIFEST_SCHEMA!r}")
+        raise BadInput(f"{path}: schema {str(got)[:80]!r} is not {VERSION_MANIFEST_SCHEMA!r}")
     check_file_entries(manifest.get("files"), path)
     for key in ("model", "version"):
         if not isinstance(manifest.get(key), str):
-            raise ForgeError(f"{path}: '{key}' must be a string")
+            raise BadInput(f"{path}: '{key}' must be a string")
     for key in ("variants", "routing"):
         value = manifest.get(key)
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ForgeError(f"{path}: '{key}' must be an object of strings")
+            raise BadInput(f"{path}: '{key}' must be an object of strings")
     cache = manifest.get("phrase_cache")
     if cache is not None and not (isinstance(cache, dict) and isinstance(cache.get("file"), str)
                                   and isinstance(cache.get("phrases"), int) and isinstance(cache.get("variants"), dict)):
-        raise ForgeError(f"{path}: 'phrase_cache' must be null or an object with file, phrases and variants")
+        raise BadInput(f"{path}: 'phrase_cache' must be null or an object with file, phrases and variants")
     return manifest
 
 

@@ -41,12 +41,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.phrase_cache import PhraseCache, payload_sha256
 from chattts_forge.runtime.pipeline import Pipeline, SynthParams
+from chattts_forge.runtime.routing_record import (
+    ROUTING_SCHEMA,
+    RoutingTable,
+    encode_routing,
+    routing_builtins,
+    routing_from_builtins,
+)
 from chattts_forge.runtime.textfront import TextFront
 
 if TYPE_CHECKING:
@@ -56,7 +65,6 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 ROUTING_NAME = "routing.json"
-ROUTING_SCHEMA = "chattts-forge/routing/1"
 FALLBACK_VARIANT = "fp32"
 LENGTH_DEFINITION = "characters of the ChatTTS-normalised text, whitespace excluded"
 
@@ -118,9 +126,10 @@ def bucket_of(length: int, buckets: Sequence[Bucket]) -> Bucket:
 # ---- routing.json ------------------------------------------------------------------------------
 
 
-def routing_bytes(table: dict[str, Any]) -> bytes:
-    """The canonical bytes of a routing table (sorted keys, indented, trailing newline)."""
-    return (json.dumps(table, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+def routing_bytes(table: dict[str, Any] | RoutingTable) -> bytes:
+    """The canonical bytes of a routing table (sorted keys, indented, trailing newline), written
+    through its record (runtime.routing_record), which checks every field's type first."""
+    return encode_routing(table if isinstance(table, RoutingTable) else routing_from_builtins(table))
 
 
 def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -136,7 +145,10 @@ def load_routing(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
     problems = routing_problems(table, version_dir)
     if problems:
         raise ForgeError(problems[0])
-    return table
+    try:  # every field's type, beyond what the router's own checks read
+        return routing_builtins(routing_from_builtins(table))
+    except msgspec.ValidationError as e:
+        raise ForgeError(f"{path}: {e}") from None
 
 
 def bucket_passing(entry: dict[str, Any], fallback: str = FALLBACK_VARIANT) -> list[str]:

@@ -8,10 +8,12 @@ import pytest
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.stats import (
+    bootstrap,
     bootstrap_interval,
     bootstrap_ratio_interval,
     paired_bootstrap_interval,
 )
+from chattts_forge.publish import regression
 
 
 def test_same_inputs_same_interval_and_the_seed_matters() -> None:
@@ -98,3 +100,31 @@ def test_bad_inputs_are_clear_errors() -> None:
         bootstrap_ratio_interval([1, 2], [3])
     with pytest.raises(ForgeError, match="positive total"):
         bootstrap_ratio_interval([0, 0], [0, 0])
+
+
+def test_the_regression_gate_resamples_through_the_same_bootstrap() -> None:
+    # publish.regression's paired deltas and per-round medians are evaluate.stats' bootstrap: a mean
+    # difference and a median get the very intervals evaluate prints for the same values.
+    rng = np.random.default_rng(7)
+    new, old = rng.normal(size=11), rng.normal(size=11)
+    ones = np.ones(11)
+    _, lo, hi = regression._paired(new, old, ones, ones, regression._mean, relative=False)
+    assert (lo, hi) == paired_bootstrap_interval(new, old)
+    ratios = list(np.abs(new) + 0.5)
+    median, lo, hi = regression._bootstrap_median(ratios)
+    assert median == float(np.median(ratios))
+    assert (lo, hi) == bootstrap_interval(ratios, np.median)
+
+
+def test_bootstrap_drops_resamples_without_a_finite_estimate_only_when_asked() -> None:
+    values = np.array([0.0, 1.0, 2.0])
+
+    def reciprocal_mean(idx: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return 1.0 / values[idx].mean(axis=1)
+
+    bounds = bootstrap(reciprocal_mean, values.size, finite_only=True)
+    assert bounds is not None
+    lo, hi = bounds
+    assert np.isfinite(lo) and np.isfinite(hi) and 0 < lo <= hi
+    assert bootstrap(lambda idx: np.full(idx.shape[0], np.inf), 3, finite_only=True) is None

@@ -9,7 +9,9 @@ a time, so a 1.2 GB checkpoint never sits in memory. Keys are sorted and the JSO
 same tensors always give the same bytes.
 
 Reading: `read_header` parses only the header and checks it against the file size, so `verify` can
-tell a truncated or foreign file apart without loading any tensor.
+tell a truncated or foreign file apart without loading any tensor. It stays by hand: `safe_open`
+gives names, dtypes and shapes but neither the data offsets (the spans-tile-the-data check) nor
+which of truncated / not safetensors / corrupt a bad file is. `read_tensor` is `safe_open`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
-from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.errors import ForgeError, IntegrityError
 
 # Metadata written by torch's safetensors `save_file`/`save_pretrained`; transformers checks it.
 DEFAULT_METADATA = {"format": "pt"}
@@ -209,16 +212,10 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     return SafetensorsHeader(tensors, dict(metadata), data_start, cursor)
 
 
-def read_tensor(
-    path: str | os.PathLike[str], name: str, header: SafetensorsHeader | None = None
-) -> np.ndarray:
-    """One tensor as numpy, read with a seek (no full-file load)."""
-    header = header or read_header(path)
-    e = header.tensors[name]
-    with open(path, "rb") as f:
-        f.seek(header.data_start + e.begin)
-        data = f.read(e.end - e.begin)
-    dt = _DTYPES[e.dtype]
-    if dt is None:
-        raise BadInput(f"{path}: cannot read {e.dtype} tensor '{name}' with numpy")
-    return np.frombuffer(data, dtype=dt).reshape(e.shape)
+def read_tensor(path: str | os.PathLike[str], name: str) -> np.ndarray:
+    """One tensor as numpy, through safetensors' own reader (it maps the file: no full load)."""
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            return f.get_tensor(name)
+    except (SafetensorError, TypeError) as e:  # TypeError: a dtype numpy has not (BF16)
+        raise IntegrityError(f"{path}: cannot read tensor '{name}' ({e})") from None

@@ -1,0 +1,219 @@
+"""report.json's top level as a typed record: the sections publish reads key by key (artifact, gate
+and its checks, headline, size) are typed; the sections whose inner layout belongs to another module
+(latency, fidelity, corpus, machine, ...) are free-form objects here.
+
+`check_report(report)` is evaluate.report_schema's strict check (every key known, present and of its
+type): a msgspec conversion with type checks, its error turned into the report's one-line message
+(``report key headline.rtf_p50 is missing``, ``unknown report key gate.approved_by``, ``report key
+artifact.files.gpt.onnx.bytes must be int, got str``). The written bytes do not pass through these
+types (report_schema.write_report writes the dict it checked), so a report's bytes and its integrity
+hash are what they were. docs/schemas/report.schema.json is generated from these types.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+from chattts_forge.errors import BadInput
+
+Number = int | float
+OptNumber = int | float | None
+
+
+class FileRecord(Struct, forbid_unknown_fields=True):
+    sha256: str
+    bytes: int
+
+
+class ArtifactSection(Struct, forbid_unknown_fields=True):
+    """The exact bytes judged (`artifact` and `reference`)."""
+
+    dir: str
+    name: str | None
+    variant: str | None
+    files: dict[str, FileRecord]
+    bytes_total: int
+    manifest_mismatches: list[str]
+    source: dict[str, Any]
+    precisions: dict[str, Any]
+    quantization_method: str | None
+    quantization_search: dict[str, Any] | None  # quantize --method auto's candidates (search_report.py)
+
+
+class GateCheck(Struct, forbid_unknown_fields=True):
+    section: str
+    metric: str
+    rule: str
+    threshold: OptNumber
+    value: OptNumber
+    unit: str
+    status: str  # one of report_schema.CHECK_STATUSES (checked there, with its own message)
+    passed: bool | None
+    margin: OptNumber
+    message: str
+
+
+class GateSection(Struct, forbid_unknown_fields=True):
+    path: str
+    sha256: str
+    schema: str
+    passed: bool
+    checks: list[GateCheck]
+    failed: list[str]
+    waived: dict[str, str]
+    thresholds: dict[str, Number]
+    # the gate file's [regression] tolerances (since issue 38; absent in earlier reports)
+    regression: dict[str, Number] | msgspec.UnsetType = msgspec.UNSET
+
+
+class Headline(Struct, forbid_unknown_fields=True):
+    """The figures to compare variants by (report_schema.HEADLINE_METRICS)."""
+
+    variant: str | None
+    passed: bool
+    rtf_p50: OptNumber
+    rtf_ratio_vs_reference: OptNumber
+    rtf_ratio_vs_pytorch: OptNumber
+    first_audio_seconds: OptNumber
+    code_agreement: OptNumber
+    hidden_cosine: OptNumber
+    mel_snr_db: OptNumber
+    wer: OptNumber
+    cer: OptNumber
+    size_mb: OptNumber
+    peak_rss_mb: OptNumber
+    # since issue 50 (absent before): batch-8 peak and batch-1 peak over FP32's
+    peak_rss_b8_mb: OptNumber | msgspec.UnsetType = msgspec.UNSET
+    peak_rss_ratio_vs_reference: OptNumber | msgspec.UnsetType = msgspec.UNSET
+
+
+class SizeSection(Struct, forbid_unknown_fields=True):
+    artifact_bytes: int
+    reference_bytes: int
+    ratio_vs_reference: OptNumber
+
+
+class ReportRecord(Struct, forbid_unknown_fields=True):
+    schema: str
+    created_at: str
+    passed: bool
+    artifact: ArtifactSection
+    reference: ArtifactSection
+    corpus: dict[str, Any]
+    settings: dict[str, Any]
+    intelligibility: dict[str, Any]
+    fidelity: dict[str, Any]
+    latency: dict[str, Any]
+    size: SizeSection
+    machine: dict[str, Any]
+    versions: dict[str, Any]
+    toolchain: dict[str, Any]
+    metrics: dict[str, OptNumber]
+    gate: GateSection
+    headline: Headline
+    notes: list[str]
+    timing: dict[str, Any]
+    buckets: dict[str, Any]
+    phrase_cache: dict[str, Any] | None
+    integrity: str
+    # written by evaluate since issue 25 (memory: issue 50); absent in earlier reports of this schema
+    speaker: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    naturalness: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    streaming: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    listen: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    intervals: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    sentences: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
+    memory: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+# msgspec's names of JSON types -> the ones the report's messages have always used (Python's)
+_TYPE_NAMES = {
+    "object": "dict",
+    "array": "list",
+    "null": "null",
+    "float": "float",
+    "int": "int",
+    "str": "str",
+    "bool": "bool",
+}
+_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+
+
+def _parts(path: str) -> list[str | int | None]:
+    """`$.a.b[2][...]` -> ["a", "b", 2, None] (None: a key msgspec does not name)."""
+    out: list[str | int | None] = []
+    for name, index in _PATH_PART.findall(path[1:]):
+        out.append(name if name else None if index == "..." else int(index))
+    return out
+
+
+def _name_keys(report: dict[str, Any], parts: list[str | int | None], message: str) -> list[str | int]:
+    """Fill in the map keys msgspec leaves out (`[...]`): the first key whose entry alone still fails
+    with the same message (only on the error path, so a valid report costs nothing)."""
+    named: list[str | int] = []
+    node: Any = report
+    for i, part in enumerate(parts):
+        if part is None and isinstance(node, dict):
+            for key in node:
+                trial = copy.deepcopy(report)
+                target = trial
+                for p in named:
+                    target = target[p]
+                target_map = {key: target[key]}
+                target.clear()
+                target.update(target_map)
+                try:
+                    msgspec.convert(trial, ReportRecord, strict=True)
+                except msgspec.ValidationError as e:
+                    if str(e).split(" - at ")[0] == message:
+                        part = key
+                        break
+            else:
+                return [*named, *(p if p is not None else "..." for p in parts[i:])]
+        named.append(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return named
+
+
+def _dotted(parts: list[str | int]) -> str:
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else f".{p}" if text else str(p)
+    return text
+
+
+def check_report(report: dict[str, Any]) -> ReportRecord:
+    """The report as its typed record; BadInput naming the first key that is missing, unknown or of
+    another type."""
+    try:
+        return msgspec.convert(report, ReportRecord, strict=True)
+    except msgspec.ValidationError as e:
+        message, _, at = str(e).partition(" - at `")
+        parts = _name_keys(report, _parts(at.rstrip("`")), message) if at else []
+        where = _dotted(parts)
+        prefix = f"{where}." if where else ""
+        if m := re.fullmatch(r"Object missing required field `(.+)`", message):
+            raise BadInput(f"report key {prefix}{m.group(1)} is missing") from None
+        if m := re.fullmatch(r"Object contains unknown field `(.+)`", message):
+            raise BadInput(f"unknown report key {prefix}{m.group(1)}") from None
+        if m := re.fullmatch(r"Expected `(.+)`, got `(.+)`", message):
+            alone = {"object": "an object", "array": "a list"}
+            want = alone.get(m.group(1)) or " or ".join(
+                _TYPE_NAMES.get(t, t) for t in m.group(1).split(" | ")
+            )
+            got = "NoneType" if m.group(2) == "null" else _TYPE_NAMES.get(m.group(2), m.group(2))
+            raise BadInput(f"report key {where} must be {want}, got {got}") from None
+        raise BadInput(f"report key {where or '(top level)'}: {message}") from None
+
+
+def report_json_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json's typed top level (docs/schemas/report.schema.json)."""
+    return msgspec.json.schema(ReportRecord)
