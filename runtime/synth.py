@@ -43,6 +43,20 @@ from chattts_forge.runtime.textfront import TextFront
 log = get_logger(__name__)
 
 
+def _max_new_token_option() -> Any:
+    """synth's and warm's --max-new-token (CodeKnobs leaves it to each command)."""
+    return option(
+        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
+        kw_only=True)
+
+
+def _prompt_option() -> Any:
+    """synth's and warm's --prompt (CodeKnobs leaves it to each command)."""
+    return option(
+        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
+        kw_only=True)
+
+
 class StreamLookaheadParam(click.ParamType):
     """`--stream-lookahead exact|N` (synth, bench): "exact" or a whole number of mel frames >= 1."""
 
@@ -95,12 +109,8 @@ class SynthConfig(CodeKnobs):
         None, "--speaker-text", "Transcript of --speaker-audio (ChatTTS's txt_smp; recommended).")
     # the code knobs (temperature, top_p, top_k, repetition_penalty, min_new_token): CodeKnobs; synth
     # spells its own --max-new-token and --prompt
-    max_new_token: int = option(
-        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
-        kw_only=True)
-    prompt: str = option(
-        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
-        kw_only=True)
+    max_new_token: int = _max_new_token_option()
+    prompt: str = _prompt_option()
     refine: bool = option(
         True, "--refine/--no-refine", "Refine the text with the GPT's text head first.", show_default=True)
     use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
@@ -152,12 +162,8 @@ class WarmConfig(CodeKnobs):
     seed: int = option(0, "--seed", "Seed of sampling (and of --speaker random).", kind=int, show_default=True)
     speaker: str | None = option(None, "--speaker", SPEAKER_HELP)
     # the code knobs: CodeKnobs (warm spells its own --max-new-token and --prompt)
-    max_new_token: int = option(
-        chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps.", kind=int, show_default=True,
-        kw_only=True)
-    prompt: str = option(
-        chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
-        kw_only=True)
+    max_new_token: int = _max_new_token_option()
+    prompt: str = _prompt_option()
     use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
     refine: bool = option(
         True, "--refine/--no-refine",
