@@ -1,4 +1,5 @@
-"""Click options shared by several commands: ChatTTS sampling knobs (`reference`, `synth`, `warm`) and the provider.
+"""Click options shared by several commands: ChatTTS sampling knobs (`reference`, `synth`, `warm`), and the
+help of those every runtime command spells (the provider, the speaker, Decoder or DVAE).
 
 The commands expose the knobs ChatTTS users know with ChatTTS's InferCodeParams defaults, declared
 once on `chattts_defaults.CodeKnobs` (the base of their configs); one definition keeps their names
@@ -28,10 +29,3 @@ def sampling_options(f: F) -> F:
     """Add --speaker, --temperature, --top-p, --top-k, --repetition-penalty, --min-new-token and
     --decoder/--dvae (click applies decorators bottom-up, hence the reversed order)."""
     return _SPEAKER_OPTION(declared_options(CodeKnobs)(_DECODER_OPTION(f)))
-
-
-def provider_option(f: F) -> F:
-    """Add --provider cpu|cuda|auto (resolved by chattts_forge.runtime.providers)."""
-    # A plain string checked by the runtime (not click.Choice): a bad value is the project's one-line
-    # `error:` like every other bad input, not click's usage block.
-    return click.option("--provider", default="cpu", show_default=True, help=PROVIDER_HELP)(f)

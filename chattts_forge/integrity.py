@@ -58,6 +58,7 @@ from chattts_forge.artifact import (
     ArtifactMeta,
     component_file_name,
 )
+from chattts_forge.choices import Choice
 from chattts_forge.errors import ArtifactChanged, BadInput, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
@@ -74,7 +75,18 @@ PUBLISHED_REPORT = "report.json"  # the gate report's copy (evaluate.report_sche
 # does not carry them, and publish refuses an artifact that does.
 PUBLISHED_NAMES = frozenset({PUBLISHED_MANIFEST, PUBLISHED_SUMS, SIGNATURE_NAME, PUBLISHED_CARD, PUBLISHED_REPORT})
 
-VERIFY_MODES = ("sha256", "full", "size", "none")
+
+
+class VerifyMode(Choice):
+    """How an artifact's files are checked before use (the module docstring's modes)."""
+
+    SHA256 = "sha256"
+    FULL = "full"
+    SIZE = "size"
+    NONE = "none"
+
+
+VERIFY_MODES = VerifyMode.values()
 VERIFY_ALIASES = {"cheap": "sha256"}  # the name of the default before every file was hashed
 
 _BLOCK = 4 << 20  # bytes per read: large enough that hashlib releases the GIL, small enough to stream

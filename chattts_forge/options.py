@@ -26,7 +26,9 @@ class OptionSpec:
     command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
     Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
     value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
-    refuses to run without it (its field's default, None, is never a value)."""
+    refuses to run without it (its field's default, None, is never a value); `envvar`: the environment
+    variable click reads when the option is not given; `switch_default`: a lone switch's default is
+    given to click (recorded as False, where a switch without one has none)."""
 
     flags: str
     help: str | None = None
@@ -38,6 +40,8 @@ class OptionSpec:
     multiple: bool = False
     metavar: str | None = None
     required: bool = False
+    envvar: str | None = None
+    switch_default: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -76,8 +80,12 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
         kwargs["metavar"] = spec.metavar
     if spec.required:
         kwargs["required"] = True
+    if spec.envvar:
+        kwargs["envvar"] = spec.envvar
     if spec.is_flag:
         kwargs["is_flag"] = True
+        if spec.switch_default:
+            kwargs["default"] = f.default
     elif spec.spellings is not None:
         kwargs["type"] = click.Choice(spec.spellings)
         default = None if default is None else str(default)

@@ -44,20 +44,21 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.evaluate.soak_config import SoakConfig
+from chattts_forge.evaluate.soak_output import plot
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
 SCHEMA = "chattts-forge/soak/1"
 FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")  # the server's (runtime.serve.formats.FORMATS)
-MIX = {"stream": 0.45, "whole": 0.2, "hit": 0.15, "hangup": 0.1, "malformed": 0.1}
 SAMPLE_RATE = 24000
 HOP = 256  # ChatTTS's audio: 256 samples a mel frame, two mel frames a code step
 LOSSY_SLACK = 4 * 1152  # mp3/opus/aac: the encoder's delay and padding, a few codec frames
@@ -75,41 +76,6 @@ MALFORMED: tuple[tuple[bytes | dict[str, Any], str], ...] = (
     ([1, 2, 3], "not an object"),
     ({"model": "tts-1", "input": "Hello. [Stts]"}, "structural token"),
 )
-
-
-@dataclass
-class SoakConfig:
-    url: str
-    seconds: float
-    concurrency: int = 8
-    artifact: str | None = None  # its phrase cache supplies the hits; reloads reload it
-    phrase_cache: str | None = None  # the hits' cache when not the artifact's (a server run with --phrase-cache)
-    reload_every: float | None = None
-    admin_token: str | None = None
-    sample_every: float = 5.0
-    window_s: float = 60.0
-    seed: int = 0
-    corpus: str = "builtin:evaluation"
-    max_steps: int = 430
-    retries: int = 8
-    request_timeout_s: float = 600.0
-    rate: float | None = None  # open loop: Poisson arrivals per second instead of `concurrency` clients
-    max_in_flight: int = 256  # open loop: requests in flight at most (more arrivals wait client-side)
-    mix: dict[str, float] = field(default_factory=lambda: dict(MIX))
-
-    def check(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise BadInput(f"--url must be http://HOST:PORT, got {self.url!r}")
-        if not (self.seconds > 0 and math.isfinite(self.seconds)):
-            raise BadInput(f"--soak takes a positive number of seconds, got {self.seconds}")
-        if self.concurrency < 1:
-            raise BadInput(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
-            raise BadInput(f"--rate takes a positive number of requests per second, got {self.rate}")
-        if self.reload_every is not None and not self.reload_every > 0:
-            raise BadInput(f"--reload-every takes a positive number of seconds, got {self.reload_every}")
-        if self.reload_every is not None and self.artifact is None:
-            raise BadInput("--reload-every needs --artifact (the folder each reload loads)")
 
 
 @dataclass
@@ -565,45 +531,6 @@ def drift(samples: list[dict[str, float]], windows: list[dict[str, Any]], outcom
     }
 
 
-def plot(report: dict[str, Any], out: str | os.PathLike[str]) -> None:
-    """RSS, fds and threads, queue, per-window p50/p99 over time (reloads marked), as one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from chattts_forge.fsutil import atomic_write_bytes
-
-    samples = report["samples"]
-    t = [s["t"] / 60 for s in samples]
-    fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
-    axes[0].plot(t, [s.get("rss", np.nan) / 2**20 for s in samples], label="RSS (MiB)")
-    axes[0].set_ylabel("RSS MiB")
-    axes[1].plot(t, [s.get("fds", np.nan) for s in samples], label="open fds")
-    axes[1].plot(t, [s.get("threads", np.nan) for s in samples], label="threads")
-    axes[1].legend(loc="upper left")
-    axes[2].plot(t, [s.get("queue", np.nan) for s in samples], label="queue depth")
-    axes[2].plot(t, [s.get("running", np.nan) for s in samples], label="running rows")
-    axes[2].legend(loc="upper left")
-    w = report["windows"]
-    wt = [(x["start_s"] + report["config"]["window_s"] / 2) / 60 for x in w]
-    axes[3].plot(wt, [x["p50_s"] if x["p50_s"] is not None else np.nan for x in w], "o-", label="p50 (misses)")
-    axes[3].plot(wt, [x["p99_s"] if x["p99_s"] is not None else np.nan for x in w], "o-", label="p99 (misses)")
-    axes[3].set_ylabel("latency s")
-    axes[3].set_xlabel("minutes")
-    axes[3].legend(loc="upper left")
-    for r in report["reloads"]:
-        for ax in axes:
-            ax.axvline(r["t"] / 60, color="grey" if r["status"] == 200 else "red", lw=0.6, ls="--")
-    fig.suptitle(f"soak: {report['requests']} requests, {report['lost_healthy']} healthy lost, "
-                 f"{len(report['reloads'])} reloads")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
-
-
 def run_soak(cfg: SoakConfig, json_out: str | None = None, plot_out: str | None = None,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run a soak, write its JSON and plot, and raise ForgeError (after writing them) when a healthy
@@ -629,31 +556,3 @@ def run_soak(cfg: SoakConfig, json_out: str | None = None, plot_out: str | None 
     if problems:
         raise ForgeError("soak failed: " + "; ".join(problems))
     return report
-
-
-def format_soak(report: dict[str, Any]) -> str:
-    d = report["drift"]
-
-    def mib(x: float | None) -> str:
-        return "-" if x is None else f"{x / 2**20:.0f} MiB"
-
-    def num(x: float | None, f: str = "{:.2f}") -> str:
-        return "-" if x is None else f.format(x)
-
-    lines = [
-        f"soak {report['wall_s']:.0f} s: {report['requests']} requests ({report['healthy']} healthy, "
-        f"{report['lost_healthy']} lost; malformed not 4xx: {report['malformed_not_4xx']}; "
-        f"reloads {len(report['reloads'])}, failed {report['failed_reloads']})",
-        "by kind: " + ", ".join(f"{k} {v['ok']}/{v['sent']}" for k, v in report["by_kind"].items()),
-        f"RSS early {mib(d['rss_early_bytes'])}, late {mib(d['rss_late_bytes'])} "
-        f"(x{num(d['rss_late_over_early'], '{:.3f}')}), peak {mib(d['rss_peak_bytes'])}",
-        f"fds {num(d['fds_first'], '{:.0f}')} -> {num(d['fds_last'], '{:.0f}')} (max {num(d['fds_max'], '{:.0f}')}); "
-        f"threads {num(d['threads_first'], '{:.0f}')} -> {num(d['threads_last'], '{:.0f}')} "
-        f"(max {num(d['threads_max'], '{:.0f}')})",
-        f"p99 reference {num(d['p99_reference_s'])} s; worst later window x{num(d['p99_max_window_over_reference'])}",
-        f"misses {num(report['misses_per_s'], '{:.3f}')}/s; admitted p99 {num(report['admitted_p99_s'])} s; refusals "
-        f"{report['refusals']['count']} (Retry-After {num(report['refusals']['retry_after_min_s'], '{:.0f}')}-"
-        f"{num(report['refusals']['retry_after_max_s'], '{:.0f}')} s), all retried until admitted: "
-        f"{report['lost_healthy'] == 0}",
-    ]
-    return "\n".join(lines)

@@ -15,10 +15,19 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from chattts_forge.choices import Choice
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes
 
-SAMPLE_FORMATS = ("float32", "pcm16")
+
+class SampleFormat(Choice):
+    """A WAV's samples: float32 (exact) or 16-bit PCM (the server's `wav`)."""
+
+    FLOAT32 = "float32"
+    PCM16 = "pcm16"
+
+
+SAMPLE_FORMATS = SampleFormat.values()
 UNKNOWN_SIZE = 0xFFFFFFFF  # a streamed WAV's RIFF and data sizes (OpenAI's streamed header)
 
 

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from chattts_forge.options import declared_options
-from chattts_forge.runtime.synth import SynthConfig, WarmConfig
+from chattts_forge.runtime.synth import NormalizeConfig, SynthConfig, WarmConfig
 
 
 @click.command("synth")
@@ -40,15 +39,7 @@ def synth(**options: Any) -> None:
 
 
 @click.command("normalize")
-@click.option("--text", "text", default=None, help="The text (as a client would send it).")
-@click.option("--file", "file", type=click.Path(path_type=Path), default=None,
-              help="A UTF-8 file whose whole content is one text (newlines end sentences).")
-@click.option("--artifact", type=click.Path(path_type=Path), default=None,
-              help="Apply this artifact's homophone map too (an artifact folder or a published version folder); "
-                   "without it, no homophone is replaced.")
-@click.option("--lang", type=click.Choice(["zh", "en"]), default=None, help="The text's language (default: detected).")
-@click.option("--text-normalization/--no-text-normalization", default=True, show_default=True,
-              help="Off: ChatTTS's own front end exactly (digits, currency signs and ? are deleted).")
+@declared_options(NormalizeConfig)  # declared once on its fields (runtime/synth.py)
 def normalize(**options: Any) -> None:
     """Print exactly the text the model receives: one segment per line on stdout, nothing else.
 
@@ -63,7 +54,7 @@ def normalize(**options: Any) -> None:
       chattts-forge normalize --text "转人工请按 0"
       chattts-forge normalize --file letter.txt --artifact artifacts/M/v1
     """
-    from chattts_forge.runtime.synth import NormalizeConfig, spoken_segments
+    from chattts_forge.runtime.synth import spoken_segments
 
     segments, removed = spoken_segments(NormalizeConfig(**options))
     for seg in segments:

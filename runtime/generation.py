@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, GPT, HEAD_CODE, HEAD_TEXT
+from chattts_forge.choices import Choice
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.fast_gpt import FastGptStep
@@ -35,7 +36,18 @@ if TYPE_CHECKING:
 # The pipeline's logger: callers that expect rows to hit max_new_token (warm, benchmarks) quiet it by name.
 log = get_logger("chattts_forge.runtime.pipeline")
 
-ENGINES = ("auto", "fast", "plain")
+
+
+class GptEngine(Choice):
+    """Which GPT step the runtime runs: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto
+    (fast when the artifact has it and runs on the CPU)."""
+
+    AUTO = "auto"
+    FAST = "fast"
+    PLAIN = "plain"
+
+
+ENGINES = GptEngine.values()
 
 
 class PromptBatch(NamedTuple):

@@ -188,7 +188,7 @@ class LoadedArtifact:
         if public_key is not None and verify in ("size", "none"):
             raise ForgeError(
                 f"a signature check (public key {public_key}) needs the files hashed; "
-                f"it cannot be combined with verify={verify!r}"
+                f"it cannot be combined with verify={str(verify)!r}"
             )
         if threads is not None and threads < 1:
             raise ForgeError(f"threads must be >= 1, got {threads}")

@@ -16,12 +16,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chattts_forge import chattts_defaults
+from chattts_forge.choices import Choice
 from chattts_forge.errors import BadInput
 from chattts_forge.runtime.frontend import (
     DEFAULT_MAX_PROMPT_CODES,
     DEFAULT_MAX_SPEAKER_VALUES,
     max_encoded_chars,
 )
+
+
+class Language(Choice):
+    """A text's language, when the caller names it (`SynthParams.lang`; None: detected)."""
+
+    ZH = "zh"
+    EN = "en"
 
 
 @dataclass

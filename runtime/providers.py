@@ -22,12 +22,24 @@ import io
 import warnings
 from functools import lru_cache
 
+from chattts_forge.choices import Choice
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
 
-PROVIDER_CHOICES = ("cpu", "cuda", "auto")
+
+
+class Provider(Choice):
+    """The provider asked for: cpu, cuda (an error when no usable GPU) or auto (CUDA if usable, else CPU);
+    `resolve_provider` turns it into the one that runs (cpu or cuda)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    AUTO = "auto"
+
+
+PROVIDER_CHOICES = Provider.values()
 EXECUTION_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 INSTALL_HINT = "install the gpu extra in its own environment: make env GPU=1 (or pip install '.[gpu]')"
 

@@ -27,15 +27,27 @@ import soundfile as sf
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.choices import plain
 from chattts_forge.cli_options import DECODER_HELP, PROVIDER_HELP, SPEAKER_HELP
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
+from chattts_forge.integrity import VerifyMode, check_verify_mode
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.options import option
-from chattts_forge.runtime.audio import check_sample_format, pcm16_wav_header, read_wav, to_int16, write_wav
+from chattts_forge.runtime.audio import (
+    SampleFormat,
+    check_sample_format,
+    pcm16_wav_header,
+    read_wav,
+    to_int16,
+    write_wav,
+)
 from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars, speaker_vector
+from chattts_forge.runtime.generation import GptEngine
+from chattts_forge.runtime.params import Language
 from chattts_forge.runtime.phrase_cache import build_phrase_cache
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
+from chattts_forge.runtime.providers import Provider
 from chattts_forge.runtime.router import ROUTING_NAME, Router
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead
 from chattts_forge.runtime.textfront import TextFront
@@ -55,6 +67,19 @@ def _prompt_option() -> Any:
     return option(
         chattts_defaults.CODE_PROMPT, "--prompt", "Code prompt (speed/oral/laugh/break tags).", show_default=True,
         kw_only=True)
+
+
+def _provider_option() -> Any:
+    """synth's and warm's --provider: a Provider, spelled as a plain string on the command line (not a
+    click.Choice) so that a bad value is the project's one-line error, as serve's and bench's are."""
+    return option(Provider.CPU, "--provider", PROVIDER_HELP, show_default=True)
+
+
+def _parse_runtime_choices(cfg: SynthConfig | WarmConfig) -> None:
+    """`cfg`'s engine and provider as their Choice members (a spelling from the CLI or a library
+    caller); an unknown one: the runtime's one-line BadInput."""
+    object.__setattr__(cfg, "engine", GptEngine.parse(cfg.engine, "GPT engine"))
+    object.__setattr__(cfg, "provider", Provider.parse(cfg.provider, "provider"))
 
 
 class StreamLookaheadParam(click.ParamType):
@@ -130,22 +155,28 @@ class SynthConfig(CodeKnobs):
         "cut a long text into segments (`chattts-forge normalize` shows the result); off: ChatTTS's own front end "
         "exactly.", show_default=True)
     batch_size: int = option(8, "--batch-size", "Texts of --batch-file generated together.", kind=int, show_default=True)
-    engine: str = option(
-        "auto", "--engine", "GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
-        choices=("auto", "fast", "plain"), show_default=True)
-    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    engine: GptEngine = option(
+        GptEngine.AUTO, "--engine",
+        "GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
+        choices=GptEngine, show_default=True)
+    provider: Provider = _provider_option()
     threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
     public_key: Path | None = option(
         None, "--public-key",
         "PEM public key: the published folder's model.sig (and a version folder's) must verify with it.", kind="file")
-    verify: str = option(
-        "sha256", "--verify", "How the artifact's files are checked before use: sha256 (each hashed once, then cached), "
-        "full (hashed on every load), size (sizes only: the opt-out), none.", choices=("sha256", "full", "size", "none"),
+    verify: VerifyMode = option(
+        VerifyMode.SHA256, "--verify", "How the artifact's files are checked before use: sha256 (each hashed once, then "
+        "cached), full (hashed on every load), size (sizes only: the opt-out), none.", choices=VerifyMode,
         show_default=True)
-    sample_format: str = option(
-        "float32", "--sample-format",
+    sample_format: SampleFormat = option(
+        SampleFormat.FLOAT32, "--sample-format",
         "WAV samples: float32 (exact), or 16-bit PCM as the server's wav (round(x * 32768)).",
-        choices=("float32", "pcm16"), show_default=True)
+        choices=SampleFormat, show_default=True)
+
+    def __post_init__(self) -> None:
+        _parse_runtime_choices(self)
+        object.__setattr__(self, "verify", VerifyMode(check_verify_mode(self.verify)))
+        object.__setattr__(self, "sample_format", SampleFormat(check_sample_format(self.sample_format)))
 
 
 @dataclass(frozen=True)
@@ -169,20 +200,32 @@ class WarmConfig(CodeKnobs):
         True, "--refine/--no-refine",
         "Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
         show_default=True)
-    engine: str = option("auto", "--engine", choices=("auto", "fast", "plain"), show_default=True)
-    provider: str = option("cpu", "--provider", PROVIDER_HELP, show_default=True)
+    engine: GptEngine = option(GptEngine.AUTO, "--engine", choices=GptEngine, show_default=True)
+    provider: Provider = _provider_option()
     threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
+
+    def __post_init__(self) -> None:
+        _parse_runtime_choices(self)
 
 
 @dataclass(frozen=True)
 class NormalizeConfig:
     """One `normalize` run: the text the model receives for `text` or `file` (`chattts-forge normalize --help`)."""
 
-    text: str | None = None
-    file: Path | None = None
-    artifact: Path | None = None
-    lang: str | None = None
-    text_normalization: bool = True
+    text: str | None = option(None, "--text", "The text (as a client would send it).")
+    file: Path | None = option(
+        None, "--file", "A UTF-8 file whose whole content is one text (newlines end sentences).", kind="path")
+    artifact: Path | None = option(
+        None, "--artifact", "Apply this artifact's homophone map too (an artifact folder or a published version "
+        "folder); without it, no homophone is replaced.", kind="path")
+    lang: Language | None = option(None, "--lang", "The text's language (default: detected).", choices=Language)
+    text_normalization: bool = option(
+        True, "--text-normalization/--no-text-normalization",
+        "Off: ChatTTS's own front end exactly (digits, currency signs and ? are deleted).", show_default=True)
+
+    def __post_init__(self) -> None:
+        if self.lang is not None:
+            object.__setattr__(self, "lang", Language.parse(self.lang, "language"))
 
 
 def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
@@ -198,7 +241,7 @@ def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
             raise BadInput(f"--file {cfg.file} is not a readable UTF-8 text file ({type(e).__name__})") from None
     else:
         text = cfg.text or ""
-    params = SynthParams(lang=cfg.lang, text_normalization=cfg.text_normalization)
+    params = SynthParams(lang=plain(cfg.lang), text_normalization=cfg.text_normalization)
     if cfg.artifact is None:
         front = TextFront.without_artifact()
     elif (cfg.artifact / ROUTING_NAME).is_file():

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.load_bench import (
-    LoadBenchConfig,
     corpus_requests,
     hit_indices,
     plan_requests,
@@ -23,6 +22,7 @@ from chattts_forge.evaluate.load_bench import (
     run_load_bench,
     speech_steps,
 )
+from chattts_forge.evaluate.load_bench_config import LoadBenchConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench-load.md"
 CACHE_SECTION = "## With `--phrase-cache-hit-ratio R`"

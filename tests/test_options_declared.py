@@ -10,10 +10,17 @@ import click
 import pytest
 
 from chattts_forge.calibration_data.cli import CalibrateOptions, calibrate
+from chattts_forge.errors import BadInput
+from chattts_forge.evaluate.bench_cli import bench
+from chattts_forge.evaluate.bench_options import BenchOptions
 from chattts_forge.evaluate.cli import EvaluateOptions, LatencyRunOptions, evaluate, evaluate_latency
 from chattts_forge.options import option_args
-from chattts_forge.runtime.cli import synth, warm
-from chattts_forge.runtime.synth import SynthConfig, WarmConfig
+from chattts_forge.runtime.cli import normalize, synth, warm
+from chattts_forge.runtime.generation import GptEngine
+from chattts_forge.runtime.providers import Provider
+from chattts_forge.runtime.serve.cli import serve
+from chattts_forge.runtime.serve.config import ServeConfig, ServeLaunch
+from chattts_forge.runtime.synth import NormalizeConfig, SynthConfig, WarmConfig
 
 
 def _read_back(command: click.Command, args: list[str]) -> dict[str, Any]:
@@ -34,6 +41,14 @@ CASES = [
                           "prompt": "[speed_3]", "use_decoder": False, "public_key": Path("k.pub"), "stream": True}),
     (warm, WarmConfig, {"artifact": Path("a"), "phrases": Path("p"), "out": Path("o"), "seed": 3, "refine": False,
                         "use_decoder": False, "engine": "plain", "temperature": 0.5, "max_new_token": 96}),
+    (normalize, NormalizeConfig, {"text": "Hi.", "lang": "en", "artifact": Path("a"), "text_normalization": False}),
+    (serve, ServeConfig, {"artifact": Path("a"), "port": 9000, "max_batch": 2, "first_chunk_priority": False,
+                          "provider": "auto", "voices_file": Path("v.json"), "deadline_s": 10.0,
+                          "admin_loopback": True, "admin_hosts": ("h1", "h2"), "cors_origins": ("https://a.b",),
+                          "canary_share": 0.5, "verify": "full", "memory_limit": "6G"}),
+    (bench, BenchOptions, {"artifact": "a", "baseline": "pytorch", "batch": "1,2", "engine": "plain", "load": True,
+                           "arrival": "poisson", "rate": 2.0, "decode_overlap": False, "first_chunk_priority": True,
+                           "stream_lookahead": 4, "provider": "auto", "phrase_cache": "c.bin", "json_out": "o.json"}),
 ]  # fmt: skip
 
 
@@ -56,3 +71,32 @@ def test_a_field_without_default_is_a_required_option() -> None:
 def test_a_required_declared_option_must_be_given(command: click.Command, args: list[str]) -> None:
     with pytest.raises(click.MissingParameter):
         command.make_context(command.name or "", args)
+
+
+def test_serve_reads_its_launch_options_beside_its_config() -> None:
+    launch = {"ray_address": "local", "replicas": 3}
+    args = option_args(ServeConfig, {"artifact": Path("a")}) + option_args(ServeLaunch, launch)
+    params = _read_back(serve, args)
+    assert {name: params[name] for name in launch} == launch
+
+
+def test_a_closed_set_given_as_its_spelling_becomes_its_member() -> None:
+    cfg = SynthConfig(artifact=Path("a"), out=Path("o.wav"), engine="fast", provider="auto", verify="cheap")
+    assert cfg.engine is GptEngine.FAST and cfg.provider is Provider.AUTO and cfg.verify == "sha256"
+    assert BenchOptions(artifact="a", engine="plain").engine is GptEngine.PLAIN
+    with pytest.raises(BadInput, match="unknown provider 'gpu'"):
+        WarmConfig(Path("a"), Path("p"), Path("o"), provider="gpu")
+
+
+def test_bench_options_map_onto_the_run_they_pick() -> None:
+    load = BenchOptions(artifact="a", load=True, concurrency="2,8", arrival="poisson", rate=2.0).load_config()
+    assert (list(load.concurrency), load.arrival, load.rate, load.baseline) == ([2, 8], "poisson", 2.0, None)
+    assert type(load.arrival) is str  # the report records the spelling
+    soak = BenchOptions(artifact="a", soak_s=5.0, url="http://h:1", concurrency="2,8").soak_config()
+    assert (soak.seconds, soak.concurrency, soak.artifact) == (5.0, 8, "a")
+    plain_run = BenchOptions(artifact="a", baseline="pytorch", batch="4,1", provider="auto").bench_config()
+    assert (plain_run.baseline, list(plain_run.batches), plain_run.provider) == ("pytorch", [4, 1], "auto")
+    with pytest.raises(BadInput, match="belong to the load benchmark"):
+        BenchOptions(artifact="a", url="http://h:1")
+    with pytest.raises(BadInput, match="--batch takes values >= 1"):
+        BenchOptions(artifact="a", batch="0").bench_config()

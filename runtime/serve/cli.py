@@ -8,80 +8,14 @@ from typing import Any
 
 import click
 
-from chattts_forge.cli_options import provider_option
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.serve.config import ServeConfig, ensure_admin_token
+from chattts_forge.options import declared_options
+from chattts_forge.runtime.serve.config import ServeConfig, ServeLaunch, ensure_admin_token
 
 
 @click.command("serve")
-@click.option("--artifact", required=True, type=click.Path(path_type=Path),
-              help="A published version folder (artifacts/<model>/<version>: routing by length, its phrase cache) "
-              "or one artifact (variant) folder.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Rows of each variant's running GPT batch (continuous batching).")
-@click.option("--first-chunk-priority/--no-first-chunk-priority", default=True, show_default=True,
-              help="While a request has no audio yet, one GPT step in three runs it alone (with any newer ones), "
-                   "the running requests' next chunks wait, so its first audio does not wait behind them.")
-@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
-              help="Requests that may wait per variant; beyond it requests get 429 with Retry-After.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="onnxruntime intra-op threads.")
-@provider_option
-@click.option("--voices", "voices_file", type=click.Path(path_type=Path), default=None,
-              help="JSON {name: speaker string}: named voices besides OpenAI's thirteen and 'default'.")
-@click.option("--cache", "phrase_cache", type=click.Path(path_type=Path), default=None,
-              help="Phrase cache file (default: the version's phrase_cache.bin).")
-@click.option("--cache-redis", default=None, help="redis://HOST:PORT/DB: a phrase cache shared by replicas.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of requests that give none (synth's and warm's default; a phrase cache never sets it).")
-@click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
-              show_default=True, help="Seconds a request may take (a request's deadline_s may lower it).")
-@click.option("--max-input-chars", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--admin-token", default=None, envvar="FORGE_ADMIN_TOKEN",
-              help="Bearer token for /admin/* (default: a random one, generated at start into --admin-token-file).")
-@click.option("--admin-token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where the generated admin token is written, mode 0600 (default: "
-                   "$XDG_CONFIG_HOME/chattts-forge/admin-token-PORT); its path is logged.")
-@click.option("--admin-loopback", is_flag=True, default=False,
-              help="Let loopback clients use /admin/* without a token (no token is generated unless given).")
-@click.option("--admin-host", "admin_hosts", multiple=True, metavar="NAME",
-              help="A Host name /admin/* answers besides localhost, IP addresses and --host (repeatable).")
-@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
-              help="Longest request body accepted (longer: 413).")
-@click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=5.0,
-              show_default=True, help="Seconds a request body may take to arrive (else 408, counted as a disconnect).")
-@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), default=5.0,
-              show_default=True, help="Seconds a connection may take to send a request's headers (slow or stalled "
-              "clients are closed).")
-@click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="Open connections served at once; beyond it a new one gets 503 and is closed.")
-@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
-              help="A web origin (https://app.example.com) whose pages may call the API, with CORS headers; "
-              "requests carrying any other Origin are refused (403). Repeatable; '*' allows every site.")
-@click.option("--forwarded-allow-ips", default="127.0.0.1", show_default=True, metavar="IPS",
-              help="Comma-separated proxy addresses whose X-Forwarded-For/X-Forwarded-Proto are trusted "
-              "('*': any; docs/serving.md 'Behind a proxy').")
-@click.option("--canary-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              help="On reload, the share of new requests the new version gets until POST /admin/promote.")
-@click.option("--drain", "drain_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds open requests may take to finish on SIGTERM or after a version swap.")
-@click.option("--verify", type=click.Choice(["sha256", "full", "size"]), default="sha256", show_default=True,
-              help="Check every file against its sha256 on load (sha256: through the verified-hash cache; "
-                   "full: re-hash every time; size: sizes only, the explicit opt-out).")
-@click.option("--public-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="PEM public key: every served folder's model.sig must verify with it (also on reload).")
-@click.option("--warm-phrases", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Phrase-cache entries served once while warming a version.")
-@click.option("--memory-limit", default=None, metavar="SIZE",
-              help="Keep the process's RSS under SIZE (e.g. 6G): admit a miss only while what the running ones may "
-                   "still add leaves room, else 503 with Retry-After; near SIZE, also lower the running batch and "
-                   "empty the in-memory caches (docs/serving.md Operations).")
-@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
-              help="Run the app as a Ray Serve deployment on this cluster (local: start one here); "
-                   "Ray Serve's HTTP proxy listens on --host/--port (the scale extra).")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --ray: replicas of the server, each loading the version (Ray Serve spreads requests).")
+@declared_options(ServeConfig)  # every option, declared once on its field (runtime/serve/config.py)
+@declared_options(ServeLaunch)
 def serve(ray_address: str | None, replicas: int, **options: Any) -> None:
     """Serve an artifact over HTTP: OpenAI's POST /v1/audio/speech, a ChatTTS-native endpoint, metrics.
 
