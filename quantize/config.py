@@ -356,7 +356,7 @@ class AutoConfig(AutoOptions, FidelityOptions, BlockOptions, QuantizeConfig):
 
 
 METHOD_CONFIGS: dict[str, type[QuantizeConfig]] = {
-    c.method: c for c in (DynamicInt8Config, StaticInt8Config, Int4Config, AutoConfig)
+    c.method.value: c for c in (DynamicInt8Config, StaticInt8Config, Int4Config, AutoConfig)
 }
 assert tuple(METHOD_CONFIGS) == QUANTIZE_METHODS, "one config type per method of the artifact contract"
 
