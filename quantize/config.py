@@ -38,7 +38,7 @@ from chattts_forge.artifact import (
     quantized_variant,
 )
 from chattts_forge.choices import Choice, plain
-from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.errors import BadInput
 from chattts_forge.options import OptionSpec, declared_fields, option
 
 
@@ -195,7 +195,7 @@ class Targets:
     def check_ranges(self) -> None:
         for name, value in (("min-agreement", self.min_agreement), ("min-cosine", self.min_cosine)):
             if value is not None and not (0.0 <= value <= 1.0):
-                raise ForgeError(f"--{name} must lie in [0, 1], got {value}")
+                raise BadInput(f"--{name} must lie in [0, 1], got {value}", param=name.replace("-", "_"))
 
     def check(self, fid: dict[str, Any]) -> list[str]:
         """The targets `fid` misses, as short strings (empty: all met)."""

@@ -43,7 +43,7 @@ from chattts_forge.artifact import (
     QuantizeMethod,
     quantized_variant,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import portable_path
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
@@ -179,7 +179,8 @@ class QuantizationMethod:
         """Every option and input the method reads, checked up front (the source's files already were)."""
         self.check_options()
         if self.needs_calibration and self.cfg.calibration is None:
-            raise ForgeError(f"{self.request} needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)")
+            raise BadInput(f"{self.request} needs --calibration CALIB_DIR (make one with `chattts-forge calibrate`)",
+                           param="calibration")
         self.check_gate()
         if self.cfg.calibration is not None:
             self.open_calibration()
@@ -191,15 +192,17 @@ class QuantizationMethod:
         if cfg.kv_cache == KvCache.FP32:
             return None
         if not self.rebuilds_fast_graph:
-            raise ForgeError("--kv-cache int8 applies to the fused graph dynamic and rtn int4 rebuild; static, auto "
-                             "and calibrated int4 quantize theirs with calibrated activations and a float cache, "
-                             "legacy static drops it (use dynamic or int4 --algorithm rtn)")
+            raise BadInput("--kv-cache int8 applies to the fused graph dynamic and rtn int4 rebuild; static, auto "
+                           "and calibrated int4 quantize theirs with calibrated activations and a float cache, "
+                           "legacy static drops it (use dynamic or int4 --algorithm rtn)", param="kv_cache")
         if targets.any():
-            raise ForgeError("--kv-cache int8 cannot be combined with fallback targets (they drop the fused GPT graph)")
+            raise BadInput("--kv-cache int8 cannot be combined with fallback targets (they drop the fused GPT graph)",
+                           param="kv_cache")
         if not self.meta.has_component(FAST_GPT):
             raise ForgeError(f"--kv-cache int8: artifact {self.src} has no {FAST_GPT_FILE} (convert with --fast-gpt)")
         if cfg.calibration is None:
-            raise ForgeError("--kv-cache int8 needs --calibration CALIB_DIR: its scales are calibrated from it")
+            raise BadInput("--kv-cache int8 needs --calibration CALIB_DIR: its scales are calibrated from it",
+                           param="calibration")
         from chattts_forge.quantize.inputs import open_calibration
         from chattts_forge.quantize.kv_cache import kv_cache_scales
 

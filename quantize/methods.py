@@ -26,7 +26,7 @@ from chattts_forge.artifact import (
     KvCache,
     QuantizeMethod,
 )
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.gate import recorded_gate_path
 from chattts_forge.log import get_logger
 from chattts_forge.quantize.config import (
@@ -128,18 +128,18 @@ class StaticInt8(QuantizationMethod):
 
         check_alpha(self.cfg.smooth_alpha)
         if self.cfg.smooth_alpha is not None and not self.cfg.smooth:
-            raise ForgeError("--smooth-alpha and --no-smooth contradict each other")
+            raise BadInput("--smooth-alpha and --no-smooth contradict each other", param="smooth_alpha")
         if self.cfg.percentile is not None and self.cfg.calibrate_method != CalibrateMethod.PERCENTILE:
-            raise ForgeError("--percentile applies to --calibrate-method percentile")
+            raise BadInput("--percentile applies to --calibrate-method percentile", param="percentile")
         if self.cfg.smooth_alpha is not None and self.cfg.calibrate_method == CalibrateMethod.PERCENTILE:
             # No histogram of x / s is streamed (s is chosen here); clipping it by x's own percentile
             # cut real signal once the outlier channels had moved into the weights.
-            raise ForgeError("--smooth-alpha takes its ranges from the per-channel maxima: not with "
-                             "--calibrate-method percentile")
+            raise BadInput("--smooth-alpha takes its ranges from the per-channel maxima: not with "
+                           "--calibrate-method percentile", param="smooth_alpha")
         if self.percentile is not None and not 50.0 < self.percentile <= 100.0:
-            raise ForgeError(f"--percentile must be within 50..100, got {self.percentile}")
+            raise BadInput(f"--percentile must be within 50..100, got {self.percentile}", param="percentile")
         if self.cfg.weight_bits not in (7, 8):
-            raise ForgeError(f"--weight-bits must be 7 or 8, got {self.cfg.weight_bits}")
+            raise BadInput(f"--weight-bits must be 7 or 8, got {self.cfg.weight_bits}", param="weight_bits")
 
     def _static(self, src: Path, dst: Path, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
         """Ranges from calibrate's streamed statistics of `graph` (gpt, gpt_fast, head_code)."""
@@ -175,15 +175,16 @@ class LegacyStaticInt8(StaticInt8):
     def check_options(self) -> None:
         """onnxruntime's own quantize_static reads none of the streamed-statistics options."""
         cfg = self.cfg
-        for flag, given in (("--smooth-alpha", cfg.smooth_alpha is not None), ("--no-smooth", not cfg.smooth),
-                            ("--weight-bits", cfg.weight_bits != DEFAULT_WEIGHT_BITS)):
+        for name, flag, given in (("smooth_alpha", "--smooth-alpha", cfg.smooth_alpha is not None),
+                                  ("smooth", "--no-smooth", not cfg.smooth),
+                                  ("weight_bits", "--weight-bits", cfg.weight_bits != DEFAULT_WEIGHT_BITS)):
             if given:
-                raise ForgeError(f"{flag} applies to --method static with minmax or percentile ranges and "
-                                 f"asymmetric activations, not {self.request}")
+                raise BadInput(f"{flag} applies to --method static with minmax or percentile ranges and "
+                               f"asymmetric activations, not {self.request}", param=name)
         super().check_options()
         if cfg.percentile is not None:
-            raise ForgeError("--percentile reads the streamed histograms: not with --symmetric-activations "
-                             "(onnxruntime's own quantize_static)")
+            raise BadInput("--percentile reads the streamed histograms: not with --symmetric-activations "
+                           "(onnxruntime's own quantize_static)", param="percentile")
 
     @property
     def request(self) -> str:
