@@ -10,7 +10,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from chattts_forge.evaluate.cli import EvaluateOptions, EvaluateSettingsOptions,
 from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.options import changed_args, option_args
-from chattts_forge.quantize.config import QuantizeConfig
+from chattts_forge.quantize.config import METHOD_CONFIGS, QuantizeConfig, options_read_by
 from chattts_forge.quantize.methods import calibrated_variants, method_class
 from chattts_forge.runtime.synth import WarmConfig
 
@@ -48,10 +48,6 @@ DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
         "calibrate": option_args(CalibrateOptions, {"max_samples": "8", "max_new_token": 48}),
-        # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
-        "quantize": option_args(
-            QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}
-        ),
         "evaluate": option_args(
             EvaluateSettingsOptions,
             {
@@ -69,6 +65,19 @@ PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     # steps (and 384 refinement steps), hours on a CPU. Its cache serves only requests with these knobs.
     "full": {"warm": option_args(WarmConfig, {"max_new_token": 96, "refine": False})},
 }
+# The preset's quantize options (field -> value), each step given only those its method's config
+# reads (`preset_quantize_args`), after its own options; user --stage-args quantize=... come after.
+PRESET_QUANTIZE_OPTIONS: dict[str, dict[str, Any]] = {
+    # --block-size 32 (int4, auto): the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
+    "tiny": {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32},
+}
+
+
+def preset_quantize_args(preset: str, method: str) -> list[str]:
+    """The words of `preset`'s quantize options that `method`'s config reads, in the preset's order."""
+    return option_args(METHOD_CONFIGS[method], options_read_by(method, PRESET_QUANTIZE_OPTIONS.get(preset, {})))
+
+
 # The phrase cache a build publishes with each version: the shipped customer-service list with
 # `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
 # default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
@@ -260,9 +269,11 @@ class StepPlan:
         )
 
     def quantize_step(self, variant: str) -> Step:
-        """The variant's `quantize` command: its options a `QuantizeConfig`, spelled as the options
-        declare (`changed_args`: the ones that differ from their defaults, in declaration order)."""
+        """The variant's `quantize` command: its options its method's config (`QuantizeConfig`), spelled
+        as the options declare (`changed_args`: the ones that differ from their defaults, in declaration
+        order), then the preset's options that the method reads."""
         fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
+        held = {f.name for f in fields(METHOD_CONFIGS[method])}  # the options the method's config reads
         options: dict[str, Any] = {}
         inputs = {"fp32": self.cache.tree(fp32)}
         if variant in CALIBRATED:
@@ -275,7 +286,7 @@ class StepPlan:
         if runs.is_file():  # recorded once by evaluate-reference (read when its settings are fidelity's)
             options["fp32_runs"] = runs
             inputs["fp32_runs"] = self.cache.sha256(runs)
-        if method_class(method).takes_gate and self.gate:  # auto: meets the gate evaluate applies
+        if "gate" in held and self.gate:  # auto: meets the gate evaluate applies
             options["gate"] = self.gate
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         argv = [
@@ -287,6 +298,8 @@ class StepPlan:
             "--out",
             str(self.artifact_dir(variant)),
             *changed_args(QuantizeConfig(method, **options)),
+            # a synthetic checkpoint's preset (as the other stages' preset args: not with a real one)
+            *(preset_quantize_args(self.preset, method) if self.checkpoint is None else []),
         ]
         return Step(
             f"quantize-{variant}",

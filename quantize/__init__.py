@@ -13,11 +13,13 @@ Library::
                       gate="GATE.toml"))      # fastest per-MatMul FP32/INT8/INT4 meeting the gate
     fid = measure_fidelity("artifacts/fp32", "artifacts/int4", corpus="builtin:evaluation")
 
-`QuantizeConfig` (config.py) holds every option, one options dataclass per method or concern
-(`StaticOptions`, `Int4Options`, `AutoOptions`, ...), each option declared once on its field: the
-CLI's options, the build driver's step arguments and the record are derived from them; each
-method is a class of the registry in `methods.py` (`METHODS`: what it needs, how it quantizes the
-plain and fused GPT graphs, its record).
+`QuantizeConfig(method, **options)` (config.py) is the method's own config type (`Int4Config`, ...),
+composed of the options dataclasses it reads (`CommonOptions`, `StaticInt8Options`, `BlockOptions`,
+`Int4Options`, `AutoOptions`, ...); an option of another method is a one-line BadInput. Each option
+is declared once on its field: the CLI's options (their union), the build driver's step arguments and
+the record are derived from them; each method is a class of the registry in `methods.py` (`METHODS`:
+what it needs, how it quantizes the plain and fused GPT graphs, its record; the base class in
+`method_base.py`).
 
 What is quantized: the GPT's constant-weight MatMuls (q/k/v/o, gate/up/down) and the code head
 (`head_code`, one MatMul; `quantize_head=False` keeps it FP32), and, whatever the method, the
@@ -26,7 +28,7 @@ MatMuls (both inputs are activations), the embeddings (Gathers), the text head (
 stage) and the convolutions (Decoder, DVAE: dynamic ConvInteger is a slow CPU path) stay FP32;
 vocos.onnx (+ its .data) is copied byte for byte and its sha256 is checked. The fused GPT and the
 Decoder the stage writes keep their weights in external data (`chattts_forge.graph_storage`).
-The stage's steps: `quantize.py`; the methods: `methods.py` (quantizers: `dynamic.py`, `static.py`,
+The stage's steps: `quantize.py`; the methods: `methods.py`, `method_base.py` (quantizers: `dynamic.py`, `static.py`,
 `static_fused.py` with `smooth.py`, `int4.py`, `int4_gptq.py`, `int4_importance.py`, `auto.py`).
 A fused `gpt_fast.onnx` in the source (quantize.fast_gpt_graph) is FP32 and never copied: each method
 says what becomes of it (`QuantizationMethod.write_fast_graph`): dynamic and RTN int4 rebuild it with

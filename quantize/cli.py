@@ -6,10 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from chattts_forge.artifact import QuantizeMethod
 from chattts_forge.options import declared_options
-from chattts_forge.quantize.config import QuantizeConfig
+from chattts_forge.quantize.config import QuantizeCommandOptions, QuantizeConfig
+
+
+def given_options(ctx: click.Context, options: dict[str, Any]) -> dict[str, Any]:
+    """The options named on the command line (or in the environment), not left at their defaults:
+    the method's config refuses those of another method, and takes its own defaults for the rest."""
+    return {name: value for name, value in options.items()
+            if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
 
 
 @click.command("quantize")
@@ -17,8 +25,9 @@ from chattts_forge.quantize.config import QuantizeConfig
               help="FP32 artifact folder (output of `convert`).")
 @click.option("--method", required=True, type=click.Choice(QuantizeMethod.values()))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact folder to write.")
-@declared_options(QuantizeConfig)  # every other option, declared once on its field (config.py)
-def quantize(artifact_dir: Path, out_dir: Path, **options: Any) -> None:
+@declared_options(QuantizeCommandOptions)  # every other option, declared once on its field (config.py)
+@click.pass_context
+def quantize(ctx: click.Context, artifact_dir: Path, out_dir: Path, method: str, **options: Any) -> None:
     """Quantize an FP32 artifact; vocos.onnx and every other file are copied unchanged.
 
     \b
@@ -33,6 +42,5 @@ def quantize(artifact_dir: Path, out_dir: Path, **options: Any) -> None:
     """
     from chattts_forge.quantize import quantize_artifact
 
-    # Every other option is a QuantizeConfig field of the same name (the method a registry name).
-    out = quantize_artifact(artifact_dir, out_dir, QuantizeConfig(**options))
+    out = quantize_artifact(artifact_dir, out_dir, QuantizeConfig(method, **given_options(ctx, options)))
     click.echo(str(out))

@@ -1,6 +1,11 @@
-"""What `quantize_artifact` is asked to do: `QuantizeConfig`, made of one options dataclass per
-method or concern (as onnxruntime has one config class per quantization algorithm), and the
-fidelity settings and fallback targets derived from it.
+"""What `quantize_artifact` is asked to do: one config type per method (`DynamicInt8Config`,
+`StaticInt8Config`, `Int4Config`, `AutoConfig`, all `QuantizeConfig`s), each composed of the options
+dataclasses that method reads (as onnxruntime has one config class per quantization algorithm), so an
+option of another method cannot be held; and the fidelity settings and fallback targets derived from it.
+
+`QuantizeConfig(method, **options)` builds the method's own type and refuses, with one rule
+(`config_for`), any option given that belongs to no group of that method. Every keyword a Python caller
+passes counts as given (even at its default value); the CLI passes only those given on its command line.
 
 Each option is declared once, on its field (`chattts_forge.options.option`): its name, default,
 type, closed set of choices (a `Choice` enum) and help. `quantize`'s click options
@@ -21,12 +26,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from chattts_forge.artifact import GPT, HEAD_CODE, DecoderWeights, KvCache, QuantizeMethod, quantized_variant
+from chattts_forge.artifact import (
+    GPT,
+    HEAD_CODE,
+    QUANTIZE_METHODS,
+    DecoderWeights,
+    KvCache,
+    QuantizeMethod,
+    quantized_variant,
+)
 from chattts_forge.choices import Choice, plain
-from chattts_forge.errors import ForgeError
-from chattts_forge.options import option
+from chattts_forge.errors import BadInput
+from chattts_forge.options import OptionSpec, declared_fields, option
 
 
 class CalibrateMethod(Choice):
@@ -137,7 +150,7 @@ class StaticInt8Options:
 
 @dataclass(frozen=True, kw_only=True)
 class BlockOptions:
-    """MatMulNBits' block settings: int4's, and those of auto's INT4 MatMuls."""
+    """MatMulNBits' block settings: int4's, and those of auto's INT4 MatMuls (int4 and auto read it)."""
 
     block_size: int = _declared(128, "--block-size",
                                 "INT4 (and auto's INT4 MatMuls): weights per quantization block (16..256).",
@@ -148,9 +161,9 @@ class BlockOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Int4Options(BlockOptions):
-    """INT4 weight-only (methods.Int4): the block settings and the algorithm (None: gptq with a
-    calibration folder and a float KV cache, else rtn)."""
+class Int4Options:
+    """INT4 weight-only's algorithm (methods.Int4; None: gptq with a calibration folder and a float KV
+    cache, else rtn). auto's INT4 MatMuls are always rtn: it does not read this group."""
 
     algorithm: Int4Algorithm | None = _declared(
         None, "--algorithm",
@@ -159,8 +172,8 @@ class Int4Options(BlockOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AutoOptions(BlockOptions):
-    """auto (methods.Auto): the block settings of its INT4 MatMuls and the gate its search meets."""
+class AutoOptions:
+    """auto (methods.Auto): the gate its search meets."""
 
     gate: str | os.PathLike[str] | None = _declared(
         None, "--gate",
@@ -182,7 +195,7 @@ class Targets:
     def check_ranges(self) -> None:
         for name, value in (("min-agreement", self.min_agreement), ("min-cosine", self.min_cosine)):
             if value is not None and not (0.0 <= value <= 1.0):
-                raise ForgeError(f"--{name} must lie in [0, 1], got {value}")
+                raise BadInput(f"--{name} must lie in [0, 1], got {value}", param=name.replace("-", "_"))
 
     def check(self, fid: dict[str, Any]) -> list[str]:
         """The targets `fid` misses, as short strings (empty: all met)."""
@@ -204,7 +217,7 @@ class Targets:
 
 @dataclass(frozen=True, kw_only=True)
 class FallbackOptions:
-    """The accuracy-driven fallback (static and dynamic): its fidelity targets and step size."""
+    """The accuracy-driven fallback (static and dynamic read it): its fidelity targets and step size."""
 
     min_agreement: float | None = _declared(
         None, "--min-agreement", "Fallback target: teacher-forced top-1 code agreement (0..1) on the held-out split.",
@@ -255,33 +268,39 @@ class FidelityOptions:
         "recorded again when their sentences, steps and seed are fidelity's.", kind="file")
 
 
-# ---- one quantize run ------------------------------------------------------------------------------
+# ---- one quantize run: one config type per method --------------------------------------------------
 
 
-@dataclass(frozen=True)
-# The bases' order makes the fields' (and so the CLI's and a step command's) order: common, static,
-# block, int4, fallback, fidelity, auto (dataclass fields follow the reversed MRO).
-class QuantizeConfig(AutoOptions, FidelityOptions, FallbackOptions, Int4Options, StaticInt8Options, CommonOptions):
-    """One quantize run: the method (`QuantizeMethod`, a class of the registry `methods.METHODS`) and
-    its options, every option keyword-only.
+class _BuiltByMethod(type):
+    """`QuantizeConfig(method, **options)` builds the method's own config type (`config_for`); a
+    method's type is called as any dataclass."""
 
-    Which options a method reads is the method's business (`methods.py`: its `options` classes):
-    static reads `StaticInt8Options`, int4 `Int4Options`, auto `AutoOptions`; `calibration` feeds
-    static, auto, int4 gptq/k_quant and an int8 `kv_cache`. A closed option set given as its
-    spelling becomes its Choice member here; any other spelling is a one-line BadInput.
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is QuantizeConfig:
+            return config_for(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizeConfig(CommonOptions, metaclass=_BuiltByMethod):
+    """One quantize run: a method's own config type (a subclass: `METHOD_CONFIGS`), its `method` a
+    class constant, every option keyword-only. Every method reads `CommonOptions` and
+    `FidelityOptions`; the rest are the method's (static `StaticInt8Options`, int4 `BlockOptions` and
+    `Int4Options`, auto `BlockOptions` and `AutoOptions`, static and dynamic `FallbackOptions`).
+    `calibration` feeds static, auto, int4 gptq/k_quant and an int8 `kv_cache`. A closed option set
+    given as its spelling becomes its Choice member here; any other spelling is a one-line BadInput.
     """
 
-    method: QuantizeMethod
+    method: ClassVar[QuantizeMethod]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "exclude", tuple(self.exclude))  # a list from Python callers
-        # The method is named first (before the options), as the registry names it.
-        object.__setattr__(self, "method", QuantizeMethod.parse(self.method, "method"))
+        held = {f.name for f in fields(self)}
         for name, kind, what in (("kv_cache", KvCache, "KV cache"), ("decoder", DecoderWeights, "decoder weights"),
                                  ("calibrate_method", CalibrateMethod, "calibrate method"),
                                  ("activation_type", ActivationType, "activation type"),
                                  ("algorithm", Int4Algorithm, "INT4 algorithm")):
-            value = getattr(self, name)
+            value = getattr(self, name) if name in held else None
             if value is not None:
                 object.__setattr__(self, name, kind.parse(value, what))
 
@@ -291,24 +310,108 @@ class QuantizeConfig(AutoOptions, FidelityOptions, FallbackOptions, Int4Options,
         return [GPT] + ([HEAD_CODE] if self.quantize_head else [])
 
     @property
+    def targets(self) -> Targets:
+        """The fallback's fidelity targets: none, unless the method reads `FallbackOptions` (which overrides this)."""
+        return Targets()
+
+    @property
     def fidelity_settings(self) -> FidelitySettings:
-        """How fidelity (and the FP32 runs it replays) is measured for this run."""
-        return FidelitySettings(max_sentences=self.fidelity_sentences, max_new_token=self.fidelity_steps,
+        """How fidelity (and the FP32 runs it replays) is measured for this run (every method's
+        config holds `FidelityOptions`)."""
+        fid: Any = self
+        return FidelitySettings(max_sentences=fid.fidelity_sentences, max_new_token=fid.fidelity_steps,
                                 seed=self.seed, threads=self.threads, progress=self.progress)
+
+
+# The bases' order makes the fields' (and so a step command's) order, the union's order restricted
+# to the method's groups: common, static, block, int4, fallback, fidelity, auto (dataclass fields
+# follow the reversed MRO).
+@dataclass(frozen=True, kw_only=True)
+class DynamicInt8Config(FidelityOptions, FallbackOptions, QuantizeConfig):
+    """--method dynamic (and its int8 KV cache variant): the common options, fallback and fidelity."""
+
+    method: ClassVar[QuantizeMethod] = QuantizeMethod.DYNAMIC
+
+
+@dataclass(frozen=True, kw_only=True)
+class StaticInt8Config(FidelityOptions, FallbackOptions, StaticInt8Options, QuantizeConfig):
+    """--method static (minmax/percentile ranges, or onnxruntime's own quantize_static): its
+    activation and SmoothQuant options, fallback and fidelity."""
+
+    method: ClassVar[QuantizeMethod] = QuantizeMethod.STATIC
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int4Config(FidelityOptions, Int4Options, BlockOptions, QuantizeConfig):
+    """--method int4 (and its int8 KV cache variant): the block settings, the algorithm and fidelity."""
+
+    method: ClassVar[QuantizeMethod] = QuantizeMethod.INT4
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoConfig(AutoOptions, FidelityOptions, BlockOptions, QuantizeConfig):
+    """--method auto: the block settings of its INT4 MatMuls (rtn: no --algorithm), the gate and fidelity."""
+
+    method: ClassVar[QuantizeMethod] = QuantizeMethod.AUTO
+
+
+METHOD_CONFIGS: dict[str, type[QuantizeConfig]] = {
+    c.method.value: c for c in (DynamicInt8Config, StaticInt8Config, Int4Config, AutoConfig)
+}
+assert tuple(METHOD_CONFIGS) == QUANTIZE_METHODS, "one config type per method of the artifact contract"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizeCommandOptions(AutoOptions, FidelityOptions, FallbackOptions, Int4Options, BlockOptions,
+                             StaticInt8Options, CommonOptions):
+    """`chattts-forge quantize`'s options: the union of every method's (the command line takes them
+    all; `config_for` refuses those the chosen method does not read). Not a config: nothing runs it."""
+
+
+def _spelling(name: str, value: Any) -> str:
+    """How option `name` reads on the command line at `value` (`--no-smooth` for smooth=False)."""
+    spec: OptionSpec | None = next(
+        (f.metadata["option"] for f in declared_fields(QuantizeCommandOptions) if f.name == name), None)
+    if spec is None:
+        return name
+    names = spec.names
+    return names[1] if len(names) == 2 and value is False else names[0]
+
+
+def options_read_by(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Those of `options` (field -> value) that `method`'s config reads, in their order: a preset's
+    options shared by several methods, each given only its own."""
+    held = {f.name for f in fields(METHOD_CONFIGS[QuantizeMethod.parse(method, "method")])}
+    return {name: value for name, value in options.items() if name in held}
+
+
+def config_for(method: str, **options: Any) -> QuantizeConfig:
+    """The config of `method` (a `QuantizeMethod` spelling) with `options`, of the method's own type.
+    The one rule for an option of another method: a BadInput naming it, the method and the methods
+    that read it. A name no method reads is Python's TypeError, as for any dataclass."""
+    method = QuantizeMethod.parse(method, "method")  # the method is named first, as the registry names it
+    config_type = METHOD_CONFIGS[method]
+    held = {f.name for f in fields(config_type)}
+    for name, value in options.items():
+        readers = [m for m, t in METHOD_CONFIGS.items() if name in {f.name for f in fields(t)}]
+        if name not in held and readers:
+            raise BadInput(f"{_spelling(name, value)} does not apply to --method {method} "
+                           f"(it applies to: {', '.join(readers)})", param=name)
+    return config_type(**options)
 
 
 def _record_keys(group: type) -> dict[str, str]:
     return {f.name: f.metadata[RECORD] for f in fields(group) if RECORD in f.metadata}
 
 
-def recorded_options(options: Any, resolved: dict[str, Any], groups: tuple[type, ...]) -> dict[str, Any]:
-    """`quantization.options`: the fields with a record key of `CommonOptions` and of `groups` (the
-    options dataclasses a method reads), the method's `resolved` value where it has one (e.g. the
-    algorithm it chose), else the config's, Choice members as their spellings; the static and INT4
-    options of a method that reads neither are null."""
-    out: dict[str, Any] = {key: None for g in (StaticInt8Options, Int4Options) for key in _record_keys(g).values()}
-    for group in (CommonOptions, *groups):
-        for name, key in _record_keys(group).items():
-            value = resolved[name] if name in resolved else getattr(options, name)
-            out[key] = list(value) if isinstance(value, tuple) else plain(value)
+def recorded_options(config: QuantizeConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+    """`quantization.options`: the fields with a record key of `config` (those of the groups its
+    method reads), the method's `resolved` value where it has one (e.g. the algorithm it chose), else
+    the config's, Choice members as their spellings; the static, block and INT4 options of a method
+    that does not read them are null."""
+    out: dict[str, Any] = {key: None for g in (StaticInt8Options, BlockOptions, Int4Options)
+                           for key in _record_keys(g).values()}
+    for name, key in _record_keys(type(config)).items():
+        value = resolved[name] if name in resolved else getattr(config, name)
+        out[key] = list(value) if isinstance(value, tuple) else plain(value)
     return out

@@ -58,7 +58,8 @@ from chattts_forge.quantize.fidelity import (
 )
 from chattts_forge.quantize.graph_ops import graph_summary
 from chattts_forge.quantize.inputs import check_input_artifact
-from chattts_forge.quantize.methods import GraphRun, QuantizationMethod, method_class, open_method
+from chattts_forge.quantize.method_base import GraphRun, QuantizationMethod
+from chattts_forge.quantize.methods import method_class, open_method
 from chattts_forge.quantize.variant_files import (
     component_fields,
     component_record,
@@ -92,8 +93,7 @@ def check_request(src: Path, out: Path, cfg: QuantizeConfig) -> Request:
     if out.resolve() == src.resolve():
         raise BadInput("--out must differ from --artifact (the FP32 source is never modified)")
     method = open_method(cfg, src, meta)
-    targets = cfg.targets
-    method.check_targets(targets)
+    targets = cfg.targets  # none unless the method reads FallbackOptions (its config type says)
     targets.check_ranges()
     check_input_artifact(src, meta)
     method.check_request()

@@ -55,6 +55,7 @@ def _fidelity(meta: dict) -> dict:
 
 def main() -> None:
     from chattts_forge.quantize import QuantizeConfig, quantize_artifact
+    from chattts_forge.quantize.config import options_read_by
 
     ap = argparse.ArgumentParser()
     ap.add_argument("fp32", type=Path)
@@ -72,7 +73,8 @@ def main() -> None:
         for name, opts in VARIANTS.items():
             dst = args.out / f"{name}-{size}"
             t0 = time.perf_counter()
-            quantize_artifact(args.fp32, dst, QuantizeConfig(calibration=calib, threads=2, **opts, **qargs))
+            config = QuantizeConfig(calibration=calib, threads=2, **opts, **options_read_by(opts["method"], qargs))
+            quantize_artifact(args.fp32, dst, config)
             meta = json.loads((dst / "artifact.json").read_text())
             row["variants"][name] = {**_fidelity(meta), "quantize_seconds": round(time.perf_counter() - t0, 1)}
         rows.append(row)

@@ -161,7 +161,7 @@ def test_bad_requests(tiny_artifacts, quantized, tmp_path: Path):
         quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("int3", fidelity=False))
     with pytest.raises(ForgeError, match="needs the FP32 artifact"):
         quantize_artifact(quantized["dynamic"], tmp_path / "x", QuantizeConfig("int4", fidelity=False))
-    with pytest.raises(ForgeError, match="apply to static and dynamic"):
+    with pytest.raises(ForgeError, match=r"--min-agreement does not apply to --method int4 \(it applies to: dynamic, static\)"):
         quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("int4", min_agreement=0.9, fidelity=False))
     with pytest.raises(ForgeError, match="unknown decoder weights 'int4'"):
         quantize_artifact(fp32, tmp_path / "x", QuantizeConfig("dynamic", decoder="int4", fidelity=False))

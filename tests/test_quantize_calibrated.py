@@ -520,15 +520,15 @@ def test_eight_bit_static_weights_are_recorded_and_warned_about_where_kernels_sa
 
 @pytest.mark.parametrize("options, message", [
     ({"method": "static", "weight_bits": 9}, "7 or 8"),
-    ({"method": "dynamic", "weight_bits": 8}, "--weight-bits applies to --method static"),
+    ({"method": "dynamic", "weight_bits": 8}, r"--weight-bits does not apply to --method dynamic \(it applies to: static\)"),
     ({"method": "static", "smooth_alpha": 1.5}, "within 0..1"),
-    ({"method": "dynamic", "smooth_alpha": 0.5}, "applies to --method static"),
+    ({"method": "dynamic", "smooth_alpha": 0.5}, "--smooth-alpha does not apply to --method dynamic"),
     ({"method": "static", "smooth_alpha": 0.5, "calibrate_method": "entropy"}, "--calibrate-method entropy"),
     ({"method": "static", "percentile": 99.9}, "applies to --calibrate-method percentile"),
     ({"method": "static", "calibrate_method": "percentile", "percentile": 10.0}, "within 50..100"),
     ({"method": "static", "calibrate_method": "percentile", "smooth_alpha": 0.5}, "not with --calibrate-method"),
     ({"method": "static", "smooth": False, "smooth_alpha": 0.5}, "contradict"),
-    ({"method": "dynamic", "smooth": False}, "--no-smooth applies to --method static"),
+    ({"method": "dynamic", "smooth": False}, "--no-smooth does not apply to --method dynamic"),
 ])
 def test_smoothing_options_are_refused_before_any_work(tiny_artifacts, calib, tmp_path: Path, options, message):
     with pytest.raises(ForgeError, match=message):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from chattts_forge.artifact import QUANTIZE_METHODS, ArtifactMeta
-from chattts_forge.errors import ForgeError
+from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.quantize import QuantizeConfig
+from chattts_forge.quantize.config import METHOD_CONFIGS, AutoOptions, FallbackOptions
 from chattts_forge.quantize.fast_gpt import QUANTIZE_METHODS as REBUILT
 from chattts_forge.quantize.fast_gpt import fast_gpt_quantizer
 from chattts_forge.quantize.methods import (
@@ -65,8 +66,10 @@ def test_int4_takes_its_algorithm_from_the_request() -> None:
 def test_what_each_method_needs_and_allows() -> None:
     needs = {m: _open(m).needs_calibration for m in QUANTIZE_METHODS}
     assert needs == {"dynamic": False, "static": True, "int4": False, "auto": True}
-    assert [m for m in QUANTIZE_METHODS if METHODS[m].supports_fallback] == ["dynamic", "static"]
-    assert [m for m in QUANTIZE_METHODS if METHODS[m].takes_gate] == ["auto"]
+    # which options a method reads is its config type's business
+    assert [m for m in QUANTIZE_METHODS if issubclass(METHODS[m].config_type, FallbackOptions)] == ["dynamic", "static"]
+    assert [m for m in QUANTIZE_METHODS if issubclass(METHODS[m].config_type, AutoOptions)] == ["auto"]
+    assert all(type(_open(m).cfg) is METHODS[m].config_type is METHOD_CONFIGS[m] for m in QUANTIZE_METHODS)
     assert [m for m in QUANTIZE_METHODS if _open(m).rebuilds_fast_graph] == ["dynamic", "int4"]
     assert not _open("static", calibrate_method="percentile").rebuilds_fast_graph
     assert _open("auto").needs_trajectories and not _open("static").needs_trajectories
@@ -92,12 +95,11 @@ def test_fast_graph_quantizers_come_from_the_registry() -> None:
             fast_gpt_quantizer(name)
 
 
-def test_bad_targets_and_options_are_refused_by_the_method() -> None:
-    from chattts_forge.quantize.config import Targets
-
-    with pytest.raises(ForgeError, match="apply to static and dynamic, not int4"):
-        _open("int4").check_targets(Targets(min_agreement=0.9))
-    with pytest.raises(ForgeError, match="--algorithm applies to --method int4, not dynamic"):
-        _open("dynamic", algorithm="gptq").check_options()
-    with pytest.raises(ForgeError, match="--gate applies to --method auto"):
-        _open("static", gate="g.toml").check_gate()
+def test_options_of_another_method_never_reach_a_method() -> None:
+    with pytest.raises(BadInput, match=r"^--min-agreement does not apply to --method int4 \(it applies to: dynamic, static\)$"):
+        _open("int4", min_agreement=0.9)
+    with pytest.raises(BadInput, match=r"^--algorithm does not apply to --method dynamic \(it applies to: int4\)$"):
+        _open("dynamic", algorithm="gptq")
+    with pytest.raises(BadInput, match=r"^--gate does not apply to --method static \(it applies to: auto\)$"):
+        _open("static", gate="g.toml")
+    assert _open("int4").cfg.targets.any() is False  # a method without the fallback has no targets
