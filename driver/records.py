@@ -22,7 +22,14 @@ from typing import Any
 
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.driver.steplog import run_stage
-from chattts_forge.driver.steps import DEFAULT_FORGE, Step, StepPlan, code_fingerprint, step_code_files
+from chattts_forge.driver.steps import (
+    DEFAULT_FORGE,
+    Step,
+    StepPlan,
+    code_fingerprint,
+    method_stage_args,
+    step_code_files,
+)
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger
@@ -66,6 +73,17 @@ class Build(StepPlan):
                 message = message.replace(path, name)
         return message
 
+    def stage_extra(self, step: Step, log_dropped: bool = False) -> list[str]:
+        """The user's `--stage-args` words for `step`: a quantize step gets those its method reads."""
+        words = self.extra.get(step.kind, [])
+        if step.method is None:
+            return words
+        kept, dropped = method_stage_args(step.method, words)
+        if dropped and log_dropped:
+            log.info("%-22s --stage-args quantize: %s not passed (--method %s does not read it)",
+                     step.name, shlex.join(dropped), step.method)
+        return kept
+
     # records
     def _record_path(self, step: Step) -> Path:
         return self.work / ".steps" / f"{step.name}.json"
@@ -75,7 +93,7 @@ class Build(StepPlan):
             self.versions = library_versions()
         ident = {
             "step": step.name,
-            "argv": [*step.argv, *self.extra.get(step.kind, [])],
+            "argv": [*step.argv, *self.stage_extra(step)],
             "inputs": step.inputs,
             "code": self.code_key(step.argv[0]),
             "versions": self.versions,
@@ -150,7 +168,7 @@ class Build(StepPlan):
         if step.out.exists() and step.out != self.checkpoint:
             shutil.rmtree(step.out) if step.out.is_dir() else step.out.unlink()
         step.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [*self.forge, *step.argv, *self.extra.get(step.kind, [])]
+        cmd = [*self.forge, *step.argv, *self.stage_extra(step, log_dropped=True)]
         shown = "chattts-forge " + shlex.join(cmd[len(self.forge) :])
         log.info("%-22s running (%s): %s", step.name, reason, shown)
         return key, cmd, shown

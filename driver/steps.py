@@ -22,8 +22,13 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.cli import EvaluateOptions, EvaluateSettingsOptions, LatencyRunOptions
 from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
-from chattts_forge.options import changed_args, option_args
-from chattts_forge.quantize.config import METHOD_CONFIGS, QuantizeConfig, options_read_by
+from chattts_forge.options import OptionSpec, changed_args, declared_fields, option_args
+from chattts_forge.quantize.config import (
+    METHOD_CONFIGS,
+    QuantizeCommandOptions,
+    QuantizeConfig,
+    options_read_by,
+)
 from chattts_forge.quantize.methods import calibrated_variants, method_class
 from chattts_forge.runtime.synth import WarmConfig
 
@@ -78,6 +83,35 @@ def preset_quantize_args(preset: str, method: str) -> list[str]:
     return option_args(METHOD_CONFIGS[method], options_read_by(method, PRESET_QUANTIZE_OPTIONS.get(preset, {})))
 
 
+def _quantize_flags() -> dict[str, tuple[str, bool]]:
+    """Every spelling of a quantize option -> (its field, whether a value follows it)."""
+    flags: dict[str, tuple[str, bool]] = {}
+    for f in declared_fields(QuantizeCommandOptions):
+        spec: OptionSpec = f.metadata["option"]
+        switch = spec.is_flag or len(spec.names) == 2
+        for name in spec.names:
+            flags[name] = (f.name, not switch)
+    return flags
+
+
+def method_stage_args(method: str, words: list[str]) -> tuple[list[str], list[str]]:
+    """`--stage-args quantize=...` words split into those `method`'s config reads and those it does
+    not (another method's options: a build's quantize steps share the stage's words, and each method
+    refuses an option of another). Words that name no quantize option are kept: quantize judges them."""
+    flags = _quantize_flags()
+    held = {f.name for f in fields(METHOD_CONFIGS[method])}
+    kept: list[str] = []
+    dropped: list[str] = []
+    i = 0
+    while i < len(words):
+        name = words[i].split("=", 1)[0]
+        field_name, takes_value = flags.get(name, (None, False))
+        group = words[i : i + (2 if takes_value and "=" not in words[i] else 1)]
+        (dropped if field_name is not None and field_name not in held else kept).extend(group)
+        i += len(group)
+    return kept, dropped
+
+
 # The phrase cache a build publishes with each version: the shipped customer-service list with
 # `synth`'s and `serve`'s default knobs (seed 0, no speaker, ChatTTS's knobs, refinement on), so their
 # default requests are served from it. (The tiny model emits EOS: ~190 steps a phrase, about a minute.)
@@ -126,6 +160,7 @@ class Step:
     optional: bool = False  # a failure is logged and nothing is set aside (what reads it does without)
     # It times nothing (calibrate, most quantize steps): `--jobs` may run it beside another such step.
     untimed: bool = False
+    method: str | None = None  # quantize: the method, whose config reads only its own --stage-args
 
 
 @dataclass
@@ -309,6 +344,7 @@ class StepPlan:
             inputs,
             feeds=(variant,),
             untimed=not method_class(method).times_the_machine,
+            method=method,
         )
 
     def quantize_is_untimed(self, variant: str) -> bool:

@@ -16,7 +16,7 @@ from chattts_forge.artifact import ArtifactMeta, DecoderWeights, KvCache, Quanti
 from chattts_forge.choices import plain
 from chattts_forge.cli import main
 from chattts_forge.driver.records import Build
-from chattts_forge.driver.steps import PRESET_STAGE_ARGS, preset_quantize_args
+from chattts_forge.driver.steps import PRESET_STAGE_ARGS, Step, method_stage_args, preset_quantize_args
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.options import changed_args, declared_fields, option_args
 from chattts_forge.quantize.cli import given_options
@@ -201,3 +201,25 @@ def test_the_driver_spells_each_quantize_step_as_it_did(tmp_path: Path) -> None:
                  "builtin:evaluation", "gate.toml", {})
     assert real.quantize_step("int4").argv[-2:] == ["--fp32-runs", runs]
     assert option_args(Int4Config, {"block_size": 128, "quantize_head": False}) == ["--no-head"]
+
+
+def test_the_user_quantize_stage_args_reach_the_methods_that_read_them(tmp_path: Path) -> None:
+    """`--stage-args quantize=...` is shared by every quantize step of a build: each step gets the
+    words its method reads, so `--block-size 64` tunes int4 and auto without dynamic refusing it."""
+    words = ["--block-size", "64", "--fidelity-sentences=3", "--no-smooth", "--weight-bits", "8", "--exclude",
+             "*head*", "--not-an-option"]
+    assert method_stage_args("dynamic", words) == (
+        ["--fidelity-sentences=3", "--exclude", "*head*", "--not-an-option"],
+        ["--block-size", "64", "--no-smooth", "--weight-bits", "8"])
+    assert method_stage_args("static", words)[1] == ["--block-size", "64"]
+    assert method_stage_args("int4", words)[1] == ["--no-smooth", "--weight-bits", "8"]
+    work = tmp_path / "w"
+    for d in ("convert/fp32", "calibration"):
+        (work / d).mkdir(parents=True)
+    build = Build(work, tmp_path / "to", ("fp32", "int8-dynamic", "int4"), None, "tiny", 0, "builtin:calibration",
+                  "builtin:evaluation", None, {"quantize": ["--block-size", "64"], "calibrate": ["--block-size", "1"]})
+    assert build.stage_extra(build.quantize_step("int8-dynamic")) == []
+    assert build.stage_extra(build.quantize_step("int4")) == ["--block-size", "64"]
+    # every other stage's words pass as given: its own command judges them
+    assert build.stage_extra(Step("calibrate", "calibrate", ["calibrate"], work / "calibration")) == [
+        "--block-size", "1"]
