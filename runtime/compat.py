@@ -60,7 +60,8 @@ import pybase16384 as b14
 from chattts_forge import chattts_defaults
 from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
 from chattts_forge.errors import BadInput, ForgeError
-from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
+from chattts_forge.runtime.chattts_speaker import speaker_vector
+from chattts_forge.runtime.chattts_text import combine_tags, split_sentences, split_tags
 from chattts_forge.runtime.generation import Generation, StepState
 from chattts_forge.runtime.params import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.params import RefineTextParams as _RuntimeRefineParams

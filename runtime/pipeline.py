@@ -33,15 +33,12 @@ from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT
 from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.frontend import (
+from chattts_forge.runtime.chattts_speaker import apply_speaker, decode_prompt, encode_prompt, speaker_vector
+from chattts_forge.runtime.chattts_text import (
     TextTokenizer,
-    apply_speaker,
-    decode_prompt,
     decorate_code_prompts,
     decorate_text_prompts,
-    encode_prompt,
     is_speakable,
-    speaker_vector,
     split_sentences,
 )
 from chattts_forge.runtime.generation import (  # noqa: F401 - re-exported: callers import them here

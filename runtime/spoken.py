@@ -1,7 +1,7 @@
 """The spoken form of a text: numbers, money, dates, times, units and symbols written out as words.
 
 ChatTTS registers no normalizer, so its front end deletes every digit, currency sign and `?`
-(`frontend.Normalizer` keeps CJK, Latin letters and `，。、,.`). `SpokenNormalizer` runs before it:
+(`chattts_text.Normalizer` keeps CJK, Latin letters and `，。、,.`). `SpokenNormalizer` runs before it:
 
 1. ChatTTS control tags (`[uv_break]`, `[laugh]`, `[speed_5]`, ...) are set aside and put back untouched.
 2. Full-width digits, letters and symbols become ASCII (`２０２６` -> `2026`); CJK punctuation stays.
@@ -31,7 +31,7 @@ from typing import Any
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.frontend import Normalizer
+from chattts_forge.runtime.chattts_text import Normalizer
 
 log = get_logger(__name__)
 

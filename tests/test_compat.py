@@ -19,7 +19,7 @@ import torch
 import chattts_forge.compat as ChatTTS  # noqa: N812 - the one-line switch this module tests
 from chattts_forge.convert.components import speech_like_recording
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.frontend import encode_prompt, encode_speaker
+from chattts_forge.runtime.chattts_speaker import encode_prompt, encode_speaker
 
 TEXTS = {
     "zh": "今天天气很好，我们一起去公园散步吧。",

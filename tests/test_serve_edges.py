@@ -36,7 +36,7 @@ from stand_in_report import publish_stand_in_version  # noqa: E402
 from test_serve import Running, free_port, running  # noqa: E402  (the real uvicorn server in a thread)
 
 from chattts_forge.errors import printable  # noqa: E402
-from chattts_forge.runtime.frontend import STRUCTURAL_TOKENS  # noqa: E402
+from chattts_forge.runtime.chattts_text import STRUCTURAL_TOKENS  # noqa: E402
 
 SPEECH = "/v1/audio/speech"
 NATIVE = "/v1/chattts/speech"

@@ -38,7 +38,8 @@ from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
-from chattts_forge.runtime.frontend import decorate_code_prompts, is_speakable, speaker_vector
+from chattts_forge.runtime.chattts_speaker import speaker_vector
+from chattts_forge.runtime.chattts_text import decorate_code_prompts, is_speakable
 from chattts_forge.runtime.memory import RequestMemory, request_memory
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, Row, SynthParams
