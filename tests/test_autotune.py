@@ -347,7 +347,8 @@ def test_server_state_exports_the_serving_versions_routing(version: Path, tmp_pa
     pytest.importorskip("starlette", reason="serve needs the serve extra")
     from types import SimpleNamespace
 
-    from chattts_forge.runtime.serve.app import ServeConfig, ServerState
+    from chattts_forge.runtime.serve.config import ServeConfig
+    from chattts_forge.runtime.serve.state import ServerState
 
     router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005}))
     state = ServerState(ServeConfig(artifact=str(version)))
