@@ -201,7 +201,8 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     decode_worker=decode_overlap)`; hits are looked up in `cache` on a thread of their own (a service's
     request handler) and go to the scheduler if absent. `counters`, when given, gets the scheduler's
     `first_chunk_steps` and `deferred_decodes`."""
-    from chattts_forge.runtime.scheduler import Handle, Scheduler
+    from chattts_forge.runtime.request_handle import Handle
+    from chattts_forge.runtime.scheduler import Scheduler
 
     if any(r.hit for r in plan) and cache is None:
         raise ForgeError("the plan has cache hits but no phrase cache was given")

@@ -21,7 +21,7 @@ from chattts_forge.errors import (
     http_status_of,
 )
 from chattts_forge.runtime.compat import CompatArgumentError
-from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.request_handle import QueueFullError, SchedulerClosedError
 from chattts_forge.runtime.serve.requests import BadRequest
 
 

@@ -171,7 +171,7 @@ def test_a_body_shorter_than_its_content_length_times_out_as_a_disconnect(server
 def test_finished_requests_are_freed_without_the_garbage_collector(server: Running) -> None:
     # The server's waiter refers to its request's handle and the handle to the waiter (its listener):
     # unless the handle lets go at its end, every result waits for the collector's rare full pass.
-    from chattts_forge.runtime.scheduler import Handle
+    from chattts_forge.runtime.request_handle import Handle
 
     gc.collect()
     gc.disable()

@@ -52,7 +52,7 @@ from starlette.routing import Route
 
 from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, quote
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.request_handle import QueueFullError, SchedulerClosedError
 from chattts_forge.runtime.segments import halve
 from chattts_forge.runtime.serve.access import check_admin, check_cross_site, reload_path
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion

@@ -43,8 +43,9 @@ from chattts_forge.runtime.chattts_text import decorate_code_prompts, is_speakab
 from chattts_forge.runtime.memory import RequestMemory, request_memory
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, payload_sha256, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, Row, SynthParams
+from chattts_forge.runtime.request_handle import Handle
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
-from chattts_forge.runtime.scheduler import Handle, Scheduler, check_request
+from chattts_forge.runtime.scheduler import Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
 from chattts_forge.runtime.serve.voices import DEFAULT_VOICE, VoiceBook, load_voices  # noqa: F401 - load_voices re-exported
 from chattts_forge.runtime.textfront import InputError, TextFront
@@ -511,7 +512,7 @@ class SequentialRunner:
 
     def submit(self, text: str, params: SynthParams, normalized: bool = False,
                lookahead: int | str | None = None) -> Handle:
-        from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
+        from chattts_forge.runtime.request_handle import QueueFullError, SchedulerClosedError
 
         frames = self.pipe.resolve_lookahead(lookahead)  # None asked: the artifact's recorded look-ahead
         with self._lock:

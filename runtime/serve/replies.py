@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from chattts_forge.runtime.scheduler import Handle
+from chattts_forge.runtime.request_handle import Handle
 from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.guard import Reservation
