@@ -233,7 +233,7 @@ def test_load_version_folder_picks_a_variant(tiny_artifacts, tmp_path: Path) -> 
 
 def test_version_folder_preference_covers_every_built_variant(tmp_path: Path) -> None:
     from chattts_forge.artifact import VARIANTS
-    from chattts_forge.runtime.compat import VARIANT_PREFERENCE, resolve_artifact
+    from chattts_forge.runtime.compat_load import VARIANT_PREFERENCE, resolve_artifact
 
     def version_with(*variants: str) -> Path:
         folder = tmp_path / "-".join(variants)
