@@ -588,12 +588,8 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
     say = say or (lambda msg: log.info("%s", msg))
     if ratio is None:
         return plan_requests(reqs, seed), None, None
-    from chattts_forge.runtime.phrase_cache import (
-        PhraseCache,
-        PipelineCache,
-        build_phrase_cache,
-        replay_params,
-    )
+    from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
+    from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 
     hits = hit_indices(len(reqs), ratio, seed)
     if cache_file is not None:

@@ -117,7 +117,7 @@ Serving a published version (docs/serving.md):
   same outputs, weight pages shared between processes). `CHATTTS_FORGE_SAVED_SESSIONS=0` turns it off;
 - a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
   skips the code stage and the Decoder (`Result.cached`), same waveform; other knobs, another
-  artifact or a tampered file are refused. `phrase_cache.build_phrase_cache` builds one (`warm`).
+  artifact or a tampered file are refused. `phrase_cache_build.build_phrase_cache` builds one (`warm`).
 
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`), and
 `chattts-forge warm --artifact DIR --phrases FILE --out CACHE`.

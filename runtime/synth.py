@@ -38,7 +38,7 @@ from chattts_forge.runtime.chattts_speaker import (
     max_encoded_chars,
     speaker_vector,
 )
-from chattts_forge.runtime.phrase_cache import build_phrase_cache
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 from chattts_forge.runtime.router import ROUTING_NAME, Router
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP, parse_stream_lookahead

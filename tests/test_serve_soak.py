@@ -32,7 +32,7 @@ from chattts_forge.errors import ForgeError  # noqa: E402
 from chattts_forge.evaluate.soak import SoakConfig, check_audio, run_soak  # noqa: E402
 from chattts_forge.fsutil import atomic_symlink  # noqa: E402
 from chattts_forge.runtime.memory import RequestMemory  # noqa: E402
-from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
 from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, MemoryGuard, parse_size  # noqa: E402
 
