@@ -70,7 +70,7 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
-from chattts_forge.runtime.frontend import Normalizer, is_speakable
+from chattts_forge.runtime.chattts_text import Normalizer, is_speakable
 from chattts_forge.runtime.generation import PromptBatch, iter_generate
 from chattts_forge.runtime.sampling import SeedGroups
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info

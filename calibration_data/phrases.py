@@ -10,7 +10,7 @@ never flatters the quality gate. A new version is a new folder; old ones stay so
 stay reproducible. After editing run `python -m chattts_forge.calibration_data.phrases` to rewrite
 the manifest (a test checks it).
 
-How `chattts-forge warm` treats a phrase list's bad lines (runtime.phrase_cache.read_phrase_list):
+How `chattts-forge warm` treats a phrase list's bad lines (runtime.phrase_cache_build.read_phrase_list):
 blank lines and duplicates (same normalised text as an earlier line) are skipped with a warning
 naming the line; a line with nothing speakable is refused naming the line; so is a file that is
 missing, not UTF-8 or empty.

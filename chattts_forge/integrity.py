@@ -11,8 +11,8 @@ Everything that asks "is this file the one its record describes" goes through he
   `verify_files` (an artifact folder against its artifact.json: quantize's input check, evaluate's
   identity) both return a `CheckReport` holding every mismatch, and `check_files` raises the first
   as an `IntegrityError` unless told to collect them;
-- a folder's files: `list_files`, `hash_tree` ({relative path: FileEntry}: what evaluate records and
-  publish copies), `file_record` (artifact.json's {"file", "bytes", "sha256"});
+- a folder's files (`list_files`, `hash_tree`, `file_record`) are chattts_forge.folder_files, on
+  `sha256_file`;
 - the one stat-keyed cache of known sha256s, `VerifiedHashCache`: the runtime's (under the user cache
   folder) and the build driver's (its step keys, `build/<run>/.steps/hashcache.json`).
 
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import (
     ARTIFACT_JSON,
@@ -62,6 +62,9 @@ from chattts_forge.choices import Choice
 from chattts_forge.errors import ArtifactChanged, BadInput, IntegrityError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, resolve_inside
 from chattts_forge.log import get_logger
+
+if TYPE_CHECKING:
+    from chattts_forge.folder_files import FileEntry
 
 log = get_logger(__name__)
 
@@ -319,58 +322,6 @@ def expected_files(folder: str | os.PathLike[str], meta: ArtifactMeta) -> dict[s
     for entry in out.values():  # a recorded path that leads out of the folder is refused, never followed
         resolve_inside(folder, entry.rel, file=folder / entry.recorded_in, field="a file path")
     return dict(sorted(out.items()))
-
-
-# ---- a folder's files ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative, '/'-separated
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
-
-
-def file_record(folder: str | os.PathLike[str], rel: str) -> dict[str, Any]:
-    """{"file", "bytes", "sha256"} of a file of an artifact folder: how artifact.json records a support
-    file (and a graph's external data)."""
-    path = Path(folder) / rel
-    return {"file": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def list_files(root: str | os.PathLike[str]) -> list[str]:
-    """Every regular file under root as sorted relative posix paths; symlinks and odd files refused."""
-    root = Path(root)
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                raise BadInput(f"{p}: symbolic links are not allowed in an artifact")
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_file():
-                raise BadInput(f"{p}: not a regular file")
-            out.append(p.relative_to(root).as_posix())
-    return sorted(out)
-
-
-def hash_tree(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
-    """Hash every file of a folder, recursively: {relative path: FileEntry}.
-
-    The one definition of "an artifact's files": evaluate records it in its report, publish checks
-    the report against it and copies exactly these files.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise NotFound(f"{root} is not a folder")
-    return {
-        rel: FileEntry(rel, (root / rel).stat().st_size, sha256_file(root / rel)) for rel in list_files(root)
-    }
 
 
 # ---- the stat-keyed cache of known sha256s ----------------------------------------------------

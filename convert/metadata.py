@@ -17,9 +17,10 @@ from chattts_forge.artifact import SUPPORT_FILES, ArtifactMeta
 from chattts_forge.checkpoint.layout import ASSET_FILES, Dims, read_marker
 from chattts_forge.convert.components import ComponentSpec
 from chattts_forge.errors import ForgeError
+from chattts_forge.folder_files import file_record
 from chattts_forge.fsutil import portable_path
 from chattts_forge.gate import stream_threshold_db
-from chattts_forge.integrity import file_record, sha256_file
+from chattts_forge.integrity import sha256_file
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 # Special tokens recorded for the runtime (ChatTTS's tokenizer and Speaker use them).

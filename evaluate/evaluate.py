@@ -73,9 +73,10 @@ from chattts_forge.evaluate.reference_run import ReferenceRun
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
+from chattts_forge.folder_files import hash_tree
 from chattts_forge.fsutil import portable_path, recorded_path
 from chattts_forge.gate import intelligibility_waivers, judge, load_gate
-from chattts_forge.integrity import hash_tree, verify_files
+from chattts_forge.integrity import verify_files
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.providers import resolve_provider

@@ -170,7 +170,8 @@ def replay(pipe: Pipeline, plan: Sequence[LoadRequest], concurrency: int, arriva
     decode_worker=decode_overlap)`; hits are looked up in `cache` on a thread of their own (a service's
     request handler) and go to the scheduler if absent. `counters`, when given, gets the scheduler's
     `first_chunk_steps` and `deferred_decodes`."""
-    from chattts_forge.runtime.scheduler import Handle, Scheduler
+    from chattts_forge.runtime.request_handle import Handle
+    from chattts_forge.runtime.scheduler import Scheduler
 
     if any(r.hit for r in plan) and cache is None:
         raise ForgeError("the plan has cache hits but no phrase cache was given")
@@ -485,12 +486,8 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
     say = say or (lambda msg: log.info("%s", msg))
     if ratio is None:
         return plan_requests(reqs, seed), None, None
-    from chattts_forge.runtime.phrase_cache import (
-        PhraseCache,
-        PipelineCache,
-        build_phrase_cache,
-        replay_params,
-    )
+    from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
+    from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 
     hits = hit_indices(len(reqs), ratio, seed)
     if cache_file is not None:

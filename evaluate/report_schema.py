@@ -10,7 +10,7 @@ accepted (`report_record.ReportRecord`):
 - ``artifact`` / ``reference`` (`ARTIFACT_KEYS`): ``{"dir", "name", "variant", "files": {relative path:
   {"sha256", "bytes"}}, "bytes_total", "manifest_mismatches": [..], "source": {"kind", ...},
   "precisions", "quantization_method", "quantization_search"}``: the exact bytes judged (every file under the folder, as
-  `chattts_forge.integrity.hash_tree` lists them);
+  `chattts_forge.folder_files.hash_tree` lists them);
 - ``gate`` (`GATE_KEYS`): ``{"passed", "path", "sha256", "schema", "thresholds": {"min_code_agreement":
   x, ...}, "checks": [{"section", "metric", "rule", "threshold", "value", "unit", "status", "passed",
   "margin", "message"}] (`CHECK_KEYS`), "failed": [metric], "waived": {metric: reason}, "regression":

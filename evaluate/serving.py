@@ -2,7 +2,7 @@
 
 `measure_cache_effect(artifact, phrases, hit_ratio=0.6)` synthesizes each phrase with the plain
 pipeline (a miss: code stage + Decoder + Vocos), makes a phrase cache of them from those misses'
-code stage output (the entries `runtime.phrase_cache.build_phrase_cache` writes: the same request,
+code stage output (the entries `runtime.phrase_cache_build.build_phrase_cache` writes: the same request,
 so the same codes; in a temporary file, so the code stage does not run twice), then synthesizes each
 with the cached pipeline (a hit: Vocos only), same speaker and seed, and checks the two waveforms
 agree. The latency a service sees at a hit ratio h
@@ -44,13 +44,8 @@ def measure_cache_effect(
     provider: str = "cpu",
 ) -> dict[str, Any]:
     from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
-    from chattts_forge.runtime.phrase_cache import (
-        cache_knobs,
-        cached_phrase,
-        check_cacheable,
-        payload_sha256,
-        write_cache,
-    )
+    from chattts_forge.runtime.phrase_cache import cache_knobs, check_cacheable, payload_sha256, write_cache
+    from chattts_forge.runtime.phrase_cache_build import cached_phrase
 
     plain = Pipeline(artifact, threads=threads, provider=provider)
     params = SynthParams(code=InferCodeParams(spk_emb=plain.random_speaker(seed), seed=seed, max_new_token=max_new_token))

@@ -24,6 +24,7 @@ from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
+from chattts_forge.folder_files import FileEntry
 from chattts_forge.fsutil import resolve_inside
 from chattts_forge.integrity import (
     MISSING,
@@ -32,7 +33,6 @@ from chattts_forge.integrity import (
     PUBLISHED_NAMES,
     PUBLISHED_SUMS,
     UNRECORDED,
-    FileEntry,
     RecordedFile,
     compare_files,
     sha256_file,

@@ -41,16 +41,15 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError
 from chattts_forge.evaluate.report_schema import SealedReport, read_report
+from chattts_forge.folder_files import FileEntry, hash_tree
 from chattts_forge.fsutil import atomic_write_bytes, fsync_dir
 from chattts_forge.integrity import (
     MISSING,
     SHA256,
     SIGNATURE_NAME,
     UNRECORDED,
-    FileEntry,
     RecordedFile,
     compare_files,
-    hash_tree,
     sha256_file,
     sha256sums_text,
 )

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chattts_forge.errors import BadInput, ForgeError, NotFound
-from chattts_forge.integrity import SIGNATURE_NAME, list_files, sha256_file, sha256sums_text
+from chattts_forge.folder_files import list_files
+from chattts_forge.integrity import SIGNATURE_NAME, sha256_file, sha256sums_text
 from chattts_forge.publish.history import HISTORY_NAME, history_problems
 from chattts_forge.publish.index import (
     INDEX_NAME,

@@ -46,8 +46,10 @@ Pieces for parity tests (all on a `Pipeline`):
 - `pipe.random_speaker(seed)`: a speaker string from the artifact's speaker statistics.
 - `chattts_forge.runtime.sampling`: `process_logits`, `apply_top_p`, `apply_top_k`,
   `apply_repetition_penalty` (numpy ports of ChatTTS's processors and transformers' warpers).
-- `chattts_forge.runtime.frontend`: `Normalizer`, `TextTokenizer`, `split_sentences`,
-  `decorate_code_prompts`, `decorate_text_prompts`, speaker string helpers.
+- `chattts_forge.runtime.chattts_text` (ChatTTS's text front end, ported): `Normalizer`, `TextTokenizer`,
+  `split_sentences`, `decorate_code_prompts`, `decorate_text_prompts`; `chattts_forge.runtime.chattts_speaker`
+  (ChatTTS's speakers, ported): the speaker (`spk_emb`) and speaker sample (`spk_smp`) strings.
+  `chattts_forge.runtime.textfront.TextFront` is a variant's front end without a model session.
 - `chattts_forge.runtime.synth`: `SynthConfig` -> `synthesize_to_files`, `WarmConfig` -> `warm_phrase_cache`
   (the library of `chattts-forge synth` and `warm`, which map their options onto those configs).
 - `chattts_forge.runtime.timing`: RTF / streams / first audio / peak RSS definitions and statistics
@@ -115,7 +117,7 @@ Serving a published version (docs/serving.md):
   same outputs, weight pages shared between processes). `CHATTTS_FORGE_SAVED_SESSIONS=0` turns it off;
 - a warm phrase cache: `Pipeline(..., cache=PATH)` (or a `phrase_cache.PhraseCache`); a cached text
   skips the code stage and the Decoder (`Result.cached`), same waveform; other knobs, another
-  artifact or a tampered file are refused. `phrase_cache.build_phrase_cache` builds one (`warm`).
+  artifact or a tampered file are refused. `phrase_cache_build.build_phrase_cache` builds one (`warm`).
 
 Command line: `chattts-forge synth --artifact DIR --text T --out WAV` (see `runtime/cli.py`), and
 `chattts-forge warm --artifact DIR --phrases FILE --out CACHE`.

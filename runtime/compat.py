@@ -1,5 +1,8 @@
 """A drop-in for ChatTTS 0.2.5's `ChatTTS.Chat` on a converted artifact (torch-free).
 
+Its params classes and their checks are runtime.compat_params; where it loads from (device, folder,
+variant, coef) runtime.compat_load.
+
 Existing ChatTTS code runs with one import and the `load` call changed::
 
     import chattts_forge.compat as ChatTTS          # was: import ChatTTS
@@ -46,27 +49,40 @@ What differs from ChatTTS, on purpose (each refusal is a one-line `ForgeError` n
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pybase16384 as b14
 
-from chattts_forge import chattts_defaults
-from chattts_forge.artifact import ARTIFACT_JSON, DECODER, DVAE, DVAE_ENCODER
+from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER
 from chattts_forge.errors import BadInput, ForgeError
-from chattts_forge.runtime.frontend import combine_tags, speaker_vector, split_sentences, split_tags
+from chattts_forge.runtime.chattts_speaker import speaker_vector
+from chattts_forge.runtime.chattts_text import combine_tags, split_sentences, split_tags
+from chattts_forge.runtime.compat_load import (
+    SOURCE_HINT,
+    VARIANT_PREFERENCE,
+    LoadConfig,
+    artifact_coef,
+    provider_of,
+    resolve_artifact,
+)
+from chattts_forge.runtime.compat_params import (
+    CompatArgumentError,
+    InferCodeParams,
+    RefineTextParams,
+    check_params,
+    check_type,
+    refuse_unknown,
+    runtime_code,
+    runtime_refine,
+)
 from chattts_forge.runtime.generation import Generation, StepState
 from chattts_forge.runtime.params import InferCodeParams as _RuntimeCodeParams
-from chattts_forge.runtime.params import RefineTextParams as _RuntimeRefineParams
-from chattts_forge.runtime.params import SynthParams, check_synth_params
+from chattts_forge.runtime.params import SynthParams
 from chattts_forge.runtime.pipeline import Pipeline
-from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.router import ROUTING_NAME, Router
 
 if TYPE_CHECKING:
@@ -76,109 +92,6 @@ __all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "InferConfig", "
 
 # ChatTTS's silence threshold: `Chat.infer` drops samples with |x| <= 1e-5 from non-streamed audio.
 _SILENCE = np.float32(1e-5)
-VARIANT_PREFERENCE = {
-    # int8-dynamic-kv8: int8-dynamic's weights with an INT8 KV cache (faster at batch, a quarter of the
-    # cache memory), measured on CPU GroupQueryAttention only: not a CUDA preference.
-    "cpu": ("int8-dynamic", "int8-dynamic-kv8", "auto", "fp32", "int8-static", "int4", "fp16"),
-    "cuda": ("fp16", "fp32", "int8-dynamic", "auto", "int8-static", "int4"),
-}
-_SOURCE_HINT = (
-    "chattts_forge.compat runs a converted artifact: call load(source='custom', custom_path=DIR) with DIR "
-    "an artifact folder (holding artifact.json) or a published version folder artifacts/<model>/<version>/"
-)
-
-
-class CompatArgumentError(BadInput, TypeError):
-    """An argument ChatTTS's API has but this runtime cannot honour, or one neither has.
-
-    Also a TypeError, as Python raises for an unknown keyword argument."""
-
-
-def _strict(cls: type) -> type:
-    """Make a params dataclass refuse unknown keyword arguments with a one-line ForgeError."""
-    init = cls.__init__
-    names = [f.name for f in fields(cls)]
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        unknown = [k for k in kwargs if k not in names]
-        if unknown:
-            raise CompatArgumentError(
-                f"Chat.{cls.__name__} has no parameter '{unknown[0]}' (ChatTTS 0.2.5's: {', '.join(names)})"
-            )
-        init(self, *args, **kwargs)
-
-    cls.__init__ = __init__  # type: ignore[method-assign]
-    return cls
-
-
-@_strict
-@dataclass(repr=False, eq=False)
-class RefineTextParams:
-    """ChatTTS 0.2.5 `Chat.RefineTextParams` (same names and defaults)."""
-
-    prompt: str = chattts_defaults.REFINE_PROMPT
-    top_P: float = chattts_defaults.TOP_P
-    top_K: int = chattts_defaults.TOP_K
-    temperature: float = chattts_defaults.REFINE_TEMPERATURE
-    repetition_penalty: float = chattts_defaults.REFINE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
-    min_new_token: int = chattts_defaults.MIN_NEW_TOKEN
-    show_tqdm: bool = True
-    ensure_non_empty: bool = True
-    manual_seed: int | None = None
-
-
-@_strict
-@dataclass(repr=False, eq=False)
-class InferCodeParams(RefineTextParams):
-    """ChatTTS 0.2.5 `Chat.InferCodeParams` (same names and defaults)."""
-
-    prompt: str = chattts_defaults.CODE_PROMPT
-    spk_emb: str | None = None
-    spk_smp: str | None = None
-    txt_smp: str | None = None
-    temperature: float = chattts_defaults.CODE_TEMPERATURE
-    repetition_penalty: float = chattts_defaults.CODE_REPETITION_PENALTY
-    max_new_token: int = chattts_defaults.CODE_MAX_NEW_TOKEN
-    stream_batch: int = chattts_defaults.STREAM_BATCH
-    stream_speed: int = 12000
-    pass_first_n_batches: int = 2
-
-
-def _runtime_refine(p: RefineTextParams) -> _RuntimeRefineParams:
-    return _RuntimeRefineParams(
-        prompt=p.prompt, top_p=p.top_P, top_k=p.top_K, temperature=p.temperature,
-        repetition_penalty=p.repetition_penalty, max_new_token=p.max_new_token,
-        min_new_token=p.min_new_token, ensure_non_empty=p.ensure_non_empty, seed=p.manual_seed,
-    )  # fmt: skip
-
-
-def _runtime_code(p: InferCodeParams) -> _RuntimeCodeParams:
-    return _RuntimeCodeParams(
-        prompt=p.prompt, spk_emb=p.spk_emb, spk_smp=p.spk_smp, txt_smp=p.txt_smp,
-        temperature=p.temperature, top_p=p.top_P, top_k=p.top_K,
-        repetition_penalty=p.repetition_penalty, max_new_token=p.max_new_token,
-        min_new_token=p.min_new_token, stream_batch=p.stream_batch,
-        ensure_non_empty=p.ensure_non_empty, seed=p.manual_seed,
-    )  # fmt: skip
-
-
-def _check_params(pipe: Pipeline, refine: RefineTextParams, code: InferCodeParams) -> None:
-    """Every field of ChatTTS's two params objects by type and range, before anything runs on them
-    (e.g. top_K="20" is a one-line error, not a TypeError deep in sampling)."""
-    try:
-        check_synth_params(SynthParams(code=_runtime_code(code), refine=_runtime_refine(refine)),
-                           pipe.dims.max_position_embeddings, pipe.max_text_chars())
-    except ForgeError as e:  # name ChatTTS's fields, not the runtime's
-        msg = str(e).replace("params.code.", "params_infer_code.").replace("params.refine.", "params_refine_text.")
-        for ours, theirs in (("top_p", "top_P"), ("top_k", "top_K"), ("seed", "manual_seed")):
-            msg = msg.replace(f".{ours} ", f".{theirs} ")
-        raise CompatArgumentError(f"infer: {msg}") from None
-    for name in ("stream_speed", "pass_first_n_batches"):
-        value = getattr(code, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "stream_speed" else 0):
-            raise CompatArgumentError(f"infer: params_infer_code.{name} must be a whole number "
-                                      f"{'>= 1' if name == 'stream_speed' else '>= 0'}, got {str(value)[:40]!r}")
 
 
 class Normalizer:
@@ -231,22 +144,6 @@ class Normalizer:
 
 
 @dataclass(frozen=True)
-class LoadConfig:
-    """What `Chat.load` opens once ChatTTS's arguments are mapped: the folder, the onnxruntime provider
-    (resolved from ChatTTS's `device`), ChatTTS's `coef` (checked against the artifact's) and our extras."""
-
-    path: Path
-    provider: str = "cpu"
-    coef: str | None = None
-    variant: str | None = None
-    threads: int | None = None
-    engine: str = "auto"
-    public_key: str | Path | None = None
-    verify: str = "sha256"
-    autotune: bool | AutotuneSettings | None = None
-
-
-@dataclass(frozen=True)
 class InferConfig:
     """`Chat.infer`'s arguments (ChatTTS's names and defaults) as one record."""
 
@@ -292,7 +189,7 @@ class Chat:
     def download_models(self, source: str = "local", force_redownload: bool = False,
                         custom_path: str | None = None) -> str | None:
         if source != "custom" or force_redownload:
-            raise CompatArgumentError(f"download_models: nothing is downloaded here; {_SOURCE_HINT}")
+            raise CompatArgumentError(f"download_models: nothing is downloaded here; {SOURCE_HINT}")
         return None if custom_path is None else str(custom_path)
 
     def load(
@@ -326,11 +223,11 @@ class Chat:
         with it), `verify` (how the files are checked against their sha256, see Pipeline), `autotune`
         (a version folder with routing.json: rank its variants on this host; see the module
         docstring). Returns True."""
-        _refuse_unknown("load", unknown)
+        refuse_unknown("load", unknown)
         if source != "custom":
-            raise CompatArgumentError(f"load: source={source!r} is not supported; {_SOURCE_HINT}")
+            raise CompatArgumentError(f"load: source={source!r} is not supported; {SOURCE_HINT}")
         if custom_path is None:
-            raise CompatArgumentError(f"load: custom_path is required; {_SOURCE_HINT}")
+            raise CompatArgumentError(f"load: custom_path is required; {SOURCE_HINT}")
         refused = {"force_redownload": force_redownload, "compile": compile, "use_flash_attn": use_flash_attn,
                    "use_vllm": use_vllm, "experimental": experimental}
         for name, value in refused.items():
@@ -339,7 +236,7 @@ class Chat:
                                           "on onnxruntime (leave it False)")
         if not enable_cache:
             raise CompatArgumentError("load: enable_cache=False is not supported (the runtime always keeps a KV cache)")
-        self.open_config(LoadConfig(path=Path(custom_path), provider=_provider(device), coef=coef, variant=variant,
+        self.open_config(LoadConfig(path=Path(custom_path), provider=provider_of(device), coef=coef, variant=variant,
                                     threads=threads, engine=engine, public_key=public_key, verify=verify,
                                     autotune=autotune))
         return True
@@ -433,7 +330,7 @@ class Chat:
         The signature is ChatTTS's (drop-in compatibility; kept on purpose): the arguments map onto an
         `InferConfig` for `infer_config`.
         """
-        _refuse_unknown("infer", unknown)
+        refuse_unknown("infer", unknown)
         return self.infer_config(text, InferConfig(
             stream=stream, lang=lang, skip_refine_text=skip_refine_text, refine_text_only=refine_text_only,
             use_decoder=use_decoder, do_text_normalization=do_text_normalization,
@@ -445,13 +342,13 @@ class Chat:
     def infer_config(self, text: str | Sequence[str], cfg: InferConfig) -> Any:
         """`infer` once its arguments are mapped onto `cfg` (same returns)."""
         pipe = self._pipe()
-        _check_type("params_refine_text", cfg.params_refine_text, RefineTextParams)
-        _check_type("params_infer_code", cfg.params_infer_code, InferCodeParams)
+        check_type("params_refine_text", cfg.params_refine_text, RefineTextParams)
+        check_type("params_infer_code", cfg.params_infer_code, InferCodeParams)
         if cfg.max_split_batch < 1:
             raise CompatArgumentError(f"infer: max_split_batch must be >= 1, got {cfg.max_split_batch}")
         if cfg.lang not in (None, "zh", "en"):
             raise CompatArgumentError(f"infer: lang must be None, 'zh' or 'en', got {cfg.lang!r}")
-        _check_params(pipe, cfg.params_refine_text, cfg.params_infer_code)
+        check_params(pipe, cfg.params_refine_text, cfg.params_infer_code)
         self._check_speakers(cfg.params_infer_code)
         self._interrupted = False
 
@@ -464,7 +361,7 @@ class Chat:
             if cfg.refine_text_only:
                 return "\n".join(texts) if cfg.split_text else texts
         compat = cfg.params_infer_code
-        code_params = _runtime_code(compat)
+        code_params = runtime_code(compat)
         if cfg.split_text and len(texts) > 1 and code_params.spk_smp is None:
             code_params = self._reference_speaker(texts[0], code_params, cfg.use_decoder, compat.show_tqdm)
         batch = cfg.max_split_batch if cfg.split_text else len(texts)
@@ -497,7 +394,7 @@ class Chat:
         return self._pipe().normalize(out, SynthParams(normalize=False, homophones=False, text_normalization=False))
 
     def _refine(self, texts: list[str], params: RefineTextParams) -> list[str]:
-        return self._pipe().refine_text(texts, _runtime_refine(params))
+        return self._pipe().refine_text(texts, runtime_refine(params))
 
     def _check_speakers(self, params: InferCodeParams) -> None:
         pipe = self._pipe()
@@ -610,57 +507,3 @@ class _progress_bar:  # noqa: N801 - used as a context manager like tqdm
             self.bar.update(n)
 
 
-def _refuse_unknown(where: str, unknown: dict[str, Any]) -> None:
-    if unknown:
-        raise CompatArgumentError(f"Chat.{where}() has no parameter '{next(iter(unknown))}' (ChatTTS 0.2.5 API)")
-
-
-def _check_type(name: str, value: object, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise CompatArgumentError(
-            f"infer: {name} must be a chattts_forge.compat.Chat.{cls.__name__}, got {type(value).__name__}"
-        )
-
-
-def _provider(device: Any) -> str:
-    """ChatTTS's `device` (None, a string or a torch.device) -> the onnxruntime provider (cpu or cuda).
-
-    None picks CUDA when this onnxruntime can use it, as ChatTTS's `select_device` picks a GPU."""
-    if device is None:
-        return resolve_provider("auto")
-    kind = re.split(r"[:\s]", str(device).strip().lower())[0]
-    if kind not in VARIANT_PREFERENCE:
-        raise CompatArgumentError(f"load: device={str(device)!r} is not supported (cpu or cuda)")
-    return resolve_provider(kind)
-
-
-def resolve_artifact(path: str | Path, variant: str | None, provider: str = "cpu") -> Path:
-    """An artifact folder, or the chosen variant folder of a version folder (see the module docstring)."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise BadInput(f"load: custom_path {folder} is not a folder")
-    if (folder / ARTIFACT_JSON).is_file():
-        if variant is not None and variant != folder.name:
-            raise CompatArgumentError(f"load: variant={variant!r} given, but {folder} is one artifact")
-        return folder
-    present = sorted(p.name for p in folder.iterdir() if (p / ARTIFACT_JSON).is_file())
-    if not present:
-        raise ForgeError(f"load: {folder} holds no artifact (no {ARTIFACT_JSON} in it or in its subfolders)")
-    if variant is not None:
-        if variant not in present:
-            raise CompatArgumentError(f"load: variant={variant!r} is not in {folder} (it has: {', '.join(present)})")
-        return folder / variant
-    for name in VARIANT_PREFERENCE[provider]:
-        if name in present:
-            return folder / name
-    return folder / present[0]
-
-
-def artifact_coef(pipe: Pipeline) -> str | None:
-    """The artifact's DVAE coefficients as ChatTTS's `coef` string (pybase16384 of float32), if recorded."""
-    path = pipe.artifact.file("dvae_coef")
-    try:
-        coef = json.loads(path.read_text(encoding="utf-8"))["dvae"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return b14.encode_to_string(np.asarray(coef, dtype=np.float32).tobytes())

@@ -18,7 +18,7 @@ import numpy as np
 from chattts_forge import chattts_defaults
 from chattts_forge.choices import Choice
 from chattts_forge.errors import BadInput
-from chattts_forge.runtime.frontend import (
+from chattts_forge.runtime.chattts_speaker import (
     DEFAULT_MAX_PROMPT_CODES,
     DEFAULT_MAX_SPEAKER_VALUES,
     max_encoded_chars,

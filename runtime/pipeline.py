@@ -8,9 +8,9 @@
 
 Its parts live in their own modules: the request parameters and their checks (runtime.params), the
 generation loop and its batching of texts (runtime.generation: all texts of one call share every GPT
-step) and streaming decode (runtime.stream_decode). Each row is decoded on its own, so a row's
-result does not depend on the other rows (ChatTTS decodes a zero-padded batch, which changes the
-tail of shorter rows).
+step), streaming decode (runtime.stream_decode) and voice cloning (runtime.voice_clone). Each row is
+decoded on its own, so a row's result does not depend on the other rows (ChatTTS decodes a
+zero-padded batch, which changes the tail of shorter rows).
 
 Streaming (`Pipeline.stream`): the audio that can no longer change is emitted as soon as the first
 of it exists (checked every step until then, so first audio is not held to the `stream_batch`
@@ -29,19 +29,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER, EMBED, HEAD_TEXT, VOCODER
+from chattts_forge.artifact import DECODER, DVAE, EMBED, HEAD_TEXT, VOCODER
 from chattts_forge.chattts_defaults import CODE_MAX_NEW_TOKEN
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.frontend import (
+from chattts_forge.runtime.chattts_speaker import apply_speaker, encode_prompt, speaker_vector
+from chattts_forge.runtime.chattts_text import (
     TextTokenizer,
-    apply_speaker,
-    decode_prompt,
     decorate_code_prompts,
     decorate_text_prompts,
-    encode_prompt,
     is_speakable,
-    speaker_vector,
     split_sentences,
 )
 from chattts_forge.runtime.generation import (  # noqa: F401 - re-exported: callers import them here
@@ -71,11 +68,12 @@ from chattts_forge.runtime.params import (  # noqa: F401 - re-exported: callers 
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, open_cache
 from chattts_forge.runtime.sampling import SamplingConfig
 from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
-from chattts_forge.runtime.stream_decode import (
+from chattts_forge.runtime.stream_decode import (  # noqa: F401 - re-exported: callers import StreamDecoder here
     StreamDecoder,
     StreamLookahead,
     decoder_radius,
     resolve_lookahead,
+    stream_rows,
     vocos_radius,
 )
 from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the scheduler and callers import them here
@@ -85,6 +83,12 @@ from chattts_forge.runtime.textfront import (  # noqa: F401 - re-exported: the s
     TextFront,
     check_text_length,
     short_repr,
+)
+from chattts_forge.runtime.voice_clone import (
+    check_recording,
+    encode_audio,
+    max_recording_samples,
+    speaker_sample_codes,
 )
 
 log = get_logger(__name__)
@@ -189,76 +193,31 @@ class Pipeline:
         """The longest input text accepted (`TextFront.max_text_chars`)."""
         return self.text.max_text_chars(split_sentences, segmented)
 
-    def max_recording_samples(self) -> int:
-        """The longest voice-clone recording accepted: its codes (one per 2 hops) must fit the positions."""
-        return 2 * self.dims.hop_length * self.dims.max_position_embeddings
-
     def random_speaker(self, seed: int | None = None) -> str:
         """A random speaker string from the artifact's speaker statistics (`Chat.sample_random_speaker`)."""
         return self.text.random_speaker(seed)
 
-    # ---- voice cloning ---------------------------------------------------------------------
+    # ---- voice cloning (runtime.voice_clone) -----------------------------------------------
+
+    def max_recording_samples(self) -> int:
+        """The longest voice-clone recording accepted (`voice_clone.max_recording_samples`)."""
+        return max_recording_samples(self.dims)
 
     def check_recording(self, wav: object, what: str = "wav") -> np.ndarray:
-        """A recording as ChatTTS's `sample_audio_speaker` takes it: 1-D float samples at the model's
-        rate (24 kHz), at least n_fft/2 + 1 long. float64/float16 are cast to float32 (ChatTTS needs
-        float32); anything else is a one-line ForgeError naming `what`."""
-        try:
-            arr = np.asarray(wav)
-        except Exception as e:  # e.g. a CUDA tensor: numpy cannot read it
-            raise BadInput(f"{what} must be a numpy array (or CPU tensor) of samples: {e}") from None
-        if arr.ndim != 1:
-            raise BadInput(
-                f"{what} must be 1-D [samples] (one mono {self.sample_rate} Hz recording), got shape {arr.shape}"
-            )
-        if not np.issubdtype(arr.dtype, np.floating):
-            hint = " (divide int16 PCM by 32768)" if np.issubdtype(arr.dtype, np.integer) else ""
-            raise ForgeError(f"{what} must hold float samples in [-1, 1], got dtype {arr.dtype}{hint}")
-        if arr.size == 0:
-            raise BadInput(f"{what} is empty")
-        longest = self.max_recording_samples()
-        if arr.size > longest:
-            raise BadInput(f"{what} has {arr.size} samples ({arr.size / self.sample_rate:.1f} s); its codes would "
-                             f"not fit the model's {self.dims.max_position_embeddings} positions (at most {longest})")
-        shortest = self.dims.n_fft // 2 + 1
-        if arr.size < shortest:
-            raise BadInput(f"{what} has {arr.size} samples; the encoder needs at least {shortest}")
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if not np.all(np.isfinite(arr)):
-            raise ForgeError(f"{what} holds NaN or infinite samples")
-        return arr
+        """A recording as ChatTTS's `sample_audio_speaker` takes it (`voice_clone.check_recording`)."""
+        return check_recording(wav, self.dims, what)
 
     def encode_audio(self, wav: object) -> np.ndarray:
         """ChatTTS's `DVAE.sample_audio`: a recording [samples] -> audio codes int64 [num_vq, T]."""
-        arr = self.check_recording(wav)
-        if not self.artifact.has_component(DVAE_ENCODER):
-            raise ForgeError(
-                f"artifact {self.artifact.path} has no {DVAE_ENCODER}.onnx (converted before voice "
-                "cloning existed): convert the checkpoint again to make speakers from recordings"
-            )
-        return self.artifact.session(DVAE_ENCODER).run(["codes"], {"wav": arr[None]})[0][0]
+        return encode_audio(self.artifact, wav)
 
     def sample_audio_speaker(self, wav: object) -> str:
         """`Chat.sample_audio_speaker`: a 24 kHz recording -> the `spk_smp` string ChatTTS makes of it."""
         return encode_prompt(self.encode_audio(wav))
 
     def speaker_sample_codes(self, spk_smp: str) -> np.ndarray:
-        """A `spk_smp` string -> codes [num_vq, T], checked against this model (ForgeError naming spk_smp)."""
-        try:  # a prompt longer than the model's positions could never be fed: the decode stops there
-            codes = decode_prompt(spk_smp, max_codes=self.num_vq * self.dims.max_position_embeddings)
-        except ForgeError as e:
-            raise ForgeError(f"spk_smp: {e}") from None
-        if codes.shape[0] != self.num_vq or codes.shape[1] == 0:
-            raise BadInput(
-                f"spk_smp holds codes of shape {codes.shape}, this model takes [{self.num_vq}, T > 0] "
-                "(a sample string from another model?)"
-            )
-        if codes.max() >= self.eos_code:
-            raise ForgeError(
-                f"spk_smp holds code {int(codes.max())}, this model's codes are < {self.eos_code} "
-                "(a sample string from another model?)"
-            )
-        return codes
+        """A `spk_smp` string -> codes [num_vq, T], checked against this model (voice_clone)."""
+        return speaker_sample_codes(spk_smp, self.dims)
 
     def prepare_code_inputs(self, texts: Sequence[str], params: InferCodeParams) -> PromptBatch:
         """(inputs_embeds [B, L, hidden], input_ids [B, L, num_vq], attention_mask [B, L]) of `_infer_code`."""
@@ -600,13 +559,13 @@ class Pipeline:
                                                  lookahead_frames, progress)
                 return
             norm = self.refine_texts([first], params, [0])
-            yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
+            yield from stream_rows(self, norm, params, every, on_done, lookahead_frames, progress)
             return
         norm, owner = self.normalize_texts(texts, params)
         if len(norm) > len(set(owner)):
             raise InputError("a stream of several texts takes one segment each; stream a long text on its own")
         norm = self.refine_texts(norm, params, owner)
-        yield from self._stream_rows(norm, params, every, on_done, lookahead_frames, progress)
+        yield from stream_rows(self, norm, params, every, on_done, lookahead_frames, progress)
 
     def _stream_segments(self, norm: Iterable[str], params: SynthParams, every: int,
                          on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
@@ -619,34 +578,6 @@ class Pipeline:
             if k:
                 yield [pause]
             segment = self.refine_texts([segment], params)[0]  # each in its turn: first audio waits for one
-            yield from self._stream_rows([segment], params, every, done.append, lookahead_frames, progress)
+            yield from stream_rows(self, [segment], params, every, done.append, lookahead_frames, progress)
         if on_done is not None:
             on_done(join_generations(done))
-
-    def _stream_rows(self, norm: list[str], params: SynthParams, every: int,
-                     on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
-                     progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
-        decoders = [StreamDecoder(self, params.use_decoder, lookahead_frames) for _ in norm]
-        live_steps = 0
-        first_sent = False  # no chunk with audio yet: check every step (arithmetic only)
-        for state in self.iter_infer_code(norm, params.code):
-            live_steps += 1
-            if progress is not None:
-                progress(state)
-            due = live_steps % every == 0 or state.done
-            if not due and not first_sent:
-                due = any(
-                    d.ready_samples(int(state.end_idx[b]), bool(state.finish[b])) > d.emitted
-                    for b, d in enumerate(decoders)
-                )
-            if not due:
-                continue
-            chunk = []
-            for b, dec in enumerate(decoders):
-                n = int(state.end_idx[b])
-                src = state.hiddens[b, :n] if params.use_decoder else state.tokens[b, :n]
-                chunk.append(dec.push(src, final=bool(state.finish[b]) or state.done))
-            first_sent = first_sent or any(len(c) for c in chunk)
-            yield chunk
-        if on_done is not None:
-            on_done(state.result())

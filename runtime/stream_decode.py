@@ -12,11 +12,15 @@ like ChatTTS's own streaming, which is not exact either). An artifact records th
 whose seams it measured clean (artifact.json `streaming`, runtime.stream_lookahead); synth, serve and
 bench stream at it unless told `exact` (`resolve_lookahead`), while `Pipeline.stream` and
 `StreamDecoder` take None as the exact stream.
+
+`stream_rows` is the loop `Pipeline.stream` runs over a batch of rows: when a chunk is due, and its
+rows' chunks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +29,8 @@ from chattts_forge.errors import BadInput
 
 if TYPE_CHECKING:
     from chattts_forge.checkpoint.layout import Dims
+    from chattts_forge.runtime.generation import Generation, StepState
+    from chattts_forge.runtime.params import SynthParams
     from chattts_forge.runtime.pipeline import Pipeline
 
 # Conv stacks of ChatTTS's DVAEDecoder (fixed in its code, not in the config).
@@ -137,3 +143,35 @@ class StreamDecoder:
             raise RuntimeError(f"stream window too short: {len(out)} != {s1 - s0} samples")
         self.emitted = s1
         return out.astype(np.float32, copy=False)
+
+
+def stream_rows(pipe: Pipeline, norm: list[str], params: SynthParams, every: int,
+                on_done: Callable[[Generation], None] | None, lookahead_frames: int | None,
+                progress: Callable[[StepState], None] | None) -> Iterator[list[np.ndarray]]:
+    """`Pipeline.stream`'s rows generated as one batch: one chunk per row (possibly empty) as soon as any
+    row has final audio (checked every step until then), then every `every` steps and at the end;
+    `on_done` gets the generation."""
+    decoders = [StreamDecoder(pipe, params.use_decoder, lookahead_frames) for _ in norm]
+    live_steps = 0
+    first_sent = False  # no chunk with audio yet: check every step (arithmetic only)
+    for state in pipe.iter_infer_code(norm, params.code):
+        live_steps += 1
+        if progress is not None:
+            progress(state)
+        due = live_steps % every == 0 or state.done
+        if not due and not first_sent:
+            due = any(
+                d.ready_samples(int(state.end_idx[b]), bool(state.finish[b])) > d.emitted
+                for b, d in enumerate(decoders)
+            )
+        if not due:
+            continue
+        chunk = []
+        for b, dec in enumerate(decoders):
+            n = int(state.end_idx[b])
+            src = state.hiddens[b, :n] if params.use_decoder else state.tokens[b, :n]
+            chunk.append(dec.push(src, final=bool(state.finish[b]) or state.done))
+        first_sent = first_sent or any(len(c) for c in chunk)
+        yield chunk
+    if on_done is not None:
+        on_done(state.result())

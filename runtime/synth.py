@@ -42,10 +42,14 @@ from chattts_forge.runtime.audio import (
     to_int16,
     write_wav,
 )
-from chattts_forge.runtime.frontend import DEFAULT_MAX_SPEAKER_VALUES, max_encoded_chars, speaker_vector
+from chattts_forge.runtime.chattts_speaker import (
+    DEFAULT_MAX_SPEAKER_VALUES,
+    max_encoded_chars,
+    speaker_vector,
+)
 from chattts_forge.runtime.generation import GptEngine
 from chattts_forge.runtime.params import Language
-from chattts_forge.runtime.phrase_cache import build_phrase_cache
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, RefineTextParams, SynthParams
 from chattts_forge.runtime.providers import Provider
 from chattts_forge.runtime.router import ROUTING_NAME, Router
@@ -249,7 +253,7 @@ def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:
     else:
         front = TextFront.open(cfg.artifact)
     # what was removed is this command's own report on stderr: ChatTTS's warning would repeat it
-    with quiet_logger("chattts_forge.runtime.frontend"):
+    with quiet_logger("chattts_forge.runtime.chattts_text"):
         return front.segments(text, params)
 
 

@@ -23,7 +23,8 @@ from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.checkpoint.layout import Dims
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.integrity import CheckReport, check_files, check_verify_mode, expected_files
-from chattts_forge.runtime.frontend import Normalizer, is_speakable, sample_random_speaker
+from chattts_forge.runtime.chattts_speaker import sample_random_speaker
+from chattts_forge.runtime.chattts_text import Normalizer, is_speakable
 from chattts_forge.runtime.segments import split_segments, written_chunks
 from chattts_forge.runtime.spoken import SPOKEN, SpokenText
 

@@ -29,7 +29,7 @@ COLD_CASES = {"zh digits": "转人工请按 0，订单号 20261206。", "en digi
 _COLD = """
 import time, json, sys
 t0 = time.perf_counter()
-from chattts_forge.runtime.frontend import Normalizer
+from chattts_forge.runtime.chattts_text import Normalizer
 from chattts_forge.runtime.segments import split_segments
 from chattts_forge.runtime.spoken import SPOKEN
 t1 = time.perf_counter()
@@ -52,7 +52,7 @@ def sentences() -> list[str]:
 
 
 def front(text: str, normalize: bool) -> list[str]:
-    from chattts_forge.runtime.frontend import Normalizer
+    from chattts_forge.runtime.chattts_text import Normalizer
     from chattts_forge.runtime.segments import split_segments
     from chattts_forge.runtime.spoken import SPOKEN
 

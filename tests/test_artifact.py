@@ -30,7 +30,8 @@ from chattts_forge.artifact import (
     quantized_variant,
 )
 from chattts_forge.errors import ForgeError
-from chattts_forge.integrity import hash_tree, sha256_file
+from chattts_forge.folder_files import hash_tree
+from chattts_forge.integrity import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 # The installed packages' source folders (pyproject's package-dir), tests excluded.

@@ -347,7 +347,8 @@ def test_server_state_exports_the_serving_versions_routing(version: Path, tmp_pa
     pytest.importorskip("starlette", reason="serve needs the serve extra")
     from types import SimpleNamespace
 
-    from chattts_forge.runtime.serve.app import ServeConfig, ServerState
+    from chattts_forge.runtime.serve.config import ServeConfig
+    from chattts_forge.runtime.serve.state import ServerState
 
     router = Router(version, threads=1, autotune=_settings(tmp_path, FakeClock(), {"fp32": 0.002, "fp16": 0.005}))
     state = ServerState(ServeConfig(artifact=str(version)))
@@ -401,7 +402,7 @@ def test_read_bandwidth_is_cached_and_a_corrupt_cache_is_measured_again(tmp_path
 def test_phrase_cache_is_warmed_for_the_build_routing_and_served_uncached_when_the_host_moves(
         version: Path, tmp_path: Path, caplog, monkeypatch) -> None:
     from chattts_forge.runtime import InferCodeParams, SynthParams
-    from chattts_forge.runtime.phrase_cache import build_phrase_cache
+    from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 
     monkeypatch.setenv("CHATTTS_FORGE_AUTOTUNE", "1")  # warm must ignore it: its bytes may not depend on a clock
     phrases = tmp_path / "phrases.txt"

@@ -13,7 +13,7 @@ import pytest
 from chattts_forge.chattts_defaults import CodeKnobs
 from chattts_forge.cli_options import sampling_options
 from chattts_forge.errors import BadInput
-from chattts_forge.runtime.compat import InferCodeParams
+from chattts_forge.runtime.compat_params import InferCodeParams
 from chattts_forge.runtime.synth import SynthConfig, WarmConfig
 
 KNOBS = ("temperature", "top_p", "top_k", "repetition_penalty", "min_new_token", "max_new_token", "prompt")

@@ -19,7 +19,7 @@ import torch
 import chattts_forge.compat as ChatTTS  # noqa: N812 - the one-line switch this module tests
 from chattts_forge.convert.components import speech_like_recording
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime.frontend import encode_prompt, encode_speaker
+from chattts_forge.runtime.chattts_speaker import encode_prompt, encode_speaker
 
 TEXTS = {
     "zh": "今天天气很好，我们一起去公园散步吧。",
@@ -233,7 +233,7 @@ def test_load_version_folder_picks_a_variant(tiny_artifacts, tmp_path: Path) -> 
 
 def test_version_folder_preference_covers_every_built_variant(tmp_path: Path) -> None:
     from chattts_forge.artifact import VARIANTS
-    from chattts_forge.runtime.compat import VARIANT_PREFERENCE, resolve_artifact
+    from chattts_forge.runtime.compat_load import VARIANT_PREFERENCE, resolve_artifact
 
     def version_with(*variants: str) -> Path:
         folder = tmp_path / "-".join(variants)

@@ -20,8 +20,8 @@ from chattts_forge.errors import (
     Unavailable,
     http_status_of,
 )
-from chattts_forge.runtime.compat import CompatArgumentError
-from chattts_forge.runtime.scheduler import QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.compat_params import CompatArgumentError
+from chattts_forge.runtime.request_handle import QueueFullError, SchedulerClosedError
 from chattts_forge.runtime.serve.requests import BadRequest
 
 

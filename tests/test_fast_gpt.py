@@ -14,8 +14,9 @@ import pytest
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import ForgeError
 from chattts_forge.quantize.fast_gpt import optimize_gpt
-from chattts_forge.quantize.fast_gpt_graph import extract_llama_weights, optimize_artifact
+from chattts_forge.quantize.fast_gpt_graph import optimize_artifact
 from chattts_forge.quantize.fast_gpt_parity import LeftPaddedSteps
+from chattts_forge.quantize.gpt_weights import extract_llama_weights
 from chattts_forge.runtime.fast_gpt import FastGptStep
 
 

@@ -371,12 +371,12 @@ def test_fuzz_corpus_files(tmp_path: Path) -> None:
 
 
 def test_fuzz_speaker_strings() -> None:
-    from chattts_forge.runtime import frontend as fe
+    from chattts_forge.runtime import chattts_speaker
 
     rng = random.Random(10)
     vec = np.random.default_rng(0).standard_normal(768).astype(np.float16)
-    speaker = fe.encode_speaker(vec)
-    sample = fe.encode_prompt(np.random.default_rng(1).integers(0, 625, (4, 50)))
+    speaker = chattts_speaker.encode_speaker(vec)
+    sample = chattts_speaker.encode_prompt(np.random.default_rng(1).integers(0, 625, (4, 50)))
     fuzz = Fuzz("speaker strings")
     alphabet = [chr(c) for c in (0x4E00, 0x4E01, 0x7FFF, 0x8000, 0x3D00, 0x41, 0x10000)]
     for i in range(ROUNDS):
@@ -391,11 +391,11 @@ def test_fuzz_speaker_strings() -> None:
         else:
             chars += [rng.choice(alphabet) for _ in range(rng.randint(1, 400))]
         text = "".join(chars)
-        fuzz.run(lambda t=text: fe.speaker_vector(t, 768), f"spk_emb {i}")
-        fuzz.run(lambda t=text: fe.decode_prompt(t, 4 * 4096), f"spk_smp {i}")
+        fuzz.run(lambda t=text: chattts_speaker.speaker_vector(t, 768), f"spk_emb {i}")
+        fuzz.run(lambda t=text: chattts_speaker.decode_prompt(t, 4 * 4096), f"spk_smp {i}")
     for bad in (None, 5, b"x", "", "一" * (1 << 16)):
-        fuzz.run(lambda b=bad: fe.speaker_vector(b, 768), f"spk_emb {bad!r:.20}")  # type: ignore[arg-type]
-        fuzz.run(lambda b=bad: fe.decode_prompt(b), f"spk_smp {bad!r:.20}")  # type: ignore[arg-type]
+        fuzz.run(lambda b=bad: chattts_speaker.speaker_vector(b, 768), f"spk_emb {bad!r:.20}")  # type: ignore[arg-type]
+        fuzz.run(lambda b=bad: chattts_speaker.decode_prompt(b), f"spk_smp {bad!r:.20}")  # type: ignore[arg-type]
     fuzz.check()
 
 

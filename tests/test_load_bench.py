@@ -165,7 +165,7 @@ def test_hits_are_the_cached_audio_and_misses_are_unchanged(tiny_artifacts, tmp_
 
 
 def test_load_bench_replays_a_given_phrase_cache(tiny_artifacts, tmp_path):
-    from chattts_forge.runtime.phrase_cache import build_phrase_cache
+    from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
     from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
 
     art = tiny_artifacts["fp32"]

@@ -31,7 +31,8 @@ pytest.importorskip("uvicorn", reason="serve needs the serve extra")
 
 from test_serve import Running, running  # noqa: E402  (the real uvicorn server in a thread)
 
-from chattts_forge.runtime.frontend import TextTokenizer, sample_random_speaker  # noqa: E402
+from chattts_forge.runtime.chattts_speaker import sample_random_speaker  # noqa: E402
+from chattts_forge.runtime.chattts_text import TextTokenizer  # noqa: E402
 from chattts_forge.runtime.pipeline import SynthParams  # noqa: E402
 from chattts_forge.runtime.serve.formats import content_type  # noqa: E402
 from chattts_forge.runtime.textfront import TextFront  # noqa: E402
@@ -133,7 +134,7 @@ def test_every_voice_is_a_fixed_speaker_and_custom_ids_and_mixes_resolve(server:
 
 def test_voice_mix_is_the_weighted_mean_of_speaker_vectors(tiny_artifacts: dict[str, Path]) -> None:
     from chattts_forge.errors import BadInput
-    from chattts_forge.runtime.frontend import decode_speaker
+    from chattts_forge.runtime.chattts_speaker import decode_speaker
     from chattts_forge.runtime.serve.voices import VoiceBook
 
     book = VoiceBook(TextFront.open(tiny_artifacts["fp32"]), {})

@@ -21,7 +21,8 @@ from stand_in_report import publish_stand_in_version
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime import InferCodeParams, Pipeline, RefineTextParams, SynthParams
-from chattts_forge.runtime.phrase_cache import PhraseCache, build_phrase_cache, read_phrase_list
+from chattts_forge.runtime.phrase_cache import PhraseCache
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache, read_phrase_list
 from chattts_forge.runtime.router import ROUTING_NAME, Router, buckets_from_edges, text_length
 
 STEPS = 24  # random weights never emit EOS: every phrase runs to max_new_token

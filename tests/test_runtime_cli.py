@@ -140,7 +140,7 @@ def test_missing_and_mismatched_artifact(art, tmp_path):
 
 
 def test_speaker_random_out_and_from_file(art, tmp_path):
-    from chattts_forge.runtime.frontend import decode_speaker
+    from chattts_forge.runtime.chattts_speaker import decode_speaker
 
     spk_file = tmp_path / "spk.txt"
     common = ["--artifact", art, "--text", "你好。", "--seed", "2", "--no-refine", "--max-new-token", "12",

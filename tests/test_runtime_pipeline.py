@@ -12,7 +12,7 @@ import pytest
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime import InferCodeParams, Pipeline, RefineTextParams, StreamDecoder, SynthParams
-from chattts_forge.runtime.frontend import is_speakable
+from chattts_forge.runtime.chattts_text import is_speakable
 
 TEXTS = ["你好，欢迎使用这个系统。", "Hello world, this is a test.", "我今天用了 ChatTTS, it works."]
 NEAR_TIE = 1e-5

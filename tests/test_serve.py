@@ -39,11 +39,12 @@ pytest.importorskip("uvicorn", reason="serve needs the serve extra")
 from stand_in_report import publish_stand_in_version  # noqa: E402
 
 from chattts_forge.cli import main  # noqa: E402
-from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
-from chattts_forge.runtime.serve.app import ServeConfig, ServerState  # noqa: E402
+from chattts_forge.runtime.serve.config import ServeConfig  # noqa: E402
 from chattts_forge.runtime.serve.formats import AAC_FRAME, FORMATS, to_int16  # noqa: E402
 from chattts_forge.runtime.serve.server import make_server  # noqa: E402
+from chattts_forge.runtime.serve.state import ServerState  # noqa: E402
 from chattts_forge.runtime.tempo import stretch  # noqa: E402
 
 STEPS = 24  # the phrase cache's max_new_token (requests that want a hit send it: the cache sets no knob)

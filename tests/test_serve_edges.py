@@ -36,7 +36,7 @@ from stand_in_report import publish_stand_in_version  # noqa: E402
 from test_serve import Running, free_port, running  # noqa: E402  (the real uvicorn server in a thread)
 
 from chattts_forge.errors import printable  # noqa: E402
-from chattts_forge.runtime.frontend import STRUCTURAL_TOKENS  # noqa: E402
+from chattts_forge.runtime.chattts_text import STRUCTURAL_TOKENS  # noqa: E402
 
 SPEECH = "/v1/audio/speech"
 NATIVE = "/v1/chattts/speech"
@@ -171,7 +171,7 @@ def test_a_body_shorter_than_its_content_length_times_out_as_a_disconnect(server
 def test_finished_requests_are_freed_without_the_garbage_collector(server: Running) -> None:
     # The server's waiter refers to its request's handle and the handle to the waiter (its listener):
     # unless the handle lets go at its end, every result waits for the collector's rare full pass.
-    from chattts_forge.runtime.scheduler import Handle
+    from chattts_forge.runtime.request_handle import Handle
 
     gc.collect()
     gc.disable()

@@ -32,7 +32,7 @@ from chattts_forge.errors import ForgeError  # noqa: E402
 from chattts_forge.evaluate.soak import SoakConfig, check_audio, run_soak  # noqa: E402
 from chattts_forge.fsutil import atomic_symlink  # noqa: E402
 from chattts_forge.runtime.memory import RequestMemory  # noqa: E402
-from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
 from chattts_forge.runtime.serve.guard import NORMAL, REFUSE, SHED, DrainRate, MemoryGuard, parse_size  # noqa: E402
 
@@ -138,7 +138,7 @@ def test_a_phrase_cache_for_variants_this_host_does_not_route_to_still_serves(ve
     kv8_cache = tmp_path / "kv8_phrase_cache.bin"  # built for int8-dynamic-kv8, which v1 does not publish
     build_phrase_cache(kv8, tmp_path / "kv8" / "phrases.txt", kv8_cache,
                        SynthParams(code=InferCodeParams(seed=0, max_new_token=STEPS)), threads=1)
-    from chattts_forge.runtime.serve.app import ServeConfig
+    from chattts_forge.runtime.serve.config import ServeConfig
     from chattts_forge.runtime.serve.engine import ServedVersion
 
     with pytest.raises(ForgeError, match="was built for other artifacts"):

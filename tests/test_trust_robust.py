@@ -26,7 +26,7 @@ from chattts_forge.fsutil import (
     recover_replaced_dirs,
     resolve_inside,
 )
-from chattts_forge.runtime import frontend as fe
+from chattts_forge.runtime import chattts_speaker
 
 # ---- 4. paths stay inside their folder --------------------------------------------------------
 
@@ -135,30 +135,30 @@ def test_calibration_shards_are_confined(tmp_path: Path) -> None:
 
 
 def _bomb(raw_bytes: int, head: bytes = b"") -> str:
-    return b14.encode_to_string(head + lzma.compress(bytes(raw_bytes), format=lzma.FORMAT_RAW, filters=fe._LZMA_FILTERS))
+    return b14.encode_to_string(head + lzma.compress(bytes(raw_bytes), format=lzma.FORMAT_RAW, filters=chattts_speaker._LZMA_FILTERS))
 
 
 def test_speaker_strings_decompress_within_their_bound() -> None:
     vec = np.random.default_rng(0).standard_normal(768).astype(np.float16)
-    assert fe.speaker_vector(fe.encode_speaker(vec), 768).shape == (768,)  # a real speaker still decodes
+    assert chattts_speaker.speaker_vector(chattts_speaker.encode_speaker(vec), 768).shape == (768,)  # a real speaker still decodes
     codes = np.random.default_rng(1).integers(0, 625, (4, 300))
-    assert (fe.decode_prompt(fe.encode_prompt(codes), max_codes=4 * 4096) == codes).all()
+    assert (chattts_speaker.decode_prompt(chattts_speaker.encode_prompt(codes), max_codes=4 * 4096) == codes).all()
     small_bomb = _bomb(8 << 20)  # 8 MiB of zeros: a ~2 KB string
-    assert len(small_bomb) < fe.max_encoded_chars(2 * fe.DEFAULT_MAX_SPEAKER_VALUES)  # passes the length check
+    assert len(small_bomb) < chattts_speaker.max_encoded_chars(2 * chattts_speaker.DEFAULT_MAX_SPEAKER_VALUES)  # passes the length check
     with pytest.raises(ForgeError, match="decompresses to more than 32768 bytes"):
-        fe.decode_speaker(small_bomb)
+        chattts_speaker.decode_speaker(small_bomb)
     with pytest.raises(ForgeError, match="decompresses to more than 32768 bytes"):
-        fe.speaker_vector(small_bomb, 768)
+        chattts_speaker.speaker_vector(small_bomb, 768)
     with pytest.raises(ForgeError, match="speaker embedding has 768 values, the model's hidden size is 64"):
-        fe.speaker_vector(fe.encode_speaker(vec), 64)  # another model's speaker: named by its width
+        chattts_speaker.speaker_vector(chattts_speaker.encode_speaker(vec), 64)  # another model's speaker: named by its width
     with pytest.raises(ForgeError, match="header announces 4 x 65535 codes"):
-        fe.decode_prompt(_bomb(8 << 20, np.array([4, 65535], "<u2").tobytes()), max_codes=4 * 4096)
+        chattts_speaker.decode_prompt(_bomb(8 << 20, np.array([4, 65535], "<u2").tobytes()), max_codes=4 * 4096)
     with pytest.raises(ForgeError, match="decompresses to more than 800 bytes"):  # the header lies
-        fe.decode_prompt(_bomb(8 << 20, np.array([4, 100], "<u2").tobytes()), max_codes=4 * 4096)
+        chattts_speaker.decode_prompt(_bomb(8 << 20, np.array([4, 100], "<u2").tobytes()), max_codes=4 * 4096)
     with pytest.raises(ForgeError, match="1048576 characters long"):
-        fe.decode_speaker("一" * (1 << 20))
+        chattts_speaker.decode_speaker("一" * (1 << 20))
     with pytest.raises(ForgeError, match="must be a string"):
-        fe.decode_speaker(b"bytes")  # type: ignore[arg-type]
+        chattts_speaker.decode_speaker(b"bytes")  # type: ignore[arg-type]
 
 
 def test_a_megabyte_speaker_string_costs_no_memory() -> None:
@@ -168,17 +168,17 @@ def test_a_megabyte_speaker_string_costs_no_memory() -> None:
 import resource, sys, lzma
 import numpy as np, pybase16384 as b14
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime import frontend as fe
+from chattts_forge.runtime import chattts_speaker
 # A 1 MB string (refused by its length) and 256 MiB of zeros in a ~22,000-character string, short
 # enough to pass the length check: only the decompression limit stands between it and 256 MiB.
 raw = lzma.compress(bytes(256 << 20), format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "preset": 1}])
 bombs = ["一" * (1 << 20)] + [b14.encode_to_string(head + raw) for head in (b"", np.array([4, 100], "<u2").tobytes())]
-assert all(len(b) < fe.max_encoded_chars(2 * fe.DEFAULT_MAX_SPEAKER_VALUES) for b in bombs[1:])
+assert all(len(b) < chattts_speaker.max_encoded_chars(2 * chattts_speaker.DEFAULT_MAX_SPEAKER_VALUES) for b in bombs[1:])
 del raw
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 refused = 0
 for s in bombs:
-    for decode in (lambda s: fe.speaker_vector(s, 768), lambda s: fe.decode_prompt(s, 4 * 4096), fe.decode_speaker):
+    for decode in (lambda s: chattts_speaker.speaker_vector(s, 768), lambda s: chattts_speaker.decode_prompt(s, 4 * 4096), chattts_speaker.decode_speaker):
         try:
             decode(s)
         except ForgeError as e:

@@ -25,23 +25,20 @@ row is freed before the next GPT step; past its deadline a request is cancelled 
 audio was sent, a cut stream after). No lock is held across requests: only text refinement, which
 runs on the variant's one GPT step, is serialised per variant.
 
-Versions, reloads and the memory guard's actions are the server's state (serve.state, `ServerState`).
+Versions, reloads and the memory guard's actions are the server's state (serve.state, `ServerState`);
+who may call what is serve.access; a reply's parts (waiting on the scheduler, usage, headers, SSE
+events) are serve.replies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hmac
-import ipaddress
 import json
-import queue
 import threading
 import time
-import urllib.parse
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,21 +52,18 @@ from starlette.routing import Route
 
 from chattts_forge.errors import ArtifactChanged, ForgeError, http_status_of, quote
 from chattts_forge.log import get_logger
-from chattts_forge.runtime.scheduler import Handle, QueueFullError, SchedulerClosedError
-from chattts_forge.runtime.segments import SEGMENT_PAUSE_SECONDS, halve
-from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.request_handle import QueueFullError, SchedulerClosedError
+from chattts_forge.runtime.segments import halve
+from chattts_forge.runtime.serve.access import check_admin, check_cross_site, reload_path
 from chattts_forge.runtime.serve.engine import Prepared, ServedVersion
 from chattts_forge.runtime.serve.formats import StreamEncoder, content_type, encode_whole
 from chattts_forge.runtime.serve.guard import Reservation
 from chattts_forge.runtime.serve.refusals import (
     UNTYPED_STATUS,
-    AdminRefused,
     BodyTimeout,
     BodyTooLarge,
     ClientGone,
-    CrossOrigin,
     DeadlinePassed,
-    NotJson,
     NotReady,
     QueueFull,
     Refusal,
@@ -77,63 +71,30 @@ from chattts_forge.runtime.serve.refusals import (
     error_body,
     param_of,
 )
+from chattts_forge.runtime.serve.replies import (
+    Deadline,
+    Disconnected,
+    Job,
+    Usage,
+    Waiter,
+    queue_segment,
+    reply_headers,
+    segment_pause,
+    sse_delta,
+    sse_done,
+    sse_error,
+)
 from chattts_forge.runtime.serve.requests import BadRequest, SpeechRequest, parse_native, parse_openai
-from chattts_forge.runtime.serve.state import ServerState  # noqa: F401 - re-exported: callers import it here
+from chattts_forge.runtime.serve.state import ServerState
 from chattts_forge.runtime.tempo import Stretcher, stretch
 from chattts_forge.runtime.textfront import InputError
 
 log = get_logger(__name__)
 
-_WAKE_S = 0.25  # a waiting handler wakes at least this often to check its deadline and its client
 # the response headers a web page allowed by --cors-origin may read
 EXPOSED_HEADERS = ("X-Forge-Model", "X-Forge-Variant", "X-Forge-Cached", "X-Forge-Segments", "X-Forge-Removed",
                    "Retry-After")
 
-
-# ---- the app -------------------------------------------------------------------------------------
-
-
-class _Deadline(Exception):
-    pass
-
-
-class _Disconnected(Exception):
-    pass
-
-
-@dataclass
-class _Job:
-    """A queued miss being answered (its stream or its whole response)."""
-
-    endpoint: str
-    req: SpeechRequest
-    prep: Prepared
-    version: ServedVersion
-    handle: Handle
-    waiter: _Waiter
-    t0: float
-    deadline: float
-    reservation: Reservation | None = None  # its bytes in the memory guard's ledger, released at the end
-    usage: Usage = field(default_factory=lambda: Usage(0, 0))
-
-    def spoken(self, seg: Prepared, result: Any) -> None:
-        """Count a finished segment (or the whole request) in the usage: its text tokens, its code steps."""
-        self.usage.input_tokens += self.version.text_tokens(seg)
-        self.usage.output_tokens += len(result.codes)
-
-
-@dataclass
-class Usage:
-    """What a reply's SSE `speech.audio.done` event reports: `input_tokens`, the tokens of the input
-    text as spoken (normalised, before refinement; ChatTTS's tokenizer); `output_tokens`, the audio
-    tokens generated (code steps, each 2 mel frames) that the reply holds."""
-
-    input_tokens: int
-    output_tokens: int
-
-    def event(self) -> dict[str, int]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.input_tokens + self.output_tokens}
 
 
 class _Handlers:
@@ -222,7 +183,7 @@ class _Handlers:
         state = self.state
         t0 = time.perf_counter()
         request.state.phase = "checking"
-        self.check_cross_site(request)
+        check_cross_site(request, self.cfg)
         if not state.ready or state.draining or state.current is None:
             why = ("the server is draining" if state.draining
                    else state.fault or state.load_error or "the model is still loading")
@@ -239,18 +200,6 @@ class _Handlers:
         finally:
             if not streaming:  # a started stream ends the request itself
                 version.end()
-
-    def check_cross_site(self, request: Any) -> None:
-        """Refuse a speech request from a web page of another site (an `Origin` not allowed by
-        --cors-origin), or a body that is not declared JSON (a page may POST text/plain cross-site
-        without a CORS preflight)."""
-        origin = request.headers.get("origin")
-        if origin is not None and not origin_allowed(origin, self.cfg.cors_origins):
-            raise CrossOrigin(f"cross-origin requests are refused (Origin {quote(origin)}); a web app's origin may be "
-                              "allowed with --cors-origin")
-        ctype = _media_type(request)
-        if ctype != "application/json":
-            raise NotJson(f"the speech endpoints take Content-Type: application/json, not {quote(ctype or 'none')}")
 
     async def _parse(self, request: Any, kind: str, version: ServedVersion) -> SpeechRequest:
         body = await self.read_json(request)
@@ -315,7 +264,7 @@ class _Handlers:
         except SchedulerClosedError as e:  # a swap raced this request
             raise NotReady(str(e), self.retry_after()) from None
         request.state.phase = "queued"
-        job = _Job(endpoint, req, prep, version, handle, _Waiter(handle, loop), t0, deadline, reservation)
+        job = Job(endpoint, req, prep, version, handle, Waiter(handle, loop), t0, deadline, reservation)
         started = False
         try:
             if not req.stream:
@@ -332,9 +281,9 @@ class _Handlers:
                 request.state.phase = "checking"  # the later segments' text is still the request's to fix
                 await rest
             started = True
-        except _Deadline:
+        except Deadline:
             raise DeadlinePassed(f"request deadline of {deadline - t0:.1f} s passed before any audio") from None
-        except _Disconnected:
+        except Disconnected:
             raise ClientGone("the client disconnected") from None
         finally:
             if not started and not job.handle.done():  # refused or failed before a stream took it over
@@ -342,7 +291,7 @@ class _Handlers:
         self._count_text(prep)
         media = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format)
         return _StreamStarted(StreamingResponse(self._stream(job, first), media_type=media,
-                                                headers=_headers(version, prep, cached=False)))
+                                                headers=reply_headers(version, prep, cached=False)))
 
     def _count_text(self, prep: Prepared) -> None:
         """/metrics: the characters of a request's text that could not be spoken, the segments spoken."""
@@ -350,18 +299,18 @@ class _Handlers:
             self.metrics.removed_chars.inc(len(prep.removed))
         self.metrics.segments.inc(1 + len(prep.rest))
 
-    async def _later_segments(self, job: _Job, wav: np.ndarray, request: Any) -> np.ndarray:
+    async def _later_segments(self, job: Job, wav: np.ndarray, request: Any) -> np.ndarray:
         """A long input's whole waveform: its later segments generated in turn after the first (`wav`),
         a pause between each two."""
         loop = asyncio.get_running_loop()
         parts = [wav]
         for k in range(len(job.prep.rest)):
             seg = await loop.run_in_executor(self.state.work, job.version.segment, job.prep, k)
-            await _queue(job, seg).until_done(job.deadline, request)
-            parts += [_pause(job.version, job.prep), await self._spoken_whole(job, seg, job.handle.result(), request)]
+            await queue_segment(job, seg).until_done(job.deadline, request)
+            parts += [segment_pause(job.version, job.prep), await self._spoken_whole(job, seg, job.handle.result(), request)]
         return np.concatenate(parts).astype(np.float32)
 
-    async def _spoken_whole(self, job: _Job, seg: Prepared, result: Any, request: Any, depth: int = 2) -> np.ndarray:
+    async def _spoken_whole(self, job: Job, seg: Prepared, result: Any, request: Any, depth: int = 2) -> np.ndarray:
         """One segment's whole waveform. A segment that reached the default code-step cap (a real
         checkpoint's row that never ended) is cut in two and generated again, up to `depth` times;
         one that still cannot be spoken is an InputError (400, `param: input`), never a cut reply."""
@@ -377,9 +326,9 @@ class _Handlers:
         parts: list[np.ndarray] = []
         for half in halves:
             sub = Prepared(seg.variant, half, seg.params, key_text=half, lookahead=seg.lookahead)
-            await _queue(job, sub).until_done(job.deadline, request)
+            await queue_segment(job, sub).until_done(job.deadline, request)
             if parts:
-                parts.append(_pause(job.version, seg))
+                parts.append(segment_pause(job.version, seg))
             parts.append(await self._spoken_whole(job, sub, job.handle.result(), request, depth - 1))
         return np.concatenate(parts).astype(np.float32)
 
@@ -394,13 +343,13 @@ class _Handlers:
         self.metrics.first_audio.observe(took)
         self.metrics.served(took, len(wav) / sr, cached)
         self.count(endpoint, 200)
-        headers = _headers(version, prep, cached)
+        headers = reply_headers(version, prep, cached)
         if req.stream_format == "sse":
-            events = _sse_delta(data) + _sse_done(usage)
+            events = sse_delta(data) + sse_done(usage)
             return Response(events, media_type="text/event-stream", headers=headers)
         return Response(data, media_type=content_type(req.response_format), headers=headers)
 
-    async def _stream(self, job: _Job, first: np.ndarray | None) -> AsyncIterator[bytes]:
+    async def _stream(self, job: Job, first: np.ndarray | None) -> AsyncIterator[bytes]:
         """The response body of a streamed miss, from its first final chunk; the request ends here."""
         req, handle, metrics = job.req, job.handle, self.metrics
         later = 0  # a long input's later segments already submitted
@@ -422,7 +371,7 @@ class _Handlers:
                     if not first_sent and len(out):
                         metrics.first_audio.observe(time.perf_counter() - job.t0)
                         first_sent = True
-                    yield _sse_delta(data) if sse else data
+                    yield sse_delta(data) if sse else data
                 # headers (200) are sent: a failure from here on can only cut the stream (an SSE stream
                 # ends with an error event), never change the status, so it is answered here
                 try:
@@ -433,20 +382,20 @@ class _Handlers:
                         current = await asyncio.get_running_loop().run_in_executor(
                             self.state.work, job.version.segment, job.prep, later)
                         later += 1
-                        handle = _queue(job, current).handle
-                        chunk = _pause(job.version, job.prep)
+                        handle = queue_segment(job, current).handle
+                        chunk = segment_pause(job.version, job.prep)
                 except (QueueFullError, SchedulerClosedError) as e:
                     metrics.errors.labels(kind="queue_full").inc()
                     log.warning("request %d: its next segment was refused (%s); stream cut", handle.id, e)
                     if sse:
-                        yield _sse_error(f"the next segment could not be queued: {e}")
+                        yield sse_error(f"the next segment could not be queued: {e}")
                     return
-                except _Deadline:
+                except Deadline:
                     handle.cancel()
                     metrics.errors.labels(kind="deadline").inc()
                     log.warning("request %d: deadline passed mid-stream; stream cut", handle.id)
                     if sse:
-                        yield _sse_error("deadline passed mid-stream")
+                        yield sse_error("deadline passed mid-stream")
                     return
                 except ForgeError as e:
                     if isinstance(e, ArtifactChanged) and job.version in (self.state.current, self.state.canary):
@@ -455,7 +404,7 @@ class _Handlers:
                                           else "internal").inc()
                     log.error("request %d failed mid-stream: %s", handle.id, e)
                     if sse:
-                        yield _sse_error(str(e))
+                        yield sse_error(str(e))
                     return
             rest = stretcher.flush()
             samples += len(rest)
@@ -463,9 +412,9 @@ class _Handlers:
             if tail:
                 if not first_sent and samples:  # a buffered format (flac, mp3) sends its audio only now
                     metrics.first_audio.observe(time.perf_counter() - job.t0)
-                yield _sse_delta(tail) if sse else tail
+                yield sse_delta(tail) if sse else tail
             if sse:
-                yield _sse_done(job.usage)
+                yield sse_done(job.usage)
             finished = True
             self.state.drain_rate(job.prep.variant).completed()
             took = time.perf_counter() - job.t0
@@ -519,44 +468,15 @@ class _Handlers:
 
     # ---- admin ------------------------------------------------------------------------------
 
-    def check_admin(self, request: Any) -> None:
-        """Refuse (AdminRefused) a request that may not use /admin/*: a foreign Host (DNS rebinding) or
-        Origin (a web page), no bearer token (or a loopback client, with `admin_loopback`), not JSON."""
-        cfg = self.cfg
-        host = request.headers.get("host", "")
-        if not _known_host(host, cfg):
-            raise AdminRefused(403, f"admin endpoints answer only the Host names this server is known by (localhost, "
-                                    f"an IP address, --host, --admin-host), not {quote(host)}")
-        origin = request.headers.get("origin")
-        if origin is not None and _origin_netloc(origin) != host.lower():
-            raise AdminRefused(403, f"admin endpoints refuse cross-origin requests (Origin {quote(origin)})")
-        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
-        client = request.client.host if request.client else ""
-        # the scheme is case-insensitive (RFC 7235 2.1); the token is compared in constant time
-        if cfg.admin_token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                                                    cfg.admin_token.encode()):
-            pass
-        elif cfg.admin_loopback and _is_loopback(client):
-            pass
-        elif cfg.admin_token:
-            raise AdminRefused(401, "admin endpoints need Authorization: Bearer <token> (--admin-token, or the token "
-                                    "file whose path the server logged at start)")
-        else:
-            raise AdminRefused(403, "admin endpoints answer loopback clients only (--admin-loopback); others need "
-                                    "--admin-token")
-        ctype = _media_type(request)
-        if ctype != "application/json":
-            raise AdminRefused(415, f"admin endpoints take Content-Type: application/json, not {quote(ctype or 'none')}")
-
     async def admin(self, request: Any, action: str) -> Any:
         endpoint = f"/admin/{action}"
         request.state.phase = "admin"
-        self.check_admin(request)
+        check_admin(request, self.cfg)
         body = await self.read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object ({\"artifact\": DIR} for reload, {} otherwise)")
         if action == "reload":
-            path = _reload_path(body)
+            path = reload_path(body)
             result = await asyncio.get_running_loop().run_in_executor(None, self.state.reload, path)
         elif body:
             raise BadRequest(f"/admin/{action} takes an empty object {{}}, got field {quote(next(iter(body)))}")
@@ -645,136 +565,3 @@ def create_app(state: ServerState, load_in_background: bool = True) -> Any:
                     middleware=middleware)
     app.state.forge = state
     return app
-
-
-class _Waiter:
-    """Waits for a handle's next chunk from asyncio: woken by the handle's listener, not by polling."""
-
-    def __init__(self, handle: Handle, loop: asyncio.AbstractEventLoop) -> None:
-        self.handle = handle
-        self.loop = loop
-        self.event = asyncio.Event()
-        handle.add_listener(self._wake)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            self.loop.call_soon_threadsafe(self.event.set)
-
-    async def next(self, deadline: float, request: Any | None) -> np.ndarray | None:
-        """The next chunk (None at the end); raises the request's ForgeError, _Deadline, _Disconnected."""
-        while True:
-            self.event.clear()
-            try:
-                return self.handle.next_chunk(0)
-            except queue.Empty:
-                pass
-            await self._sleep(deadline, request)
-
-    async def until_done(self, deadline: float, request: Any | None) -> None:
-        while not self.handle.done():
-            self.event.clear()
-            if self.handle.done():
-                return
-            await self._sleep(deadline, request)
-
-    async def _sleep(self, deadline: float, request: Any | None) -> None:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            raise _Deadline()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.event.wait(), timeout=min(left, _WAKE_S))
-        if request is not None and await request.is_disconnected():
-            raise _Disconnected()
-
-
-def _reload_path(body: dict[str, Any]) -> str:
-    """The folder a reload body names: `artifact`, required (an empty body never reloads)."""
-    unknown = sorted(set(body) - {"artifact"})
-    if unknown:
-        raise BadRequest(f"unknown field {quote(unknown[0])} in the reload body (known: artifact)")
-    path = body.get("artifact")
-    if not isinstance(path, str) or not path:
-        raise BadRequest("/admin/reload needs {\"artifact\": \"a version or artifact folder\"}", "artifact")
-    return path
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(host: str) -> str:
-    """The name of a Host header (`[::1]:8000` -> `::1`, `Example:80` -> `example`)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _known_host(host: str, cfg: ServeConfig) -> bool:
-    """A Host header naming this server: localhost, an IP literal (a rebound DNS name is neither),
-    the --host it listens on, or an --admin-host. Not Starlette's TrustedHostMiddleware: it guards every
-    route (not /admin/* only) with a plain-text 400 (ours: a JSON 403), and has no "any IP literal"."""
-    name = _host_name(host)
-    if not name:
-        return False
-    if name == "localhost" or name == cfg.host.lower() or name in {h.lower() for h in cfg.admin_hosts}:
-        return True
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        return False
-
-
-def _media_type(request: Any) -> str:
-    """The media type of a request's Content-Type, lowercase, without its parameters ("" when none)."""
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
-
-
-def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a request's `Origin` is one --cors-origin lists (`*`: any)."""
-    return "*" in allowed or origin.strip().lower().rstrip("/") in allowed
-
-
-def _origin_netloc(origin: str) -> str:
-    """`scheme://host:port` of an Origin header -> `host:port` ("null" and others -> "")."""
-    scheme, sep, rest = origin.strip().lower().partition("://")
-    return rest.rstrip("/") if sep and scheme in ("http", "https") else ""
-
-
-def _headers(version: ServedVersion, prep: Prepared, cached: bool) -> dict[str, str]:
-    """Which version and variant answered, whether from a phrase cache, how many segments were spoken
-    and which characters of the input could not be spoken (percent-encoded UTF-8, when any)."""
-    headers = {"X-Forge-Model": version.model_id, "X-Forge-Variant": prep.served_by or prep.variant,
-               "X-Forge-Cached": str(cached).lower(), "X-Forge-Segments": str(1 + len(prep.rest))}
-    if prep.removed:
-        headers["X-Forge-Removed"] = urllib.parse.quote(prep.removed, safe="")
-    return headers
-
-
-def _queue(job: _Job, seg: Prepared) -> _Waiter:
-    """Queue a long input's next segment (or half of one) as `job`'s current request; its waiter."""
-    job.handle = job.version.submit(seg)
-    job.waiter = _Waiter(job.handle, asyncio.get_running_loop())
-    return job.waiter
-
-
-def _pause(version: ServedVersion, prep: Prepared) -> np.ndarray:
-    """The silence between two segments of a long input (runtime.segments.SEGMENT_PAUSE_SECONDS)."""
-    return np.zeros(int(SEGMENT_PAUSE_SECONDS * version.pipes[prep.variant].sample_rate), dtype=np.float32)
-
-
-def _sse_delta(data: bytes) -> bytes:
-    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
-    return f"data: {json.dumps(event)}\n\n".encode()
-
-
-def _sse_done(usage: Usage) -> bytes:
-    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage.event()})}\n\n".encode()
-
-
-def _sse_error(message: str) -> bytes:
-    return f"data: {json.dumps({'type': 'error', 'error': {'message': message.splitlines()[0]}})}\n\n".encode()

@@ -32,7 +32,7 @@ defaults), the refinement seed the code seed.
 
 Text fields (`input`; natively `text`, `txt_smp` and the prompts) may hold ChatTTS's prosody tokens
 ([uv_break], [lbreak], [laugh], [break_N], ...), which work as in ChatTTS; its structural tokens
-(frontend.STRUCTURAL_TOKENS: [Stts], [Ptts], [Etts], [spk_emb], ...) end or restart the model's
+(chattts_text.STRUCTURAL_TOKENS: [Stts], [Ptts], [Etts], [spk_emb], ...) end or restart the model's
 prompt and cut the audio, so a field holding one is refused (400 naming the token), on both endpoints.
 Error messages quote at most ~100 characters of a bad value (errors.quote).
 """
@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chattts_forge.errors import BadInput, ForgeError, quote
-from chattts_forge.runtime.frontend import structural_token_in
+from chattts_forge.runtime.chattts_text import structural_token_in
 from chattts_forge.runtime.pipeline import InferCodeParams, RefineTextParams, SynthParams
 from chattts_forge.runtime.serve.formats import FORMATS, check_encoder, check_format
 from chattts_forge.runtime.stream_decode import EXACT_LOOKAHEAD, parse_stream_lookahead

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError, NotFound, quote
-from chattts_forge.runtime.frontend import decode_speaker, encode_speaker, speaker_vector
+from chattts_forge.runtime.chattts_speaker import decode_speaker, encode_speaker, speaker_vector
 from chattts_forge.runtime.textfront import TextFront
 
 # Seeds are fixed forever: the first six kept theirs when the later seven were added.

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 from stand_in_report import publish_stand_in_version  # noqa: E402
 
 from chattts_forge.publish.version_files import publish_version_files  # noqa: E402
-from chattts_forge.runtime.phrase_cache import build_phrase_cache  # noqa: E402
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache  # noqa: E402
 from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams  # noqa: E402
 
 fp32, kv8, work = (Path(a) for a in sys.argv[1:4])

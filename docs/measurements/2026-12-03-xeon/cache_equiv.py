@@ -9,13 +9,8 @@ from pathlib import Path
 
 from chattts_forge.calibration_data.phrases import shipped_phrases
 from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
-from chattts_forge.runtime.phrase_cache import (
-    build_phrase_cache,
-    cache_knobs,
-    cached_phrase,
-    payload_sha256,
-    write_cache,
-)
+from chattts_forge.runtime.phrase_cache import cache_knobs, payload_sha256, write_cache
+from chattts_forge.runtime.phrase_cache_build import build_phrase_cache, cached_phrase
 
 art, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 phrases = shipped_phrases()[:n]

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.runtime import frontend as fe
+
+# the fixture `chattts_speaker` is ChatTTS's own Speaker; ours is `ported_speaker`
+from chattts_forge.runtime import chattts_speaker as ported_speaker
+from chattts_forge.runtime import chattts_text
 
 CHATTTS_DIR = Path(pytest.importorskip("ChatTTS").__file__).parent
 HOMOPHONES = CHATTTS_DIR / "res" / "homophones_map.json"
@@ -43,8 +46,8 @@ def chattts_normalizer():
 
 
 @pytest.fixture(scope="module")
-def ours() -> fe.Normalizer:
-    return fe.Normalizer(HOMOPHONES)
+def ours() -> chattts_text.Normalizer:
+    return chattts_text.Normalizer(HOMOPHONES)
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -65,18 +68,18 @@ def test_homophones_are_replaced(ours):
 
 def test_detect_language_matches_chattts(chattts_normalizer):
     for t in TEXTS:
-        assert fe.Normalizer.detect_language(t) == chattts_normalizer._detect_language(t)
+        assert chattts_text.Normalizer.detect_language(t) == chattts_normalizer._detect_language(t)
 
 
 def test_split_tags_roundtrip_matches_chattts():
     from ChatTTS import norm as chattts_norm
 
     for t in TEXTS + ["a[x][y]", "[only]", "]x[", "a]b[c]d"]:
-        texts, tags = fe.split_tags(t)
+        texts, tags = chattts_text.split_tags(t)
         want_texts, want_tags = chattts_norm._split_tags(t)
         assert (texts, tags) == (list(want_texts), list(want_tags))
         if tags:  # ChatTTS only combines when there are tags
-            assert fe.combine_tags(texts, tags) == chattts_norm._combine_tags(list(want_texts), list(want_tags))
+            assert chattts_text.combine_tags(texts, tags) == chattts_norm._combine_tags(list(want_texts), list(want_tags))
 
 
 def _chattts_split(text: str) -> list[str]:
@@ -92,14 +95,14 @@ def _chattts_split(text: str) -> list[str]:
 )
 def test_split_sentences_like_chat_infer(text):
     want = [t for t in _chattts_split(text) if t.strip()]  # we drop the blank parts ChatTTS keeps
-    assert fe.split_sentences(text) == want
+    assert chattts_text.split_sentences(text) == want
 
 
 def test_is_speakable():
-    assert fe.is_speakable("你好")
-    assert fe.is_speakable("[laugh]")
-    assert not fe.is_speakable("。。。 ,")
-    assert not fe.is_speakable("")
+    assert chattts_text.is_speakable("你好")
+    assert chattts_text.is_speakable("[laugh]")
+    assert not chattts_text.is_speakable("。。。 ,")
+    assert not chattts_text.is_speakable("")
 
 
 # ---- tokenizer ---------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def tokenizer_pair(data_dir):
     from ChatTTS.model.tokenizer import Tokenizer
 
     tok_dir = data_dir / "chattts-tokenizer"
-    return fe.TextTokenizer(tok_dir / "tokenizer.json"), Tokenizer(str(tok_dir))
+    return chattts_text.TextTokenizer(tok_dir / "tokenizer.json"), Tokenizer(str(tok_dir))
 
 
 def test_special_token_ids(tokenizer_pair):
@@ -125,7 +128,7 @@ def test_encode_matches_chattts(tokenizer_pair, chattts_normalizer):
     ours, theirs = tokenizer_pair
     long_text = "这是一个很长的句子，" * 40  # > 256 tokens: the file's BERT truncation must be off
     texts = [chattts_normalizer(t) for t in TEXTS if t.strip()] + [long_text]
-    decorated = fe.decorate_code_prompts(texts, "[speed_5]", None, "x")
+    decorated = chattts_text.decorate_code_prompts(texts, "[speed_5]", None, "x")
     ids, mask, text_mask = ours.encode(decorated, 4)
     want_ids, want_mask, want_text_mask = theirs.encode(decorated, 4)
     assert ids.shape[1] > 256
@@ -139,7 +142,7 @@ def test_encode_with_audio_prompt_matches_chattts(tokenizer_pair):
 
     ours, theirs = tokenizer_pair
     prompt = np.random.default_rng(0).integers(0, 625, size=(4, 7))
-    texts = fe.decorate_code_prompts(["你好", "a longer english sentence"], "", "ref text", None)
+    texts = chattts_text.decorate_code_prompts(["你好", "a longer english sentence"], "", "ref text", None)
     got = ours.encode(texts, 4, prompt)
     want = theirs.encode(texts, 4, prompt=torch.from_numpy(prompt))
     for g, w in zip(got, want, strict=True):
@@ -165,7 +168,7 @@ def test_decorate_code_prompts_matches_chattts(spk, prompt, txt_smp):
     from ChatTTS.model.speaker import Speaker
 
     texts = ["  你好 ", "[Stts][spk_emb]x[empty_spk]", "plain"]
-    assert fe.decorate_code_prompts(list(texts), prompt, txt_smp, spk) == Speaker.decorate_code_prompts(
+    assert chattts_text.decorate_code_prompts(list(texts), prompt, txt_smp, spk) == Speaker.decorate_code_prompts(
         list(texts), prompt, txt_smp, spk
     )
 
@@ -174,7 +177,7 @@ def test_decorate_text_prompts_matches_chattts():
     from ChatTTS.model.speaker import Speaker
 
     for prompt in ("", "[oral_2][laugh_0][break_6]"):
-        assert fe.decorate_text_prompts(["a", "你好"], prompt) == Speaker.decorate_text_prompts(["a", "你好"], prompt)
+        assert chattts_text.decorate_text_prompts(["a", "你好"], prompt) == Speaker.decorate_text_prompts(["a", "你好"], prompt)
 
 
 @pytest.fixture(scope="module")
@@ -189,15 +192,15 @@ def test_speaker_stats_and_random_speaker(chattts_speaker):
     import torch
 
     stats = torch.cat([chattts_speaker.std, chattts_speaker.mean]).view(2, -1).numpy()
-    spk = fe.sample_random_speaker(stats, np.random.default_rng(0))
-    vec = fe.decode_speaker(spk)
+    spk = ported_speaker.sample_random_speaker(stats, np.random.default_rng(0))
+    vec = ported_speaker.decode_speaker(spk)
     assert vec.dtype == np.float16 and vec.shape == (768,)
     # ChatTTS decodes our string to the same vector, and ours decodes ChatTTS's strings
     np.testing.assert_array_equal(chattts_speaker._decode(spk), vec)
     torch.manual_seed(0)
     theirs = chattts_speaker.sample_random()
-    np.testing.assert_array_equal(fe.decode_speaker(theirs), chattts_speaker._decode(theirs))
-    assert fe.decode_speaker(fe.encode_speaker(vec)).tobytes() == vec.tobytes()
+    np.testing.assert_array_equal(ported_speaker.decode_speaker(theirs), chattts_speaker._decode(theirs))
+    assert ported_speaker.decode_speaker(ported_speaker.encode_speaker(vec)).tobytes() == vec.tobytes()
 
 
 def test_apply_speaker_matches_chattts(chattts_speaker):
@@ -211,7 +214,7 @@ def test_apply_speaker_matches_chattts(chattts_speaker):
     ids[0, 1, :] = 21143
     ids[1, 4, :] = 21143
     want = chattts_speaker.apply(torch.from_numpy(emb.copy()), spk, torch.from_numpy(ids), 21143, "cpu").numpy()
-    got = fe.apply_speaker(emb.copy(), ids, 21143, fe.speaker_vector(spk, 768))
+    got = ported_speaker.apply_speaker(emb.copy(), ids, 21143, ported_speaker.speaker_vector(spk, 768))
     np.testing.assert_array_equal(got, want)
 
 
@@ -221,10 +224,10 @@ def test_decode_prompt_matches_chattts():
 
     codes = torch.from_numpy(np.random.default_rng(0).integers(0, 625, size=(4, 11)))
     s = Speaker.encode_prompt(codes)
-    np.testing.assert_array_equal(fe.decode_prompt(s), Speaker.decode_prompt(s).numpy())
+    np.testing.assert_array_equal(ported_speaker.decode_prompt(s), Speaker.decode_prompt(s).numpy())
 
 
 @pytest.mark.parametrize("bad", ["", "not a speaker", "蛋"])
 def test_bad_speaker_string_is_a_forge_error(bad):
     with pytest.raises(ForgeError):
-        fe.speaker_vector(bad, 768)
+        ported_speaker.speaker_vector(bad, 768)
