@@ -6,6 +6,7 @@ No timing thresholds here: speed is what the command reports, not what a test as
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -88,7 +89,12 @@ def test_bench_against_pytorch_writes_every_documented_key(
                 assert on_disk["ratios"][batch][key] is None
                 continue
             assert on_disk["ratios"][batch][key] == pytest.approx(o["median"] / t["median"])
-    assert on_disk["memory"]["pytorch"]["load_rss_mb"] > 0
+    # an RSS difference: the tiny model's PyTorch load can be smaller than what the allocator frees
+    # meanwhile, so only its consistency with the ratio is checked
+    mem = on_disk["memory"]
+    torch_load, onnx_load = mem["pytorch"]["load_rss_mb"], mem["onnx"]["load_rss_mb"]
+    assert math.isfinite(torch_load) and math.isfinite(onnx_load)
+    assert mem["ratio_load_rss"] == (pytest.approx(onnx_load / torch_load) if torch_load > 0 else None)
     assert on_disk["goals"]["streams_b8"]["met"] is None  # batch 8 not run
     table = format_table(report)
     assert "onnx/pytorch" in table and "batch 2" in table
