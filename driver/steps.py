@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
-from chattts_forge.calibration_data.cli import CalibrateOptions
+from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
 from chattts_forge.cli import SUBCOMMANDS
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.errors import ForgeError
@@ -47,7 +47,7 @@ DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 # keep it to a minute or two. User --stage-args come after these, so they win.
 PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
-        "calibrate": option_args(CalibrateOptions, {"max_samples": "8", "max_new_token": 48}),
+        "calibrate": option_args(CalibrateConfig, {"max_samples": "8", "max_new_token": 48}),
         # --block-size 32: the tiny GPT's projections are 64 wide (GPTQ cannot pad a 128 block).
         "quantize": option_args(
             QuantizeConfig, {"fidelity_sentences": 4, "fidelity_steps": 32, "block_size": 32}
@@ -248,7 +248,7 @@ class StepPlan:
             [
                 "calibrate",
                 *option_args(
-                    CalibrateOptions,
+                    CalibrateConfig,
                     {"artifact_dir": fp32, "corpus": self.calib_corpus, "out_dir": self.work / "calibration"},
                     spell_defaults=True,
                 ),

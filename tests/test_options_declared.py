@@ -9,7 +9,8 @@ from typing import Any
 import click
 import pytest
 
-from chattts_forge.calibration_data.cli import CalibrateOptions, calibrate
+from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
+from chattts_forge.calibration_data.cli import calibrate
 from chattts_forge.evaluate.cli import EvaluateOptions, LatencyRunOptions, evaluate, evaluate_latency
 from chattts_forge.options import option_args
 from chattts_forge.runtime.cli import synth, warm
@@ -21,7 +22,7 @@ def _read_back(command: click.Command, args: list[str]) -> dict[str, Any]:
 
 
 CASES = [
-    (calibrate, CalibrateOptions, {"artifact_dir": Path("a"), "corpus": "c.txt", "out_dir": Path("o"),
+    (calibrate, CalibrateConfig, {"artifact_dir": Path("a"), "corpus": "c.txt", "out_dir": Path("o"),
                                    "max_samples": "all", "merge": (Path("m1"), Path("m2")), "allow_one_language": True,
                                    "disk_budget_mb": 64.0}),
     (evaluate, EvaluateOptions, {"artifact": Path("a"), "reference": Path("r"), "corpus": "c", "out": Path("o"),
