@@ -26,7 +26,9 @@ class OptionSpec:
     command line (int, float, str, "path", "file": a path that must not be a folder); `choices`: a
     Choice subclass or the spellings (the CLI reads a spelling, `convert` turns it into the field's
     value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
-    refuses to run without it (its field's default, None, is never a value)."""
+    refuses to run without it (its field's default, None, is never a value); `spell`: how a field value
+    is written on the command line where the two differ (its default and `option_args`' words; `convert`
+    reads it back; a value spelled None is the option left out)."""
 
     flags: str
     help: str | None = None
@@ -38,6 +40,11 @@ class OptionSpec:
     multiple: bool = False
     metavar: str | None = None
     required: bool = False
+    spell: Callable[[Any], Any] | None = None
+
+    def spelled(self, value: Any) -> Any:
+        """`value` as the command line writes it."""
+        return plain(value if self.spell is None else self.spell(value))
 
     @property
     def names(self) -> list[str]:
@@ -67,7 +74,7 @@ def declared_fields(cls: Any) -> list[Field[Any]]:
 def _click_option(f: Field[Any]) -> Callable[[F], F]:
     spec: OptionSpec = f.metadata["option"]
     kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
-    default = None if f.default is MISSING else plain(f.default)
+    default = None if f.default is MISSING else spec.spelled(f.default)
     if spec.multiple or spec.is_flag:
         default = None  # click's own: an empty tuple, False
     if spec.multiple:
@@ -121,6 +128,9 @@ def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) 
         if plain(value) == plain(f.default) and not spell_defaults:
             continue
         names = spec.names
+        spelled = spec.spelled(value)
+        if spelled is None and spec.spell is not None:
+            continue
         if len(names) == 2:
             args.append(names[0] if value else names[1])
         elif spec.is_flag:
@@ -129,7 +139,7 @@ def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) 
             for item in value:
                 args += [names[0], str(item)]
         else:
-            args += [names[0], str(plain(value))]
+            args += [names[0], str(spelled)]
     return args
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
 from chattts_forge.calibration_data.cli import calibrate
-from chattts_forge.evaluate.cli import EvaluateOptions, LatencyRunOptions, evaluate, evaluate_latency
+from chattts_forge.evaluate.cli import evaluate, evaluate_latency
+from chattts_forge.evaluate.evaluate_config import EvaluateConfig, LatencyRunConfig
 from chattts_forge.options import option_args
 from chattts_forge.runtime.cli import synth, warm
 from chattts_forge.runtime.synth import SynthConfig, WarmConfig
@@ -25,10 +26,10 @@ CASES = [
     (calibrate, CalibrateConfig, {"artifact_dir": Path("a"), "corpus": "c.txt", "out_dir": Path("o"),
                                    "max_samples": "all", "merge": (Path("m1"), Path("m2")), "allow_one_language": True,
                                    "disk_budget_mb": 64.0}),
-    (evaluate, EvaluateOptions, {"artifact": Path("a"), "reference": Path("r"), "corpus": "c", "out": Path("o"),
-                                 "batches": "1,4", "no_baseline": True, "listen_sentences": 0, "seam_lookahead": 3,
+    (evaluate, EvaluateConfig, {"artifact": Path("a"), "reference": Path("r"), "corpus": "c", "out": Path("o"),
+                                 "batch_sizes": (1, 4), "no_baseline": True, "listen_sentences": 0, "seam_lookahead": 3,
                                  "provider": "auto"}),
-    (evaluate_latency, LatencyRunOptions, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
+    (evaluate_latency, LatencyRunConfig, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
                                            "artifacts": (Path("a"), Path("b"))}),
     (synth, SynthConfig, {"artifact": Path("a"), "out": Path("o.wav"), "text": "Hi.", "autotune": False,
                           "stream_lookahead": "exact", "sample_format": "pcm16", "verify": "size", "top_k": 5,
