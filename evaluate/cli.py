@@ -9,6 +9,8 @@ from typing import Any
 import click
 
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig, EvaluateSettings, LatencyRunConfig
+from chattts_forge.evaluate.score import ScoreSettings, score_audio_dir
+from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
 from chattts_forge.options import declared_options
 
@@ -16,45 +18,14 @@ log = get_logger(__name__)
 
 
 @click.command("score")
-@click.option("--audio-dir", required=True, type=click.Path(path_type=Path), help="Folder of <id>.wav files.")
-@click.option(
-    "--transcripts",
-    default=None,
-    type=click.Path(path_type=Path),
-    help="ID<TAB>sentence per line (UTF-8): WER/CER. Without it no ASR runs and every *.wav is scored "
-    "for --speaker-reference / --mos only.",
-)
-@click.option(
-    "--asr", default="faster-whisper", show_default=True, help="ASR backend: faster-whisper or pocketsphinx."
-)
-@click.option(
-    "--asr-model",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A faster-whisper model folder (default: tiny.en for en, Whisper base for zh, from the asr wheels).",
-)
-@click.option(
-    "--lang", type=click.Choice(["en", "zh"]), default=None, help="Language (default: guessed from the text)."
-)
-@click.option("--threads", type=int, default=None, help="ASR/DNSMOS CPU threads (default: OMP_NUM_THREADS or up to 4).")
-@click.option(
-    "--speaker-reference",
-    type=click.Path(path_type=Path),
-    default=None,
-    metavar="WAV|DIR",
-    help="Speaker similarity (GE2E cosine) of every utterance to this recording, or to the pooled embedding "
-    "of every *.wav in this folder.",
-)
-@click.option("--mos", is_flag=True, help="DNSMOS SIG/BAK/OVRL (P.835) and P.808 per utterance and their means.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the full result here.")
-def score(audio_dir: Path, transcripts: Path | None, json_out: Path | None, **options: Any) -> None:
+@declared_options(ScoreSettings)  # every option declared once, on its field (score.py)
+def score(**options: Any) -> None:
     """Score audio: WER/CER against transcripts with a real ASR (ours and Seed-TTS-eval's), speaker
     similarity to a reference (--speaker-reference) and DNSMOS naturalness (--mos), each corpus figure
     with its 95% bootstrap interval over utterances."""
-    from chattts_forge.evaluate.score import ScoreSettings, score_audio_dir
-    from chattts_forge.fsutil import atomic_write_json
-
-    result = score_audio_dir(audio_dir, transcripts, ScoreSettings(**options))
+    settings = ScoreSettings(**options)
+    json_out = settings.json_out
+    result = score_audio_dir(settings.audio_dir, settings.transcripts, settings)
     for u in result["utterances"]:
         fields = [u["id"]]
         if "wer" in u:

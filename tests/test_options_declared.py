@@ -11,8 +11,9 @@ import pytest
 
 from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
 from chattts_forge.calibration_data.cli import calibrate
-from chattts_forge.evaluate.cli import evaluate, evaluate_latency
+from chattts_forge.evaluate.cli import evaluate, evaluate_latency, score
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig, LatencyRunConfig
+from chattts_forge.evaluate.score import ScoreSettings
 from chattts_forge.options import option_args
 from chattts_forge.runtime.cli import synth, warm
 from chattts_forge.runtime.synth import SynthConfig, WarmConfig
@@ -31,6 +32,8 @@ CASES = [
                                  "provider": "auto"}),
     (evaluate_latency, LatencyRunConfig, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
                                            "artifacts": (Path("a"), Path("b"))}),
+    (score, ScoreSettings, {"audio_dir": Path("a"), "transcripts": Path("t.tsv"), "lang": "zh", "mos": True,
+                            "json_out": Path("r.json"), "speaker_reference": Path("s.wav")}),
     (synth, SynthConfig, {"artifact": Path("a"), "out": Path("o.wav"), "text": "Hi.", "autotune": False,
                           "stream_lookahead": "exact", "sample_format": "pcm16", "verify": "size", "top_k": 5,
                           "prompt": "[speed_3]", "use_decoder": False, "public_key": Path("k.pub"), "stream": True}),
