@@ -28,7 +28,8 @@ class OptionSpec:
     value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
     refuses to run without it (its field's default, None, is never a value); `spell`: how a field value
     is written on the command line where the two differ (its default and `option_args`' words; `convert`
-    reads it back; a value spelled None is the option left out)."""
+    reads it back; a value spelled None is the option left out); `hidden`: left out of `--help` (a hook
+    for tests)."""
 
     flags: str
     help: str | None = None
@@ -41,6 +42,7 @@ class OptionSpec:
     metavar: str | None = None
     required: bool = False
     spell: Callable[[Any], Any] | None = None
+    hidden: bool = False
 
     def spelled(self, value: Any) -> Any:
         """`value` as the command line writes it."""
@@ -83,6 +85,8 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
         kwargs["metavar"] = spec.metavar
     if spec.required:
         kwargs["required"] = True
+    if spec.hidden:
+        kwargs["hidden"] = True
     if spec.is_flag:
         kwargs["is_flag"] = True
     elif spec.spellings is not None:
