@@ -61,3 +61,14 @@ def test_a_field_without_default_is_a_required_option() -> None:
 def test_a_required_declared_option_must_be_given(command: click.Command, args: list[str]) -> None:
     with pytest.raises(click.MissingParameter):
         command.make_context(command.name or "", args)
+
+
+def test_a_spelled_value_is_written_as_the_command_line_reads_it() -> None:
+    # batch sizes are a tuple in the config and "1,4" on the command line; "auto" (the baseline's
+    # default) is the option left out, so even a command line that spells its defaults omits it
+    assert option_args(EvaluateConfig, {"batch_sizes": (1, 4)}) == ["--batch", "1,4"]
+    assert option_args(EvaluateConfig, {"baseline_checkpoint": "auto"}, spell_defaults=True) == []
+    params = _read_back(evaluate, ["--artifact", "a", "--reference", "r", "--corpus", "c", "--out", "o"])
+    assert EvaluateConfig(**params).batch_sizes == (1, 4, 8)
+    assert EvaluateConfig(**params).baseline_checkpoint == "auto"
+    assert EvaluateConfig(**{**params, "no_baseline": True}).baseline_checkpoint is None
