@@ -25,7 +25,7 @@ component, within the disk budget, and only steps whose past is at most `max_pas
 statistics (fixed by the graphs), one sentence's synthesis and the raw sample's keys; disk: the
 statistics plus the raw sample. Neither grows with the corpus.
 
-Sentences: `select_sentences` draws `max_samples` (default 512; "all" for every usable one) stratified
+Sentences: `sentence_plan.select_sentences` draws `max_samples` (default 512; "all" for every usable one) stratified
 by corpus file (every file represented). Lines the runtime's front end refuses are skipped and
 counted before any synthesis. A sentence's speaker depends on the seed and its text only; its code
 sampling and observed steps on its batch's first sentence. A run is deterministic, and `merge` of
@@ -35,8 +35,6 @@ raw sample of one run over all their sentences.
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import resource
 import time
@@ -48,14 +46,26 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import DECODER, DVAE, FAST_GPT, GPT, HEAD_CODE, ArtifactMeta
+from chattts_forge.calibration_data.calibrate_config import CalibrateConfig, parse_max_samples
 from chattts_forge.calibration_data.corpus import Corpus, is_builtin_spec, load_corpus
-from chattts_forge.calibration_data.observe import Observer, fused_feed, release_freed_memory
+from chattts_forge.calibration_data.observe import fused_feed
+from chattts_forge.calibration_data.observers import (
+    HESSIAN_GRAPHS,
+    ObserverSet,
+    open_observers,
+    statistics_bytes,
+)
 from chattts_forge.calibration_data.recorder import check_recorded, instrument, new_pipeline, synth_params
+from chattts_forge.calibration_data.sentence_plan import (
+    SentencePlan,
+    check_corpus,
+    plan_sentences,
+    sentence_seed,
+    sentence_sha256,
+)
 from chattts_forge.calibration_data.statistics import (
-    HIST_BINS,
     STATS_FILE,
     Statistics,
-    hessian_block,
     sample_key,
 )
 from chattts_forge.calibration_data.store import (
@@ -70,23 +80,12 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_json, portable_
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.progress import Progress
-from chattts_forge.runtime.chattts_text import Normalizer, is_speakable
 from chattts_forge.runtime.generation import PromptBatch, iter_generate
 from chattts_forge.runtime.sampling import SeedGroups
 from chattts_forge.versions import build_timestamp, library_versions, toolchain_info
 
 log = get_logger(__name__)
 
-DEFAULT_MAX_SAMPLES = 512  # the seed note's "500 business sentences"
-# Sentences generated as one batch: a GPT step reads the whole 755 MB graph whatever the rows, so 8 rows
-# cost about one (docs/measurements/2026-12-01-xeon/calibration-curve.md); the prefill stays per row.
-DEFAULT_BATCH_SIZE = 8
-# Batches generated in one GPT call, each still sampled and observed as a batch of its own (SeedGroups):
-# a 32-row step costs ~0.6x per row what an 8-row one does on CPU (docs/measurements/2026-12-03-epyc/
-# calibrate.md), while the statistics stay those of 8-row batches up to float rounding.
-DEFAULT_BATCHES_PER_CALL = 4
-# Graphs whose MatMul inputs also accumulate X^T X (GPTQ; the fused graph reads gpt's: same activations).
-HESSIAN_GRAPHS = (GPT, HEAD_CODE)
 # X^T X of a prefill sums at most this many of its tokens (a seeded draw per sentence; decode steps: all
 # rows): the products cost K^2 per token and 140 of them per GPT token at full size, while a few dozen
 # thousand rows over the corpus already pin a 768-channel Hessian down.
@@ -103,9 +102,6 @@ STATISTICS_RESERVE_BYTES = 32 << 20
 MERGE_SETTINGS = ("max_new_token", "decode_positions_per_batch", "head_steps_per_batch")
 
 
-def sentence_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
 
 def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta, recorded_in: Path) -> dict[str, Any]:
     """The FP32 artifact a calibration set was recorded on; its path relative to the set's folder
@@ -118,55 +114,6 @@ def _artifact_identity(artifact_dir: Path, meta: ArtifactMeta, recorded_in: Path
         "source": meta.source,
     }
 
-
-def _file_stems(corp: Corpus) -> list[str]:
-    """The corpus file of each sentence (its stem; the corpus name when origins are unknown)."""
-    if len(corp.origins) == len(corp.sentences) and corp.files:
-        return [corp.files[i].stem for i in corp.origins]
-    return [corp.name] * len(corp.sentences)
-
-
-def select_sentences(stems: Sequence[str], count: int | None, seed: int) -> list[int]:
-    """Indices of `count` sentences (all when None) stratified by file: each file gets its share by
-    largest remainder, at least one while `count` allows, the sentences within a file a seeded draw.
-    Returned in corpus order."""
-    by_file: dict[str, list[int]] = {}
-    for i, stem in enumerate(stems):
-        by_file.setdefault(stem, []).append(i)
-    total = len(stems)
-    if count is None or count >= total:
-        return list(range(total))
-    files = sorted(by_file)
-    quota = dict.fromkeys(files, 0)
-    if count >= len(files):  # one each first, then the rest by share
-        for f in files:
-            quota[f] = 1
-    rest = count - sum(quota.values())
-    exact = {f: (len(by_file[f]) - quota[f]) * rest / max(total - sum(quota.values()), 1) for f in files}
-    for f in files:
-        quota[f] += math.floor(exact[f])
-    by_remainder = sorted(files, key=lambda f: (-(exact[f] - math.floor(exact[f])), f))
-    for f in by_remainder[: count - sum(quota.values())]:
-        quota[f] += 1
-    rng = np.random.default_rng(seed)
-    chosen: list[int] = []
-    for f in files:
-        members = by_file[f]
-        chosen.extend(members[j] for j in rng.permutation(len(members))[: min(quota[f], len(members))])
-    return sorted(chosen)
-
-
-def _languages(sentences: Sequence[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for s in sentences:
-        lang = Normalizer.detect_language(s)
-        counts[lang] = counts.get(lang, 0) + 1
-    return counts
-
-
-def _sentence_seed(seed: int, sha: str) -> int:
-    """The speaker/sampling seed of one sentence: depends on the run seed and the text only."""
-    return (seed + int(sha[:8], 16)) % (2**31 - 1)
 
 
 def _check_merge(paths: Sequence[Path], identity: dict[str, Any], corp: Corpus, seed: int,
@@ -199,75 +146,6 @@ def _check_merge(paths: Sequence[Path], identity: dict[str, Any], corp: Corpus, 
     return stores
 
 
-def parse_max_samples(value: int | str | None) -> int | None:
-    """`--max-samples`: a count >= 1, or "all" (None: every usable sentence)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-        return None
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise BadInput(f"--max-samples must be a count or 'all', got {value!r}") from None
-    if n < 1:
-        raise BadInput(f"--max-samples must be >= 1, got {n}")
-    return n
-
-
-@dataclass(frozen=True)
-class CalibrateConfig:
-    """The settings of one `calibrate` run (the CLI maps its options to these fields)."""
-
-    max_samples: int | str | None = DEFAULT_MAX_SAMPLES  # a count, or "all"
-    seed: int = 0
-    max_new_token: int = 96
-    decode_positions: int = 6  # decode steps observed per batch (every row of it), besides each prefill
-    max_past: int = 192  # only steps whose past is at most this enter the raw sample
-    head_steps: int = 16  # code-head steps observed per batch
-    disk_budget_mb: float = 512.0
-    threads: int | None = None
-    progress: bool | None = None
-    merge: Sequence[str | os.PathLike[str]] = ()
-    allow_one_language: bool = False
-    raw_sample_counts: dict[str, int] | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE  # sentences whose decode steps are observed together (one seed)
-    batches_per_call: int = DEFAULT_BATCHES_PER_CALL  # batches generated in one GPT call (each sampled as alone)
-
-    def check(self) -> None:
-        if self.max_new_token < 2:
-            raise BadInput(f"--max-new-token must be >= 2, got {self.max_new_token}")
-        if self.decode_positions < 0 or self.max_past < 1 or self.head_steps < 0:
-            raise BadInput("decode positions and head steps must be >= 0 and max past >= 1")
-        if self.disk_budget_mb <= 0:
-            raise BadInput(f"--disk-budget-mb must be > 0, got {self.disk_budget_mb}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise BadInput(f"--batch-size must be a whole number >= 1, got {self.batch_size!r}")
-        calls = self.batches_per_call
-        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-            raise BadInput(f"--batches-per-call must be a whole number >= 1, got {calls!r}")
-
-    def settings(self, count: int | None) -> dict[str, Any]:
-        """What the manifest records (and `--merge` compares: `MERGE_SETTINGS`)."""
-        return {
-            "max_samples": count if count is not None else "all",
-            "max_new_token": self.max_new_token,
-            "decode_positions_per_batch": self.decode_positions,
-            "max_past": self.max_past,
-            "head_steps_per_batch": self.head_steps,
-            "threads": self.threads,
-            "batch_size": self.batch_size,
-            "batches_per_call": self.batches_per_call,
-            "observed_steps": (
-                f"every sentence's prefill (its own row, unpadded); {self.decode_positions} decode steps and "
-                f"{self.head_steps} code-head steps per batch of up to {self.batch_size} sentences (drawn with the "
-                "seed of the batch's first sentence), every row still generating contributing one sample each"),
-            "batches": "sentences sorted by normalised length, then cut into batches (corpus order at batch size 1); "
-                       f"{self.batches_per_call} consecutive batches generated in one GPT call, each sampled with its "
-                       "own seed as if alone",
-            "sampling": "ChatTTS InferCodeParams defaults; each sentence's speaker from the run seed and its text; "
-                        "the code sampling seed of a batch from its first sentence",
-            "past_kv_storage": "float16",
-        }
-
-
 def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[str] | Corpus,
               out_dir: str | os.PathLike[str], config: CalibrateConfig | None = None, **options: Any) -> Path:
     """Stream calibration statistics (and a bounded raw sample) into `out_dir` (written atomically).
@@ -281,7 +159,7 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
     count = parse_max_samples(cfg.max_samples)
     cfg.check()
     corp = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-    _check_corpus(corp, cfg.allow_one_language)
+    check_corpus(corp, cfg.allow_one_language)
     settings = cfg.settings(count)
     pipe = new_pipeline(artifact_dir, cfg.threads)
     meta = pipe.artifact.meta
@@ -289,10 +167,10 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
         raise ForgeError(f"{artifact_dir} is not an FP32 artifact; calibrate the FP32 artifact from `convert`")
     identity = _artifact_identity(artifact_dir, meta, Path(out_dir))
     earlier = _check_merge([Path(p) for p in cfg.merge], identity, corp, cfg.seed, settings)
-    plan = _plan_sentences(pipe, corp, earlier, count, cfg.seed)
-    observers = _observers(pipe, artifact_dir, cfg.threads)
+    plan = plan_sentences(pipe, corp, earlier, count, cfg.seed)
+    observers = open_observers(pipe, artifact_dir, cfg.threads)
     budget = int(cfg.disk_budget_mb * (1 << 20))
-    reserve = min(max(STATISTICS_RESERVE_BYTES, _statistics_bytes(observers) + (8 << 20)), budget // 2)
+    reserve = min(max(STATISTICS_RESERVE_BYTES, statistics_bytes(observers) + (8 << 20)), budget // 2)
     counts = {**RAW_SAMPLE_COUNTS, **(cfg.raw_sample_counts or {})}
     bounds = {c: RawSampleBounds(counts[c], int((budget - reserve) * RAW_SAMPLE_SHARES[c])) for c in COMPONENTS}
 
@@ -321,119 +199,6 @@ def calibrate(artifact_dir: str | os.PathLike[str], corpus: str | os.PathLike[st
     return out_dir
 
 
-def _check_corpus(corp: Corpus, allow_one_language: bool) -> None:
-    if not corp.sentences:
-        raise BadInput(f"corpus '{corp.name}' has no sentences")
-    languages = _languages(corp.sentences)
-    if len(languages) < 2 and not allow_one_language:
-        raise BadInput(f"corpus '{corp.name}' holds only {next(iter(languages))} sentences: static ranges would "
-                         "miss the other language (pass --allow-one-language to calibrate on it anyway)")
-
-
-@dataclass
-class _SentencePlan:
-    """Which corpus sentences this run synthesizes, and what was set aside before any synthesis."""
-
-    stems: list[str]  # the corpus file of every sentence
-    picked: list[int]
-    skipped: list[dict[str, str]]
-    already: int  # sentences an earlier (merged) run saw
-    seen: set[str]
-
-
-def _plan_sentences(pipe: Any, corp: Corpus, earlier: list[CalibrationStore], count: int | None,
-                    seed: int) -> _SentencePlan:
-    """Lines the front end refuses, and sentences an earlier (merged) run saw, are set aside first."""
-    seen = {sha for s in earlier for sha in s.manifest.get("sentence_sha256", [])}
-    stems = _file_stems(corp)
-    usable: list[int] = []
-    skipped: list[dict[str, str]] = []
-    already = 0
-    with quiet_logger():
-        for i, text in enumerate(corp.sentences):
-            if sentence_sha256(text) in seen:
-                already += 1
-            elif not is_speakable(pipe.normalizer(text)):
-                skipped.append({"sentence": text, "file": stems[i], "reason": "normalises to nothing speakable"})
-            else:
-                usable.append(i)
-    if not usable and not earlier:
-        raise BadInput(f"no sentence of corpus '{corp.name}' is speakable ({len(skipped)} refused by the front end)")
-    if skipped:
-        log.warning("calibrate: %d corpus line(s) the front end refuses are skipped", len(skipped))
-    picked = [usable[j] for j in select_sentences([stems[i] for i in usable], count, seed)]
-    return _SentencePlan(stems, picked, skipped, already, seen)
-
-
-@dataclass
-class _Observers:
-    """The observer sessions run, and the fused graph when its statistics are derived instead."""
-
-    run: dict[str, Observer]
-    derived: dict[str, str]  # fused MatMul input -> the gpt.onnx tensor that is the same activation
-    derived_path: Path | None = None  # the fused graph whose statistics are gpt's under its own names
-
-
-def _observers(pipe: Any, artifact_dir: Path, threads: int | None) -> _Observers:
-    """Observer sessions. When every MatMul input of the fused graph is the same activation as a
-    gpt.onnx one (checked on a probe feed), the fused graph is not observed: its statistics are gpt's
-    under its own names (one 755 MB session and a third of the observing less at full size)."""
-    meta = pipe.artifact.meta
-    out = _Observers({GPT: Observer(meta.component_file(artifact_dir, GPT), threads)}, {})
-    if meta.has_component(FAST_GPT):
-        fused = Observer(meta.component_file(artifact_dir, FAST_GPT), threads)
-        derived = _same_activations(out.run[GPT], fused)
-        if len(derived) == len(fused.tensors):
-            out.derived, out.derived_path = derived, fused.path
-            del fused
-            release_freed_memory()
-        else:
-            log.warning("calibrate: %d of %d %s MatMul inputs match no gpt.onnx tensor: observing it too",
-                        len(fused.tensors) - len(derived), len(fused.tensors), FAST_GPT)
-            out.run[FAST_GPT] = fused
-    if pipe.artifact.has_component(HEAD_CODE):
-        out.run[HEAD_CODE] = Observer(meta.component_file(artifact_dir, HEAD_CODE), threads)
-    return out
-
-
-def _same_activations(plain: Observer, fused: Observer) -> dict[str, str]:
-    """fused tensor -> gpt.onnx tensor holding the same values on a seeded 5-token probe prompt."""
-    session = plain.session
-    hidden = next(int(i.shape[2]) for i in session.get_inputs() if i.name == "inputs_embeds")
-    tokens = 5
-    probe: dict[str, np.ndarray] = {
-        "inputs_embeds": np.random.default_rng(0).normal(size=(1, tokens, hidden)).astype(np.float32),
-        "attention_mask": np.ones((1, tokens), np.int64),
-        "position_ids": np.arange(tokens, dtype=np.int64)[None],
-    }
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            probe[i.name] = np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), np.float32)
-    a, b = plain.run(probe), fused.run(fused_feed(probe))
-    out: dict[str, str] = {}
-    for name, value in b.items():
-        scale = float(np.abs(value).max(initial=0.0)) or 1.0
-        for cand, ref in a.items():
-            if ref.shape == value.shape and np.allclose(ref, value, rtol=1e-3, atol=1e-4 * scale):
-                out[name] = cand
-                break
-    return out
-
-
-def _statistics_bytes(observers: _Observers) -> int:
-    """statistics.npz's size, known before any work (the graphs fix it): for the reserve."""
-    gpt = observers.run[GPT].widths
-    graphs = {g: obs.widths for g, obs in observers.run.items()}
-    if observers.derived:
-        graphs[FAST_GPT] = {t: gpt[src] for t, src in observers.derived.items()}
-    total = 0
-    for graph, widths in graphs.items():
-        for width in widths.values():
-            total += HIST_BINS * 8 + width * 12 + 256
-            if graph in HESSIAN_GRAPHS:
-                b = hessian_block(width)
-                total += (width // b) * b * (b + 1) // 2 * 4
-    return total
 
 
 def row_feed(feed: Mapping[str, np.ndarray], row: int) -> dict[str, np.ndarray]:
@@ -498,7 +263,7 @@ class _Call:
 class _Recorder:
     """Folds what the runtime's sessions are fed into the statistics and the raw sample, batch by batch."""
 
-    def __init__(self, pipe: Any, observers: _Observers, cfg: CalibrateConfig, raw: dict[str, RawSample]) -> None:
+    def __init__(self, pipe: Any, observers: ObserverSet, cfg: CalibrateConfig, raw: dict[str, RawSample]) -> None:
         self.pipe, self.observers, self.derived, self.cfg, self.raw = pipe, observers.run, observers.derived, cfg, raw
         self.stats = Statistics()
         self.stats.hessian_graphs = set(HESSIAN_GRAPHS)
@@ -595,7 +360,7 @@ class _Recorder:
         c["past_max"] = max(c["past_max"], past)
         self.keep_raw(GPT, batch, row, feed, past <= self.cfg.max_past)
 
-    def record_sentences(self, corp: Corpus, plan: _SentencePlan) -> list[int]:
+    def record_sentences(self, corp: Corpus, plan: SentencePlan) -> list[int]:
         """Synthesize the planned sentences in batches (recording as they run); the indices used."""
         recording = instrument(self.pipe, self.on_run, COMPONENTS)
         used: list[int] = []
@@ -616,14 +381,14 @@ class _Recorder:
             self.stats.derive(FAST_GPT, GPT, self.derived)
         return sorted(used)
 
-    def _batches(self, corp: Corpus, plan: _SentencePlan) -> list[list[tuple[int, Any]]]:
+    def _batches(self, corp: Corpus, plan: SentencePlan) -> list[list[tuple[int, Any]]]:
         """(corpus index, code-stage inputs) batches; sentences the runtime refuses here (normalisation,
         length) are skipped and counted. Each row's speaker comes from its own seed."""
         pipe, cfg = self.pipe, self.cfg
         rows: list[tuple[int, Any]] = []
         with quiet_logger():
             for i in plan.picked:
-                params = synth_params(pipe, _sentence_seed(cfg.seed, sentence_sha256(corp.sentences[i])),
+                params = synth_params(pipe, sentence_seed(cfg.seed, sentence_sha256(corp.sentences[i])),
                                       cfg.max_new_token)
                 try:
                     norm = pipe.prepare_texts([corp.sentences[i]], params)[0]
@@ -644,7 +409,7 @@ class _Recorder:
         seeds: list[int] = []
         for rows in group:
             shas = [sentence_sha256(self._source[i]) for i, _ in rows]
-            seed = _sentence_seed(cfg.seed, shas[0])
+            seed = sentence_seed(cfg.seed, shas[0])
             srng = np.random.default_rng(seed)  # the batch's observed steps: from its first sentence
             steps = np.arange(1, cfg.max_new_token)
             batches.append(_Batch(
@@ -710,7 +475,7 @@ class _RunSummary:
     corp: Corpus
     seed: int
     settings: dict[str, Any]
-    plan: _SentencePlan
+    plan: SentencePlan
     used: list[int]
     earlier: list[CalibrationStore]
     rec: _Recorder

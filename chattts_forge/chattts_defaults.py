@@ -3,7 +3,7 @@ and `Chat.RefineTextParams`.
 
 Every place that offers these knobs takes its defaults from here: the runtime's parameter types
 (`runtime.pipeline.InferCodeParams`/`RefineTextParams`, `runtime.sampling.SamplingConfig`), the
-command line (`cli_options.sampling_options`, `synth`/`warm`/`reference` --max-new-token and
+command line (`CodeKnobs`' declared options, `synth`/`warm`/`reference` --max-new-token and
 --prompt), `SynthConfig` and `WarmConfig`, torch_ref's `ReferenceParams` and `OracleParams`, and the
 drop-in API (`runtime.compat`, which keeps ChatTTS's own names). The parity checks rely on all of
 them being equal to ChatTTS's. `CodeKnobs` is the one dataclass of the code knobs that the
@@ -43,7 +43,7 @@ class CodeKnobs:
     (the drop-in API, `runtime.compat`, keeps ChatTTS's own names and defines its own). Keyword-only,
     so a subclass's own fields keep their positions."""
 
-    # declared as the options `cli_options.sampling_options` adds (each command spells its own
+    # declared as the sampling options of `synth`, `warm` and `reference` (each command spells its own
     # --max-new-token and --prompt)
     temperature: float = option(CODE_TEMPERATURE, "--temperature", "Code sampling temperature.", kind=float,
                                 show_default=True)

@@ -28,7 +28,10 @@ class OptionSpec:
     value); `is_flag`: a lone switch; `multiple`: repeatable, the field a tuple; `required`: the command
     refuses to run without it (its field's default, None, is never a value); `envvar`: the environment
     variable click reads when the option is not given; `switch_default`: a lone switch's default is
-    given to click (recorded as False, where a switch without one has none)."""
+    given to click (recorded as False, where a switch without one has none); `spell`: how a field value
+    is written on the command line where the two differ (its default and `option_args`' words; `convert`
+    reads it back; a value spelled None is the option left out); `hidden`: left out of `--help` (a hook
+    for tests)."""
 
     flags: str
     help: str | None = None
@@ -42,6 +45,12 @@ class OptionSpec:
     required: bool = False
     envvar: str | None = None
     switch_default: bool = False
+    spell: Callable[[Any], Any] | None = None
+    hidden: bool = False
+
+    def spelled(self, value: Any) -> Any:
+        """`value` as the command line writes it."""
+        return plain(value if self.spell is None else self.spell(value))
 
     @property
     def names(self) -> list[str]:
@@ -71,7 +80,7 @@ def declared_fields(cls: Any) -> list[Field[Any]]:
 def _click_option(f: Field[Any]) -> Callable[[F], F]:
     spec: OptionSpec = f.metadata["option"]
     kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
-    default = None if f.default is MISSING else plain(f.default)
+    default = None if f.default is MISSING else spec.spelled(f.default)
     if spec.multiple or spec.is_flag:
         default = None  # click's own: an empty tuple, False
     if spec.multiple:
@@ -82,6 +91,8 @@ def _click_option(f: Field[Any]) -> Callable[[F], F]:
         kwargs["required"] = True
     if spec.envvar:
         kwargs["envvar"] = spec.envvar
+    if spec.hidden:
+        kwargs["hidden"] = True
     if spec.is_flag:
         kwargs["is_flag"] = True
         if spec.switch_default:
@@ -129,6 +140,9 @@ def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) 
         if plain(value) == plain(f.default) and not spell_defaults:
             continue
         names = spec.names
+        spelled = spec.spelled(value)
+        if spelled is None and spec.spell is not None:
+            continue
         if len(names) == 2:
             args.append(names[0] if value else names[1])
         elif spec.is_flag:
@@ -137,7 +151,7 @@ def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) 
             for item in value:
                 args += [names[0], str(item)]
         else:
-            args += [names[0], str(plain(value))]
+            args += [names[0], str(spelled)]
     return args
 
 

@@ -34,10 +34,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import torch
 
 from chattts_forge.artifact import (
@@ -70,6 +71,7 @@ from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.graph_storage import write_component
 from chattts_forge.log import get_logger
+from chattts_forge.options import option
 from chattts_forge.progress import Progress
 from chattts_forge.quantize.fast_gpt_graph import FusedGraphOptions, optimize_gpt
 from chattts_forge.torch_ref.chat import load_chat
@@ -230,6 +232,28 @@ def _export_all(src: SourceModules, to: _Targets) -> tuple[dict[str, Any], dict[
     if to.dir16 is not None:
         _fp16_summary(fp16_info)
     return comps32, comps16, fp16_info
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """One `chattts-forge convert` run, each option declared on its field (chattts_forge.options);
+    `run` hands it to `convert_checkpoint`."""
+
+    checkpoint: str = option(
+        MISSING, "--checkpoint", "ChatTTS checkpoint: asset folder, snapshot root, HF cache, or 'hf' (default HF cache).")
+    out: str = option(MISSING, "--out", "Output folder; artifacts go to OUT/fp32 and OUT/fp16.",
+                      kind=click.Path(file_okay=False))
+    precision: str = option("all", "--precision", "Which artifact folders to write.", choices=PRECISIONS,
+                            show_default=True)
+    threads: int = option(2, "--threads", "CPU threads for torch and onnxruntime.", kind=int, show_default=True)
+    fast_gpt: bool = option(
+        True, "--fast-gpt/--no-fast-gpt",
+        "Also write gpt_fast.onnx (fused ops, in-place KV cache) into fp32/; the runtime prefers it on CPU.",
+        show_default=True)
+
+    def run(self) -> dict[str, Path]:
+        return convert_checkpoint(self.checkpoint, self.out, precision=self.precision, threads=self.threads,
+                                  fast_gpt=self.fast_gpt)
 
 
 def convert_checkpoint(

@@ -34,6 +34,7 @@ import numpy as np
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger, setup_logging
+from chattts_forge.options import declared_options, option
 from chattts_forge.torch_ref import oracle
 from chattts_forge.torch_ref.chat import load_chat
 from chattts_forge.torch_ref.compare import compare_codes, compare_processed_logits
@@ -51,22 +52,48 @@ LOGITS_TOL = 1e-4
 WAV_TOL = 1e-3
 
 
+def _texts_named(names: tuple[str, ...]) -> dict[str, str] | None:
+    """`--text NAME` (repeatable): those of `TEXTS` (none given: all)."""
+    return {k: TEXTS[k] for k in names} if names else None
+
+
+def _speaker_cases(cases: tuple[str, ...]) -> tuple[str, ...]:
+    return cases or SPEAKER_CASES  # none given: both
+
+
 @dataclass(frozen=True)
 class ParityConfig:
     """What `run_parity` checks: `steps` codes per sentence of `texts` (default `TEXTS`), with and
     without a speaker sampled from `speaker_seed` (`speaker_cases`), on `threads` threads; the
     waveforms (`waveforms`) and the teacher-forced logits (`logits`: `logits_steps` steps at
-    `logits_temperature`) too."""
+    `logits_temperature`) too.
 
-    steps: int = 200
-    texts: dict[str, str] | None = None
-    speaker_seed: int = 0
-    threads: int = 2
-    waveforms: bool = True
-    logits: bool = False
-    logits_steps: int = 64
-    logits_temperature: float = 1.0
-    speaker_cases: tuple[str, ...] = SPEAKER_CASES
+    Each option of `python -m chattts_forge.convert.parity_full` is declared on its field
+    (chattts_forge.options); `checkpoint`, `artifact` and `json_out` (keyword-only) are the command's,
+    which `run_parity` takes as arguments instead."""
+
+    checkpoint: Path | None = option(None, "--checkpoint", "ChatTTS checkpoint.", kind="path", required=True,
+                                     kw_only=True)
+    artifact: Path | None = option(None, "--artifact", "FP32 artifact converted from it.", kind="path",
+                                   required=True, kw_only=True)
+    steps: int = option(200, "--steps", "N = min = max new tokens.", kind=int, show_default=True)
+    texts: dict[str, str] | None = option(
+        None, "--text", "Only these sentences (repeatable). Default: all.", choices=tuple(TEXTS), multiple=True,
+        convert=_texts_named)
+    speaker_seed: int = option(0, "--speaker-seed", "Seed of the sampled speaker.", kind=int, show_default=True)
+    threads: int = option(2, "--threads", "Threads of both engines.", kind=int, show_default=True)
+    waveforms: bool = option(True, "--waveforms/--no-waveforms", "Also compare waveforms, check (3).",
+                             show_default=True)
+    logits: bool = option(False, "--logits/--no-logits", "Also check teacher forcing (1).", show_default=True)
+    logits_steps: int = 64  # no CLI option
+    logits_temperature: float = option(
+        1.0, "--logits-temperature",
+        "Temperature of the teacher-forced check (processed logits scale with 1/T, and so does FP32 noise).",
+        kind=float, show_default=True)
+    speaker_cases: tuple[str, ...] = option(
+        SPEAKER_CASES, "--speaker-case", "Only these speaker cases (repeatable). Default: both.",
+        choices=SPEAKER_CASES, multiple=True, convert=_speaker_cases)
+    json_out: Path | None = option(None, "--json-out", "Save the figures as JSON.", kind="path", kw_only=True)
 
 
 @dataclass
@@ -226,52 +253,22 @@ def run_parity(
 
 
 @click.command()
-@click.option("--checkpoint", required=True, type=click.Path(path_type=Path), help="ChatTTS checkpoint.")
-@click.option("--artifact", required=True, type=click.Path(path_type=Path), help="FP32 artifact converted from it.")
-@click.option("--steps", type=int, default=200, show_default=True, help="N = min = max new tokens.")
-@click.option("--threads", type=int, default=2, show_default=True, help="Threads of both engines.")
-@click.option("--speaker-seed", type=int, default=0, show_default=True, help="Seed of the sampled speaker.")
-@click.option("--waveforms/--no-waveforms", default=True, show_default=True, help="Also compare waveforms, check (3).")
-@click.option("--logits/--no-logits", default=False, show_default=True, help="Also check teacher forcing (1).")
-@click.option(
-    "--logits-temperature",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Temperature of the teacher-forced check (processed logits scale with 1/T, and so does FP32 noise).",
-)
-@click.option(
-    "--text",
-    "text_names",
-    multiple=True,
-    type=click.Choice(list(TEXTS)),
-    help="Only these sentences (repeatable). Default: all.",
-)
-@click.option(
-    "--speaker-case",
-    "speaker_cases",
-    multiple=True,
-    type=click.Choice(list(SPEAKER_CASES)),
-    help="Only these speaker cases (repeatable). Default: both.",
-)
-@click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Save the figures as JSON.")
-def main(checkpoint: Path, artifact: Path, text_names: tuple[str, ...], speaker_cases: tuple[str, ...],
-         json_out: Path | None, **options: Any) -> None:
+@declared_options(ParityConfig)
+def main(**options: Any) -> None:
     """Check the runtime's codes (and audio) against ChatTTS itself and print the figures."""
     setup_logging(-1)
     # Every fixed-length run "hits max_new_token" on purpose; that warning is noise here.
     logging.getLogger("chattts_forge.runtime").setLevel(logging.ERROR)
-    config = ParityConfig(texts={k: TEXTS[k] for k in text_names} if text_names else None,
-                          speaker_cases=speaker_cases or SPEAKER_CASES, **options)
+    config = ParityConfig(**options)
     try:
-        res = run_parity(checkpoint, artifact, config, echo=click.echo)
+        res = run_parity(config.checkpoint, config.artifact, config, echo=click.echo)
     except ForgeError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     click.echo(json.dumps(res["figures"], indent=2))
     click.echo("PARITY OK" if res["ok"] else "PARITY FAILED")
-    if json_out is not None:
-        atomic_write_json(json_out, res)
+    if config.json_out is not None:
+        atomic_write_json(config.json_out, res)
     sys.exit(0 if res["ok"] else 1)
 
 

@@ -1,8 +1,10 @@
-"""`BuildConfig`: what a build builds, the options of `chattts-forge build` (driver/cli.py)."""
+"""`BuildConfig`: what a build builds, the options of `chattts-forge build` (driver/cli.py), each
+declared once on its field (chattts_forge.options)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,14 +13,40 @@ import click
 
 from chattts_forge.artifact import VARIANTS
 from chattts_forge.driver.steps import DEFAULT_CALIB_CORPUS, DEFAULT_EVAL_CORPUS, STAGES
+from chattts_forge.errors import BadInput
 from chattts_forge.options import option
 from chattts_forge.publish.regression_gate import RegressionPolicy
+
+
+def parse_stage_args(values: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """--stage-args STAGE='--opt v' (repeatable): extra options for one stage's command."""
+    out: dict[str, list[str]] = {}
+    for item in values:
+        stage, _, args = item.partition("=")
+        if stage not in (*STAGES, "warm"):
+            raise BadInput(f"--stage-args: unknown stage {stage!r} (one of {', '.join(STAGES)}, warm)")
+        out.setdefault(stage, []).extend(shlex.split(args))
+    return out
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (`--variants a,b`)."""
+    return tuple(v for v in text.split(",") if v)
+
+
+def _spell_names(names: tuple[str, ...]) -> str:
+    return ",".join(names)
+
+
+def _read_command(spelled: str | None) -> list[str] | None:
+    return shlex.split(spelled) if spelled else None
 
 
 @dataclass
 class BuildConfig:
     """What `run_pipeline` builds: the options of `chattts-forge build`, each field that is one option
-    declared with `chattts_forge.options.option` (chattts_forge.driver.cli adds the rest).
+    declared with `chattts_forge.options.option` (chattts_forge.driver.cli adds the regression options
+    it shares with `publish`).
 
     `pytorch_baseline`: time ChatTTS's PyTorch pipeline in every evaluation (ratios in the reports).
     None (default): yes, except for a `tiny` synthetic run, whose latency figures mean nothing and
@@ -39,22 +67,26 @@ class BuildConfig:
     checkpoint: str | os.PathLike[str] | None = option(
         None, "--checkpoint", "a real (or any) ChatTTS checkpoint instead of a synthetic one"
     )
-    # `--variants a,b` on the command line (chattts_forge.driver.cli)
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = option(
+        VARIANTS, "--variants", "comma-separated variants to build (fp32 among them)", spell=_spell_names,
+        convert=_names)
     calib_corpus: str = option(DEFAULT_CALIB_CORPUS, "--calib-corpus")
     eval_corpus: str = option(DEFAULT_EVAL_CORPUS, "--eval-corpus")
     gate: str | None = option(None, "--gate")
-    extra: dict[str, list[str]] | None = None  # `--stage-args STAGE='--opt v'` (repeatable)
+    extra: dict[str, list[str]] | None = option(
+        None, "--stage-args", "extra options for one stage's command", multiple=True, metavar="STAGE=ARGS",
+        convert=parse_stage_args)
     until: str | None = option(
         None, "--until", "stop after this stage (nothing is published)", choices=STAGES
     )
-    forge_cmd: list[str] | None = None
+    # a stand-in for the stages' command, for tests
+    forge_cmd: list[str] | None = option(None, "--forge-cmd", hidden=True, convert=_read_command)
     pytorch_baseline: bool | None = option(
         None,
         "--pytorch-baseline/--no-pytorch-baseline",
         "time ChatTTS's PyTorch pipeline in every evaluation (default: yes, except PRESET=tiny)",
     )
-    code_root: str | os.PathLike[str] | None = None  # a source copy, for tests (a hidden option)
+    code_root: str | os.PathLike[str] | None = option(None, "--code-root", kind="path", hidden=True)  # a source copy, for tests
     ray: str | None = option(
         None,
         "--ray",
@@ -79,8 +111,10 @@ class BuildConfig:
         kind="path",
         metavar="PEM",
     )
-    # variants whose absence from the publication fails the run (`--require-published a,b`)
-    require_published: tuple[str, ...] = ()
+    # variants whose absence from the publication fails the run
+    require_published: tuple[str, ...] = option(
+        (), "--require-published", "comma-separated variants that must pass the gate and be published, else exit 2 "
+        "(the full-size check: docs/testing.md)", metavar="VARIANTS", spell=_spell_names, convert=_names)
     # The regression gate (publish.regression): the version compared with (None: the newest published),
     # or none at all; variants published despite a regression, and why (recorded in their manifests).
     baseline: str | None = None

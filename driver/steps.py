@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.artifact import FLOAT_VARIANTS, VARIANT_KV_CACHE, VARIANT_METHOD
-from chattts_forge.calibration_data.cli import CalibrateOptions
+from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
 from chattts_forge.cli import SUBCOMMANDS
 from chattts_forge.codegraph import CodeGraph
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.cli import EvaluateOptions, EvaluateSettingsOptions, LatencyRunOptions
+from chattts_forge.evaluate.evaluate_config import EvaluateConfig, EvaluateSettings, LatencyRunConfig
 from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
 from chattts_forge.options import OptionSpec, changed_args, declared_fields, option_args
@@ -52,15 +52,15 @@ DEFAULT_FORGE = [sys.executable, "-m", "chattts_forge.cli"]
 # keep it to a minute or two. User --stage-args come after these, so they win.
 PRESET_STAGE_ARGS: dict[str, dict[str, list[str]]] = {
     "tiny": {
-        "calibrate": option_args(CalibrateOptions, {"max_samples": "8", "max_new_token": 48}),
+        "calibrate": option_args(CalibrateConfig, {"max_samples": "8", "max_new_token": 48}),
         "evaluate": option_args(
-            EvaluateSettingsOptions,
+            EvaluateSettings,
             {
                 "max_sentences": 3,
                 "max_new_token": 48,
                 "fidelity_sentences": 3,
                 "fidelity_steps": 24,
-                "batches": "1,4",
+                "batch_sizes": (1, 4),
                 "bucket_sentences": 2,
                 "cache_phrases": 4,
             },
@@ -292,7 +292,7 @@ class StepPlan:
             [
                 "calibrate",
                 *option_args(
-                    CalibrateOptions,
+                    CalibrateConfig,
                     {"artifact_dir": fp32, "corpus": self.calib_corpus, "out_dir": self.work / "calibration"},
                     spell_defaults=True,
                 ),
@@ -380,7 +380,7 @@ class StepPlan:
             "out": self.reference_run_dir,
             **self._baseline_options(inputs),
         }
-        argv = ["evaluate-reference", *option_args(EvaluateSettingsOptions, options, spell_defaults=True)]
+        argv = ["evaluate-reference", *option_args(EvaluateSettings, options, spell_defaults=True)]
         return Step("evaluate-reference", "evaluate", argv, self.reference_run_dir, inputs)
 
     @property
@@ -408,7 +408,7 @@ class StepPlan:
             "out": self.latency_run_dir,
             "artifacts": tuple(self.artifact_dir(v) for v in timed),
         }
-        argv = ["evaluate-latency", *option_args(LatencyRunOptions, options, spell_defaults=True)]
+        argv = ["evaluate-latency", *option_args(LatencyRunConfig, options, spell_defaults=True)]
         return Step("evaluate-latency", "evaluate", argv, self.latency_run_dir, inputs, optional=True)
 
     def timed_in_latency_run(self, variant: str) -> bool:
@@ -433,7 +433,7 @@ class StepPlan:
         }
         options.update(self._baseline_options(inputs))
         if self.gate:
-            options["gate_path"] = self.gate
+            options["gate"] = self.gate
             inputs["gate"] = spec_fingerprint(self.gate, self.cache) or ""
         # the reference's side, measured once for the build by `reference_step`
         options["reference_run"] = self.reference_run_dir
@@ -441,7 +441,7 @@ class StepPlan:
         if self.timed_in_latency_run(variant):  # timed with the other variants, in the same rounds
             options["latency_run"] = self.latency_run_dir
             inputs["latency_run"] = self.cache.tree(self.latency_run_dir)
-        argv = ["evaluate", *option_args(EvaluateOptions, options, spell_defaults=True)]
+        argv = ["evaluate", *option_args(EvaluateConfig, options, spell_defaults=True)]
         return Step(
             f"evaluate-{variant}",
             "evaluate",

@@ -12,6 +12,8 @@ Library (torch is never imported, except by `latency.measure_pytorch` when a bas
   dict; writes report.json / report.md / report.html (`report.write_reports`). Its phases:
   `prepare`, `reference_side`, `latency_section`, `corpus_phase`, hearing, `report_body`, `waivers`
   and the gate, `serving_sections` (buckets, phrase cache).
+- `evaluate_config`: `EvaluateConfig` (the settings `EvaluateSettings` shared with `evaluate-reference`
+  and `evaluate-latency`, `LatencyRunConfig`), every option of those commands declared once on its field.
 - `reference_run.evaluate_reference(reference, out, config)` (``chattts-forge evaluate-reference``):
   the FP32 reference's side of every evaluation (latency run and audio, PyTorch baseline, ASR of its
   audio), measured once per build and read by ``evaluate --reference-run DIR``.

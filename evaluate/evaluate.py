@@ -68,6 +68,7 @@ from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.buckets import BucketSettings, CorpusGate, measure_buckets
+from chattts_forge.evaluate.evaluate_config import EvaluateConfig
 from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
 from chattts_forge.evaluate.reference_run import ReferenceRun
 from chattts_forge.evaluate.search_report import auto_search_summary
@@ -376,85 +377,6 @@ def _ratios(art: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None
         "load_seconds": _ratio(art["load_seconds"], base["load_seconds"]),
     }
 
-
-
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """How one evaluation runs (`evaluate_artifact`; the `chattts-forge evaluate` options map onto it).
-
-    `corpus`: the held-out sentences (a .txt file, a folder, or builtin:evaluation), the first
-    `max_sentences` synthesized per variant with `max_new_token` GPT steps; `gate`: a GATE.toml
-    (None: the shipped one); `out`: the report folder (None: nothing written).
-    `provider` (cpu, cuda, auto) is where the artifacts are synthesized and timed (latency, and the
-    audio for ASR); fidelity (`fidelity_sentences` x `fidelity_steps`) is a numeric comparison of
-    graphs and always runs on the CPU.
-    `baseline_checkpoint`: the ChatTTS checkpoint to time ChatTTS's PyTorch FP32 pipeline on in the
-    same run; "auto" (default) uses the checkpoint the artifact was converted from (artifact.json
-    ``source.asset_dir``) when it still exists and torch is installed; None skips it.
-    `bucket_sentences`: held-out sentences per length bucket (the ``buckets`` section, evaluate.buckets);
-    `cache_phrases`: phrases of the shipped customer-service list timed with and without a phrase cache
-    (the ``phrase_cache`` section, evaluate.serving; 0 skips it).
-    `ray`: a Ray cluster address or "local": fidelity and ASR run sharded over `ray_workers` actors
-    (`ray_shards`; same figures), latency still here; a dead worker's shard is retried `ray_retries`
-    times. `ray_shard_hook(kind, shard)` runs in the worker before each shard (tests kill it there).
-    `listen_sentences`: sentences whose audio (MP3) and mel spectrograms are written beside the report
-    for the version page; `seam_sentences`: sentences streamed to measure stream seams, default chunking
-    and with `seam_lookahead` mel frames of right context (default: the artifact's recorded look-ahead, else
-    `seams.DEFAULT_LOOKAHEAD_FRAMES`; an override still measures the recorded one, which the gate judges);
-    `clone_reference`: a recording to clone (its transcript `clone_transcript`, optional): SIM of the
-    artifact's cloned output to it is the ``clone_similarity`` metric.
-    `reference_run`: a folder `evaluate-reference` wrote (evaluate.reference_run): the FP32 reference's
-    latency run, audio, PyTorch baseline, ASR and the FP32 runs fidelity replays are read from it
-    instead of measured again (the build measures them once for all its variants); None: measured here.
-    `latency_run`: a folder `evaluate-latency` wrote (evaluate.latency_run): the artifact's latency
-    record, audio and interleaved RTF ratio against the reference, timed in the same rounds as the
-    build's other variants, are read from it; None: timed here against the reference.
-    """
-
-    corpus: str | os.PathLike[str] = "builtin:evaluation"
-    gate: str | os.PathLike[str] | None = None
-    out: str | os.PathLike[str] | None = None
-    max_sentences: int = 8
-    max_new_token: int = 96
-    fidelity_sentences: int = 8
-    fidelity_steps: int = 48
-    threads: int | None = 2
-    seed: int = 0
-    batch_sizes: tuple[int, ...] = (1, 4, 8)
-    asr: str = "faster-whisper"
-    asr_model: str | os.PathLike[str] | None = None
-    baseline_checkpoint: str | os.PathLike[str] | None = "auto"
-    progress: bool | None = None
-    provider: str = "cpu"
-    bucket_sentences: int = 4
-    cache_phrases: int = 8
-    ray: str | None = None
-    ray_workers: int = 2
-    ray_retries: int = 1
-    ray_shard_hook: Callable[[str, int], None] | None = None
-    listen_sentences: int = 3
-    seam_sentences: int = 3
-    seam_lookahead: int | None = None
-    clone_reference: str | os.PathLike[str] | None = None
-    clone_transcript: str | None = None
-    reference_run: str | os.PathLike[str] | None = None
-    latency_run: str | os.PathLike[str] | None = None
-
-    def check(self) -> None:
-        """One-line ForgeError on settings no evaluation can run with."""
-        if self.max_sentences < 1 or self.max_new_token < 1:
-            raise BadInput("max_sentences and max_new_token must be >= 1")
-        if self.bucket_sentences < 1 or self.cache_phrases < 0:
-            raise BadInput("bucket_sentences must be >= 1 and cache_phrases >= 0")
-        if self.listen_sentences < 0 or self.seam_sentences < 1:
-            raise BadInput("listen_sentences must be >= 0 and seam_sentences >= 1")
-        if self.clone_reference is not None and not Path(self.clone_reference).is_file():
-            raise NotFound(f"cloning recording {self.clone_reference} does not exist")
-
-    @property
-    def show(self) -> bool:
-        """Progress bars: None lets tqdm decide (terminal only), which the phases pass on as True."""
-        return True if self.progress is None else bool(self.progress)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_w
 from chattts_forge.log import get_logger, quiet_logger
 
 if TYPE_CHECKING:
-    from chattts_forge.evaluate.evaluate import EvaluateConfig
+    from chattts_forge.evaluate.evaluate_config import EvaluateConfig
 
 log = get_logger(__name__)
 

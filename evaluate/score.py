@@ -64,6 +64,7 @@ from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate import textnorm
 from chattts_forge.evaluate.stats import bootstrap_interval, bootstrap_ratio_interval
 from chattts_forge.log import get_logger
+from chattts_forge.options import option
 from chattts_forge.progress import track
 
 log = get_logger(__name__)
@@ -476,15 +477,32 @@ def naturalness_section(
 class ScoreSettings:
     """How `score_audio_dir` scores: the ASR (`asr`, `asr_model`, `lang`: guessed from the transcripts
     when None), `threads`, progress bars; SIM to `speaker_reference` and DNSMOS (`mos`). `backend`,
-    `encoder` and `dnsmos` may be ready models (reused across calls, e.g. in tests)."""
+    `encoder` and `dnsmos` may be ready models (reused across calls, e.g. in tests).
 
-    asr: str = "faster-whisper"
-    asr_model: str | os.PathLike[str] | None = None
-    lang: str | None = None
-    threads: int | None = None
-    progress: bool = True
-    speaker_reference: str | os.PathLike[str] | None = None
-    mos: bool = False
+    Each `chattts-forge score` option is declared on its field (chattts_forge.options); `audio_dir`,
+    `transcripts` and `json_out` (keyword-only) are the command's, which `score_audio_dir` takes as
+    arguments instead."""
+
+    audio_dir: Path | None = option(None, "--audio-dir", "Folder of <id>.wav files.", kind="path", required=True,
+                                    kw_only=True)
+    transcripts: Path | None = option(
+        None, "--transcripts", "ID<TAB>sentence per line (UTF-8): WER/CER. Without it no ASR runs and every *.wav is "
+        "scored for --speaker-reference / --mos only.", kind="path", kw_only=True)
+    asr: str = option("faster-whisper", "--asr", "ASR backend: faster-whisper or pocketsphinx.", show_default=True)
+    asr_model: str | os.PathLike[str] | None = option(
+        None, "--asr-model",
+        "A faster-whisper model folder (default: tiny.en for en, Whisper base for zh, from the asr wheels).",
+        kind="path")
+    lang: str | None = option(None, "--lang", "Language (default: guessed from the text).", choices=("en", "zh"))
+    threads: int | None = option(
+        None, "--threads", "ASR/DNSMOS CPU threads (default: OMP_NUM_THREADS or up to 4).", kind=int)
+    progress: bool = True  # no CLI option
+    speaker_reference: str | os.PathLike[str] | None = option(
+        None, "--speaker-reference", "Speaker similarity (GE2E cosine) of every utterance to this recording, or to "
+        "the pooled embedding of every *.wav in this folder.", kind="path", metavar="WAV|DIR")
+    mos: bool = option(
+        False, "--mos", "DNSMOS SIG/BAK/OVRL (P.835) and P.808 per utterance and their means.", is_flag=True)
+    json_out: Path | None = option(None, "--json", "Write the full result here.", kind="path", kw_only=True)
     backend: Any = None
     encoder: Any = None
     dnsmos: Any = None

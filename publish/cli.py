@@ -8,48 +8,16 @@ from typing import Any
 import click
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.options import declared_options
+from chattts_forge.publish.publish_config import PublishConfig
 from chattts_forge.publish.regression_gate import regression_options
 
 
 @click.command("publish")
-@click.option(
-    "--artifact",
-    "artifact",
-    required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Artifact folder (output of convert or quantize).",
-)
-@click.option(
-    "--report",
-    "report",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Evaluation report folder (holding report.json) that judged this artifact.",
-)
-@click.option(
-    "--to",
-    "to",
-    default="artifacts",
-    show_default=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Root of the published tree: writes TO/<model>/<version>/<variant>/.",
-)
-@click.option("--model", default=None, help="Model name (default: chattts, or chattts-synthetic-<preset>-seed<N>).")
-@click.option(
-    "--version",
-    "version",
-    default=None,
-    help="Version folder (default: the newest version of the same checkpoint lacking this variant, else a new vN).",
-)
-@click.option(
-    "--sign-key",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="PEM EC private key to sign with (default: your own key pair in $XDG_CONFIG_HOME/chattts-forge/, "
-    "made on first use).",
-)
+@declared_options(PublishConfig)
 @regression_options
-def publish(artifact: Path, report: Path, to: Path, **options: Any) -> None:
+def publish(baseline: str | None, no_baseline: bool, accept_regression: tuple[str, ...], reason: str,
+            **options: Any) -> None:
     """Publish an artifact that passed the quality gate, with manifest.json, SHA256SUMS, a model card
     and model.sig (OpenSSF Model Signing; the public key is written to TO/signing-key.pub).
 
@@ -63,10 +31,10 @@ def publish(artifact: Path, report: Path, to: Path, **options: Any) -> None:
     from chattts_forge.publish.regression import summary
     from chattts_forge.publish.regression_gate import RegressionPolicy, publish_judged
 
-    policy = RegressionPolicy.from_options(options.pop("baseline"), options.pop("no_baseline"),
-                                           options.pop("accept_regression"), options.pop("reason"))
-    # what is left, --model, --version and --sign-key, are publish_judged's keywords of the same names
-    result = publish_judged(artifact, report, to, policy, **options,
+    policy = RegressionPolicy.from_options(baseline, no_baseline, accept_regression, reason)
+    config = PublishConfig(**options)
+    result = publish_judged(config.artifact, config.report, config.to, policy, model=config.model,
+                            version=config.version, sign_key=config.sign_key,
                             announce=lambda variant, rec: click.echo(f"regression gate: {summary(variant, rec)}"))
     word = "already published (identical files)" if result.status == "already-published" else "published"
     click.echo(f"{word}: {result.path}")

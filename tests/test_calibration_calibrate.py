@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from chattts_forge.calibration_data.calibrate import calibrate, parse_max_samples, select_sentences
+from chattts_forge.calibration_data.calibrate import calibrate
+from chattts_forge.calibration_data.calibrate_config import parse_max_samples
+from chattts_forge.calibration_data.sentence_plan import select_sentences
 from chattts_forge.calibration_data.statistics import HIST_BINS, Statistics, TensorStats
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.cli import main
@@ -266,7 +268,7 @@ def test_stratified_selection_represents_every_file():
 
 
 def test_default_is_512_stratified(tiny_artifacts):
-    from chattts_forge.calibration_data.calibrate import DEFAULT_MAX_SAMPLES
+    from chattts_forge.calibration_data.calibrate_config import DEFAULT_MAX_SAMPLES
     from chattts_forge.calibration_data.corpus import load_corpus
 
     corp = load_corpus("builtin:calibration")

@@ -7,11 +7,9 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-import click
 import pytest
 
 from chattts_forge.chattts_defaults import CodeKnobs
-from chattts_forge.cli_options import sampling_options
 from chattts_forge.errors import BadInput
 from chattts_forge.runtime.compat_params import InferCodeParams
 from chattts_forge.runtime.synth import SynthConfig, WarmConfig
@@ -44,13 +42,13 @@ def test_the_configs_inherit_the_knobs_and_keep_their_own_positions() -> None:
         CodeKnobs(min_new_token=9, max_new_token=4).check_knobs()
 
 
-def test_the_sampling_options_are_the_declared_knobs() -> None:
-    @click.command()
-    @sampling_options
-    def command(**options: object) -> None:
-        """A command with the sampling options only."""
+def test_the_reference_sampling_options_are_the_declared_knobs() -> None:
+    from chattts_forge.torch_ref.cli import reference
+    from chattts_forge.torch_ref.reference import ReferenceParams
 
-    names = [p.name for p in command.params]
-    assert names == ["speaker", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_token", "use_decoder"]
-    ctx = command.make_context("command", ["--top-k", "7"])
-    assert CodeKnobs(**{k: v for k, v in ctx.params.items() if k in KNOBS}) == CodeKnobs(top_k=7)
+    names = {p.name for p in reference.params}
+    assert {"speaker", "temperature", "top_p", "top_k", "repetition_penalty", "min_new_token", "use_decoder"} <= names
+    ctx = reference.make_context("reference", ["--checkpoint", "c", "--text", "t", "--out", "o.wav", "--top-k", "7"])
+    knobs = {k: v for k, v in ctx.params.items() if k in KNOBS}
+    assert CodeKnobs(**knobs) == CodeKnobs(top_k=7)
+    assert ReferenceParams(**knobs) == ReferenceParams(top_k=7)

@@ -16,7 +16,7 @@ from chattts_forge.driver.config import BuildConfig
 from chattts_forge.driver.pipeline import _prepared_build
 from chattts_forge.driver.records import Build
 from chattts_forge.driver.steps import PRESET_STAGE_ARGS, WARM_ARGS
-from chattts_forge.evaluate.cli import EvaluateSettingsOptions
+from chattts_forge.evaluate.evaluate_config import EvaluateSettings
 from chattts_forge.options import option_args
 from chattts_forge.runtime.synth import WarmConfig
 
@@ -115,14 +115,14 @@ def test_the_warm_step_words_are_spelled_as_they_were(tmp_path: Path) -> None:
 def test_spelled_defaults_name_values_but_never_an_unset_switch() -> None:
 
     values = {"seed": 0, "no_baseline": False, "threads": 2}
-    assert option_args(EvaluateSettingsOptions, values) == []
-    assert option_args(EvaluateSettingsOptions, values, spell_defaults=True) == [
+    assert option_args(EvaluateSettings, values) == []
+    assert option_args(EvaluateSettings, values, spell_defaults=True) == [
         "--seed",
         "0",
         "--threads",
         "2",
     ]
-    assert option_args(EvaluateSettingsOptions, {"no_baseline": True}) == ["--no-baseline"]
+    assert option_args(EvaluateSettings, {"no_baseline": True}) == ["--no-baseline"]
 
 
 def _parsed_config(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, object]:

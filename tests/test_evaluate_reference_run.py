@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate import latency as latency_mod
 from chattts_forge.evaluate.cli import evaluate_reference as evaluate_reference_cmd
-from chattts_forge.evaluate.evaluate import EvaluateConfig, evaluate_artifact
+from chattts_forge.evaluate.evaluate import evaluate_artifact
+from chattts_forge.evaluate.evaluate_config import EvaluateConfig
 from chattts_forge.quantize import fidelity as fidelity_mod
 
 # Figures that are timings or memory (each variant's probe runs again in every evaluation): measured again by

@@ -9,11 +9,14 @@ from typing import Any
 import click
 import pytest
 
-from chattts_forge.calibration_data.cli import CalibrateOptions, calibrate
+from chattts_forge.calibration_data.calibrate_config import CalibrateConfig
+from chattts_forge.calibration_data.cli import calibrate
 from chattts_forge.errors import BadInput
 from chattts_forge.evaluate.bench_cli import bench
 from chattts_forge.evaluate.bench_options import BenchOptions
-from chattts_forge.evaluate.cli import EvaluateOptions, LatencyRunOptions, evaluate, evaluate_latency
+from chattts_forge.evaluate.cli import evaluate, evaluate_latency, score
+from chattts_forge.evaluate.evaluate_config import EvaluateConfig, LatencyRunConfig
+from chattts_forge.evaluate.score import ScoreSettings
 from chattts_forge.options import option_args
 from chattts_forge.runtime.cli import normalize, synth, warm
 from chattts_forge.runtime.generation import GptEngine
@@ -28,14 +31,16 @@ def _read_back(command: click.Command, args: list[str]) -> dict[str, Any]:
 
 
 CASES = [
-    (calibrate, CalibrateOptions, {"artifact_dir": Path("a"), "corpus": "c.txt", "out_dir": Path("o"),
+    (calibrate, CalibrateConfig, {"artifact_dir": Path("a"), "corpus": "c.txt", "out_dir": Path("o"),
                                    "max_samples": "all", "merge": (Path("m1"), Path("m2")), "allow_one_language": True,
                                    "disk_budget_mb": 64.0}),
-    (evaluate, EvaluateOptions, {"artifact": Path("a"), "reference": Path("r"), "corpus": "c", "out": Path("o"),
-                                 "batches": "1,4", "no_baseline": True, "listen_sentences": 0, "seam_lookahead": 3,
+    (evaluate, EvaluateConfig, {"artifact": Path("a"), "reference": Path("r"), "corpus": "c", "out": Path("o"),
+                                 "batch_sizes": (1, 4), "no_baseline": True, "listen_sentences": 0, "seam_lookahead": 3,
                                  "provider": "auto"}),
-    (evaluate_latency, LatencyRunOptions, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
+    (evaluate_latency, LatencyRunConfig, {"reference": Path("r"), "corpus": "c", "out": Path("o"),
                                            "artifacts": (Path("a"), Path("b"))}),
+    (score, ScoreSettings, {"audio_dir": Path("a"), "transcripts": Path("t.tsv"), "lang": "zh", "mos": True,
+                            "json_out": Path("r.json"), "speaker_reference": Path("s.wav")}),
     (synth, SynthConfig, {"artifact": Path("a"), "out": Path("o.wav"), "text": "Hi.", "autotune": False,
                           "stream_lookahead": "exact", "sample_format": "pcm16", "verify": "size", "top_k": 5,
                           "prompt": "[speed_3]", "use_decoder": False, "public_key": Path("k.pub"), "stream": True}),
@@ -100,3 +105,14 @@ def test_bench_options_map_onto_the_run_they_pick() -> None:
         BenchOptions(artifact="a", url="http://h:1")
     with pytest.raises(BadInput, match="--batch takes values >= 1"):
         BenchOptions(artifact="a", batch="0").bench_config()
+
+
+def test_a_spelled_value_is_written_as_the_command_line_reads_it() -> None:
+    # batch sizes are a tuple in the config and "1,4" on the command line; "auto" (the baseline's
+    # default) is the option left out, so even a command line that spells its defaults omits it
+    assert option_args(EvaluateConfig, {"batch_sizes": (1, 4)}) == ["--batch", "1,4"]
+    assert option_args(EvaluateConfig, {"baseline_checkpoint": "auto"}, spell_defaults=True) == []
+    params = _read_back(evaluate, ["--artifact", "a", "--reference", "r", "--corpus", "c", "--out", "o"])
+    assert EvaluateConfig(**params).batch_sizes == (1, 4, 8)
+    assert EvaluateConfig(**params).baseline_checkpoint == "auto"
+    assert EvaluateConfig(**{**params, "no_baseline": True}).baseline_checkpoint is None

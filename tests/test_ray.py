@@ -145,7 +145,7 @@ def test_nothing_imports_ray_unless_asked() -> None:
 def test_driver_runs_variant_steps_as_ray_tasks_with_unchanged_keys(ray_cluster, tmp_path) -> None:
     """`make artifacts RAY=local` on tiny: the variants' steps run as Ray tasks (side by side, 1 CPU each
     here), the same records are written, so a run without Ray finds everything up to date."""
-    from chattts_forge.driver.cli import parse_stage_args
+    from chattts_forge.driver.config import parse_stage_args
     from chattts_forge.driver.pipeline import run_pipeline
     from chattts_forge.publish import verify_path
 

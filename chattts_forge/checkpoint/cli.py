@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chattts_forge.checkpoint.layout import PRESETS
+from chattts_forge.checkpoint.synthesize import SyntheticCheckpointConfig
+from chattts_forge.options import declared_options
 
 
 @click.group("checkpoint")
@@ -25,40 +28,21 @@ def checkpoint() -> None:
 @checkpoint.command(
     "synthesize", short_help="Write a synthetic checkpoint (released layout, seeded weights)."
 )
-@click.option(
-    "--preset",
-    type=click.Choice(sorted(PRESETS)),
-    default="tiny",
-    show_default=True,
-    help="full: the released model's exact tensor inventory (~1.2 GB); "
-    "tiny: same vocabularies and audio settings, small widths/depths (seconds to run).",
-)
-@click.option(
-    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Same seed, same bytes."
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Asset folder to write (replaced atomically if it holds a synthetic checkpoint).",
-)
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-def synthesize_cmd(preset: str, seed: int, out_dir: Path, progress: bool | None) -> None:
+@declared_options(SyntheticCheckpointConfig)
+def synthesize_cmd(**options: Any) -> None:
     """Write a synthetic ChatTTS checkpoint (seeded random weights, real layout).
 
     The folder holds everything ChatTTS loads, with the released file names, tensor names,
     shapes and dtypes, a tokenizer identical to the released one, and a marker file
     (chattts_forge_synthetic.json) recording preset, seed, dims and file hashes.
     """
-    from chattts_forge.checkpoint.synthesize import synthesize_checkpoint
-
+    config = SyntheticCheckpointConfig(**options)
     start = time.perf_counter()
-    asset = synthesize_checkpoint(out_dir, preset=preset, seed=seed, progress=progress)
+    asset = config.run()
     took = time.perf_counter() - start
     size = sum(p.stat().st_size for p in asset.rglob("*") if p.is_file())
     click.echo(
-        f"synthetic {preset} checkpoint (seed {seed}) written to {asset}: {size / 1e6:.1f} MB in {took:.1f} s"
+        f"synthetic {config.preset} checkpoint (seed {config.seed}) written to {asset}: {size / 1e6:.1f} MB in {took:.1f} s"
     )
 
 

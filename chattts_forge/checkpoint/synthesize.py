@@ -24,9 +24,11 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import pybase16384 as b14
 from tqdm import tqdm
@@ -38,7 +40,7 @@ from chattts_forge.checkpoint.inventory import (
     TensorSpec,
     checkpoint_inventory,
 )
-from chattts_forge.checkpoint.layout import ASSET_FILES, MARKER_NAME, Dims, preset_dims, read_marker
+from chattts_forge.checkpoint.layout import ASSET_FILES, MARKER_NAME, PRESETS, Dims, preset_dims, read_marker
 from chattts_forge.checkpoint.release import release_spk_stat
 from chattts_forge.checkpoint.safetensors_io import write_safetensors
 from chattts_forge.checkpoint.tokenizer import write_tokenizer
@@ -46,6 +48,7 @@ from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_text
 from chattts_forge.integrity import sha256_file
 from chattts_forge.log import get_logger
+from chattts_forge.options import option
 
 log = get_logger(__name__)
 
@@ -148,6 +151,25 @@ def _check_out_dir(out: Path) -> None:
             raise BadInput(f"{out} exists and is not a folder")
         if any(out.iterdir()) and read_marker(out) is None:
             raise BadInput(f"{out} exists and is not a synthetic checkpoint; choose an empty or new folder")
+
+
+@dataclass(frozen=True)
+class SyntheticCheckpointConfig:
+    """One `chattts-forge checkpoint synthesize` run (`synthesize_checkpoint`'s arguments), each option
+    declared on its field (chattts_forge.options)."""
+
+    preset: str = option(
+        "tiny", "--preset", "full: the released model's exact tensor inventory (~1.2 GB); "
+        "tiny: same vocabularies and audio settings, small widths/depths (seconds to run).",
+        choices=tuple(sorted(PRESETS)), show_default=True)
+    seed: int = option(0, "--seed", "Same seed, same bytes.", kind=click.IntRange(min=0), show_default=True)
+    out_dir: Path = option(
+        MISSING, "--out", "Asset folder to write (replaced atomically if it holds a synthetic checkpoint).",
+        kind=click.Path(file_okay=False, path_type=Path), kw_only=True)
+    progress: bool | None = option(None, "--progress/--no-progress", "Progress bar (default: on a terminal).")
+
+    def run(self) -> Path:
+        return synthesize_checkpoint(self.out_dir, preset=self.preset, seed=self.seed, progress=self.progress)
 
 
 def synthesize_checkpoint(

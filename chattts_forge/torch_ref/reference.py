@@ -24,7 +24,7 @@ import lzma
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,11 @@ import numpy as np
 
 from chattts_forge import chattts_defaults
 from chattts_forge.chattts_defaults import CodeKnobs
+from chattts_forge.cli_options import DECODER_HELP, SPEAKER_HELP
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text
 from chattts_forge.log import get_logger
+from chattts_forge.options import option
 from chattts_forge.torch_ref.chat import load_chat, quiet_chattts
 
 if TYPE_CHECKING:
@@ -98,14 +100,21 @@ class ReferenceParams(CodeKnobs):
     RefineTextParams (only its token budget, `refine_max_new_token`, is exposed). `split_text` is
     `Chat.infer`'s: split a str into sentences (and use the first as a speaker sample)."""
 
-    seed: int | None = None
-    speaker: str | None = None
+    # each option of `chattts-forge reference` that is a knob is declared on its field (the code knobs
+    # on CodeKnobs'); the rest are ReferenceConfig's
+    seed: int | None = option(None, "--seed", "Seed torch and ChatTTS's manual_seed (reproducible).", kind=int)
+    speaker: str | None = option(None, "--speaker", SPEAKER_HELP)
     # the code knobs (temperature, top_p, top_k, repetition_penalty, max/min_new_token, prompt): CodeKnobs
-    refine: bool = True
-    use_decoder: bool = True
-    refine_max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN
-    split_text: bool = True
-    show_progress: bool = False
+    max_new_token: int = option(chattts_defaults.CODE_MAX_NEW_TOKEN, "--max-new-token", "Most code steps per part.",
+                                kind=int, show_default=True, kw_only=True)
+    refine: bool = option(True, "--refine/--no-refine", "Refine the text with the GPT first.", show_default=True)
+    use_decoder: bool = option(True, "--decoder/--dvae", DECODER_HELP, show_default=True)
+    refine_max_new_token: int = chattts_defaults.REFINE_MAX_NEW_TOKEN  # no CLI option
+    split_text: bool = option(
+        True, "--split/--no-split",
+        "Chat.infer's split_text: speak sentence by sentence (the first one sets the voice of the rest).",
+        show_default=True)
+    show_progress: bool = False  # `reference --progress/--no-progress` (default: when stderr is a tty)
 
     def check(self) -> None:
         """BadInput naming the option of the first knob out of range."""
@@ -220,15 +229,20 @@ def _recorded_codes(chat: ChatTTS.Chat) -> Iterator[list[tuple[list[str], list[n
 
 @dataclass(frozen=True)
 class ReferenceConfig:
-    """One `chattts-forge reference` run: the checkpoint, the text, where the files go, the torch device."""
+    """One `chattts-forge reference` run: the checkpoint, the text, where the files go, the torch device
+    (each its option, declared on its field; the knobs' options are ReferenceParams')."""
 
-    checkpoint: Path
-    text: str
-    out: Path
+    checkpoint: Path = option(
+        MISSING, "--checkpoint",
+        "ChatTTS checkpoint: asset folder, snapshot root containing asset/, or a Hugging Face cache.", kind="path")
+    text: str = option(MISSING, "--text", "Text to speak (ChatTTS splits it into sentences unless --no-split).")
+    out: Path = option(MISSING, "--out", "Output WAV (float32, mono).", kind="path")
     params: ReferenceParams = field(default_factory=ReferenceParams)
-    speaker_out: Path | None = None
-    codes_out: Path | None = None
-    device: str = "cpu"
+    speaker_out: Path | None = option(
+        None, "--speaker-out", "Write the speaker string used (useful with --speaker random).", kind="path")
+    codes_out: Path | None = option(
+        None, "--codes-out", "Save the generated audio codes as an int64 .npy array [steps, 4].", kind="path")
+    device: str = option("cpu", "--device", "torch device (cpu, cuda, cuda:1, ...).", show_default=True)
 
 
 def reference_to_files(cfg: ReferenceConfig) -> ReferenceResult:
