@@ -159,9 +159,10 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
     latency = latency_section(report)
-    ref = {u.text: _finite(u.rtf) for u in latency.reference.utterances} if latency.reference else {}
+    timed, reference = latency.timed("artifact"), latency.timed("reference")
+    ref = {u.text: _finite(u.rtf) for u in reference.utterances} if reference else {}
     out = {}
-    for u in latency.artifact.utterances if latency.artifact else []:
+    for u in timed.utterances if timed else []:
         mine, theirs = _finite(u.rtf), ref.get(u.text)
         if mine is not None and theirs:
             out[u.text] = mine / theirs
@@ -171,14 +172,14 @@ def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
 def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     """{text: first audio seconds} of one latency record (its per-sentence runs; none before issue 38's
     item 2 recorded them)."""
-    samples = record.first_audio_seconds.samples if record and record.first_audio_seconds else []
+    samples = record.first_audio_seconds.sample_list() if record and record.first_audio_seconds else []
     return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
 def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
     latency = latency_section(report)
-    mine, ref = _first_audio(latency.artifact), _first_audio(latency.reference)
+    mine, ref = _first_audio(latency.timed("artifact")), _first_audio(latency.timed("reference"))
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -211,7 +212,7 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
 # per-sentence figures read from the latency records rather than the report's sentence rows
 _FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio(latency_section(report).artifact),
+    "first_audio": lambda report: _first_audio(latency_section(report).timed("artifact")),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -456,7 +457,7 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
     from chattts_forge.log import get_logger, quiet_logger
 
-    timed = latency_section(report).artifact
+    timed = latency_section(report).timed("artifact")
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None

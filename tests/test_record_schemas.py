@@ -116,7 +116,9 @@ def test_reports_without_the_newer_sections_still_load(records: Path) -> None:
         report["headline"].pop(key, None)
     del report["gate"]["regression"]  # since issue 38
     validate(seal(report))
-    with_memory = seal({**report, "memory": {"artifact": {"peak_rss_mb_by_batch": {"1": 300.0}}}})
+    memory = {"artifact": {"peak_rss_mb_by_batch": {"1": 300.0}}, "reference": None, "definition": "probe",
+              "ratio_vs_reference": {}}
+    with_memory = seal({**report, "memory": memory})
     validate(with_memory)
     assert check_report(with_memory).memory != UNSET
 
@@ -155,22 +157,23 @@ def test_the_latency_record_reads_what_the_regression_gate_pairs_and_older_recor
 ) -> None:
     _, report = _report(records)
     latency = latency_section(report)
-    assert latency.artifact is not None and latency.artifact.utterances
-    first_audio = latency.artifact.first_audio_seconds
+    timed = latency.timed("artifact")
+    assert timed is not None and timed.utterances
+    first_audio = timed.first_audio_seconds
     assert (
         first_audio is not None and first_audio.stream_lookahead_frames is not UNSET and first_audio.samples
     )
-    assert set(regression._first_audio(latency.artifact)) == {s.text for s in first_audio.samples}
+    assert set(regression._first_audio(timed)) == {s.text for s in first_audio.sample_list()}
     # a record from before issue 52 (no look-ahead) and issue 38 (no per-sentence samples)
     raw = report["latency"]["artifact"]["first_audio_seconds"]
     del raw["stream_lookahead_frames"], raw["samples"]
-    older = latency_section(report).artifact
+    older = latency_section(report).timed("artifact")
     assert older is not None and older.first_audio_seconds is not None
     assert (
-        older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.samples == []
+        older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.sample_list() == []
     )
     assert regression._first_audio(older) == {}
-    assert latency_section({}).artifact is None  # a report without latency: nothing to pair
+    assert latency_section({}).timed("artifact") is None  # a report without latency: nothing to pair
 
 
 def test_a_latency_record_of_the_wrong_type_is_one_line(records: Path) -> None:
