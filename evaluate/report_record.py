@@ -1,13 +1,18 @@
-"""report.json's top level as a typed record: the sections publish reads key by key (artifact, gate
-and its checks, headline, size) are typed; the sections whose inner layout belongs to another module
-(latency, fidelity, corpus, machine, ...) are free-form objects here.
+"""report.json as a typed record: the top level, artifact, gate and its checks, headline, size,
+latency (evaluate.latency_record), memory, buckets, listen, intervals and phrase_cache are typed key
+by key; the sections whose inner layout another module owns and writes in several shapes (fidelity,
+intelligibility, speaker, naturalness, streaming, corpus, settings, machine, ...) are open objects.
+
+Fields are declared in the order evaluate writes them, so `report_builtins(record)` gives the keys
+back in that order: report_schema.write_report encodes the record and the bytes (and the integrity
+hash, computed over sorted keys) are what they were. A section absent in older reports is UNSET
+(left out when encoded); every report a published build holds loads and encodes back byte for byte.
 
 `check_report(report)` is evaluate.report_schema's strict check (every key known, present and of its
 type): a msgspec conversion with type checks, its error turned into the report's one-line message
-(``report key headline.rtf_p50 is missing``, ``unknown report key gate.approved_by``, ``report key
-artifact.files.gpt.onnx.bytes must be int, got str``). The written bytes do not pass through these
-types (report_schema.write_report writes the dict it checked), so a report's bytes and its integrity
-hash are what they were. docs/schemas/report.schema.json is generated from these types.
+naming the dotted path (``report key headline.rtf_p50 is missing``, ``unknown report key
+buckets.results.medium.gate.checks[0].approved_by``, ``report key artifact.files.gpt.onnx.bytes must
+be int, got str``). docs/schemas/report.schema.json is generated from these types.
 """
 
 from __future__ import annotations

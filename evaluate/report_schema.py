@@ -58,9 +58,12 @@ accepted (`report_record.ReportRecord`):
   canonical form is stable.
 
 The types are evaluate.report_record's (msgspec; docs/schemas/report.schema.json is generated from
-them). Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...)
-are checked for their type only; the sections publish reads (artifact, gate, checks, headline, size)
-are checked key by key. A missing or unknown key is a one-line `BadInput` naming it (e.g.
+them): artifact, gate, checks, headline, size, latency (evaluate.latency_record), memory, buckets,
+listen, intervals and phrase_cache are checked key by key; the sections whose inner layout another
+module owns and writes in several shapes (fidelity, intelligibility, speaker, naturalness, streaming,
+corpus, settings, machine, the memory probes' records, ...) are checked for their type only.
+`write_report` writes the record's encoding (`report_json_bytes`): its keys in the order the record
+declares, which is the order evaluate assembles them in, so the bytes are what they were. A missing or unknown key is a one-line `BadInput` naming it (e.g.
 ``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
 """
 

@@ -181,3 +181,53 @@ def test_a_latency_record_of_the_wrong_type_is_one_line(records: Path) -> None:
     report["latency"]["artifact"]["utterances"][0]["rtf"] = "fast"
     with pytest.raises(BadInput, match=r"report key latency: .*utterances\[0\]\.rtf"):
         latency_section(report)
+
+
+def test_a_report_with_every_section_reads_through_its_typed_sections_and_writes_back(records: Path) -> None:
+    data = (records / "report-with-memory.json").read_bytes()
+    report = json.loads(data)
+    record = validate(report)
+    timed = record.latency.timed("artifact")
+    assert timed is not None and [u.text for u in timed.utterances] == [s["text"] for s in report["sentences"]]
+    assert {b: run.batch for b, run in timed.throughput.items()} == {"1": 1, "4": 4}
+    assert record.memory is not UNSET and record.memory.ratio_vs_reference == report["memory"]["ratio_vs_reference"]
+    results = record.buckets.result_map()
+    assert list(results) == ["short", "medium", "long"]
+    assert all(r.gate is not None and r.gate is not UNSET and r.gate.checks for r in results.values())
+    assert record.listen is not UNSET and [s.id for s in record.listen.sentences] == [
+        s["id"] for s in report["listen"]["sentences"]]
+    assert record.intervals is not UNSET and set(record.intervals.figures) == set(report["intervals"]["figures"])
+    assert record.phrase_cache is not None and record.phrase_cache.cache_bytes == report["phrase_cache"]["cache_bytes"]
+    assert report_json_bytes(record) == data and verify_integrity(report)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda r: r["latency"]["artifact"]["utterances"][1].update(loud=True),
+            "unknown report key latency.artifact.utterances[1].loud",
+        ),
+        (
+            lambda r: r["buckets"]["results"]["medium"]["gate"]["checks"][0].update(approved_by="me"),
+            "unknown report key buckets.results.medium.gate.checks[0].approved_by",
+        ),
+        (
+            lambda r: r["latency"]["artifact"]["throughput"]["4"].pop("steps"),
+            "report key latency.artifact.throughput.4.steps is missing",
+        ),
+        (
+            lambda r: r["memory"]["ratio_vs_reference"].update({"8": "small"}),
+            "report key memory.ratio_vs_reference.8 must be int or float or null, got str",
+        ),
+        (lambda r: r["intervals"]["figures"]["ovrl"].pop("n"), "report key intervals.figures.ovrl.n is missing"),
+        (lambda r: r["listen"]["sentences"][2]["artifact"].update(file=3), "report key listen.sentences[2].artifact.file must be str, got int"),
+        (lambda r: r["phrase_cache"].update(hits=1), "unknown report key phrase_cache.hits"),
+    ],
+)
+def test_an_inner_sections_refusal_is_one_line_naming_its_dotted_path(records: Path, change, message: str) -> None:
+    report = json.loads((records / "report-with-memory.json").read_bytes())
+    change(report)
+    with pytest.raises(BadInput) as e:
+        validate(report)
+    assert str(e.value) == message
