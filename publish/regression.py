@@ -512,7 +512,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
     published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
                  if p not in RESERVED_NAMES}
     identical = published == sealed.artifact_files
-    waived = dict((sealed.data.get("gate") or {}).get("waived") or {})
+    waived = dict(sealed.record.gate.waived)
     retimed = retimed_figure(artifact_dir, old, sealed.data, identical, retime_cap_s)
     if retimed is not None:
         record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
@@ -527,7 +527,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             if identical else
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
-            fp32_against_baseline(artifact_dir, old, corpus, sealed.data.get("settings") or {}))
+            fp32_against_baseline(artifact_dir, old, corpus, dict(sealed.record.settings)))
     return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.evaluate import flat_metrics
+from chattts_forge.evaluate.report_assembly import flat_metrics
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 from chattts_forge.quantize.fast_gpt_graph import FusedGraphShape, build_fast_gpt, extract_llama_weights
 from chattts_forge.quantize.kv_cache import kv_cache_scales

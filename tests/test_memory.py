@@ -136,7 +136,7 @@ def test_the_version_page_shows_batch_1_and_batch_8_per_variant(tiny_artifacts: 
         report = stand_in_report(tiny_artifacts["fp32"])
         report["artifact"] = {**report["artifact"], "variant": variant}
         out = write_report(seal(_with_memory(report, b1, b8, ratio)), tmp_path / variant)
-        entries.append(VariantEntry(variant, "published", read_report(out).data, out))
+        entries.append(VariantEntry(variant, "published", read_report(out).record, out))
     page = render_version_page("chattts", "v1", entries, None).decode("utf-8")
     assert "<th>peak RSS MB b1</th>" in page and "<th>peak RSS MB b8</th>" in page
     row = re.search(r"<tr id='variant-int8-dynamic'>(.*?)</tr>", page, re.S).group(1)
