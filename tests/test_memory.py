@@ -200,10 +200,10 @@ def test_the_regression_gate_compares_the_memory_ratio_with_the_previous_version
 
 def test_routing_records_each_variants_memory_from_its_report(tiny_artifacts: dict[str, Path]) -> None:
     report = _with_memory(stand_in_report(tiny_artifacts["fp32"]), 435.0, 1097.0, 0.32)
-    figures = memory_figures(report)
+    figures = memory_figures(validate(report))
     assert figures["peak_rss_mb_by_batch"] == {"1": 435.0, "8": 1097.0} and figures["steps"] == 422
     assert figures["command"].startswith("python -m chattts_forge.runtime.memory_probe --artifact ")
-    assert memory_figures(stand_in_report(tiny_artifacts["fp32"])) is None  # a report without a memory section
+    assert memory_figures(validate(stand_in_report(tiny_artifacts["fp32"]))) is None  # a report without memory
 
 
 def test_batch_figures_between_and_beyond_the_measured_batch_sizes() -> None:
