@@ -231,3 +231,10 @@ def test_an_inner_sections_refusal_is_one_line_naming_its_dotted_path(records: P
     with pytest.raises(BadInput) as e:
         validate(report)
     assert str(e.value) == message
+
+
+def test_the_writer_encodes_only_a_report_that_fits_its_record(records: Path) -> None:
+    _, report = _report(records)
+    report["latency"]["artifact"]["first_audio_seconds"]["warm"] = True
+    with pytest.raises(BadInput, match=r"^unknown report key latency\.artifact\.first_audio_seconds\.warm$"):
+        report_json_bytes(report)

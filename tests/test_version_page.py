@@ -77,7 +77,7 @@ def test_page_lists_every_variant_with_its_verdict(built: dict[str, VariantEntry
     assert "[0.500, 0.990]" in page  # the interval beside the figure
     data = read_page_data(page.encode())
     assert data["variants"]["int4"]["status"] == "refused"
-    assert data["variants"]["fp32"]["report_integrity"] == built["fp32"].report["integrity"]
+    assert data["variants"]["fp32"]["report_integrity"] == built["fp32"].report.integrity
     # one FP32 player per sentence, one per variant with audio (refused included), none for the unbuilt one
     assert page.count("<audio") == 2 * 3
     assert page.count("data:image/png;base64,") == 2 * 2 + 1  # spectrograms of the two non-fp32 variants + Pareto
