@@ -73,6 +73,7 @@ import numpy as np
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -445,7 +446,7 @@ def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
     return float(np.median(arr)), bounds[0], bounds[1]
 
 
-def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
+def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord, identical: bool,
                    time_cap_s: float | None = None) -> dict[str, Any] | None:
     """The `rtf_vs_baseline` figure: the variant and the baseline's same variant timed now, interleaved
     on this machine (evaluate.latency.retime_against) on the report's timed sentences with its
@@ -457,15 +458,15 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
     from chattts_forge.log import get_logger, quiet_logger
 
-    timed = latency_section(report).timed("artifact")
+    timed = report.latency.timed("artifact")
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
-    settings = report.get("settings") or {}
-    provider = "cuda" if "CUDA" in str((report.get("machine") or {}).get("provider")) else "cpu"
+    settings = report.settings  # evaluate's settings (an open map in the report record)
+    provider = "cuda" if "CUDA" in str(report.machine.get("provider")) else "cpu"
     cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
                         seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
-    synthetic = ((report.get("artifact") or {}).get("source") or {}).get("kind") == "synthetic"
+    synthetic = report.artifact.source.get("kind") == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
                                 RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
@@ -479,16 +480,16 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
                    "rotated per round; median of the per-round RTF ratios, 95% bootstrap interval over rounds"}
 
 
-def _eval_corpus(report: dict[str, Any]) -> str | None:
+def _eval_corpus(report: ReportRecord) -> str | None:
     """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = report.get("corpus") or {}
+    corpus = report.corpus  # the corpus' description (an open map in the report record)
     spec = corpus.get("spec")
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=(report.get("settings") or {}).get("max_sentences"))
+        loaded = load_corpus(spec, max_sentences=report.settings.get("max_sentences"))
         return spec if loaded.sha256 == corpus.get("sha256") else None
     except (ForgeError, OSError):
         return None
@@ -513,7 +514,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
                  if p not in RESERVED_NAMES}
     identical = published == sealed.artifact_files
     waived = dict(sealed.record.gate.waived)
-    retimed = retimed_figure(artifact_dir, old, sealed.data, identical, retime_cap_s)
+    retimed = retimed_figure(artifact_dir, old, sealed.record, identical, retime_cap_s)
     if retimed is not None:
         record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
                                                       waived, f"{baseline.version}'s {meta.variant}")
@@ -521,7 +522,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
     record["improvements"] = [f for f, e in record["figures"].items() if e["status"] == "improved"]
     record["verdict"] = "regression" if record["regressions"] else "no regression"
     if meta.variant == FALLBACK_VARIANT:
-        corpus = _eval_corpus(sealed.data)
+        corpus = _eval_corpus(sealed.record)
         record["fp32_against_baseline"] = (
             {"identical": True, "how": "the same FP32 bytes as the baseline's: not measured (same logits)"}
             if identical else
