@@ -205,7 +205,8 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
 
 @dataclass(frozen=True)
 class SealedReport:
-    """A report.json that was read, its seal verified and its keys validated (`read_report`)."""
+    """A report.json that was read, its seal verified and its keys validated (`read_report`): `record`
+    is the typed report readers take; `data` the same JSON as plain dicts (for code that still needs them)."""
 
     path: Path
     raw_bytes: bytes
