@@ -342,7 +342,14 @@ def report_json_schema() -> dict[str, Any]:
     return msgspec.json.schema(ReportRecord)
 
 
+def _plain(obj: Any) -> Any:
+    """A str subclass (torch's TorchVersion, ...) as the plain str json.dumps writes for it."""
+    if isinstance(obj, str):
+        return str(obj)
+    raise TypeError(f"a report cannot hold a {type(obj).__name__}")
+
+
 def report_builtins(record: ReportRecord) -> dict[str, Any]:
     """The record as JSON-ready builtins, keys in the written order (absent optional sections left out)."""
-    out: dict[str, Any] = msgspec.to_builtins(record)
+    out: dict[str, Any] = msgspec.to_builtins(record, enc_hook=_plain)
     return out

@@ -238,3 +238,13 @@ def test_the_writer_encodes_only_a_report_that_fits_its_record(records: Path) ->
     report["latency"]["artifact"]["first_audio_seconds"]["warm"] = True
     with pytest.raises(BadInput, match=r"^unknown report key latency\.artifact\.first_audio_seconds\.warm$"):
         report_json_bytes(report)
+
+
+def test_a_str_subclass_in_the_report_is_written_as_its_text(records: Path) -> None:
+    # torch.__version__ (a TorchVersion) reaches the PyTorch latency record: json.dumps wrote it as text
+    class Version(str):
+        pass
+
+    data, report = _report(records)
+    report["versions"] = {**report["versions"], "torch": Version("2.9.1")}
+    assert json.loads(report_json_bytes(report))["versions"]["torch"] == "2.9.1"
