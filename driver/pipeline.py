@@ -110,7 +110,7 @@ def _why_not_published(outcome: VariantOutcome) -> str:
     if outcome.passed is None:
         return outcome.status or "not built"
 
-    failed = read_report(outcome.report_dir).data.get("gate", {}).get("failed", [])
+    failed = read_report(outcome.report_dir).record.gate.failed
     return "gate failed: " + (", ".join(map(str, failed)) or "see its report")
 
 

@@ -108,10 +108,10 @@ def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome])
         if o.passed is None:
             entries.append(VariantEntry(o.variant, "not built", detail=pipe.without_machine_paths(o.status)))
             continue
-        report = read_report(o.report_dir).data
+        report = read_report(o.report_dir).record
         if o.variant in here:  # the page shows the report it was published with (verify checks that)
-            published = read_report(here[o.variant] / "report.json").data
-            same = published["integrity"] == report["integrity"]
+            published = read_report(here[o.variant] / "report.json").record
+            same = published.integrity == report.integrity
             entries.append(
                 VariantEntry(
                     o.variant,
@@ -145,7 +145,7 @@ def version_page(pipe: Build, version_dir: Path, outcomes: list[VariantOutcome])
                 VariantEntry(
                     variant,
                     "published",
-                    read_report(vdir / "report.json").data,
+                    read_report(vdir / "report.json").record,
                     None,
                     "published by an earlier build",
                     published_regression(vdir),

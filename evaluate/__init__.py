@@ -10,13 +10,16 @@ Library (torch is never imported, except by `latency.measure_pytorch` when a bas
 - `evaluate.evaluate_artifact(artifact, reference, EvaluateConfig(corpus=..., gate=None, out=None, ...))`
   (or `evaluate_artifact(artifact, reference, corpus, **EvaluateConfig fields)`) -> sealed report
   dict; writes report.json / report.md / report.html (`report.write_reports`). Its phases:
-  `prepare`, `reference_side`, `latency_section`, `corpus_phase`, hearing, `report_body`, `waivers`
-  and the gate, `serving_sections` (buckets, phrase cache).
+  `prepare`, `reference_side`, `latency_section`, `corpus_phase`, hearing, the gate, `serving_sections`
+  (buckets, phrase cache); the report around them is assembled by `report_assembly` (`describe_artifact`,
+  `flat_metrics`, `memory_section`, `report_body`, `waivers`, `report_notes`).
 - `evaluate_config`: `EvaluateConfig` (the settings `EvaluateSettings` shared with `evaluate-reference`
   and `evaluate-latency`, `LatencyRunConfig`), every option of those commands declared once on its field.
 - `reference_run.evaluate_reference(reference, out, config)` (``chattts-forge evaluate-reference``):
   the FP32 reference's side of every evaluation (latency run and audio, PyTorch baseline, ASR of its
   audio), measured once per build and read by ``evaluate --reference-run DIR``.
+- `report_record.ReportRecord` (and `latency_record`): report.json as typed records; `SealedReport.record`
+  is how readers take it.
 - `report_schema`: the report.json contract, shared with publish: `write_report` (atomic, validated),
   `seal`, `read_report` (seal verified, strict keys) -> `SealedReport`, `validate`; layout documented there.
 - `markdown_html.to_html(markdown)`: the Markdown subset the reports use, as HTML (report.html's summary).

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import Fidelity
+from chattts_forge.evaluate.report_record import BucketsSection
 from chattts_forge.gate import intelligibility_waivers, judge
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.router import LENGTH_DEFINITION, Bucket, text_length
@@ -265,18 +266,16 @@ def bucket_metrics(fid: dict[str, Any], art_lat: dict[str, Any], ratio: float | 
     return {**{k: v for k, v in overall_metrics.items() if k not in BUCKET_METRICS}, **measured}
 
 
-def bucket_table_rows(section: dict[str, Any]) -> list[list[str]]:
+def bucket_table_rows(section: BucketsSection) -> list[list[str]]:
     """Rows of the per-bucket table of the Markdown report."""
     rows = []
-    for name, r in (section.get("results") or {}).items():
-        m = r.get("metrics") or {}
-
-        def fmt(key: str, spec: str = ".3f", m: dict[str, Any] = m) -> str:
+    for name, r in section.result_map().items():
+        def fmt(key: str, spec: str = ".3f", m: dict[str, float | int | None] = r.metrics) -> str:
             v = m.get(key)
             return "-" if v is None else format(v, spec)
 
-        verdict = "n/a" if r.get("passed") is None else ("pass" if r["passed"] else "FAIL")
-        rng = f"{r['min_chars']}-{r['max_chars']}" if r.get("max_chars") is not None else f">= {r['min_chars']}"
-        rows.append([name, rng, str(len(r.get("sentences") or [])), fmt("code_agreement"), fmt("hidden_cosine", ".4f"),
+        verdict = "n/a" if r.passed is None else ("pass" if r.passed else "FAIL")
+        rng = f"{r.min_chars}-{r.max_chars}" if r.max_chars is not None else f">= {r.min_chars}"
+        rows.append([name, rng, str(len(r.sentences)), fmt("code_agreement"), fmt("hidden_cosine", ".4f"),
                      fmt("mel_snr_db", ".1f"), fmt("rtf_p50"), fmt("rtf_ratio_vs_reference", ".2f"), verdict])
     return rows

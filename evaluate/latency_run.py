@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chattts_forge.errors import BadInput, IntegrityError, NotFound
+from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
 
@@ -73,7 +74,7 @@ def measure_latency_run(reference: Path, artifacts: list[Path], out: Path, cfg: 
     comparison and write the run to `out` (replaced atomically). Returns {variant: its pair}."""
     from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate import latency as latency_mod
-    from chattts_forge.evaluate.evaluate import describe_artifact, latency_config
+    from chattts_forge.evaluate.evaluate import latency_config
     from chattts_forge.runtime.providers import resolve_provider
 
     for folder in (reference, *artifacts):

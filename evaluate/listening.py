@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError
+from chattts_forge.evaluate.report_record import ListenFile
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -198,14 +199,14 @@ def listen_files(art: Waves, ref: Waves, texts: Mapping[str, str], variant: str,
     return section, files
 
 
-def read_listen_file(report_dir: Path, entry: Mapping[str, Any]) -> bytes:
+def read_listen_file(report_dir: Path, entry: ListenFile) -> bytes:
     """A listen file of a report folder, checked against the sha256 its report records."""
-    path = Path(report_dir) / entry["file"]
+    path = Path(report_dir) / entry.file
     try:
         data = path.read_bytes()
     except OSError as e:
         raise BadInput(f"{path}: unreadable ({e})") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise IntegrityError(f"{path}: differs from the sha256 its report.json records")
     return data
 

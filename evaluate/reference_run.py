@@ -32,6 +32,7 @@ import numpy as np
 
 from chattts_forge.errors import BadInput, NotFound
 from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
 
@@ -243,7 +244,6 @@ def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, pro
 def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConfig) -> ReferenceRun:
     """`chattts-forge evaluate-reference`: measure the FP32 reference's run once and write it to `out`."""
     from chattts_forge.calibration_data.corpus import load_corpus
-    from chattts_forge.evaluate.evaluate import describe_artifact
     from chattts_forge.runtime.providers import resolve_provider
 
     reference = Path(reference)

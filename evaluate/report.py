@@ -16,8 +16,20 @@ import io
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET, UnsetType
+
+from chattts_forge.errors import BadInput
+from chattts_forge.evaluate.buckets import bucket_table_rows
+from chattts_forge.evaluate.latency_record import LatencyRatios, LatencyRecord, PytorchRecord
 from chattts_forge.evaluate.markdown_html import to_html
-from chattts_forge.evaluate.report_schema import INTEGRITY_KEY, write_report
+from chattts_forge.evaluate.report_record import (
+    BucketsSection,
+    GateCheck,
+    IntervalsSection,
+    PhraseCacheSection,
+    ReportRecord,
+)
+from chattts_forge.evaluate.report_schema import validate, write_report
 from chattts_forge.evaluate.search_report import render_auto_search_markdown
 from chattts_forge.log import get_logger
 
@@ -46,39 +58,53 @@ _STATUS_WORD = {"pass": "pass", "fail": "**FAIL**", "waived": "waived", "not_mea
 _STATUS_BADGE = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "not_measured": "NOT MEASURED"}
 
 
-def _latency_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    lat = report["latency"]
-    rows = [(f"{report['artifact']['variant']} (artifact)", lat["artifact"]), ("fp32 (reference)", lat["reference"])]
-    if lat.get("pytorch"):
-        rows.append(("ChatTTS PyTorch FP32", lat["pytorch"]))
+def _latency_rows(report: ReportRecord) -> list[tuple[str, LatencyRecord | PytorchRecord]]:
+    lat = report.latency
+    rows: list[tuple[str, LatencyRecord | PytorchRecord]] = [
+        (f"{report.artifact.variant} (artifact)", _timed(lat.artifact)), ("fp32 (reference)", _timed(lat.reference))]
+    if lat.pytorch:
+        rows.append(("ChatTTS PyTorch FP32", lat.pytorch))
     return rows
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    art = report["artifact"]
-    verdict = "**PASSED**" if report["passed"] else "**FAILED**"
+def _timed(record: LatencyRecord | None | UnsetType) -> LatencyRecord:
+    if not isinstance(record, LatencyRecord):
+        raise BadInput("report key latency has no timed artifact and reference: nothing to render")
+    return record
+
+
+def _check_rows(checks: list[GateCheck]) -> list[tuple[GateCheck, str]]:
+    """Each check with its threshold as the tables show it (≥ x, ≤ x, or match)."""
+    rows = []
+    for c in checks:
+        op = {"min": "≥", "max": "≤"}.get(c.rule, "=")
+        rows.append((c, f"{op} {_f(c.threshold)}" if c.threshold is not None else "match"))
+    return rows
+
+
+def render_markdown(report: ReportRecord) -> str:
+    art, gate, corpus = report.artifact, report.gate, report.corpus
+    verdict = "**PASSED**" if report.passed else "**FAILED**"
     lines = [
-        f"### chattts-forge gate: `{art['variant']}` {verdict}",
+        f"### chattts-forge gate: `{art.variant}` {verdict}",
         "",
-        f"Artifact `{art['dir']}` ({_f(art['bytes_total'] / 1e6, 4)} MB, {len(art['files'])} files) against FP32 "
-        f"reference `{report['reference']['dir']}`; corpus `{report['corpus']['name']}` "
-        f"({report['corpus']['sentences_used']} sentences, sha256 `{report['corpus']['sha256'][:12]}`); "
-        f"gate `{Path(report['gate']['path']).name}` (sha256 `{report['gate']['sha256'][:12]}`).",
+        f"Artifact `{art.dir}` ({_f(art.bytes_total / 1e6, 4)} MB, {len(art.files)} files) against FP32 "
+        f"reference `{report.reference.dir}`; corpus `{corpus['name']}` "
+        f"({corpus['sentences_used']} sentences, sha256 `{corpus['sha256'][:12]}`); "
+        f"gate `{Path(gate.path).name}` (sha256 `{gate.sha256[:12]}`).",
         "",
     ]
-    for note in report.get("notes", []):
+    for note in report.notes:
         lines += [f"> {note}", ""]
     lines += ["| check | value | threshold | margin | status |", "| --- | ---: | ---: | ---: | --- |"]
-    for c in report["gate"]["checks"]:
-        op = {"min": "≥", "max": "≤"}.get(c["rule"], "=")
-        thr = f"{op} {_f(c['threshold'])}" if c["threshold"] is not None else "match"
+    for c, thr in _check_rows(gate.checks):
         lines.append(
-            f"| {c['metric']} | {_f(c['value'])} {c.get('unit') or ''} | {thr} | {_f(c['margin'])} | "
-            f"{_STATUS_WORD.get(c['status'], c['status'])} |"
+            f"| {c.metric} | {_f(c.value)} {c.unit or ''} | {thr} | {_f(c.margin)} | "
+            f"{_STATUS_WORD.get(c.status, c.status)} |"
         )
-    if report["gate"]["failed"]:
+    if gate.failed:
         lines += ["", "**Failed:** " + "; ".join(
-            c["message"] for c in report["gate"]["checks"] if c["status"] in ("fail", "not_measured"))]
+            c.message for c in gate.checks if c.status in ("fail", "not_measured"))]
     lines += [
         "",
         "#### Latency (same run)",
@@ -87,59 +113,62 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, rec in _latency_rows(report):
-        fa = rec.get("first_audio_seconds", {}).get("p50") if isinstance(rec.get("first_audio_seconds"), dict) else None
+        first_audio = getattr(rec, "first_audio_seconds", None)  # the PyTorch record streams nothing
+        fa = first_audio.p50 if first_audio else None
         lines.append(
-            f"| {name} | {_f(rec['rtf']['p50'])} | {_f(rec['rtf']['p95'])} | {_f(rec['rtf']['p99'])} | "
-            f"{_f(rec['seconds_per_step']['p50'] * 1000 if rec['seconds_per_step']['p50'] else None)} | "
-            f"{_f(rec['steps_per_second'])} | {_f(fa)} | {_f(rec['load_seconds'])} |"
+            f"| {name} | {_f(rec.rtf.p50)} | {_f(rec.rtf.p95)} | {_f(rec.rtf.p99)} | "
+            f"{_f(rec.seconds_per_step.p50 * 1000 if rec.seconds_per_step.p50 else None)} | "
+            f"{_f(rec.steps_per_second)} | {_f(fa)} | {_f(rec.load_seconds)} |"
         )
-    ratios = report["latency"]["ratios"]
-    lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios['vs_reference']['rtf_p50'])}x**"]
-    inter = ratios.get("vs_reference_rtf_interleaved")  # issue 27; absent in earlier reports
+    ratios = report.latency.ratios
+    if not isinstance(ratios, LatencyRatios) or ratios.vs_reference is None:
+        raise BadInput("report key latency.ratios.vs_reference is missing: nothing to render")
+    lines += ["", f"RTF ratio vs FP32 reference: **{_f(ratios.vs_reference.rtf_p50)}x**"]
+    inter = ratios.vs_reference_rtf_interleaved  # issue 27; absent in earlier reports
     if inter:
         lines[-1] += (f" (interleaved: 90% interval {_f(inter['low'])}-{_f(inter['high'])}, spread "
                       f"{_f(inter['spread'])}, {inter['rounds']} rounds over {inter['sentences']} sentences, "
                       f"{inter['stopped']})")
-    if ratios.get("vs_pytorch"):
-        lines[-1] += (f"; vs ChatTTS PyTorch FP32: **{_f(ratios['vs_pytorch']['rtf_p50'])}x** "
-                      f"(speed-up {_f(ratios['vs_pytorch']['speedup_p50'])}x)")
+    if ratios.vs_pytorch:
+        lines[-1] += (f"; vs ChatTTS PyTorch FP32: **{_f(ratios.vs_pytorch.rtf_p50)}x** "
+                      f"(speed-up {_f(ratios.vs_pytorch.speedup_p50)}x)")
     else:
         lines[-1] += "; no PyTorch baseline in this run (`--baseline-checkpoint`)."
-    tp = report["latency"]["artifact"]["throughput"]
+    tp = _timed(report.latency.artifact).throughput
     if tp:
         lines += ["", "| batch | aggregate RTF | real-time streams | steps/s |", "| ---: | ---: | ---: | ---: |"]
-        for b, rec in tp.items():
-            lines.append(f"| {b} | {_f(rec['aggregate_rtf'])} | {_f(rec['realtime_streams'])} | {_f(rec['steps_per_second'])} |")
+        for b, run in tp.items():
+            lines.append(f"| {b} | {_f(run.aggregate_rtf)} | {_f(run.realtime_streams)} | {_f(run.steps_per_second)} |")
     lines += _memory_lines(report)
-    lines += _hearing_lines(report) + _interval_lines(report.get("intervals"))
-    lines += _bucket_lines(report.get("buckets") or {}) + _cache_lines(report.get("phrase_cache"))
-    lines += render_auto_search_markdown(report)
-    m = report["machine"]
+    lines += _hearing_lines(report) + _interval_lines(report.intervals)
+    lines += _bucket_lines(report.buckets) + _cache_lines(report.phrase_cache)
+    lines += render_auto_search_markdown(art.quantization_search)
+    m = report.machine
     lines += [
         "",
         f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores, {m['threads']} threads, "
         f"{m['provider']}; onnxruntime {m['versions'].get('onnxruntime')}, toolchain "
-        f"{report['toolchain'].get('version')} ({report['toolchain'].get('git_commit') or 'no git'}).",
+        f"{report.toolchain.get('version')} ({report.toolchain.get('git_commit') or 'no git'}).",
         "",
-        f"report.json integrity `{report.get(INTEGRITY_KEY, '')[:16]}…`",
+        f"report.json integrity `{report.integrity[:16]}…`",
         "",
     ]
     return "\n".join(lines)
 
 
-def _memory_lines(report: dict[str, Any]) -> list[str]:
-    """The ``memory`` section (issue 50): each side's peak RSS in a process of its own, and the commands."""
-    memory = report.get("memory")
+def _memory_lines(report: ReportRecord) -> list[str]:
+    """The ``memory`` section (issue 50): each side's peak RSS in a process of its own, and the commands.
+    Each side is runtime.memory_probe's record (its own module's layout, an open map here)."""
+    memory = report.memory
     if not memory:
         return []
-    sides = [(f"{report['artifact']['variant']} (artifact)", memory.get("artifact")),
-             ("fp32 (reference)", memory.get("reference"))]
+    sides = [(f"{report.artifact.variant} (artifact)", memory.artifact), ("fp32 (reference)", memory.reference)]
     some = next((rec for _, rec in sides if rec), {})
     lines = ["", f"#### Memory (each in a process of its own: load, then {some.get('steps')} steps a row at batch "
                  f"{' then '.join(map(str, some.get('batches') or []))})", "",
              "| variant | peak RSS MB, batch 1 | batch 8 | after load MB | batch 1 / FP32 |",
              "| --- | ---: | ---: | ---: | ---: |"]
-    ratio = (memory.get("ratio_vs_reference") or {}).get("1")
+    ratio = memory.ratio_vs_reference.get("1")
     for i, (name, rec) in enumerate(sides):
         rec = rec or {}
         by_batch = rec.get("peak_rss_mb_by_batch") or {}
@@ -154,9 +183,10 @@ def _memory_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _hearing_lines(report: dict[str, Any]) -> list[str]:
-    """What listeners hear: SIM, DNSMOS and stream seams (sections absent in earlier reports: nothing)."""
-    speaker, nat, streaming = report.get("speaker"), report.get("naturalness"), report.get("streaming")
+def _hearing_lines(report: ReportRecord) -> list[str]:
+    """What listeners hear: SIM, DNSMOS and stream seams (sections absent in earlier reports: nothing).
+    The sections are evaluate.speaker's, listening's and seams' records (open maps in the report record)."""
+    speaker, nat, streaming = (None if s is UNSET else s for s in (report.speaker, report.naturalness, report.streaming))
     if speaker is None and nat is None and streaming is None:
         return []
     lines = ["", "#### What listeners hear (same sentences, speaker and seed as the FP32 reference)", ""]
@@ -199,51 +229,49 @@ def _hearing_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _interval_lines(section: dict[str, Any] | None) -> list[str]:
-    if not section or not section.get("figures"):
+def _interval_lines(section: IntervalsSection | UnsetType) -> list[str]:
+    if not section or not section.figures:
         return []
-    lines = ["", f"#### {int(100 * section['confidence'])}% bootstrap intervals over sentences", "",
+    lines = ["", f"#### {int(100 * section.confidence)}% bootstrap intervals over sentences", "",
              "| figure | value | interval | sentences | how |", "| --- | ---: | --- | ---: | --- |"]
-    for name, f in section["figures"].items():
-        lines.append(f"| {name} | {_f(f['value'])} | [{_f(f['low'])}, {_f(f['high'])}] | {f['n']} | {f['how']} |")
+    for name, f in section.figures.items():
+        lines.append(f"| {name} | {_f(f.value)} | [{_f(f.low)}, {_f(f.high)}] | {f.n} | {f.how} |")
     return lines
 
 
-def _listen_html(report: dict[str, Any]) -> str:
+def _listen_html(report: ReportRecord) -> str:
     """Players and spectrograms of the listen files (relative links: the page sits beside them)."""
-    listen = report.get("listen") or {}
     rows = []
-    for row in listen.get("sentences") or []:
+    for row in report.listen.sentences if report.listen else []:
         players = "".join(
-            f"<div>{html.escape(who)}<br><audio controls preload='metadata' src='{html.escape(row[key]['file'])}'>"
-            f"</audio></div>" for key, who in (("artifact", str(report["artifact"]["variant"])), ("reference", "fp32")))
-        rows.append(f"<div class='listen'><p>{html.escape(row['id'])}: {html.escape(row['text'])}</p>{players}"
-                    f"<img alt='mel spectrograms {html.escape(row['id'])}' src='{html.escape(row['spectrogram']['file'])}'/></div>")
+            f"<div>{html.escape(who)}<br><audio controls preload='metadata' src='{html.escape(heard.file)}'>"
+            f"</audio></div>" for heard, who in ((row.artifact, str(report.artifact.variant)), (row.reference, "fp32")))
+        rows.append(f"<div class='listen'><p>{html.escape(row.id)}: {html.escape(row.text)}</p>{players}"
+                    f"<img alt='mel spectrograms {html.escape(row.id)}' src='{html.escape(row.spectrogram.file)}'/></div>")
     return f"<h2>Listen</h2>{''.join(rows)}" if rows else ""
 
 
-def _bucket_lines(section: dict[str, Any]) -> list[str]:
-    from chattts_forge.evaluate.buckets import bucket_table_rows
-
+def _bucket_lines(section: BucketsSection) -> list[str]:
     rows = bucket_table_rows(section)
     if not rows:
         return []
-    lines = ["", f"#### Per length bucket ({section.get('length')}; not part of the verdict above, the routing table's input)",
+    length = None if section.length is UNSET else section.length
+    lines = ["", f"#### Per length bucket ({length}; not part of the verdict above, the routing table's input)",
              "", "| bucket | chars | sentences | code agreement | hidden cosine | mel SNR dB | RTF p50 | RTF vs FP32 | gate |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines
 
 
-def _cache_lines(cache: dict[str, Any] | None) -> list[str]:
+def _cache_lines(cache: PhraseCacheSection | None) -> list[str]:
     if not cache:
         return []
     return ["", "#### Warm phrase cache", "",
-            f"{cache['phrases']} phrases: a hit takes {_f(1e3 * cache['hit_seconds']['mean'])} ms, a miss "
-            f"{_f(1e3 * cache['miss_seconds']['mean'])} ms ({_f(100 * (cache['hit_over_miss'] or 0))}%); at a "
-            f"{_f(100 * cache['hit_ratio'])}% hit ratio the mean latency is {_f(1e3 * cache['mean_seconds_at_hit_ratio'])} ms "
-            f"against {_f(1e3 * cache['mean_seconds_no_cache'])} ms without a cache ({_f(cache['speedup_at_hit_ratio'])}x); "
-            f"hit vs miss waveform max |diff| {_f(cache['max_abs_diff'])}."]
+            f"{cache.phrases} phrases: a hit takes {_f(1e3 * cache.hit_seconds.mean)} ms, a miss "
+            f"{_f(1e3 * cache.miss_seconds.mean)} ms ({_f(100 * (cache.hit_over_miss or 0))}%); at a "
+            f"{_f(100 * cache.hit_ratio)}% hit ratio the mean latency is {_f(1e3 * cache.mean_seconds_at_hit_ratio)} ms "
+            f"against {_f(1e3 * cache.mean_seconds_no_cache)} ms without a cache ({_f(cache.speedup_at_hit_ratio)}x); "
+            f"hit vs miss waveform max |diff| {_f(cache.max_abs_diff)}."]
 
 
 # ---------------------------------------------------------------- plots
@@ -258,7 +286,7 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def make_plots(report: dict[str, Any]) -> dict[str, str]:
+def make_plots(report: ReportRecord) -> dict[str, str]:
     """{title: base64 PNG} of the report's figures (matplotlib, Agg backend)."""
     import matplotlib
 
@@ -271,7 +299,7 @@ def make_plots(report: dict[str, Any]) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, rec in rows:
-        secs = np.sort([u["seconds"] for u in rec["utterances"]])
+        secs = np.sort([u.seconds for u in rec.utterances])
         if secs.size:
             ax.step(secs, np.arange(1, secs.size + 1) / secs.size, where="post", label=name)
     ax.set_xlabel("synthesis time per utterance (s)")
@@ -283,18 +311,18 @@ def make_plots(report: dict[str, Any]) -> dict[str, str]:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.4))
     names = [n for n, _ in rows]
-    ax1.bar(names, [rec["rtf"]["p50"] or 0 for _, rec in rows], color="tab:blue")
+    ax1.bar(names, [rec.rtf.p50 or 0 for _, rec in rows], color="tab:blue")
     ax1.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax1.set_title("RTF p50 (lower is faster)")
     ax1.tick_params(axis="x", labelrotation=20, labelsize=7)
-    sizes = [report["size"]["artifact_bytes"] / 1e6, report["size"]["reference_bytes"] / 1e6]
+    sizes = [report.size.artifact_bytes / 1e6, report.size.reference_bytes / 1e6]
     ax2.bar(names[:2], sizes, color="tab:orange")
     ax2.set_title("size on disk (MB)")
     ax2.tick_params(axis="x", labelrotation=20, labelsize=7)
     plots["RTF and size per variant"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    intel = report["intelligibility"]
+    intel = report.intelligibility
     if intel.get("measured"):
         labels, values = [], []
         for lang, rec in intel["languages"].items():
@@ -311,7 +339,7 @@ def make_plots(report: dict[str, Any]) -> dict[str, str]:
     ax.set_title("WER/CER per variant")
     plots["WER/CER per variant"] = _png(fig)
 
-    fid = report.get("fidelity")
+    fid = report.fidelity
     if fid:
         tf = fid["teacher_forced"]
         streams = np.arange(len(tf["top1_agreement"]["per_stream"]))
@@ -327,14 +355,14 @@ def make_plots(report: dict[str, Any]) -> dict[str, str]:
         ax2.set_title("KL(FP32 || artifact) per stream (nats)")
         plots["Fidelity per stream"] = _png(fig)
 
-    tp = report["latency"]["artifact"].get("throughput") or {}
+    tp = _timed(report.latency.artifact).throughput
     if tp:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         bs = [int(b) for b in tp]
-        ax.plot(bs, [tp[str(b)]["realtime_streams"] or 0 for b in bs], marker="o", label="artifact")
-        ref_tp = report["latency"]["reference"].get("throughput") or {}
+        ax.plot(bs, [tp[str(b)].realtime_streams or 0 for b in bs], marker="o", label="artifact")
+        ref_tp = _timed(report.latency.reference).throughput
         if ref_tp:
-            ax.plot(bs, [ref_tp.get(str(b), {}).get("realtime_streams") or 0 for b in bs], marker="s",
+            ax.plot(bs, [run.realtime_streams or 0 if (run := ref_tp.get(str(b))) else 0 for b in bs], marker="s",
                     label="fp32 reference")
         ax.set_xlabel("batch size")
         ax.set_ylabel("seconds of audio per second")
@@ -351,33 +379,31 @@ def _badge(status: str, word: str | None = None) -> str:
     return f"<span class='badge {cls}'>{html.escape(word or _STATUS_BADGE.get(status, status.upper()))}</span>"
 
 
-def render_html(report: dict[str, Any], markdown: str) -> str:
+def render_html(report: ReportRecord, markdown: str) -> str:
     """A self-contained page: verdict, checks table, plots (inline PNG), the summary rendered as HTML."""
     plots = make_plots(report)
-    art = report["artifact"]
+    art = report.artifact
     rows = []
-    for c in report["gate"]["checks"]:
-        op = {"min": "≥", "max": "≤"}.get(c["rule"], "=")
-        thr = f"{op} {_f(c['threshold'])}" if c["threshold"] is not None else "match"
-        cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(c["status"], "waived")
+    for c, thr in _check_rows(report.gate.checks):
+        cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(c.status, "waived")
         rows.append(
-            f"<tr class='{cls}'><td>{html.escape(c['metric'])}</td><td>{html.escape(_f(c['value']))}</td>"
-            f"<td>{html.escape(thr)}</td><td>{html.escape(_f(c['margin']))}</td>"
-            f"<td>{_badge(c['status'])}</td><td>{html.escape(c['message'])}</td></tr>"
+            f"<tr class='{cls}'><td>{html.escape(c.metric)}</td><td>{html.escape(_f(c.value))}</td>"
+            f"<td>{html.escape(thr)}</td><td>{html.escape(_f(c.margin))}</td>"
+            f"<td>{_badge(c.status)}</td><td>{html.escape(c.message)}</td></tr>"
         )
     files = "".join(
-        f"<tr><td>{html.escape(name)}</td><td><code>{f['sha256']}</code></td><td>{f['bytes']}</td></tr>"
-        for name, f in art["files"].items()
+        f"<tr><td>{html.escape(name)}</td><td><code>{f.sha256}</code></td><td>{f.bytes}</td></tr>"
+        for name, f in art.files.items()
     )
     figures = "".join(
         f"<figure><img alt='{html.escape(t)}' src='data:image/png;base64,{b64}'/><figcaption>{html.escape(t)}"
         "</figcaption></figure>"
         for t, b64 in plots.items()
     )
-    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in report.get("notes", []))
-    verdict = _badge("pass", "PASSED") if report["passed"] else _badge("fail", "FAILED")
+    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in report.notes)
+    verdict = _badge("pass", "PASSED") if report.passed else _badge("fail", "FAILED")
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>chattts-forge gate: {html.escape(str(art['variant']))}</title>
+<html lang="en"><head><meta charset="utf-8"><title>chattts-forge gate: {html.escape(str(art.variant))}</title>
 <style>
 body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#1f2328}}
 table{{border-collapse:collapse;margin:1em 0;font-size:14px}}
@@ -391,10 +417,10 @@ figure{{display:inline-block;margin:8px}} code{{font-size:12px}}
 .summary{{border:1px solid #d0d7de;border-radius:6px;padding:0 1em}} .summary th{{background:#f6f8fa}}
 .summary blockquote{{margin:0.5em 0;padding:0 1em;border-left:4px solid #d0d7de;color:#59636e}}
 </style></head><body>
-<h1>{html.escape(str(art['variant']))}: {verdict}</h1>
-<p>Artifact <code>{html.escape(art['dir'])}</code> against <code>{html.escape(report['reference']['dir'])}</code>,
-corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_used']} sentences), evaluated
-{html.escape(report['created_at'])}.</p>
+<h1>{html.escape(str(art.variant))}: {verdict}</h1>
+<p>Artifact <code>{html.escape(art.dir)}</code> against <code>{html.escape(report.reference.dir)}</code>,
+corpus {html.escape(report.corpus['name'])} ({report.corpus['sentences_used']} sentences), evaluated
+{html.escape(report.created_at)}.</p>
 {notes}
 <h2>Gate</h2>
 <table><tr><th>metric</th><th>value</th><th>threshold</th><th>margin</th><th>status</th><th>detail</th></tr>
@@ -407,7 +433,7 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 {to_html(markdown)}</section>
 <h2>Files judged</h2>
 <table><tr><th>file</th><th>sha256</th><th>bytes</th></tr>{files}</table>
-<p>report.json integrity: <code>{html.escape(report.get(INTEGRITY_KEY, ''))}</code></p>
+<p>report.json integrity: <code>{html.escape(report.integrity)}</code></p>
 </body></html>
 """
 
@@ -415,8 +441,9 @@ corpus {html.escape(report['corpus']['name'])} ({report['corpus']['sentences_use
 def write_reports(report: dict[str, Any], out_dir: Path, files: dict[str, bytes] | None = None) -> Path:
     """Write report.json (sealed, validated) / report.md / report.html into `out_dir`, with `files`
     ({relative path: bytes}: the listen files) beside them, all or nothing."""
-    markdown = render_markdown(report)
-    renderings: dict[str, str | bytes] = {"report.md": markdown, "report.html": render_html(report, markdown)}
+    record = validate(report)
+    markdown = render_markdown(record)
+    renderings: dict[str, str | bytes] = {"report.md": markdown, "report.html": render_html(record, markdown)}
     for name, data in (files or {}).items():
         if name in renderings or name == "report.json":
             raise ValueError(f"listen file {name!r} would replace a report file")

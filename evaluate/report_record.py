@@ -1,13 +1,18 @@
-"""report.json's top level as a typed record: the sections publish reads key by key (artifact, gate
-and its checks, headline, size) are typed; the sections whose inner layout belongs to another module
-(latency, fidelity, corpus, machine, ...) are free-form objects here.
+"""report.json as a typed record: the top level, artifact, gate and its checks, headline, size,
+latency (evaluate.latency_record), memory, buckets, listen, intervals and phrase_cache are typed key
+by key; the sections whose inner layout another module owns and writes in several shapes (fidelity,
+intelligibility, speaker, naturalness, streaming, corpus, settings, machine, ...) are open objects.
+
+Fields are declared in the order evaluate writes them, so `report_builtins(record)` gives the keys
+back in that order: report_schema.write_report encodes the record and the bytes (and the integrity
+hash, computed over sorted keys) are what they were. A section absent in older reports is UNSET
+(left out when encoded); every report a published build holds loads and encodes back byte for byte.
 
 `check_report(report)` is evaluate.report_schema's strict check (every key known, present and of its
 type): a msgspec conversion with type checks, its error turned into the report's one-line message
-(``report key headline.rtf_p50 is missing``, ``unknown report key gate.approved_by``, ``report key
-artifact.files.gpt.onnx.bytes must be int, got str``). The written bytes do not pass through these
-types (report_schema.write_report writes the dict it checked), so a report's bytes and its integrity
-hash are what they were. docs/schemas/report.schema.json is generated from these types.
+naming the dotted path (``report key headline.rtf_p50 is missing``, ``unknown report key
+buckets.results.medium.gate.checks[0].approved_by``, ``report key artifact.files.gpt.onnx.bytes must
+be int, got str``). docs/schemas/report.schema.json is generated from these types.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import re
 from typing import Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 from chattts_forge.errors import BadInput
+from chattts_forge.evaluate.latency_record import LatencySection, Percentiles, Utterance
 
 Number = int | float
 OptNumber = int | float | None
@@ -98,37 +104,154 @@ class SizeSection(Struct, forbid_unknown_fields=True):
     ratio_vs_reference: OptNumber
 
 
-class ReportRecord(Struct, forbid_unknown_fields=True):
+class BucketDefinition(Struct, forbid_unknown_fields=True):
+    name: str
+    min_chars: int
+    max_chars: int | None
+
+
+class BucketLatencySide(Struct, forbid_unknown_fields=True):
+    """A bucket's sentences timed on one side (evaluate.buckets.time_sentences)."""
+
+    utterances: list[Utterance]
+    rtf: Percentiles
+    seconds: Percentiles
+
+
+class BucketLatency(Struct, forbid_unknown_fields=True):
+    artifact: BucketLatencySide
+    reference: BucketLatencySide
+    ratio_vs_reference: OptNumber
+
+
+class BucketGate(Struct, forbid_unknown_fields=True):
+    passed: bool
+    checks: list[GateCheck]
+    failed: list[str]
+    waived: dict[str, str]
+
+
+class BucketResult(Struct, forbid_unknown_fields=True, kw_only=True):
+    """One length bucket's figures and verdict (evaluate.buckets.measure_buckets); `chars` and the
+    measured sections are absent in reports written before them (tests' minimal buckets too)."""
+
+    name: str
+    min_chars: int
+    max_chars: int | None
+    sentences: list[str]
+    chars: list[int] | UnsetType = UNSET
+    latency: BucketLatency | None | UnsetType = UNSET
+    fidelity: dict[str, Any] | None | UnsetType = UNSET  # quantize.measure_fidelity's record
+    intelligibility: dict[str, Any] | UnsetType = UNSET
+    metrics: dict[str, OptNumber]
+    gate: BucketGate | None | UnsetType = UNSET
+    passed: bool | None
+    note: str | None | UnsetType = UNSET
+
+
+class BucketsSection(Struct, forbid_unknown_fields=True):
+    length: str | UnsetType = UNSET
+    per_bucket: int | UnsetType = UNSET
+    definition: list[BucketDefinition] | UnsetType = UNSET
+    results: dict[str, BucketResult] | UnsetType = UNSET  # bucket name -> its result
+
+    def result_map(self) -> dict[str, BucketResult]:
+        return {} if self.results is UNSET else self.results
+
+
+class MemorySection(Struct, forbid_unknown_fields=True):
+    """Each side's fresh-process probe (runtime.memory_probe.measure_memory's record, its own
+    module's: open here; null when not probed) and the artifact's peak over the reference's."""
+
+    artifact: dict[str, Any] | None
+    reference: dict[str, Any] | None
+    definition: str
+    ratio_vs_reference: dict[str, OptNumber]  # batch size (as text) -> ratio
+
+
+class IntervalFigure(Struct, forbid_unknown_fields=True):
+    value: OptNumber
+    low: OptNumber
+    high: OptNumber
+    n: int
+    how: str
+
+
+class IntervalsSection(Struct, forbid_unknown_fields=True):
+    confidence: Number
+    resamples: int
+    method: str
+    figures: dict[str, IntervalFigure]  # figure name -> its interval
+
+
+class ListenFile(Struct, forbid_unknown_fields=True):
+    file: str
+    sha256: str
+    seconds: OptNumber | UnsetType = UNSET  # audio only
+
+
+class ListenSentence(Struct, forbid_unknown_fields=True):
+    id: str
+    text: str
+    artifact: ListenFile
+    reference: ListenFile
+    spectrogram: ListenFile
+
+
+class ListenSection(Struct, forbid_unknown_fields=True):
+    format: str
+    mime: str
+    sentences: list[ListenSentence]
+    spectrogram: dict[str, Any]
+
+
+class PhraseCacheSection(Struct, forbid_unknown_fields=True):
+    hit_ratio: Number
+    phrases: int
+    miss_seconds: Percentiles
+    hit_seconds: Percentiles
+    hit_over_miss: OptNumber
+    mean_seconds_no_cache: OptNumber
+    mean_seconds_at_hit_ratio: OptNumber
+    speedup_at_hit_ratio: OptNumber
+    max_abs_diff: OptNumber
+    cache_bytes: int
+    method: str
+
+
+class ReportRecord(Struct, forbid_unknown_fields=True, kw_only=True):
+    """report.json, its fields in the order evaluate writes them (the encoder keeps that order)."""
+
     schema: str
     created_at: str
-    passed: bool
     artifact: ArtifactSection
     reference: ArtifactSection
     corpus: dict[str, Any]
     settings: dict[str, Any]
     intelligibility: dict[str, Any]
-    fidelity: dict[str, Any]
-    latency: dict[str, Any]
+    fidelity: dict[str, Any]  # quantize.measure_fidelity's record
+    # written by evaluate since issue 25 (memory: issue 50); absent in earlier reports of this schema
+    speaker: dict[str, Any] | UnsetType = UNSET
+    naturalness: dict[str, Any] | UnsetType = UNSET
+    streaming: dict[str, Any] | UnsetType = UNSET
+    listen: ListenSection | UnsetType = UNSET
+    latency: LatencySection
+    memory: MemorySection | UnsetType = UNSET
     size: SizeSection
     machine: dict[str, Any]
     versions: dict[str, Any]
     toolchain: dict[str, Any]
+    buckets: BucketsSection
+    phrase_cache: PhraseCacheSection | None
     metrics: dict[str, OptNumber]
+    intervals: IntervalsSection | UnsetType = UNSET
+    sentences: list[dict[str, Any]] | UnsetType = UNSET
     gate: GateSection
+    passed: bool
     headline: Headline
     notes: list[str]
     timing: dict[str, Any]
-    buckets: dict[str, Any]
-    phrase_cache: dict[str, Any] | None
     integrity: str
-    # written by evaluate since issue 25 (memory: issue 50); absent in earlier reports of this schema
-    speaker: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    naturalness: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    streaming: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    listen: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    intervals: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    sentences: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
-    memory: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 # msgspec's names of JSON types -> the ones the report's messages have always used (Python's)
@@ -217,3 +340,16 @@ def check_report(report: dict[str, Any]) -> ReportRecord:
 def report_json_schema() -> dict[str, Any]:
     """The JSON Schema of report.json's typed top level (docs/schemas/report.schema.json)."""
     return msgspec.json.schema(ReportRecord)
+
+
+def _plain(obj: Any) -> Any:
+    """A str subclass (torch's TorchVersion, ...) as the plain str json.dumps writes for it."""
+    if isinstance(obj, str):
+        return str(obj)
+    raise TypeError(f"a report cannot hold a {type(obj).__name__}")
+
+
+def report_builtins(record: ReportRecord) -> dict[str, Any]:
+    """The record as JSON-ready builtins, keys in the written order (absent optional sections left out)."""
+    out: dict[str, Any] = msgspec.to_builtins(record, enc_hook=_plain)
+    return out

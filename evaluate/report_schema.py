@@ -58,9 +58,12 @@ accepted (`report_record.ReportRecord`):
   canonical form is stable.
 
 The types are evaluate.report_record's (msgspec; docs/schemas/report.schema.json is generated from
-them). Sections whose inner layout belongs to another module (latency, fidelity, corpus, machine, ...)
-are checked for their type only; the sections publish reads (artifact, gate, checks, headline, size)
-are checked key by key. A missing or unknown key is a one-line `BadInput` naming it (e.g.
+them): artifact, gate, checks, headline, size, latency (evaluate.latency_record), memory, buckets,
+listen, intervals and phrase_cache are checked key by key; the sections whose inner layout another
+module owns and writes in several shapes (fidelity, intelligibility, speaker, naturalness, streaming,
+corpus, settings, machine, the memory probes' records, ...) are checked for their type only.
+`write_report` writes the record's encoding (`report_json_bytes`): its keys in the order the record
+declares, which is the order evaluate assembles them in, so the bytes are what they were. A missing or unknown key is a one-line `BadInput` naming it (e.g.
 ``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
 """
 
@@ -74,8 +77,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
-from chattts_forge.evaluate.report_record import check_report
+from chattts_forge.evaluate.report_record import ReportRecord, check_report, report_builtins
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -105,21 +110,22 @@ def headline(variant: str | None, passed: bool, metrics: Mapping[str, float | No
             **{k: metrics.get(k) for k in (*HEADLINE_METRICS, *HEADLINE_OPTIONAL_METRICS)}}
 
 
-def validate(report: Any) -> None:
-    """Strict check of a report against the schema: every key known, present and of its type."""
+def validate(report: Any) -> ReportRecord:
+    """Strict check of a report against the schema (every key known, present and of its type): its record."""
     if not isinstance(report, dict):
         raise BadInput(f"a report must be a JSON object, got {type(report).__name__}")
     if report.get("schema") != REPORT_SCHEMA:
         raise BadInput(f"unknown report schema {report.get('schema')!r} (expected {REPORT_SCHEMA})")
-    check_report(report)
-    for i, check in enumerate(report["gate"]["checks"]):
-        if check["status"] not in CHECK_STATUSES:
-            raise BadInput(f"report key gate.checks[{i}].status is {check['status']!r}, "
+    record = check_report(report)
+    for i, check in enumerate(record.gate.checks):
+        if check.status not in CHECK_STATUSES:
+            raise BadInput(f"report key gate.checks[{i}].status is {check.status!r}, "
                              f"not one of {', '.join(CHECK_STATUSES)}")
-    if report["passed"] != report["gate"]["passed"]:
+    if record.passed != record.gate.passed:
         raise BadInput("report key passed contradicts gate.passed")
-    if not report["artifact"]["files"]:
+    if not record.artifact.files:
         raise BadInput("report key artifact.files names no file")
+    return record
 
 
 # ------------------------------------------------------------------ the seal
@@ -163,9 +169,11 @@ def verify_integrity(report: Mapping[str, Any]) -> bool:
 # ------------------------------------------------------------------ write and read
 
 
-def report_json_bytes(report: Mapping[str, Any]) -> bytes:
-    """report.json's bytes: indented, UTF-8, strict JSON (no NaN), one trailing newline."""
-    return (json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+def report_json_bytes(report: ReportRecord | Mapping[str, Any]) -> bytes:
+    """report.json's bytes, encoded from its record (a dict is checked into one first): keys in the
+    record's order, indented, UTF-8, strict JSON (no NaN), one trailing newline."""
+    record = report if isinstance(report, ReportRecord) else check_report(dict(report))
+    return (json.dumps(report_builtins(record), indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[str, str | bytes] | None = None) -> Path:
@@ -173,12 +181,12 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
     or bytes}) beside it, atomically (one folder rename: all files or none). Returns `out_dir`."""
     if not verify_integrity(report):
         raise BadInput("refusing to write an unsealed report (seal it first)")
-    validate(report)
+    record = validate(report)
     renderings = dict(renderings or {})
     if REPORT_NAME in renderings:
         raise BadInput(f"a rendering may not be named {REPORT_NAME}")
     with atomic_output_dir(Path(out_dir)) as tmp:
-        (tmp / REPORT_NAME).write_bytes(report_json_bytes(report))
+        (tmp / REPORT_NAME).write_bytes(report_json_bytes(record))
         for name, content in renderings.items():
             target = tmp / name
             if Path(name).is_absolute() or ".." in Path(name).parts:
@@ -197,11 +205,13 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
 
 @dataclass(frozen=True)
 class SealedReport:
-    """A report.json that was read, its seal verified and its keys validated (`read_report`)."""
+    """A report.json that was read, its seal verified and its keys validated (`read_report`): `record`
+    is the typed report readers take; `data` the same JSON as plain dicts (for code that still needs them)."""
 
     path: Path
     raw_bytes: bytes
     data: dict[str, Any]
+    record: ReportRecord
 
     @property
     def sha256(self) -> str:
@@ -209,55 +219,55 @@ class SealedReport:
 
     @property
     def schema(self) -> str:
-        return str(self.data["schema"])
+        return self.record.schema
 
     @property
     def integrity(self) -> str:
-        return str(self.data[INTEGRITY_KEY])
+        return self.record.integrity
 
     @property
     def passed(self) -> bool:
-        return bool(self.data["passed"])
+        return self.record.passed
 
     @property
     def created_at(self) -> str:
-        return str(self.data["created_at"])
+        return self.record.created_at
 
     @property
     def artifact_files(self) -> dict[str, str]:
         """{file name: sha256} of the artifact the report judged."""
-        return {name: entry["sha256"] for name, entry in self.data["artifact"]["files"].items()}
+        return {name: entry.sha256 for name, entry in self.record.artifact.files.items()}
 
     @property
     def checks(self) -> list[dict[str, Any]]:
-        return list(self.data["gate"]["checks"])
+        return [msgspec.to_builtins(c) for c in self.record.gate.checks]
 
     @property
     def thresholds(self) -> dict[str, Any]:
-        return dict(self.data["gate"]["thresholds"])
+        return dict(self.record.gate.thresholds)
 
     @property
     def headline(self) -> dict[str, Any]:
-        return dict(self.data["headline"])
+        return msgspec.to_builtins(self.record.headline)
 
     @property
     def machine(self) -> dict[str, Any]:
-        return dict(self.data["machine"])
+        return dict(self.record.machine)
 
     @property
     def corpus(self) -> dict[str, Any]:
-        return dict(self.data["corpus"])
+        return dict(self.record.corpus)
 
     @property
     def reference(self) -> dict[str, Any]:
-        return dict(self.data["reference"])
+        return msgspec.to_builtins(self.record.reference)
 
     @property
     def notes(self) -> list[str]:
-        return list(self.data["notes"])
+        return list(self.record.notes)
 
     def failed_checks(self) -> list[dict[str, Any]]:
-        return [c for c in self.checks if c["status"] in ("fail", "not_measured")]
+        return [msgspec.to_builtins(c) for c in self.record.gate.checks if c.status in ("fail", "not_measured")]
 
 
 def parse_report(path: Path, raw: bytes) -> SealedReport:
@@ -276,10 +286,10 @@ def parse_report(path: Path, raw: bytes) -> SealedReport:
     if stored != report_integrity(data):
         raise IntegrityError(f"{path}: report integrity mismatch: it was edited after evaluation; refusing it")
     try:
-        validate(data)
+        record = validate(data)
     except ForgeError as e:
         raise ForgeError(f"{path}: {e}") from None
-    return SealedReport(path=path, raw_bytes=raw, data=data)
+    return SealedReport(path=path, raw_bytes=raw, data=data, record=record)
 
 
 def read_report(report: str | Path) -> SealedReport:

@@ -1,7 +1,7 @@
 """The report section of `quantize --method auto`: the candidates its search tried, as a Pareto table.
 
 `auto_search_summary(artifact.json's quantization block)` is what evaluate copies into report.json (`artifact.
-quantization_search`); `render_auto_search_markdown(report)` is the Markdown section (the HTML page
+quantization_search`); `render_auto_search_markdown(search)` is the Markdown section (the HTML page
 shows the Markdown summary too). Artifacts of other methods have no section.
 """
 
@@ -45,9 +45,9 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def render_auto_search_markdown(report: dict[str, Any]) -> list[str]:
-    """Markdown lines of the auto search's table (empty when the artifact is not `auto`)."""
-    s = (report.get("artifact") or {}).get("quantization_search")
+def render_auto_search_markdown(s: dict[str, Any] | None) -> list[str]:
+    """Markdown lines of the auto search's table from the report's ``artifact.quantization_search``
+    (empty when the artifact is not `auto`)."""
     if not s:
         return []
     lines = [

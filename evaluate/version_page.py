@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.evaluate.listening import read_listen_file
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -93,7 +95,7 @@ class VariantEntry:
     variant: str
     status: str  # "published" (in this version) | "refused" | "regression" (passed, refused against the baseline)
     #              | "not built" | "other version" (passed, published elsewhere)
-    report: dict[str, Any] | None = None
+    report: ReportRecord | None = None
     report_dir: Path | None = None
     detail: str = ""  # why it was refused or not built
     regression: dict[str, Any] | None = None  # its comparison with the previous version (publish.regression)
@@ -108,40 +110,40 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _value(report: dict[str, Any], key: str) -> tuple[float | None, str]:
+def _value(report: ReportRecord, key: str) -> tuple[float | None, str]:
     """(value, label) of a column for one report."""
-    m = report.get("metrics") or {}
+    m = report.metrics
     if key == "asr":
         for metric in ("wer", "cer"):
             if _num(m.get(metric)) is not None:
                 return m[metric], metric.upper()
         return None, ""
     if key == "ovrl":
-        nat = report.get("naturalness") or {}
+        nat = report.naturalness or {}  # evaluate.listening's record (an open map in the report)
         return ((nat.get("artifact") or {}).get("ovrl") if nat.get("measured") else None), ""
     return m.get(key), ""
 
 
-def _cell(report: dict[str, Any], column: tuple[str, str, tuple[str, ...], str | None, str]) -> str:
+def _cell(report: ReportRecord, column: tuple[str, str, tuple[str, ...], str | None, str]) -> str:
     _, key, metrics, interval_key, spec = column
     value, label = _value(report, key)
-    figures = (report.get("intervals") or {}).get("figures") or {}
+    figures = report.intervals.figures if report.intervals else {}
     if key == "asr" and label:
         interval_key = label.lower()
     text = _fmt(value, spec) + (f" {label}" if label and value is not None else "")
     iv = figures.get(interval_key) if interval_key else None
     if iv and value is not None:
-        text += f" <span class='iv'>[{_fmt(iv['low'], spec)}, {_fmt(iv['high'], spec)}]</span>"
-    checks = [c for c in report["gate"]["checks"] if c["metric"] in metrics]
-    if value is None and any(c["metric"] == key and c["status"] == "pass" for c in checks):
+        text += f" <span class='iv'>[{_fmt(iv.low, spec)}, {_fmt(iv.high, spec)}]</span>"
+    checks = [c for c in report.gate.checks if c.metric in metrics]
+    if value is None and any(c.metric == key and c.status == "pass" for c in checks):
         text = "inf"  # a passing figure stored as null: +inf (identical output), which strict JSON cannot hold
     if not checks:
         return f"<td>{text}</td>"
-    worst = max(checks, key=lambda c: _RANK.get(c["status"], 0))
-    status = worst["status"]
+    worst = max(checks, key=lambda c: _RANK.get(c.status, 0))
+    status = worst.status
     word = {"pass": "pass", "fail": "FAIL", "not_measured": "FAIL", "waived": "waived"}.get(status, status)
     cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(status, "waived")
-    title = "; ".join(c["message"] for c in checks)
+    title = "; ".join(c.message for c in checks)
     return f"<td class='{cls}' title='{html.escape(title)}'>{text} <span class='badge {cls}'>{word}</span></td>"
 
 
@@ -150,7 +152,7 @@ def _verdict(entry: VariantEntry) -> str:
         note = f" <span class='why'>{html.escape(entry.detail)}</span>" if entry.detail else ""
         return f"<span class='badge pass'>PUBLISHED</span>{note}"
     if entry.status == "refused":
-        failed = ", ".join((entry.report or {}).get("gate", {}).get("failed") or [])
+        failed = ", ".join(entry.report.gate.failed if entry.report else [])
         return f"<span class='badge fail'>REFUSED</span> <span class='why'>gate failed: {html.escape(failed)}</span>"
     if entry.status == "regression":
         worse = ", ".join((entry.regression or {}).get("regressions") or [])
@@ -263,7 +265,7 @@ def _lookahead(entries: list[VariantEntry]) -> str:
     its SNR on the held-out sentences with the gate's verdict, and the curve it was chosen on."""
     rows = []
     for e in entries:
-        streaming = (e.report or {}).get("streaming") or {}
+        streaming = (e.report.streaming or {}) if e.report else {}  # evaluate.seams' record (an open map)
         record = streaming.get("recorded")
         if not record:
             text = "-" if not e.report else "none recorded: streams exactly"
@@ -298,7 +300,7 @@ def pareto_plot(entries: list[VariantEntry]) -> str | None:
 
     points, status = {}, {}
     for e in entries:
-        m = (e.report or {}).get("metrics") or {}
+        m = e.report.metrics if e.report else {}
         x, y = _num(m.get("rtf_ratio_vs_reference")), _num(m.get("code_agreement"))
         if x is not None and y is not None:
             points[e.variant], status[e.variant] = (x, y), e.status
@@ -343,28 +345,28 @@ def _player(label: str, mime: str, data: bytes, key: str) -> str:
 
 def _listen(entries: list[VariantEntry], sentences: int) -> str:
     """FP32's audio and each variant's, per sentence, with the spectrogram of each variant against FP32."""
-    from chattts_forge.evaluate.listening import read_listen_file
-
-    with_audio = [e for e in entries if e.report and e.report_dir is not None and (e.report.get("listen") or {}).get("sentences")]
+    with_audio = [(e, e.report.listen) for e in entries
+                  if e.report and e.report_dir is not None and e.report.listen and e.report.listen.sentences]
     if not with_audio:
         return "<p>No audio: none of the reports holds listening files.</p>"
     # FP32's audio from its own report when it was evaluated; else any report's reference audio.
-    source = next((e for e in with_audio if e.variant == "fp32"), with_audio[0])
-    fp32_key = "artifact" if source.variant == "fp32" else "reference"
+    source, heard = next(((e, lis) for e, lis in with_audio if e.variant == "fp32"), with_audio[0])
+    assert source.report_dir is not None  # with_audio holds only entries with a folder
     blocks = []
-    for row in source.report["listen"]["sentences"][:sentences]:
-        mime = source.report["listen"].get("mime", "audio/mpeg")
-        parts = [f"<h3>{html.escape(row['id'])}: {html.escape(row['text'])}</h3>",
-                 _player("fp32", mime, read_listen_file(source.report_dir, row[fp32_key]), f"{row['id']}/fp32")]
-        for e in with_audio:
-            if e.variant == "fp32":
+    for row in heard.sentences[:sentences]:
+        mime = heard.mime
+        fp32_file = row.artifact if source.variant == "fp32" else row.reference
+        parts = [f"<h3>{html.escape(row.id)}: {html.escape(row.text)}</h3>",
+                 _player("fp32", mime, read_listen_file(source.report_dir, fp32_file), f"{row.id}/fp32")]
+        for e, listen in with_audio:
+            if e.variant == "fp32" or e.report_dir is None:
                 continue
-            mine = next((r for r in e.report["listen"]["sentences"] if r["id"] == row["id"] and r["text"] == row["text"]), None)
+            mine = next((r for r in listen.sentences if r.id == row.id and r.text == row.text), None)
             if mine is None:
                 continue
-            audio = read_listen_file(e.report_dir, mine["artifact"])
-            png = read_listen_file(e.report_dir, mine["spectrogram"])
-            key = f"{row['id']}/{e.variant}"
+            audio = read_listen_file(e.report_dir, mine.artifact)
+            png = read_listen_file(e.report_dir, mine.spectrogram)
+            key = f"{row.id}/{e.variant}"
             parts.append(f"<div class='variant'>{_player(e.variant, mime, audio, key)}"
                          f"<img alt='mel spectrograms: fp32, {html.escape(e.variant)}, difference' "
                          f"src='{_data_uri('image/png', png)}'/></div>")
@@ -388,8 +390,8 @@ def page_data(model: str, version: str, entries: list[VariantEntry]) -> dict[str
     return {"schema": PAGE_SCHEMA, "model": model, "version": version,
             "history": HISTORY_LINK,
             "variants": {e.variant: {"status": e.status,
-                                     "report_integrity": (e.report or {}).get("integrity"),
-                                     "passed": (e.report or {}).get("passed"),
+                                     "report_integrity": e.report.integrity if e.report else None,
+                                     "passed": e.report.passed if e.report else None,
                                      "regression": _page_regression(e.regression)} for e in entries}}
 
 
@@ -416,7 +418,7 @@ def render_version_page(model: str, version: str, entries: list[VariantEntry], r
     """The version page's bytes (see module docstring)."""
     notes = []
     for e in entries:
-        for n in (e.report or {}).get("notes") or []:
+        for n in e.report.notes if e.report else []:
             if n not in notes and ("synthetic" in n.lower() or "not gated" in n):
                 notes.append(n)
     plot = pareto_plot(entries)

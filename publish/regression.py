@@ -73,6 +73,7 @@ import numpy as np
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -159,9 +160,10 @@ def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
     latency = latency_section(report)
-    ref = {u.text: _finite(u.rtf) for u in latency.reference.utterances} if latency.reference else {}
+    timed, reference = latency.timed("artifact"), latency.timed("reference")
+    ref = {u.text: _finite(u.rtf) for u in reference.utterances} if reference else {}
     out = {}
-    for u in latency.artifact.utterances if latency.artifact else []:
+    for u in timed.utterances if timed else []:
         mine, theirs = _finite(u.rtf), ref.get(u.text)
         if mine is not None and theirs:
             out[u.text] = mine / theirs
@@ -171,14 +173,14 @@ def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
 def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     """{text: first audio seconds} of one latency record (its per-sentence runs; none before issue 38's
     item 2 recorded them)."""
-    samples = record.first_audio_seconds.samples if record and record.first_audio_seconds else []
+    samples = record.first_audio_seconds.sample_list() if record and record.first_audio_seconds else []
     return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
 def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
     latency = latency_section(report)
-    mine, ref = _first_audio(latency.artifact), _first_audio(latency.reference)
+    mine, ref = _first_audio(latency.timed("artifact")), _first_audio(latency.timed("reference"))
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -211,7 +213,7 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
 # per-sentence figures read from the latency records rather than the report's sentence rows
 _FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio(latency_section(report).artifact),
+    "first_audio": lambda report: _first_audio(latency_section(report).timed("artifact")),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -444,7 +446,7 @@ def _bootstrap_median(ratios: list[float]) -> tuple[float, float, float]:
     return float(np.median(arr)), bounds[0], bounds[1]
 
 
-def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any], identical: bool,
+def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord, identical: bool,
                    time_cap_s: float | None = None) -> dict[str, Any] | None:
     """The `rtf_vs_baseline` figure: the variant and the baseline's same variant timed now, interleaved
     on this machine (evaluate.latency.retime_against) on the report's timed sentences with its
@@ -456,15 +458,15 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
     from chattts_forge.evaluate.latency import RETIME_TIME_CAP_S, LatencyConfig, retime_against
     from chattts_forge.log import get_logger, quiet_logger
 
-    timed = latency_section(report).artifact
+    timed = report.latency.timed("artifact")
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
-    settings = report.get("settings") or {}
-    provider = "cuda" if "CUDA" in str((report.get("machine") or {}).get("provider")) else "cpu"
+    settings = report.settings  # evaluate's settings (an open map in the report record)
+    provider = "cuda" if "CUDA" in str(report.machine.get("provider")) else "cpu"
     cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
                         seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
-    synthetic = ((report.get("artifact") or {}).get("source") or {}).get("kind") == "synthetic"
+    synthetic = report.artifact.source.get("kind") == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
                                 RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
@@ -478,16 +480,16 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: dict[str, Any
                    "rotated per round; median of the per-round RTF ratios, 95% bootstrap interval over rounds"}
 
 
-def _eval_corpus(report: dict[str, Any]) -> str | None:
+def _eval_corpus(report: ReportRecord) -> str | None:
     """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = report.get("corpus") or {}
+    corpus = report.corpus  # the corpus' description (an open map in the report record)
     spec = corpus.get("spec")
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=(report.get("settings") or {}).get("max_sentences"))
+        loaded = load_corpus(spec, max_sentences=report.settings.get("max_sentences"))
         return spec if loaded.sha256 == corpus.get("sha256") else None
     except (ForgeError, OSError):
         return None
@@ -511,8 +513,8 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
     published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
                  if p not in RESERVED_NAMES}
     identical = published == sealed.artifact_files
-    waived = dict((sealed.data.get("gate") or {}).get("waived") or {})
-    retimed = retimed_figure(artifact_dir, old, sealed.data, identical, retime_cap_s)
+    waived = dict(sealed.record.gate.waived)
+    retimed = retimed_figure(artifact_dir, old, sealed.record, identical, retime_cap_s)
     if retimed is not None:
         record["figures"]["rtf_vs_baseline"] = _judge("rtf_vs_baseline", retimed, tolerances.get("rtf_vs_baseline"),
                                                       waived, f"{baseline.version}'s {meta.variant}")
@@ -520,13 +522,13 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
     record["improvements"] = [f for f, e in record["figures"].items() if e["status"] == "improved"]
     record["verdict"] = "regression" if record["regressions"] else "no regression"
     if meta.variant == FALLBACK_VARIANT:
-        corpus = _eval_corpus(sealed.data)
+        corpus = _eval_corpus(sealed.record)
         record["fp32_against_baseline"] = (
             {"identical": True, "how": "the same FP32 bytes as the baseline's: not measured (same logits)"}
             if identical else
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
-            fp32_against_baseline(artifact_dir, old, corpus, sealed.data.get("settings") or {}))
+            fp32_against_baseline(artifact_dir, old, corpus, dict(sealed.record.settings)))
     return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from msgspec import UNSET
 
 from chattts_forge.errors import ForgeError
 
@@ -106,8 +107,8 @@ def report_tolerances(report_dir: Path) -> dict[str, float]:
     from chattts_forge.evaluate.report_schema import read_report
 
     report = read_report(report_dir)
-    tolerances = (report.data.get("gate") or {}).get("regression")
-    if not isinstance(tolerances, dict):
+    tolerances = report.record.gate.regression
+    if tolerances is UNSET:
         raise ForgeError(f"report {report.path} records no [regression] tolerances (evaluated before the regression "
                          "gate); evaluate the artifact again, or publish with --no-baseline")
     return {str(k): float(v) for k, v in tolerances.items()}

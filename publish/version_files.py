@@ -44,7 +44,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
+from chattts_forge.evaluate.report_record import ReportRecord, check_report
 from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import SIGNATURE_NAME, sha256_file
@@ -94,16 +98,23 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def _simpler_inside_the_noise(choice: str, reason: str, passing: list[str], report: dict[str, Any],
-                              bucket: str) -> tuple[str, str]:
-    """FP32 instead of the fastest quantized variant when its per-sentence seconds over FP32's (the
-    same sentences, seeds and speakers in its report's bucket latency) do not lie below 1 with ~90%
-    confidence (runtime.interleave.median_interval): inside the noise the simpler variant routes."""
+def _bucket_seconds(report: ReportRecord, bucket: str) -> tuple[list[float | None], list[float | None]]:
+    """(the variant's per-sentence seconds, FP32's) in its report's latency of `bucket` (empty: not timed)."""
+    res = report.buckets.result_map().get(bucket)
+    latency = res.latency if res else None
+    if not latency:
+        return [], []
+    return ([_finite(u.seconds) for u in latency.artifact.utterances],
+            [_finite(u.seconds) for u in latency.reference.utterances])
+
+
+def _simpler_inside_the_noise(choice: str, reason: str, passing: list[str], mine: list[float | None],
+                              fp32: list[float | None]) -> tuple[str, str]:
+    """FP32 instead of the fastest quantized variant when its per-sentence seconds over FP32's (`mine`,
+    `fp32`: the same sentences, seeds and speakers in its report's bucket latency) do not lie below 1
+    with ~90% confidence (runtime.interleave.median_interval): inside the noise the simpler variant routes."""
     if choice == FALLBACK_VARIANT or FALLBACK_VARIANT not in passing:
         return choice, reason
-    latency = ((((report.get("buckets") or {}).get("results") or {}).get(bucket) or {}).get("latency") or {})
-    mine = [u.get("seconds") for u in (latency.get("artifact") or {}).get("utterances") or []]
-    fp32 = [u.get("seconds") for u in (latency.get("reference") or {}).get("utterances") or []]
     ratios = [a / r for a, r in zip(mine, fp32, strict=False) if _finite(a) and _finite(r) and r > 0]
     if not ratios or len(mine) != len(fp32):
         return choice, reason  # no paired timings recorded: the median RTF decides alone
@@ -120,35 +131,37 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
     variants = published_variants(version_dir)
     if FALLBACK_VARIANT not in variants:
         raise BadInput(f"{version_dir}: no {FALLBACK_VARIANT} variant published; routing needs it as the fallback")
-    reports = {v: _read_json(d / REPORT_COPY_NAME) for v, d in variants.items()}
-    definitions = {v: json.dumps((r.get("buckets") or {}).get("definition"), sort_keys=True) for v, r in reports.items()
-                   if (r.get("buckets") or {}).get("results")}
+    reports = {v: check_report(_read_json(d / REPORT_COPY_NAME)) for v, d in variants.items()}
+    definitions = {v: json.dumps(None if r.buckets.definition is UNSET else msgspec.to_builtins(r.buckets.definition),
+                                 sort_keys=True)
+                   for v, r in reports.items() if r.buckets.results}
     if len(set(definitions.values())) > 1:
         raise BadInput(f"{version_dir}: the variants' reports use different length buckets "
                          f"({', '.join(sorted(definitions))}); evaluate them with the same gate")
     if definitions:
         first = next(iter(definitions))
-        bucket_defs = reports[first]["buckets"]["definition"]
+        defined = reports[first].buckets.definition
+        bucket_defs = [] if defined is UNSET else [msgspec.to_builtins(b) for b in defined]
     else:
         bucket_defs = [b.to_dict() for b in DEFAULT_BUCKETS]
     buckets = []
     for b in bucket_defs:
         figures: dict[str, Any] = {}
         for v, report in reports.items():
-            res = ((report.get("buckets") or {}).get("results") or {}).get(b["name"])
+            res = report.buckets.result_map().get(b["name"])
             if not res:
                 figures[v] = {"passed": None, "sentences": 0, "note": "no per-bucket evaluation in its report"}
                 continue
-            m = res.get("metrics") or {}
-            figures[v] = {"passed": res.get("passed"), "sentences": len(res.get("sentences") or []),
-                          **{k: _finite(m.get(k)) for k in ROUTING_FIGURES}}
+            figures[v] = {"passed": res.passed, "sentences": len(res.sentences),
+                          **{k: _finite(res.metrics.get(k)) for k in ROUTING_FIGURES}}
         passing = [v for v, f in figures.items() if f["passed"] is True]
         if passing:
             choice = min(passing, key=lambda v: (figures[v]["rtf_p50"] if figures[v]["rtf_p50"] is not None else math.inf, v))
             rtf = figures[choice]["rtf_p50"]
             reason = (f"fastest of the variants that pass the gate in this bucket ({', '.join(sorted(passing))}): "
                       f"median RTF {rtf:.4g}" if rtf is not None else "passes the gate in this bucket")
-            choice, reason = _simpler_inside_the_noise(choice, reason, passing, reports[choice], b["name"])
+            choice, reason = _simpler_inside_the_noise(choice, reason, passing,
+                                                       *_bucket_seconds(reports[choice], b["name"]))
         else:
             choice = FALLBACK_VARIANT
             reason = "no variant was judged in this bucket: the fallback" if not any(
@@ -167,7 +180,7 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
         "buckets": buckets,
         "variants": {v: {"manifest_sha256": sha256_file(d / MANIFEST_NAME), "payload_sha256": payload_sha256(d),
                          "report_sha256": sha256_file(d / REPORT_COPY_NAME),
-                         "evaluated_at": reports[v].get("created_at"),
+                         "evaluated_at": reports[v].created_at,
                          **({"memory": mem} if (mem := memory_figures(reports[v])) else {})}
                      for v, d in variants.items()},
     }
@@ -177,11 +190,12 @@ def routing_table(version_dir: Path) -> dict[str, Any]:
 MEMORY_KEYS = ("peak_rss_mb_by_batch", "after_load_mb", "python_baseline_mb", "steps", "threads", "provider", "command")
 
 
-def memory_figures(report: dict[str, Any]) -> dict[str, Any] | None:
+def memory_figures(report: ReportRecord) -> dict[str, Any] | None:
     """A variant's memory as its report measured it (the ``memory`` section, each variant in a process of
     its own, since issue 50): peak RSS per batch size (MiB), resident size after load, the runtime's own
     start (python_baseline_mb), the workload and the command; None for a report without one."""
-    art = (report.get("memory") or {}).get("artifact") or {}
+    # the probe's record (runtime.memory_probe's layout: an open map in the report record)
+    art = (report.memory.artifact if report.memory else None) or {}
     by_batch = art.get("peak_rss_mb_by_batch") or {}
     if not by_batch or any(_finite(v) is None for v in by_batch.values()):
         return None

@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chattts_forge.evaluate.evaluate import describe_artifact
 from chattts_forge.evaluate.gate import judge, load_gate
+from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.evaluate.report_schema import REPORT_SCHEMA, headline, seal, write_report
 
 

@@ -144,7 +144,7 @@ def test_hash_tree_is_recursive_and_refuses_links(tmp_path: Path) -> None:
 
 def test_evaluate_and_publish_hash_the_same_files(tiny_artifacts: dict[str, Path], tmp_path: Path) -> None:
     """evaluate's report names exactly the files publish re-hashes (also inside subfolders)."""
-    from chattts_forge.evaluate.evaluate import describe_artifact
+    from chattts_forge.evaluate.report_assembly import describe_artifact
 
     art = shutil.copytree(tiny_artifacts["fp16"], tmp_path / "fp16")
     (art / "extra").mkdir()

@@ -422,19 +422,15 @@ def test_phrase_cache_is_warmed_for_the_build_routing_and_served_uncached_when_t
 def test_build_routing_keeps_fp32_when_the_quantized_advantage_is_inside_the_noise() -> None:
     from chattts_forge.publish.version_files import _simpler_inside_the_noise
 
-    def report(mine: list[float], fp32: list[float]) -> dict:
-        lat = {"artifact": {"utterances": [{"seconds": s} for s in mine]},
-               "reference": {"utterances": [{"seconds": s} for s in fp32]}}
-        return {"buckets": {"results": {"short": {"latency": lat}}}}
-
-    clear = report([0.5, 0.6, 0.55, 0.5], [1.0, 1.0, 1.1, 0.9])
-    assert _simpler_inside_the_noise("int8", "fastest", ["fp32", "int8"], clear, "short")[0] == "int8"
-    noisy = report([0.5, 1.2, 0.55, 0.5], [1.0, 1.0, 1.1, 0.9])  # one sentence slower than fp32
-    choice, reason = _simpler_inside_the_noise("int8", "fastest", ["fp32", "int8"], noisy, "short")
+    fp32 = [1.0, 1.0, 1.1, 0.9]
+    clear = [0.5, 0.6, 0.55, 0.5]
+    assert _simpler_inside_the_noise("int8", "fastest", ["fp32", "int8"], clear, fp32)[0] == "int8"
+    noisy = [0.5, 1.2, 0.55, 0.5]  # one sentence slower than fp32
+    choice, reason = _simpler_inside_the_noise("int8", "fastest", ["fp32", "int8"], noisy, fp32)
     assert choice == "fp32" and "inside the noise: the simpler fp32" in reason
     # fp32 does not pass here, or no paired timings: the median RTF decides alone
-    assert _simpler_inside_the_noise("int8", "r", ["int8", "int4"], noisy, "short") == ("int8", "r")
-    assert _simpler_inside_the_noise("int8", "r", ["fp32", "int8"], {}, "short") == ("int8", "r")
+    assert _simpler_inside_the_noise("int8", "r", ["int8", "int4"], noisy, fp32) == ("int8", "r")
+    assert _simpler_inside_the_noise("int8", "r", ["fp32", "int8"], [], []) == ("int8", "r")
 
 
 def test_gate_step_ratio_is_interleaved_and_records_its_interval(tiny_artifacts) -> None:

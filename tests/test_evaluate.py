@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.cli import evaluate as evaluate_cmd
 from chattts_forge.evaluate.degrade import damage_quantization_scales
-from chattts_forge.evaluate.evaluate import describe_artifact, evaluate_artifact
+from chattts_forge.evaluate.evaluate import evaluate_artifact
 from chattts_forge.evaluate.gate import DEFAULT_GATE
+from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.evaluate.report_schema import verify_integrity
 
 FAST = dict(max_sentences=2, max_new_token=24, fidelity_sentences=2, fidelity_steps=24, batch_sizes=(1, 2), threads=2)

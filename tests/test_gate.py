@@ -126,7 +126,7 @@ def test_synthetic_listening_figures_are_shown_but_not_gated() -> None:
 
 
 def test_clone_similarity_without_a_recording_is_not_a_pass(tmp_path: Path) -> None:
-    from chattts_forge.evaluate.evaluate import CLONE_MISSING
+    from chattts_forge.evaluate.report_assembly import CLONE_MISSING
 
     path = tmp_path / "clone.toml"
     path.write_text("[speaker]\nmin_clone_similarity = 0.7\nmin_similarity = 0.8\n")

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from chattts_forge.errors import ForgeError
-from chattts_forge.evaluate.evaluate import flat_metrics
+from chattts_forge.evaluate.report_assembly import flat_metrics
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 from chattts_forge.quantize.fast_gpt_graph import FusedGraphShape, build_fast_gpt
 from chattts_forge.quantize.gpt_weights import extract_llama_weights

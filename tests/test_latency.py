@@ -190,9 +190,10 @@ def test_a_latency_run_is_read_by_the_evaluation_for_its_own_files_and_settings(
     """evaluate-latency's folder: each variant's pair read back as timed; refused (one line) for other
     files, other settings or a variant it did not time; an evaluation reading it reports those figures."""
     from chattts_forge.calibration_data.corpus import load_corpus
-    from chattts_forge.evaluate.evaluate import describe_artifact, evaluate_artifact
+    from chattts_forge.evaluate.evaluate import evaluate_artifact
     from chattts_forge.evaluate.evaluate_config import EvaluateConfig
     from chattts_forge.evaluate.latency_run import latency_settings, measure_latency_run, read_latency_pair
+    from chattts_forge.evaluate.report_assembly import describe_artifact
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("您好，请问有什么可以帮您？\nYour order has shipped today.\n", encoding="utf-8")

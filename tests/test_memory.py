@@ -136,7 +136,7 @@ def test_the_version_page_shows_batch_1_and_batch_8_per_variant(tiny_artifacts: 
         report = stand_in_report(tiny_artifacts["fp32"])
         report["artifact"] = {**report["artifact"], "variant": variant}
         out = write_report(seal(_with_memory(report, b1, b8, ratio)), tmp_path / variant)
-        entries.append(VariantEntry(variant, "published", read_report(out).data, out))
+        entries.append(VariantEntry(variant, "published", read_report(out).record, out))
     page = render_version_page("chattts", "v1", entries, None).decode("utf-8")
     assert "<th>peak RSS MB b1</th>" in page and "<th>peak RSS MB b8</th>" in page
     row = re.search(r"<tr id='variant-int8-dynamic'>(.*?)</tr>", page, re.S).group(1)
@@ -200,10 +200,10 @@ def test_the_regression_gate_compares_the_memory_ratio_with_the_previous_version
 
 def test_routing_records_each_variants_memory_from_its_report(tiny_artifacts: dict[str, Path]) -> None:
     report = _with_memory(stand_in_report(tiny_artifacts["fp32"]), 435.0, 1097.0, 0.32)
-    figures = memory_figures(report)
+    figures = memory_figures(validate(report))
     assert figures["peak_rss_mb_by_batch"] == {"1": 435.0, "8": 1097.0} and figures["steps"] == 422
     assert figures["command"].startswith("python -m chattts_forge.runtime.memory_probe --artifact ")
-    assert memory_figures(stand_in_report(tiny_artifacts["fp32"])) is None  # a report without a memory section
+    assert memory_figures(validate(stand_in_report(tiny_artifacts["fp32"]))) is None  # a report without memory
 
 
 def test_batch_figures_between_and_beyond_the_measured_batch_sizes() -> None:

@@ -243,10 +243,10 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
     from chattts_forge.evaluate.search_report import auto_search_summary, render_auto_search_markdown
 
     summary = auto_search_summary(_meta(strict)["quantization"])
-    lines = render_auto_search_markdown({"artifact": {"quantization_search": summary}})
+    lines = render_auto_search_markdown(summary)
     rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith(("| candidate", "| ---"))]
     assert len(rows) == len(s["candidates"]) and sum("(chosen)" in ln for ln in rows) == 1
-    assert render_auto_search_markdown({"artifact": {"quantization_search": auto_search_summary(_meta(loose)["quantization"])}})
+    assert render_auto_search_markdown(auto_search_summary(_meta(loose)["quantization"]))
     assert auto_search_summary({"method": "dynamic"}) is None and auto_search_summary(None) is None
 
 
@@ -327,7 +327,7 @@ def test_auto_times_its_finalists_against_all_int8_interleaved(tiny_artifacts, t
     # The report marks the re-timed cells and states the ratio to all-INT8.
     quant = {"auto": {"gate": {}, "candidates": table, "final_timing": {**timing, "chosen_vs_reference": 0.808},
                       "chosen": 15, "head_code": "int8"}}
-    lines = render_auto_search_markdown({"artifact": {"quantization_search": auto_search_summary(quant)}})
+    lines = render_auto_search_markdown(auto_search_summary(quant))
     assert any("0.808x all-INT8" in ln for ln in lines)
     assert any(ln.startswith("| 15 **(chosen)**") and "* (4.9)" in ln for ln in lines)
 

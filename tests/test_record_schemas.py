@@ -116,7 +116,9 @@ def test_reports_without_the_newer_sections_still_load(records: Path) -> None:
         report["headline"].pop(key, None)
     del report["gate"]["regression"]  # since issue 38
     validate(seal(report))
-    with_memory = seal({**report, "memory": {"artifact": {"peak_rss_mb_by_batch": {"1": 300.0}}}})
+    memory = {"artifact": {"peak_rss_mb_by_batch": {"1": 300.0}}, "reference": None, "definition": "probe",
+              "ratio_vs_reference": {}}
+    with_memory = seal({**report, "memory": memory})
     validate(with_memory)
     assert check_report(with_memory).memory != UNSET
 
@@ -155,22 +157,23 @@ def test_the_latency_record_reads_what_the_regression_gate_pairs_and_older_recor
 ) -> None:
     _, report = _report(records)
     latency = latency_section(report)
-    assert latency.artifact is not None and latency.artifact.utterances
-    first_audio = latency.artifact.first_audio_seconds
+    timed = latency.timed("artifact")
+    assert timed is not None and timed.utterances
+    first_audio = timed.first_audio_seconds
     assert (
         first_audio is not None and first_audio.stream_lookahead_frames is not UNSET and first_audio.samples
     )
-    assert set(regression._first_audio(latency.artifact)) == {s.text for s in first_audio.samples}
+    assert set(regression._first_audio(timed)) == {s.text for s in first_audio.sample_list()}
     # a record from before issue 52 (no look-ahead) and issue 38 (no per-sentence samples)
     raw = report["latency"]["artifact"]["first_audio_seconds"]
     del raw["stream_lookahead_frames"], raw["samples"]
-    older = latency_section(report).artifact
+    older = latency_section(report).timed("artifact")
     assert older is not None and older.first_audio_seconds is not None
     assert (
-        older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.samples == []
+        older.first_audio_seconds.stream_lookahead_frames is UNSET and older.first_audio_seconds.sample_list() == []
     )
     assert regression._first_audio(older) == {}
-    assert latency_section({}).artifact is None  # a report without latency: nothing to pair
+    assert latency_section({}).timed("artifact") is None  # a report without latency: nothing to pair
 
 
 def test_a_latency_record_of_the_wrong_type_is_one_line(records: Path) -> None:
@@ -178,3 +181,70 @@ def test_a_latency_record_of_the_wrong_type_is_one_line(records: Path) -> None:
     report["latency"]["artifact"]["utterances"][0]["rtf"] = "fast"
     with pytest.raises(BadInput, match=r"report key latency: .*utterances\[0\]\.rtf"):
         latency_section(report)
+
+
+def test_a_report_with_every_section_reads_through_its_typed_sections_and_writes_back(records: Path) -> None:
+    data = (records / "report-with-memory.json").read_bytes()
+    report = json.loads(data)
+    record = validate(report)
+    timed = record.latency.timed("artifact")
+    assert timed is not None and [u.text for u in timed.utterances] == [s["text"] for s in report["sentences"]]
+    assert {b: run.batch for b, run in timed.throughput.items()} == {"1": 1, "4": 4}
+    assert record.memory is not UNSET and record.memory.ratio_vs_reference == report["memory"]["ratio_vs_reference"]
+    results = record.buckets.result_map()
+    assert list(results) == ["short", "medium", "long"]
+    assert all(r.gate is not None and r.gate is not UNSET and r.gate.checks for r in results.values())
+    assert record.listen is not UNSET and [s.id for s in record.listen.sentences] == [
+        s["id"] for s in report["listen"]["sentences"]]
+    assert record.intervals is not UNSET and set(record.intervals.figures) == set(report["intervals"]["figures"])
+    assert record.phrase_cache is not None and record.phrase_cache.cache_bytes == report["phrase_cache"]["cache_bytes"]
+    assert report_json_bytes(record) == data and verify_integrity(report)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda r: r["latency"]["artifact"]["utterances"][1].update(loud=True),
+            "unknown report key latency.artifact.utterances[1].loud",
+        ),
+        (
+            lambda r: r["buckets"]["results"]["medium"]["gate"]["checks"][0].update(approved_by="me"),
+            "unknown report key buckets.results.medium.gate.checks[0].approved_by",
+        ),
+        (
+            lambda r: r["latency"]["artifact"]["throughput"]["4"].pop("steps"),
+            "report key latency.artifact.throughput.4.steps is missing",
+        ),
+        (
+            lambda r: r["memory"]["ratio_vs_reference"].update({"8": "small"}),
+            "report key memory.ratio_vs_reference.8 must be int or float or null, got str",
+        ),
+        (lambda r: r["intervals"]["figures"]["ovrl"].pop("n"), "report key intervals.figures.ovrl.n is missing"),
+        (lambda r: r["listen"]["sentences"][2]["artifact"].update(file=3), "report key listen.sentences[2].artifact.file must be str, got int"),
+        (lambda r: r["phrase_cache"].update(hits=1), "unknown report key phrase_cache.hits"),
+    ],
+)
+def test_an_inner_sections_refusal_is_one_line_naming_its_dotted_path(records: Path, change, message: str) -> None:
+    report = json.loads((records / "report-with-memory.json").read_bytes())
+    change(report)
+    with pytest.raises(BadInput) as e:
+        validate(report)
+    assert str(e.value) == message
+
+
+def test_the_writer_encodes_only_a_report_that_fits_its_record(records: Path) -> None:
+    _, report = _report(records)
+    report["latency"]["artifact"]["first_audio_seconds"]["warm"] = True
+    with pytest.raises(BadInput, match=r"^unknown report key latency\.artifact\.first_audio_seconds\.warm$"):
+        report_json_bytes(report)
+
+
+def test_a_str_subclass_in_the_report_is_written_as_its_text(records: Path) -> None:
+    # torch.__version__ (a TorchVersion) reaches the PyTorch latency record: json.dumps wrote it as text
+    class Version(str):
+        pass
+
+    data, report = _report(records)
+    report["versions"] = {**report["versions"], "torch": Version("2.9.1")}
+    assert json.loads(report_json_bytes(report))["versions"]["torch"] == "2.9.1"

@@ -36,6 +36,7 @@ from chattts_forge.evaluate.version_page import read_page_data
 from chattts_forge.gate import load_gate
 from chattts_forge.publish import verify_path
 from chattts_forge.publish.regression import accept, compare, fp32_against_baseline, what_changed
+from chattts_forge.runtime.timing import percentiles
 
 MODEL = "chattts-synthetic-tiny-seed0"
 WORSE = "quantize=--calibrate-method percentile --percentile 99"
@@ -270,11 +271,21 @@ def test_a_paired_drop_beyond_the_tolerance_is_a_regression_and_a_rise_an_improv
     assert mixed["figures"]["code_agreement"]["status"] in ("same", "worse") and mixed["verdict"] == "no regression"
 
 
+def _latency_record(first_audio: list[float]) -> dict[str, Any]:
+    """A latency record (evaluate.latency_record.LatencyRecord) that timed only its first audio."""
+    none = percentiles([])
+    samples = [{"text": f"sentence {i}", "seconds": s} for i, s in enumerate(first_audio)]
+    return {"artifact": "a", "threads": 1, "max_new_token": 8, "gpt_engine": "fast", "load_seconds": 0.1,
+            "warmup_runs": 0, "warmup_seconds": 0.0, "utterances": [], "rtf": none, "seconds": none,
+            "seconds_per_step": none, "steps_per_second": None, "total_seconds": 0.0, "total_audio_seconds": 0.0,
+            "total_steps": 0, "first_audio_seconds": {**percentiles(first_audio), "stream_batch": 24,
+                                                      "runs": len(samples), "samples": samples},
+            "throughput": {}}
+
+
 def _first_audio_report(mine: list[float], fp32: list[float]) -> dict[str, Any]:
     report = _report([])
-    report["latency"] = {side: {"first_audio_seconds": {"samples": [
-        {"text": f"sentence {i}", "seconds": s} for i, s in enumerate(values)]}}
-        for side, values in (("artifact", mine), ("reference", fp32))}
+    report["latency"] = {"artifact": _latency_record(mine), "reference": _latency_record(fp32)}
     return report
 
 

@@ -23,7 +23,6 @@ from chattts_forge.evaluate.report_schema import (
     OPTIONAL_TOP_LEVEL,
     REPORT_NAME,
     read_report,
-    report_json_bytes,
     seal,
     verify_integrity,
     write_report,
@@ -58,7 +57,9 @@ def _copy(report_dir: Path, dest: Path, change: Callable[[dict[str, Any]], Any] 
     if change is not None:
         data = json.loads((dest / REPORT_NAME).read_text(encoding="utf-8"))
         change(data)
-        (dest / REPORT_NAME).write_bytes(report_json_bytes(seal(data) if reseal else data))
+        # by hand: report_json_bytes encodes through the record, which refuses a report that does not fit
+        changed = seal(data) if reseal else data
+        (dest / REPORT_NAME).write_text(json.dumps(changed, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return dest
 
 

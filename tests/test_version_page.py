@@ -14,7 +14,8 @@ from stand_in_report import stand_in_report
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.listening import listen_files, read_listen_file
-from chattts_forge.evaluate.report_schema import read_report, seal, write_report
+from chattts_forge.evaluate.report_record import check_report, report_builtins
+from chattts_forge.evaluate.report_schema import read_report, seal, validate, write_report
 from chattts_forge.evaluate.version_page import (
     PAGE_NAME,
     VariantEntry,
@@ -59,7 +60,7 @@ def built(tiny_artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     for variant, passed, noise, rtf in (("fp32", True, 0.0, 1.0), ("int8-dynamic", True, 0.01, 0.6),
                                          ("int4", False, 0.2, 0.5)):
         rdir = _report_with_audio(fp32, root / variant, variant, passed=passed, noise=noise, rtf=rtf)
-        entries[variant] = VariantEntry(variant, "published" if passed else "refused", read_report(rdir).data, rdir)
+        entries[variant] = VariantEntry(variant, "published" if passed else "refused", read_report(rdir).record, rdir)
     entries["int8-static"] = VariantEntry("int8-static", "not built", detail="quantize failed: stand-in")
     return entries
 
@@ -76,7 +77,7 @@ def test_page_lists_every_variant_with_its_verdict(built: dict[str, VariantEntry
     assert "[0.500, 0.990]" in page  # the interval beside the figure
     data = read_page_data(page.encode())
     assert data["variants"]["int4"]["status"] == "refused"
-    assert data["variants"]["fp32"]["report_integrity"] == built["fp32"].report["integrity"]
+    assert data["variants"]["fp32"]["report_integrity"] == built["fp32"].report.integrity
     # one FP32 player per sentence, one per variant with audio (refused included), none for the unbuilt one
     assert page.count("<audio") == 2 * 3
     assert page.count("data:image/png;base64,") == 2 * 2 + 1  # spectrograms of the two non-fp32 variants + Pareto
@@ -104,11 +105,12 @@ def test_a_listen_file_that_differs_from_its_report_is_refused(built: dict[str, 
     entry = built["int8-dynamic"]
     copy = tmp_path / "r"
     shutil.copytree(entry.report_dir, copy)
-    row = entry.report["listen"]["sentences"][0]
-    assert read_listen_file(copy, row["artifact"]) == (entry.report_dir / row["artifact"]["file"]).read_bytes()
-    (copy / row["artifact"]["file"]).write_bytes(b"not the audio")
+    assert entry.report is not None and entry.report.listen
+    row = entry.report.listen.sentences[0]
+    assert read_listen_file(copy, row.artifact) == (entry.report_dir / row.artifact.file).read_bytes()
+    (copy / row.artifact.file).write_bytes(b"not the audio")
     with pytest.raises(ForgeError, match="differs from the sha256"):
-        read_listen_file(copy, row["artifact"])
+        read_listen_file(copy, row.artifact)
     tampered = VariantEntry("int8-dynamic", "published", entry.report, copy)
     with pytest.raises(ForgeError, match="001-artifact.mp3"):
         render_version_page("chattts", "v1", [built["fp32"], tampered], None)
@@ -128,7 +130,7 @@ def test_verify_covers_the_page(tiny_artifacts: dict[str, Path], tmp_path: Path)
     rdir = _report_with_audio(fp32, tmp_path / "reports" / "fp32", "fp32", passed=True, noise=0.0, rtf=1.0)
     result = publish_artifact(fp32, rdir, tmp_path / "artifacts")
     version_dir = result.path.parent
-    entries = [VariantEntry("fp32", "published", read_report(rdir).data, rdir)]
+    entries = [VariantEntry("fp32", "published", read_report(rdir).record, rdir)]
     page = render_version_page(version_dir.parent.name, version_dir.name, entries, routing_table(version_dir))
     manifest = publish_version_files(version_dir, page=page)
     assert PAGE_NAME in {f["path"] for f in manifest["files"]}
@@ -143,7 +145,8 @@ def test_verify_covers_the_page(tiny_artifacts: dict[str, Path], tmp_path: Path)
     # a page made for another report of the variant (listed correctly) is named too
     other = stand_in_report(fp32, created_at="2026-12-01T00:00:00Z")
     stale = render_version_page(version_dir.parent.name, version_dir.name,
-                                [VariantEntry("fp32", "published", other, None)], routing_table(version_dir))
+                                [VariantEntry("fp32", "published", validate(other), None)],
+                                routing_table(version_dir))
     publish_version_files(version_dir, page=stale)
     assert any("another report of 'fp32'" in p for p in verify_path(version_dir).problems)
 
@@ -163,10 +166,11 @@ def test_page_shows_each_variants_recorded_look_ahead_and_its_curve(built: dict[
     metric = "stream_recorded_lookahead_snr_db"
     check = {"section": "streaming", "metric": metric, "rule": "min", "threshold": 60.0, "value": 21.3, "unit": "dB",
              "status": "fail", "passed": False, "margin": -38.7, "message": f"{metric} = 21.3 violates >= 60"}
-    report = {**fp32.report, "streaming": {"measured": True, "recorded": record},
-              "metrics": {**fp32.report["metrics"], metric: 21.3},
-              "gate": {**fp32.report["gate"], "checks": [*fp32.report["gate"]["checks"], check]}}
-    entries = [VariantEntry("fp32", "refused", report, fp32.report_dir), built["int8-dynamic"]]
+    shown = report_builtins(fp32.report)
+    report = {**shown, "streaming": {"measured": True, "recorded": record},
+              "metrics": {**shown["metrics"], metric: 21.3},
+              "gate": {**shown["gate"], "checks": [*shown["gate"]["checks"], check]}}
+    entries = [VariantEntry("fp32", "refused", check_report(report), fp32.report_dir), built["int8-dynamic"]]
     page = render_version_page("chattts", "v1", entries, None).decode("utf-8")
     section = page[page.index("<h2>Stream look-ahead</h2>"):page.index("<h2>Since the previous version</h2>")]
     assert "24 of 30 mel frames" in section and "8: 28.4" in section and "24: 122.5" in section
