@@ -10,7 +10,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from chattts_forge.quantize.config import (
     METHOD_CONFIGS,
     QuantizeCommandOptions,
     QuantizeConfig,
+    fields_read_by,
     options_read_by,
 )
 from chattts_forge.quantize.methods import calibrated_variants, method_class
@@ -99,7 +100,7 @@ def method_stage_args(method: str, words: list[str]) -> tuple[list[str], list[st
     not (another method's options: a build's quantize steps share the stage's words, and each method
     refuses an option of another). Words that name no quantize option are kept: quantize judges them."""
     flags = _quantize_flags()
-    held = {f.name for f in fields(METHOD_CONFIGS[method])}
+    held = fields_read_by(method)
     kept: list[str] = []
     dropped: list[str] = []
     i = 0
@@ -308,7 +309,7 @@ class StepPlan:
         as the options declare (`changed_args`: the ones that differ from their defaults, in declaration
         order), then the preset's options that the method reads."""
         fp32, method = self.artifact_dir("fp32"), VARIANT_METHOD[variant]
-        held = {f.name for f in fields(METHOD_CONFIGS[method])}  # the options the method's config reads
+        held = fields_read_by(method)  # the options the method's config reads
         options: dict[str, Any] = {}
         inputs = {"fp32": self.cache.tree(fp32)}
         if variant in CALIBRATED:

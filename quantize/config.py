@@ -378,10 +378,15 @@ def _spelling(name: str, value: Any) -> str:
     return names[1] if len(names) == 2 and value is False else names[0]
 
 
+def fields_read_by(method: str) -> frozenset[str]:
+    """The option fields `method`'s own config type holds (a `QuantizeMethod` spelling or member)."""
+    return frozenset(f.name for f in fields(METHOD_CONFIGS[QuantizeMethod.parse(method, "method")]))
+
+
 def options_read_by(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """Those of `options` (field -> value) that `method`'s config reads, in their order: a preset's
     options shared by several methods, each given only its own."""
-    held = {f.name for f in fields(METHOD_CONFIGS[QuantizeMethod.parse(method, "method")])}
+    held = fields_read_by(method)
     return {name: value for name, value in options.items() if name in held}
 
 
@@ -390,14 +395,13 @@ def config_for(method: str, **options: Any) -> QuantizeConfig:
     The one rule for an option of another method: a BadInput naming it, the method and the methods
     that read it. A name no method reads is Python's TypeError, as for any dataclass."""
     method = QuantizeMethod.parse(method, "method")  # the method is named first, as the registry names it
-    config_type = METHOD_CONFIGS[method]
-    held = {f.name for f in fields(config_type)}
+    held = fields_read_by(method)
     for name, value in options.items():
-        readers = [m for m, t in METHOD_CONFIGS.items() if name in {f.name for f in fields(t)}]
+        readers = [m for m in METHOD_CONFIGS if name in fields_read_by(m)]
         if name not in held and readers:
             raise BadInput(f"{_spelling(name, value)} does not apply to --method {method} "
                            f"(it applies to: {', '.join(readers)})", param=name)
-    return config_type(**options)
+    return METHOD_CONFIGS[method](**options)
 
 
 def _record_keys(group: type) -> dict[str, str]:
