@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig, EvaluateSettings, LatencyRunConfig
+from chattts_forge.evaluate.report_record import check_report
 from chattts_forge.evaluate.score import ScoreSettings, score_audio_dir
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
@@ -82,12 +83,13 @@ def evaluate(**options: Any) -> None:
     from chattts_forge.evaluate.evaluate import evaluate_artifact
 
     config = EvaluateConfig(**options)
-    report = evaluate_artifact(config.artifact, config.reference, config)
-    for c in report["gate"]["checks"]:
-        click.echo(f"{c['status']:>12}  {c['message']}")
-    verdict = "PASSED" if report["passed"] else "FAILED (" + ", ".join(report["gate"]["failed"]) + ")"
+    # evaluate assembles the report as builtins; the verdict is read from its typed record
+    record = check_report(evaluate_artifact(config.artifact, config.reference, config))
+    for c in record.gate.checks:
+        click.echo(f"{c.status:>12}  {c.message}")
+    verdict = "PASSED" if record.passed else "FAILED (" + ", ".join(record.gate.failed) + ")"
     click.echo(f"gate {verdict}; reports in {config.out}")
-    if not report["passed"]:
+    if not record.passed:
         sys.exit(1)
 
 
