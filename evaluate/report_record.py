@@ -349,6 +349,12 @@ def _plain(obj: Any) -> Any:
     raise TypeError(f"a report cannot hold a {type(obj).__name__}")
 
 
+def section_builtins(section: Any) -> Any:
+    """A section of the record (a Struct, a list of them, or an open map) as the JSON-ready builtins the
+    report holds for it: for documents that embed a section (publish.manifest's ``gate``)."""
+    return msgspec.to_builtins(section, enc_hook=_plain)
+
+
 def report_builtins(record: ReportRecord) -> dict[str, Any]:
     """The record as JSON-ready builtins, keys in the written order (absent optional sections left out)."""
     out: dict[str, Any] = msgspec.to_builtins(record, enc_hook=_plain)

@@ -77,10 +77,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
-from chattts_forge.evaluate.report_record import ReportRecord, check_report, report_builtins
+from chattts_forge.evaluate.report_record import (
+    ArtifactSection,
+    GateCheck,
+    Headline,
+    ReportRecord,
+    check_report,
+    report_builtins,
+)
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -206,7 +211,8 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
 @dataclass(frozen=True)
 class SealedReport:
     """A report.json that was read, its seal verified and its keys validated (`read_report`): `record`
-    is the typed report readers take; `data` the same JSON as plain dicts (for code that still needs them)."""
+    is the typed report readers take (the properties below are its parts); `data` the same JSON as plain
+    dicts (for code that still needs them: publish.regression's comparison)."""
 
     path: Path
     raw_bytes: bytes
@@ -239,35 +245,28 @@ class SealedReport:
         return {name: entry.sha256 for name, entry in self.record.artifact.files.items()}
 
     @property
-    def checks(self) -> list[dict[str, Any]]:
-        return [msgspec.to_builtins(c) for c in self.record.gate.checks]
+    def checks(self) -> list[GateCheck]:
+        return self.record.gate.checks
 
     @property
-    def thresholds(self) -> dict[str, Any]:
-        return dict(self.record.gate.thresholds)
+    def thresholds(self) -> dict[str, int | float]:
+        return self.record.gate.thresholds
 
     @property
-    def headline(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self.record.headline)
+    def headline(self) -> Headline:
+        return self.record.headline
 
     @property
-    def machine(self) -> dict[str, Any]:
-        return dict(self.record.machine)
-
-    @property
-    def corpus(self) -> dict[str, Any]:
-        return dict(self.record.corpus)
-
-    @property
-    def reference(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self.record.reference)
+    def reference(self) -> ArtifactSection:
+        return self.record.reference
 
     @property
     def notes(self) -> list[str]:
-        return list(self.record.notes)
+        return self.record.notes
 
-    def failed_checks(self) -> list[dict[str, Any]]:
-        return [msgspec.to_builtins(c) for c in self.record.gate.checks if c.status in ("fail", "not_measured")]
+    def failed_checks(self) -> list[GateCheck]:
+        """The gate's checks that keep it from passing (failed, or not measured)."""
+        return [c for c in self.record.gate.checks if c.status in ("fail", "not_measured")]
 
 
 def parse_report(path: Path, raw: bytes) -> SealedReport:

@@ -23,6 +23,7 @@ from typing import Any
 from chattts_forge import __version__
 from chattts_forge.artifact import ARTIFACT_JSON, VOCODER, ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
+from chattts_forge.evaluate.report_record import section_builtins
 from chattts_forge.evaluate.report_schema import REPORT_NAME, SealedReport
 from chattts_forge.folder_files import FileEntry
 from chattts_forge.fsutil import resolve_inside
@@ -182,20 +183,23 @@ def library_versions_of(meta: ArtifactMeta) -> dict[str, str | None]:
 
 
 def gate_section(report: SealedReport) -> dict[str, Any]:
+    """The manifest's ``gate``: the sealed report's identity and the record's sections a reader of the
+    manifest needs, encoded as the report holds them (so the bytes match the report's)."""
+    record = report.record
     return {
-        "passed": report.passed,
+        "passed": record.passed,
         "report": REPORT_COPY_NAME,
         "report_sha256": report.sha256,
-        "report_schema": report.schema,
-        "report_integrity": report.integrity,
-        "evaluated_at": report.created_at,
-        "thresholds": report.thresholds,
-        "results": report.checks,
-        "headline": report.headline,
-        "machine": report.machine,
-        "corpus": report.corpus,
-        "reference": report.reference,
-        "notes": report.notes,
+        "report_schema": record.schema,
+        "report_integrity": record.integrity,
+        "evaluated_at": record.created_at,
+        "thresholds": section_builtins(record.gate.thresholds),
+        "results": section_builtins(record.gate.checks),
+        "headline": section_builtins(record.headline),
+        "machine": section_builtins(record.machine),
+        "corpus": section_builtins(record.corpus),
+        "reference": section_builtins(record.reference),
+        "notes": section_builtins(record.notes),
     }
 
 
@@ -219,7 +223,7 @@ def build_manifest_core(
         "version": version,
         "variant": variant,
         # The evaluation that certified these bytes; never the wall clock at publish time.
-        "created_at": report.created_at,
+        "created_at": report.record.created_at,
         "precision": component_precisions(meta),
         "opset": component_opsets(meta),
         "source_checkpoint": source,

@@ -245,7 +245,7 @@ def publish_artifact(
     log.info("signing with %s (public key sha256 %s)", key.private_path, key.fingerprint)
     gate = read_report(report)
     if not gate.passed:
-        failed = ", ".join(c["metric"] for c in gate.failed_checks()) or "see report"
+        failed = ", ".join(c.metric for c in gate.failed_checks()) or "see report"
         raise BadInput(f"{gate.path}: the quality gate failed ({failed}); refusing to publish")
     log.info("re-hashing %s", artifact_dir)
     files = hash_tree(artifact_dir)
