@@ -383,7 +383,7 @@ def verify_version(version_dir: Path) -> list[str]:
         integrity, regressions = {}, {}
         for variant, vdir in published.items():
             try:
-                integrity[variant] = _read_json(vdir / REPORT_COPY_NAME).get("integrity")
+                integrity[variant] = check_report(_read_json(vdir / REPORT_COPY_NAME)).integrity
                 record = _read_json(vdir / MANIFEST_NAME).get("regression")
                 regressions[variant] = record if isinstance(record, dict) else None
             except ForgeError as e:
