@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from chattts_forge.cli import main
 from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.markdown_html import to_html
+from chattts_forge.evaluate.report_record import report_builtins
 from chattts_forge.evaluate.report_schema import (
     OPTIONAL_TOP_LEVEL,
     REPORT_NAME,
@@ -119,7 +120,7 @@ def test_a_real_report_of_another_artifact_is_refused(evaluated: Path, tiny_arti
 
 
 def test_the_writer_refuses_what_the_reader_would(evaluated: Path, tmp_path: Path) -> None:
-    data = read_report(evaluated).data
+    data = report_builtins(read_report(evaluated).record)
     assert verify_integrity(data)
     with pytest.raises(ForgeError, match="unsealed"):
         write_report({**data, "passed": not data["passed"]}, tmp_path / "a")
@@ -131,11 +132,11 @@ def test_the_writer_refuses_what_the_reader_would(evaluated: Path, tmp_path: Pat
 
 
 def test_listening_sections_are_typed_and_optional(evaluated: Path, tmp_path: Path) -> None:
-    data = read_report(evaluated).data
+    data = report_builtins(read_report(evaluated).record)
     assert set(OPTIONAL_TOP_LEVEL) <= set(data)
     # a report of the same schema written before issue 25 (without these sections) still reads
     earlier = seal({k: v for k, v in data.items() if k not in OPTIONAL_TOP_LEVEL})
-    assert read_report(write_report(earlier, tmp_path / "earlier")).data == earlier
+    assert report_builtins(read_report(write_report(earlier, tmp_path / "earlier")).record) == earlier
     with pytest.raises(ForgeError, match="report key sentences must be a list"):
         write_report(seal({**data, "sentences": {}}), tmp_path / "bad")
     with pytest.raises(ForgeError, match="inside the report folder"):
