@@ -1,7 +1,9 @@
 """Options declared on a config dataclass's fields: a field made with `option(...)` carries its
 command-line spelling, type, choices and help. The click options of the command
 (`declared_options`) and the words that set a value (`option_args`, `changed_args`: what the build
-driver puts in a step's command) are derived from it, so an option is written once.
+driver puts in a step's command) are derived from it, so an option is written once. A config turns
+its fields' spellings into their Choice members with `parse_declared_choices`, and a command that maps
+onto several runs refuses an option its run does not read with `refuse_options_not_read`.
 """
 
 from __future__ import annotations
@@ -92,12 +94,18 @@ def declared_fields(cls: Any) -> list[Field[Any]]:
     return [f for f in fields(cls) if "option" in f.metadata]
 
 
+def option_spec(f: Field[Any]) -> OptionSpec:
+    """How declared field `f` is spelled on the command line."""
+    spec: OptionSpec = f.metadata["option"]
+    return spec
+
+
 def parse_declared_choices(config: Any) -> None:
     """Turn each declared Choice field of `config` (a frozen dataclass, from its `__post_init__`) from
     a spelling into its member; an unknown spelling: `Choice.parse`'s one-line BadInput naming the
     field's noun. None stays None where it is the field's default (the option left out)."""
     for f in declared_fields(config):
-        spec: OptionSpec = f.metadata["option"]
+        spec = option_spec(f)
         kind = spec.choice_type
         value = getattr(config, f.name)
         if kind is None or (value is None and f.default is None):
@@ -108,8 +116,7 @@ def parse_declared_choices(config: Any) -> None:
 def flag_spelling(cls: Any, name: str, value: Any) -> str:
     """How option `name` of `cls` reads on the command line at `value` (`--no-smooth` for
     smooth=False); a name `cls` does not declare: itself."""
-    spec: OptionSpec | None = next(
-        (f.metadata["option"] for f in declared_fields(cls) if f.name == name), None)
+    spec = next((option_spec(f) for f in declared_fields(cls) if f.name == name), None)
     if spec is None:
         return name
     names = spec.names

@@ -18,7 +18,13 @@ from chattts_forge.errors import BadInput
 from chattts_forge.evaluate.bench import DEFAULT_TEXT, BenchConfig
 from chattts_forge.evaluate.load_bench_config import ArrivalKind, LoadBenchConfig
 from chattts_forge.evaluate.soak_config import SoakConfig
-from chattts_forge.options import declared_fields, option, parse_declared_choices, refuse_options_not_read
+from chattts_forge.options import (
+    declared_fields,
+    option,
+    option_spec,
+    parse_declared_choices,
+    refuse_options_not_read,
+)
 from chattts_forge.runtime.generation import GptEngine
 from chattts_forge.runtime.providers import Provider
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP
@@ -69,7 +75,8 @@ def _positive_seconds() -> click.FloatRange:
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions:
     """One `chattts-forge bench` command line (see its --help): the plain benchmark's options, then
-    --load's and --soak's. `soak_s` (--soak) picks the soak, else `load` the load benchmark."""
+    --load's and --soak's. `soak_s` (--soak) picks the soak, else `load` the load benchmark (`run`); an
+    option set away from its default that the picked run does not read (`FIELDS_READ_BY`) is refused."""
 
     artifact: str = option(MISSING, "--artifact", "Artifact folder to benchmark.", kind=click.Path(file_okay=False))
     baseline: Baseline = option(
@@ -163,7 +170,7 @@ class BenchOptions:
         environment can set (--admin-token) is never counted: a shell that exports it for the soak
         runs every other bench with it too."""
         return {f.name: getattr(self, f.name) for f in declared_fields(self)
-                if plain(getattr(self, f.name)) != plain(f.default) and not f.metadata["option"].envvar}
+                if plain(getattr(self, f.name)) != plain(f.default) and not option_spec(f).envvar}
 
     @property
     def baseline_or_none(self) -> str | None:
