@@ -408,12 +408,13 @@ class ArtifactSource(Struct, forbid_unknown_fields=True):
 
 class MemoryProbe(Struct, forbid_unknown_fields=True, kw_only=True):
     """runtime.memory_probe.measure_memory's record: the probe's figures (printed with sorted keys),
-    then the wall time and the settings; on failure the peaks are empty and `error` says why."""
+    then the wall time and the settings; on failure the peaks are empty and `error` says why. A
+    reader needs only `peak_rss_mb_by_batch` (runtime.serve.guard), so the rest may be absent."""
 
     after_load_mb: OptNumber | UnsetType = UNSET
     gpt_engine: str | UnsetType = UNSET
     load_peak_mb: OptNumber | UnsetType = UNSET
-    peak_rss_mb: OptNumber
+    peak_rss_mb: OptNumber | UnsetType = UNSET
     peak_rss_mb_by_batch: dict[str, OptNumber]  # batch size (as text) -> peak
     probe_seconds: OptNumber | UnsetType = UNSET
     python_baseline_mb: OptNumber | UnsetType = UNSET
