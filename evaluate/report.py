@@ -143,7 +143,7 @@ def render_markdown(report: ReportRecord) -> str:
     lines += _memory_lines(report)
     lines += _hearing_lines(report) + _interval_lines(report.intervals)
     lines += _bucket_lines(report.buckets) + _cache_lines(report.phrase_cache)
-    lines += render_auto_search_markdown(art.quantization_search)
+    lines += render_auto_search_markdown(section_builtins(art.quantization_search))
     m, toolchain = section_builtins(report.machine), section_builtins(report.toolchain)
     lines += [
         "",

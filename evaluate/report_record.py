@@ -4,8 +4,9 @@ the sections other modules write (fidelity, intelligibility, speaker, naturalnes
 settings, machine, toolchain, timing, the per-sentence rows, an artifact's source, each side's
 memory probe, the listen spectrograms' settings) are evaluate.report_sections' types. Open maps
 remain where a key is data (versions: distribution -> version; precisions: component -> precision)
-and two payloads another module owns: the auto search's record (`artifact.quantization_search`)
-and the ASR records per language (`intelligibility.languages`).
+and two payloads another module owns: the auto search's final timing
+(`artifact.quantization_search.final_timing`) and the ASR records per language
+(`intelligibility.languages`).
 
 Fields are declared in the order evaluate writes them, so `report_builtins(record)` gives the keys
 back in that order: report_schema.write_report encodes the record and the bytes (and the integrity
@@ -32,6 +33,7 @@ from chattts_forge.errors import BadInput
 from chattts_forge.evaluate.latency_record import LatencySection, Percentiles, Utterance
 from chattts_forge.evaluate.report_sections import (
     ArtifactSource,
+    AutoSearchSummary,
     CorpusSection,
     FidelityRecord,
     IntelligibilitySection,
@@ -68,9 +70,7 @@ class ArtifactSection(Struct, forbid_unknown_fields=True):
     source: ArtifactSource
     precisions: dict[str, str]  # component -> its precision
     quantization_method: str | None
-    # quantize --method auto's search record (candidates, sensitivity ranking, the final timing
-    # comparison): owned and written by quantize.search, read back through evaluate.search_report
-    quantization_search: dict[str, Any] | None
+    quantization_search: AutoSearchSummary | None  # quantize --method auto's search; null for other methods
 
 
 class GateCheck(Struct, forbid_unknown_fields=True):

@@ -406,6 +406,43 @@ class ArtifactSource(Struct, forbid_unknown_fields=True):
     asset_dir: str | None | UnsetType = UNSET
 
 
+class AutoSearchCandidate(Struct, forbid_unknown_fields=True):
+    """A candidate of `quantize --method auto`'s search, as evaluate.search_report copies it (each key
+    read with .get: null when the search did not record it)."""
+
+    candidate: int | None
+    head_code: str | None
+    fp32: int | None
+    int8: int | None
+    int4: int | None
+    bytes: int | None
+    step_ms: OptNumber
+    code_agreement: OptNumber
+    hidden_cosine: OptNumber
+    mel_snr_db: OptNumber
+    passed: bool | None
+    pareto: bool | None
+    step_ms_search: OptNumber  # its first timing when the finalists were timed again
+
+
+class AutoSearchSummary(Struct, forbid_unknown_fields=True):
+    """evaluate.search_report.auto_search_summary: the auto search an artifact was chosen by."""
+
+    gate: str  # the gate file's name
+    gate_sha256: str | None
+    headroom: OptNumber
+    ranked_by: str | None
+    block_size: int | None
+    chosen: int | None
+    head_code: str | None
+    candidates: list[AutoSearchCandidate]
+    # quantize.auto.retime's record, copied as the search wrote it: its comparison's candidates are
+    # keyed by their labels and its layout is quantize.auto's own
+    final_timing: dict[str, Any] | None
+    most_sensitive: list[str | None]
+    least_sensitive: list[str | None]
+
+
 class MemoryProbe(Struct, forbid_unknown_fields=True, kw_only=True):
     """runtime.memory_probe.measure_memory's record: the probe's figures (printed with sorted keys),
     then the wall time and the settings; on failure the peaks are empty and `error` says why. A

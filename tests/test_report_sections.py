@@ -114,3 +114,21 @@ def test_section_builtins_gives_a_section_back_as_written() -> None:
         assert section_builtins(getattr(record, name)) == report[name], name
     assert section_builtins(record.memory.reference) == report["memory"]["reference"]
     assert section_builtins(check_report(_report("report-before-memory.json")).speaker) == {}  # absent: UNSET
+
+
+def test_the_auto_search_summary_is_typed_as_its_writer_writes_it() -> None:
+    from chattts_forge.evaluate.search_report import auto_search_summary
+
+    row = {"candidate": 0, "head_code": "int8", "fp32": 0, "int8": 24, "int4": 0, "bytes": 1000, "step_ms": 2.5,
+           "code_agreement": 0.97, "hidden_cosine": 0.999, "mel_snr_db": 30.0, "passed": True, "pareto": True}
+    summary = auto_search_summary({"auto": {"gate": {"path": "gates/default.toml", "sha256": "ab" * 32, "headroom": 0.1},
+                                            "ranked_by": "step_ms", "block_size": 32, "chosen": 0, "head_code": "int8",
+                                            "candidates": [row], "final_timing": None,
+                                            "sensitivity": [{"node": "a"}, {"node": "b"}]}})
+    report = _set(_report(), ("artifact", "quantization_search"), summary)
+    record = check_report(report)
+    assert section_builtins(record.artifact.quantization_search) == summary
+    assert report_json_bytes(report) == (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    with pytest.raises(BadInput, match=re.escape(
+            "report key artifact.quantization_search.candidates[0].step_ms must be int or float or null, got str")):
+        check_report(_set(report, ("artifact", "quantization_search", "candidates", 0, "step_ms"), "2.5"))
