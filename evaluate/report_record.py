@@ -5,8 +5,9 @@ settings, machine, toolchain, timing, the per-sentence rows, an artifact's sourc
 memory probe, the listen spectrograms' settings) are evaluate.report_sections' types. Open maps
 remain where a key is data (versions: distribution -> version; precisions: component -> precision)
 and two payloads another module owns: the auto search's final timing
-(`artifact.quantization_search.final_timing`) and the ASR records per language
-(`intelligibility.languages`).
+(`artifact.quantization_search.final_timing`) and the ASR scores inside
+`intelligibility.languages` (evaluate.score's corpus and utterance records, the backend's
+description).
 
 Fields are declared in the order evaluate writes them, so `report_builtins(record)` gives the keys
 back in that order: report_schema.write_report encodes the record and the bytes (and the integrity

@@ -117,6 +117,22 @@ class FidelityRecord(Struct, forbid_unknown_fields=True):
 # ---- intelligibility: evaluate.evaluate (measured) or its synthetic-checkpoint note; buckets' too
 
 
+class AsrVariantScores(Struct, forbid_unknown_fields=True):
+    """One variant's ASR scores in one language (evaluate.score's `corpus` and `utterances`). Their
+    keys vary with the scoring (number normalisation, seed-tts-eval, voice scores) and no published
+    report holds them yet to check a record type against: maps, as evaluate.score writes them."""
+
+    corpus: dict[str, Any]
+    utterances: list[dict[str, Any]]
+
+
+class IntelligibilityLanguage(Struct, forbid_unknown_fields=True):
+    """evaluate.evaluate.score_languages' entry of a language."""
+
+    asr: dict[str, Any] | None  # the ASR backend's describe(): its keys are each backend's own
+    variants: dict[str, AsrVariantScores]  # artifact | reference -> its scores
+
+
 class IntelligibilitySection(Struct, forbid_unknown_fields=True):
     """ASR error rates of both variants (evaluate.evaluate.intelligibility), or why not measured
     (``{"measured": false, "reason", "note"}``; a bucket's may be ``{"measured": false}`` alone,
@@ -125,9 +141,7 @@ class IntelligibilitySection(Struct, forbid_unknown_fields=True):
     measured: bool | UnsetType = UNSET
     reason: str | UnsetType = UNSET
     note: str | UnsetType = UNSET
-    # language -> {"asr", "variants": {variant: {"corpus", "utterances"}}}: evaluate.score's ASR
-    # records, which no published report holds yet to check a record type against
-    languages: dict[str, dict[str, Any]] | UnsetType = UNSET
+    languages: dict[str, IntelligibilityLanguage] | UnsetType = UNSET  # language -> its scores
     wer: OptNumber | UnsetType = UNSET
     reference_wer: OptNumber | UnsetType = UNSET
     wer_delta: OptNumber | UnsetType = UNSET

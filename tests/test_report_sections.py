@@ -132,3 +132,34 @@ def test_the_auto_search_summary_is_typed_as_its_writer_writes_it() -> None:
     with pytest.raises(BadInput, match=re.escape(
             "report key artifact.quantization_search.candidates[0].step_ms must be int or float or null, got str")):
         check_report(_set(report, ("artifact", "quantization_search", "candidates", 0, "step_ms"), "2.5"))
+
+
+def _measured_intelligibility() -> dict[str, Any]:
+    """evaluate's measured intelligibility section, its hypotheses given (no ASR model here)."""
+    from chattts_forge.evaluate.evaluate import score_intelligibility
+
+    sentences = ["Your order has shipped today.", "您好，请问有什么可以帮您？"]
+    waves = {v: {"001": (None, 24000), "002": (None, 24000)} for v in ("artifact", "reference")}
+
+    def transcriber(lang: str, _waves: Any, ids: list[str]) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+        heard = "Your order has shipped." if lang == "en" else "您好，请问有什么可以帮您"
+        return ({i: heard for i in ids}, {i: {"asr_seconds": 0.1, "audio_seconds": 1.0} for i in ids},
+                {"backend": "given", "model_dir": "none"})
+
+    section: dict[str, Any] = score_intelligibility(sentences, waves, "faster-whisper", None, 1, False,
+                                                    transcriber=transcriber)
+    return section
+
+
+def test_a_measured_intelligibility_section_is_typed_to_its_language_entries() -> None:
+    intel = _measured_intelligibility()
+    report = _set(_report(), ("intelligibility",), intel)
+    record = check_report(report)
+    assert record.intelligibility.measured is True and set(record.intelligibility.languages) == {"en", "zh"}
+    assert section_builtins(record.intelligibility) == intel  # every key, in the order written
+    assert report_json_bytes(report) == (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    with pytest.raises(BadInput, match=re.escape(
+            "report key intelligibility.languages.zh.variants.reference.utterances must be a list, got dict")):
+        check_report(_set(report, ("intelligibility", "languages", "zh", "variants", "reference", "utterances"), {}))
+    with pytest.raises(BadInput, match=re.escape("report key intelligibility.wer_delta must be int or float or null, got str")):
+        check_report(_set(report, ("intelligibility", "wer_delta"), "0"))
