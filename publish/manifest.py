@@ -193,13 +193,13 @@ def gate_section(report: SealedReport) -> dict[str, Any]:
         "report_schema": record.schema,
         "report_integrity": record.integrity,
         "evaluated_at": record.created_at,
-        "thresholds": section_builtins(record.gate.thresholds),
-        "results": section_builtins(record.gate.checks),
+        "thresholds": dict(record.gate.thresholds),
+        "results": [section_builtins(check) for check in record.gate.checks],
         "headline": section_builtins(record.headline),
         "machine": section_builtins(record.machine),
         "corpus": section_builtins(record.corpus),
         "reference": section_builtins(record.reference),
-        "notes": section_builtins(record.notes),
+        "notes": list(record.notes),
     }
 
 

@@ -73,7 +73,7 @@ import numpy as np
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
-from chattts_forge.evaluate.report_record import ReportRecord
+from chattts_forge.evaluate.report_record import ReportRecord, section_builtins
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -462,11 +462,11 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord,
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
-    settings = report.settings  # evaluate's settings (an open map in the report record)
-    provider = "cuda" if "CUDA" in str(report.machine.get("provider")) else "cpu"
+    settings = section_builtins(report.settings)  # evaluate's settings, read as their map
+    provider = "cuda" if "CUDA" in str(section_builtins(report.machine).get("provider")) else "cpu"
     cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
                         seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
-    synthetic = report.artifact.source.get("kind") == "synthetic"
+    synthetic = report.artifact.source.kind == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
                                 RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
@@ -484,12 +484,12 @@ def _eval_corpus(report: ReportRecord) -> str | None:
     """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = report.corpus  # the corpus' description (an open map in the report record)
+    corpus = section_builtins(report.corpus)  # the corpus' description, read as its map
     spec = corpus.get("spec")
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=report.settings.get("max_sentences"))
+        loaded = load_corpus(spec, max_sentences=section_builtins(report.settings).get("max_sentences"))
         return spec if loaded.sha256 == corpus.get("sha256") else None
     except (ForgeError, OSError):
         return None
@@ -528,7 +528,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             if identical else
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
-            fp32_against_baseline(artifact_dir, old, corpus, dict(sealed.record.settings)))
+            fp32_against_baseline(artifact_dir, old, corpus, section_builtins(sealed.record.settings)))
     return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 
