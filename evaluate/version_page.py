@@ -43,9 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.evaluate.listening import read_listen_file
-from chattts_forge.evaluate.report_record import ReportRecord, section_builtins
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -119,8 +121,9 @@ def _value(report: ReportRecord, key: str) -> tuple[float | None, str]:
                 return m[metric], metric.upper()
         return None, ""
     if key == "ovrl":
-        nat = section_builtins(report.naturalness)  # evaluate.listening's record, read as its map
-        return ((nat.get("artifact") or {}).get("ovrl") if nat.get("measured") else None), ""
+        nat = report.naturalness  # evaluate.listening's record; absent in reports before issue 25
+        measured = nat is not UNSET and nat.measured and nat.artifact is not UNSET
+        return (nat.artifact.ovrl if measured else None), ""
     return m.get(key), ""
 
 
@@ -265,16 +268,16 @@ def _lookahead(entries: list[VariantEntry]) -> str:
     its SNR on the held-out sentences with the gate's verdict, and the curve it was chosen on."""
     rows = []
     for e in entries:
-        streaming = section_builtins(e.report.streaming) if e.report else {}  # evaluate.seams' record, as its map
-        record = streaming.get("recorded")
-        if not record:
+        streaming = e.report.streaming if e.report else UNSET  # evaluate.seams' record
+        record = None if streaming is UNSET or streaming.recorded is UNSET else streaming.recorded
+        if record is None:
             text = "-" if not e.report else "none recorded: streams exactly"
             rows.append(f"<tr><th>{html.escape(e.variant)}</th><td colspan='3'>{text}</td></tr>")
             continue
-        curve = " &middot; ".join(f"{p['lookahead_frames']}: {_fmt(p['snr_db_min'], '.1f')}" for p in record["curve"])
-        chosen = (f"{record['lookahead_frames']} of {record['exact_frames']} mel frames (worst SNR &ge; "
-                  f"{_fmt(record['threshold_db'], 'g')} + {_fmt(record['margin_db'], 'g')} dB on "
-                  f"{record['sentences']} fixed sentences)")
+        curve = " &middot; ".join(f"{p.lookahead_frames}: {_fmt(p.snr_db_min, '.1f')}" for p in record.curve)
+        chosen = (f"{record.lookahead_frames} of {record.exact_frames} mel frames (worst SNR &ge; "
+                  f"{_fmt(record.threshold_db, 'g')} + {_fmt(record.margin_db, 'g')} dB on "
+                  f"{record.sentences} fixed sentences)")
         held_out = _cell(e.report, ("", "stream_recorded_lookahead_snr_db", ("stream_recorded_lookahead_snr_db",),
                                     None, ".1f"))
         rows.append(f"<tr><th>{html.escape(e.variant)}</th><td>{chosen}</td>{held_out}<td>{curve}</td></tr>")
