@@ -160,9 +160,10 @@ def test_page_shows_each_variants_recorded_look_ahead_and_its_curve(built: dict[
     """The recorded stream look-ahead (artifact.json `streaming`, carried by the report's streaming section),
     its held-out SNR with the gate's verdict, and the curve it was chosen on; a variant without one says so."""
     fp32 = built["fp32"]
-    record = {"lookahead_frames": 24, "exact_frames": 30, "threshold_db": 60.0, "margin_db": 20.0, "sentences": 4,
+    record = {"lookahead_frames": 24, "exact_frames": 30, "threshold_db": 60.0, "margin_db": 20.0,
               "curve": [{"lookahead_frames": 8, "snr_db_min": 28.45}, {"lookahead_frames": 24, "snr_db_min": 122.48},
-                        {"lookahead_frames": 30, "snr_db_min": 123.56}]}
+                        {"lookahead_frames": 30, "snr_db_min": 123.56}],
+              "sentences": 4, "stream_batch": 24, "max_new_token": 192, "seed": 0}  # artifact.json's whole record
     metric = "stream_recorded_lookahead_snr_db"
     check = {"section": "streaming", "metric": metric, "rule": "min", "threshold": 60.0, "value": 21.3, "unit": "dB",
              "status": "fail", "passed": False, "margin": -38.7, "message": f"{metric} = 21.3 violates >= 60"}
