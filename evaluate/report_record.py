@@ -374,7 +374,7 @@ def _plain(obj: Any) -> Any:
 
 def section_builtins(section: Struct | None | UnsetType) -> dict[str, Any]:
     """A typed section as the JSON object it was read from ({} when absent or null): for readers
-    written against the report's maps."""
+    written against the report's maps, and for documents that embed a section (publish.manifest's gate)."""
     if section is None or section is UNSET:
         return {}
     out: dict[str, Any] = msgspec.to_builtins(section, enc_hook=_plain)
