@@ -41,6 +41,8 @@ from chattts_forge.evaluate.report_sections import (
     MachineSection,
     MemoryProbe,
     NaturalnessSection,
+    Number,
+    OptNumber,
     SentenceRow,
     SettingsSection,
     SpeakerSection,
@@ -49,9 +51,6 @@ from chattts_forge.evaluate.report_sections import (
     TimingSection,
     ToolchainInfo,
 )
-
-Number = int | float
-OptNumber = int | float | None
 
 
 class FileRecord(Struct, forbid_unknown_fields=True):

@@ -260,17 +260,18 @@ class LookaheadPoint(Struct, forbid_unknown_fields=True):
 
 
 class RecordedLookahead(Struct, forbid_unknown_fields=True):
-    """artifact.json's `streaming` record (runtime.stream_lookahead)."""
+    """artifact.json's `streaming` record (runtime.stream_lookahead.measure_lookahead writes every key;
+    artifact.json's own check requires only `lookahead_frames`, what the runtime reads)."""
 
     lookahead_frames: int
-    exact_frames: int
-    threshold_db: Number
-    margin_db: Number
-    curve: list[LookaheadPoint]
-    sentences: int
-    stream_batch: int
-    max_new_token: int
-    seed: int
+    exact_frames: int | UnsetType = UNSET
+    threshold_db: Number | UnsetType = UNSET
+    margin_db: Number | UnsetType = UNSET
+    curve: list[LookaheadPoint] | UnsetType = UNSET
+    sentences: int | UnsetType = UNSET
+    stream_batch: int | UnsetType = UNSET
+    max_new_token: int | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
 
 
 class StreamingSection(Struct, forbid_unknown_fields=True):
