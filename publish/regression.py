@@ -69,11 +69,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
-from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
-from chattts_forge.evaluate.report_record import ReportRecord
+from chattts_forge.evaluate.latency_record import LatencyRecord
+from chattts_forge.evaluate.report_record import ReportRecord, check_report
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
@@ -152,15 +153,16 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions)."""
-    return {r["text"]: r for r in report.get("sentences") or [] if isinstance(r, dict) and isinstance(r.get("text"), str)}
+def _rows(report: ReportRecord) -> dict[str, dict[str, Any]]:
+    """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions).
+    A report written before evaluate.intervals has no rows (UNSET): no sentence to pair."""
+    rows = [] if report.sentences is UNSET else report.sentences
+    return {r["text"]: r for r in rows if isinstance(r.get("text"), str)}
 
 
-def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+def _rtf_over_fp32(report: ReportRecord) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
-    latency = latency_section(report)
-    timed, reference = latency.timed("artifact"), latency.timed("reference")
+    timed, reference = report.latency.timed("artifact"), report.latency.timed("reference")
     ref = {u.text: _finite(u.rtf) for u in reference.utterances} if reference else {}
     out = {}
     for u in timed.utterances if timed else []:
@@ -177,10 +179,9 @@ def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
-def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+def _first_audio_over_fp32(report: ReportRecord) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
-    latency = latency_section(report)
-    mine, ref = _first_audio(latency.timed("artifact")), _first_audio(latency.timed("reference"))
+    mine, ref = _first_audio(report.latency.timed("artifact")), _first_audio(report.latency.timed("reference"))
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -211,9 +212,9 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
                                        "median of per-sentence first audio / own FP32's first audio"),
 }
 # per-sentence figures read from the latency records rather than the report's sentence rows
-_FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
+_FROM_LATENCY: dict[str, Callable[[ReportRecord], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio(latency_section(report).timed("artifact")),
+    "first_audio": lambda report: _first_audio(report.latency.timed("artifact")),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -233,7 +234,7 @@ def _paired(new: np.ndarray, old: np.ndarray, w_new: np.ndarray, w_old: np.ndarr
     return point, bounds[0], bounds[1]
 
 
-def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+def _sentence_figure(figure: str, new: ReportRecord, old: ReportRecord) -> dict[str, Any] | None:
     """A figure compared per held-out sentence, or None when the two reports share no measured sentence."""
     key, stat, how = _PER_SENTENCE[figure]
     relative = REGRESSION_FIGURES[figure][2] == "relative"
@@ -270,10 +271,10 @@ _POINT_JUDGED: dict[str, tuple[float, str]] = {
 }
 
 
-def _point_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+def _point_figure(figure: str, new: ReportRecord, old: ReportRecord) -> dict[str, Any] | None:
     """A figure with one value per report (first audio's median, the size, the memory ratio): no
     interval of its own; those of `_POINT_JUDGED` are judged on their delta within their stated noise."""
-    a, b = _finite((new.get("metrics") or {}).get(figure)), _finite((old.get("metrics") or {}).get(figure))
+    a, b = _finite(new.metrics.get(figure)), _finite(old.metrics.get(figure))
     if a is None or b is None or b == 0:
         return None
     delta = (a - b) / abs(b)
@@ -334,17 +335,17 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
-def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+def _provenance(manifest: dict[str, Any], report: ReportRecord) -> dict[str, Any]:
     """The records a build's difference is read from, flattened to `what -> value`."""
     quant = manifest.get("quantization") or {}
-    gate = report.get("gate") or {}
-    corpus = report.get("corpus") or {}
+    gate = report.gate
+    corpus = report.corpus  # the corpus' description (an open map in the report record)
     out: dict[str, Any] = {
         "checkpoint": source_fingerprint(manifest["source_checkpoint"])[:16],
         "toolchain version": (manifest.get("toolchain") or {}).get("version"),
         "toolchain commit": (manifest.get("toolchain") or {}).get("git_commit"),
         "quantizer method": quant.get("method"),
-        "gate file": f"{gate.get('path')} (sha256 {str(gate.get('sha256'))[:12]})",
+        "gate file": f"{gate.path} (sha256 {gate.sha256[:12]})",
         "evaluation corpus": f"{corpus.get('name')} (sha256 {str(corpus.get('sha256'))[:12]})",
     }
     out.update(_flat("quantizer option", quant.get("options") or {}))
@@ -354,7 +355,7 @@ def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, A
     return out
 
 
-def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dict[str, Any], dict[str, Any]]
+def what_changed(baseline: tuple[dict[str, Any], ReportRecord], now: tuple[dict[str, Any], ReportRecord]
                  ) -> list[dict[str, Any]]:
     """[{"what", "baseline", "now"}] of the records that differ ((manifest, report) of each build)."""
     a, b = _provenance(*baseline), _provenance(*now)
@@ -367,15 +368,25 @@ def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dic
 # ---- the comparison ----------------------------------------------------------------------------
 
 
-def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir: Path, baseline_version: str,
+def published_report(variant_dir: Path) -> ReportRecord:
+    """The report a published variant holds, as its typed record (reports published before a section
+    existed load with it UNSET); BadInput naming the file and the first key that does not fit."""
+    path = variant_dir / REPORT_COPY_NAME
+    try:
+        return check_report(read_json_document(path, "report"))
+    except BadInput as e:
+        raise BadInput(f"{path}: {e}") from None
+
+
+def compare(report: ReportRecord, manifest_core: dict[str, Any], baseline_dir: Path, baseline_version: str,
             tolerances: dict[str, float]) -> dict[str, Any]:
-    """The regression record of one variant (its sealed report's data and manifest core) against its
+    """The regression record of one variant (its sealed report's record and manifest core) against its
     published copy in `baseline_dir`."""
     old_manifest = load_manifest(baseline_dir / MANIFEST_NAME)
-    old_report = read_json_document(baseline_dir / REPORT_COPY_NAME, "report")
+    old_report = published_report(baseline_dir)
     variant = manifest_core["variant"]
     name = f"{baseline_version}'s {variant}"
-    waived = dict((report.get("gate") or {}).get("waived") or {})
+    waived = dict(report.gate.waived)
     figures: dict[str, Any] = {}
     for figure in REGRESSION_FIGURES:
         if figure == "rtf_vs_baseline":
@@ -391,7 +402,7 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
         "schema": REGRESSION_SCHEMA,
         "baseline": {"version": baseline_version, "variant": variant,
                      "manifest_sha256": hashlib.sha256((baseline_dir / MANIFEST_NAME).read_bytes()).hexdigest(),
-                     "report_integrity": old_report.get("integrity")},
+                     "report_integrity": old_report.integrity},
         "figures": figures,
         "changed": what_changed((old_manifest, old_report), (manifest_core, report)),
         "regressions": regressions,
@@ -509,7 +520,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
         return no_baseline(why)
     core = build_manifest_core(model=baseline.model, version="", variant=meta.variant, meta=meta, report=sealed)
     old = baseline.variants[meta.variant]
-    record = compare(sealed.data, core, old, baseline.version, tolerances)
+    record = compare(sealed.record, core, old, baseline.version, tolerances)
     published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
                  if p not in RESERVED_NAMES}
     identical = published == sealed.artifact_files
