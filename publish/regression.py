@@ -8,7 +8,8 @@ the baseline version does not hold is compared with its newest copy in an older 
 Most figures are compared from records (`compare`), on the held-out sentences both reports measured
 (paired by sentence text; the reports' ``sentences`` rows, evaluate.intervals, and their latency
 records), with a 95% paired bootstrap interval (2000 resamples, seed 0), a pure function of the two
-reports:
+reports, each read as its typed record (evaluate.report_record.ReportRecord; the baseline's published
+copy by `published_report`, where a section the report predates is UNSET):
 
 - code agreement and KL (each against its own build's FP32, pooled over teacher-forced steps), mel
   SNR, SIM, DNSMOS OVRL and WER/CER (mean of the per-sentence figures): absolute deltas;
