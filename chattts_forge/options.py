@@ -1,12 +1,14 @@
 """Options declared on a config dataclass's fields: a field made with `option(...)` carries its
 command-line spelling, type, choices and help. The click options of the command
 (`declared_options`) and the words that set a value (`option_args`, `changed_args`: what the build
-driver puts in a step's command) are derived from it, so an option is written once.
+driver puts in a step's command) are derived from it, so an option is written once. A config turns
+its fields' spellings into their Choice members with `parse_declared_choices`, and a command that maps
+onto several runs refuses an option its run does not read with `refuse_options_not_read`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from chattts_forge.choices import Choice, plain
+from chattts_forge.errors import BadInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,7 +34,9 @@ class OptionSpec:
     given to click (recorded as False, where a switch without one has none); `spell`: how a field value
     is written on the command line where the two differ (its default and `option_args`' words; `convert`
     reads it back; a value spelled None is the option left out); `hidden`: left out of `--help` (a hook
-    for tests)."""
+    for tests); `parsed_as`: the Choice a value declared without `choices` becomes in the config (the
+    command line takes any text, so a bad one is the project's one-line error, not click's usage
+    block); `noun`: what a bad spelling's error calls the value (default: the flag's words)."""
 
     flags: str
     help: str | None = None
@@ -47,6 +52,8 @@ class OptionSpec:
     switch_default: bool = False
     spell: Callable[[Any], Any] | None = None
     hidden: bool = False
+    parsed_as: type[Choice] | None = None
+    noun: str | None = None
 
     def spelled(self, value: Any) -> Any:
         """`value` as the command line writes it."""
@@ -62,6 +69,16 @@ class OptionSpec:
             return None
         return self.choices.values() if isinstance(self.choices, type) else tuple(self.choices)
 
+    @property
+    def choice_type(self) -> type[Choice] | None:
+        """The Choice the field's value is a member of (declared as `choices` or `parsed_as`), if any."""
+        return self.choices if isinstance(self.choices, type) else self.parsed_as
+
+    @property
+    def value_noun(self) -> str:
+        """What an error calls the value: `noun`, else the flag's words ("--calibrate-method": "calibrate method")."""
+        return self.noun if self.noun is not None else self.names[0].removeprefix("--").replace("-", " ")
+
 
 def option(default: Any, flags: str, help: str | None = None, kw_only: Any = MISSING, **spec: Any) -> Any:
     """A dataclass field (default `default`) declared as the command-line option `flags`; with
@@ -75,6 +92,49 @@ def option(default: Any, flags: str, help: str | None = None, kw_only: Any = MIS
 def declared_fields(cls: Any) -> list[Field[Any]]:
     """The fields of a config dataclass (or of one of its instances) declared with `option`."""
     return [f for f in fields(cls) if "option" in f.metadata]
+
+
+def option_spec(f: Field[Any]) -> OptionSpec:
+    """How declared field `f` is spelled on the command line."""
+    spec: OptionSpec = f.metadata["option"]
+    return spec
+
+
+def parse_declared_choices(config: Any) -> None:
+    """Turn each declared Choice field of `config` (a frozen dataclass, from its `__post_init__`) from
+    a spelling into its member; an unknown spelling: `Choice.parse`'s one-line BadInput naming the
+    field's noun. None stays None where it is the field's default (the option left out)."""
+    for f in declared_fields(config):
+        spec = option_spec(f)
+        kind = spec.choice_type
+        value = getattr(config, f.name)
+        if kind is None or (value is None and f.default is None):
+            continue
+        object.__setattr__(config, f.name, kind.parse(value, spec.value_noun))
+
+
+def flag_spelling(cls: Any, name: str, value: Any) -> str:
+    """How option `name` of `cls` reads on the command line at `value` (`--no-smooth` for
+    smooth=False); a name `cls` does not declare: itself."""
+    spec = next((option_spec(f) for f in declared_fields(cls) if f.name == name), None)
+    if spec is None:
+        return name
+    names = spec.names
+    return names[1] if len(names) == 2 and value is False else names[0]
+
+
+def refuse_options_not_read(cls: Any, given: Mapping[str, Any], read_by: Mapping[str, Collection[str]],
+                            chosen: str, chosen_as: str | None = None) -> None:
+    """The one rule for an option given to a run that does not read it (a quantize method, one of
+    bench's runs): `given` (field -> value) checked against `read_by` (run -> the fields it reads);
+    the first option `chosen` does not read is a BadInput naming it (as `cls` spells it), the chosen
+    run (`chosen_as`, default `chosen`) and the runs that read it. An option no run reads is the
+    caller's to refuse."""
+    for name, value in given.items():
+        readers = [run for run, names in read_by.items() if name in names]
+        if readers and name not in read_by[chosen]:
+            raise BadInput(f"{flag_spelling(cls, name, value)} does not apply to {chosen_as or chosen} "
+                           f"(it applies to: {', '.join(readers)})", param=name)
 
 
 def _click_option(f: Field[Any]) -> Callable[[F], F]:

@@ -10,7 +10,7 @@ Library (torch is never imported, except by `latency.measure_pytorch` when a bas
 - `evaluate.evaluate_artifact(artifact, reference, EvaluateConfig(corpus=..., gate=None, out=None, ...))`
   (or `evaluate_artifact(artifact, reference, corpus, **EvaluateConfig fields)`) -> sealed report
   dict; writes report.json / report.md / report.html (`report.write_reports`). Its phases:
-  `prepare`, `reference_side`, `latency_section`, `corpus_phase`, hearing, the gate, `serving_sections`
+  `prepare`, `reference_side`, `measure_latency`, `corpus_phase`, hearing, the gate, `serving_sections`
   (buckets, phrase cache); the report around them is assembled by `report_assembly` (`describe_artifact`,
   `flat_metrics`, `memory_section`, `report_body`, `waivers`, `report_notes`).
 - `evaluate_config`: `EvaluateConfig` (the settings `EvaluateSettings` shared with `evaluate-reference`

@@ -18,16 +18,36 @@ from chattts_forge.errors import BadInput
 from chattts_forge.evaluate.bench import DEFAULT_TEXT, BenchConfig
 from chattts_forge.evaluate.load_bench_config import ArrivalKind, LoadBenchConfig
 from chattts_forge.evaluate.soak_config import SoakConfig
-from chattts_forge.options import option
+from chattts_forge.options import (
+    declared_fields,
+    option,
+    option_spec,
+    parse_declared_choices,
+    refuse_options_not_read,
+)
 from chattts_forge.runtime.generation import GptEngine
 from chattts_forge.runtime.providers import Provider
 from chattts_forge.runtime.stream_decode import STREAM_LOOKAHEAD_HELP
 from chattts_forge.runtime.synth import StreamLookaheadParam
 
-# Options (field names) of the load benchmark alone, refused without --load.
-LOAD_ONLY = ("phrase_cache_hit_ratio", "phrase_cache", "decode_overlap", "first_chunk_priority", "url")
-# Options of the soak alone (--soak), refused without it.
-SOAK_ONLY = ("reload_every", "plot")
+# bench's three runs, as its errors name them
+PLAIN_RUN, LOAD_RUN, SOAK_RUN = "the plain benchmark", "--load", "--soak"
+# --load and --soak pick the run: every run reads them
+_PICKS = ("load", "soak_s")
+# The fields each run reads (its config's, and those bench_cli reads beside it), declared once: an
+# option set away from its default for a run that does not read it is refused (`BenchOptions.run`).
+FIELDS_READ_BY: dict[str, frozenset[str]] = {
+    PLAIN_RUN: frozenset({
+        *_PICKS, "artifact", "baseline", "checkpoint", "batch", "steps", "threads", "reps", "warmup_steps", "engine",
+        "text", "no_first_audio", "stream_lookahead", "baseline_device", "provider", "json_out"}),
+    LOAD_RUN: frozenset({
+        *_PICKS, "artifact", "concurrency", "requests", "arrival", "rate", "baseline", "checkpoint", "baseline_requests",
+        "threads", "stream_lookahead", "phrase_cache_hit_ratio", "phrase_cache", "decode_overlap",
+        "first_chunk_priority", "url", "json_out"}),
+    SOAK_RUN: frozenset({
+        *_PICKS, "artifact", "url", "concurrency", "rate", "reload_every", "admin_token", "phrase_cache", "json_out",
+        "plot"}),
+}
 
 
 class Baseline(Choice):
@@ -55,7 +75,8 @@ def _positive_seconds() -> click.FloatRange:
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions:
     """One `chattts-forge bench` command line (see its --help): the plain benchmark's options, then
-    --load's and --soak's. `soak_s` (--soak) picks the soak, else `load` the load benchmark."""
+    --load's and --soak's. `soak_s` (--soak) picks the soak, else `load` the load benchmark (`run`); an
+    option set away from its default that the picked run does not read (`FIELDS_READ_BY`) is refused."""
 
     artifact: str = option(MISSING, "--artifact", "Artifact folder to benchmark.", kind=click.Path(file_okay=False))
     baseline: Baseline = option(
@@ -74,7 +95,7 @@ class BenchOptions:
     engine: GptEngine = option(
         GptEngine.AUTO, "--engine",
         "Runtime GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
-        choices=GptEngine, show_default=True)
+        choices=GptEngine, show_default=True, noun="GPT engine")
     text: str | None = option(None, "--text", "Text to synthesize (default: a fixed Mandarin sentence).")
     no_first_audio: bool = option(False, "--no-first-audio", "Skip the streaming first-audio measurement.",
                                   is_flag=True)
@@ -84,7 +105,7 @@ class BenchOptions:
     baseline_device: str = option("cpu", "--baseline-device", "torch device of the PyTorch baseline: cpu or cuda.",
                                   show_default=True)
     # a plain string on the command line (not a click.Choice): a bad value is the project's one-line error
-    provider: Provider = option(Provider.CPU, "--provider", PROVIDER_HELP, show_default=True)
+    provider: Provider = option(Provider.CPU, "--provider", PROVIDER_HELP, show_default=True, parsed_as=Provider)
     load: bool = option(
         False, "--load", "Load benchmark instead: mixed-length sentences through the continuous-batching scheduler.",
         is_flag=True)
@@ -136,14 +157,20 @@ class BenchOptions:
     json_out: str | None = option(None, "--json", "Write the report here.", kind=click.Path(dir_okay=False))
 
     def __post_init__(self) -> None:
-        for name, kind, what in (("baseline", Baseline, "baseline"), ("engine", GptEngine, "GPT engine"),
-                                 ("provider", Provider, "provider"), ("arrival", ArrivalKind, "arrival")):
-            object.__setattr__(self, name, kind.parse(getattr(self, name), what))
-        if self.soak_s is None and any(getattr(self, name) is not None for name in SOAK_ONLY):
-            raise BadInput("--reload-every and --plot belong to the soak test (--soak SECONDS --url URL)")
-        if self.soak_s is None and not self.load and any(getattr(self, name) is not None for name in LOAD_ONLY):
-            raise BadInput("--phrase-cache-hit-ratio, --phrase-cache, --decode-overlap, --first-chunk-priority and "
-                           "--url belong to the load benchmark (--load)")
+        parse_declared_choices(self)
+        refuse_options_not_read(BenchOptions, self.given(), FIELDS_READ_BY, self.run)
+
+    @property
+    def run(self) -> str:
+        """Which run the command line asks for: `SOAK_RUN` (--soak), `LOAD_RUN` (--load) or `PLAIN_RUN`."""
+        return SOAK_RUN if self.soak_s is not None else LOAD_RUN if self.load else PLAIN_RUN
+
+    def given(self) -> dict[str, object]:
+        """The options set away from their defaults (field -> value, in declaration order). One the
+        environment can set (--admin-token) is never counted: a shell that exports it for the soak
+        runs every other bench with it too."""
+        return {f.name: getattr(self, f.name) for f in declared_fields(self)
+                if plain(getattr(self, f.name)) != plain(f.default) and not option_spec(f).envvar}
 
     @property
     def baseline_or_none(self) -> str | None:

@@ -302,7 +302,7 @@ def reference_side(j: Judged, cfg: EvaluateConfig) -> ReferenceRun:
     return measure_reference_run(j.reference, j.ref_desc, j.art_desc, j.corpus, cfg, j.synthetic, score_asr=False)
 
 
-def latency_section(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun
+def measure_latency(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun
                     ) -> tuple[dict[str, Any], dict[str, Any] | None, Waves]:
     """The report's ``latency`` section (the artifact timed with the reference's settings), its
     ``memory`` section (each side's fresh-process figures, `memory_section`) and the artifact's audio
@@ -475,7 +475,7 @@ def evaluate_artifact(
              j.reference, len(j.sentences), j.corpus.name)
     # Latency (and the audio for ASR): the reference's side first, then the artifact, same settings.
     ref = reference_side(j, cfg)
-    latency, memory, art_waves = latency_section(j, cfg, ref)
+    latency, memory, art_waves = measure_latency(j, cfg, ref)
     figures = corpus_phase(j, cfg, ref, art_waves)
     hearing = _hear(j, cfg, art_waves, ref.waves)
     report = report_body(j, cfg, ref, figures, latency, hearing, memory)

@@ -28,6 +28,7 @@ from chattts_forge.evaluate.report_record import (
     IntervalsSection,
     PhraseCacheSection,
     ReportRecord,
+    section_builtins,
 )
 from chattts_forge.evaluate.report_schema import validate, write_report
 from chattts_forge.evaluate.search_report import render_auto_search_markdown
@@ -83,7 +84,7 @@ def _check_rows(checks: list[GateCheck]) -> list[tuple[GateCheck, str]]:
 
 
 def render_markdown(report: ReportRecord) -> str:
-    art, gate, corpus = report.artifact, report.gate, report.corpus
+    art, gate, corpus = report.artifact, report.gate, section_builtins(report.corpus)
     verdict = "**PASSED**" if report.passed else "**FAILED**"
     lines = [
         f"### chattts-forge gate: `{art.variant}` {verdict}",
@@ -142,13 +143,13 @@ def render_markdown(report: ReportRecord) -> str:
     lines += _memory_lines(report)
     lines += _hearing_lines(report) + _interval_lines(report.intervals)
     lines += _bucket_lines(report.buckets) + _cache_lines(report.phrase_cache)
-    lines += render_auto_search_markdown(art.quantization_search)
-    m = report.machine
+    lines += render_auto_search_markdown(section_builtins(art.quantization_search))
+    m, toolchain = section_builtins(report.machine), section_builtins(report.toolchain)
     lines += [
         "",
         f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores, {m['threads']} threads, "
         f"{m['provider']}; onnxruntime {m['versions'].get('onnxruntime')}, toolchain "
-        f"{report.toolchain.get('version')} ({report.toolchain.get('git_commit') or 'no git'}).",
+        f"{toolchain.get('version')} ({toolchain.get('git_commit') or 'no git'}).",
         "",
         f"report.json integrity `{report.integrity[:16]}…`",
         "",
@@ -158,11 +159,12 @@ def render_markdown(report: ReportRecord) -> str:
 
 def _memory_lines(report: ReportRecord) -> list[str]:
     """The ``memory`` section (issue 50): each side's peak RSS in a process of its own, and the commands.
-    Each side is runtime.memory_probe's record (its own module's layout, an open map here)."""
+    Each side is runtime.memory_probe's record, read as its map ({} when not probed)."""
     memory = report.memory
     if not memory:
         return []
-    sides = [(f"{report.artifact.variant} (artifact)", memory.artifact), ("fp32 (reference)", memory.reference)]
+    sides = [(f"{report.artifact.variant} (artifact)", section_builtins(memory.artifact)),
+             ("fp32 (reference)", section_builtins(memory.reference))]
     some = next((rec for _, rec in sides if rec), {})
     lines = ["", f"#### Memory (each in a process of its own: load, then {some.get('steps')} steps a row at batch "
                  f"{' then '.join(map(str, some.get('batches') or []))})", "",
@@ -185,8 +187,9 @@ def _memory_lines(report: ReportRecord) -> list[str]:
 
 def _hearing_lines(report: ReportRecord) -> list[str]:
     """What listeners hear: SIM, DNSMOS and stream seams (sections absent in earlier reports: nothing).
-    The sections are evaluate.speaker's, listening's and seams' records (open maps in the report record)."""
-    speaker, nat, streaming = (None if s is UNSET else s for s in (report.speaker, report.naturalness, report.streaming))
+    The sections are evaluate.speaker's, listening's and seams' records, read as their maps."""
+    speaker, nat, streaming = (None if s is UNSET else section_builtins(s)
+                               for s in (report.speaker, report.naturalness, report.streaming))
     if speaker is None and nat is None and streaming is None:
         return []
     lines = ["", "#### What listeners hear (same sentences, speaker and seed as the FP32 reference)", ""]
@@ -322,7 +325,7 @@ def make_plots(report: ReportRecord) -> dict[str, str]:
     plots["RTF and size per variant"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    intel = report.intelligibility
+    intel = section_builtins(report.intelligibility)
     if intel.get("measured"):
         labels, values = [], []
         for lang, rec in intel["languages"].items():
@@ -339,7 +342,7 @@ def make_plots(report: ReportRecord) -> dict[str, str]:
     ax.set_title("WER/CER per variant")
     plots["WER/CER per variant"] = _png(fig)
 
-    fid = report.fidelity
+    fid = section_builtins(report.fidelity)
     if fid:
         tf = fid["teacher_forced"]
         streams = np.arange(len(tf["top1_agreement"]["per_stream"]))
@@ -382,7 +385,7 @@ def _badge(status: str, word: str | None = None) -> str:
 def render_html(report: ReportRecord, markdown: str) -> str:
     """A self-contained page: verdict, checks table, plots (inline PNG), the summary rendered as HTML."""
     plots = make_plots(report)
-    art = report.artifact
+    art, corpus = report.artifact, section_builtins(report.corpus)
     rows = []
     for c, thr in _check_rows(report.gate.checks):
         cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(c.status, "waived")
@@ -419,7 +422,7 @@ figure{{display:inline-block;margin:8px}} code{{font-size:12px}}
 </style></head><body>
 <h1>{html.escape(str(art.variant))}: {verdict}</h1>
 <p>Artifact <code>{html.escape(art.dir)}</code> against <code>{html.escape(report.reference.dir)}</code>,
-corpus {html.escape(report.corpus['name'])} ({report.corpus['sentences_used']} sentences), evaluated
+corpus {html.escape(corpus['name'])} ({corpus['sentences_used']} sentences), evaluated
 {html.escape(report.created_at)}.</p>
 {notes}
 <h2>Gate</h2>

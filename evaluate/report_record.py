@@ -1,7 +1,13 @@
 """report.json as a typed record: the top level, artifact, gate and its checks, headline, size,
-latency (evaluate.latency_record), memory, buckets, listen, intervals and phrase_cache are typed key
-by key; the sections whose inner layout another module owns and writes in several shapes (fidelity,
-intelligibility, speaker, naturalness, streaming, corpus, settings, machine, ...) are open objects.
+latency (evaluate.latency_record), memory, buckets, listen, intervals and phrase_cache are typed here;
+the sections other modules write (fidelity, intelligibility, speaker, naturalness, streaming, corpus,
+settings, machine, toolchain, timing, the per-sentence rows, an artifact's source, each side's
+memory probe, the listen spectrograms' settings) are evaluate.report_sections' types. Open maps
+remain where a key is data (versions: distribution -> version; precisions: component -> precision)
+and two payloads another module owns: the auto search's final timing
+(`artifact.quantization_search.final_timing`) and the ASR scores inside
+`intelligibility.languages` (evaluate.score's corpus and utterance records, the backend's
+description).
 
 Fields are declared in the order evaluate writes them, so `report_builtins(record)` gives the keys
 back in that order: report_schema.write_report encodes the record and the bytes (and the integrity
@@ -26,6 +32,23 @@ from msgspec import UNSET, Struct, UnsetType
 
 from chattts_forge.errors import BadInput
 from chattts_forge.evaluate.latency_record import LatencySection, Percentiles, Utterance
+from chattts_forge.evaluate.report_sections import (
+    ArtifactSource,
+    AutoSearchSummary,
+    CorpusSection,
+    FidelityRecord,
+    IntelligibilitySection,
+    MachineSection,
+    MemoryProbe,
+    NaturalnessSection,
+    SentenceRow,
+    SettingsSection,
+    SpeakerSection,
+    SpectrogramSettings,
+    StreamingSection,
+    TimingSection,
+    ToolchainInfo,
+)
 
 Number = int | float
 OptNumber = int | float | None
@@ -45,10 +68,10 @@ class ArtifactSection(Struct, forbid_unknown_fields=True):
     files: dict[str, FileRecord]
     bytes_total: int
     manifest_mismatches: list[str]
-    source: dict[str, Any]
-    precisions: dict[str, Any]
+    source: ArtifactSource
+    precisions: dict[str, str]  # component -> its precision
     quantization_method: str | None
-    quantization_search: dict[str, Any] | None  # quantize --method auto's candidates (search_report.py)
+    quantization_search: AutoSearchSummary | None  # quantize --method auto's search; null for other methods
 
 
 class GateCheck(Struct, forbid_unknown_fields=True):
@@ -141,8 +164,8 @@ class BucketResult(Struct, forbid_unknown_fields=True, kw_only=True):
     sentences: list[str]
     chars: list[int] | UnsetType = UNSET
     latency: BucketLatency | None | UnsetType = UNSET
-    fidelity: dict[str, Any] | None | UnsetType = UNSET  # quantize.measure_fidelity's record
-    intelligibility: dict[str, Any] | UnsetType = UNSET
+    fidelity: FidelityRecord | None | UnsetType = UNSET
+    intelligibility: IntelligibilitySection | UnsetType = UNSET
     metrics: dict[str, OptNumber]
     gate: BucketGate | None | UnsetType = UNSET
     passed: bool | None
@@ -160,11 +183,11 @@ class BucketsSection(Struct, forbid_unknown_fields=True):
 
 
 class MemorySection(Struct, forbid_unknown_fields=True):
-    """Each side's fresh-process probe (runtime.memory_probe.measure_memory's record, its own
-    module's: open here; null when not probed) and the artifact's peak over the reference's."""
+    """Each side's fresh-process probe (runtime.memory_probe.measure_memory's record; null when not
+    probed) and the artifact's peak over the reference's."""
 
-    artifact: dict[str, Any] | None
-    reference: dict[str, Any] | None
+    artifact: MemoryProbe | None
+    reference: MemoryProbe | None
     definition: str
     ratio_vs_reference: dict[str, OptNumber]  # batch size (as text) -> ratio
 
@@ -202,7 +225,7 @@ class ListenSection(Struct, forbid_unknown_fields=True):
     format: str
     mime: str
     sentences: list[ListenSentence]
-    spectrogram: dict[str, Any]
+    spectrogram: SpectrogramSettings
 
 
 class PhraseCacheSection(Struct, forbid_unknown_fields=True):
@@ -226,31 +249,31 @@ class ReportRecord(Struct, forbid_unknown_fields=True, kw_only=True):
     created_at: str
     artifact: ArtifactSection
     reference: ArtifactSection
-    corpus: dict[str, Any]
-    settings: dict[str, Any]
-    intelligibility: dict[str, Any]
-    fidelity: dict[str, Any]  # quantize.measure_fidelity's record
+    corpus: CorpusSection
+    settings: SettingsSection
+    intelligibility: IntelligibilitySection
+    fidelity: FidelityRecord
     # written by evaluate since issue 25 (memory: issue 50); absent in earlier reports of this schema
-    speaker: dict[str, Any] | UnsetType = UNSET
-    naturalness: dict[str, Any] | UnsetType = UNSET
-    streaming: dict[str, Any] | UnsetType = UNSET
+    speaker: SpeakerSection | UnsetType = UNSET
+    naturalness: NaturalnessSection | UnsetType = UNSET
+    streaming: StreamingSection | UnsetType = UNSET
     listen: ListenSection | UnsetType = UNSET
     latency: LatencySection
     memory: MemorySection | UnsetType = UNSET
     size: SizeSection
-    machine: dict[str, Any]
-    versions: dict[str, Any]
-    toolchain: dict[str, Any]
+    machine: MachineSection
+    versions: dict[str, str | None]  # distribution -> version (None: not installed)
+    toolchain: ToolchainInfo
     buckets: BucketsSection
     phrase_cache: PhraseCacheSection | None
     metrics: dict[str, OptNumber]
     intervals: IntervalsSection | UnsetType = UNSET
-    sentences: list[dict[str, Any]] | UnsetType = UNSET
+    sentences: list[SentenceRow] | UnsetType = UNSET
     gate: GateSection
     passed: bool
     headline: Headline
     notes: list[str]
-    timing: dict[str, Any]
+    timing: TimingSection
     integrity: str
 
 
@@ -347,6 +370,15 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, str):
         return str(obj)
     raise TypeError(f"a report cannot hold a {type(obj).__name__}")
+
+
+def section_builtins(section: Struct | None | UnsetType) -> dict[str, Any]:
+    """A typed section as the JSON object it was read from ({} when absent or null): for readers
+    written against the report's maps."""
+    if section is None or section is UNSET:
+        return {}
+    out: dict[str, Any] = msgspec.to_builtins(section, enc_hook=_plain)
+    return out
 
 
 def report_builtins(record: ReportRecord) -> dict[str, Any]:

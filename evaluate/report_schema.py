@@ -59,9 +59,10 @@ accepted (`report_record.ReportRecord`):
 
 The types are evaluate.report_record's (msgspec; docs/schemas/report.schema.json is generated from
 them): artifact, gate, checks, headline, size, latency (evaluate.latency_record), memory, buckets,
-listen, intervals and phrase_cache are checked key by key; the sections whose inner layout another
-module owns and writes in several shapes (fidelity, intelligibility, speaker, naturalness, streaming,
-corpus, settings, machine, the memory probes' records, ...) are checked for their type only.
+listen, intervals and phrase_cache are checked key by key, and so are the sections other modules write
+(fidelity, intelligibility, speaker, naturalness, streaming, corpus, settings, machine, toolchain,
+timing, sentences, the memory probes' records, the auto search: evaluate.report_sections); the auto
+search's final timing and the ASR scores per language (evaluate.score's) are checked for their type only.
 `write_report` writes the record's encoding (`report_json_bytes`): its keys in the order the record
 declares, which is the order evaluate assembles them in, so the bytes are what they were. A missing or unknown key is a one-line `BadInput` naming it (e.g.
 ``gate.checks[2].margin``), on writing as on reading, so evaluate cannot write a report publish refuses.
@@ -80,7 +81,7 @@ from typing import Any
 import msgspec
 
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
-from chattts_forge.evaluate.report_record import ReportRecord, check_report, report_builtins
+from chattts_forge.evaluate.report_record import ReportRecord, check_report, report_builtins, section_builtins
 from chattts_forge.fsutil import atomic_output_dir
 from chattts_forge.integrity import PUBLISHED_REPORT
 from chattts_forge.log import get_logger
@@ -252,11 +253,11 @@ class SealedReport:
 
     @property
     def machine(self) -> dict[str, Any]:
-        return dict(self.record.machine)
+        return section_builtins(self.record.machine)
 
     @property
     def corpus(self) -> dict[str, Any]:
-        return dict(self.record.corpus)
+        return section_builtins(self.record.corpus)
 
     @property
     def reference(self) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from typing import Any
 
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.evaluate.listening import read_listen_file
-from chattts_forge.evaluate.report_record import ReportRecord
+from chattts_forge.evaluate.report_record import ReportRecord, section_builtins
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -119,7 +119,7 @@ def _value(report: ReportRecord, key: str) -> tuple[float | None, str]:
                 return m[metric], metric.upper()
         return None, ""
     if key == "ovrl":
-        nat = report.naturalness or {}  # evaluate.listening's record (an open map in the report)
+        nat = section_builtins(report.naturalness)  # evaluate.listening's record, read as its map
         return ((nat.get("artifact") or {}).get("ovrl") if nat.get("measured") else None), ""
     return m.get(key), ""
 
@@ -265,7 +265,7 @@ def _lookahead(entries: list[VariantEntry]) -> str:
     its SNR on the held-out sentences with the gate's verdict, and the curve it was chosen on."""
     rows = []
     for e in entries:
-        streaming = (e.report.streaming or {}) if e.report else {}  # evaluate.seams' record (an open map)
+        streaming = section_builtins(e.report.streaming) if e.report else {}  # evaluate.seams' record, as its map
         record = streaming.get("recorded")
         if not record:
             text = "-" if not e.report else "none recorded: streams exactly"

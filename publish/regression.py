@@ -67,16 +67,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.latency_record import LatencyRecord
 from chattts_forge.evaluate.report_record import ReportRecord, check_report
 from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.evaluate.report_sections import SentenceRow, SettingsSection
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
 from chattts_forge.publish.index import iter_variant_dirs, version_number
@@ -98,6 +99,8 @@ from chattts_forge.publish.regression_record import (
     regression_from_builtins,
 )
 from chattts_forge.runtime.router import FALLBACK_VARIANT
+
+T = TypeVar("T")
 
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
@@ -151,14 +154,20 @@ def find_baseline(root: Path, model: str, requested: str | None = None) -> Basel
 
 
 def _finite(x: Any) -> float | None:
+    """A finite number as a float; None for anything else (None, UNSET: a figure not recorded)."""
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def _rows(report: ReportRecord) -> dict[str, dict[str, Any]]:
+def _or_none(value: T | UnsetType) -> T | None:
+    """A field a report may predate, None when it does (what the dict reads gave for an absent key)."""
+    return None if value is UNSET else value
+
+
+def _rows(report: ReportRecord) -> dict[str, SentenceRow]:
     """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions).
     A report written before evaluate.intervals has no rows (UNSET): no sentence to pair."""
     rows = [] if report.sentences is UNSET else report.sentences
-    return {r["text"]: r for r in rows if isinstance(r.get("text"), str)}
+    return {r.text: r for r in rows if isinstance(r.text, str)}
 
 
 def _rtf_over_fp32(report: ReportRecord) -> dict[str, float]:
@@ -198,7 +207,7 @@ def _median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.median(values, axis=-1)
 
 
-# figure -> (the rows' key, the statistic over sentences, how it is described)
+# figure -> (the rows' field (SentenceRow) or _FROM_LATENCY's key, the statistic over sentences, how it is described)
 _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], str]] = {
     "code_agreement": ("code_agreement", _pooled, "pooled over teacher-forced steps"),
     "code_kl": ("code_kl", _pooled, "pooled over teacher-forced steps"),
@@ -246,10 +255,10 @@ def _sentence_figure(figure: str, new: ReportRecord, old: ReportRecord) -> dict[
         ra, rb = _rows(new), _rows(old)
         pairs = []
         for text in sorted(ra):
-            x, y = _finite(ra[text].get(key)), _finite((rb.get(text) or {}).get(key))
+            x, y = _finite(getattr(ra[text], key)), _finite(getattr(rb[text], key)) if text in rb else None
             if x is not None and y is not None:
                 # both reports' step counts when both recorded them (evaluate.intervals); else one each
-                wa, wb = (_finite(r.get("fidelity_steps")) for r in (ra[text], rb[text]))
+                wa, wb = (_finite(r.fidelity_steps) for r in (ra[text], rb[text]))
                 pairs.append((x, y, wa, wb) if wa and wb else (x, y, 1.0, 1.0))
     if not pairs:
         return None
@@ -339,15 +348,14 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
 def _provenance(manifest: dict[str, Any], report: ReportRecord) -> dict[str, Any]:
     """The records a build's difference is read from, flattened to `what -> value`."""
     quant = manifest.get("quantization") or {}
-    gate = report.gate
-    corpus = report.corpus  # the corpus' description (an open map in the report record)
+    gate, corpus = report.gate, report.corpus
     out: dict[str, Any] = {
         "checkpoint": source_fingerprint(manifest["source_checkpoint"])[:16],
         "toolchain version": (manifest.get("toolchain") or {}).get("version"),
         "toolchain commit": (manifest.get("toolchain") or {}).get("git_commit"),
         "quantizer method": quant.get("method"),
         "gate file": f"{gate.path} (sha256 {gate.sha256[:12]})",
-        "evaluation corpus": f"{corpus.get('name')} (sha256 {str(corpus.get('sha256'))[:12]})",
+        "evaluation corpus": f"{_or_none(corpus.name)} (sha256 {str(_or_none(corpus.sha256))[:12]})",
     }
     out.update(_flat("quantizer option", quant.get("options") or {}))
     out.update(_flat("calibration corpus", manifest.get("calibration_corpus") or {}))
@@ -413,7 +421,7 @@ def compare(report: ReportRecord, manifest_core: dict[str, Any], baseline_dir: P
     }
 
 
-def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: dict[str, Any],
+def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: SettingsSection,
                           threads: int | None = None) -> dict[str, Any]:
     """The build's FP32 against the baseline's FP32, measured now (the one figure not read from
     records): both replay the baseline FP32's own runs of the held-out sentences (teacher-forced, with
@@ -422,9 +430,9 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     from chattts_forge.evaluate.intervals import fidelity_sentences
     from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
-    sentences, steps, seed = (int(settings.get(k) or d) for k, d in
-                              (("fidelity_sentences", 8), ("fidelity_steps", 48), ("seed", 0)))
-    corp = load_corpus(corpus, max_sentences=settings.get("max_sentences"))
+    sentences, steps, seed = (int(_or_none(v) or d) for v, d in
+                              ((settings.fidelity_sentences, 8), (settings.fidelity_steps, 48), (settings.seed, 0)))
+    corp = load_corpus(corpus, max_sentences=_or_none(settings.max_sentences))
     recording = FidelitySettings(max_sentences=min(sentences, len(corp.sentences)), max_new_token=steps,
                                  seed=seed, threads=threads)
     trajectories = record_trajectories(baseline_fp32, corp, recording)
@@ -474,11 +482,11 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord,
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
-    settings = report.settings  # evaluate's settings (an open map in the report record)
-    provider = "cuda" if "CUDA" in str(report.machine.get("provider")) else "cpu"
-    cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
-                        seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
-    synthetic = report.artifact.source.get("kind") == "synthetic"
+    settings = report.settings  # evaluate's options the report was measured with
+    provider = "cuda" if "CUDA" in str(_or_none(report.machine.provider)) else "cpu"
+    cfg = LatencyConfig(threads=_or_none(settings.threads), max_new_token=_or_none(settings.max_new_token) or 96,
+                        seed=_or_none(settings.seed) or 0, progress=False, provider=provider, isolate_memory=False)
+    synthetic = report.artifact.source.kind == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
                                 RETIME_TIME_CAP_S if time_cap_s is None else time_cap_s)
@@ -496,13 +504,12 @@ def _eval_corpus(report: ReportRecord) -> str | None:
     """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = report.corpus  # the corpus' description (an open map in the report record)
-    spec = corpus.get("spec")
+    spec = report.corpus.spec
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=report.settings.get("max_sentences"))
-        return spec if loaded.sha256 == corpus.get("sha256") else None
+        loaded = load_corpus(spec, max_sentences=_or_none(report.settings.max_sentences))
+        return spec if loaded.sha256 == report.corpus.sha256 else None
     except (ForgeError, OSError):
         return None
 
@@ -540,7 +547,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             if identical else
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
-            fp32_against_baseline(artifact_dir, old, corpus, dict(sealed.record.settings)))
+            fp32_against_baseline(artifact_dir, old, corpus, sealed.record.settings))
     return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 

@@ -48,7 +48,7 @@ import msgspec
 from msgspec import UNSET
 
 from chattts_forge.errors import BadInput, ForgeError, IntegrityError, NotFound
-from chattts_forge.evaluate.report_record import ReportRecord, check_report
+from chattts_forge.evaluate.report_record import ReportRecord, check_report, section_builtins
 from chattts_forge.evaluate.version_page import PAGE_NAME, page_problems
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import SIGNATURE_NAME, sha256_file
@@ -194,8 +194,8 @@ def memory_figures(report: ReportRecord) -> dict[str, Any] | None:
     """A variant's memory as its report measured it (the ``memory`` section, each variant in a process of
     its own, since issue 50): peak RSS per batch size (MiB), resident size after load, the runtime's own
     start (python_baseline_mb), the workload and the command; None for a report without one."""
-    # the probe's record (runtime.memory_probe's layout: an open map in the report record)
-    art = (report.memory.artifact if report.memory else None) or {}
+    # the probe's record (runtime.memory_probe's layout), read as its map
+    art = section_builtins(report.memory.artifact) if report.memory else {}
     by_batch = art.get("peak_rss_mb_by_batch") or {}
     if not by_batch or any(_finite(v) is None for v in by_batch.values()):
         return None

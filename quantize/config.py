@@ -39,7 +39,7 @@ from chattts_forge.artifact import (
 )
 from chattts_forge.choices import Choice, plain
 from chattts_forge.errors import BadInput
-from chattts_forge.options import OptionSpec, declared_fields, option
+from chattts_forge.options import option, parse_declared_choices, refuse_options_not_read
 
 
 class CalibrateMethod(Choice):
@@ -106,13 +106,13 @@ class CommonOptions:
         "KV cache of the fused GPT graph (dynamic/int4): int8 quarters its memory, scales calibrated from "
         "--calibration; its fidelity is measured like the weights'. It names its own variant "
         f"({quantized_variant('dynamic', 'int8')}, {quantized_variant('int4', 'int8')}).",
-        choices=KvCache, show_default=True)
+        choices=KvCache, show_default=True, noun="KV cache")
     decoder: DecoderWeights = _declared(
         DecoderWeights.INT8, "--decoder",
         "The Decoder's pointwise MatMuls: int8 = weight-only INT8 computed in float (MatMulNBits 8-bit, "
         "convolutions FP32; streams exactly), int8-a8 = the same with int8 activations (faster; streamed audio "
         "no longer equals whole-text audio), or fp32.",
-        choices=DecoderWeights, show_default=True, record="decoder")
+        choices=DecoderWeights, show_default=True, record="decoder", noun="decoder weights")
     progress: bool | None = None  # progress bars (None: when the output is a terminal); no CLI option
 
 
@@ -168,7 +168,8 @@ class Int4Options:
     algorithm: Int4Algorithm | None = _declared(
         None, "--algorithm",
         f"INT4: {', '.join(Int4Algorithm.values()[:-1])} or {Int4Algorithm.values()[-1]} "
-        "(default: gptq with --calibration, else rtn).", choices=Int4Algorithm, record="algorithm")
+        "(default: gptq with --calibration, else rtn).", choices=Int4Algorithm, record="algorithm",
+        noun="INT4 algorithm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,14 +296,7 @@ class QuantizeConfig(CommonOptions, metaclass=_BuiltByMethod):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "exclude", tuple(self.exclude))  # a list from Python callers
-        held = {f.name for f in fields(self)}
-        for name, kind, what in (("kv_cache", KvCache, "KV cache"), ("decoder", DecoderWeights, "decoder weights"),
-                                 ("calibrate_method", CalibrateMethod, "calibrate method"),
-                                 ("activation_type", ActivationType, "activation type"),
-                                 ("algorithm", Int4Algorithm, "INT4 algorithm")):
-            value = getattr(self, name) if name in held else None
-            if value is not None:
-                object.__setattr__(self, name, kind.parse(value, what))
+        parse_declared_choices(self)
 
     @property
     def components(self) -> list[str]:
@@ -368,16 +362,6 @@ class QuantizeCommandOptions(AutoOptions, FidelityOptions, FallbackOptions, Int4
     all; `config_for` refuses those the chosen method does not read). Not a config: nothing runs it."""
 
 
-def _spelling(name: str, value: Any) -> str:
-    """How option `name` reads on the command line at `value` (`--no-smooth` for smooth=False)."""
-    spec: OptionSpec | None = next(
-        (f.metadata["option"] for f in declared_fields(QuantizeCommandOptions) if f.name == name), None)
-    if spec is None:
-        return name
-    names = spec.names
-    return names[1] if len(names) == 2 and value is False else names[0]
-
-
 def fields_read_by(method: str) -> frozenset[str]:
     """The option fields `method`'s own config type holds (a `QuantizeMethod` spelling or member)."""
     return frozenset(f.name for f in fields(METHOD_CONFIGS[QuantizeMethod.parse(method, "method")]))
@@ -395,12 +379,8 @@ def config_for(method: str, **options: Any) -> QuantizeConfig:
     The one rule for an option of another method: a BadInput naming it, the method and the methods
     that read it. A name no method reads is Python's TypeError, as for any dataclass."""
     method = QuantizeMethod.parse(method, "method")  # the method is named first, as the registry names it
-    held = fields_read_by(method)
-    for name, value in options.items():
-        readers = [m for m in METHOD_CONFIGS if name in fields_read_by(m)]
-        if name not in held and readers:
-            raise BadInput(f"{_spelling(name, value)} does not apply to --method {method} "
-                           f"(it applies to: {', '.join(readers)})", param=name)
+    read_by = {m: fields_read_by(m) for m in METHOD_CONFIGS}
+    refuse_options_not_read(QuantizeCommandOptions, options, read_by, method, f"--method {method}")
     return METHOD_CONFIGS[method](**options)
 
 

@@ -33,7 +33,7 @@ from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
 from chattts_forge.integrity import VerifyMode, check_verify_mode
 from chattts_forge.log import get_logger, quiet_logger
-from chattts_forge.options import option
+from chattts_forge.options import option, parse_declared_choices
 from chattts_forge.runtime.audio import (
     SampleFormat,
     check_sample_format,
@@ -76,14 +76,7 @@ def _prompt_option() -> Any:
 def _provider_option() -> Any:
     """synth's and warm's --provider: a Provider, spelled as a plain string on the command line (not a
     click.Choice) so that a bad value is the project's one-line error, as serve's and bench's are."""
-    return option(Provider.CPU, "--provider", PROVIDER_HELP, show_default=True)
-
-
-def _parse_runtime_choices(cfg: SynthConfig | WarmConfig) -> None:
-    """`cfg`'s engine and provider as their Choice members (a spelling from the CLI or a library
-    caller); an unknown one: the runtime's one-line BadInput."""
-    object.__setattr__(cfg, "engine", GptEngine.parse(cfg.engine, "GPT engine"))
-    object.__setattr__(cfg, "provider", Provider.parse(cfg.provider, "provider"))
+    return option(Provider.CPU, "--provider", PROVIDER_HELP, show_default=True, parsed_as=Provider)
 
 
 class StreamLookaheadParam(click.ParamType):
@@ -162,7 +155,7 @@ class SynthConfig(CodeKnobs):
     engine: GptEngine = option(
         GptEngine.AUTO, "--engine",
         "GPT step: fast (gpt_fast.onnx, in-place KV cache), plain (gpt.onnx), auto (fast if present).",
-        choices=GptEngine, show_default=True)
+        choices=GptEngine, show_default=True, noun="GPT engine")
     provider: Provider = _provider_option()
     threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
     public_key: Path | None = option(
@@ -178,9 +171,10 @@ class SynthConfig(CodeKnobs):
         choices=SampleFormat, show_default=True)
 
     def __post_init__(self) -> None:
-        _parse_runtime_choices(self)
+        # verify and sample format first: their own checks (verify's aliases, their messages)
         object.__setattr__(self, "verify", VerifyMode(check_verify_mode(self.verify)))
         object.__setattr__(self, "sample_format", SampleFormat(check_sample_format(self.sample_format)))
+        parse_declared_choices(self)
 
 
 @dataclass(frozen=True)
@@ -204,12 +198,12 @@ class WarmConfig(CodeKnobs):
         True, "--refine/--no-refine",
         "Refine each phrase with the GPT's text head first (synth's default; recorded in the cache).",
         show_default=True)
-    engine: GptEngine = option(GptEngine.AUTO, "--engine", choices=GptEngine, show_default=True)
+    engine: GptEngine = option(GptEngine.AUTO, "--engine", choices=GptEngine, show_default=True, noun="GPT engine")
     provider: Provider = _provider_option()
     threads: int | None = option(None, "--threads", "onnxruntime intra-op threads (default: all cores).", kind=int)
 
     def __post_init__(self) -> None:
-        _parse_runtime_choices(self)
+        parse_declared_choices(self)
 
 
 @dataclass(frozen=True)
@@ -222,14 +216,14 @@ class NormalizeConfig:
     artifact: Path | None = option(
         None, "--artifact", "Apply this artifact's homophone map too (an artifact folder or a published version "
         "folder); without it, no homophone is replaced.", kind="path")
-    lang: Language | None = option(None, "--lang", "The text's language (default: detected).", choices=Language)
+    lang: Language | None = option(None, "--lang", "The text's language (default: detected).", choices=Language,
+                                   noun="language")
     text_normalization: bool = option(
         True, "--text-normalization/--no-text-normalization",
         "Off: ChatTTS's own front end exactly (digits, currency signs and ? are deleted).", show_default=True)
 
     def __post_init__(self) -> None:
-        if self.lang is not None:
-            object.__setattr__(self, "lang", Language.parse(self.lang, "language"))
+        parse_declared_choices(self)
 
 
 def spoken_segments(cfg: NormalizeConfig) -> tuple[list[str], str]:

@@ -37,7 +37,13 @@ from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.evaluate.version_page import read_page_data
 from chattts_forge.gate import load_gate
 from chattts_forge.publish import verify_path
-from chattts_forge.publish.regression import accept, compare, fp32_against_baseline, what_changed
+from chattts_forge.publish.regression import (
+    accept,
+    compare,
+    fp32_against_baseline,
+    published_report,
+    what_changed,
+)
 from chattts_forge.runtime.timing import percentiles
 
 MODEL = "chattts-synthetic-tiny-seed0"
@@ -176,12 +182,12 @@ def test_another_fp32_shows_in_the_fp32_against_baseline_measurement(builds) -> 
     """What an exporter or onnxruntime change would show: here v2's int8-static stands in for a changed
     FP32 (same graphs, other weights' precision), measured against v1's FP32 on the held-out sentences."""
     to = builds["to"]
-    settings = json.loads((to / MODEL / "v1" / "fp32" / "report.json").read_text())["settings"]
+    settings = published_report(to / MODEL / "v1" / "fp32").settings
     same = fp32_against_baseline(to / MODEL / "v1" / "fp32", to / MODEL / "v1" / "fp32", "builtin:evaluation", settings)
     other = fp32_against_baseline(to / MODEL / "v2" / "int8-static", to / MODEL / "v1" / "fp32", "builtin:evaluation",
                                   settings)
     assert same["code_agreement"] == {"value": 1.0, "low": 1.0, "high": 1.0} and same["code_kl"]["value"] < 1e-9
-    assert other["sentences"] == settings["fidelity_sentences"]
+    assert other["sentences"] == settings.fidelity_sentences
     assert other["code_agreement"]["low"] <= other["code_agreement"]["value"] < 0.99 and other["code_kl"]["value"] > 0.01
 
 
@@ -357,7 +363,7 @@ def test_what_changed_names_the_records_that_differ() -> None:
     # the reports' gate file and evaluation corpus are read from their records
     other = recorded_report(edit=lambda r: r["corpus"].update(sha256="f" * 64))
     [corpus] = what_changed(build("abc", "1.31.1", 512), (build("abc", "1.31.1", 512)[0], other))
-    assert corpus == {"what": "evaluation corpus", "baseline": f"v1:evaluation (sha256 {report.corpus['sha256'][:12]})",
+    assert corpus == {"what": "evaluation corpus", "baseline": f"v1:evaluation (sha256 {str(report.corpus.sha256)[:12]})",
                       "now": f"v1:evaluation (sha256 {'f' * 12})"}
 
 

@@ -235,7 +235,7 @@ def test_soak_options_are_checked() -> None:
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--soak", "5"])
     assert r.exit_code == 2 and "--soak needs --url" in r.output
     r = CliRunner().invoke(main, ["bench", "--artifact", "x", "--reload-every", "5"])
-    assert r.exit_code == 2 and "belong to the soak" in r.output
+    assert r.exit_code == 2 and "--reload-every does not apply to the plain benchmark (it applies to: --soak)" in r.output
 
 
 def test_check_audio_refuses_a_cut_or_undecodable_reply() -> None:
