@@ -8,7 +8,8 @@ the baseline version does not hold is compared with its newest copy in an older 
 Most figures are compared from records (`compare`), on the held-out sentences both reports measured
 (paired by sentence text; the reports' ``sentences`` rows, evaluate.intervals, and their latency
 records), with a 95% paired bootstrap interval (2000 resamples, seed 0), a pure function of the two
-reports:
+reports, each read as its typed record (evaluate.report_record.ReportRecord; the baseline's published
+copy by `published_report`, where a section the report predates is UNSET):
 
 - code agreement and KL (each against its own build's FP32, pooled over teacher-forced steps), mel
   SNR, SIM, DNSMOS OVRL and WER/CER (mean of the per-sentence figures): absolute deltas;
@@ -66,15 +67,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
-from chattts_forge.evaluate.latency_record import LatencyRecord, latency_section
-from chattts_forge.evaluate.report_record import ReportRecord, section_builtins
+from chattts_forge.evaluate.latency_record import LatencyRecord
+from chattts_forge.evaluate.report_record import ReportRecord, check_report
 from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.evaluate.report_sections import SentenceRow, SettingsSection
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
 from chattts_forge.gate import REGRESSION_FIGURES
 from chattts_forge.publish.index import iter_variant_dirs, version_number
@@ -96,6 +99,8 @@ from chattts_forge.publish.regression_record import (
     regression_from_builtins,
 )
 from chattts_forge.runtime.router import FALLBACK_VARIANT
+
+T = TypeVar("T")
 
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
@@ -149,18 +154,25 @@ def find_baseline(root: Path, model: str, requested: str | None = None) -> Basel
 
 
 def _finite(x: Any) -> float | None:
+    """A finite number as a float; None for anything else (None, UNSET: a figure not recorded)."""
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions)."""
-    return {r["text"]: r for r in report.get("sentences") or [] if isinstance(r, dict) and isinstance(r.get("text"), str)}
+def _or_none(value: T | UnsetType) -> T | None:
+    """A field a report may predate, None when it does (what the dict reads gave for an absent key)."""
+    return None if value is UNSET else value
 
 
-def _rtf_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+def _rows(report: ReportRecord) -> dict[str, SentenceRow]:
+    """{sentence text: its row} (texts identify a held-out sentence across builds; ids are positions).
+    A report written before evaluate.intervals has no rows (UNSET): no sentence to pair."""
+    rows = [] if report.sentences is UNSET else report.sentences
+    return {r.text: r for r in rows if isinstance(r.text, str)}
+
+
+def _rtf_over_fp32(report: ReportRecord) -> dict[str, float]:
     """{text: the sentence's RTF / its own build's FP32 RTF on the same sentence}."""
-    latency = latency_section(report)
-    timed, reference = latency.timed("artifact"), latency.timed("reference")
+    timed, reference = report.latency.timed("artifact"), report.latency.timed("reference")
     ref = {u.text: _finite(u.rtf) for u in reference.utterances} if reference else {}
     out = {}
     for u in timed.utterances if timed else []:
@@ -177,10 +189,9 @@ def _first_audio(record: LatencyRecord | None) -> dict[str, float]:
     return {s.text: value for s in samples if (value := _finite(s.seconds)) is not None}
 
 
-def _first_audio_over_fp32(report: dict[str, Any]) -> dict[str, float]:
+def _first_audio_over_fp32(report: ReportRecord) -> dict[str, float]:
     """{text: the sentence's first audio / its own build's FP32 first audio, timed in turn in the same run}."""
-    latency = latency_section(report)
-    mine, ref = _first_audio(latency.timed("artifact")), _first_audio(latency.timed("reference"))
+    mine, ref = _first_audio(report.latency.timed("artifact")), _first_audio(report.latency.timed("reference"))
     return {t: v / ref[t] for t, v in mine.items() if ref.get(t)}
 
 
@@ -196,7 +207,7 @@ def _median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.median(values, axis=-1)
 
 
-# figure -> (the rows' key, the statistic over sentences, how it is described)
+# figure -> (the rows' field (SentenceRow) or _FROM_LATENCY's key, the statistic over sentences, how it is described)
 _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], str]] = {
     "code_agreement": ("code_agreement", _pooled, "pooled over teacher-forced steps"),
     "code_kl": ("code_kl", _pooled, "pooled over teacher-forced steps"),
@@ -211,9 +222,9 @@ _PER_SENTENCE: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarra
                                        "median of per-sentence first audio / own FP32's first audio"),
 }
 # per-sentence figures read from the latency records rather than the report's sentence rows
-_FROM_LATENCY: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
+_FROM_LATENCY: dict[str, Callable[[ReportRecord], dict[str, float]]] = {
     "rtf_over_fp32": _rtf_over_fp32,
-    "first_audio": lambda report: _first_audio(latency_section(report).timed("artifact")),
+    "first_audio": lambda report: _first_audio(report.latency.timed("artifact")),
     "first_audio_over_fp32": _first_audio_over_fp32,
 }
 
@@ -233,7 +244,7 @@ def _paired(new: np.ndarray, old: np.ndarray, w_new: np.ndarray, w_old: np.ndarr
     return point, bounds[0], bounds[1]
 
 
-def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+def _sentence_figure(figure: str, new: ReportRecord, old: ReportRecord) -> dict[str, Any] | None:
     """A figure compared per held-out sentence, or None when the two reports share no measured sentence."""
     key, stat, how = _PER_SENTENCE[figure]
     relative = REGRESSION_FIGURES[figure][2] == "relative"
@@ -244,10 +255,10 @@ def _sentence_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> d
         ra, rb = _rows(new), _rows(old)
         pairs = []
         for text in sorted(ra):
-            x, y = _finite(ra[text].get(key)), _finite((rb.get(text) or {}).get(key))
+            x, y = _finite(getattr(ra[text], key)), _finite(getattr(rb[text], key)) if text in rb else None
             if x is not None and y is not None:
                 # both reports' step counts when both recorded them (evaluate.intervals); else one each
-                wa, wb = (_finite(r.get("fidelity_steps")) for r in (ra[text], rb[text]))
+                wa, wb = (_finite(r.fidelity_steps) for r in (ra[text], rb[text]))
                 pairs.append((x, y, wa, wb) if wa and wb else (x, y, 1.0, 1.0))
     if not pairs:
         return None
@@ -270,10 +281,10 @@ _POINT_JUDGED: dict[str, tuple[float, str]] = {
 }
 
 
-def _point_figure(figure: str, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+def _point_figure(figure: str, new: ReportRecord, old: ReportRecord) -> dict[str, Any] | None:
     """A figure with one value per report (first audio's median, the size, the memory ratio): no
     interval of its own; those of `_POINT_JUDGED` are judged on their delta within their stated noise."""
-    a, b = _finite((new.get("metrics") or {}).get(figure)), _finite((old.get("metrics") or {}).get(figure))
+    a, b = _finite(new.metrics.get(figure)), _finite(old.metrics.get(figure))
     if a is None or b is None or b == 0:
         return None
     delta = (a - b) / abs(b)
@@ -334,18 +345,17 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
-def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+def _provenance(manifest: dict[str, Any], report: ReportRecord) -> dict[str, Any]:
     """The records a build's difference is read from, flattened to `what -> value`."""
     quant = manifest.get("quantization") or {}
-    gate = report.get("gate") or {}
-    corpus = report.get("corpus") or {}
+    gate, corpus = report.gate, report.corpus
     out: dict[str, Any] = {
         "checkpoint": source_fingerprint(manifest["source_checkpoint"])[:16],
         "toolchain version": (manifest.get("toolchain") or {}).get("version"),
         "toolchain commit": (manifest.get("toolchain") or {}).get("git_commit"),
         "quantizer method": quant.get("method"),
-        "gate file": f"{gate.get('path')} (sha256 {str(gate.get('sha256'))[:12]})",
-        "evaluation corpus": f"{corpus.get('name')} (sha256 {str(corpus.get('sha256'))[:12]})",
+        "gate file": f"{gate.path} (sha256 {gate.sha256[:12]})",
+        "evaluation corpus": f"{_or_none(corpus.name)} (sha256 {str(_or_none(corpus.sha256))[:12]})",
     }
     out.update(_flat("quantizer option", quant.get("options") or {}))
     out.update(_flat("calibration corpus", manifest.get("calibration_corpus") or {}))
@@ -354,7 +364,7 @@ def _provenance(manifest: dict[str, Any], report: dict[str, Any]) -> dict[str, A
     return out
 
 
-def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dict[str, Any], dict[str, Any]]
+def what_changed(baseline: tuple[dict[str, Any], ReportRecord], now: tuple[dict[str, Any], ReportRecord]
                  ) -> list[dict[str, Any]]:
     """[{"what", "baseline", "now"}] of the records that differ ((manifest, report) of each build)."""
     a, b = _provenance(*baseline), _provenance(*now)
@@ -367,15 +377,25 @@ def what_changed(baseline: tuple[dict[str, Any], dict[str, Any]], now: tuple[dic
 # ---- the comparison ----------------------------------------------------------------------------
 
 
-def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir: Path, baseline_version: str,
+def published_report(variant_dir: Path) -> ReportRecord:
+    """The report a published variant holds, as its typed record (reports published before a section
+    existed load with it UNSET); BadInput naming the file and the first key that does not fit."""
+    path = variant_dir / REPORT_COPY_NAME
+    try:
+        return check_report(read_json_document(path, "report"))
+    except BadInput as e:
+        raise BadInput(f"{path}: {e}") from None
+
+
+def compare(report: ReportRecord, manifest_core: dict[str, Any], baseline_dir: Path, baseline_version: str,
             tolerances: dict[str, float]) -> dict[str, Any]:
-    """The regression record of one variant (its sealed report's data and manifest core) against its
+    """The regression record of one variant (its sealed report's record and manifest core) against its
     published copy in `baseline_dir`."""
     old_manifest = load_manifest(baseline_dir / MANIFEST_NAME)
-    old_report = read_json_document(baseline_dir / REPORT_COPY_NAME, "report")
+    old_report = published_report(baseline_dir)
     variant = manifest_core["variant"]
     name = f"{baseline_version}'s {variant}"
-    waived = dict((report.get("gate") or {}).get("waived") or {})
+    waived = dict(report.gate.waived)
     figures: dict[str, Any] = {}
     for figure in REGRESSION_FIGURES:
         if figure == "rtf_vs_baseline":
@@ -391,7 +411,7 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
         "schema": REGRESSION_SCHEMA,
         "baseline": {"version": baseline_version, "variant": variant,
                      "manifest_sha256": hashlib.sha256((baseline_dir / MANIFEST_NAME).read_bytes()).hexdigest(),
-                     "report_integrity": old_report.get("integrity")},
+                     "report_integrity": old_report.integrity},
         "figures": figures,
         "changed": what_changed((old_manifest, old_report), (manifest_core, report)),
         "regressions": regressions,
@@ -401,7 +421,7 @@ def compare(report: dict[str, Any], manifest_core: dict[str, Any], baseline_dir:
     }
 
 
-def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: dict[str, Any],
+def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, settings: SettingsSection,
                           threads: int | None = None) -> dict[str, Any]:
     """The build's FP32 against the baseline's FP32, measured now (the one figure not read from
     records): both replay the baseline FP32's own runs of the held-out sentences (teacher-forced, with
@@ -410,9 +430,9 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     from chattts_forge.evaluate.intervals import fidelity_sentences
     from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
-    sentences, steps, seed = (int(settings.get(k) or d) for k, d in
-                              (("fidelity_sentences", 8), ("fidelity_steps", 48), ("seed", 0)))
-    corp = load_corpus(corpus, max_sentences=settings.get("max_sentences"))
+    sentences, steps, seed = (int(_or_none(v) or d) for v, d in
+                              ((settings.fidelity_sentences, 8), (settings.fidelity_steps, 48), (settings.seed, 0)))
+    corp = load_corpus(corpus, max_sentences=_or_none(settings.max_sentences))
     recording = FidelitySettings(max_sentences=min(sentences, len(corp.sentences)), max_new_token=steps,
                                  seed=seed, threads=threads)
     trajectories = record_trajectories(baseline_fp32, corp, recording)
@@ -462,10 +482,10 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord,
     sentences = [u.text for u in timed.utterances] if timed else []
     if not sentences:
         return None
-    settings = section_builtins(report.settings)  # evaluate's settings, read as their map
-    provider = "cuda" if "CUDA" in str(section_builtins(report.machine).get("provider")) else "cpu"
-    cfg = LatencyConfig(threads=settings.get("threads"), max_new_token=int(settings.get("max_new_token") or 96),
-                        seed=int(settings.get("seed") or 0), progress=False, provider=provider, isolate_memory=False)
+    settings = report.settings  # evaluate's options the report was measured with
+    provider = "cuda" if "CUDA" in str(_or_none(report.machine.provider)) else "cpu"
+    cfg = LatencyConfig(threads=_or_none(settings.threads), max_new_token=_or_none(settings.max_new_token) or 96,
+                        seed=_or_none(settings.seed) or 0, progress=False, provider=provider, isolate_memory=False)
     synthetic = report.artifact.source.kind == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
@@ -484,13 +504,12 @@ def _eval_corpus(report: ReportRecord) -> str | None:
     """The report's held-out corpus as `load_corpus` reads it, when it still loads with the same sha256."""
     from chattts_forge.calibration_data.corpus import load_corpus
 
-    corpus = section_builtins(report.corpus)  # the corpus' description, read as its map
-    spec = corpus.get("spec")
+    spec = report.corpus.spec
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=section_builtins(report.settings).get("max_sentences"))
-        return spec if loaded.sha256 == corpus.get("sha256") else None
+        loaded = load_corpus(spec, max_sentences=_or_none(report.settings.max_sentences))
+        return spec if loaded.sha256 == report.corpus.sha256 else None
     except (ForgeError, OSError):
         return None
 
@@ -509,7 +528,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
         return no_baseline(why)
     core = build_manifest_core(model=baseline.model, version="", variant=meta.variant, meta=meta, report=sealed)
     old = baseline.variants[meta.variant]
-    record = compare(sealed.data, core, old, baseline.version, tolerances)
+    record = compare(sealed.record, core, old, baseline.version, tolerances)
     published = {p: e.sha256 for p, e in manifest_files(load_manifest(old / MANIFEST_NAME)).items()
                  if p not in RESERVED_NAMES}
     identical = published == sealed.artifact_files
@@ -528,7 +547,7 @@ def compare_build_variant(artifact_dir: Path, report_dir: Path, baseline: Baseli
             if identical else
             {"identical": False, "how": "not measured: the report's held-out corpus does not load here with its "
                                         "recorded sha256"} if corpus is None else
-            fp32_against_baseline(artifact_dir, old, corpus, section_builtins(sealed.record.settings)))
+            fp32_against_baseline(artifact_dir, old, corpus, sealed.record.settings))
     return regression_builtins(regression_from_builtins(record))  # every field's type checked as written
 
 

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from recorded_reports import BEFORE_MEMORY, publish_report, recorded_report
 from stand_in_report import stand_in_report
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.evaluate.report_schema import headline, read_report, seal, validate, write_report
 from chattts_forge.evaluate.version_page import VariantEntry, render_version_page
 from chattts_forge.gate import judge, load_gate
@@ -171,27 +173,30 @@ def test_the_regression_gate_compares_the_memory_ratio_with_the_previous_version
     tolerances = load_gate(None)["regression"]
     assert tolerances["peak_rss_ratio_vs_reference"] == pytest.approx(0.10)
 
-    def report(ratio: float | None) -> dict[str, Any]:
-        metrics = {"size_mb": 190.0, **({"peak_rss_ratio_vs_reference": ratio} if ratio is not None else {})}
-        return {"sentences": [], "metrics": metrics, "gate": {"waived": {}}, "corpus": {"name": "c", "sha256": "0"},
-                "latency": {}}
+    def report(ratio: float) -> ReportRecord:  # the recorded tiny report at another memory ratio, nothing waived
+        def edit(report: dict[str, Any]) -> None:
+            report["metrics"]["peak_rss_ratio_vs_reference"] = ratio
+            report["gate"]["waived"] = {}
+        return recorded_report(edit=edit)
 
     folder = tmp_path / "v1" / "int8-dynamic"
-    folder.mkdir(parents=True)
     core = {"schema": MANIFEST_SCHEMA, "model": "m", "version": "v1", "variant": "int8-dynamic", "created_at": "x",
             "gate": {"passed": True}, "precision": {}, "source_checkpoint": {"kind": "synthetic", "hashes": {"a": "b"}},
             "quantization": {"method": "dynamic", "options": {}}, "files": []}
+    publish_report(folder, report(0.40))
     (folder / "manifest.json").write_text(json.dumps(core))
-    (folder / "report.json").write_text(json.dumps(report(0.40)))
     same = compare(report(0.41), core, folder, "v1", tolerances)["figures"]["peak_rss_ratio_vs_reference"]
     assert same["status"] == "same" and same["high"] - same["low"] == pytest.approx(2 * MEMORY_REPEATABILITY)
     worse = compare(report(0.55), core, folder, "v1", tolerances)
     entry = worse["figures"]["peak_rss_ratio_vs_reference"]
     assert worse["verdict"] == "regression" and entry["status"] == "regression" and entry["relative"]
+    assert worse["regressions"] == ["peak_rss_ratio_vs_reference"]  # the report's other figures are unchanged
     assert "batch-1 peak RSS over its FP32" in entry["message"]
     assert compare(report(0.30), core, folder, "v1", tolerances)["improvements"] == ["peak_rss_ratio_vs_reference"]
     # a baseline measured before issue 50 has no such figure: not compared, never a false regression
-    (folder / "report.json").write_text(json.dumps(report(None)))
+    before = recorded_report(BEFORE_MEMORY)
+    assert "peak_rss_ratio_vs_reference" not in before.metrics
+    publish_report(folder, before)
     assert "peak_rss_ratio_vs_reference" not in compare(report(0.55), core, folder, "v1", tolerances)["figures"]
 
 

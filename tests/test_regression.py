@@ -30,12 +30,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded_reports import publish_report, recorded_report
 
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_record import ReportRecord
 from chattts_forge.evaluate.version_page import read_page_data
 from chattts_forge.gate import load_gate
 from chattts_forge.publish import verify_path
-from chattts_forge.publish.regression import accept, compare, fp32_against_baseline, what_changed
+from chattts_forge.publish.regression import (
+    accept,
+    compare,
+    fp32_against_baseline,
+    published_report,
+    what_changed,
+)
 from chattts_forge.runtime.timing import percentiles
 
 MODEL = "chattts-synthetic-tiny-seed0"
@@ -174,12 +182,12 @@ def test_another_fp32_shows_in_the_fp32_against_baseline_measurement(builds) -> 
     """What an exporter or onnxruntime change would show: here v2's int8-static stands in for a changed
     FP32 (same graphs, other weights' precision), measured against v1's FP32 on the held-out sentences."""
     to = builds["to"]
-    settings = json.loads((to / MODEL / "v1" / "fp32" / "report.json").read_text())["settings"]
+    settings = published_report(to / MODEL / "v1" / "fp32").settings
     same = fp32_against_baseline(to / MODEL / "v1" / "fp32", to / MODEL / "v1" / "fp32", "builtin:evaluation", settings)
     other = fp32_against_baseline(to / MODEL / "v2" / "int8-static", to / MODEL / "v1" / "fp32", "builtin:evaluation",
                                   settings)
     assert same["code_agreement"] == {"value": 1.0, "low": 1.0, "high": 1.0} and same["code_kl"]["value"] < 1e-9
-    assert other["sentences"] == settings["fidelity_sentences"]
+    assert other["sentences"] == settings.fidelity_sentences
     assert other["code_agreement"]["low"] <= other["code_agreement"]["value"] < 0.99 and other["code_kl"]["value"] > 0.01
 
 
@@ -228,65 +236,65 @@ def test_first_audio_has_its_interval_and_changed_bytes_are_re_timed_against_the
     assert all(r["figures"]["rtf_vs_baseline"].get("identical") for r in again.values())
 
 
-# ---- the comparison on its own (published records, no build) --------------------------------------------
+# ---- the comparison on its own (a real tiny report, varied per test; no build) ---------------------------
 
 
-def _report(rows: list[dict[str, Any]], waived: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"sentences": rows, "metrics": {"size_mb": 10.0}, "gate": {"waived": waived or {}},
-            "corpus": {"name": "c", "sha256": "0"}, "latency": {}}
+def _agreements(agreements: list[float], waived: dict[str, str] | None = None) -> ReportRecord:
+    """The recorded tiny report with one held-out sentence row per agreement (20 teacher-forced steps
+    each, the recorded first row's other figures) and its gate's waivers replaced by `waived`: every
+    figure is judged unless waived here."""
+    def edit(report: dict[str, Any]) -> None:
+        template = report["sentences"][0]
+        report["sentences"] = [{**template, "id": f"{i + 1:03d}", "text": f"sentence {i}", "code_agreement": a,
+                                "fidelity_steps": 20} for i, a in enumerate(agreements)]
+        report["gate"]["waived"] = waived or {}
+    return recorded_report(edit=edit)
 
 
-def _rows(agreements: list[float]) -> list[dict[str, Any]]:
-    return [{"text": f"sentence {i}", "code_agreement": a, "fidelity_steps": 20} for i, a in enumerate(agreements)]
-
-
-def _published(tmp: Path, report: dict[str, Any], options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def _published(tmp: Path, report: ReportRecord, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     folder = tmp / "v1" / "int8-static"
-    folder.mkdir(parents=True)
     core = {"schema": "chattts-forge/manifest/1", "model": MODEL, "version": "v1", "variant": "int8-static",
             "created_at": "x", "gate": {"passed": True}, "precision": {},
             "source_checkpoint": {"kind": "synthetic", "hashes": {"a": "b"}},
             "quantization": {"method": "static", "options": options}, "files": []}
+    publish_report(folder, report)
     (folder / "manifest.json").write_text(json.dumps(core))
-    (folder / "report.json").write_text(json.dumps(report))
     return folder, core
 
 
 def test_a_paired_drop_beyond_the_tolerance_is_a_regression_and_a_rise_an_improvement(tmp_path: Path) -> None:
     tolerances = load_gate(None)["regression"]
-    folder, core = _published(tmp_path, _report(_rows([0.92, 0.90, 0.95, 0.91])), {"calibrate_method": "minmax"})
-    worse = compare(_report(_rows([0.85, 0.84, 0.88, 0.86])), {**core, "quantization": {
+    folder, core = _published(tmp_path, _agreements([0.92, 0.90, 0.95, 0.91]), {"calibrate_method": "minmax"})
+    worse = compare(_agreements([0.85, 0.84, 0.88, 0.86]), {**core, "quantization": {
         "method": "static", "options": {"calibrate_method": "percentile"}}}, folder, "v1", tolerances)
     e = worse["figures"]["code_agreement"]
-    assert worse["verdict"] == "regression" and e["status"] == "regression"
+    assert worse["verdict"] == "regression" and e["status"] == "regression" and worse["regressions"] == ["code_agreement"]
     assert e["delta"] == pytest.approx(-0.0625) and e["low"] <= e["delta"] <= e["high"] < -tolerances["code_agreement"]
     assert e["message"].startswith("worse than v1's int8-static by 0.0625 code agreement [")
     assert worse["changed"] == [{"what": "quantizer option calibrate_method", "baseline": "minmax", "now": "percentile"}]
-    better = compare(_report(_rows([0.97, 0.96, 0.99, 0.97])), core, folder, "v1", tolerances)
+    better = compare(_agreements([0.97, 0.96, 0.99, 0.97]), core, folder, "v1", tolerances)
     assert better["verdict"] == "no regression" and better["improvements"] == ["code_agreement"]
-    same = compare(_report(_rows([0.92, 0.90, 0.95, 0.91])), core, folder, "v1", tolerances)
+    same = compare(_agreements([0.92, 0.90, 0.95, 0.91]), core, folder, "v1", tolerances)
+    # the report's other figures (SNR, SIM, RTF, first audio, size, memory) are its own too: all within noise
+    assert {"code_agreement", "mel_snr_db", "first_audio_ratio_vs_reference", "size_mb",
+            "peak_rss_ratio_vs_reference"} <= set(same["figures"])
     assert {e["status"] for e in same["figures"].values()} == {"same"} and not same["changed"]
     # one sentence worse, one better: the interval holds zero, so it is noise, not a regression
-    mixed = compare(_report(_rows([0.80, 0.99, 0.95, 0.91])), core, folder, "v1", tolerances)
+    mixed = compare(_agreements([0.80, 0.99, 0.95, 0.91]), core, folder, "v1", tolerances)
     assert mixed["figures"]["code_agreement"]["status"] in ("same", "worse") and mixed["verdict"] == "no regression"
 
 
-def _latency_record(first_audio: list[float]) -> dict[str, Any]:
-    """A latency record (evaluate.latency_record.LatencyRecord) that timed only its first audio."""
-    none = percentiles([])
-    samples = [{"text": f"sentence {i}", "seconds": s} for i, s in enumerate(first_audio)]
-    return {"artifact": "a", "threads": 1, "max_new_token": 8, "gpt_engine": "fast", "load_seconds": 0.1,
-            "warmup_runs": 0, "warmup_seconds": 0.0, "utterances": [], "rtf": none, "seconds": none,
-            "seconds_per_step": none, "steps_per_second": None, "total_seconds": 0.0, "total_audio_seconds": 0.0,
-            "total_steps": 0, "first_audio_seconds": {**percentiles(first_audio), "stream_batch": 24,
-                                                      "runs": len(samples), "samples": samples},
-            "throughput": {}}
-
-
-def _first_audio_report(mine: list[float], fp32: list[float]) -> dict[str, Any]:
-    report = _report([])
-    report["latency"] = {"artifact": _latency_record(mine), "reference": _latency_record(fp32)}
-    return report
+def _first_audio_report(mine: list[float], fp32: list[float]) -> ReportRecord:
+    """The recorded tiny report, its three timed sentences' first audio seconds (the variant's and its own
+    FP32's, timed in turn) replaced, and no figure waived."""
+    def edit(report: dict[str, Any]) -> None:
+        for side, seconds in (("artifact", mine), ("reference", fp32)):
+            first_audio = report["latency"][side]["first_audio_seconds"]
+            for sample, value in zip(first_audio["samples"], seconds, strict=True):
+                sample["seconds"] = value
+            first_audio.update(percentiles(seconds))
+        report["gate"]["waived"] = {}
+    return recorded_report(edit=edit)
 
 
 def test_first_audio_over_its_fp32_is_judged_per_sentence_with_its_interval(tmp_path: Path) -> None:
@@ -305,23 +313,58 @@ def test_first_audio_over_its_fp32_is_judged_per_sentence_with_its_interval(tmp_
     assert loaded["verdict"] == "no regression"
 
 
+def test_a_baseline_before_per_sentence_first_audio_gives_the_two_medians_not_judged(tmp_path: Path) -> None:
+    def without_samples(report: dict[str, Any]) -> None:  # latency records before issue 38's item 2
+        for side in ("artifact", "reference"):
+            del report["latency"][side]["first_audio_seconds"]["samples"]
+    old = recorded_report(edit=without_samples)
+    folder, core = _published(tmp_path, old, {})
+    now = recorded_report(edit=lambda report: report["gate"].update(waived={}))  # judged unless it cannot be
+    record = compare(now, core, folder, "v1", load_gate(None)["regression"])
+    e = record["figures"]["first_audio_seconds"]
+    assert e["n"] == 0 and e["low"] is None and e["high"] is None and e["status"] == "not judged"
+    assert e["message"].endswith("; not judged (no interval)")
+    assert e["value"] == now.metrics["first_audio_seconds"] and e["baseline"] == old.metrics["first_audio_seconds"]
+    assert "first_audio_ratio_vs_reference" not in record["figures"]  # nothing per sentence to pair
+
+
 def test_a_figure_the_variants_gate_waived_is_reported_not_judged(tmp_path: Path) -> None:
-    rows = [{"text": "s", "similarity": 0.9}]
-    folder, core = _published(tmp_path, _report(rows), {})
-    record = compare(_report([{"text": "s", "similarity": 0.5}], {"similarity": "synthetic checkpoint"}), core, folder,
-                     "v1", load_gate(None)["regression"])
-    assert record["figures"]["similarity"]["status"] == "waived" and record["verdict"] == "no regression"
+    tolerances = load_gate(None)["regression"]
+    recorded = recorded_report()
+    reason = recorded.gate.waived["similarity"]  # the tiny report's own: random weights make noise
+    folder, core = _published(tmp_path, recorded, {})
+
+    def worse_similarity(report: dict[str, Any]) -> None:
+        for row in report["sentences"]:
+            row["similarity"] = 0.5
+    record = compare(recorded_report(edit=worse_similarity), core, folder, "v1", tolerances)
+    e = record["figures"]["similarity"]
+    assert e["status"] == "waived" and e["message"].endswith(f"; not judged ({reason})")
+    assert record["verdict"] == "no regression"
+
+    def worse_similarity_judged(report: dict[str, Any]) -> None:
+        worse_similarity(report)
+        report["gate"]["waived"] = {}
+    judged = compare(recorded_report(edit=worse_similarity_judged), core, folder, "v1", tolerances)
+    assert judged["figures"]["similarity"]["status"] == "regression"  # the waiver, not the figure, spared it
 
 
 def test_what_changed_names_the_records_that_differ() -> None:
-    def build(commit: str, onnxruntime: str, samples: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    report = recorded_report()
+
+    def build(commit: str, onnxruntime: str, samples: int) -> tuple[dict[str, Any], ReportRecord]:
         m = {"source_checkpoint": {"kind": "real", "hashes": {"gpt": "1"}}, "toolchain": {"version": "0.1.0",
              "git_commit": commit}, "versions": {"onnxruntime": onnxruntime},
              "quantization": {"method": "static", "options": {}}, "calibration_corpus": {"name": "c", "sentences": samples}}
-        return m, {"gate": {"path": "builtin:default_gate.toml", "sha256": "a"}, "corpus": {"name": "e", "sha256": "b"}}
+        return m, report
     changed = what_changed(build("abc", "1.31.1", 512), build("def", "1.32.0", 64))
     assert [c["what"] for c in changed] == ["calibration corpus sentences", "toolchain commit", "version of onnxruntime"]
     assert changed[2] == {"what": "version of onnxruntime", "baseline": "1.31.1", "now": "1.32.0"}
+    # the reports' gate file and evaluation corpus are read from their records
+    other = recorded_report(edit=lambda r: r["corpus"].update(sha256="f" * 64))
+    [corpus] = what_changed(build("abc", "1.31.1", 512), (build("abc", "1.31.1", 512)[0], other))
+    assert corpus == {"what": "evaluation corpus", "baseline": f"v1:evaluation (sha256 {str(report.corpus.sha256)[:12]})",
+                      "now": f"v1:evaluation (sha256 {'f' * 12})"}
 
 
 def test_bad_regression_input_is_one_clear_error(tmp_path: Path) -> None:
