@@ -49,9 +49,12 @@ import numpy as np
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.load_bench_config import Arrival, LoadBenchConfig, check_hit_ratio
+from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
-from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, Result, SynthParams
+from chattts_forge.runtime.timing import Request, codes_per_audio_second, peak_rss_bytes, quantiles
 
 if TYPE_CHECKING:
     from chattts_forge.runtime.phrase_cache import PipelineCache
@@ -124,8 +127,6 @@ class LoadRequest:
 
 def miss_params(index: int, steps: int, seed: int) -> SynthParams:
     """A scheduled request's parameters: EOS masked up to `steps`, then ended; seed + index."""
-    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
-
     return SynthParams(code=InferCodeParams(max_new_token=steps, min_new_token=steps, seed=seed + index))
 
 
@@ -301,8 +302,6 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
 
 
 def _hit_result(pipe: Pipeline, req: LoadRequest, row: Any) -> Result:
-    from chattts_forge.runtime.pipeline import Result
-
     return Result(text=req.text, codes=row.codes, hiddens=row.hiddens, wav=row.wav, sample_rate=pipe.sample_rate,
                   cached=True)
 
@@ -354,7 +353,6 @@ def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurre
 
 
 def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threads: int) -> dict[str, Any]:
-    from chattts_forge.runtime.timing import Request
     from chattts_forge.torch_ref.engine import TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
@@ -384,10 +382,7 @@ def run_load_bench(cfg: LoadBenchConfig, progress: Callable[[str], None] | None 
     With `cfg.url`, each concurrency is replayed over HTTP first (`replay_http`; the report's `http`
     figures), then in-process (the figures beside them), so the two are of the same run and machine;
     phrase-cache hits are not replayed over HTTP (the server's own cache decides what hits)."""
-    from chattts_forge.fsutil import atomic_write_json
-    from chattts_forge.runtime.pipeline import Pipeline
     from chattts_forge.runtime.scheduler import default_decode_worker
-    from chattts_forge.runtime.timing import peak_rss_bytes
 
     say = progress or (lambda msg: log.info("%s", msg))
     art = Path(cfg.artifact).expanduser()
@@ -486,7 +481,6 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
     say = say or (lambda msg: log.info("%s", msg))
     if ratio is None:
         return plan_requests(reqs, seed), None, None
-    from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
     from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 
     hits = hit_indices(len(reqs), ratio, seed)
@@ -531,8 +525,6 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
 
 
 def _warm_params() -> Any:
-    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
-
     return SynthParams(code=InferCodeParams(max_new_token=8, min_new_token=8, seed=0))
 
 
