@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +55,6 @@ from chattts_forge.runtime.machine import machine_info
 from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
 from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, Result, SynthParams
 from chattts_forge.runtime.timing import Request, codes_per_audio_second, peak_rss_bytes, quantiles
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.phrase_cache import PipelineCache
-    from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
 
 log = get_logger(__name__)
 

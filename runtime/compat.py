@@ -53,7 +53,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -85,9 +85,6 @@ from chattts_forge.runtime.params import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.params import SynthParams
 from chattts_forge.runtime.pipeline import Pipeline
 from chattts_forge.runtime.router import ROUTING_NAME, Router
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.autotune import AutotuneSettings
 
 __all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "InferConfig", "LoadConfig", "Normalizer"]
 
