@@ -20,6 +20,7 @@ A missing package or model folder raises `ForgeError` naming what to install or 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -168,8 +169,6 @@ def whisper_base_model_dir(cache: Path | None = None) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".whisper-base.", suffix=".partial", dir=final.parent))
     try:
-        import hashlib
-
         h = hashlib.sha256()
         size = 0
         with open(tmp / "model.bin", "wb") as out:

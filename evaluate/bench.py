@@ -31,6 +31,7 @@ import numpy as np
 
 from chattts_forge.artifact import FAST_GPT, GPT, ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.fsutil import atomic_write_json, recorded_path
 from chattts_forge.log import get_logger
 from chattts_forge.runtime.costmodel import cost_report, host_speed_info
 from chattts_forge.runtime.generation import check_engine
@@ -133,7 +134,6 @@ def default_checkpoint(artifact: Path) -> Path | None:
     src = (meta.source or {}).get("asset_dir")
     if not src:
         return None
-    from chattts_forge.fsutil import recorded_path
 
     path = recorded_path(src, artifact)  # relative to the artifact folder
     return path if path.is_dir() else None
@@ -212,8 +212,6 @@ def run_bench(
     as it was). Returns the report dict (documented in docs/bench.md) and writes it to `json_out` if
     given.
     """
-    from chattts_forge.fsutil import atomic_write_json
-
     art = Path(artifact).expanduser()
     cfg, ckpt = checked_config(art, replace(config or BenchConfig(), **knobs), chat)
     say = progress or (lambda msg: log.info("%s", msg))

@@ -43,9 +43,11 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import Fidelity
+from chattts_forge.calibration_data.corpus import Corpus
 from chattts_forge.evaluate.report_record import BucketsSection
 from chattts_forge.gate import intelligibility_waivers, judge
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 from chattts_forge.runtime.router import LENGTH_DEFINITION, Bucket, text_length
 from chattts_forge.runtime.timing import percentiles, rtf
 
@@ -77,8 +79,6 @@ def time_sentences(pipe: Any, sentences: list[str], max_new_token: int, seed: in
                    warm: bool = True) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, int]]]:
     """Each sentence synthesized alone (after one warm-up run, unless `warm` is False: the pipeline
     already synthesized, the previous bucket): per-utterance seconds and RTF."""
-    from chattts_forge.runtime import InferCodeParams, SynthParams
-
     def params(i: int) -> SynthParams:
         return SynthParams(code=InferCodeParams(spk_emb=pipe.random_speaker(seed + i), seed=seed + i,
                                                 max_new_token=max_new_token))
@@ -144,9 +144,7 @@ def bucket_settings_key(st: BucketSettings) -> dict[str, Any]:
 def reference_buckets(reference: Path, sentences: list[str], gate: dict[str, Any],
                       settings: BucketSettings = BucketSettings()) -> dict[str, BucketReference]:
     """The FP32 reference's side of every bucket of `gate` (what `measure_buckets` reads as `shared`)."""
-    from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories, recording_pipeline
-    from chattts_forge.runtime import Pipeline
 
     st = settings
     buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]
@@ -182,9 +180,7 @@ def measure_buckets(
     `corpus_gate`: the whole-corpus gate, its metrics and waivers; `shared`: the reference
     side measured once for the build (`reference_buckets`), used where it fits; `replay`: the
     `ReplaySessions` of this artifact and reference already open (the whole-corpus fidelity's)."""
-    from chattts_forge.calibration_data.corpus import Corpus
     from chattts_forge.quantize.fidelity import ReplaySessions, measure_fidelity, recording_pipeline
-    from chattts_forge.runtime import Pipeline
 
     st, gate = settings, corpus_gate.gate
     buckets = [Bucket(b["name"], b["min_chars"], b["max_chars"]) for b in gate["buckets"]]

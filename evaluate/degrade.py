@@ -10,10 +10,13 @@ clipping: see there).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from chattts_forge.errors import BadInput
 
 
 def white_noise(audio: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
@@ -78,13 +81,10 @@ def damage_quantization_scales(src_dir: str | Path, out_dir: str | Path, factor:
     scaled; artifact.json's per-component sha256/bytes are updated so the copy is a consistent
     (but badly built) artifact, which only the quality gate can catch. Returns the damaged files.
     """
-    import shutil
-
     import onnx
     from onnx import numpy_helper
 
     from chattts_forge.artifact import ArtifactMeta
-    from chattts_forge.errors import BadInput
     from chattts_forge.fsutil import atomic_output_dir
     from chattts_forge.graph_storage import write_component
 

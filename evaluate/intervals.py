@@ -24,6 +24,11 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.stats import (
+    bootstrap_interval,
+    bootstrap_ratio_interval,
+    paired_bootstrap_interval,
+)
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -71,12 +76,6 @@ def _asr_rows(intel: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def build(report: dict[str, Any], fidelity_rows: list[dict[str, float]] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the ``intervals`` section, the ``sentences`` rows) of a report in progress."""
-    from chattts_forge.evaluate.stats import (
-        bootstrap_interval,
-        bootstrap_ratio_interval,
-        paired_bootstrap_interval,
-    )
-
     kw = {"confidence": CONFIDENCE, "resamples": RESAMPLES, "seed": 0}
     metrics = report["metrics"]
     figures: dict[str, Any] = {}

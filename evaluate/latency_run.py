@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.errors import BadInput, IntegrityError, NotFound
 from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.providers import resolve_provider
 
 if TYPE_CHECKING:
     from chattts_forge.evaluate.evaluate_config import EvaluateConfig
@@ -72,10 +74,8 @@ def latency_settings(reference_files: dict[str, Any], corpus: Any, cfg: Evaluate
 def measure_latency_run(reference: Path, artifacts: list[Path], out: Path, cfg: EvaluateConfig) -> dict[str, PairLatency]:
     """`chattts-forge evaluate-latency`: time every artifact against `reference` in one interleaved
     comparison and write the run to `out` (replaced atomically). Returns {variant: its pair}."""
-    from chattts_forge.calibration_data.corpus import load_corpus
     from chattts_forge.evaluate import latency as latency_mod
     from chattts_forge.evaluate.evaluate import latency_config
-    from chattts_forge.runtime.providers import resolve_provider
 
     for folder in (reference, *artifacts):
         if not Path(folder).is_dir():

@@ -42,20 +42,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.load_bench_config import Arrival, LoadBenchConfig, check_hit_ratio
+from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.runtime.machine import machine_info
-from chattts_forge.runtime.timing import codes_per_audio_second, quantiles
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.phrase_cache import PipelineCache
-    from chattts_forge.runtime.pipeline import Pipeline, Result, SynthParams
+from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
+from chattts_forge.runtime.pipeline import InferCodeParams, Pipeline, Result, SynthParams
+from chattts_forge.runtime.timing import Request, codes_per_audio_second, peak_rss_bytes, quantiles
 
 log = get_logger(__name__)
 
@@ -124,8 +123,6 @@ class LoadRequest:
 
 def miss_params(index: int, steps: int, seed: int) -> SynthParams:
     """A scheduled request's parameters: EOS masked up to `steps`, then ended; seed + index."""
-    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
-
     return SynthParams(code=InferCodeParams(max_new_token=steps, min_new_token=steps, seed=seed + index))
 
 
@@ -301,8 +298,6 @@ def replay_http(url: str, variant: str, plan: Sequence[LoadRequest], concurrency
 
 
 def _hit_result(pipe: Pipeline, req: LoadRequest, row: Any) -> Result:
-    from chattts_forge.runtime.pipeline import Result
-
     return Result(text=req.text, codes=row.codes, hiddens=row.hiddens, wav=row.wav, sample_rate=pipe.sample_rate,
                   cached=True)
 
@@ -354,7 +349,6 @@ def summarize(outcomes: Sequence[Outcome], wall: float, gpt_steps: int, concurre
 
 
 def _pytorch_sequential(checkpoint: Path, requests: list[tuple[str, int]], threads: int) -> dict[str, Any]:
-    from chattts_forge.runtime.timing import Request
     from chattts_forge.torch_ref.engine import TorchEngine
 
     engine = TorchEngine(checkpoint, threads)
@@ -384,10 +378,7 @@ def run_load_bench(cfg: LoadBenchConfig, progress: Callable[[str], None] | None 
     With `cfg.url`, each concurrency is replayed over HTTP first (`replay_http`; the report's `http`
     figures), then in-process (the figures beside them), so the two are of the same run and machine;
     phrase-cache hits are not replayed over HTTP (the server's own cache decides what hits)."""
-    from chattts_forge.fsutil import atomic_write_json
-    from chattts_forge.runtime.pipeline import Pipeline
     from chattts_forge.runtime.scheduler import default_decode_worker
-    from chattts_forge.runtime.timing import peak_rss_bytes
 
     say = progress or (lambda msg: log.info("%s", msg))
     art = Path(cfg.artifact).expanduser()
@@ -486,7 +477,6 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
     say = say or (lambda msg: log.info("%s", msg))
     if ratio is None:
         return plan_requests(reqs, seed), None, None
-    from chattts_forge.runtime.phrase_cache import PhraseCache, PipelineCache, replay_params
     from chattts_forge.runtime.phrase_cache_build import build_phrase_cache
 
     hits = hit_indices(len(reqs), ratio, seed)
@@ -531,8 +521,6 @@ def plan_with_cache(pipe: Pipeline, art: Path, reqs: list[tuple[str, int]], seed
 
 
 def _warm_params() -> Any:
-    from chattts_forge.runtime.pipeline import InferCodeParams, SynthParams
-
     return SynthParams(code=InferCodeParams(max_new_token=8, min_new_token=8, seed=0))
 
 

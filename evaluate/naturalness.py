@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import ForgeError, NotFound
+from chattts_forge.evaluate.asr import mono_at
 from chattts_forge.evaluate.melspec import mel_power, power_to_db
 from chattts_forge.fsutil import installed_file, recorded_installed_file
 
@@ -117,8 +118,6 @@ class Dnsmos:
 
     def score(self, audio: np.ndarray, sample_rate: int) -> dict[str, float]:
         """{'sig', 'bak', 'ovrl', 'p808'} of a mono waveform at any rate (resampled to 16 kHz)."""
-        from chattts_forge.evaluate.asr import mono_at
-
         segs = windows(mono_at(audio, sample_rate, SAMPLE_RATE, "score"))
         raw = self.p835.run(None, {"input_1": np.stack(segs)})[0]  # (n, 3): sig, bak, ovrl before calibration
         p808 = self.p808.run(None, {"input_1": np.stack([p808_features(s) for s in segs])})[0][:, 0]

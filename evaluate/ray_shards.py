@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError
-from chattts_forge.log import get_logger
+from chattts_forge.evaluate.asr import get_backend
+from chattts_forge.log import get_logger, quiet_logger
 from chattts_forge.raycluster import connect
 
 log = get_logger(__name__)
@@ -80,7 +81,6 @@ class CorpusWorker:
     def fidelity_shard(self, shard: int, corpus: Any, indices: list[int], max_sentences: int, steps: int,
                        seed: int) -> tuple[list[Any], list[Any]]:
         """(per-sentence comparisons, the trajectories stripped to what the local merge needs)."""
-        from chattts_forge.log import quiet_logger
         from chattts_forge.quantize.fidelity import FidelitySettings, Trajectory, record_trajectories
 
         if self.hook is not None:
@@ -104,7 +104,6 @@ class CorpusWorker:
     def transcribe_shard(self, shard: int, asr: str, lang: str, asr_model: str | None,
                          waves: dict[str, tuple[np.ndarray, int]], ids: list[str]
                          ) -> tuple[dict[str, str], dict[str, dict[str, float]], dict[str, Any]]:
-        from chattts_forge.evaluate.asr import get_backend
         from chattts_forge.evaluate.score import transcribe_waveforms
 
         if self.hook is not None:

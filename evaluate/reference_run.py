@@ -30,11 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chattts_forge.calibration_data.corpus import load_corpus
 from chattts_forge.errors import BadInput, NotFound
 from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate.buckets import BucketReference, reference_buckets
 from chattts_forge.evaluate.report_assembly import describe_artifact
 from chattts_forge.fsutil import atomic_output_dir, atomic_write_bytes, atomic_write_json
+from chattts_forge.gate import load_gate
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.runtime.providers import resolve_provider
 
 if TYPE_CHECKING:
     from chattts_forge.evaluate.evaluate_config import EvaluateConfig
@@ -168,7 +172,6 @@ def read_reference_run(folder: Path, settings: dict[str, Any]) -> ReferenceRun:
 
 
 def _read_buckets(folder: Path, index: dict[str, Any] | None) -> dict[str, Any] | None:
-    from chattts_forge.evaluate.buckets import BucketReference
     from chattts_forge.quantize.fidelity import trajectories_from
 
     if not index:
@@ -192,7 +195,6 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
     `score_asr`, on a checkpoint that is not synthetic) the ASR of its audio."""
     from chattts_forge.evaluate import latency as latency_mod
     from chattts_forge.evaluate.evaluate import latency_config, resolve_baseline, score_languages
-    from chattts_forge.runtime.providers import resolve_provider
 
     show = True if cfg.progress is None else bool(cfg.progress)
     provider = resolve_provider(cfg.provider)
@@ -218,10 +220,7 @@ def measure_reference_run(reference: Path, ref_desc: dict[str, Any], art_desc: d
                                   cfg.fidelity_steps, cfg.seed)
     buckets = None
     if score_asr and cfg.bucket_sentences > 0:  # the length buckets' reference side, for every variant
-        from chattts_forge.calibration_data.corpus import load_corpus
-        from chattts_forge.evaluate.buckets import reference_buckets
         from chattts_forge.evaluate.evaluate import bucket_settings
-        from chattts_forge.gate import load_gate
 
         with quiet_logger(enabled=synthetic):
             buckets = reference_buckets(reference, load_corpus(cfg.corpus).sentences, load_gate(cfg.gate),
@@ -243,9 +242,6 @@ def fidelity_trajectories(reference: Path, corpus: Any, cfg: EvaluateConfig, pro
 
 def evaluate_reference(reference: str | Path, out: str | Path, cfg: EvaluateConfig) -> ReferenceRun:
     """`chattts-forge evaluate-reference`: measure the FP32 reference's run once and write it to `out`."""
-    from chattts_forge.calibration_data.corpus import load_corpus
-    from chattts_forge.runtime.providers import resolve_provider
-
     reference = Path(reference)
     if not reference.is_dir():
         raise NotFound(f"reference folder {reference} does not exist")

@@ -16,6 +16,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from msgspec import UNSET, UnsetType
 
 from chattts_forge.errors import BadInput
@@ -295,7 +296,6 @@ def make_plots(report: ReportRecord) -> dict[str, str]:
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    import numpy as np
 
     plots: dict[str, str] = {}
     rows = _latency_rows(report)

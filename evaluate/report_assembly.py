@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from chattts_forge.artifact import ArtifactMeta, Fidelity
 from chattts_forge.evaluate.listening import HEARING_METRICS, SYNTHETIC_REASON
+from chattts_forge.evaluate.report_schema import REPORT_SCHEMA
 from chattts_forge.evaluate.search_report import auto_search_summary
 from chattts_forge.folder_files import hash_tree
 from chattts_forge.fsutil import portable_path, recorded_path
 from chattts_forge.gate import intelligibility_waivers
 from chattts_forge.integrity import verify_files
 from chattts_forge.runtime.machine import machine_info
+from chattts_forge.versions import library_versions, toolchain_info
 
 if TYPE_CHECKING:  # evaluate.evaluate imports this module: its types for annotations only
     from chattts_forge.evaluate.evaluate import CorpusFigures, EvaluateConfig, Judged
@@ -187,9 +189,6 @@ def report_body(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, figures: Corp
                 latency: dict[str, Any], hearing: dict[str, Any], memory: dict[str, Any] | None = None
                 ) -> dict[str, Any]:
     """The report's measured sections, in their order (the gate, buckets and seal come after)."""
-    from chattts_forge.evaluate.report_schema import REPORT_SCHEMA
-    from chattts_forge.versions import library_versions, toolchain_info
-
     art_desc, ref_desc, distributed = j.art_desc, j.ref_desc, figures.distributed
     return {
         "schema": REPORT_SCHEMA,

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
 from chattts_forge.runtime.stream_lookahead import SNR_CEILING_DB, snr_db
 
 __all__ = ["SNR_CEILING_DB", "snr_db", "measure_seams", "compare_stream", "recorded_lookahead_snr_db"]
@@ -115,8 +116,6 @@ def measure_seams(
 ) -> dict[str, Any]:
     """The report's ``streaming`` section for `artifact` on `sentences` (see module docstring).
     `lookahead_frames`: the lookahead mode's frames (None: the recorded look-ahead, else the fixed one)."""
-    from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
-
     pipe = Pipeline(Path(artifact), threads=threads, provider=provider)
     exact = pipe.decoder_radius + pipe.vocos_radius
     recorded = pipe.default_lookahead

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.log import get_logger
+from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
+from chattts_forge.runtime.phrase_cache import cache_knobs, check_cacheable, payload_sha256, write_cache
 from chattts_forge.runtime.timing import percentiles
 
 log = get_logger(__name__)
@@ -43,8 +45,6 @@ def measure_cache_effect(
     threads: int | None = 2,
     provider: str = "cpu",
 ) -> dict[str, Any]:
-    from chattts_forge.runtime import InferCodeParams, Pipeline, SynthParams
-    from chattts_forge.runtime.phrase_cache import cache_knobs, check_cacheable, payload_sha256, write_cache
     from chattts_forge.runtime.phrase_cache_build import cached_phrase
 
     plain = Pipeline(artifact, threads=threads, provider=provider)

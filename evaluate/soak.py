@@ -53,7 +53,8 @@ import numpy as np
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.evaluate.soak_config import SoakConfig
 from chattts_forge.evaluate.soak_output import plot
-from chattts_forge.log import get_logger
+from chattts_forge.fsutil import atomic_write_json
+from chattts_forge.log import get_logger, quiet_logger
 
 log = get_logger(__name__)
 
@@ -535,9 +536,6 @@ def run_soak(cfg: SoakConfig, json_out: str | None = None, plot_out: str | None 
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run a soak, write its JSON and plot, and raise ForgeError (after writing them) when a healthy
     request was lost, a malformed one was not refused with a 4xx, or a reload failed."""
-    from chattts_forge.fsutil import atomic_write_json
-    from chattts_forge.log import quiet_logger
-
     with quiet_logger("httpx"):  # one INFO line per request otherwise
         report = Soak(cfg, progress).run()
     if json_out:

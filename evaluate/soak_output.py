@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from chattts_forge.fsutil import atomic_write_bytes
+
 
 def plot(report: dict[str, Any], out: str | os.PathLike[str]) -> None:
     """RSS, fds and threads, queue, per-window p50/p99 over time (reloads marked), as one PNG."""
@@ -15,8 +17,6 @@ def plot(report: dict[str, Any], out: str | os.PathLike[str]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from chattts_forge.fsutil import atomic_write_bytes
 
     samples = report["samples"]
     t = [s["t"] / 60 for s in samples]

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.evaluate.asr import mono_at
 from chattts_forge.evaluate.melspec import mel_power
 from chattts_forge.fsutil import installed_file, recorded_installed_file
 from chattts_forge.integrity import sha256_file
@@ -260,8 +261,6 @@ def _trim_long_silences(wav: np.ndarray) -> np.ndarray:
 
 def preprocess(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     """Mono float32 at 16 kHz, volume raised to -30 dBFS, long silences cut (see the module doc)."""
-    from chattts_forge.evaluate.asr import mono_at
-
     wav = mono_at(audio, sample_rate, SAMPLE_RATE, "embed")
     return _trim_long_silences(_normalise_volume(wav))
 

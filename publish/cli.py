@@ -10,7 +10,8 @@ import click
 from chattts_forge.errors import ForgeError
 from chattts_forge.options import declared_options
 from chattts_forge.publish.publish_config import PublishConfig
-from chattts_forge.publish.regression_gate import regression_options
+from chattts_forge.publish.regression_gate import RegressionPolicy, publish_judged, regression_options
+from chattts_forge.publish.verify import verify_path
 
 
 @click.command("publish")
@@ -29,7 +30,6 @@ def publish(baseline: str | None, no_baseline: bool, accept_regression: tuple[st
     worse beyond the [regression] tolerances its report was judged with, unless --accept-regression.
     """
     from chattts_forge.publish.regression import summary
-    from chattts_forge.publish.regression_gate import RegressionPolicy, publish_judged
 
     policy = RegressionPolicy.from_options(baseline, no_baseline, accept_regression, reason)
     config = PublishConfig(**options)
@@ -56,8 +56,6 @@ def verify(path: Path, public_key: Path | None) -> None:
 
     Any changed, missing or extra file fails (exit 2) and is named.
     """
-    from chattts_forge.publish.verify import verify_path
-
     result = verify_path(path, public_key=public_key)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)

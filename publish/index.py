@@ -22,6 +22,7 @@ from typing import Any
 from chattts_forge.errors import ForgeError
 from chattts_forge.fsutil import atomic_write_bytes
 from chattts_forge.integrity import sha256_file
+from chattts_forge.publish.history import HISTORY_NAME, history_bytes, write_history
 from chattts_forge.publish.manifest import MANIFEST_NAME, load_manifest
 
 INDEX_NAME = "index.json"
@@ -101,7 +102,6 @@ def build_index(root: str | os.PathLike[str]) -> dict[str, Any]:
         index["versions"] = versions
     models = sorted({d.parent.parent.name for d in iter_variant_dirs(root)})
     if models:  # each model's history page (publish.history), rewritten with the index
-        from chattts_forge.publish.history import HISTORY_NAME, history_bytes
 
         index["histories"] = [{"model": m, "path": f"{m}/{HISTORY_NAME}",
                                "sha256": hashlib.sha256(history_bytes(root / m)).hexdigest()} for m in models]
@@ -114,8 +114,6 @@ def index_bytes(index: dict[str, Any]) -> bytes:
 
 def rewrite_index(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `root/index.json` from the manifests (written only when it changes); hold the lock."""
-    from chattts_forge.publish.history import write_history
-
     index = build_index(root)
     for entry in index.get("histories", []):  # first: the index names their bytes
         write_history(Path(root) / entry["model"])

@@ -29,6 +29,7 @@ serialize and `index.json` always lists exactly what is published.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -78,7 +79,8 @@ from chattts_forge.publish.manifest import (
     source_fingerprint,
 )
 from chattts_forge.publish.modelcard import render_model_card
-from chattts_forge.signing import SigningKey
+from chattts_forge.publish.version_files import sign_version_folder
+from chattts_forge.signing import SigningKey, resolve_signing_key, sign_folder
 
 log = get_logger(__name__)
 _CHUNK = 1 << 20
@@ -141,8 +143,6 @@ def _write_file(path: Path, data: bytes) -> FileEntry:
 
 def copy_verified(src: Path, dst: Path, expected: FileEntry) -> None:
     """Copy src to dst, hashing the bytes written; they must be the bytes the report judged."""
-    import hashlib
-
     dst.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     size = 0
@@ -235,9 +235,6 @@ def publish_artifact(
     """Publish `artifact` (an artifact folder) judged by `report` (its evaluation report folder),
     signed with `sign_key` (a PEM private key; None: the user's own key pair). `regression`: the
     build's comparison with the previous version (publish.regression), recorded in the manifest."""
-    from chattts_forge.publish.version_files import sign_version_folder
-    from chattts_forge.signing import resolve_signing_key, sign_folder
-
     artifact_dir = Path(artifact)
     root = Path(to)
     meta = ArtifactMeta.load(artifact_dir)

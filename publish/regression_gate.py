@@ -23,7 +23,12 @@ from typing import Any, TypeVar
 import click
 from msgspec import UNSET
 
+from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_schema import read_report
+from chattts_forge.log import get_logger
+from chattts_forge.publish.manifest import default_model_name, source_checkpoint
+from chattts_forge.publish.publish import find_identical, publish_artifact
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,7 +95,6 @@ class RegressionPolicy:
 
 def find_build_baseline(to: Path, model: str, policy: RegressionPolicy) -> tuple[Any, str]:
     """(the version compared with (publish.regression.Baseline) or None, why there is none)."""
-    from chattts_forge.log import get_logger
     from chattts_forge.publish.regression import NO_BASELINE, find_baseline
 
     if not policy.compare:
@@ -104,8 +108,6 @@ def find_build_baseline(to: Path, model: str, policy: RegressionPolicy) -> tuple
 def report_tolerances(report_dir: Path) -> dict[str, float]:
     """The `[regression]` tolerances of the gate file the report was judged with (recorded in its gate
     section), so a build and a later publish of its report judge with the same numbers."""
-    from chattts_forge.evaluate.report_schema import read_report
-
     report = read_report(report_dir)
     tolerances = report.record.gate.regression
     if tolerances is UNSET:
@@ -128,8 +130,6 @@ def judge_variant(artifact_dir: Path, report_dir: Path, to: Path, baseline: Any,
     variant = record["baseline"]["variant"]
     if variant in policy.accept:
         return accept(record, policy.reason)
-    from chattts_forge.evaluate.report_schema import read_report
-    from chattts_forge.publish.publish import find_identical
 
     same = find_identical(to, baseline.model, variant, read_report(report_dir).artifact_files)
     return {**record, "already_published": same.parent.name} if same is not None else record
@@ -156,11 +156,6 @@ def publish_judged(artifact: Path, report: Path, to: Path, policy: RegressionPol
     newest published version of the model in `to`, or `policy.baseline`), then `publish_artifact`
     with the record in the manifest; a refused variant is a ForgeError with the build's message and
     nothing is written. `announce(variant, record)` hears the record first (the CLI prints its summary)."""
-    from chattts_forge.artifact import ArtifactMeta
-    from chattts_forge.evaluate.report_schema import read_report
-    from chattts_forge.publish.manifest import default_model_name, source_checkpoint
-    from chattts_forge.publish.publish import publish_artifact
-
     artifact, report, to = Path(artifact), Path(report), Path(to)
     meta = ArtifactMeta.load(artifact)
     policy.check([str(meta.variant)], what="other than this artifact's")

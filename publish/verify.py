@@ -35,6 +35,7 @@ from chattts_forge.publish.manifest import (
     parse_sha256sums,
 )
 from chattts_forge.publish.version_files import is_version_manifest, verify_version
+from chattts_forge.signing import load_public_key, verify_folder
 
 PUBLIC_KEY_FILE = "signing-key.pub"  # publish.publish writes it beside the index
 # Files allowed at the top of an artifacts tree besides the published variants.
@@ -70,8 +71,6 @@ def check_signature(folder: Path, public_key: Path | None, result: VerifyResult 
     other files are hashed (without it, the library hashes the whole folder)."""
     if public_key is None:
         return []
-    from chattts_forge.integrity import sha256_file
-    from chattts_forge.signing import verify_folder
 
     def hashes(root: Path, rels: list[str]) -> dict[str, str]:
         return {rel: checked[rel] if checked and rel in checked else sha256_file(root / rel) for rel in rels}
@@ -196,8 +195,6 @@ def verify_path(path: str | os.PathLike[str], public_key: str | os.PathLike[str]
     path = Path(path)
     key = Path(public_key).expanduser() if public_key is not None else None
     if key is not None:
-        from chattts_forge.signing import load_public_key
-
         load_public_key(key)  # a wrong key file is one error, not one per folder
     if not path.is_dir():
         raise BadInput(f"{path} is not a folder")

@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from chattts_forge.options import declared_options
-from chattts_forge.runtime.synth import NormalizeConfig, SynthConfig, WarmConfig
+from chattts_forge.runtime.synth import (
+    NormalizeConfig,
+    SynthConfig,
+    WarmConfig,
+    spoken_segments,
+    synthesize_to_files,
+    warm_phrase_cache,
+)
 
 
 @click.command("synth")
@@ -33,8 +40,6 @@ def synth(**options: Any) -> None:
       chattts-forge synth --artifact artifacts/M/v1 --text "请稍等" \\
           --cache artifacts/M/v1/phrase_cache.bin --out a.wav
     """
-    from chattts_forge.runtime.synth import synthesize_to_files
-
     synthesize_to_files(SynthConfig(**options))
 
 
@@ -54,8 +59,6 @@ def normalize(**options: Any) -> None:
       chattts-forge normalize --text "转人工请按 0"
       chattts-forge normalize --file letter.txt --artifact artifacts/M/v1
     """
-    from chattts_forge.runtime.synth import spoken_segments
-
     segments, removed = spoken_segments(NormalizeConfig(**options))
     for seg in segments:
         click.echo(seg)
@@ -78,6 +81,4 @@ def warm(**options: Any) -> None:
     Example:
       chattts-forge warm --artifact artifacts/M/v1 --phrases phrases.txt --out phrases.cache --seed 0
     """
-    from chattts_forge.runtime.synth import warm_phrase_cache
-
     warm_phrase_cache(WarmConfig(**options))

@@ -53,12 +53,13 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from chattts_forge.artifact import DECODER, DVAE, DVAE_ENCODER
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 from chattts_forge.runtime.chattts_speaker import speaker_vector
 from chattts_forge.runtime.chattts_text import combine_tags, split_sentences, split_tags
 from chattts_forge.runtime.compat_load import (
@@ -84,9 +85,6 @@ from chattts_forge.runtime.params import InferCodeParams as _RuntimeCodeParams
 from chattts_forge.runtime.params import SynthParams
 from chattts_forge.runtime.pipeline import Pipeline
 from chattts_forge.runtime.router import ROUTING_NAME, Router
-
-if TYPE_CHECKING:
-    from chattts_forge.runtime.autotune import AutotuneSettings
 
 __all__ = ["VARIANT_PREFERENCE", "Chat", "CompatArgumentError", "InferConfig", "LoadConfig", "Normalizer"]
 
@@ -250,7 +248,6 @@ class Chat:
         if cfg.variant is None and (version / ROUTING_NAME).is_file():
             # A Chat holds one variant for its life, so a cold autotune cache is measured at load, not later.
             # (autotune, with timed_engine and timing: loaded only for a routed version)
-            from chattts_forge.runtime.autotune import AutotuneSettings, autotune_default
 
             autotune: bool | AutotuneSettings = autotune_default() if cfg.autotune is None else cfg.autotune
             if autotune is not False:

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from chattts_forge.checkpoint.layout import PRESETS
+from chattts_forge.checkpoint.inventory import inventory_summary
+from chattts_forge.checkpoint.layout import PRESETS, load_dims, preset_dims, read_marker, resolve_asset_dir
 from chattts_forge.checkpoint.synthesize import SyntheticCheckpointConfig
 from chattts_forge.options import declared_options
 
@@ -76,9 +77,6 @@ def verify_cmd(path: Path | None, as_json: bool) -> None:
 )
 def inspect_cmd(path: Path | None, preset: str | None) -> None:
     """Print the dimensions and per-file tensor inventory of a checkpoint (or of a preset)."""
-    from chattts_forge.checkpoint.inventory import inventory_summary
-    from chattts_forge.checkpoint.layout import load_dims, preset_dims, read_marker, resolve_asset_dir
-
     if preset is not None:
         dims = preset_dims(preset)
         click.echo(f"preset {preset}")

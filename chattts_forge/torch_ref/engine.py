@@ -18,7 +18,7 @@ import numpy as np
 
 from chattts_forge.errors import ForgeError
 from chattts_forge.runtime.timing import MEL_FRAMES_PER_CODE, Request, RunFigures, first_audio_seconds
-from chattts_forge.torch_ref.chat import quiet_chattts
+from chattts_forge.torch_ref.chat import load_chat, quiet_chattts
 from chattts_forge.torch_ref.reference import sample_speaker
 
 
@@ -37,7 +37,6 @@ class TorchEngine:
             # torch: the PyTorch side only; 1.9 s to import
             import torch
 
-            from chattts_forge.torch_ref.chat import load_chat
         except ImportError as e:  # pragma: no cover - export extra missing
             raise ForgeError(f"the PyTorch baseline needs the export extra ({e}): pip install -e '.[export]'") from None
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from chattts_forge.artifact import ARTIFACT_JSON
 from chattts_forge.errors import ForgeError
 from chattts_forge.options import declared_options
+from chattts_forge.runtime.providers import resolve_provider
 from chattts_forge.runtime.serve.config import ServeConfig, ServeLaunch, ensure_admin_token
 
 
@@ -48,10 +53,6 @@ def _exit_drained() -> None:
     """Exit 0 once the server has drained and closed its schedulers, without the interpreter's
     teardown: daemon threads may still be inside onnxruntime or kaldifst (a warm-up, a grammar read,
     a cache fill), and tearing the interpreter down under them can abort the process (SIGABRT)."""
-    import logging
-    import os
-    import sys
-
     logging.shutdown()  # flush every log handler first: nothing said is lost
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -61,8 +62,6 @@ def _exit_drained() -> None:
 
 def serve_config(options: dict[str, Any]) -> ServeConfig:
     """The ServeConfig of the command's options (paths checked, the provider resolved)."""
-    from chattts_forge.artifact import ARTIFACT_JSON
-    from chattts_forge.runtime.providers import resolve_provider
     from chattts_forge.runtime.router import ROUTING_NAME
 
     artifact: Path = options.pop("artifact")

@@ -47,6 +47,7 @@ from chattts_forge.runtime.request_handle import Handle
 from chattts_forge.runtime.router import ROUTING_NAME, Router, bucket_of, table_buckets, text_length
 from chattts_forge.runtime.scheduler import Scheduler, check_request
 from chattts_forge.runtime.serve.config import ServeConfig
+from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
 from chattts_forge.runtime.serve.sequential import SequentialRunner
 from chattts_forge.runtime.serve.voices import DEFAULT_VOICE, VoiceBook, load_voices  # noqa: F401 - load_voices re-exported
 from chattts_forge.runtime.textfront import InputError, TextFront
@@ -147,8 +148,6 @@ class ServedVersion:
         if cache_path is not None:
             self._attach_file_cache(cache_path)
         if cfg.cache_redis:
-            from chattts_forge.runtime.serve.redis_cache import RedisPhraseCache
-
             self.redis = RedisPhraseCache(cfg.cache_redis)
         self.voice_book = VoiceBook(self.front, voices)
         self.voices = self.voice_book.voices

@@ -40,6 +40,7 @@ import io
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.runtime.audio import pcm16_wav_header, to_int16, wav_bytes
@@ -78,8 +79,6 @@ def content_type(fmt: str) -> str:
 
 def encode_whole(wav: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """The whole waveform in `fmt` (wav: the bytes `synth --sample-format pcm16` writes)."""
-    import soundfile as sf
-
     wav = np.asarray(wav, dtype=np.float32).reshape(-1)
     if fmt == "wav":
         return wav_bytes(wav, sample_rate, "pcm16")
@@ -199,8 +198,6 @@ class StreamEncoder:
         self._held: list[np.ndarray] = []  # a buffered format's chunks
         self._aac = _AacEncoder(sample_rate) if fmt == "aac" else None
         if fmt == "opus":
-            import soundfile as sf
-
             _, major, subtype, _ = _FORMATS[fmt]
             self._sink = _Sink()
             self._file = sf.SoundFile(self._sink, "w", samplerate=sample_rate, channels=1, format=major,

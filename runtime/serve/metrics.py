@@ -35,8 +35,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
@@ -95,8 +102,6 @@ class Metrics:
             self.rtf.observe(seconds / audio_s)
 
     def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
@@ -138,8 +143,6 @@ class _OperationsCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
-
         snap = self.snapshot()
         stage = GaugeMetricFamily("forge_stage_depth", "Requests per variant and stage (waiting: queued; running: "
                                   "rows of the GPT batch)", labels=["variant", "stage"])

@@ -10,6 +10,7 @@ old version keeps serving.
 from __future__ import annotations
 
 import contextlib
+import resource
 import signal
 import threading
 from collections.abc import Iterator
@@ -92,8 +93,6 @@ FD_RESERVE = 128  # descriptors kept for what is not a client connection: models
 def _connection_bound(wanted: int) -> int:
     """`wanted`, within what the process's open-file limit allows: the soft limit is raised to the hard
     one when needed, and the bound lowered (with a warning) when even that is too few."""
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = wanted + FD_RESERVE
     if soft != resource.RLIM_INFINITY and soft < need:

@@ -122,8 +122,6 @@ class ServerState:
                     sched.max_batch = limit  # rows running finish; fewer join between steps
 
     def _evict(self) -> int:
-        import gc
-
         freed = 0
         for version in self._live():
             if version.file_cache is not None:
