@@ -31,7 +31,7 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from chattts_forge.errors import BadInput
-from chattts_forge.evaluate.latency_record import LatencySection, Percentiles, Utterance
+from chattts_forge.evaluate.latency_record import LatencySection, Number, OptNumber, Percentiles, Utterance
 from chattts_forge.evaluate.report_sections import (
     ArtifactSource,
     AutoSearchSummary,
@@ -41,8 +41,6 @@ from chattts_forge.evaluate.report_sections import (
     MachineSection,
     MemoryProbe,
     NaturalnessSection,
-    Number,
-    OptNumber,
     SentenceRow,
     SettingsSection,
     SpeakerSection,

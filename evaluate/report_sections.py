@@ -17,9 +17,7 @@ from typing import Any
 
 from msgspec import UNSET, Struct, UnsetType
 
-Number = int | float
-OptNumber = int | float | None
-
+from chattts_forge.evaluate.latency_record import Number, OptNumber
 
 # ---- fidelity: quantize.fidelity.summarize_fidelity / measure_fidelity (artifact.Fidelity's shape)
 
