@@ -212,12 +212,10 @@ def write_report(report: Mapping[str, Any], out_dir: Path, renderings: Mapping[s
 @dataclass(frozen=True)
 class SealedReport:
     """A report.json that was read, its seal verified and its keys validated (`read_report`): `record`
-    is the typed report readers take (the properties below are its parts); `data` the same JSON as plain
-    dicts (for code that still needs them: publish.regression's comparison)."""
+    is the report every reader takes (the properties below are its parts); there is no dict view of it."""
 
     path: Path
     raw_bytes: bytes
-    data: dict[str, Any]
     record: ReportRecord
 
     @property
@@ -289,7 +287,7 @@ def parse_report(path: Path, raw: bytes) -> SealedReport:
         record = validate(data)
     except ForgeError as e:
         raise ForgeError(f"{path}: {e}") from None
-    return SealedReport(path=path, raw_bytes=raw, data=data, record=record)
+    return SealedReport(path=path, raw_bytes=raw, record=record)
 
 
 def read_report(report: str | Path) -> SealedReport:
