@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig, EvaluateSettings, LatencyRunConfig
-from chattts_forge.evaluate.report_record import check_report
 from chattts_forge.evaluate.score import ScoreSettings, score_audio_dir
 from chattts_forge.fsutil import atomic_write_json
 from chattts_forge.log import get_logger
@@ -81,6 +80,7 @@ def evaluate(**options: Any) -> None:
     2 on bad input.
     """
     from chattts_forge.evaluate.evaluate import evaluate_artifact
+    from chattts_forge.evaluate.report_record import check_report  # msgspec: ~60-150 ms of `evaluate --help`
 
     config = EvaluateConfig(**options)
     # evaluate assembles the report as builtins; the verdict is read from its typed record

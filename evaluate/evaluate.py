@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -63,13 +64,25 @@ from typing import Any
 import numpy as np
 
 from chattts_forge.artifact import FAST_GPT
+from chattts_forge.calibration_data.corpus import load_corpus
+from chattts_forge.calibration_data.phrases import shipped_phrases
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate import intervals as intervals_mod
 from chattts_forge.evaluate import latency as latency_mod
-from chattts_forge.evaluate import textnorm
+from chattts_forge.evaluate import listening, seams, textnorm
+from chattts_forge.evaluate.asr import get_backend
 from chattts_forge.evaluate.buckets import BucketSettings, CorpusGate, measure_buckets
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig
-from chattts_forge.evaluate.reference_run import ReferenceRun
+from chattts_forge.evaluate.intervals import fidelity_sentences
+from chattts_forge.evaluate.latency_run import latency_settings, read_latency_pair
+from chattts_forge.evaluate.ray_shards import RayShards
+from chattts_forge.evaluate.reference_run import (
+    ReferenceRun,
+    measure_reference_run,
+    read_reference_run,
+    run_settings,
+)
+from chattts_forge.evaluate.report import write_reports
 from chattts_forge.evaluate.report_assembly import (
     SYNTHETIC_NOTE,
     describe_artifact,
@@ -81,10 +94,13 @@ from chattts_forge.evaluate.report_assembly import (
     report_notes,
     waivers,
 )
+from chattts_forge.evaluate.report_schema import headline, seal
+from chattts_forge.evaluate.score import score_hypotheses, score_waveforms
 from chattts_forge.evaluate.serving import measure_cache_effect
 from chattts_forge.evaluate.step_ratio import interleaved_step_ratio
 from chattts_forge.gate import judge, load_gate
 from chattts_forge.log import get_logger, quiet_logger
+from chattts_forge.raycluster import import_ray
 from chattts_forge.runtime.providers import resolve_provider
 
 log = get_logger(__name__)
@@ -109,8 +125,6 @@ def score_languages(
     (hypotheses, timing, asr description)` transcribes elsewhere (`RayShards.transcriber`); the scores
     are computed here from the hypotheses either way.
     """
-    from chattts_forge.evaluate.asr import get_backend
-    from chattts_forge.evaluate.score import score_hypotheses, score_waveforms
 
     ids = [f"{i + 1:03d}" for i in range(len(sentences))]
     by_lang: dict[str, dict[str, str]] = {}
@@ -173,7 +187,6 @@ def _fidelity(j: Judged, cfg: EvaluateConfig, trajectories: list[Any] | None = N
         from chattts_forge.quantize.fidelity import FidelitySettings, record_trajectories, summarize_fidelity
     except ImportError as e:
         raise BadInput(f"fidelity needs chattts_forge.quantize ({e})") from None
-    from chattts_forge.evaluate.intervals import fidelity_sentences
 
     reference, artifact, corpus, threads = j.reference, j.artifact, j.corpus, cfg.threads
     sentences, steps, seed = min(cfg.fidelity_sentences, len(j.sentences)), cfg.fidelity_steps, cfg.seed
@@ -202,7 +215,6 @@ def resolve_baseline(
     requested: str | os.PathLike[str] | None, art: dict[str, Any], ref: dict[str, Any]
 ) -> tuple[Path | None, str | None]:
     """(checkpoint to time ChatTTS's PyTorch pipeline on, or None; a note when it is skipped)."""
-    import importlib.util
 
     if requested is None:
         return None, "No PyTorch baseline in this run (disabled); speed ratios are against the FP32 artifact only."
@@ -264,14 +276,12 @@ class Judged:
 def prepare(artifact: Path, reference: Path, cfg: EvaluateConfig) -> Judged:
     """Check everything that can fail before any work (folders, settings, Ray, gate file, provider,
     corpus) and describe both artifacts."""
-    from chattts_forge.calibration_data.corpus import load_corpus
 
     for p, what in ((artifact, "artifact"), (reference, "reference")):
         if not p.is_dir():
             raise NotFound(f"{what} folder {p} does not exist")
     cfg.check()
     if cfg.ray is not None:
-        from chattts_forge.raycluster import import_ray
 
         import_ray()  # fail before any work when the extra is missing
     gate_cfg = load_gate(cfg.gate)  # fail early on a bad gate file
@@ -293,7 +303,6 @@ def latency_config(cfg: EvaluateConfig, provider: str, progress: bool) -> latenc
 def reference_side(j: Judged, cfg: EvaluateConfig) -> ReferenceRun:
     """The FP32 reference's run: read from `cfg.reference_run` (the build's shared step), else measured
     here (its audio is then transcribed with the artifact's, in the corpus phase)."""
-    from chattts_forge.evaluate.reference_run import measure_reference_run, read_reference_run, run_settings
 
     if cfg.reference_run is not None:
         run = read_reference_run(Path(cfg.reference_run), run_settings(j.ref_desc["files"], j.corpus, cfg, j.provider))
@@ -316,7 +325,6 @@ def measure_latency(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun
         # (its audio, ASR and fidelity stay the shared run's), or read from the build's latency run,
         # where every variant was timed in the same rounds as the reference
         if cfg.latency_run is not None:
-            from chattts_forge.evaluate.latency_run import latency_settings, read_latency_pair
 
             pair = read_latency_pair(Path(cfg.latency_run), str(j.art_desc["variant"]),
                                      latency_settings(j.ref_desc["files"], j.corpus, cfg, j.provider),
@@ -369,7 +377,6 @@ def corpus_phase(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, art_waves: W
     with contextlib.ExitStack() as stack:
         shards = None
         if cfg.ray is not None:
-            from chattts_forge.evaluate.ray_shards import RayShards
 
             shards = stack.enter_context(RayShards(cfg.ray, cfg.ray_workers, j.reference, j.artifact, cfg.threads,
                                                    retries=cfg.ray_retries, hook=cfg.ray_shard_hook))
@@ -394,7 +401,6 @@ def corpus_phase(j: Judged, cfg: EvaluateConfig, ref: ReferenceRun, art_waves: W
 
 def _hear(j: Judged, cfg: EvaluateConfig, art_waves: Waves, ref_waves: Waves) -> dict[str, Any]:
     """The report's speaker / naturalness / streaming / listen sections and the listen files."""
-    from chattts_forge.evaluate import listening, seams
 
     texts = {f"{i + 1:03d}": t for i, t in enumerate(j.sentences)}
     clone = None
@@ -428,7 +434,6 @@ def bucket_settings(cfg: EvaluateConfig, provider: str, synthetic: bool,
 def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | None],
                      waived: dict[str, str], shared_buckets: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's ``buckets`` (per length bucket, the routing table's input) and ``phrase_cache`` sections."""
-    from chattts_forge.calibration_data.corpus import load_corpus
 
     log.info("measuring per length bucket (%d sentences each) against %s", cfg.bucket_sentences, j.reference)
     settings = bucket_settings(cfg, j.provider, j.synthetic,
@@ -440,7 +445,6 @@ def serving_sections(j: Judged, cfg: EvaluateConfig, metrics: dict[str, float | 
             settings=settings, shared=shared_buckets, replay=j.replay_sessions(cfg.threads))
         phrase_cache = None
         if cfg.cache_phrases:
-            from chattts_forge.calibration_data.phrases import shipped_phrases
 
             phrase_cache = measure_cache_effect(j.artifact, shipped_phrases()[:cfg.cache_phrases],
                                                 max_new_token=cfg.max_new_token, seed=cfg.seed, threads=cfg.threads,
@@ -460,8 +464,6 @@ def evaluate_artifact(
     (options: EvaluateConfig's fields) builds one. Returns the sealed report dict (see
     report_schema.py); ``report["passed"]`` is the gate's verdict.
     """
-    from chattts_forge.evaluate.report import write_reports
-    from chattts_forge.evaluate.report_schema import headline, seal
 
     if not isinstance(config, EvaluateConfig):
         config = EvaluateConfig(**({"corpus": config} if config is not None else {}), **options)
