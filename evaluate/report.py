@@ -14,7 +14,7 @@ import base64
 import html
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from msgspec import UNSET, UnsetType
@@ -29,13 +29,15 @@ from chattts_forge.evaluate.report_record import (
     IntervalsSection,
     PhraseCacheSection,
     ReportRecord,
-    section_builtins,
 )
 from chattts_forge.evaluate.report_schema import validate, write_report
+from chattts_forge.evaluate.report_sections import FidelityRecord
 from chattts_forge.evaluate.search_report import render_auto_search_markdown
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- formatting
@@ -58,6 +60,19 @@ def _f(x: Any, digits: int = 4) -> str:
 # Words, not emoji: they read the same in a terminal, on GitHub and in a browser without emoji fonts.
 _STATUS_WORD = {"pass": "pass", "fail": "**FAIL**", "waived": "waived", "not_measured": "**not measured**"}
 _STATUS_BADGE = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "not_measured": "NOT MEASURED"}
+
+
+def or_none(value: T | UnsetType) -> T | None:
+    """A field older reports may not have: None when absent (UNSET), as a map's .get gave."""
+    return None if value is UNSET else value
+
+
+def _required(value: T | UnsetType, key: str) -> T:
+    """A field the rendering cannot do without: BadInput naming it when the report lacks it (a null
+    one renders as the map's value did)."""
+    if isinstance(value, UnsetType):
+        raise BadInput(f"report key {key} is missing: nothing to render")
+    return value
 
 
 def _latency_rows(report: ReportRecord) -> list[tuple[str, LatencyRecord | PytorchRecord]]:
@@ -85,14 +100,15 @@ def _check_rows(checks: list[GateCheck]) -> list[tuple[GateCheck, str]]:
 
 
 def render_markdown(report: ReportRecord) -> str:
-    art, gate, corpus = report.artifact, report.gate, section_builtins(report.corpus)
+    art, gate, corpus = report.artifact, report.gate, report.corpus
     verdict = "**PASSED**" if report.passed else "**FAILED**"
     lines = [
         f"### chattts-forge gate: `{art.variant}` {verdict}",
         "",
         f"Artifact `{art.dir}` ({_f(art.bytes_total / 1e6, 4)} MB, {len(art.files)} files) against FP32 "
-        f"reference `{report.reference.dir}`; corpus `{corpus['name']}` "
-        f"({corpus['sentences_used']} sentences, sha256 `{corpus['sha256'][:12]}`); "
+        f"reference `{report.reference.dir}`; corpus `{_required(corpus.name, 'corpus.name')}` "
+        f"({_required(corpus.sentences_used, 'corpus.sentences_used')} sentences, sha256 "
+        f"`{_required(corpus.sha256, 'corpus.sha256')[:12]}`); "
         f"gate `{Path(gate.path).name}` (sha256 `{gate.sha256[:12]}`).",
         "",
     ]
@@ -144,13 +160,14 @@ def render_markdown(report: ReportRecord) -> str:
     lines += _memory_lines(report)
     lines += _hearing_lines(report) + _interval_lines(report.intervals)
     lines += _bucket_lines(report.buckets) + _cache_lines(report.phrase_cache)
-    lines += render_auto_search_markdown(section_builtins(art.quantization_search))
-    m, toolchain = section_builtins(report.machine), section_builtins(report.toolchain)
+    lines += render_auto_search_markdown(art.quantization_search)
+    m, toolchain = report.machine, report.toolchain
     lines += [
         "",
-        f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores, {m['threads']} threads, "
-        f"{m['provider']}; onnxruntime {m['versions'].get('onnxruntime')}, toolchain "
-        f"{toolchain.get('version')} ({toolchain.get('git_commit') or 'no git'}).",
+        f"Machine: {_required(m.cpu_model, 'machine.cpu_model')}, {_required(m.logical_cores, 'machine.logical_cores')} "
+        f"logical cores, {_required(m.threads, 'machine.threads')} threads, {_required(m.provider, 'machine.provider')}; "
+        f"onnxruntime {_required(m.versions, 'machine.versions').get('onnxruntime')}, toolchain "
+        f"{or_none(toolchain.version)} ({or_none(toolchain.git_commit) or 'no git'}).",
         "",
         f"report.json integrity `{report.integrity[:16]}…`",
         "",
@@ -160,27 +177,29 @@ def render_markdown(report: ReportRecord) -> str:
 
 def _memory_lines(report: ReportRecord) -> list[str]:
     """The ``memory`` section (issue 50): each side's peak RSS in a process of its own, and the commands.
-    Each side is runtime.memory_probe's record, read as its map ({} when not probed)."""
+    Each side is runtime.memory_probe's record (None when not probed)."""
     memory = report.memory
     if not memory:
         return []
-    sides = [(f"{report.artifact.variant} (artifact)", section_builtins(memory.artifact)),
-             ("fp32 (reference)", section_builtins(memory.reference))]
-    some = next((rec for _, rec in sides if rec), {})
-    lines = ["", f"#### Memory (each in a process of its own: load, then {some.get('steps')} steps a row at batch "
-                 f"{' then '.join(map(str, some.get('batches') or []))})", "",
+    sides = [(f"{report.artifact.variant} (artifact)", memory.artifact), ("fp32 (reference)", memory.reference)]
+    some = next((rec for _, rec in sides if rec is not None), None)
+    steps = or_none(some.steps) if some is not None else None
+    batches = (or_none(some.batches) if some is not None else None) or []
+    lines = ["", f"#### Memory (each in a process of its own: load, then {steps} steps a row at batch "
+                 f"{' then '.join(map(str, batches))})", "",
              "| variant | peak RSS MB, batch 1 | batch 8 | after load MB | batch 1 / FP32 |",
              "| --- | ---: | ---: | ---: | ---: |"]
     ratio = memory.ratio_vs_reference.get("1")
     for i, (name, rec) in enumerate(sides):
-        rec = rec or {}
-        by_batch = rec.get("peak_rss_mb_by_batch") or {}
-        lines.append(f"| {name} | {_f(by_batch.get('1'))} | {_f(by_batch.get('8'))} | {_f(rec.get('after_load_mb'))} | "
+        # batch sizes (as text) are the probe's data keys
+        by_batch = (rec.peak_rss_mb_by_batch if rec is not None else None) or {}
+        after_load = or_none(rec.after_load_mb) if rec is not None else None
+        lines.append(f"| {name} | {_f(by_batch.get('1'))} | {_f(by_batch.get('8'))} | {_f(after_load)} | "
                      f"{_f(ratio) if i == 0 else '1'} |")
     for name, rec in sides:
-        if rec and rec.get("error"):
-            lines.append(f"\n{name}: the memory probe failed: {rec['error']}")
-    commands = [f"`{rec['command']}`" for _, rec in sides if rec and rec.get("command")]
+        if rec is not None and or_none(rec.error):
+            lines.append(f"\n{name}: the memory probe failed: {rec.error}")
+    commands = [f"`{rec.command}`" for _, rec in sides if rec is not None and or_none(rec.command)]
     if commands:
         lines += ["", "Repeat from the version folder: " + "; ".join(commands) + "."]
     return lines
@@ -188,48 +207,53 @@ def _memory_lines(report: ReportRecord) -> list[str]:
 
 def _hearing_lines(report: ReportRecord) -> list[str]:
     """What listeners hear: SIM, DNSMOS and stream seams (sections absent in earlier reports: nothing).
-    The sections are evaluate.speaker's, listening's and seams' records, read as their maps."""
-    speaker, nat, streaming = (None if s is UNSET else section_builtins(s)
-                               for s in (report.speaker, report.naturalness, report.streaming))
+    The sections are evaluate.speaker's, listening's and seams' records."""
+    speaker, nat, streaming = (or_none(s) for s in (report.speaker, report.naturalness, report.streaming))
     if speaker is None and nat is None and streaming is None:
         return []
     lines = ["", "#### What listeners hear (same sentences, speaker and seed as the FP32 reference)", ""]
     for section in (speaker, nat):
-        if section and section.get("synthetic_only"):
-            lines += [f"> {section.get('reason')}", ""]
+        if section is not None and or_none(section.synthetic_only):
+            lines += [f"> {or_none(section.reason)}", ""]
             break
-    if speaker:
-        if speaker.get("measured"):
-            lines.append(f"- speaker similarity to the FP32 audio: mean {_f(speaker['mean'])}, worst sentence "
-                         f"{_f(speaker['min'])} ({len(speaker['sentences'])} sentences)")
-            if speaker.get("clone"):
-                c = speaker["clone"]
-                lines.append(f"- voice cloning: SIM of the cloned output to `{c['recording']}`: mean {_f(c['mean'])}, "
-                             f"worst {_f(c['min'])}")
+    if speaker is not None:
+        if speaker.measured:
+            lines.append(f"- speaker similarity to the FP32 audio: mean {_f(_required(speaker.mean, 'speaker.mean'))}, "
+                         f"worst sentence {_f(_required(speaker.min, 'speaker.min'))} "
+                         f"({len(_required(speaker.sentences, 'speaker.sentences'))} sentences)")
+            clone = or_none(speaker.clone)
+            if clone is not None:
+                lines.append(f"- voice cloning: SIM of the cloned output to `{clone.recording}`: mean "
+                             f"{_f(clone.mean)}, worst {_f(clone.min)}")
         else:
-            lines.append(f"- speaker similarity: not measured ({speaker.get('reason')})")
-    if nat:
-        if nat.get("measured"):
-            a, r = nat["artifact"], nat["reference"]
-            lines.append(f"- DNSMOS OVRL {_f(a['ovrl'])} (FP32 {_f(r['ovrl'])}, drop {_f(nat['ovrl_drop'])}); SIG "
-                         f"{_f(a['sig'])}, BAK {_f(a['bak'])}, P.808 {_f(a['p808'])}")
+            lines.append(f"- speaker similarity: not measured ({or_none(speaker.reason)})")
+    if nat is not None:
+        if nat.measured:
+            a = _required(nat.artifact, "naturalness.artifact")
+            r = _required(nat.reference, "naturalness.reference")
+            lines.append(f"- DNSMOS OVRL {_f(a.ovrl)} (FP32 {_f(r.ovrl)}, drop "
+                         f"{_f(_required(nat.ovrl_drop, 'naturalness.ovrl_drop'))}); SIG {_f(a.sig)}, BAK {_f(a.bak)}, "
+                         f"P.808 {_f(_required(a.p808, 'naturalness.artifact.p808'))}")
         else:
-            lines.append(f"- DNSMOS: not measured ({nat.get('reason')})")
-    if streaming and streaming.get("measured"):
-        recorded = streaming.get("recorded")
-        if recorded:
-            curve = ", ".join(f"{p['lookahead_frames']}: {_f(p['snr_db_min'])}" for p in recorded["curve"])
-            lines.append(f"- recorded stream look-ahead (artifact.json): {recorded['lookahead_frames']} of "
-                         f"{recorded['exact_frames']} mel frames (the shortest whose worst SNR reaches "
-                         f"{_f(recorded['threshold_db'])} + {_f(recorded['margin_db'])} dB on "
-                         f"{recorded['sentences']} fixed sentences, else the exact field; worst SNR dB by look-ahead: "
-                         f"{curve})")
-        for mode, rec in streaming["modes"].items():
-            source = f", {rec['source']}" if rec.get("source") not in (None, "exact") else ""
-            lines.append(f"- stream seams, {mode} ({rec['lookahead_frames']} mel frames of right context{source}, "
-                         f"{streaming['stream_batch']} steps per chunk): worst SNR {_f(rec['snr_db_min'])} dB, "
-                         f"max abs difference {_f(rec['max_abs_diff'])}, click energy at chunk edges "
-                         f"{_f(rec['click_db_max'])} dB")
+            lines.append(f"- DNSMOS: not measured ({or_none(nat.reason)})")
+    if streaming is not None and streaming.measured:
+        recorded = or_none(streaming.recorded)
+        if recorded is not None:
+            curve = ", ".join(f"{p.lookahead_frames}: {_f(p.snr_db_min)}"
+                              for p in _required(recorded.curve, "streaming.recorded.curve"))
+            lines.append(f"- recorded stream look-ahead (artifact.json): {recorded.lookahead_frames} of "
+                         f"{_required(recorded.exact_frames, 'streaming.recorded.exact_frames')} mel frames (the "
+                         f"shortest whose worst SNR reaches "
+                         f"{_f(_required(recorded.threshold_db, 'streaming.recorded.threshold_db'))} + "
+                         f"{_f(_required(recorded.margin_db, 'streaming.recorded.margin_db'))} dB on "
+                         f"{_required(recorded.sentences, 'streaming.recorded.sentences')} fixed sentences, else the "
+                         f"exact field; worst SNR dB by look-ahead: {curve})")
+        for mode, rec in _required(streaming.modes, "streaming.modes").items():
+            source = f", {rec.source}" if rec.source != "exact" else ""
+            lines.append(f"- stream seams, {mode} ({rec.lookahead_frames} mel frames of right context{source}, "
+                         f"{_required(streaming.stream_batch, 'streaming.stream_batch')} steps per chunk): worst SNR "
+                         f"{_f(rec.snr_db_min)} dB, max abs difference {_f(rec.max_abs_diff)}, click energy at chunk "
+                         f"edges {_f(rec.click_db_max)} dB")
     return lines
 
 
@@ -325,34 +349,36 @@ def make_plots(report: ReportRecord) -> dict[str, str]:
     plots["RTF and size per variant"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    intel = section_builtins(report.intelligibility)
-    if intel.get("measured"):
+    intel = report.intelligibility
+    if or_none(intel.measured):
         labels, values = [], []
-        for lang, rec in intel["languages"].items():
+        for lang, language in _required(intel.languages, "intelligibility.languages").items():
             key = "cer" if lang == "zh" else "wer"
-            for variant, vr in rec["variants"].items():
+            for variant, scores in language.variants.items():
                 labels.append(f"{variant}\n{key.upper()} ({lang})")
-                values.append(vr["corpus"][key])
+                values.append(scores.corpus[key])  # evaluate.score's map (typed as one: its keys vary)
         ax.bar(labels, values, color="tab:green")
         ax.set_ylabel("error rate")
         ax.tick_params(axis="x", labelsize=7)
     else:
         ax.axis("off")
-        ax.text(0.5, 0.5, "WER/CER not measured:\n" + intel.get("reason", ""), ha="center", va="center", fontsize=11)
+        reason = "" if intel.reason is UNSET else intel.reason
+        ax.text(0.5, 0.5, "WER/CER not measured:\n" + reason, ha="center", va="center", fontsize=11)
     ax.set_title("WER/CER per variant")
     plots["WER/CER per variant"] = _png(fig)
 
-    fid = section_builtins(report.fidelity)
-    if fid:
-        tf = fid["teacher_forced"]
-        streams = np.arange(len(tf["top1_agreement"]["per_stream"]))
+    # the stand-in reports write fidelity empty: no figure (any field written: the record was measured)
+    if report.fidelity != FidelityRecord():
+        tf = _required(report.fidelity.teacher_forced, "fidelity.teacher_forced")
+        agreement = _required(tf.top1_agreement.per_stream, "fidelity.teacher_forced.top1_agreement.per_stream")
+        streams = np.arange(len(agreement))
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.2))
-        ax1.bar(streams, tf["top1_agreement"]["per_stream"], color="tab:purple")
+        ax1.bar(streams, agreement, color="tab:purple")
         ax1.set_ylim(0, 1.0)
         ax1.set_xticks(streams)
         ax1.set_xlabel("code stream")
         ax1.set_title("top-1 agreement per stream")
-        ax2.bar(streams, tf["kl"]["per_stream"], color="tab:red")
+        ax2.bar(streams, _required(tf.kl.per_stream, "fidelity.teacher_forced.kl.per_stream"), color="tab:red")
         ax2.set_xticks(streams)
         ax2.set_xlabel("code stream")
         ax2.set_title("KL(FP32 || artifact) per stream (nats)")
@@ -385,7 +411,7 @@ def _badge(status: str, word: str | None = None) -> str:
 def render_html(report: ReportRecord, markdown: str) -> str:
     """A self-contained page: verdict, checks table, plots (inline PNG), the summary rendered as HTML."""
     plots = make_plots(report)
-    art, corpus = report.artifact, section_builtins(report.corpus)
+    art, corpus = report.artifact, report.corpus
     rows = []
     for c, thr in _check_rows(report.gate.checks):
         cls = {"pass": "pass", "fail": "fail", "not_measured": "fail"}.get(c.status, "waived")
@@ -422,7 +448,7 @@ figure{{display:inline-block;margin:8px}} code{{font-size:12px}}
 </style></head><body>
 <h1>{html.escape(str(art.variant))}: {verdict}</h1>
 <p>Artifact <code>{html.escape(art.dir)}</code> against <code>{html.escape(report.reference.dir)}</code>,
-corpus {html.escape(corpus['name'])} ({corpus['sentences_used']} sentences), evaluated
+corpus {html.escape(_required(corpus.name, 'corpus.name'))} ({_required(corpus.sentences_used, 'corpus.sentences_used')} sentences), evaluated
 {html.escape(report.created_at)}.</p>
 {notes}
 <h2>Gate</h2>

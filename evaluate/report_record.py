@@ -370,8 +370,9 @@ def _plain(obj: Any) -> Any:
 
 
 def section_builtins(section: Struct | None | UnsetType) -> dict[str, Any]:
-    """A typed section as the JSON object it was read from ({} when absent or null): for readers
-    written against the report's maps, and for documents that embed a section (publish.manifest's gate)."""
+    """A typed section as the JSON object it was read from ({} when absent or null): for documents that
+    embed a section (publish.manifest's gate) and for copying a record keyed by its own key list
+    (publish.version_files.memory_figures); readers take the typed attributes."""
     if section is None or section is UNSET:
         return {}
     out: dict[str, Any] = msgspec.to_builtins(section, enc_hook=_plain)

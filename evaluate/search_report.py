@@ -1,14 +1,16 @@
 """The report section of `quantize --method auto`: the candidates its search tried, as a Pareto table.
 
 `auto_search_summary(artifact.json's quantization block)` is what evaluate copies into report.json (`artifact.
-quantization_search`); `render_auto_search_markdown(search)` is the Markdown section (the HTML page
-shows the Markdown summary too). Artifacts of other methods have no section.
+quantization_search`, read back as report_sections.AutoSearchSummary); `render_auto_search_markdown(
+search)` is the Markdown section from that record (the HTML page shows the Markdown summary too). Artifacts of other methods have no section.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from chattts_forge.evaluate.report_sections import AutoSearchSummary
 
 _COLUMNS = ("candidate", "head_code", "fp32", "int8", "int4", "bytes", "step_ms", "code_agreement",
             "hidden_cosine", "mel_snr_db", "passed", "pareto")
@@ -45,7 +47,7 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def render_auto_search_markdown(s: dict[str, Any] | None) -> list[str]:
+def render_auto_search_markdown(s: AutoSearchSummary | None) -> list[str]:
     """Markdown lines of the auto search's table from the report's ``artifact.quantization_search``
     (empty when the artifact is not `auto`)."""
     if not s:
@@ -54,13 +56,13 @@ def render_auto_search_markdown(s: dict[str, Any] | None) -> list[str]:
         "",
         "#### Mixed-precision search (quantize --method auto)",
         "",
-        f"Candidates tried against the fidelity thresholds of `{s['gate']}` (sha256 "
-        f"{(s.get('gate_sha256') or '')[:12]}; held-out split; agreement and "
-        f"cosine thresholds tightened by {_cell(s.get('headroom'))} of their distance to 1), ranked by "
-        f"{s['ranked_by']}; INT4 block {s['block_size']}. Chosen: candidate {s['chosen']} (code head "
-        f"{s['head_code']}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s['most_sensitive'])}.",
+        f"Candidates tried against the fidelity thresholds of `{s.gate}` (sha256 "
+        f"{(s.gate_sha256 or '')[:12]}; held-out split; agreement and "
+        f"cosine thresholds tightened by {_cell(s.headroom)} of their distance to 1), ranked by "
+        f"{s.ranked_by}; INT4 block {s.block_size}. Chosen: candidate {s.chosen} (code head "
+        f"{s.head_code}). Most INT4-sensitive MatMuls: {', '.join(f'`{n}`' for n in s.most_sensitive)}.",
     ]
-    timing = s.get("final_timing")
+    timing = s.final_timing  # quantize.auto.retime's record, as the search wrote it
     if timing:
         ratio = timing.get("chosen_vs_reference")
         lines += ["", (
@@ -73,10 +75,11 @@ def render_auto_search_markdown(s: dict[str, Any] | None) -> list[str]:
         "| " + " | ".join(_COLUMNS) + " |",
         "| " + " | ".join("---:" if c not in ("head_code", "passed", "pareto") else "---" for c in _COLUMNS) + " |",
     ]
-    for row in s["candidates"]:
-        mark = " **(chosen)**" if (row["candidate"], row["head_code"]) == (s["chosen"], s["head_code"]) else ""
-        cells = [_cell(row[c]) + (mark if c == "candidate" else "") for c in _COLUMNS]
-        if row.get("step_ms_search") is not None:
-            cells[_COLUMNS.index("step_ms")] += f"* ({_cell(row['step_ms_search'])})"
+    for row in s.candidates:
+        mark = " **(chosen)**" if (row.candidate, row.head_code) == (s.chosen, s.head_code) else ""
+        # the columns are the candidate record's fields, in the table's order
+        cells = [_cell(getattr(row, c)) + (mark if c == "candidate" else "") for c in _COLUMNS]
+        if row.step_ms_search is not None:
+            cells[_COLUMNS.index("step_ms")] += f"* ({_cell(row.step_ms_search)})"
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import onnx
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from chattts_forge.calibration_data.statistics import STATS_FILE, Statistics
 from chattts_forge.calibration_data.store import CalibrationStore
 from chattts_forge.errors import ForgeError
+from chattts_forge.evaluate.report_sections import AutoSearchSummary
 from chattts_forge.integrity import sha256_file
 from chattts_forge.quantize import QuantizeConfig, quantize_artifact
 
@@ -242,11 +244,12 @@ def test_auto_follows_the_gate(tiny_artifacts, calib, tmp_path: Path):
     # The evaluate report shows the search as a table: one row per candidate tried, the choice marked.
     from chattts_forge.evaluate.search_report import auto_search_summary, render_auto_search_markdown
 
-    summary = auto_search_summary(_meta(strict)["quantization"])
+    summary = msgspec.convert(auto_search_summary(_meta(strict)["quantization"]), AutoSearchSummary)
     lines = render_auto_search_markdown(summary)
     rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith(("| candidate", "| ---"))]
     assert len(rows) == len(s["candidates"]) and sum("(chosen)" in ln for ln in rows) == 1
-    assert render_auto_search_markdown(auto_search_summary(_meta(loose)["quantization"]))
+    assert render_auto_search_markdown(
+        msgspec.convert(auto_search_summary(_meta(loose)["quantization"]), AutoSearchSummary))
     assert auto_search_summary({"method": "dynamic"}) is None and auto_search_summary(None) is None
 
 
@@ -327,7 +330,7 @@ def test_auto_times_its_finalists_against_all_int8_interleaved(tiny_artifacts, t
     # The report marks the re-timed cells and states the ratio to all-INT8.
     quant = {"auto": {"gate": {}, "candidates": table, "final_timing": {**timing, "chosen_vs_reference": 0.808},
                       "chosen": 15, "head_code": "int8"}}
-    lines = render_auto_search_markdown(auto_search_summary(quant))
+    lines = render_auto_search_markdown(msgspec.convert(auto_search_summary(quant), AutoSearchSummary))
     assert any("0.808x all-INT8" in ln for ln in lines)
     assert any(ln.startswith("| 15 **(chosen)**") and "* (4.9)" in ln for ln in lines)
 

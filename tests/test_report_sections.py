@@ -14,6 +14,7 @@ import pytest
 from msgspec import UNSET
 
 from chattts_forge.errors import BadInput, ForgeError
+from chattts_forge.evaluate.report import render_markdown
 from chattts_forge.evaluate.report_record import check_report, section_builtins
 from chattts_forge.evaluate.report_schema import read_report, report_json_bytes, seal
 
@@ -163,3 +164,20 @@ def test_a_measured_intelligibility_section_is_typed_to_its_language_entries() -
         check_report(_set(report, ("intelligibility", "languages", "zh", "variants", "reference", "utterances"), {}))
     with pytest.raises(BadInput, match=re.escape("report key intelligibility.wer_delta must be int or float or null, got str")):
         check_report(_set(report, ("intelligibility", "wer_delta"), "0"))
+
+
+def test_markdown_reads_the_typed_memory_and_listening_sections() -> None:
+    report = _report()
+    markdown = render_markdown(check_report(report))
+    probe = report["memory"]["artifact"]
+    assert f"load, then {probe['steps']} steps a row" in markdown
+    assert f"`{probe['command']}`" in markdown and f"`{report['memory']['reference']['command']}`" in markdown
+    for mode in report["streaming"]["modes"]:
+        assert f"- stream seams, {mode} (" in markdown
+    assert f"{len(report['speaker']['sentences'])} sentences)" in markdown
+
+
+def test_markdown_of_a_report_without_its_corpus_names_the_missing_key() -> None:
+    record = check_report(_report("report-before-memory.json"))  # its corpus section is empty
+    with pytest.raises(BadInput, match=r"report key corpus\.name is missing"):
+        render_markdown(record)
