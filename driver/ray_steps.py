@@ -24,7 +24,9 @@ step; the other variants are still judged and published.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,9 +45,6 @@ log = get_logger("chattts_forge.pipeline")
 def _die_with_parent() -> None:
     """In the stage's process: be killed when the Ray worker that started it dies (Linux)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 

@@ -38,6 +38,7 @@ from chattts_forge.integrity import (
     compare_files,
     sha256_file,
 )
+from chattts_forge.runtime.spoken import normalizer_identity
 
 MANIFEST_SCHEMA = "chattts-forge/manifest/1"
 MANIFEST_NAME = PUBLISHED_MANIFEST  # the runtime reads it back (chattts_forge.integrity)
@@ -160,12 +161,6 @@ def calibration_corpus(quant: dict[str, Any] | None) -> dict[str, Any] | None:
         "samples": _first(calib, "samples", "n_samples", "num_samples", "sample_count", "max_samples"),
         "sentences": used.get("used") if isinstance(used, dict) else used,
     }
-
-
-def normalizer_identity() -> dict[str, Any]:
-    from chattts_forge.runtime.spoken import normalizer_identity as identity
-
-    return identity()
 
 
 def library_versions_of(meta: ArtifactMeta) -> dict[str, str | None]:
