@@ -138,7 +138,7 @@ def refuse_options_not_read(cls: Any, given: Mapping[str, Any], read_by: Mapping
 
 
 def _click_option(f: Field[Any]) -> Callable[[F], F]:
-    spec: OptionSpec = f.metadata["option"]
+    spec = option_spec(f)
     kwargs: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default}
     default = None if f.default is MISSING else spec.spelled(f.default)
     if spec.multiple or spec.is_flag:
@@ -194,7 +194,7 @@ def option_args(cls: Any, values: dict[str, Any], spell_defaults: bool = False) 
     args: list[str] = []
     for name, value in values.items():
         f = declared[name]
-        spec: OptionSpec = f.metadata["option"]
+        spec = option_spec(f)
         if (spec.multiple and not value) or (spec.is_flag and not value):
             continue
         if plain(value) == plain(f.default) and not spell_defaults:

@@ -22,7 +22,7 @@ from chattts_forge.errors import ForgeError
 from chattts_forge.evaluate.evaluate_config import EvaluateConfig, EvaluateSettings, LatencyRunConfig
 from chattts_forge.evaluate.latency_run import RECORD_FILE
 from chattts_forge.integrity import BUILD_CACHE_MAX_ENTRIES, VerifiedHashCache
-from chattts_forge.options import OptionSpec, changed_args, declared_fields, option_args
+from chattts_forge.options import changed_args, declared_fields, option_args, option_spec
 from chattts_forge.quantize.config import (
     METHOD_CONFIGS,
     QuantizeCommandOptions,
@@ -88,7 +88,7 @@ def _quantize_flags() -> dict[str, tuple[str, bool]]:
     """Every spelling of a quantize option -> (its field, whether a value follows it)."""
     flags: dict[str, tuple[str, bool]] = {}
     for f in declared_fields(QuantizeCommandOptions):
-        spec: OptionSpec = f.metadata["option"]
+        spec = option_spec(f)
         switch = spec.is_flag or len(spec.names) == 2
         for name in spec.names:
             flags[name] = (f.name, not switch)
