@@ -29,6 +29,7 @@ from chattts_forge.evaluate.report_record import (
     IntervalsSection,
     PhraseCacheSection,
     ReportRecord,
+    or_none,
 )
 from chattts_forge.evaluate.report_schema import validate, write_report
 from chattts_forge.evaluate.report_sections import FidelityRecord
@@ -60,11 +61,6 @@ def _f(x: Any, digits: int = 4) -> str:
 # Words, not emoji: they read the same in a terminal, on GitHub and in a browser without emoji fonts.
 _STATUS_WORD = {"pass": "pass", "fail": "**FAIL**", "waived": "waived", "not_measured": "**not measured**"}
 _STATUS_BADGE = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "not_measured": "NOT MEASURED"}
-
-
-def or_none(value: T | UnsetType) -> T | None:
-    """A field older reports may not have: None when absent (UNSET), as a map's .get gave."""
-    return None if value is UNSET else value
 
 
 def _required(value: T | UnsetType, key: str) -> T:
@@ -283,7 +279,7 @@ def _bucket_lines(section: BucketsSection) -> list[str]:
     rows = bucket_table_rows(section)
     if not rows:
         return []
-    length = None if section.length is UNSET else section.length
+    length = or_none(section.length)
     lines = ["", f"#### Per length bucket ({length}; not part of the verdict above, the routing table's input)",
              "", "| bucket | chars | sentences | code agreement | hidden cosine | mel SNR dB | RTF p50 | RTF vs FP32 | gate |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

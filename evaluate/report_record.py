@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -367,6 +367,14 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, str):
         return str(obj)
     raise TypeError(f"a report cannot hold a {type(obj).__name__}")
+
+
+T = TypeVar("T")
+
+
+def or_none(value: T | UnsetType) -> T | None:
+    """A field a report may predate: None when it does (UNSET), what a map's .get gave for an absent key."""
+    return None if value is UNSET else value
 
 
 def section_builtins(section: Struct | None | UnsetType) -> dict[str, Any]:

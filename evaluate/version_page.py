@@ -47,7 +47,7 @@ from msgspec import UNSET
 
 from chattts_forge.errors import BadInput, ForgeError
 from chattts_forge.evaluate.listening import read_listen_file
-from chattts_forge.evaluate.report_record import ReportRecord
+from chattts_forge.evaluate.report_record import ReportRecord, or_none
 from chattts_forge.log import get_logger
 
 log = get_logger(__name__)
@@ -269,7 +269,7 @@ def _lookahead(entries: list[VariantEntry]) -> str:
     rows = []
     for e in entries:
         streaming = e.report.streaming if e.report else UNSET  # evaluate.seams' record
-        record = None if streaming is UNSET or streaming.recorded is UNSET else streaming.recorded
+        record = None if streaming is UNSET else or_none(streaming.recorded)
         if record is None:
             text = "-" if not e.report else "none recorded: streams exactly"
             rows.append(f"<tr><th>{html.escape(e.variant)}</th><td colspan='3'>{text}</td></tr>")

@@ -67,15 +67,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from chattts_forge.artifact import ArtifactMeta
 from chattts_forge.errors import BadInput, ForgeError, NotFound
 from chattts_forge.evaluate.latency_record import LatencyRecord
-from chattts_forge.evaluate.report_record import ReportRecord, check_report
+from chattts_forge.evaluate.report_record import ReportRecord, check_report, or_none
 from chattts_forge.evaluate.report_schema import read_report
 from chattts_forge.evaluate.report_sections import SentenceRow, SettingsSection
 from chattts_forge.evaluate.stats import bootstrap, bootstrap_ratio_interval
@@ -99,8 +99,6 @@ from chattts_forge.publish.regression_record import (
     regression_from_builtins,
 )
 from chattts_forge.runtime.router import FALLBACK_VARIANT
-
-T = TypeVar("T")
 
 # how a figure is named in a verdict ("worse than v3's int8-static by 0.041 code agreement [...]")
 LABELS = {"code_agreement": "code agreement", "code_kl": "code KL (nats)", "mel_snr_db": "dB mel SNR",
@@ -156,11 +154,6 @@ def find_baseline(root: Path, model: str, requested: str | None = None) -> Basel
 def _finite(x: Any) -> float | None:
     """A finite number as a float; None for anything else (None, UNSET: a figure not recorded)."""
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
-def _or_none(value: T | UnsetType) -> T | None:
-    """A field a report may predate, None when it does (what the dict reads gave for an absent key)."""
-    return None if value is UNSET else value
 
 
 def _rows(report: ReportRecord) -> dict[str, SentenceRow]:
@@ -355,7 +348,7 @@ def _provenance(manifest: dict[str, Any], report: ReportRecord) -> dict[str, Any
         "toolchain commit": (manifest.get("toolchain") or {}).get("git_commit"),
         "quantizer method": quant.get("method"),
         "gate file": f"{gate.path} (sha256 {gate.sha256[:12]})",
-        "evaluation corpus": f"{_or_none(corpus.name)} (sha256 {str(_or_none(corpus.sha256))[:12]})",
+        "evaluation corpus": f"{or_none(corpus.name)} (sha256 {str(or_none(corpus.sha256))[:12]})",
     }
     out.update(_flat("quantizer option", quant.get("options") or {}))
     out.update(_flat("calibration corpus", manifest.get("calibration_corpus") or {}))
@@ -430,9 +423,9 @@ def fp32_against_baseline(new_fp32: Path, baseline_fp32: Path, corpus: str, sett
     from chattts_forge.evaluate.intervals import fidelity_sentences
     from chattts_forge.quantize.fidelity import FidelitySettings, ReplaySessions, record_trajectories
 
-    sentences, steps, seed = (int(_or_none(v) or d) for v, d in
+    sentences, steps, seed = (int(or_none(v) or d) for v, d in
                               ((settings.fidelity_sentences, 8), (settings.fidelity_steps, 48), (settings.seed, 0)))
-    corp = load_corpus(corpus, max_sentences=_or_none(settings.max_sentences))
+    corp = load_corpus(corpus, max_sentences=or_none(settings.max_sentences))
     recording = FidelitySettings(max_sentences=min(sentences, len(corp.sentences)), max_new_token=steps,
                                  seed=seed, threads=threads)
     trajectories = record_trajectories(baseline_fp32, corp, recording)
@@ -483,9 +476,9 @@ def retimed_figure(artifact_dir: Path, baseline_dir: Path, report: ReportRecord,
     if not sentences:
         return None
     settings = report.settings  # evaluate's options the report was measured with
-    provider = "cuda" if "CUDA" in str(_or_none(report.machine.provider)) else "cpu"
-    cfg = LatencyConfig(threads=_or_none(settings.threads), max_new_token=_or_none(settings.max_new_token) or 96,
-                        seed=_or_none(settings.seed) or 0, progress=False, provider=provider, isolate_memory=False)
+    provider = "cuda" if "CUDA" in str(or_none(report.machine.provider)) else "cpu"
+    cfg = LatencyConfig(threads=or_none(settings.threads), max_new_token=or_none(settings.max_new_token) or 96,
+                        seed=or_none(settings.seed) or 0, progress=False, provider=provider, isolate_memory=False)
     synthetic = report.artifact.source.kind == "synthetic"
     with quiet_logger(enabled=synthetic):  # random weights rarely emit EOS: one warning per synthesis
         timing = retime_against(artifact_dir, baseline_dir, sentences, cfg,
@@ -508,7 +501,7 @@ def _eval_corpus(report: ReportRecord) -> str | None:
     if not isinstance(spec, str):
         return None
     try:
-        loaded = load_corpus(spec, max_sentences=_or_none(report.settings.max_sentences))
+        loaded = load_corpus(spec, max_sentences=or_none(report.settings.max_sentences))
         return spec if loaded.sha256 == report.corpus.sha256 else None
     except (ForgeError, OSError):
         return None
